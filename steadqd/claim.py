@@ -1,0 +1,276 @@
+"""Claiming a job: one scan of the ready shards (protocol.md "Claim").
+
+The claim is a no-replace rename of ``<ready-name>`` to ``<leased-name>``
+inside ``ready/<S>/``; whoever's rename succeeds owns the job. Before it,
+the object is verified (name, tag, shard, file type, links, envelope,
+extension); after it, the payload is hashed. Unlike the reference, an object
+that fails verification does not fail the whole claim: it is moved to
+quarantine with the spec's reason code and the scan goes on, so one bad file
+can never block a queue (open-questions B11; on-disk compatible).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from . import linux
+from .constants import DEAD_DIR, JOB_EXT, READY_DIR, U64_MAX, DeadReason, QuarantineReason, State
+from .context import Context
+from .errors import CorruptObject, ErrorKind, MaintenanceBusy, NotCommitted, OutcomeUnknown, SteadQError
+from .lease import Lease, lease_from_claim, make_ticket
+from .names import (
+    JobName,
+    authenticate,
+    bucket_dir,
+    dead_name,
+    leased_name,
+    make_filename,
+    next_attempt,
+    next_generation,
+    next_scan_round,
+    parse_name,
+    scan_order,
+    shard_dir,
+    shard_of,
+    terminal_bucket,
+)
+from .quarantine import quarantine
+from .records import LeasedLocation, ReadyLocation, decode_extension
+from .tree import Collision, Indeterminate, MoveError, SourceMissing, Witness
+from .verify import check_name_matches, read_envelope, verify_payload
+
+
+@dataclass
+class ScanReport:
+    """What a scan ran into besides jobs; surfaced to callers and logs."""
+
+    errors: list[str]
+    quarantined: list[tuple[str, int, str]]  # (original path, reason, quarantine name)
+    dead_lettered: list[str]
+
+
+class _Scan:
+    def __init__(self, ctx: Context, duration_ns: int, reader: Any) -> None:
+        self.ctx = ctx
+        self.duration_ns = duration_ns
+        self.reader = reader
+        self.wall: int | None = None
+        self.report = ScanReport([], [], [])
+
+    def wall_floor(self) -> int:
+        if self.wall is None:
+            self.wall = self.ctx.wall_floor()
+        return self.wall
+
+    def run(self) -> Lease | None:
+        ctx = self.ctx
+        with ctx.lock:
+            round_ = ctx.scan_round
+            ctx.scan_round = next_scan_round(round_)
+            hint, ctx.last_enqueued_shard = ctx.last_enqueued_shard, None
+        order = scan_order(ctx.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
+        for shard in order:
+            lease = self.scan_shard(shard)
+            if lease is not None:
+                return lease
+        return None
+
+    def scan_shard(self, shard: int) -> Lease | None:
+        rel = f"{READY_DIR}/{shard_dir(shard)}"
+        try:
+            dir_fd = self.ctx.ready_dir(shard)
+            entries = linux.list_dir(dir_fd)
+        except OSError as e:
+            self.report.errors.append(f"{rel}: {e.strerror}")
+            self.ctx.tree.forget(rel)
+            return None
+        for raw in entries:
+            try:
+                name = raw.decode("ascii")
+            except UnicodeDecodeError:
+                self.report.errors.append(f"{rel}: non-ASCII entry {raw!r}")
+                continue
+            if not name.endswith(JOB_EXT):
+                continue
+            try:
+                job = parse_name(State.READY, name)
+            except CorruptObject:
+                continue  # a lease, or not ours to judge here (fsck reports it)
+            lease = self.consider(shard, dir_fd, rel, name, job)
+            if lease is not None:
+                return lease
+        return None
+
+    def isolate(self, dir_fd: int, rel: str, name: str, reason: int, witness: Any = None) -> None:
+        try:
+            qname = quarantine(self.ctx, dir_fd, name, reason, witness)
+            self.report.quarantined.append((f"{rel}/{name}", reason, qname))
+        except SourceMissing:
+            pass
+        except (MoveError, Indeterminate, OSError) as e:
+            # The object is in ready/ or in quarantine; either is safe, no lease exists.
+            self.report.errors.append(f"quarantine {rel}/{name}: {e}")
+
+    def consider(self, shard: int, dir_fd: int, rel: str, name: str, job: JobName) -> Lease | None:
+        fmt = self.ctx.fmt
+        if not authenticate(fmt.queue_id, job, shard=shard, lease_width_ns=fmt.lease_width_ns):
+            self.isolate(dir_fd, rel, name, QuarantineReason.FILENAME_TAG_FAILED)
+            return None
+        if shard_of(fmt.queue_id, job.job_id, fmt.shard_count) != shard:
+            self.isolate(dir_fd, rel, name, QuarantineReason.FILENAME_TAG_FAILED)
+            return None
+        if job.attempt >= job.max_attempts:
+            self.exhausted_to_dead(shard, dir_fd, name, job)
+            return None
+        try:
+            fd = linux.open_at(dir_fd, name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return None
+            if e.errno == errno.ELOOP:  # a symlink wearing a job name: never followed
+                self.isolate(dir_fd, rel, name, QuarantineReason.NON_REGULAR_FILE)
+                return None
+            self.report.errors.append(f"open {rel}/{name}: {e.strerror}")
+            return None
+        try:
+            return self.claim_open(shard, dir_fd, rel, name, job, fd)
+        finally:
+            linux.close(fd)
+
+    def claim_open(self, shard: int, dir_fd: int, rel: str, name: str, job: JobName, fd: int) -> Lease | None:
+        ctx, fmt = self.ctx, self.ctx.fmt
+        try:
+            st = linux.fstat(fd)
+            env = read_envelope(fd, fmt.max_payload_length, st)
+            check_name_matches(env.header, job)
+            extension = decode_extension(env.extension) if env.extension else None
+        except CorruptObject as e:
+            self.isolate(dir_fd, rel, name, e.reason, _witness_of(fd))
+            return None
+        except OSError as e:
+            self.report.errors.append(f"read {rel}/{name}: {e.strerror}")
+            return None
+        try:
+            again = linux.stat_at(dir_fd, name)
+        except OSError:
+            return None  # gone: another consumer took it
+        if not env.witness.matches(again):
+            self.report.errors.append(f"{rel}/{name} was replaced while being verified")
+            return None
+        wall = self.wall_floor()
+        bt = linux.boottime_ns()
+        bt_deadline, wall_deadline = bt + self.duration_ns, wall + self.duration_ns
+        if bt_deadline > U64_MAX or wall_deadline > U64_MAX:
+            return None
+        token = ctx.random(16)
+        generation, attempt = next_generation(job.generation), next_attempt(job.attempt)
+        target = leased_name(
+            job.job_id,
+            generation,
+            attempt,
+            job.max_attempts,
+            boot_id=ctx.boot_raw,
+            boottime_deadline=bt_deadline,
+            wall_deadline=wall_deadline,
+            lease_token=token,
+        )
+        target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
+        target_rel = f"{rel}/{target_file}"
+        lease = lease_from_claim(
+            ctx,
+            name_rel=target_rel,
+            env=env,
+            extension=extension,
+            generation=generation,
+            attempt=attempt,
+            token=token,
+            bt_deadline=bt_deadline,
+            wall_deadline=wall_deadline,
+            reader=self.reader,
+        )
+        # For the ticket the source identity is the ready object's.
+        source_view = Lease(**{**lease.__dict__, "generation": job.generation, "attempt": job.attempt})
+        destination = LeasedLocation(ctx.boot_id, bt_deadline, wall_deadline)
+
+        def recheck_evidence() -> None:
+            # After the rename, the held descriptor must still show the verified bytes.
+            again_env = read_envelope(fd, fmt.max_payload_length)
+            if again_env.header != env.header or again_env.extension != env.extension:
+                raise CorruptObject("claimed file changed", QuarantineReason.ENVELOPE_CORRUPT)
+
+        try:
+            ctx.tree.move_witnessed(dir_fd, name, dir_fd, target_file, env.witness, after=recheck_evidence, force=True)
+        except SourceMissing:
+            return None  # another consumer won the rename
+        except Collision:
+            self.report.errors.append(f"{target_rel} already exists")
+            return None
+        except MoveError as e:
+            self.report.errors.append(f"claim {rel}/{name}: {e}")
+            return None
+        except Indeterminate as e:
+            raise _claim_unknown(ctx, source_view, e, destination) from e
+        try:
+            verify_payload(fd, env)
+        except CorruptObject:
+            self.isolate(dir_fd, rel, target_file, QuarantineReason.PAYLOAD_CORRUPT, env.witness)
+            return None
+        except OSError as e:
+            phase = "source_directory_durable"
+            raise _claim_unknown(ctx, source_view, Indeterminate(phase, f"read payload: {e.strerror}"), destination) from e
+        return lease
+
+    def exhausted_to_dead(self, shard: int, dir_fd: int, name: str, job: JobName) -> None:
+        """A ready job with no attempts left goes to dead (reason 0x0004)."""
+        ctx, fmt = self.ctx, self.ctx.fmt
+        bucket = terminal_bucket(self.wall_floor(), fmt.terminal_width_ns)
+        target = dead_name(
+            job.job_id,
+            next_generation(job.generation),
+            job.attempt,
+            job.max_attempts,
+            reason=DeadReason.ATTEMPTS_EXHAUSTED,
+        )
+        target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
+        dead_rel = f"{DEAD_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}"
+        try:
+            dead_fd = ctx.tree.ensure_dir(dead_rel)
+            ctx.tree.move_unwitnessed(dir_fd, name, dead_fd, target_file)
+            self.report.dead_lettered.append(f"{dead_rel}/{target_file}")
+        except SourceMissing:
+            pass
+        except (MoveError, Indeterminate, OSError) as e:
+            ctx.poison(f"exhausted ready cleanup of {job.job_hex}: {e}")
+            raise NotCommitted(f"moving exhausted job {job.job_hex} to dead failed: {e}", ErrorKind.IO_FAILURE) from e
+
+
+def _witness_of(fd: int) -> Witness | None:
+    try:
+        return Witness.of(linux.fstat(fd))
+    except OSError:
+        return None
+
+
+def _claim_unknown(ctx: Context, source_view: Lease, e: Indeterminate, destination: LeasedLocation) -> SteadQError:
+    ctx.poison(f"claim of {source_view.job_id}: {e.cause}")
+    ticket = make_ticket(ctx, source_view, "claim", e.phase, destination, source=ReadyLocation())
+    return OutcomeUnknown(f"claim outcome unknown: {e.cause}", ticket)
+
+
+def claim(ctx: Context, duration_ns: int, reader: Any) -> tuple[Lease | None, ScanReport]:
+    """One scan. Returns (lease or None, report); raises NotCommitted when the
+    scan found nothing and hit errors, so "empty" is never claimed falsely."""
+    ctx.check_usable()
+    scan = _Scan(ctx, duration_ns, reader)
+    try:
+        lease = scan.run()
+    except MaintenanceBusy as e:
+        raise NotCommitted(str(e), ErrorKind.MAINTENANCE_BUSY) from e
+    if lease is None and scan.report.errors:
+        raise NotCommitted(
+            "scan completed with errors: " + "; ".join(scan.report.errors[:5]), ErrorKind.IO_FAILURE
+        )
+    return lease, scan.report

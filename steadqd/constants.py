@@ -1,0 +1,173 @@
+"""Every fixed fact of the SteadQ/1 format, in one place.
+
+Other modules import these names rather than repeating literals, so that a
+reader can check the whole format against ``shared/spec/`` from this file.
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+
+# --- Domain-separation strings (records.md): each ends with one NUL byte. ---
+DOMAIN_FORMAT = b"SteadQ-1-format\0"
+DOMAIN_ENVELOPE = b"SteadQ-1-envelope\0"
+DOMAIN_RECEIPT = b"SteadQ-1-receipt\0"
+DOMAIN_WATERMARK = b"SteadQ-1-wall-watermark\0"
+DOMAIN_NAME = b"SteadQ-1-name\0"
+DOMAIN_SHARD = b"SteadQ-1-shard\0"
+DOMAIN_SCAN = b"SteadQ-1-scan\0"
+DOMAIN_JITTER = b"SteadQ-1-jitter\0"
+
+# --- Record magics and sizes. ---
+FORMAT_MAGIC = b"SDQFMT1\0"
+JOB_MAGIC = b"SDQJOB1\0"
+RECEIPT_MAGIC = b"SDQRCPT\0"
+WATERMARK_MAGIC = b"SDQWMR1\0"
+
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 1  # written everywhere; never checked on read except compact receipts
+
+FORMAT_SIZE = 160
+HEADER_SIZE = 128
+COMPACT_RECEIPT_SIZE = 128
+WATERMARK_SIZE = 64
+
+DIGEST_SHA256 = 1
+NAME_TAG_BITS = 64
+NAME_TAG_BYTES = 8
+ID_BYTES = 16
+
+# --- Limits. ---
+MAX_PAYLOAD_LENGTH = (1 << 40) - 1
+MAX_EXTENSION_LENGTH = 65_536
+MAX_CONTENT_TYPE = 255
+MAX_METADATA_ENTRIES = 256
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 4096
+MAX_PRODUCER_ID = 255
+MAX_TRACE_CONTEXT = 1024
+MAX_CBOR_MAP_DECLARED = 2048
+MAX_SHARDS = 4096
+U16_MAX = (1 << 16) - 1
+U32_MAX = (1 << 32) - 1
+U64_MAX = (1 << 64) - 1
+I63_MAX = (1 << 63) - 1
+
+NS_PER_SECOND = 1_000_000_000
+MIN_LEASE_NS = 1 * NS_PER_SECOND
+MAX_LEASE_NS = 7 * 24 * 3600 * NS_PER_SECOND
+MIN_TERMINAL_WIDTH_NS = 60 * NS_PER_SECOND
+MAX_TERMINAL_WIDTH_NS = 86_400 * NS_PER_SECOND
+
+# --- FORMAT defaults (layout.md). ---
+DEFAULT_SHARDS = 64
+DEFAULT_LEASE_WIDTH_NS = 10 * NS_PER_SECOND
+DEFAULT_DELAYED_WIDTH_NS = 10 * NS_PER_SECOND
+DEFAULT_TERMINAL_WIDTH_NS = 3600 * NS_PER_SECOND
+
+# --- Per-handle defaults (clocks.md), not stored on disk. ---
+DEFAULT_RECEIPT_RETENTION_NS = 7 * 24 * 3600 * NS_PER_SECOND
+DEFAULT_TEMP_TTL_NS = 24 * 3600 * NS_PER_SECOND
+MAX_RETENTION_PROBE_BUCKETS = 4096  # ceil(retention / terminal width) + 2 must not exceed this
+
+# --- The tree (layout.md). ---
+FORMAT_FILE = "FORMAT"
+INITIALIZING_FILE = ".initializing"
+CONTROL_DIR = "control"
+READY_DIR = "ready"
+LEASED_DIR = "leased"  # legacy layout: never written, still reaped
+DELAYED_DIR = "delayed"
+RECEIPTS_DIR = "receipts"
+DEAD_DIR = "dead"
+QUARANTINE_DIR = "quarantine"
+TMP_DIR = "tmp"
+# Order in which init creates them (layout.md, init step 9).
+STATE_DIRS = (CONTROL_DIR, TMP_DIR, READY_DIR, LEASED_DIR, DELAYED_DIR, RECEIPTS_DIR, DEAD_DIR, QUARANTINE_DIR)
+
+MAINTENANCE_LOCK = "maintenance.lock"
+WATERMARK_LOCK = "wall-watermark.lock"
+RECOVERY_LOCK = "recovery.lock"
+WATERMARK_FILE = "wall-watermark"
+RECOVERY_CURSOR_FILE = "recovery-cursor.json"
+CONTROL_LOCKS = (MAINTENANCE_LOCK, WATERMARK_LOCK, RECOVERY_LOCK)
+
+WATERMARK_INIT_TMP_PREFIX = ".wm.tmp."
+WATERMARK_ADVANCE_TMP_PREFIX = ".wm.adv."
+FORMAT_TMP_PREFIX = ".format.tmp."
+COMPACT_TMP_PREFIX = ".compact-"
+
+JOB_EXT = ".sqj"
+RECEIPT_EXT = ".rct"
+TEMP_EXT = ".tmp"
+QUARANTINE_EXT = ".raw"
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+FORMAT_MODE = 0o400
+
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+class State(enum.StrEnum):
+    """A job object's state; the value is the word used in tag contexts and CLI output."""
+
+    READY = "ready"
+    LEASED = "leased"
+    DELAYED = "delayed"
+    DEAD = "dead"
+    RECEIPT = "receipt"
+
+
+# Tag-context first component per state: receipts use the plural directory name.
+TAG_STATE_WORD = {
+    State.READY: "ready",
+    State.LEASED: "leased",
+    State.DELAYED: "delayed",
+    State.DEAD: "dead",
+    State.RECEIPT: "receipts",
+}
+
+
+class QuarantineReason(enum.IntEnum):
+    """Quarantine reason registry (reference/reasons.md)."""
+
+    ENVELOPE_CORRUPT = 0x0001
+    PAYLOAD_CORRUPT = 0x0002
+    FILENAME_PARSE_FAILED = 0x0003
+    FILENAME_TAG_FAILED = 0x0004
+    FILENAME_HEADER_MISMATCH = 0x0005
+    UNSUPPORTED_REQUIRED_FEATURE = 0x0006
+    DUPLICATE_STATE_CONFLICT = 0x0007
+    NON_REGULAR_FILE = 0x0008
+    UNEXPECTED_HARD_LINK = 0x0009
+    CROSS_DEVICE_OBJECT = 0x000A
+    IMPOSSIBLE_STATE_TRANSITION = 0x000B
+
+
+class DeadReason(enum.IntEnum):
+    """Dead-letter reason registry; 0x0100-0x7fff application, 0x8000-0xffff private."""
+
+    UNSPECIFIED = 0x0000
+    CONSUMER_REJECTED = 0x0001
+    UNSUPPORTED_CONTENT_TYPE = 0x0002
+    ADMINISTRATIVE_BURY = 0x0003
+    ATTEMPTS_EXHAUSTED = 0x0004
+
+
+# statfs f_type magics (layout.md), compared as unsigned 32-bit values.
+SUPPORTED_FILESYSTEMS = {
+    0xEF53: "ext4",
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    0xF00D: "f2fs",
+    0xF2F52010: "f2fs",
+    0x2FC12FC1: "zfs",
+}
+ZFS_MAGIC = 0x2FC12FC1  # forces named-temp publication
+REFUSED_FILESYSTEMS = {
+    0x01021994: "tmpfs",
+    0x6969: "nfs",
+    0x65735546: "fuse",
+    0x794C7630: "overlayfs",
+}

@@ -1,0 +1,93 @@
+"""Per-handle state shared by the transition modules.
+
+A :class:`Context` is what one open queue handle knows: the FORMAT, the boot,
+the directory cache and barrier policy (:class:`~steadqd.tree.Tree`), the wall
+floor, and whether an indeterminate failure has poisoned it. It holds no copy
+of the queue's contents: every operation reads the tree.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from dataclasses import dataclass, field
+
+from . import linux
+from .constants import QUARANTINE_DIR, READY_DIR, ZFS_MAGIC
+from .errors import ErrorKind, MaintenanceBusy, NotCommitted, QueuePoisoned, SteadQError, kind_for_errno
+from .layout import OpenOptions
+from .names import boot_raw, shard_dir
+from .records import FormatRecord
+from .tree import Tree
+from .watermark import WallFloor
+
+
+@dataclass
+class Context:
+    path: str
+    root_fd: int
+    fmt: FormatRecord
+    boot_id: str
+    options: OpenOptions
+    fs_magic: int
+    tree: Tree = field(init=False)
+    wall: WallFloor = field(init=False)
+    boot_raw: bytes = field(init=False)
+    nonce: bytes = field(init=False)
+    scan_round: int = 0
+    last_enqueued_shard: int | None = None
+    # "direct", "proc" (O_TMPFILE + linkat forms) or "named" (temp + rename).
+    publication: str = "direct"
+    poisoned: str | None = None
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def __post_init__(self) -> None:
+        self.tree = Tree(self.root_fd, self.fmt.shard_count, deferred=self.options.deferred)
+        control = self.tree.dir("control")
+        self.wall = WallFloor(control, self.fmt.delayed_width_ns)
+        self.boot_raw = boot_raw(self.boot_id)
+        self.nonce = linux.getrandom(16)
+        if self.fs_magic == ZFS_MAGIC:
+            self.publication = "named"
+
+    @property
+    def queue_id(self) -> bytes:
+        return self.fmt.queue_id
+
+    def check_usable(self) -> None:
+        """Refuse mutations after an indeterminate failure (errors.md)."""
+        if self.poisoned is not None:
+            raise QueuePoisoned(f"queue handle is poisoned after: {self.poisoned}")
+
+    def poison(self, why: str) -> None:
+        self.poisoned = self.poisoned or why
+
+    def wall_floor(self) -> int:
+        """The wall floor for a mutation; a failure other than lock
+        contention poisons the handle (clocks.md)."""
+        try:
+            return self.wall.for_mutation()
+        except MaintenanceBusy:
+            raise
+        except (SteadQError, OSError) as e:
+            self.poison(f"wall floor unavailable: {e}")
+            raise
+
+    def ready_dir(self, shard: int) -> int:
+        """The ready shard directory, recreated if someone deleted it."""
+        return self.tree.ensure_dir(f"{READY_DIR}/{shard_dir(shard)}")
+
+    def quarantine_dir(self) -> int:
+        return self.tree.ensure_dir(QUARANTINE_DIR)
+
+    def random(self, n: int = 16) -> bytes:
+        return linux.getrandom(n)
+
+
+def not_committed(e: OSError, what: str, *, job_id: str | None = None) -> NotCommitted:
+    """An errno before linearization: nothing happened."""
+    kind = kind_for_errno(e.errno) if e.errno else ErrorKind.IO_FAILURE
+    if e.errno in (errno.EACCES, errno.EPERM):
+        kind = ErrorKind.IO_FAILURE  # the reference surfaces EACCES as IoFailure
+    return NotCommitted(f"{what}: {os.strerror(e.errno) if e.errno else e}", kind, job_id=job_id)

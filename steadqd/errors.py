@@ -1,0 +1,185 @@
+"""The error model of SteadQ/1 (spec: errors.md).
+
+Every failure of a queue operation is a :class:`SteadQError` carrying an
+:class:`ErrorKind`; the kind decides the CLI exit code. The three outcome
+classes a caller must distinguish after a mutation are separate types:
+
+* :class:`NotCommitted` -- provably nothing happened; safe to retry.
+* :class:`OutcomeUnknown` -- the linearizing link/rename may have happened
+  but a barrier after it failed; the handle is poisoned and the attached
+  ticket says where to look (``Queue.resolve``).
+* :class:`LeaseLost` -- the exact leased file is gone; the token is void.
+
+Lower layers (names, records) raise :class:`CorruptObject` carrying the
+quarantine reason code the object would be isolated with, so the protocol
+layer never has to guess why something failed verification.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class ErrorKind(enum.Enum):
+    """Error kinds with their CLI exit codes (errors.md)."""
+
+    INVALID_INPUT = ("invalid_input", 1)
+    INVALID_TICKET = ("invalid_ticket", 1)
+    NOT_COMMITTED = ("not_committed", 1)
+    MAINTENANCE_BUSY = ("maintenance_busy", 1)
+    IDENTITY_COLLISION = ("identity_collision", 1)
+    ALREADY_EXISTS = ("already_exists", 1)
+    NOT_FOUND = ("not_found", 1)
+    QUEUE_CORRUPT = ("queue_corrupt", 3)
+    PAYLOAD_CORRUPT = ("payload_corrupt", 3)
+    QUEUE_POISONED = ("queue_poisoned", 3)
+    RESOURCE_EXHAUSTED = ("resource_exhausted", 4)
+    STATE_EXHAUSTED = ("state_exhausted", 4)
+    PERMISSION_DENIED = ("permission_denied", 5)
+    IO_FAILURE = ("io_failure", 6)
+    UNSUPPORTED_FILESYSTEM = ("unsupported_filesystem", 64)
+    UNSUPPORTED_FORMAT = ("unsupported_format", 64)
+
+    @property
+    def label(self) -> str:
+        return self.value[0]
+
+    @property
+    def exit_code(self) -> int:
+        return self.value[1]
+
+
+class SteadQError(Exception):
+    """Base of every error raised by steadqd."""
+
+    default_kind = ErrorKind.IO_FAILURE
+
+    def __init__(self, message: str, kind: ErrorKind | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.kind = kind or self.default_kind
+
+    @property
+    def exit_code(self) -> int:
+        return self.kind.exit_code
+
+
+# --- Errors that are not outcomes of a mutation. ---
+
+
+class InvalidInput(SteadQError):
+    default_kind = ErrorKind.INVALID_INPUT
+
+
+class QueueCorrupt(SteadQError):
+    default_kind = ErrorKind.QUEUE_CORRUPT
+
+
+class UnsupportedFilesystem(SteadQError):
+    default_kind = ErrorKind.UNSUPPORTED_FILESYSTEM
+
+
+class UnsupportedFormat(SteadQError):
+    default_kind = ErrorKind.UNSUPPORTED_FORMAT
+
+
+class AlreadyExists(SteadQError):
+    default_kind = ErrorKind.ALREADY_EXISTS
+
+
+class MaintenanceBusy(SteadQError):
+    default_kind = ErrorKind.MAINTENANCE_BUSY
+
+
+class QueuePoisoned(SteadQError):
+    """The handle saw an indeterminate failure earlier and refuses to mutate."""
+
+    default_kind = ErrorKind.QUEUE_POISONED
+
+
+class StateExhausted(SteadQError):
+    """Generation, attempt, bucket or sequence arithmetic would overflow."""
+
+    default_kind = ErrorKind.STATE_EXHAUSTED
+
+
+class CorruptObject(SteadQError):
+    """An on-disk object failed parsing or verification.
+
+    ``reason`` is the quarantine reason code (constants.QuarantineReason)
+    that fits the failure; ``payload`` is True only for a payload digest
+    mismatch, which the spec reports as the distinct kind PayloadCorrupt.
+    """
+
+    default_kind = ErrorKind.QUEUE_CORRUPT
+
+    def __init__(self, message: str, reason: int, *, payload: bool = False) -> None:
+        super().__init__(message, ErrorKind.PAYLOAD_CORRUPT if payload else ErrorKind.QUEUE_CORRUPT)
+        self.reason = int(reason)
+        self.payload = payload
+
+
+class ConfigError(SteadQError):
+    """A configuration file is invalid; names the file, line and key."""
+
+    default_kind = ErrorKind.INVALID_INPUT
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None, key: str | None = None) -> None:
+        where = ""
+        if path is not None:
+            where = path if line is None else f"{path}:{line}"
+        prefix = f"{where}: " if where else ""
+        if key:
+            prefix += f"{key}: "
+        super().__init__(prefix + message)
+        self.path = path
+        self.line = line
+        self.key = key
+
+
+# --- Outcome classes of a mutation. ---
+
+
+class NotCommitted(SteadQError):
+    """The linearization point provably did not happen; nothing changed."""
+
+    default_kind = ErrorKind.NOT_COMMITTED
+
+    def __init__(self, message: str, kind: ErrorKind | None = None, *, job_id: str | None = None) -> None:
+        super().__init__(message, kind)
+        self.job_id = job_id
+
+
+class OutcomeUnknown(SteadQError):
+    """The transition may have happened; a barrier after it failed.
+
+    ``ticket`` is a :class:`steadqd.records.TransitionTicket` for lease
+    transitions, or an :class:`steadqd.records.EnqueueTicket` for enqueue.
+    The handle that raised this is poisoned.
+    """
+
+    default_kind = ErrorKind.IO_FAILURE
+
+    def __init__(self, message: str, ticket: Any = None) -> None:
+        super().__init__(message, ErrorKind.IO_FAILURE)
+        self.ticket = ticket
+
+    @property
+    def exit_code(self) -> int:
+        return 2
+
+
+class LeaseLost(SteadQError):
+    """The exact leased file is gone: the lease no longer authorises anything."""
+
+    default_kind = ErrorKind.NOT_FOUND
+
+
+def kind_for_errno(err: int) -> ErrorKind:
+    """Map an errno seen before linearization to the spec's error kind."""
+    import errno as _errno
+
+    if err in (_errno.ENOSPC, _errno.EDQUOT):
+        return ErrorKind.RESOURCE_EXHAUSTED
+    return ErrorKind.IO_FAILURE

@@ -1,0 +1,435 @@
+"""Leases: the Lease object, validating its source, and renewal.
+
+A lease is a capability: the exact leased file (its path, which encodes the
+generation, deadlines and token, and its inode). Every use first proves the
+file is still exactly that (protocol.md "Validating the current lease
+source"); if it is gone the lease is lost, if it is something else the
+queue is corrupt and the handle refuses further mutations.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import linux
+from .constants import LEASED_DIR, MAX_LEASE_NS, MIN_LEASE_NS, NS_PER_SECOND, READY_DIR, U64_MAX, State
+from .context import Context, not_committed
+from .errors import (
+    ErrorKind,
+    InvalidInput,
+    LeaseLost,
+    NotCommitted,
+    OutcomeUnknown,
+    QueueCorrupt,
+    SteadQError,
+)
+from .names import (
+    authenticate,
+    boot_dashed,
+    boot_raw,
+    lease_bucket,
+    leased_name,
+    make_filename,
+    next_generation,
+    parse_bucket_dir,
+    parse_job_id,
+    parse_name,
+    parse_shard_dir,
+    shard_dir,
+    shard_of,
+)
+from .records import Extension, LeasedLocation, Location, TransitionTicket, decode_extension
+from .tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
+from .verify import Envelope, read_envelope
+
+
+@dataclass(eq=False)
+class Lease:
+    """A claimed job. Pass it back to renew/ack/retry/bury on the same queue.
+
+    ``job_id`` is the 32-hex id; ``path`` is the exact relative path of the
+    leased file (the handle file's ``exact_source_path``).
+    """
+
+    queue_id: bytes
+    job_id: str
+    generation: int
+    attempt: int
+    max_attempts: int
+    token: bytes
+    boot_id: str
+    boottime_deadline_ns: int
+    wall_deadline_ns: int
+    dev: int
+    ino: int
+    path: str
+    envelope_digest: bytes
+    payload_length: int
+    payload_digest: bytes
+    content_type: str
+    extension: Extension | None = None
+    _reader: Any = field(default=None, repr=False)
+
+    @property
+    def metadata(self) -> dict[str, bool | int | str | bytes]:
+        if self.extension is None and self._reader is not None:
+            self.extension = self._reader.read_extension(self)
+        if self.extension is None or not self.extension.metadata:
+            return {}
+        return dict(self.extension.metadata)
+
+    @property
+    def producer_id(self) -> str | None:
+        return self.extension.producer_id if self.extension else None
+
+    @property
+    def job_id_bytes(self) -> bytes:
+        return bytes.fromhex(self.job_id)
+
+    def payload(self) -> bytes:
+        """The payload, re-read from the leased file and verified against its digest."""
+        if self._reader is None:
+            raise InvalidInput("lease is not bound to an open queue")
+        return self._reader.read_payload(self)
+
+    def copy_payload_to(self, out: Any) -> int:
+        """Stream the payload into a binary file; raises after the copy if corrupt."""
+        if self._reader is None:
+            raise InvalidInput("lease is not bound to an open queue")
+        return self._reader.copy_payload(self, out)
+
+    # -- handle file (cli.md "Lease handle file") ----------------------------
+
+    def to_handle(self, queue_root: str) -> str:
+        doc = {
+            "queue_root": queue_root,
+            "queue_id": self.queue_id.hex(),
+            "job_id": self.job_id,
+            "generation": self.generation,
+            "attempt": self.attempt,
+            "maximum_attempts": self.max_attempts,
+            "token": self.token.hex(),
+            "boot_id": self.boot_id,
+            "expires_boottime_ns": self.boottime_deadline_ns,
+            "expires_wall_ns": self.wall_deadline_ns,
+            "expected_dev": self.dev,
+            "expected_inode": self.ino,
+            "exact_source_path": self.path,
+            "envelope_digest": self.envelope_digest.hex(),
+            "content_type": self.content_type,
+            "payload_length": self.payload_length,
+            "payload_digest": self.payload_digest.hex(),
+        }
+        return json.dumps(doc, indent=2)
+
+    @classmethod
+    def from_handle(cls, text: str) -> tuple[Lease, str | None]:
+        """Parse a handle file; returns the lease and its queue_id (hex or None)."""
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise InvalidInput(f"handle file is not JSON: {e}") from e
+        if not isinstance(doc, dict):
+            raise InvalidInput("handle file must hold a JSON object")
+
+        def need(key: str, kind: type) -> Any:
+            if key not in doc:
+                raise InvalidInput(f"handle file lacks {key!r}")
+            v = doc[key]
+            if kind is int and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= U64_MAX):
+                raise InvalidInput(f"handle file field {key!r} must be an unsigned integer")
+            if kind is str and not isinstance(v, str):
+                raise InvalidInput(f"handle file field {key!r} must be a string")
+            return v
+
+        def hexfield(key: str, nbytes: int) -> bytes:
+            v = need(key, str)
+            if len(v) != 2 * nbytes or v != v.lower():
+                raise InvalidInput(f"handle file field {key!r} must be {2 * nbytes} lowercase hex digits")
+            try:
+                return bytes.fromhex(v)
+            except ValueError as e:
+                raise InvalidInput(f"handle file field {key!r} must be {2 * nbytes} lowercase hex digits") from e
+
+        queue_id = doc.get("queue_id")
+        if queue_id is not None:
+            queue_id_b = hexfield("queue_id", 16)
+        job = parse_job_id(need("job_id", str))
+        boot = need("boot_id", str)
+        boot_raw(boot)  # validates the canonical form
+        lease = cls(
+            queue_id=queue_id_b if queue_id is not None else b"",
+            job_id=job.hex(),
+            generation=need("generation", int),
+            attempt=need("attempt", int),
+            max_attempts=need("maximum_attempts", int),
+            token=hexfield("token", 16),
+            boot_id=boot,
+            boottime_deadline_ns=need("expires_boottime_ns", int),
+            wall_deadline_ns=need("expires_wall_ns", int),
+            dev=need("expected_dev", int),
+            ino=need("expected_inode", int),
+            path=need("exact_source_path", str),
+            envelope_digest=hexfield("envelope_digest", 32),
+            payload_length=need("payload_length", int),
+            payload_digest=hexfield("payload_digest", 32),
+            content_type=need("content_type", str),
+        )
+        return lease, queue_id
+
+    def location(self) -> LeasedLocation:
+        return LeasedLocation(self.boot_id, self.boottime_deadline_ns, self.wall_deadline_ns)
+
+
+def lease_duration_ns(seconds: float) -> int:
+    """Lease durations are 1 s .. 7 days inclusive (clocks.md)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds != seconds:
+        raise InvalidInput(f"lease duration must be a number of seconds, got {seconds!r}")
+    ns = round(seconds * NS_PER_SECOND)
+    if not MIN_LEASE_NS <= ns <= MAX_LEASE_NS:
+        raise InvalidInput(f"lease duration {seconds} s is outside 1 s .. 604800 s (7 days)")
+    return ns
+
+
+def make_ticket(
+    ctx: Context, lease: Lease, operation: str, phase: str, destination: Location, *, source: Location | None = None
+) -> TransitionTicket:
+    return TransitionTicket(
+        queue_id=ctx.queue_id,
+        operation=operation,
+        phase=phase,
+        job_id=lease.job_id_bytes,
+        generation=lease.generation,
+        attempt=lease.attempt,
+        maximum_attempts=lease.max_attempts,
+        lease_token=lease.token,
+        envelope_digest=lease.envelope_digest,
+        payload_length=lease.payload_length,
+        source=source if source is not None else lease.location(),
+        destination=destination,
+    )
+
+
+def indeterminate(ctx: Context, lease: Lease, operation: str, e: Indeterminate, destination: Location) -> OutcomeUnknown:
+    """Poison the handle and describe where the object may now be."""
+    ctx.poison(f"{operation} of {lease.job_id}: {e.cause}")
+    ticket = make_ticket(ctx, lease, operation, e.phase, destination)
+    return OutcomeUnknown(f"{operation} outcome unknown: {e.cause}", ticket)
+
+
+@dataclass
+class Source:
+    """A validated lease source: the open file and where it is."""
+
+    dir_fd: int
+    dir_rel: str
+    name: str
+    fd: int
+    envelope: Envelope
+
+    @property
+    def witness(self) -> Witness:
+        return self.envelope.witness
+
+    def close(self) -> None:
+        linux.close(self.fd)
+
+
+def _corrupt(ctx: Context, poison: bool, why: str) -> QueueCorrupt:
+    if poison:
+        ctx.poison(why)
+    return QueueCorrupt(why)
+
+
+def validate_source(ctx: Context, lease: Lease, *, poison: bool = True) -> Source:
+    """Prove the lease's exact file is still in place and unchanged.
+
+    Raises LeaseLost when it is gone, QueueCorrupt (poisoning the handle for
+    mutations) when something else is there, InvalidInput for a lease of
+    another boot.
+    """
+    fmt = ctx.fmt
+    if lease.dev == 0 or lease.ino == 0:
+        raise _corrupt(ctx, poison, "lease handle has a zero device or inode (forged handle)")
+    if lease.queue_id and lease.queue_id != fmt.queue_id:
+        raise InvalidInput("lease belongs to another queue (queue_id differs)")
+    parts = lease.path.split("/")
+    if len(parts) == 3 and parts[0] == READY_DIR:
+        shard = parse_shard_dir(parts[1], fmt.shard_count)
+        path_bucket = None
+    elif len(parts) == 5 and parts[0] == LEASED_DIR:
+        shard = parse_shard_dir(parts[3], fmt.shard_count)
+        path_bucket = parse_bucket_dir(parts[2])
+        if path_bucket is None:
+            raise _corrupt(ctx, poison, f"lease path has an invalid bucket: {lease.path}")
+    else:
+        raise _corrupt(ctx, poison, f"lease path is not a leased object path: {lease.path}")
+    if shard is None:
+        raise _corrupt(ctx, poison, f"lease path has an invalid shard: {lease.path}")
+    try:
+        name = parse_name(State.LEASED, parts[-1])
+    except SteadQError as e:
+        raise _corrupt(ctx, poison, f"lease path does not end in a leased name: {e}") from e
+    path_boot = boot_dashed(name.boot_id or b"")
+    if parts[0] == LEASED_DIR and parts[1] != path_boot:
+        raise _corrupt(ctx, poison, "legacy lease directory boot id differs from the name")
+    if path_boot != ctx.boot_id:
+        raise InvalidInput(f"lease was taken in boot {path_boot}, this is boot {ctx.boot_id}; recovery will reap it")
+    if path_boot != lease.boot_id:
+        raise _corrupt(ctx, poison, "lease boot id differs from its path")
+    job = lease.job_id_bytes
+    if shard_of(fmt.queue_id, job, fmt.shard_count) != shard:
+        raise _corrupt(ctx, poison, "lease path is in the wrong shard for its job")
+    if (
+        name.job_id,
+        name.generation,
+        name.attempt,
+        name.max_attempts,
+        name.lease_token,
+        name.boottime_deadline,
+        name.wall_deadline,
+    ) != (
+        job,
+        lease.generation,
+        lease.attempt,
+        lease.max_attempts,
+        lease.token,
+        lease.boottime_deadline_ns,
+        lease.wall_deadline_ns,
+    ):
+        raise _corrupt(ctx, poison, "leased name does not match the lease")
+    if path_bucket is not None and path_bucket != lease_bucket(name.boottime_deadline or 0, fmt.lease_width_ns):
+        raise _corrupt(ctx, poison, "legacy lease bucket does not match its deadline")
+    if not authenticate(fmt.queue_id, name, shard=shard, lease_width_ns=fmt.lease_width_ns):
+        raise _corrupt(ctx, poison, "leased name tag does not authenticate")
+    dir_rel = "/".join(parts[:-1])
+    try:
+        dir_fd = ctx.tree.dir(dir_rel)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise LeaseLost(f"lease directory {dir_rel} is gone") from e
+        if e.errno == errno.ENOTDIR:
+            raise _corrupt(ctx, poison, f"{dir_rel} is not a directory") from e
+        raise not_committed(e, f"open {dir_rel}") from e
+    try:
+        fd = linux.open_at(dir_fd, parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise LeaseLost(f"lease of job {lease.job_id} is gone (acked, retried, reaped or lost)") from e
+        if e.errno == errno.ELOOP:
+            raise _corrupt(ctx, poison, "leased path is a symlink") from e
+        raise not_committed(e, "open leased file") from e
+    try:
+        st = linux.fstat(fd)
+        if (st.st_dev, st.st_ino) != (lease.dev, lease.ino):
+            raise _corrupt(ctx, poison, "leased path names another file than the lease")
+        try:
+            env = read_envelope(fd, fmt.max_payload_length, st)
+        except SteadQError as e:
+            raise _corrupt(ctx, poison, f"leased file is corrupt: {e.message}") from e
+        h = env.header
+        if (h.job_id, h.max_attempts, h.envelope_digest, h.payload_length, h.payload_digest) != (
+            job,
+            lease.max_attempts,
+            lease.envelope_digest,
+            lease.payload_length,
+            lease.payload_digest,
+        ):
+            raise _corrupt(ctx, poison, "leased file header does not match the lease")
+        try:
+            again = linux.stat_at(dir_fd, parts[-1])
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                raise LeaseLost(f"lease of job {lease.job_id} is gone") from e
+            raise not_committed(e, "stat leased file") from e
+        if (again.st_dev, again.st_ino) != (lease.dev, lease.ino):
+            raise _corrupt(ctx, poison, "leased path was replaced while validating")
+        return Source(dir_fd, dir_rel, parts[-1], fd, env)
+    except BaseException:
+        linux.close(fd)
+        raise
+
+
+def renew(ctx: Context, lease: Lease, duration_ns: int) -> Lease:
+    """Extend a lease: rename to a name with new deadlines (protocol.md "Renew")."""
+    ctx.check_usable()
+    fmt = ctx.fmt
+    bt = linux.boottime_ns()
+    wall = ctx.wall_floor()
+    bt_deadline, wall_deadline = bt + duration_ns, wall + duration_ns
+    if bt_deadline > U64_MAX or wall_deadline > U64_MAX:
+        raise InvalidInput("lease deadline overflows u64")
+    generation = next_generation(lease.generation)
+    job = lease.job_id_bytes
+    shard = shard_of(fmt.queue_id, job, fmt.shard_count)
+    target = leased_name(
+        job,
+        generation,
+        lease.attempt,
+        lease.max_attempts,
+        boot_id=ctx.boot_raw,
+        boottime_deadline=bt_deadline,
+        wall_deadline=wall_deadline,
+        lease_token=lease.token,
+    )
+    target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
+    src = validate_source(ctx, lease)
+    try:
+        dst_fd = ctx.ready_dir(shard)
+        destination = LeasedLocation(ctx.boot_id, bt_deadline, wall_deadline)
+        try:
+            ctx.tree.move_witnessed(src.dir_fd, src.name, dst_fd, target_file, src.witness)
+        except SourceMissing as e:
+            raise LeaseLost(f"lease of job {lease.job_id} is gone") from e
+        except Collision as e:
+            raise NotCommitted("renew destination exists", ErrorKind.QUEUE_CORRUPT) from e
+        except SourceChanged as e:
+            raise _corrupt(ctx, True, f"leased file changed before renewal: {e}") from e
+        except MoveFailed as e:
+            raise NotCommitted(f"renew: {e}", ErrorKind.IO_FAILURE) from e
+        except Indeterminate as e:
+            raise indeterminate(ctx, lease, "renew", e, destination) from e
+    finally:
+        src.close()
+    lease.generation = generation
+    lease.boot_id = ctx.boot_id
+    lease.boottime_deadline_ns = bt_deadline
+    lease.wall_deadline_ns = wall_deadline
+    lease.path = f"{READY_DIR}/{shard_dir(shard)}/{target_file}"
+    return lease
+
+
+def extension_of(src: Source) -> Extension | None:
+    """Decode the authenticated extension of a validated source (None when empty)."""
+    return decode_extension(src.envelope.extension) if src.envelope.extension else None
+
+
+def lease_from_claim(
+    ctx: Context, *, name_rel: str, env: Envelope, extension: Extension | None, generation: int, attempt: int, token: bytes,
+    bt_deadline: int, wall_deadline: int, reader: Any,
+) -> Lease:
+    h = env.header
+    return Lease(
+        queue_id=ctx.queue_id,
+        job_id=h.job_id.hex(),
+        generation=generation,
+        attempt=attempt,
+        max_attempts=h.max_attempts,
+        token=token,
+        boot_id=ctx.boot_id,
+        boottime_deadline_ns=bt_deadline,
+        wall_deadline_ns=wall_deadline,
+        dev=env.witness.dev,
+        ino=env.witness.ino,
+        path=name_rel,
+        envelope_digest=h.envelope_digest,
+        payload_length=h.payload_length,
+        payload_digest=h.payload_digest,
+        content_type=extension.content_type if extension else "",
+        extension=extension,
+        _reader=reader,
+    )

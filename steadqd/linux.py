@@ -1,0 +1,716 @@
+"""The Linux syscall layer of steadqd: every system call the queue makes.
+
+SteadQ/1 compatibility depends on a handful of exact primitives that ``os``
+does not expose (``renameat2(RENAME_NOREPLACE)``, ``openat2`` resolve flags,
+``linkat(AT_EMPTY_PATH)``, ``statfs.f_type``), so they are reached through
+cffi in ABI mode; everything else uses ``os`` with ``dir_fd``.
+
+Every wrapper performs its system call through one private function,
+:func:`_call`. That single point is what makes the protocol testable: tests
+and the crash lab can count syscall positions (:func:`trace`) and make the
+Nth call fail before or after its side effect (:func:`inject`) without
+monkeypatching. Op names are a stable contract (see :data:`OPS`).
+
+This module imports nothing else from steadqd: it is the lowest layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno as _errno
+import fcntl
+import os
+import platform
+import re
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeVar
+
+import cffi
+
+__all__ = [
+    "AT_EMPTY_PATH",
+    "AT_FDCWD",
+    "AT_SYMLINK_FOLLOW",
+    "O_TMPFILE",
+    "OPS",
+    "RENAME_NOREPLACE",
+    "RESOLVE_BENEATH",
+    "RESOLVE_NO_MAGICLINKS",
+    "RESOLVE_NO_SYMLINKS",
+    "Fault",
+    "ShortRead",
+    "TmpfileLinkUnsupported",
+    "TraceEvent",
+    "boot_id_bytes",
+    "boot_id_dashed",
+    "boottime_ns",
+    "close",
+    "fchmod",
+    "fstat",
+    "fstatfs_type",
+    "fsync",
+    "getrandom",
+    "inject",
+    "link_tmpfile",
+    "list_dir",
+    "mkdir_at",
+    "monotonic_ns",
+    "ofd_lock",
+    "open_at",
+    "open_beneath",
+    "open_dir",
+    "open_tmpfile",
+    "pread",
+    "pwrite_all",
+    "read_boot_id",
+    "read_exact",
+    "realtime_ns",
+    "rename_noreplace",
+    "rename_replace",
+    "rmdir_at",
+    "stat_at",
+    "statfs_type",
+    "trace",
+    "unlink_at",
+    "write_all",
+]
+
+T = TypeVar("T")
+Name = str | bytes
+
+# --- Constants (linux/fcntl.h, linux/openat2.h, linux/fs.h). ---
+RENAME_NOREPLACE = 1
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+AT_FDCWD = -100
+AT_SYMLINK_FOLLOW = 0x400
+AT_EMPTY_PATH = 0x1000
+O_TMPFILE: int = os.O_TMPFILE
+F_OFD_SETLK: int = getattr(fcntl, "F_OFD_SETLK", 37)
+F_RDLCK = 0
+F_WRLCK = 1
+
+OPS = frozenset(
+    {
+        "open", "openat2", "close", "mkdir", "stat", "fstat", "fsync", "write", "pwrite", "read",
+        "rename_noreplace", "rename", "link", "unlink", "rmdir", "listdir", "lock", "statfs",
+        "clock", "getrandom", "fchmod", "tmpfile",
+    }
+)  # fmt: skip
+"""Every op name :func:`_call` is used with; tests and the crash lab key on these strings."""
+
+_MACHINE = platform.machine()
+# openat2 has the same number on every architecture using the unified syscall table.
+_SYS_OPENAT2 = 437
+_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276}.get(_MACHINE)
+
+_ffi = cffi.FFI()
+_ffi.cdef(
+    """
+    struct open_how { uint64_t flags; uint64_t mode; uint64_t resolve; };
+    long syscall(long number, ...);
+    int linkat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, int flags);
+    int fstatfs(int fd, void *buf);
+    int statfs(const char *path, void *buf);
+    """
+)
+_libc: Any = _ffi.dlopen(None)
+try:  # glibc >= 2.28; declared separately so an older libc still imports this module.
+    _ffi.cdef(
+        "int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);"
+    )
+    _renameat2_fn: Any = _libc.renameat2
+except (AttributeError, cffi.FFIError):
+    _renameat2_fn = None
+
+
+class ShortRead(Exception):
+    """``read_exact`` got fewer bytes than asked (the file is shorter than its header claims)."""
+
+    def __init__(self, expected: int, got: int) -> None:
+        super().__init__(f"short read: expected {expected} bytes, got {got}")
+        self.expected = expected
+        self.got = got
+
+
+class TmpfileLinkUnsupported(Exception):
+    """Neither linkat form can publish an O_TMPFILE here; the caller switches to named temps."""
+
+    def __init__(self, attempts: tuple[tuple[str, int], ...]) -> None:
+        detail = ", ".join(f"{form}: {_errno.errorcode.get(e, e)}" for form, e in attempts)
+        super().__init__(f"linking an O_TMPFILE is unsupported ({detail})")
+        self.attempts = attempts
+
+
+# --- The fault-injection / tracing point. ---
+
+
+class TraceEvent(NamedTuple):
+    """One syscall attempt: the op name and a small tuple of its interesting arguments."""
+
+    op: str
+    detail: tuple[Any, ...]
+
+
+@dataclass
+class Fault:
+    """An armed fault: the ``nth`` call matching ``op`` (all ops if None) fails with ``errno``.
+
+    ``fired`` becomes True only when the injected error was actually raised
+    (with ``after=True``, a target call whose real syscall failed propagates
+    the real error, consumes the fault and leaves ``fired`` False).
+    ``calls_seen`` counts every matching call while armed, also after the
+    fault fired, so arming a huge ``nth`` counts an operation's positions.
+    """
+
+    nth: int
+    errno: int
+    op: str | None = None
+    after: bool = False
+    fired: bool = False
+    fired_op: str | None = None
+    calls_seen: int = 0
+
+
+_lock = threading.Lock()
+_armed: Fault | None = None
+_traces: list[list[TraceEvent]] = []
+
+
+def _call(
+    op: str,
+    fn: Callable[..., T],
+    *args: Any,
+    detail: tuple[Any, ...] = (),
+    discard: Callable[[T], object] | None = None,
+) -> T:
+    """Run one syscall wrapper ``fn(*args)`` as op ``op``: record it, maybe fail it.
+
+    ``discard`` undoes a returned resource (closes an fd) when an after-fault
+    throws the result away, so injected failures do not leak descriptors.
+    """
+    fire = False
+    after = False
+    code = 0
+    with _lock:
+        for events in _traces:
+            events.append(TraceEvent(op, detail))
+        fault = _armed
+        if fault is not None and (fault.op is None or fault.op == op):
+            fault.calls_seen += 1
+            if fault.calls_seen == fault.nth:
+                fire, after, code = True, fault.after, fault.errno
+                if not after:
+                    fault.fired, fault.fired_op = True, op
+    if fire and not after:
+        raise OSError(code, os.strerror(code))
+    result = fn(*args)
+    if fire:
+        with _lock:
+            assert fault is not None
+            fault.fired, fault.fired_op = True, op
+        if discard is not None:
+            with contextlib.suppress(OSError):
+                discard(result)
+        raise OSError(code, os.strerror(code))
+    return result
+
+
+@contextlib.contextmanager
+def inject(*, nth: int, errno: int, op: str | None = None, after: bool = False) -> Iterator[Fault]:
+    """Arm one fault for the duration of the block; it fires at most once.
+
+    With ``after=False`` the Nth matching call raises ``OSError(errno)`` before
+    the real syscall (no side effect); with ``after=True`` the real syscall runs
+    and succeeds, then the caller still gets the error (a crash-lab stand-in
+    for "the rename happened but we never learned it").
+    """
+    global _armed
+    if nth < 1:
+        raise ValueError("nth is 1-based")
+    if op is not None and op not in OPS:
+        raise ValueError(f"unknown op {op!r}")
+    fault = Fault(nth=nth, errno=errno, op=op, after=after)
+    with _lock:
+        if _armed is not None:
+            raise RuntimeError("a fault is already armed")
+        _armed = fault
+    try:
+        yield fault
+    finally:
+        with _lock:
+            _armed = None
+
+
+@contextlib.contextmanager
+def trace() -> Iterator[list[TraceEvent]]:
+    """Record every syscall made (by any thread) while the block runs; nested traces all see them."""
+    events: list[TraceEvent] = []
+    with _lock:
+        _traces.append(events)
+    try:
+        yield events
+    finally:
+        with _lock:
+            for i, active in enumerate(_traces):
+                if active is events:
+                    del _traces[i]
+                    break
+
+
+# --- Helpers. ---
+
+
+def _b(name: Name) -> bytes:
+    return os.fsencode(name)
+
+
+def _s(name: Name) -> str:
+    """Names in trace details are str (surrogateescape keeps them lossless)."""
+    return os.fsdecode(name)
+
+
+def _check(ret: int, *names: Name) -> int:
+    """Turn a libc ``-1`` return into OSError with the real errno."""
+    if ret < 0:
+        err = _ffi.errno
+        raise OSError(err, os.strerror(err), *(_s(n) for n in names[:1]))
+    return ret
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+# --- Opening. ---
+
+
+def open_at(dirfd: int, name: Name, flags: int, mode: int = 0o600) -> int:
+    """openat(2) relative to ``dirfd``; O_CLOEXEC is always added so fds never leak into children."""
+    flags |= os.O_CLOEXEC
+    return _call("open", _open, dirfd, name, flags, mode, detail=(dirfd, _s(name), flags), discard=os.close)
+
+
+def _open(dirfd: int, name: Name, flags: int, mode: int) -> int:
+    return os.open(name, flags, mode, dir_fd=dirfd)
+
+
+def open_dir(dirfd: int, name: Name) -> int:
+    """Open a directory without following a symlink in its last component."""
+    return open_at(dirfd, name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+
+
+_openat2_missing = False
+
+
+def _openat2_raw(dirfd: int, path: bytes, flags: int, mode: int, resolve: int) -> int:
+    global _openat2_missing
+    how = _ffi.new("struct open_how *", {"flags": flags, "mode": mode, "resolve": resolve})
+    ret = _libc.syscall(
+        _ffi.cast("long", _SYS_OPENAT2),
+        _ffi.cast("long", dirfd),
+        _ffi.new("char[]", path),
+        how,
+        _ffi.cast("size_t", _ffi.sizeof("struct open_how")),
+    )
+    if ret < 0 and _ffi.errno == _errno.ENOSYS:
+        _openat2_missing = True  # only a real kernel ENOSYS is remembered, never an injected one
+    return _check(ret, path)
+
+
+def _split_beneath(relpath: str) -> list[str]:
+    """Validate a relative path for open_beneath; the same rules apply with or without openat2."""
+    if relpath.startswith("/"):
+        raise OSError(_errno.EXDEV, "absolute path refused", relpath)
+    parts = relpath.split("/")
+    for part in parts:
+        if part == "..":
+            raise OSError(_errno.EXDEV, "'..' refused", relpath)
+        if part in ("", "."):
+            raise OSError(_errno.EINVAL, "empty or '.' path component refused", relpath)
+    return parts
+
+
+def open_beneath(rootfd: int, relpath: str, flags: int, mode: int = 0) -> int:
+    """Open ``relpath`` strictly inside ``rootfd`` with no symlink anywhere on the way.
+
+    Uses openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS);
+    where the kernel lacks it (ENOSYS), walks the components with
+    O_NOFOLLOW|O_DIRECTORY. ``..``, absolute paths and empty/``.`` components
+    are refused up front in both modes so behaviour does not depend on the kernel.
+    """
+    parts = _split_beneath(relpath)
+    flags |= os.O_CLOEXEC
+    if not _openat2_missing:
+        how_mode = mode if flags & (os.O_CREAT | O_TMPFILE) else 0  # openat2 rejects a mode otherwise
+        resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+        try:
+            return _call(
+                "openat2",
+                _openat2_raw,
+                rootfd,
+                _b(relpath),
+                flags,
+                how_mode,
+                resolve,
+                detail=(rootfd, relpath, flags, resolve),
+                discard=os.close,
+            )
+        except OSError as e:
+            if e.errno != _errno.ENOSYS:
+                raise
+    fd = rootfd
+    try:
+        for part in parts[:-1]:
+            nxt = open_dir(fd, part)
+            if fd != rootfd:
+                close(fd)
+            fd = nxt
+        return open_at(fd, parts[-1], flags | os.O_NOFOLLOW, mode)
+    finally:
+        if fd != rootfd:
+            close(fd)
+
+
+def close(fd: int) -> None:
+    """close(2); with an after-fault the fd is closed and the caller still sees the error (like EINTR on Linux)."""
+    _call("close", os.close, fd, detail=(fd,))
+
+
+def open_tmpfile(dirfd: int, mode: int = 0o600) -> int:
+    """An unnamed O_TMPFILE inode in ``dirfd``; errors (EISDIR/ENOENT/EOPNOTSUPP = unsupported) are raised as is."""
+    flags = O_TMPFILE | os.O_RDWR | os.O_CLOEXEC
+    return _call("tmpfile", _open, dirfd, ".", flags, mode, detail=(dirfd, flags), discard=os.close)
+
+
+# --- Directories and metadata. ---
+
+
+def mkdir_at(dirfd: int, name: Name, mode: int = 0o700) -> bool:
+    """mkdirat; True if this call created it (so the caller must fsync the parent), False on EEXIST."""
+    try:
+        _call("mkdir", _mkdir, dirfd, name, mode, detail=(dirfd, _s(name), mode))
+    except FileExistsError:  # injected EEXIST too: OSError(EEXIST, ...) constructs FileExistsError
+        return False
+    return True
+
+
+def _mkdir(dirfd: int, name: Name, mode: int) -> None:
+    os.mkdir(name, mode, dir_fd=dirfd)
+
+
+def stat_at(dirfd: int, name: Name) -> os.stat_result:
+    """fstatat(AT_SYMLINK_NOFOLLOW): identity checks must see the link itself, never its target."""
+    return _call("stat", _stat_nofollow, dirfd, name, detail=(dirfd, _s(name)))
+
+
+def _stat_nofollow(dirfd: int, name: Name) -> os.stat_result:
+    return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+
+
+def fstat(fd: int) -> os.stat_result:
+    """fstat(2)."""
+    return _call("fstat", os.fstat, fd, detail=(fd,))
+
+
+def fsync(fd: int) -> None:
+    """fsync(2) of a file or directory: the durability barrier."""
+    _call("fsync", os.fsync, fd, detail=(fd,))
+
+
+def fchmod(fd: int, mode: int) -> None:
+    """fchmod(2) (FORMAT's temp becomes 0400 before publication)."""
+    _call("fchmod", os.fchmod, fd, mode, detail=(fd, mode))
+
+
+def list_dir(dirfd: int) -> list[bytes]:
+    """Raw entry names (no ``.``/``..``) sorted bytewise, the order recovery relies on.
+
+    ``os.listdir(fd)`` works on a dup and rewinds, so the caller's fd stays reusable.
+    """
+    names = _call("listdir", os.listdir, dirfd, detail=(dirfd,))
+    return sorted(os.fsencode(n) for n in names)
+
+
+# --- Reading and writing. ---
+
+
+def _byte_view(data: bytes | bytearray | memoryview) -> memoryview:
+    view = memoryview(data)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write every byte, looping on short writes; a zero-byte write is EIO (it would loop forever)."""
+    view = _byte_view(data)
+    while view:
+        n = _call("write", os.write, fd, view, detail=(fd, len(view)))
+        if n <= 0:
+            raise OSError(_errno.EIO, "write returned 0 bytes")
+        view = view[n:]
+
+
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """Positional write of every byte (the streaming enqueue's header patch), same rules as write_all."""
+    view = _byte_view(data)
+    while view:
+        n = _call("pwrite", os.pwrite, fd, view, offset, detail=(fd, len(view), offset))
+        if n <= 0:
+            raise OSError(_errno.EIO, "pwrite returned 0 bytes")
+        view = view[n:]
+        offset += n
+
+
+def pread(fd: int, n: int, offset: int) -> bytes:
+    """One pread(2); may return fewer than ``n`` bytes at EOF."""
+    return _call("read", os.pread, fd, n, offset, detail=(fd, n, offset))
+
+
+def read_exact(fd: int, n: int, offset: int) -> bytes:
+    """Exactly ``n`` bytes at ``offset`` or :class:`ShortRead`: a truncated object is corruption, not EOF."""
+    chunks: list[bytes] = []
+    got = 0
+    while got < n:
+        chunk = pread(fd, n - got, offset + got)
+        if not chunk:
+            raise ShortRead(n, got)
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+# --- Renames, links, removal. ---
+
+
+def _renameat2_raw(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int) -> None:
+    if _renameat2_fn is not None:
+        ret = _renameat2_fn(olddirfd, old, newdirfd, new, flags)
+    elif _SYS_RENAMEAT2 is not None:
+        ret = _libc.syscall(
+            _ffi.cast("long", _SYS_RENAMEAT2),
+            _ffi.cast("long", olddirfd),
+            _ffi.new("char[]", old),
+            _ffi.cast("long", newdirfd),
+            _ffi.new("char[]", new),
+            _ffi.cast("unsigned long", flags),
+        )
+    else:
+        raise OSError(_errno.ENOSYS, "renameat2 unavailable")
+    _check(ret, old)
+
+
+def rename_noreplace(olddirfd: int, oldname: Name, newdirfd: int, newname: Name) -> None:
+    """renameat2(RENAME_NOREPLACE): the linearization point of every state move; EEXIST = collision.
+
+    Never emulated with link+unlink: that is not atomic and not what the reference does.
+    """
+    _call(
+        "rename_noreplace",
+        _renameat2_raw,
+        olddirfd,
+        _b(oldname),
+        newdirfd,
+        _b(newname),
+        RENAME_NOREPLACE,
+        detail=(olddirfd, _s(oldname), newdirfd, _s(newname)),
+    )
+
+
+def rename_replace(olddirfd: int, oldname: Name, newdirfd: int, newname: Name) -> None:
+    """Plain renameat (may replace): only watermark, receipt compaction and recovery cursor use it."""
+    _call(
+        "rename",
+        _rename_plain,
+        olddirfd,
+        _b(oldname),
+        newdirfd,
+        _b(newname),
+        detail=(olddirfd, _s(oldname), newdirfd, _s(newname)),
+    )
+
+
+def _rename_plain(olddirfd: int, old: bytes, newdirfd: int, new: bytes) -> None:
+    os.rename(old, new, src_dir_fd=olddirfd, dst_dir_fd=newdirfd)
+
+
+def unlink_at(dirfd: int, name: Name) -> None:
+    """unlinkat(dir, name, 0)."""
+    _call("unlink", _unlink, dirfd, name, detail=(dirfd, _s(name)))
+
+
+def _unlink(dirfd: int, name: Name) -> None:
+    os.unlink(name, dir_fd=dirfd)
+
+
+def rmdir_at(dirfd: int, name: Name) -> None:
+    """unlinkat(dir, name, AT_REMOVEDIR); ENOTEMPTY/EEXIST mean "not empty"."""
+    _call("rmdir", _rmdir, dirfd, name, detail=(dirfd, _s(name)))
+
+
+def _rmdir(dirfd: int, name: Name) -> None:
+    os.rmdir(name, dir_fd=dirfd)
+
+
+def _linkat_raw(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int) -> None:
+    _check(_libc.linkat(olddirfd, old, newdirfd, new, flags), new)
+
+
+def _link_direct(fd: int, dirfd: int, name: bytes) -> None:
+    _call("link", _linkat_raw, fd, b"", dirfd, name, AT_EMPTY_PATH, detail=("direct", fd, dirfd, _s(name)))
+
+
+def _link_proc(fd: int, dirfd: int, name: bytes) -> None:
+    src = f"/proc/self/fd/{fd}".encode()
+    _call("link", _linkat_raw, AT_FDCWD, src, dirfd, name, AT_SYMLINK_FOLLOW, detail=("proc", fd, dirfd, _s(name)))
+
+
+_RETRY_DIRECT = frozenset({_errno.EINVAL, _errno.ENOENT, _errno.EOPNOTSUPP})
+_RETRY_PROC = frozenset({_errno.EINVAL, _errno.ENOSYS, _errno.EOPNOTSUPP})
+
+
+def link_tmpfile(fd: int, dirfd: int, name: Name, *, prefer_proc: bool = False) -> str:
+    """Give an O_TMPFILE inode its name: the enqueue linearization point (protocol.md Enqueue step 5).
+
+    Tries ``linkat(fd, "", dirfd, name, AT_EMPTY_PATH)`` ("direct", needs
+    CAP_DAC_READ_SEARCH) and ``linkat(AT_FDCWD, "/proc/self/fd/<fd>", dirfd,
+    name, AT_SYMLINK_FOLLOW)`` ("proc"), direct first unless ``prefer_proc``.
+    Returns the form that worked. EEXIST and unexpected errnos propagate as
+    OSError; ENOENT from the proc form propagates when the destination
+    directory was deleted (st_nlink == 0). If neither form is usable:
+    :class:`TmpfileLinkUnsupported`.
+    """
+    target = _b(name)
+    forms = ("proc", "direct") if prefer_proc else ("direct", "proc")
+    attempts: list[tuple[str, int]] = []
+    for form in forms:
+        try:
+            (_link_proc if form == "proc" else _link_direct)(fd, dirfd, target)
+            return form
+        except OSError as e:
+            code = e.errno if e.errno is not None else 0
+            attempts.append((form, code))
+            if form == "direct":
+                if code == _errno.ENOSYS:
+                    raise TmpfileLinkUnsupported(tuple(attempts)) from e
+                if code not in _RETRY_DIRECT:
+                    raise
+            elif code == _errno.ENOENT:
+                if fstat(dirfd).st_nlink == 0:
+                    raise
+            elif code not in _RETRY_PROC:
+                raise
+    raise TmpfileLinkUnsupported(tuple(attempts))
+
+
+# --- Locks. ---
+
+
+def ofd_lock(fd: int, *, exclusive: bool) -> bool:
+    """Non-blocking whole-file OFD lock (F_OFD_SETLK); False if busy. Released by closing the fd.
+
+    OFD locks belong to the open file description, so two opens in one process
+    conflict, unlike classic POSIX locks; flock(2) would not interoperate.
+    """
+    l_type = F_WRLCK if exclusive else F_RDLCK
+    arg = struct.pack("hhqqi4x", l_type, os.SEEK_SET, 0, 0, 0)
+    try:
+        _call("lock", fcntl.fcntl, fd, F_OFD_SETLK, arg, detail=(fd, "exclusive" if exclusive else "shared"))
+    except OSError as e:
+        if e.errno in (_errno.EAGAIN, _errno.EACCES):
+            return False
+        raise
+    return True
+
+
+# --- Filesystem type. ---
+
+
+def _statfs_raw(fd: int | None, path: bytes | None) -> int:
+    buf = _ffi.new("unsigned char[256]")  # zeroed; struct statfs is 120 bytes on x86_64/aarch64
+    ret = _libc.fstatfs(fd, buf) if fd is not None else _libc.statfs(path, buf)
+    _check(ret, *(() if path is None else (path,)))
+    # f_type is the first field, a native long; glibc makes it signed, so compare as u32.
+    return int(_ffi.cast("long *", buf)[0]) & 0xFFFFFFFF
+
+
+def fstatfs_type(fd: int) -> int:
+    """statfs f_type of the filesystem holding ``fd``, as unsigned 32-bit (0xEF53 = ext4)."""
+    return _call("statfs", _statfs_raw, fd, None, detail=(fd,))
+
+
+def statfs_type(path: str) -> int:
+    """statfs f_type of ``path`` as unsigned 32-bit (init checks a root that may not exist yet via its parent)."""
+    return _call("statfs", _statfs_raw, None, _b(path), detail=(path,))
+
+
+# --- Clocks and randomness. ---
+
+
+def boottime_ns() -> int:
+    """CLOCK_BOOTTIME: lease deadlines and temp ages; keeps counting across suspend."""
+    return _call("clock", time.clock_gettime_ns, time.CLOCK_BOOTTIME, detail=("boottime",))
+
+
+def realtime_ns() -> int:
+    """CLOCK_REALTIME (Unix ns): raw wall time, only ever used through the watermarked wall floor."""
+    return _call("clock", time.clock_gettime_ns, time.CLOCK_REALTIME, detail=("realtime",))
+
+
+def monotonic_ns() -> int:
+    """CLOCK_MONOTONIC: budgets and wait loops; never stored."""
+    return _call("clock", time.clock_gettime_ns, time.CLOCK_MONOTONIC, detail=("monotonic",))
+
+
+def getrandom(n: int) -> bytes:
+    """``n`` bytes from getrandom(2), retrying EINTR and short returns; never falls back to zeros."""
+    out = b""
+    while len(out) < n:
+        try:
+            out += _call("getrandom", os.getrandom, n - len(out), detail=(n - len(out),))
+        except InterruptedError:  # PEP 475 retries real EINTR; this catches injected ones
+            continue
+    return out
+
+
+# --- Boot id. ---
+
+_BOOT_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _check_boot_id(text: str) -> str:
+    if not _BOOT_ID_RE.fullmatch(text):
+        raise ValueError(f"boot id {text!r} is not canonical lowercase 8-4-4-4-12 hex")
+    return text
+
+
+def read_boot_id(path: str = "/proc/sys/kernel/random/boot_id") -> str:
+    """The current boot id, whitespace stripped; ValueError unless canonical lowercase 8-4-4-4-12 hex."""
+    fd = open_at(AT_FDCWD, path, os.O_RDONLY)
+    try:
+        raw = pread(fd, 4096, 0)
+    finally:
+        close(fd)
+    try:
+        text = raw.strip().decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueError(f"boot id in {path} is not ASCII: {raw!r}") from None
+    return _check_boot_id(text)
+
+
+def boot_id_bytes(dashed: str) -> bytes:
+    """The 16 bytes of a canonical dashed boot id (the 32 hex digits in order)."""
+    return bytes.fromhex(_check_boot_id(dashed).replace("-", ""))
+
+
+def boot_id_dashed(raw16: bytes) -> str:
+    """The canonical dashed lowercase form of 16 boot-id bytes."""
+    if len(raw16) != 16:
+        raise ValueError(f"boot id must be 16 bytes, got {len(raw16)}")
+    h = raw16.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -1,0 +1,671 @@
+"""Filename grammar, name tags, shards, buckets and the claim scan order.
+
+Spec: ``names.md``, ``reference/filenames.abnf``, ``clocks.md`` (bucket
+arithmetic) and ``protocol.md`` ("Identity changes per transition").
+
+Why this module is so strict: a job's whole identity (generation, attempt,
+lease token, deadlines, reason) lives in its *filename*, and the reference
+implementation authenticates that name with a tag over an exact ASCII
+context. Two spellings of the same values (``A`` vs ``a``, ``0x1`` vs
+``00000001``) would be two different names to the reference, so the parser
+accepts exactly the canonical bytes and nothing else, and the formatter can
+only produce canonical bytes. Nothing here touches the filesystem; every
+function is pure so it can be tested against ``vectors.md`` byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass
+
+from steadqd.constants import (
+    COMPACT_TMP_PREFIX,
+    DOMAIN_NAME,
+    DOMAIN_SCAN,
+    DOMAIN_SHARD,
+    ID_BYTES,
+    JOB_EXT,
+    MAX_SHARDS,
+    NAME_TAG_BYTES,
+    QUARANTINE_EXT,
+    RECEIPT_EXT,
+    TAG_STATE_WORD,
+    TEMP_EXT,
+    U16_MAX,
+    U32_MAX,
+    U64_MAX,
+    QuarantineReason,
+    State,
+)
+from steadqd.errors import CorruptObject, InvalidInput, StateExhausted
+
+__all__ = [
+    "JobName",
+    "authenticate",
+    "boot_dashed",
+    "boot_raw",
+    "bucket_dir",
+    "bucket_end",
+    "bucket_start",
+    "compute_tag",
+    "dead_name",
+    "delayed_bucket",
+    "delayed_name",
+    "format_name",
+    "is_compact_temp_name",
+    "job_hex",
+    "lease_bucket",
+    "leased_name",
+    "make_compact_temp_name",
+    "make_filename",
+    "make_quarantine_name",
+    "make_temp_name",
+    "next_attempt",
+    "next_generation",
+    "next_scan_round",
+    "parse_bucket_dir",
+    "parse_job_id",
+    "parse_name",
+    "parse_quarantine_name",
+    "parse_ready_dir_entry",
+    "parse_shard_dir",
+    "parse_temp_name",
+    "ready_name",
+    "receipt_name",
+    "scan_order",
+    "scan_params",
+    "shard_dir",
+    "shard_of",
+    "tag_context",
+    "terminal_bucket",
+    "watermark_bucket",
+]
+
+_HEX_DIGITS = frozenset("0123456789abcdef")
+_U32_MASK = 0xFFFF_FFFF
+
+# Per state: (extension, ordered (prefix, hex width) of the components after the
+# job id and before ".k"). Component counts follow: 1 (job) + len(fields) + 1 (tag).
+_COMMON = (("g", 16), ("a", 8), ("m", 8))
+_GRAMMAR: dict[State, tuple[str, tuple[tuple[str, int], ...]]] = {
+    State.READY: (JOB_EXT, _COMMON),
+    State.LEASED: (JOB_EXT, _COMMON + (("o", 32), ("b", 16), ("w", 16), ("t", 32))),
+    State.DELAYED: (JOB_EXT, _COMMON + (("d", 16),)),
+    State.DEAD: (JOB_EXT, _COMMON + (("x", 4),)),
+    State.RECEIPT: (RECEIPT_EXT, _COMMON + (("t", 32),)),
+}
+# Which optional JobName fields each state carries; everything else must be None.
+_STATE_FIELDS: dict[State, frozenset[str]] = {
+    State.READY: frozenset(),
+    State.LEASED: frozenset({"boot_id", "boottime_deadline", "wall_deadline", "lease_token"}),
+    State.DELAYED: frozenset({"not_before"}),
+    State.DEAD: frozenset({"reason"}),
+    State.RECEIPT: frozenset({"lease_token"}),
+}
+_OPTIONAL_FIELDS = ("boot_id", "boottime_deadline", "wall_deadline", "lease_token", "not_before", "reason")
+_U64_FIELDS = ("boottime_deadline", "wall_deadline", "not_before")
+_ID_FIELDS = ("boot_id", "lease_token")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _is_hex(s: str, width: int) -> bool:
+    """Exactly ``width`` lowercase hex digits (``int(s, 16)`` alone would accept ``_``, ``0x``, spaces, uppercase)."""
+    return len(s) == width and all(c in _HEX_DIGITS for c in s)
+
+
+def _check_int(what: str, value: object, maximum: int) -> int:
+    """Range-check an unsigned field so formatting can never widen a fixed-width component."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= maximum:
+        raise InvalidInput(f"{what} must be an integer in 0..{maximum}, got {value!r}")
+    return value
+
+
+def _plain_int(value: int) -> int:
+    """Turn an IntEnum reason into a plain int (so reprs/equality stay simple); leave anything else for validation."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _check_bytes(what: str, value: object, length: int = ID_BYTES) -> bytes:
+    if not isinstance(value, (bytes, bytearray)) or len(value) != length:
+        raise InvalidInput(f"{what} must be {length} bytes, got {value!r}")
+    return bytes(value)
+
+
+def _check_width(what: str, width: object) -> int:
+    """Bucket widths come from FORMAT and are never zero; a zero would divide by zero."""
+    if not isinstance(width, int) or isinstance(width, bool) or not 0 < width <= U64_MAX:
+        raise InvalidInput(f"{what} must be an integer in 1..{U64_MAX}, got {width!r}")
+    return width
+
+
+def _ascii_name(name: str | bytes) -> str | None:
+    """Directory entries may arrive as bytes (bytewise listing); only ASCII without NUL can be a name."""
+    if isinstance(name, (bytes, bytearray)):
+        try:
+            text = bytes(name).decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    elif isinstance(name, str):
+        text = name
+        if not text.isascii():
+            return None
+    else:
+        return None
+    if "\0" in text:
+        return None
+    return text
+
+
+def _corrupt(state: State, name: object, why: str) -> CorruptObject:
+    return CorruptObject(
+        f"{state.value} name {name!r} does not match the grammar: {why}",
+        QuarantineReason.FILENAME_PARSE_FAILED,
+    )
+
+
+# --------------------------------------------------------------------------- job ids, boot ids
+
+
+def job_hex(job_id: bytes) -> str:
+    """The 32-hex spelling used in names, tickets and CLI output."""
+    return _check_bytes("job_id", job_id).hex()
+
+
+def parse_job_id(hex32: str) -> bytes:
+    """Parse a user-supplied job id; only the canonical lowercase form names a job on disk."""
+    if not isinstance(hex32, str) or not _is_hex(hex32, 32):
+        raise InvalidInput(f"invalid job id {hex32!r}: expected 32 lowercase hex digits")
+    return bytes.fromhex(hex32)
+
+
+def boot_dashed(raw16: bytes) -> str:
+    """Dashed 8-4-4-4-12 form used in paths and tag contexts (the ``.o`` field has no dashes)."""
+    h = _check_bytes("boot id", raw16).hex()
+    return f"{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def boot_raw(dashed: str | bytes) -> bytes:
+    """Parse a canonical dashed boot id (clocks.md): 36 chars, lowercase, dashes at 8/13/18/23.
+
+    A non-canonical spelling would produce a different tag context and path, so
+    it is rejected rather than normalised.
+    """
+    text = _ascii_name(dashed)
+    if text is None or len(text) != 36 or any(text[i] != "-" for i in (8, 13, 18, 23)):
+        raise InvalidInput(f"invalid boot id {dashed!r}: expected canonical 8-4-4-4-12 lowercase hex")
+    digits = text[0:8] + text[9:13] + text[14:18] + text[19:23] + text[24:36]
+    if not _is_hex(digits, 32):
+        raise InvalidInput(f"invalid boot id {dashed!r}: expected canonical 8-4-4-4-12 lowercase hex")
+    return bytes.fromhex(digits)
+
+
+# --------------------------------------------------------------------------- JobName
+
+
+@dataclass(frozen=True)
+class JobName:
+    """The identity a job object's filename encodes (one of the five job grammars).
+
+    Only the fields of ``state``'s grammar may be set; the rest must be None.
+    Construction validates widths so that :meth:`base` can never produce a
+    non-canonical (and therefore unauthenticatable) name.
+    """
+
+    state: State
+    job_id: bytes
+    generation: int
+    attempt: int
+    max_attempts: int
+    boot_id: bytes | None = None
+    boottime_deadline: int | None = None
+    wall_deadline: int | None = None
+    lease_token: bytes | None = None
+    not_before: int | None = None
+    reason: int | None = None
+    tag: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.state, State):
+            raise InvalidInput(f"state must be a State, got {self.state!r}")
+        _check_bytes("job_id", self.job_id)
+        _check_int("generation", self.generation, U64_MAX)
+        _check_int("attempt", self.attempt, U32_MAX)
+        _check_int("max_attempts", self.max_attempts, U32_MAX)
+        wanted = _STATE_FIELDS[self.state]
+        for field in _OPTIONAL_FIELDS:
+            value = getattr(self, field)
+            if field not in wanted:
+                if value is not None:
+                    raise InvalidInput(f"{self.state.value} name has no {field} (got {value!r})")
+                continue
+            if value is None:
+                raise InvalidInput(f"{self.state.value} name requires {field}")
+            if field in _U64_FIELDS:
+                _check_int(field, value, U64_MAX)
+            elif field in _ID_FIELDS:
+                _check_bytes(field, value)
+            else:  # reason
+                _check_int(field, value, U16_MAX)
+        if self.tag is not None:
+            _check_bytes("tag", self.tag, NAME_TAG_BYTES)
+
+    @property
+    def job_hex(self) -> str:
+        return self.job_id.hex()
+
+    def base(self) -> str:
+        """Everything before ``.k``: the part of the name that the tag covers."""
+        parts = [
+            self.job_id.hex(),
+            f"g{self.generation:016x}",
+            f"a{self.attempt:08x}",
+            f"m{self.max_attempts:08x}",
+        ]
+        st = self.state
+        if st is State.LEASED:
+            assert self.boot_id is not None and self.lease_token is not None
+            parts += [
+                f"o{self.boot_id.hex()}",
+                f"b{self.boottime_deadline:016x}",
+                f"w{self.wall_deadline:016x}",
+                f"t{self.lease_token.hex()}",
+            ]
+        elif st is State.DELAYED:
+            parts.append(f"d{self.not_before:016x}")
+        elif st is State.DEAD:
+            parts.append(f"x{self.reason:04x}")
+        elif st is State.RECEIPT:
+            assert self.lease_token is not None
+            parts.append(f"t{self.lease_token.hex()}")
+        return ".".join(parts)
+
+
+# --------------------------------------------------------------------------- builders / identity changes
+
+
+def next_generation(generation: int) -> int:
+    """Every transition bumps the generation; at u64 max the operation fails instead of wrapping."""
+    _check_int("generation", generation, U64_MAX)
+    if generation == U64_MAX:
+        raise StateExhausted(f"generation {generation} cannot be incremented (u64 overflow)")
+    return generation + 1
+
+
+def next_attempt(attempt: int) -> int:
+    """Claim bumps the attempt; at u32 max the claim fails instead of wrapping."""
+    _check_int("attempt", attempt, U32_MAX)
+    if attempt == U32_MAX:
+        raise StateExhausted(f"attempt {attempt} cannot be incremented (u32 overflow)")
+    return attempt + 1
+
+
+def ready_name(job_id: bytes, generation: int, attempt: int, max_attempts: int) -> JobName:
+    """Untagged ready identity."""
+    return JobName(State.READY, _check_bytes("job_id", job_id), generation, attempt, max_attempts)
+
+
+def leased_name(
+    job_id: bytes,
+    generation: int,
+    attempt: int,
+    max_attempts: int,
+    *,
+    boot_id: bytes,
+    boottime_deadline: int,
+    wall_deadline: int,
+    lease_token: bytes,
+) -> JobName:
+    """Untagged leased identity; ``boot_id`` is the raw 16 bytes (the name stores them undashed)."""
+    return JobName(
+        State.LEASED,
+        _check_bytes("job_id", job_id),
+        generation,
+        attempt,
+        max_attempts,
+        boot_id=boot_id,
+        boottime_deadline=boottime_deadline,
+        wall_deadline=wall_deadline,
+        lease_token=lease_token,
+    )
+
+
+def delayed_name(job_id: bytes, generation: int, attempt: int, max_attempts: int, *, not_before: int) -> JobName:
+    """Untagged delayed identity; ``not_before`` is the exact requested instant, not the bucket start."""
+    return JobName(
+        State.DELAYED, _check_bytes("job_id", job_id), generation, attempt, max_attempts, not_before=not_before
+    )
+
+
+def dead_name(job_id: bytes, generation: int, attempt: int, max_attempts: int, *, reason: int) -> JobName:
+    """Untagged dead identity with a u16 dead reason."""
+    return JobName(
+        State.DEAD, _check_bytes("job_id", job_id), generation, attempt, max_attempts, reason=_plain_int(reason)
+    )
+
+
+def receipt_name(job_id: bytes, generation: int, attempt: int, max_attempts: int, *, lease_token: bytes) -> JobName:
+    """Untagged receipt identity; keeps the token that acknowledged the job."""
+    return JobName(
+        State.RECEIPT, _check_bytes("job_id", job_id), generation, attempt, max_attempts, lease_token=lease_token
+    )
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_name(state: State, name: str | bytes) -> JobName:
+    """Parse ``name`` strictly against ``state``'s grammar (names.md "Parser rules").
+
+    Any deviation raises CorruptObject with reason filename_parse_failed, the
+    code recovery/fsck quarantine such objects with.
+    """
+    try:
+        state = State(state)
+    except ValueError:
+        raise InvalidInput(f"no filename grammar for state {state!r}") from None
+    text = _ascii_name(name)
+    if text is None:
+        raise _corrupt(state, name, "not ASCII, or contains NUL")
+    ext, fields = _GRAMMAR[state]
+    if not text.endswith(ext):
+        raise _corrupt(state, name, f"extension is not {ext}")
+    comps = text[: -len(ext)].split(".")
+    want = len(fields) + 2
+    if len(comps) != want:
+        raise _corrupt(state, name, f"{len(comps)} components, expected {want}")
+    if not _is_hex(comps[0], 32):
+        raise _corrupt(state, name, "job id is not 32 lowercase hex digits")
+    values: list[str] = []
+    for comp, (prefix, width) in zip(comps[1:-1], fields, strict=True):
+        if comp[:1] != prefix or not _is_hex(comp[1:], width):
+            raise _corrupt(state, name, f"component {comp!r} is not {prefix!r} + {width} lowercase hex digits")
+        values.append(comp[1:])
+    tag = comps[-1]
+    if tag[:1] != "k" or not _is_hex(tag[1:], 2 * NAME_TAG_BYTES):
+        raise _corrupt(state, name, f"component {tag!r} is not 'k' + 16 lowercase hex digits")
+
+    job_id = bytes.fromhex(comps[0])
+    gen, att, mx = int(values[0], 16), int(values[1], 16), int(values[2], 16)
+    extra: dict[str, object] = {}
+    if state is State.LEASED:
+        extra = {
+            "boot_id": bytes.fromhex(values[3]),
+            "boottime_deadline": int(values[4], 16),
+            "wall_deadline": int(values[5], 16),
+            "lease_token": bytes.fromhex(values[6]),
+        }
+    elif state is State.DELAYED:
+        extra = {"not_before": int(values[3], 16)}
+    elif state is State.DEAD:
+        extra = {"reason": int(values[3], 16)}
+    elif state is State.RECEIPT:
+        extra = {"lease_token": bytes.fromhex(values[3])}
+    return JobName(state, job_id, gen, att, mx, tag=bytes.fromhex(tag[1:]), **extra)  # type: ignore[arg-type]
+
+
+def parse_ready_dir_entry(name: str | bytes) -> JobName:
+    """Parse an entry of ``ready/<S>/``: ready grammar first, then leased (colocated leases).
+
+    The component counts differ (5 vs 9) so at most one grammar can match.
+    """
+    try:
+        return parse_name(State.READY, name)
+    except CorruptObject:
+        pass
+    try:
+        return parse_name(State.LEASED, name)
+    except CorruptObject:
+        raise CorruptObject(
+            f"ready-directory entry {name!r} matches neither the ready nor the leased grammar",
+            QuarantineReason.FILENAME_PARSE_FAILED,
+        ) from None
+
+
+# --------------------------------------------------------------------------- tags
+
+
+def format_name(name: JobName, tag: bytes) -> str:
+    """Full filename: ``<base>.k<tag hex><ext>``."""
+    tag = _check_bytes("tag", tag, NAME_TAG_BYTES)
+    return f"{name.base()}.k{tag.hex()}{_GRAMMAR[name.state][0]}"
+
+
+def tag_context(name: JobName, *, shard: int, bucket: int | None, lease_width_ns: int) -> str:
+    """The exact ASCII string hashed into the tag (names.md "Context per state").
+
+    The context binds the name to the directory it lives in (state word,
+    bucket, shard), so a file moved to another directory stops authenticating.
+    For leased names the bucket is derived from the name itself (so the same
+    name authenticates in ``ready/S/`` and the legacy ``leased/BOOT/B/S/``);
+    the ``bucket`` argument is ignored for ready and leased names.
+    """
+    s = shard_dir(shard)
+    word = TAG_STATE_WORD[name.state]
+    if name.state is State.READY:
+        return f"{word}/-/-/{s}/{name.base()}"
+    if name.state is State.LEASED:
+        assert name.boot_id is not None and name.boottime_deadline is not None
+        b = lease_bucket(name.boottime_deadline, lease_width_ns)
+        return f"{word}/{boot_dashed(name.boot_id)}/{b:016x}/{s}/{name.base()}"
+    if bucket is None:
+        raise InvalidInput(f"a {name.state.value} tag context needs the directory bucket")
+    return f"{word}/-/{bucket_dir(bucket)}/{s}/{name.base()}"
+
+
+def compute_tag(queue_id: bytes, context: str) -> bytes:
+    """First 8 bytes of SHA256("SteadQ-1-name\\0" || queue_id || context)."""
+    qid = _check_bytes("queue_id", queue_id)
+    try:
+        ctx = context.encode("ascii")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"tag context {context!r} is not ASCII") from None
+    return hashlib.sha256(DOMAIN_NAME + qid + ctx).digest()[:NAME_TAG_BYTES]
+
+
+def make_filename(queue_id: bytes, name: JobName, *, shard: int, bucket: int | None = None, lease_width_ns: int) -> str:
+    """Tag and format ``name`` for the directory identified by ``shard``/``bucket``."""
+    ctx = tag_context(name, shard=shard, bucket=bucket, lease_width_ns=lease_width_ns)
+    return format_name(name, compute_tag(queue_id, ctx))
+
+
+def authenticate(queue_id: bytes, name: JobName, *, shard: int, bucket: int | None = None, lease_width_ns: int) -> bool:
+    """True iff ``name.tag`` matches the tag recomputed for the directory it was found in.
+
+    An untagged name never authenticates. For legacy leased paths the caller
+    must separately check that the directory bucket equals the lease bucket
+    derived from the deadline (the tag cannot, since it ignores the path bucket).
+    """
+    if name.tag is None:
+        return False
+    ctx = tag_context(name, shard=shard, bucket=bucket, lease_width_ns=lease_width_ns)
+    return hmac.compare_digest(compute_tag(queue_id, ctx), name.tag)
+
+
+# --------------------------------------------------------------------------- shards and buckets
+
+
+def _check_shard_count(shard_count: int) -> int:
+    if (
+        not isinstance(shard_count, int)
+        or isinstance(shard_count, bool)
+        or not 1 <= shard_count <= MAX_SHARDS
+        or shard_count & (shard_count - 1)
+    ):
+        raise InvalidInput(f"shard_count must be a power of two in 1..{MAX_SHARDS}, got {shard_count!r}")
+    return shard_count
+
+
+def shard_of(queue_id: bytes, job_id: bytes, shard_count: int) -> int:
+    """Low log2(shard_count) bits of the first big-endian u32 of SHA256(shard domain || qid || job)."""
+    _check_shard_count(shard_count)
+    h = hashlib.sha256(DOMAIN_SHARD + _check_bytes("queue_id", queue_id) + _check_bytes("job_id", job_id)).digest()
+    return int.from_bytes(h[:4], "big") & (shard_count - 1)
+
+
+def shard_dir(shard: int) -> str:
+    """Shard directory name: always 4 lowercase hex digits, even for small shard counts."""
+    return f"{_check_int('shard', shard, 0xFFFF):04x}"
+
+
+def bucket_dir(bucket: int) -> str:
+    """Bucket directory name: always 16 lowercase hex digits of the u64."""
+    return f"{_check_int('bucket', bucket, U64_MAX):016x}"
+
+
+def parse_shard_dir(name: str | bytes, shard_count: int) -> int | None:
+    """Shard number of a directory entry, or None if it is not a canonical shard < shard_count."""
+    text = _ascii_name(name)
+    if text is None or not _is_hex(text, 4):
+        return None
+    value = int(text, 16)
+    return value if value < shard_count else None
+
+
+def parse_bucket_dir(name: str | bytes) -> int | None:
+    """Bucket number of a directory entry, or None if it is not exactly 16 lowercase hex digits."""
+    text = _ascii_name(name)
+    if text is None or not _is_hex(text, 16):
+        return None
+    return int(text, 16)
+
+
+def lease_bucket(boottime_deadline: int, width: int) -> int:
+    """floor(boottime_deadline / lease width): tag context and legacy leased directory."""
+    return _check_int("boottime_deadline", boottime_deadline, U64_MAX) // _check_width("lease width", width)
+
+
+def delayed_bucket(not_before: int, width: int) -> int:
+    """ceil(not_before / delayed width): rounding up means promotion is never early."""
+    nb = _check_int("not_before", not_before, U64_MAX)
+    return -(-nb // _check_width("delayed width", width))
+
+
+def terminal_bucket(wall_ns: int, width: int) -> int:
+    """floor(wall floor / terminal width): dead and receipt directories."""
+    return _check_int("wall_ns", wall_ns, U64_MAX) // _check_width("terminal width", width)
+
+
+def watermark_bucket(wall_ns: int, delayed_width: int) -> int:
+    """floor(wall floor / delayed width): the wall watermark and promotion eligibility."""
+    return _check_int("wall_ns", wall_ns, U64_MAX) // _check_width("delayed width", delayed_width)
+
+
+def bucket_start(bucket: int, width: int) -> int:
+    """bucket × width, checked against u64 (clocks.md: a bucket that does not fit cannot be used)."""
+    start = _check_int("bucket", bucket, U64_MAX) * _check_width("width", width)
+    if start > U64_MAX:
+        raise StateExhausted(f"bucket {bucket} × width {width} overflows u64")
+    return start
+
+
+def bucket_end(bucket: int, width: int) -> int:
+    """bucket_start + width, checked against u64."""
+    end = bucket_start(bucket, width) + width
+    if end > U64_MAX:
+        raise StateExhausted(f"end of bucket {bucket} (width {width}) overflows u64")
+    return end
+
+
+# --------------------------------------------------------------------------- claim scan order
+
+
+def next_scan_round(scan_round: int) -> int:
+    """The per-handle scan round increments with u64 wrap-around."""
+    return (_check_int("scan_round", scan_round, U64_MAX) + 1) & U64_MAX
+
+
+def scan_params(
+    queue_id: bytes, boot_id_raw16: bytes, worker_nonce16: bytes, scan_round: int, shard_count: int
+) -> tuple[int, int]:
+    """(start, stride) of this handle's shard permutation for ``scan_round`` (names.md).
+
+    Not observable on disk; reproduced because the reference pins the values.
+    """
+    mask = _check_shard_count(shard_count) - 1
+    h = hashlib.sha256(
+        DOMAIN_SCAN
+        + _check_bytes("queue_id", queue_id)
+        + _check_bytes("boot id", boot_id_raw16)
+        + _check_bytes("worker nonce", worker_nonce16)
+        + struct.pack(">Q", _check_int("scan_round", scan_round, U64_MAX))
+    ).digest()
+    start = int.from_bytes(h[0:8], "big") & mask
+    stride = (int.from_bytes(h[8:16], "big") | 1) & mask
+    return start, stride or 1
+
+
+def scan_order(
+    queue_id: bytes,
+    boot_id_raw16: bytes,
+    worker_nonce16: bytes,
+    scan_round: int,
+    shard_count: int,
+    start_hint: int | None = None,
+) -> list[int]:
+    """Every shard exactly once, in this handle's order for ``scan_round``.
+
+    ``start_hint`` (the shard the handle just enqueued into) replaces the start
+    but keeps the stride; it is a latency hint only.
+    """
+    start, stride = scan_params(queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
+    mask = shard_count - 1
+    if start_hint is not None:
+        start = _check_int("start_hint", start_hint, mask)
+    return [((start + stride * i) & _U32_MASK) & mask for i in range(shard_count)]
+
+
+# --------------------------------------------------------------------------- temp, quarantine, compaction names
+
+
+def make_temp_name(created_boottime_ns: int, rand16: bytes) -> str:
+    """``<16 hex boottime>.<32 hex random>.tmp``: the age is in the name so cleanup needs no stat."""
+    bt = _check_int("created_boottime_ns", created_boottime_ns, U64_MAX)
+    return f"{bt:016x}.{_check_bytes('temp random', rand16).hex()}{TEMP_EXT}"
+
+
+def parse_temp_name(name: str | bytes) -> tuple[int, bytes] | None:
+    """(created boottime, random bytes), or None: unparseable current-boot temps are kept, not errors."""
+    text = _ascii_name(name)
+    if text is None or not text.endswith(TEMP_EXT):
+        return None
+    comps = text[: -len(TEMP_EXT)].split(".")
+    if len(comps) != 2 or not _is_hex(comps[0], 16) or not _is_hex(comps[1], 32):
+        return None
+    return int(comps[0], 16), bytes.fromhex(comps[1])
+
+
+def make_quarantine_name(qid16: bytes, reason: int) -> str:
+    """``q<32 hex id>.x<4 hex reason>.raw``; the id is what admin commands address."""
+    r = _check_int("quarantine reason", _plain_int(reason), U16_MAX)
+    return f"q{_check_bytes('quarantine id', qid16).hex()}.x{r:04x}{QUARANTINE_EXT}"
+
+
+def parse_quarantine_name(name: str | bytes) -> tuple[bytes, int] | None:
+    """(quarantine id, reason), or None if ``name`` is not a canonical quarantine name."""
+    text = _ascii_name(name)
+    if text is None or not text.endswith(QUARANTINE_EXT):
+        return None
+    comps = text[: -len(QUARANTINE_EXT)].split(".")
+    if len(comps) != 2:
+        return None
+    qid, reason = comps
+    if qid[:1] != "q" or not _is_hex(qid[1:], 32) or reason[:1] != "x" or not _is_hex(reason[1:], 4):
+        return None
+    return bytes.fromhex(qid[1:]), int(reason[1:], 16)
+
+
+def make_compact_temp_name(rand16: bytes) -> str:
+    """``.compact-<32 hex>.tmp`` in a receipt shard directory (receipt compaction)."""
+    return f"{COMPACT_TMP_PREFIX}{_check_bytes('compact random', rand16).hex()}{TEMP_EXT}"
+
+
+def is_compact_temp_name(name: str | bytes) -> bool:
+    """True for a stale compaction temp, which the next compaction pass may unlink."""
+    text = _ascii_name(name)
+    if text is None or not text.startswith(COMPACT_TMP_PREFIX) or not text.endswith(TEMP_EXT):
+        return False
+    return _is_hex(text[len(COMPACT_TMP_PREFIX) : -len(TEMP_EXT)], 32)

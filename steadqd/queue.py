@@ -1,0 +1,459 @@
+"""The public queue handle.
+
+``Queue`` wires the protocol modules together (publish, claim, lease,
+settle) and adds what a caller expects of a handle: a context manager,
+blocking lease with inotify wake-ups, batches with one barrier, payload
+reads verified against their digest, and ``inspect``. It holds no queue
+state of its own: the tree is the whole truth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import inotify_simple
+
+from . import linux
+from .backoff import RetryPolicy
+from .claim import ScanReport, claim
+from .constants import (
+    DEAD_DIR,
+    DEFAULT_RECEIPT_RETENTION_NS,
+    DEFAULT_TEMP_TTL_NS,
+    DELAYED_DIR,
+    LEASED_DIR,
+    MAX_PAYLOAD_LENGTH,
+    NS_PER_SECOND,
+    READY_DIR,
+    RECEIPTS_DIR,
+    QuarantineReason,
+    State,
+)
+from .context import Context, not_committed
+from .errors import (
+    ErrorKind,
+    LeaseLost,
+    NotCommitted,
+    OutcomeUnknown,
+    QueueCorrupt,
+    SteadQError,
+)
+from .layout import OpenOptions, QueueConfig, init_queue, open_queue_root
+from .lease import Lease, extension_of, lease_duration_ns, renew, validate_source
+from .names import (
+    JobName,
+    authenticate,
+    parse_bucket_dir,
+    parse_job_id,
+    parse_name,
+    parse_ready_dir_entry,
+    shard_dir,
+    shard_of,
+)
+from .publish import Payload, enqueue
+from .quarantine import quarantine
+from .records import Extension, FormatRecord
+from .settle import AckResult, ack, bury, retry
+from .tree import Indeterminate, MoveError
+from .verify import copy_payload, read_payload
+
+_WAIT_RESCAN_S = 5.0  # safety net for missed events (e.g. a recreated shard dir)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One object of a job as found in the tree."""
+
+    state: State
+    generation: int
+    attempt: int
+    max_attempts: int
+    path: str
+    name: JobName
+
+
+class Queue:
+    """An open SteadQ/1 queue. Use :meth:`init` or :meth:`open`."""
+
+    def __init__(self, ctx: Context, maintenance_fd: int) -> None:
+        self._ctx = ctx
+        self._maintenance_fd = maintenance_fd
+        self._inotify: inotify_simple.INotify | None = None
+        self.last_scan: ScanReport | None = None
+        self._closed = False
+
+    # -- opening ------------------------------------------------------------
+
+    @classmethod
+    def init(
+        cls,
+        path: str | os.PathLike[str],
+        shards: int = 64,
+        *,
+        lease_width_ns: int = QueueConfig.lease_width_ns,
+        delayed_width_ns: int = QueueConfig.delayed_width_ns,
+        terminal_width_ns: int = QueueConfig.terminal_width_ns,
+        max_payload_length: int = MAX_PAYLOAD_LENGTH,
+        allow_unsupported_fs: bool = False,
+        **open_options: object,
+    ) -> Queue:
+        """Create a queue at ``path`` and open it."""
+        config = QueueConfig(shards, lease_width_ns, delayed_width_ns, terminal_width_ns, max_payload_length)
+        init_queue(os.fspath(path), config, allow_unsupported_fs=allow_unsupported_fs)
+        return cls.open(path, allow_unsupported_fs=allow_unsupported_fs, **open_options)  # type: ignore[arg-type]
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        deferred: bool = False,
+        receipt_retention: float = DEFAULT_RECEIPT_RETENTION_NS / NS_PER_SECOND,
+        temp_ttl: float = DEFAULT_TEMP_TTL_NS / NS_PER_SECOND,
+        allow_unsupported_fs: bool = False,
+    ) -> Queue:
+        """Open an existing queue.
+
+        ``deferred`` postpones the directory fsyncs of enqueue and renew
+        until :meth:`sync` (group commit for batch producers).
+        """
+        options = OpenOptions(
+            receipt_retention_ns=round(receipt_retention * NS_PER_SECOND),
+            temp_ttl_ns=round(temp_ttl * NS_PER_SECOND),
+            deferred=deferred,
+            allow_unsupported_fs=allow_unsupported_fs,
+        )
+        p = os.fspath(path)
+        opened = open_queue_root(p, options)
+        try:
+            ctx = Context(p, opened.root_fd, opened.format, opened.boot_id, options, opened.fs_magic)
+        except BaseException:
+            linux.close(opened.maintenance_fd)
+            linux.close(opened.root_fd)
+            raise
+        return cls(ctx, opened.maintenance_fd)
+
+    # -- facts --------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self._ctx.path
+
+    @property
+    def format(self) -> FormatRecord:
+        return self._ctx.fmt
+
+    @property
+    def queue_id(self) -> str:
+        return self._ctx.queue_id.hex()
+
+    @property
+    def shard_count(self) -> int:
+        return self._ctx.fmt.shard_count
+
+    @property
+    def boot_id(self) -> str:
+        return self._ctx.boot_id
+
+    @property
+    def poisoned(self) -> str | None:
+        """Why the handle refuses mutations, or None."""
+        return self._ctx.poisoned
+
+    @property
+    def publication_mode(self) -> str:
+        return self._ctx.publication
+
+    def wall_floor_ns(self) -> int:
+        """The rollback-safe wall time this handle would stamp a mutation with."""
+        return self._ctx.wall.peek()
+
+    # -- the transitions ------------------------------------------------------
+
+    def enqueue(
+        self,
+        payload: Payload,
+        *,
+        max_attempts: int = 3,
+        content_type: str = "application/octet-stream",
+        metadata: Mapping[str, bool | int | str | bytes] | None = None,
+        producer_id: str | None = None,
+        trace_context: bytes | None = None,
+        delay: float = 0.0,
+        not_before_ns: int | None = None,
+    ) -> str:
+        """Publish a job; returns its 32-hex id.
+
+        ``payload`` is bytes or a binary file object (streamed, never held in
+        memory whole). ``delay`` seconds or an absolute ``not_before_ns``
+        makes it a delayed job.
+        """
+        with _mutation("enqueue"):
+            return enqueue(
+                self._ctx,
+                payload,
+                max_attempts=max_attempts,
+                content_type=content_type,
+                metadata=metadata,
+                producer_id=producer_id,
+                trace_context=trace_context,
+                delay=delay if delay else None,
+                not_before_ns=not_before_ns,
+            ).job_id
+
+    def enqueue_detailed(self, payload: Payload, **kwargs: object) -> tuple[str, str]:
+        """Like :meth:`enqueue` but returns ``(job_id, relative path)``."""
+        delay = kwargs.pop("delay", None)
+        with _mutation("enqueue"):
+            published = enqueue(self._ctx, payload, delay=delay or None, **kwargs)  # type: ignore[arg-type]
+            return published.job_id, published.path
+
+    def lease(self, wait: float = 0.0, duration: float = 30.0) -> Lease | None:
+        """Claim one job for ``duration`` seconds; None when the queue is empty.
+
+        With ``wait`` > 0, sleeps on inotify events of the ready shards (no
+        polling) until a job arrives or the wait runs out.
+        """
+        duration_ns = lease_duration_ns(duration)
+        deadline = linux.monotonic_ns() + round(max(0.0, wait) * NS_PER_SECOND)
+        if wait > 0:
+            self._watch_ready()
+        while True:
+            try:
+                with _mutation("lease"):
+                    lease, report = claim(self._ctx, duration_ns, self)
+                self.last_scan = report
+                if lease is not None:
+                    return lease
+            except NotCommitted as e:
+                if e.kind is not ErrorKind.MAINTENANCE_BUSY or wait <= 0:
+                    raise
+            remaining = (deadline - linux.monotonic_ns()) / NS_PER_SECOND
+            if remaining <= 0:
+                return None
+            self._wait_for_ready(min(remaining, _WAIT_RESCAN_S))
+
+    def renew(self, lease: Lease, duration: float = 30.0) -> Lease:
+        """Extend the lease; updates and returns the same object."""
+        duration_ns = lease_duration_ns(duration)
+        with _mutation("renew"):
+            return renew(self._ctx, lease, duration_ns)
+
+    def ack(self, lease: Lease) -> AckResult:
+        """Acknowledge; idempotent for a lease that was already acknowledged."""
+        with _mutation("ack"):
+            return ack(self._ctx, lease)
+
+    def retry(self, lease: Lease, delay: float | None = None, *, policy: RetryPolicy | None = None) -> str:
+        """Give the job back (after ``delay`` s or a backoff ``policy``); returns
+        the new state: "ready", "delayed", or "dead" when attempts ran out."""
+        with _mutation("retry"):
+            return retry(self._ctx, lease, delay=delay, policy=policy)
+
+    def bury(self, lease: Lease, reason: int = 1) -> None:
+        """Dead-letter the job with a u16 reason code (reasons.md)."""
+        with _mutation("bury"):
+            bury(self._ctx, lease, reason)
+
+    # -- payloads ---------------------------------------------------------------
+
+    def read_payload(self, lease: Lease) -> bytes:
+        src = self._validated(lease)
+        try:
+            return self._guard_payload(lease, src, lambda: read_payload(src.fd, src.envelope))
+        finally:
+            src.close()
+
+    def copy_payload(self, lease: Lease, out: BinaryIO) -> int:
+        src = self._validated(lease)
+        try:
+            return self._guard_payload(lease, src, lambda: copy_payload(src.fd, src.envelope, out))
+        finally:
+            src.close()
+
+    def read_extension(self, lease: Lease) -> Extension | None:
+        src = self._validated(lease)
+        try:
+            return extension_of(src)
+        finally:
+            src.close()
+
+    def _validated(self, lease: Lease):  # type: ignore[no-untyped-def]
+        try:
+            return validate_source(self._ctx, lease, poison=False)
+        except OSError as e:
+            raise not_committed(e, "open leased file") from e
+
+    def _guard_payload(self, lease: Lease, src, read):  # type: ignore[no-untyped-def]
+        """A payload that fails its digest is quarantined, never handed out."""
+        try:
+            return read()
+        except SteadQError as e:
+            if getattr(e, "payload", False):
+                with contextlib.suppress(SteadQError, OSError, MoveError, Indeterminate):
+                    quarantine(self._ctx, src.dir_fd, src.name, QuarantineReason.PAYLOAD_CORRUPT, src.witness)
+            raise
+        except OSError as e:
+            raise not_committed(e, f"read payload of {lease.job_id}") from e
+
+    # -- batches and barriers -------------------------------------------------
+
+    def sync(self) -> None:
+        """Make every postponed directory barrier durable.
+
+        If a barrier fails the outcome of every pending operation is
+        unknown: the handle is poisoned and OutcomeUnknown raised.
+        """
+        try:
+            self._ctx.tree.sync()
+        except OSError as e:
+            self._ctx.poison(f"sync: {e.strerror}")
+            raise OutcomeUnknown(f"deferred barrier failed: {e.strerror}") from e
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[Queue]:
+        """Postpone every directory barrier to one :meth:`sync` at the end."""
+        tree = self._ctx.tree
+        tree.batching += 1
+        try:
+            yield self
+        finally:
+            tree.batching -= 1
+        if tree.batching == 0:
+            self.sync()
+
+    # -- inspection ---------------------------------------------------------
+
+    def inspect(self, job_id: str) -> list[JobInfo]:
+        """Every object of ``job_id`` in any state, by looking in its shard."""
+        job = parse_job_id(job_id)
+        ctx = self._ctx
+        fmt = ctx.fmt
+        shard = shard_of(fmt.queue_id, job, fmt.shard_count)
+        s = shard_dir(shard)
+        found: list[JobInfo] = []
+        for rel in self._shard_dirs(s):
+            try:
+                fd = linux.open_beneath(ctx.root_fd, rel, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                continue
+            try:
+                entries = linux.list_dir(fd)
+            finally:
+                linux.close(fd)
+            for raw in entries:
+                if not raw.startswith(job.hex().encode()):
+                    continue
+                info = self._identify(rel, raw.decode("ascii", "replace"), shard)
+                if info is not None:
+                    found.append(info)
+        return found
+
+    def _shard_dirs(self, s: str) -> Iterator[str]:
+        yield f"{READY_DIR}/{s}"
+        root = self._ctx.root_fd
+        for top in (DELAYED_DIR, DEAD_DIR, RECEIPTS_DIR):
+            for b in _subdirs(root, top):
+                if parse_bucket_dir(b) is not None:
+                    yield f"{top}/{b}/{s}"
+        for boot in _subdirs(root, LEASED_DIR):
+            for b in _subdirs(root, f"{LEASED_DIR}/{boot}"):
+                yield f"{LEASED_DIR}/{boot}/{b}/{s}"
+
+    def _identify(self, rel: str, name: str, shard: int) -> JobInfo | None:
+        fmt = self._ctx.fmt
+        top = rel.split("/")[0]
+        try:
+            if top == READY_DIR:
+                jn = parse_ready_dir_entry(name)
+                bucket = None
+            else:
+                state = {DELAYED_DIR: State.DELAYED, DEAD_DIR: State.DEAD, RECEIPTS_DIR: State.RECEIPT}.get(top, State.LEASED)
+                jn = parse_name(state, name)
+                bucket = parse_bucket_dir(rel.split("/")[-2])
+        except SteadQError:
+            return None
+        if not authenticate(fmt.queue_id, jn, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns):
+            return None
+        return JobInfo(jn.state, jn.generation, jn.attempt, jn.max_attempts, f"{rel}/{name}", jn)
+
+    # -- waiting ------------------------------------------------------------
+
+    def _watch_ready(self) -> None:
+        if self._inotify is not None:
+            return
+        ino = inotify_simple.INotify()
+        flags = inotify_simple.flags.CREATE | inotify_simple.flags.MOVED_TO
+        base = os.path.join(self.path, READY_DIR)
+        for s in range(self.shard_count):
+            with contextlib.suppress(OSError):
+                ino.add_watch(os.path.join(base, shard_dir(s)), flags)
+        self._inotify = ino
+
+    def _wait_for_ready(self, seconds: float) -> None:
+        assert self._inotify is not None
+        self._inotify.read(timeout=max(1, round(seconds * 1000)))
+
+    # -- lifetime -----------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._ctx.tree.pending_barriers and self._ctx.poisoned is None:
+                self.sync()
+        finally:
+            if self._inotify is not None:
+                self._inotify.close()
+            self._ctx.tree.close()
+            linux.close(self._maintenance_fd)
+            linux.close(self._ctx.root_fd)
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.path!r} id={self.queue_id} shards={self.shard_count}>"
+
+
+def _subdirs(root_fd: int, rel: str) -> list[str]:
+    try:
+        fd = linux.open_beneath(root_fd, rel, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return []
+    try:
+        return [n.decode("ascii", "replace") for n in linux.list_dir(fd)]
+    finally:
+        linux.close(fd)
+
+
+@contextlib.contextmanager
+def _mutation(what: str) -> Iterator[None]:
+    """Every failure of a mutation is one of the three outcome classes.
+
+    Errors from validation or from before the linearization point (bad
+    input, busy locks, I/O before the rename) become NotCommitted with
+    their kind; OutcomeUnknown and LeaseLost pass through unchanged.
+    """
+    try:
+        yield
+    except (NotCommitted, OutcomeUnknown, LeaseLost):
+        raise
+    except SteadQError as e:
+        raise NotCommitted(f"{what}: {e.message}", e.kind) from e
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise NotCommitted(f"{what}: {e.strerror}", ErrorKind.IO_FAILURE) from e
+        raise not_committed(e, what) from e
+
+
+__all__ = ["Queue", "Lease", "JobInfo", "AckResult", "QueueCorrupt"]

@@ -1,0 +1,261 @@
+"""Settling a lease: acknowledge, retry (now or later) and bury.
+
+Each is one exact-source move of the leased file: into ``receipts/`` (ack),
+back to ``ready/`` or into ``delayed/`` (retry), or into ``dead/`` (bury),
+with the barriers of protocol.md. Ack re-hashes the payload first: a job is
+never acknowledged on the strength of bytes that no longer verify.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+from collections.abc import Callable
+
+from . import linux
+from .backoff import RetryPolicy, retry_delay_ms
+from .constants import (
+    DEAD_DIR,
+    DELAYED_DIR,
+    I63_MAX,
+    NS_PER_SECOND,
+    READY_DIR,
+    RECEIPTS_DIR,
+    U16_MAX,
+    DeadReason,
+)
+from .context import Context, not_committed
+from .errors import CorruptObject, ErrorKind, InvalidInput, LeaseLost, NotCommitted, QueueCorrupt, SteadQError
+from .lease import Lease, Source, indeterminate, validate_source
+from .names import (
+    bucket_dir,
+    dead_name,
+    delayed_bucket,
+    delayed_name,
+    make_filename,
+    next_generation,
+    ready_name,
+    receipt_name,
+    shard_dir,
+    shard_of,
+    terminal_bucket,
+)
+from .receipt import ExpectedReceipt, verify_receipt
+from .records import DeadLocation, DelayedLocation, Location, ReadyLocation, ReceiptLocation
+from .tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing
+from .verify import verify_payload
+
+
+class AckResult(enum.Enum):
+    ACKED = "acked"
+    ALREADY_ACKED = "already_acked"
+
+
+def _shard(ctx: Context, lease: Lease) -> int:
+    return shard_of(ctx.queue_id, lease.job_id_bytes, ctx.fmt.shard_count)
+
+
+def _move(
+    ctx: Context,
+    lease: Lease,
+    src: Source,
+    dest_rel: str,
+    dest_name: str,
+    operation: str,
+    destination: Location,
+    on_collision: Callable[[], SteadQError] | None = None,
+) -> None:
+    """The witnessed move shared by every settlement, with its outcome mapping."""
+    try:
+        dest_fd = ctx.tree.ensure_dir(dest_rel)
+    except OSError as e:
+        raise not_committed(e, f"create {dest_rel}") from e
+    try:
+        ctx.tree.move_witnessed(src.dir_fd, src.name, dest_fd, dest_name, src.witness, force=True)
+    except SourceMissing as e:
+        raise LeaseLost(f"lease of job {lease.job_id} is gone") from e
+    except Collision as e:
+        if on_collision is not None:
+            raise on_collision() from e
+        raise NotCommitted(f"{operation}: destination {dest_rel}/{dest_name} exists", ErrorKind.QUEUE_CORRUPT) from e
+    except SourceChanged as e:
+        ctx.poison(f"{operation} of {lease.job_id}: {e}")
+        raise NotCommitted(f"{operation}: leased file changed: {e}", ErrorKind.QUEUE_CORRUPT) from e
+    except MoveFailed as e:
+        raise NotCommitted(f"{operation}: {e}", ErrorKind.IO_FAILURE) from e
+    except Indeterminate as e:
+        raise indeterminate(ctx, lease, operation, e, destination) from e
+
+
+def ack(ctx: Context, lease: Lease) -> AckResult:
+    """Acknowledge: the leased file becomes this lease's receipt."""
+    ctx.check_usable()
+    fmt = ctx.fmt
+    wall = ctx.wall_floor()
+    bucket = terminal_bucket(wall, fmt.terminal_width_ns)
+    shard = _shard(ctx, lease)
+    target = receipt_name(
+        lease.job_id_bytes, next_generation(lease.generation), lease.attempt, lease.max_attempts, lease_token=lease.token
+    )
+    target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
+    dest_rel = f"{RECEIPTS_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}"
+    try:
+        src = validate_source(ctx, lease)
+    except LeaseLost:
+        return _probe_or_lost(ctx, lease, wall, shard)
+    try:
+        try:
+            verify_payload(src.fd, src.envelope)
+        except CorruptObject as e:
+            ctx.poison(f"ack of {lease.job_id}: {e.message}")
+            raise NotCommitted(f"ack refused: {e.message}", e.kind) from e
+        except OSError as e:
+            raise not_committed(e, "read payload") from e
+        try:
+            _move(
+                ctx,
+                lease,
+                src,
+                dest_rel,
+                target_file,
+                "acknowledge",
+                ReceiptLocation(bucket),
+                on_collision=lambda: _receipt_collision(ctx, lease, dest_rel, target_file, bucket, shard),
+            )
+        except LeaseLost:
+            return _probe_or_lost(ctx, lease, wall, shard)
+    finally:
+        src.close()
+    return AckResult.ACKED
+
+
+def _expected_receipt(lease: Lease) -> ExpectedReceipt:
+    return ExpectedReceipt(
+        generation=next_generation(lease.generation),
+        attempt=lease.attempt,
+        max_attempts=lease.max_attempts,
+        lease_token=lease.token,
+        envelope_digest=lease.envelope_digest,
+        payload_length=lease.payload_length,
+    )
+
+
+def _receipt_collision(ctx: Context, lease: Lease, dest_rel: str, name: str, bucket: int, shard: int) -> QueueCorrupt:
+    """The receipt path is taken while our lease still exists: corruption either way."""
+    try:
+        ok = _receipt_matches_in(ctx, ctx.tree.dir(dest_rel), name, bucket, shard, lease)
+    except OSError:
+        ok = False
+    why = "source lease and receipt both exist" if ok else "conflicting object at the receipt path"
+    ctx.poison(f"ack of {lease.job_id}: {why}")
+    return QueueCorrupt(why)
+
+
+def _probe_or_lost(ctx: Context, lease: Lease, wall: int, shard: int) -> AckResult:
+    """Duplicate-ack probe: is there an authentic receipt for this very lease?"""
+    fmt = ctx.fmt
+    now_b = terminal_bucket(wall, fmt.terminal_width_ns)
+    r = -(-ctx.options.receipt_retention_ns // fmt.terminal_width_ns)
+    name = receipt_name(
+        lease.job_id_bytes, next_generation(lease.generation), lease.attempt, lease.max_attempts, lease_token=lease.token
+    )
+    for b in range(now_b, max(0, now_b - (r + 2)) - 1, -1):
+        rel = f"{RECEIPTS_DIR}/{bucket_dir(b)}/{shard_dir(shard)}"
+        filename = make_filename(fmt.queue_id, name, shard=shard, bucket=b, lease_width_ns=fmt.lease_width_ns)
+        try:
+            dir_fd = linux.open_beneath(ctx.root_fd, rel, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                continue
+            raise not_committed(e, f"open {rel}") from e
+        try:
+            if _receipt_matches_in(ctx, dir_fd, filename, b, shard, lease):
+                return AckResult.ALREADY_ACKED
+        finally:
+            linux.close(dir_fd)
+    raise LeaseLost(f"lease of job {lease.job_id} is gone and no receipt for it exists")
+
+
+def _receipt_matches_in(ctx: Context, dir_fd: int, filename: str, bucket: int, shard: int, lease: Lease) -> bool:
+    try:
+        fd = linux.open_at(dir_fd, filename, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        verify_receipt(ctx.fmt, fd, filename, bucket, shard, _expected_receipt(lease))
+        return True
+    except (SteadQError, OSError):
+        return False
+    finally:
+        linux.close(fd)
+
+
+def retry(ctx: Context, lease: Lease, *, delay: float | None = None, policy: RetryPolicy | None = None) -> str:
+    """Return the job to the queue now or after a delay; returns the new state.
+
+    A lease with no attempts left is buried (reason 0x0004) instead, so a
+    retry can never create a job that cannot be claimed.
+    """
+    ctx.check_usable()
+    if delay is not None and policy is not None:
+        raise InvalidInput("give either delay or policy, not both")
+    wall = ctx.wall_floor()
+    if lease.attempt >= lease.max_attempts:
+        _bury(ctx, lease, DeadReason.ATTEMPTS_EXHAUSTED, wall)
+        return "dead"
+    delay_ns = 0
+    if policy is not None:
+        delay_ns = retry_delay_ms(policy, ctx.queue_id, lease.job_id_bytes, lease.attempt) * 1_000_000
+    elif delay is not None:
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay != delay or delay < 0:
+            raise InvalidInput(f"retry delay must be a non-negative number of seconds, got {delay!r}")
+        delay_ns = round(delay * NS_PER_SECOND)
+    not_before = wall + delay_ns
+    if not_before > I63_MAX:
+        raise InvalidInput("retry deadline exceeds 2^63-1 ns")
+    fmt = ctx.fmt
+    shard = _shard(ctx, lease)
+    generation = next_generation(lease.generation)
+    job = lease.job_id_bytes
+    if not_before <= wall:
+        target = ready_name(job, generation, lease.attempt, lease.max_attempts)
+        dest_rel = f"{READY_DIR}/{shard_dir(shard)}"
+        target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
+        operation, destination, state = "retry_now", ReadyLocation(), "ready"
+    else:
+        bucket = delayed_bucket(not_before, fmt.delayed_width_ns)
+        target = delayed_name(job, generation, lease.attempt, lease.max_attempts, not_before=not_before)
+        dest_rel = f"{DELAYED_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}"
+        target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
+        operation, destination, state = "retry_later", DelayedLocation(not_before), "delayed"
+    src = validate_source(ctx, lease)
+    try:
+        _move(ctx, lease, src, dest_rel, target_file, operation, destination)
+    finally:
+        src.close()
+    return state
+
+
+def bury(ctx: Context, lease: Lease, reason: int = DeadReason.CONSUMER_REJECTED) -> None:
+    """Dead-letter the job with a u16 reason (application codes allowed)."""
+    ctx.check_usable()
+    if isinstance(reason, bool) or not isinstance(reason, int) or not 0 <= reason <= U16_MAX:
+        raise InvalidInput(f"bury reason must be an integer in 0..65535, got {reason!r}")
+    _bury(ctx, lease, reason, ctx.wall_floor())
+
+
+def _bury(ctx: Context, lease: Lease, reason: int, wall: int) -> None:
+    fmt = ctx.fmt
+    shard = _shard(ctx, lease)
+    bucket = terminal_bucket(wall, fmt.terminal_width_ns)
+    target = dead_name(
+        lease.job_id_bytes, next_generation(lease.generation), lease.attempt, lease.max_attempts, reason=int(reason)
+    )
+    target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
+    dest_rel = f"{DEAD_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}"
+    src = validate_source(ctx, lease)
+    try:
+        _move(ctx, lease, src, dest_rel, target_file, "bury", DeadLocation(bucket, int(reason)))
+    finally:
+        src.close()

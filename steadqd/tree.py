@@ -1,0 +1,303 @@
+"""Directory handles, on-demand directories, the move primitives and barriers.
+
+This is the only module that turns "move this object" into syscalls. Every
+transition of the protocol is one of the moves below followed by its
+barrier; keeping them here means the fsync ordering of protocol.md is
+written once:
+
+* the **witnessed** move re-checks that the source path still names the
+  inode the caller verified, renames without replacing, checks the
+  destination names that same inode, then fsyncs the destination directory
+  and, if different, the source directory;
+* the **unwitnessed** move (recovery, cleanup) renames without replacing and
+  fsyncs destination then source unconditionally;
+* a directory created on the way is made durable in its parent **before**
+  anything is moved into it.
+
+Failures are reported as the small exception types below; the protocol
+layer maps them to NotCommitted / OutcomeUnknown / LeaseLost.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import linux
+from .constants import READY_DIR
+from .names import parse_shard_dir, shard_dir
+
+# --- Move outcomes below the public error model. ---
+
+
+class MoveError(Exception):
+    """Base: the move did not linearize (nothing changed) unless stated."""
+
+
+class SourceMissing(MoveError):
+    """The source name is gone (someone else moved it first)."""
+
+
+class Collision(MoveError):
+    """The destination name is occupied; nothing moved."""
+
+
+class SourceChanged(MoveError):
+    """The source path now names another inode or a non-regular file."""
+
+
+class MoveFailed(MoveError):
+    """A syscall failed before linearization (carries the errno)."""
+
+    def __init__(self, err: int, what: str) -> None:
+        super().__init__(f"{what}: {os.strerror(err)}")
+        self.errno = err
+
+
+class Indeterminate(Exception):
+    """The move linearized (or may have); a step after it failed.
+
+    ``phase`` is the ticket phase of errors.md: ``linearized`` or
+    ``destination_directory_durable``.
+    """
+
+    def __init__(self, phase: str, cause: str) -> None:
+        super().__init__(f"{cause} (phase {phase})")
+        self.phase = phase
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class Witness:
+    """Identity of a verified object: renames keep (st_dev, st_ino)."""
+
+    dev: int
+    ino: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> Witness:
+        return cls(st.st_dev, st.st_ino)
+
+    def matches(self, st: os.stat_result) -> bool:
+        return st.st_dev == self.dev and st.st_ino == self.ino
+
+
+def is_single_regular(st: os.stat_result) -> bool:
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+class Tree:
+    """Directory fds beneath one queue root, and the barrier policy.
+
+    Directory fds are cached per handle (the reference caches "ensured"
+    paths the same way) so a steady stream of operations costs no extra
+    opens. With ``deferred`` the directory fsyncs are collected and issued by
+    :meth:`sync`; file fsyncs are never deferred.
+    """
+
+    def __init__(self, root_fd: int, shard_count: int, *, deferred: bool = False) -> None:
+        self.root_fd = root_fd
+        self.shard_count = shard_count
+        self.deferred = deferred
+        self._dirs: dict[str, int] = {}
+        self._dirty: dict[tuple[int, int], int] = {}
+        self.batching = 0  # > 0 inside Queue.batch(): every barrier waits for sync()
+        self._lock = threading.RLock()
+
+    # -- directory handles --------------------------------------------------
+
+    def dir(self, rel: str) -> int:
+        """An fd for an existing directory ``rel`` beneath the root (cached)."""
+        with self._lock:
+            fd = self._dirs.get(rel)
+            if fd is None:
+                fd = linux.open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                self._dirs[rel] = fd
+            return fd
+
+    def forget(self, rel: str) -> None:
+        """Drop a cached fd, e.g. after the directory was found deleted."""
+        with self._lock:
+            fd = self._dirs.pop(rel, None)
+            if fd is not None:
+                linux.close(fd)
+
+    def ensure_dir(self, rel: str) -> int:
+        """Create ``rel`` (and parents) if needed, durably; return its fd.
+
+        layout.md "ensure_dir": each component actually created is fsynced
+        in its parent; a new sharded bucket (``delayed/<b>/<s>`` and the
+        like) gets all its shard directories and one bucket fsync, so a
+        freshly used bucket always contains every shard.
+        """
+        with self._lock:
+            cached = self._dirs.get(rel)
+            if cached is not None:
+                return cached
+            parts = rel.split("/")
+            parent_rel = "/".join(parts[:-1])
+            is_sharded_bucket = (
+                len(parts) >= 3 and parts[0] != READY_DIR and parse_shard_dir(parts[-1], self.shard_count) is not None
+            )
+            if is_sharded_bucket:
+                bucket_fd = self.ensure_dir(parent_rel)
+                created_any = False
+                for s in range(self.shard_count):
+                    created_any |= linux.mkdir_at(bucket_fd, shard_dir(s))
+                if created_any:
+                    self.barrier(bucket_fd)
+                return self.dir(rel)
+            parent_fd = self.root_fd if not parent_rel else self.ensure_dir(parent_rel)
+            if linux.mkdir_at(parent_fd, parts[-1]):
+                self.barrier(parent_fd)
+            return self.dir(rel)
+
+    # -- barriers -----------------------------------------------------------
+
+    def barrier(self, dir_fd: int, *, force: bool = False) -> None:
+        """fsync a directory now, or remember it for :meth:`sync`.
+
+        ``force`` marks barriers that deferred mode must not postpone
+        (claim, ack, retry, bury: protocol.md defers only enqueue and renew);
+        an explicit batch postpones them too.
+        """
+        if self.batching or (self.deferred and not force):
+            st = linux.fstat(dir_fd)
+            with self._lock:
+                self._dirty[(st.st_dev, st.st_ino)] = dir_fd
+            return
+        linux.fsync(dir_fd)
+
+    def sync(self) -> None:
+        """Issue every postponed directory fsync (deferred mode)."""
+        with self._lock:
+            pending = list(self._dirty.items())
+        for key, fd in pending:
+            linux.fsync(fd)
+            with self._lock:
+                if self._dirty.get(key) == fd:
+                    del self._dirty[key]
+
+    @property
+    def pending_barriers(self) -> int:
+        return len(self._dirty)
+
+    # -- moves --------------------------------------------------------------
+
+    def move_witnessed(
+        self,
+        src_fd: int,
+        src_name: str,
+        dst_fd: int,
+        dst_name: str,
+        witness: Witness,
+        *,
+        after: Callable[[], None] | None = None,
+        force: bool = False,
+    ) -> None:
+        """Rename an object the caller verified, then make it durable."""
+        try:
+            st = linux.stat_at(src_fd, src_name)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                raise SourceMissing(src_name) from e
+            raise MoveFailed(e.errno, "stat source") from e
+        if not (witness.matches(st) and is_single_regular(st)):
+            raise SourceChanged(f"{src_name} no longer names the verified file")
+        self._rename(src_fd, src_name, dst_fd, dst_name, witness)
+        try:
+            st = linux.stat_at(dst_fd, dst_name)
+        except OSError as e:
+            raise Indeterminate("linearized", f"stat destination: {e.strerror}") from e
+        if not (witness.matches(st) and is_single_regular(st)):
+            raise Indeterminate("linearized", "destination does not name the moved file")
+        if after is not None:
+            try:
+                after()
+            except Exception as e:  # the hook's failure cannot undo the rename
+                raise Indeterminate("linearized", str(e)) from e
+        self._barrier_pair(src_fd, dst_fd, always_both=False, force=force)
+
+    def move_unwitnessed(self, src_fd: int, src_name: str, dst_fd: int, dst_name: str) -> None:
+        """Rename without a prior identity check (recovery, cleanup)."""
+        self._rename(src_fd, src_name, dst_fd, dst_name, None)
+        self._barrier_pair(src_fd, dst_fd, always_both=True, force=True)
+
+    def unlink(self, dir_fd: int, name: str) -> None:
+        """Unlink (the linearization point), then fsync the directory."""
+        try:
+            linux.unlink_at(dir_fd, name)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                raise SourceMissing(name) from e
+            raise MoveFailed(e.errno, "unlink") from e
+        try:
+            self.barrier(dir_fd, force=True)
+        except OSError as e:
+            raise Indeterminate("linearized", f"fsync directory: {e.strerror}") from e
+
+    def _rename(self, src_fd: int, src_name: str, dst_fd: int, dst_name: str, witness: Witness | None) -> None:
+        try:
+            linux.rename_noreplace(src_fd, src_name, dst_fd, dst_name)
+            return
+        except OSError as e:
+            if e.errno == errno.EEXIST:
+                raise Collision(dst_name) from e
+            if e.errno == errno.ENOENT:
+                raise SourceMissing(src_name) from e
+            err = e
+        # An unexpected errno does not prove the rename did not happen (a
+        # filesystem may fail after moving the entry). Look before claiming
+        # "not committed": where is the object now?
+        if witness is None:
+            raise MoveFailed(err.errno, "rename") from err
+        src_st = _stat_or_none(src_fd, src_name)
+        dst_st = _stat_or_none(dst_fd, dst_name)
+        if dst_st is not None and witness.matches(dst_st):
+            if src_st is None:
+                return  # it moved: carry on with the barriers
+            raise Indeterminate("linearized", f"rename reported {err.strerror} and both names exist")
+        if src_st is not None and witness.matches(src_st):
+            raise MoveFailed(err.errno, "rename") from err
+        raise Indeterminate("linearized", f"rename reported {err.strerror}; object not found at either name")
+
+    def _barrier_pair(self, src_fd: int, dst_fd: int, *, always_both: bool, force: bool) -> None:
+        try:
+            self.barrier(dst_fd, force=force)
+        except OSError as e:
+            raise Indeterminate("linearized", f"fsync destination directory: {e.strerror}") from e
+        if not always_both and (src_fd == dst_fd or _same_dir(src_fd, dst_fd)):
+            return
+        try:
+            self.barrier(src_fd, force=force)
+        except OSError as e:
+            raise Indeterminate("destination_directory_durable", f"fsync source directory: {e.strerror}") from e
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._dirs.values():
+                try:
+                    linux.close(fd)
+                except OSError:
+                    pass
+            self._dirs.clear()
+            self._dirty.clear()
+
+
+def _stat_or_none(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return linux.stat_at(dir_fd, name)
+    except OSError:
+        return None
+
+
+def _same_dir(a: int, b: int) -> bool:
+    try:
+        sa, sb = linux.fstat(a), linux.fstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)

@@ -1,0 +1,118 @@
+"""Verifying job files read through an open descriptor.
+
+Everything is checked against the descriptor the caller holds, never against
+a path, so a file swapped after opening cannot slip through. Sizes are
+checked against the header *before* anything is read into memory: a header
+that declares a huge extension or payload is rejected, never allocated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from . import linux
+from .constants import HEADER_SIZE, QuarantineReason
+from .errors import CorruptObject
+from .names import JobName
+from .records import JobHeader, check_envelope
+from .tree import Witness
+
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A job file whose header and extension authenticated."""
+
+    header: JobHeader
+    extension: bytes
+    size: int
+    witness: Witness
+
+    @property
+    def payload_offset(self) -> int:
+        return HEADER_SIZE + self.header.extension_length
+
+
+def check_object_stat(st: os.stat_result) -> None:
+    """Only singly linked regular files are objects (layout.md)."""
+    if not stat.S_ISREG(st.st_mode):
+        raise CorruptObject("not a regular file", QuarantineReason.NON_REGULAR_FILE)
+    if st.st_nlink != 1:
+        raise CorruptObject(f"has {st.st_nlink} hard links, expected 1", QuarantineReason.UNEXPECTED_HARD_LINK)
+
+
+def read_envelope(fd: int, max_payload: int, st: os.stat_result | None = None) -> Envelope:
+    """Decode the header, check the exact size, authenticate the extension."""
+    if st is None:
+        st = linux.fstat(fd)
+    check_object_stat(st)
+    if st.st_size < HEADER_SIZE:
+        raise CorruptObject(f"file is {st.st_size} bytes, shorter than the 128-byte header", QuarantineReason.ENVELOPE_CORRUPT)
+    raw = linux.pread(fd, HEADER_SIZE, 0)
+    if len(raw) != HEADER_SIZE:
+        raise CorruptObject("short read of the header", QuarantineReason.ENVELOPE_CORRUPT)
+    header = JobHeader.decode(raw)
+    if header.payload_length > max_payload:
+        raise CorruptObject(
+            f"payload length {header.payload_length} exceeds the queue maximum {max_payload}",
+            QuarantineReason.ENVELOPE_CORRUPT,
+        )
+    expected = HEADER_SIZE + header.extension_length + header.payload_length
+    if st.st_size != expected:
+        raise CorruptObject(f"file is {st.st_size} bytes, header says {expected}", QuarantineReason.ENVELOPE_CORRUPT)
+    extension = linux.pread(fd, header.extension_length, HEADER_SIZE) if header.extension_length else b""
+    if len(extension) != header.extension_length:
+        raise CorruptObject("short read of the extension", QuarantineReason.ENVELOPE_CORRUPT)
+    check_envelope(header, raw, extension)
+    return Envelope(header, extension, st.st_size, Witness.of(st))
+
+
+def check_name_matches(header: JobHeader, name: JobName) -> None:
+    """The name's job id and attempt limit must be the header's."""
+    if header.job_id != name.job_id or header.max_attempts != name.max_attempts:
+        raise CorruptObject("name does not match the header (job id or maximum attempts)", QuarantineReason.FILENAME_HEADER_MISMATCH)
+
+
+def iter_payload(fd: int, env: Envelope) -> Iterator[bytes]:
+    """Yield the payload in chunks, then verify its digest.
+
+    The digest is checked after the last chunk, so a consumer that streams
+    must treat the data as untrusted until the iterator finishes.
+    """
+    h = hashlib.sha256()
+    offset = env.payload_offset
+    remaining = env.header.payload_length
+    while remaining:
+        chunk = linux.pread(fd, min(CHUNK, remaining), offset)
+        if not chunk:
+            raise CorruptObject("payload ends early", QuarantineReason.ENVELOPE_CORRUPT)
+        h.update(chunk)
+        offset += len(chunk)
+        remaining -= len(chunk)
+        yield chunk
+    if h.digest() != env.header.payload_digest:
+        raise CorruptObject("payload digest mismatch", QuarantineReason.PAYLOAD_CORRUPT, payload=True)
+
+
+def verify_payload(fd: int, env: Envelope) -> None:
+    for _ in iter_payload(fd, env):
+        pass
+
+
+def read_payload(fd: int, env: Envelope) -> bytes:
+    return b"".join(iter_payload(fd, env))
+
+
+def copy_payload(fd: int, env: Envelope, out: BinaryIO) -> int:
+    """Stream the payload into ``out``; raises after the copy if it is corrupt."""
+    n = 0
+    for chunk in iter_payload(fd, env):
+        out.write(chunk)
+        n += len(chunk)
+    return n

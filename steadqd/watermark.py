@@ -1,0 +1,167 @@
+"""The authenticated wall floor (clocks.md): wall time that never goes back.
+
+Every wall-clock decision (created_at, delayed-vs-ready, terminal buckets,
+retry deadlines, promotion) uses ``max(CLOCK_REALTIME, watermark)``. The
+watermark is a durable record in ``control/wall-watermark`` advanced at most
+once per delayed-bucket width, so a clock stepped back cannot deliver a
+delayed job early or move receipts into an older bucket.
+
+Unlike the reference, the exclusive watermark lock is taken only when the
+record must actually be replaced (allowed by clocks.md); reading needs no
+lock because the record is replaced atomically by rename.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+import time
+
+from . import linux
+from .constants import FILE_MODE, WATERMARK_ADVANCE_TMP_PREFIX, WATERMARK_FILE, WATERMARK_LOCK, WATERMARK_SIZE
+from .errors import InvalidInput, MaintenanceBusy, QueueCorrupt, StateExhausted
+from .records import Watermark
+
+_READ_ATTEMPTS = 8
+# How long a handle trusts its cached watermark before re-reading it. Keeps
+# processes within ~1 s of each other after a clock rollback, at the cost of a
+# few cheap syscalls per second.
+_CACHE_NS = 1_000_000_000
+_BUSY_WAIT_NS = 2_000_000_000
+
+
+def read_watermark(control_fd: int) -> Watermark:
+    """Read and authenticate the record, retrying while it is being replaced."""
+    for _ in range(_READ_ATTEMPTS):
+        try:
+            fd = linux.open_at(control_fd, WATERMARK_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                raise QueueCorrupt("wall watermark missing (control/wall-watermark)") from e
+            if e.errno == errno.ELOOP:
+                raise QueueCorrupt("control/wall-watermark is a symlink") from e
+            raise
+        try:
+            st = linux.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise QueueCorrupt("control/wall-watermark is not a regular file")
+            if st.st_nlink == 0:
+                continue  # replaced between open and fstat
+            if st.st_nlink > 1:
+                raise QueueCorrupt("control/wall-watermark has extra hard links")
+            if st.st_size < WATERMARK_SIZE:
+                raise QueueCorrupt("control/wall-watermark is truncated")
+            if st.st_size > WATERMARK_SIZE:
+                raise QueueCorrupt("control/wall-watermark is larger than 64 bytes")
+            data = linux.pread(fd, WATERMARK_SIZE, 0)
+            if len(data) != WATERMARK_SIZE:
+                raise QueueCorrupt("control/wall-watermark is truncated")
+            record = Watermark.decode(data)
+            try:
+                again = linux.stat_at(control_fd, WATERMARK_FILE)
+            except OSError:
+                continue
+            if (again.st_dev, again.st_ino) == (st.st_dev, st.st_ino):
+                return record
+        finally:
+            linux.close(fd)
+    raise MaintenanceBusy("wall watermark kept changing while being read")
+
+
+def publish_watermark(control_fd: int, record: Watermark, tmp_prefix: str) -> None:
+    """Write a temp, fsync it, rename it over the record, fsync control/."""
+    name = tmp_prefix + linux.getrandom(16).hex()
+    fd = linux.open_at(control_fd, name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+    try:
+        try:
+            linux.write_all(fd, record.encode())
+            linux.fsync(fd)
+        finally:
+            linux.close(fd)
+        linux.rename_replace(control_fd, name, control_fd, WATERMARK_FILE)
+    except BaseException:
+        try:
+            linux.unlink_at(control_fd, name)
+        except OSError:
+            pass
+        raise
+    linux.fsync(control_fd)
+
+
+class WallFloor:
+    """Per-handle wall floor, kept monotone and backed by the watermark."""
+
+    def __init__(self, control_fd: int, delayed_width_ns: int) -> None:
+        self._control_fd = control_fd
+        self._width = delayed_width_ns
+        self._bucket: int | None = None  # highest watermark bucket known durable
+        self._read_at = 0
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def _stored_bucket(self, *, fresh: bool) -> int:
+        now = linux.monotonic_ns()
+        if fresh or self._bucket is None or now - self._read_at > _CACHE_NS:
+            record = read_watermark(self._control_fd)
+            self._bucket = max(self._bucket or 0, record.bucket)
+            self._read_at = now
+        return self._bucket
+
+    def _raw_floor(self, bucket: int) -> int:
+        realtime = linux.realtime_ns()
+        if realtime < 0:
+            raise InvalidInput("CLOCK_REALTIME reads before the Unix epoch")
+        start = bucket * self._width
+        if start > (1 << 64) - 1:
+            raise StateExhausted("watermark bucket start overflows u64")
+        return max(realtime, start, self._last)
+
+    def for_mutation(self) -> int:
+        """The floor to stamp a mutation with; advances the watermark first
+        when the clock has moved into a later bucket, so the value used is
+        never ahead of what a crash would preserve."""
+        with self._lock:
+            bucket = self._stored_bucket(fresh=False)
+            floor = self._raw_floor(bucket)
+            wanted = floor // self._width
+            if wanted > bucket:
+                self._advance(wanted)
+            self._last = floor
+            return floor
+
+    def peek(self) -> int:
+        """The floor without advancing anything (read-only callers)."""
+        with self._lock:
+            return self._raw_floor(self._stored_bucket(fresh=False))
+
+    def _advance(self, wanted: int) -> None:
+        try:
+            lock_fd = linux.open_at(self._control_fd, WATERMARK_LOCK, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError as e:
+            raise QueueCorrupt(f"cannot open control/{WATERMARK_LOCK}: {e.strerror}") from e
+        try:
+            # The holder needs two fsyncs; wait for it briefly rather than
+            # failing every concurrent producer at each bucket boundary.
+            deadline = linux.monotonic_ns() + _BUSY_WAIT_NS
+            while not linux.ofd_lock(lock_fd, exclusive=True):
+                current = read_watermark(self._control_fd)
+                if current.bucket >= wanted:
+                    self._bucket = max(self._bucket or 0, current.bucket)
+                    return
+                if linux.monotonic_ns() > deadline:
+                    raise MaintenanceBusy("wall watermark is being advanced by another process")
+                time.sleep(0.001)
+            current = read_watermark(self._control_fd)
+            if current.bucket >= wanted:
+                self._bucket = max(self._bucket or 0, current.bucket)
+                return
+            if current.sequence >= (1 << 64) - 1:
+                raise StateExhausted("watermark sequence overflows u64")
+            new = Watermark(bucket=wanted, sequence=current.sequence + 1)
+            publish_watermark(self._control_fd, new, WATERMARK_ADVANCE_TMP_PREFIX)
+            self._bucket = wanted
+            self._read_at = linux.monotonic_ns()
+        finally:
+            linux.close(lock_fd)
