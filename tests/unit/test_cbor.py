@@ -458,7 +458,7 @@ def test_metadata_boundaries_accepted() -> None:
 
 
 def test_reject_too_many_metadata_entries() -> None:
-    keys = sorted((text(f"k{i}".encode()) for i in range(257)))
+    keys = sorted(text(f"k{i}".encode()) for i in range(257))
     body = b"".join(k + b"\x00" for k in keys)
     data = b"\xa2" + CT_X + b"\x03\xb9\x01\x01" + body
     rejects(data, "257 entries, limit 256")
@@ -506,14 +506,7 @@ def test_reject_field_limits(data: bytes, pattern: str) -> None:
 
 
 def test_field_limits_inclusive() -> None:
-    data = (
-        b"\xa3\x02"
-        + text(b"~" * 255)
-        + b"\x04"
-        + text(b"p" * 255)
-        + b"\x05"
-        + bstr(b"t" * 1024)
-    )
+    data = b"\xa3\x02" + text(b"~" * 255) + b"\x04" + text(b"p" * 255) + b"\x05" + bstr(b"t" * 1024)
     ext = decode_extension(data)
     assert ext.content_type == "~" * 255 and ext.producer_id == "p" * 255 and ext.trace_context == b"t" * 1024
     assert encode_extension(ext) == data
@@ -565,7 +558,8 @@ extensions = st.builds(
     content_type=st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=40),
     initial_not_before=st.none() | st.integers(min_value=0, max_value=2**64 - 1),
     metadata=st.none() | st.dictionaries(metadata_keys, metadata_values, max_size=8),
-    producer_id=st.none() | st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=30),
+    producer_id=st.none()
+    | st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=30),
     trace_context=st.none() | st.binary(max_size=40),
 )
 
