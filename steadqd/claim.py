@@ -80,12 +80,27 @@ class _Scan:
 
     def scan_shard(self, shard: int) -> Lease | None:
         rel = f"{READY_DIR}/{shard_dir(shard)}"
+        # A scan pins the directory cache; with more shards than the cache
+        # holds, each shard gets a short-lived fd instead so one scan never
+        # keeps thousands of descriptors open.
+        transient = self.ctx.fmt.shard_count > self.ctx.tree.max_cached
         try:
-            dir_fd = self.ctx.ready_dir(shard)
-            entries = linux.list_dir(dir_fd)
+            dir_fd = self.ctx.ready_dir(shard) if not transient else self.ctx.tree.open_transient(rel)
         except OSError as e:
             self.report.errors.append(f"{rel}: {e.strerror}")
             self.ctx.tree.forget(rel)
+            return None
+        try:
+            return self._scan_entries(shard, dir_fd, rel)
+        finally:
+            if transient:
+                linux.close(dir_fd)
+
+    def _scan_entries(self, shard: int, dir_fd: int, rel: str) -> Lease | None:
+        try:
+            entries = linux.list_dir(dir_fd)
+        except OSError as e:
+            self.report.errors.append(f"{rel}: {e.strerror}")
             return None
         for raw in entries:
             try:

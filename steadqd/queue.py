@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import inotify_simple
 
@@ -44,7 +44,7 @@ from .errors import (
     SteadQError,
 )
 from .layout import OpenOptions, QueueConfig, init_queue, open_queue_root
-from .lease import Lease, extension_of, lease_duration_ns, renew, validate_source
+from .lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
 from .names import (
     JobName,
     authenticate,
@@ -61,6 +61,8 @@ from .records import Extension, FormatRecord
 from .settle import AckResult, ack, bury, retry
 from .tree import Indeterminate, MoveError
 from .verify import copy_payload, read_payload
+
+T = TypeVar("T")
 
 _WAIT_RESCAN_S = 5.0  # safety net for missed events (e.g. a recreated shard dir)
 
@@ -193,7 +195,7 @@ class Queue:
         memory whole). ``delay`` seconds or an absolute ``not_before_ns``
         makes it a delayed job.
         """
-        with _mutation("enqueue"):
+        with _mutation("enqueue", self._ctx):
             return enqueue(
                 self._ctx,
                 payload,
@@ -209,7 +211,7 @@ class Queue:
     def enqueue_detailed(self, payload: Payload, **kwargs: object) -> tuple[str, str]:
         """Like :meth:`enqueue` but returns ``(job_id, relative path)``."""
         delay = kwargs.pop("delay", None)
-        with _mutation("enqueue"):
+        with _mutation("enqueue", self._ctx):
             published = enqueue(self._ctx, payload, delay=delay or None, **kwargs)  # type: ignore[arg-type]
             return published.job_id, published.path
 
@@ -225,7 +227,7 @@ class Queue:
             self._watch_ready()
         while True:
             try:
-                with _mutation("lease"):
+                with _mutation("lease", self._ctx):
                     lease, report = claim(self._ctx, duration_ns, self)
                 self.last_scan = report
                 if lease is not None:
@@ -241,55 +243,53 @@ class Queue:
     def renew(self, lease: Lease, duration: float = 30.0) -> Lease:
         """Extend the lease; updates and returns the same object."""
         duration_ns = lease_duration_ns(duration)
-        with _mutation("renew"):
+        with _mutation("renew", self._ctx):
             return renew(self._ctx, lease, duration_ns)
 
     def ack(self, lease: Lease) -> AckResult:
         """Acknowledge; idempotent for a lease that was already acknowledged."""
-        with _mutation("ack"):
+        with _mutation("ack", self._ctx):
             return ack(self._ctx, lease)
 
     def retry(self, lease: Lease, delay: float | None = None, *, policy: RetryPolicy | None = None) -> str:
         """Give the job back (after ``delay`` s or a backoff ``policy``); returns
         the new state: "ready", "delayed", or "dead" when attempts ran out."""
-        with _mutation("retry"):
+        with _mutation("retry", self._ctx):
             return retry(self._ctx, lease, delay=delay, policy=policy)
 
     def bury(self, lease: Lease, reason: int = 1) -> None:
         """Dead-letter the job with a u16 reason code (reasons.md)."""
-        with _mutation("bury"):
+        with _mutation("bury", self._ctx):
             bury(self._ctx, lease, reason)
 
     # -- payloads ---------------------------------------------------------------
 
     def read_payload(self, lease: Lease) -> bytes:
-        src = self._validated(lease)
-        try:
+        with self._validated(lease) as src:
             return self._guard_payload(lease, src, lambda: read_payload(src.fd, src.envelope))
-        finally:
-            src.close()
 
     def copy_payload(self, lease: Lease, out: BinaryIO) -> int:
-        src = self._validated(lease)
-        try:
+        with self._validated(lease) as src:
             return self._guard_payload(lease, src, lambda: copy_payload(src.fd, src.envelope, out))
-        finally:
-            src.close()
 
     def read_extension(self, lease: Lease) -> Extension | None:
-        src = self._validated(lease)
-        try:
+        with self._validated(lease) as src:
             return extension_of(src)
-        finally:
-            src.close()
 
-    def _validated(self, lease: Lease):  # type: ignore[no-untyped-def]
-        try:
-            return validate_source(self._ctx, lease, poison=False)
-        except OSError as e:
-            raise not_committed(e, "open leased file") from e
+    @contextlib.contextmanager
+    def _validated(self, lease: Lease) -> Iterator[Source]:
+        """A validated source for reading, with the dir cache pinned meanwhile."""
+        with self._ctx.tree.operation():
+            try:
+                src = validate_source(self._ctx, lease, poison=False)
+            except OSError as e:
+                raise not_committed(e, "open leased file") from e
+            try:
+                yield src
+            finally:
+                src.close()
 
-    def _guard_payload(self, lease: Lease, src, read):  # type: ignore[no-untyped-def]
+    def _guard_payload(self, lease: Lease, src: Source, read: Callable[[], T]) -> T:
         """A payload that fails its digest is quarantined, never handed out."""
         try:
             return read()
@@ -437,7 +437,7 @@ def _subdirs(root_fd: int, rel: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _mutation(what: str) -> Iterator[None]:
+def _mutation(what: str, ctx: Context) -> Iterator[None]:
     """Every failure of a mutation is one of the three outcome classes.
 
     Errors from validation or from before the linearization point (bad
@@ -445,7 +445,8 @@ def _mutation(what: str) -> Iterator[None]:
     their kind; OutcomeUnknown and LeaseLost pass through unchanged.
     """
     try:
-        yield
+        with ctx.tree.operation():
+            yield
     except (NotCommitted, OutcomeUnknown, LeaseLost):
         raise
     except SteadQError as e:

@@ -20,11 +20,13 @@ layer maps them to NotCommitted / OutcomeUnknown / LeaseLost.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from . import linux
@@ -95,16 +97,23 @@ class Tree:
 
     Directory fds are cached per handle (the reference caches "ensured"
     paths the same way) so a steady stream of operations costs no extra
-    opens. With ``deferred`` the directory fsyncs are collected and issued by
-    :meth:`sync`; file fsyncs are never deferred.
+    opens. The cache is a bounded LRU: a daemon that lives for weeks touches
+    a new receipt bucket every hour and must not run out of descriptors.
+    With ``deferred`` the directory fsyncs are collected and issued by
+    :meth:`sync`; the pending set owns duplicates of the fds, so evicting a
+    cached fd can never lose or misdirect a barrier. File fsyncs are never
+    deferred.
     """
+
+    max_cached = 256
 
     def __init__(self, root_fd: int, shard_count: int, *, deferred: bool = False) -> None:
         self.root_fd = root_fd
         self.shard_count = shard_count
         self.deferred = deferred
-        self._dirs: dict[str, int] = {}
+        self._dirs: OrderedDict[str, int] = OrderedDict()
         self._dirty: dict[tuple[int, int], int] = {}
+        self._pins = 0
         self.batching = 0  # > 0 inside Queue.batch(): every barrier waits for sync()
         self._lock = threading.RLock()
 
@@ -114,10 +123,45 @@ class Tree:
         """An fd for an existing directory ``rel`` beneath the root (cached)."""
         with self._lock:
             fd = self._dirs.get(rel)
-            if fd is None:
-                fd = linux.open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-                self._dirs[rel] = fd
+            if fd is not None:
+                self._dirs.move_to_end(rel)
+                return fd
+            fd = linux.open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            self._dirs[rel] = fd
+            if not self._pins:
+                self._trim()
             return fd
+
+    @contextlib.contextmanager
+    def operation(self) -> Iterator[None]:
+        """Pin the cache for one public operation.
+
+        Callers hold cached fds across several calls; closing one of them
+        mid-operation could let the number be reused for another directory.
+        Eviction therefore happens only when no operation is in flight.
+        """
+        with self._lock:
+            self._pins += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._pins -= 1
+                if not self._pins:
+                    self._trim()
+
+    def _trim(self) -> None:
+        while len(self._dirs) > self.max_cached:
+            _, old = self._dirs.popitem(last=False)
+            linux.close(old)
+
+    def open_transient(self, rel: str) -> int:
+        """An uncached fd for ``rel`` (created if missing); the caller closes it."""
+        try:
+            return linux.open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            self.ensure_dir(rel)
+            return linux.open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
 
     def forget(self, rel: str) -> None:
         """Drop a cached fd, e.g. after the directory was found deleted."""
@@ -135,9 +179,8 @@ class Tree:
         freshly used bucket always contains every shard.
         """
         with self._lock:
-            cached = self._dirs.get(rel)
-            if cached is not None:
-                return cached
+            if rel in self._dirs:
+                return self.dir(rel)
             parts = rel.split("/")
             parent_rel = "/".join(parts[:-1])
             is_sharded_bucket = (
@@ -167,8 +210,10 @@ class Tree:
         """
         if self.batching or (self.deferred and not force):
             st = linux.fstat(dir_fd)
+            key = (st.st_dev, st.st_ino)
             with self._lock:
-                self._dirty[(st.st_dev, st.st_ino)] = dir_fd
+                if key not in self._dirty:
+                    self._dirty[key] = os.dup(dir_fd)
             return
         linux.fsync(dir_fd)
 
@@ -177,10 +222,11 @@ class Tree:
         with self._lock:
             pending = list(self._dirty.items())
         for key, fd in pending:
-            linux.fsync(fd)
+            linux.fsync(fd)  # on failure the entry stays pending; the caller poisons
             with self._lock:
                 if self._dirty.get(key) == fd:
                     del self._dirty[key]
+            os.close(fd)
 
     @property
     def pending_barriers(self) -> int:
@@ -285,6 +331,8 @@ class Tree:
                 except OSError:
                     pass
             self._dirs.clear()
+            for fd in self._dirty.values():
+                os.close(fd)
             self._dirty.clear()
 
 
