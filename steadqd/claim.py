@@ -121,6 +121,17 @@ class _Scan:
 
     def isolate(self, dir_fd: int, rel: str, name: str, reason: int, witness: Any = None) -> None:
         try:
+            if witness is not None and reason in (
+                QuarantineReason.NON_REGULAR_FILE,
+                QuarantineReason.UNEXPECTED_HARD_LINK,
+            ):
+                # The witnessed move insists on a singly linked regular file, which
+                # this object is by definition not (it would fail as SourceChanged
+                # and block every scan): check the identity here, move unwitnessed.
+                if not witness.matches(linux.stat_at(dir_fd, name)):
+                    self.report.errors.append(f"{rel}/{name} was replaced before quarantine")
+                    return
+                witness = None
             qname = quarantine(self.ctx, dir_fd, name, reason, witness)
             self.report.quarantined.append((f"{rel}/{name}", reason, qname))
         except SourceMissing:
@@ -153,7 +164,10 @@ class _Scan:
         try:
             return self.claim_open(shard, dir_fd, rel, name, job, fd)
         finally:
-            linux.close(fd)
+            try:
+                linux.close(fd)
+            except OSError:
+                pass  # read-only fd: must not turn a committed claim into NotCommitted
 
     def claim_open(self, shard: int, dir_fd: int, rel: str, name: str, job: JobName, fd: int) -> Lease | None:
         ctx, fmt = self.ctx, self.ctx.fmt
@@ -170,7 +184,9 @@ class _Scan:
             return None
         try:
             again = linux.stat_at(dir_fd, name)
-        except OSError:
+        except OSError as e:
+            if e.errno != errno.ENOENT:  # not proof of absence: never report a false "empty"
+                self.report.errors.append(f"stat {rel}/{name}: {e.strerror}")
             return None  # gone: another consumer took it
         if not env.witness.matches(again):
             self.report.errors.append(f"{rel}/{name} was replaced while being verified")

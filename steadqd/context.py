@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 
 from . import linux
-from .constants import QUARANTINE_DIR, READY_DIR, ZFS_MAGIC
+from .constants import CONTROL_DIR, QUARANTINE_DIR, READY_DIR, ZFS_MAGIC
 from .errors import ErrorKind, MaintenanceBusy, NotCommitted, QueuePoisoned, SteadQError, kind_for_errno
 from .layout import OpenOptions
 from .names import boot_raw, shard_dir
@@ -32,6 +32,7 @@ class Context:
     options: OpenOptions
     fs_magic: int
     tree: Tree = field(init=False)
+    control_fd: int = field(init=False)
     wall: WallFloor = field(init=False)
     boot_raw: bytes = field(init=False)
     nonce: bytes = field(init=False)
@@ -44,8 +45,10 @@ class Context:
 
     def __post_init__(self) -> None:
         self.tree = Tree(self.root_fd, self.fmt.shard_count, deferred=self.options.deferred)
-        control = self.tree.dir("control")
-        self.wall = WallFloor(control, self.fmt.delayed_width_ns)
+        # The wall floor keeps its own descriptor: a cached one can be evicted
+        # (and its number reused) while the handle lives.
+        self.control_fd = linux.open_dir(self.root_fd, CONTROL_DIR)
+        self.wall = WallFloor(self.control_fd, self.fmt.delayed_width_ns)
         self.boot_raw = boot_raw(self.boot_id)
         self.nonce = linux.getrandom(16)
         if self.fs_magic == ZFS_MAGIC:
@@ -54,6 +57,10 @@ class Context:
     @property
     def queue_id(self) -> bytes:
         return self.fmt.queue_id
+
+    def close(self) -> None:
+        self.tree.close()
+        linux.close(self.control_fd)
 
     def check_usable(self) -> None:
         """Refuse mutations after an indeterminate failure (errors.md)."""

@@ -26,6 +26,7 @@ from .errors import (
     OutcomeUnknown,
     QueueCorrupt,
     SteadQError,
+    kind_for_errno,
 )
 from .names import (
     authenticate,
@@ -236,7 +237,12 @@ class Source:
         return self.envelope.witness
 
     def close(self) -> None:
-        linux.close(self.fd)
+        # Read-only fd: a close error cannot undo or redo the move that may
+        # just have committed, so it must not replace the real outcome.
+        try:
+            linux.close(self.fd)
+        except OSError:
+            pass
 
 
 def _corrupt(ctx: Context, poison: bool, why: str) -> QueueCorrupt:
@@ -390,7 +396,7 @@ def renew(ctx: Context, lease: Lease, duration_ns: int) -> Lease:
         except SourceChanged as e:
             raise _corrupt(ctx, True, f"leased file changed before renewal: {e}") from e
         except MoveFailed as e:
-            raise NotCommitted(f"renew: {e}", ErrorKind.IO_FAILURE) from e
+            raise NotCommitted(f"renew: {e}", kind_for_errno(e.errno)) from e  # ENOSPC -> ResourceExhausted
         except Indeterminate as e:
             raise indeterminate(ctx, lease, "renew", e, destination) from e
     finally:

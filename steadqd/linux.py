@@ -433,8 +433,17 @@ def list_dir(dirfd: int) -> list[bytes]:
     """Raw entry names (no ``.``/``..``) sorted bytewise, the order recovery relies on.
 
     ``os.listdir(fd)`` works on a dup and rewinds, so the caller's fd stays reusable.
+    It rewinds only *after* reading, so we rewind first too: btrfs (kernel >= 6.5)
+    caps readdir at the last index seen when the fd was opened and refreshes it only
+    on a seek to 0, so a cached directory fd would otherwise miss entries created
+    since it was opened (a just-enqueued job invisible to the claim scan).
     """
-    names = _call("listdir", os.listdir, dirfd, detail=(dirfd,))
+
+    def _listdir(fd: int) -> list[str]:
+        os.lseek(fd, 0, os.SEEK_SET)
+        return os.listdir(fd)
+
+    names = _call("listdir", _listdir, dirfd, detail=(dirfd,))
     return sorted(os.fsencode(n) for n in names)
 
 

@@ -29,7 +29,7 @@ from .constants import (
     U64_MAX,
 )
 from .context import Context, not_committed
-from .errors import ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown
+from .errors import ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, kind_for_errno
 from .names import (
     bucket_dir,
     delayed_bucket,
@@ -119,10 +119,9 @@ def enqueue(
         raise not_committed(e, f"create {dest_rel}", job_id=job_hex) from e
     rel_path = f"{dest_rel}/{name}"
     publication = _Publication(ctx, dest_rel, dest_fd, name, shard, writer, job_hex)
-    header = publication.run()
+    publication.run()
     if state == "ready":
         ctx.last_enqueued_shard = shard
-    del header
     return Published(job_hex, rel_path, state)
 
 
@@ -205,6 +204,7 @@ class _Publication:
         self.writer = writer
         self.job_hex = job_hex
         self.rel_path = f"{dest_rel}/{name}"
+        self._recreated = False  # a deleted destination directory is recreated once
 
     def _unknown(self, header: JobHeader, cause: str) -> OutcomeUnknown:
         self.ctx.poison(f"enqueue {self.job_hex}: {cause}")
@@ -221,6 +221,16 @@ class _Publication:
             try:
                 fd = linux.open_tmpfile(self.dest_fd, FILE_MODE)
             except OSError as e:
+                if _dir_deleted(self.dest_fd) and not self._recreated:
+                    # The cached destination directory was removed (EPERM/ENOENT from
+                    # O_TMPFILE): recreate it once, as layout.md asks of every put.
+                    self._recreated = True
+                    self.ctx.tree.forget(self.dest_rel)
+                    try:
+                        self.dest_fd = self.ctx.tree.ensure_dir(self.dest_rel)
+                    except OSError as e2:
+                        raise not_committed(e2, f"create {self.dest_rel}", job_id=self.job_hex) from e2
+                    return self.run()
                 if e.errno not in _TMPFILE_UNSUPPORTED:
                     raise not_committed(e, "create anonymous file", job_id=self.job_hex) from e
                 self.ctx.publication = "named"
@@ -228,7 +238,7 @@ class _Publication:
                 try:
                     return self._via_tmpfile(fd)
                 finally:
-                    linux.close(fd)
+                    _close_quietly(fd)
         return self._via_named_temp(None)
 
     def _via_tmpfile(self, fd: int) -> JobHeader:
@@ -269,8 +279,16 @@ class _Publication:
         try:
             tmp_fd = ctx.tree.ensure_dir(tmp_rel)
             tmp_name = make_temp_name(linux.boottime_ns(), ctx.random(16))
+        except OSError as e:
+            raise not_committed(e, "create temp file", job_id=self.job_hex) from e
+        try:
             fd = linux.open_at(tmp_fd, tmp_name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
         except OSError as e:
+            if e.errno != errno.EEXIST:  # the create may have happened before the error: guard the name
+                try:
+                    linux.unlink_at(tmp_fd, tmp_name)
+                except OSError:
+                    pass
             raise not_committed(e, "create temp file", job_id=self.job_hex) from e
         published = False
         try:
@@ -290,18 +308,28 @@ class _Publication:
             except (SourceMissing, SourceChanged) as e:
                 raise NotCommitted(f"temp file changed before publication: {e}", ErrorKind.IO_FAILURE, job_id=self.job_hex) from e
             except MoveFailed as e:
-                raise NotCommitted(f"publish: {e}", _errno_kind(e.errno), job_id=self.job_hex) from e
+                raise NotCommitted(f"publish: {e}", kind_for_errno(e.errno), job_id=self.job_hex) from e
             except Indeterminate as e:
                 published = True
                 raise self._unknown(header, e.cause) from e
             return header
         finally:
-            linux.close(fd)
+            _close_quietly(fd)
             if not published:
                 try:
                     linux.unlink_at(tmp_fd, tmp_name)
                 except OSError:
                     pass
+
+
+def _close_quietly(fd: int) -> None:
+    """Close a job fd; its bytes were fsynced before publication, so a close error
+    cannot change the outcome and must not mask it (a committed enqueue is no
+    NotCommitted, and an OutcomeUnknown must keep its ticket)."""
+    try:
+        linux.close(fd)
+    except OSError:
+        pass
 
 
 def _linked_anyway(fd: int) -> bool:
@@ -322,7 +350,9 @@ def _copy_file(src: int, dst: int) -> JobHeader:
         offset += len(chunk)
 
 
-def _errno_kind(err: int) -> ErrorKind:
-    from .errors import kind_for_errno
-
-    return kind_for_errno(err)
+def _dir_deleted(dir_fd: int) -> bool:
+    """True if ``dir_fd`` names a directory that was removed (st_nlink == 0)."""
+    try:
+        return linux.fstat(dir_fd).st_nlink == 0
+    except OSError:
+        return False

@@ -58,6 +58,7 @@ from .names import (
 from .publish import Payload, enqueue
 from .quarantine import quarantine
 from .records import Extension, FormatRecord
+from .recovery import RecoveryReport, run_recovery
 from .settle import AckResult, ack, bury, retry
 from .tree import Indeterminate, MoveError
 from .verify import copy_payload, read_payload
@@ -221,8 +222,10 @@ class Queue:
         With ``wait`` > 0, sleeps on inotify events of the ready shards (no
         polling) until a job arrives or the wait runs out.
         """
-        duration_ns = lease_duration_ns(duration)
-        deadline = linux.monotonic_ns() + round(max(0.0, wait) * NS_PER_SECOND)
+        with _mutation("lease", self._ctx):  # a bad duration is NotCommitted(INVALID_INPUT) too
+            duration_ns = lease_duration_ns(duration)
+        with _mutation("lease", self._ctx):  # a clock failure is NotCommitted too, never a bare OSError
+            deadline = linux.monotonic_ns() + round(max(0.0, wait) * NS_PER_SECOND)
         if wait > 0:
             self._watch_ready()
         while True:
@@ -235,16 +238,16 @@ class Queue:
             except NotCommitted as e:
                 if e.kind is not ErrorKind.MAINTENANCE_BUSY or wait <= 0:
                     raise
-            remaining = (deadline - linux.monotonic_ns()) / NS_PER_SECOND
+            with _mutation("lease", self._ctx):
+                remaining = (deadline - linux.monotonic_ns()) / NS_PER_SECOND
             if remaining <= 0:
                 return None
             self._wait_for_ready(min(remaining, _WAIT_RESCAN_S))
 
     def renew(self, lease: Lease, duration: float = 30.0) -> Lease:
         """Extend the lease; updates and returns the same object."""
-        duration_ns = lease_duration_ns(duration)
         with _mutation("renew", self._ctx):
-            return renew(self._ctx, lease, duration_ns)
+            return renew(self._ctx, lease, lease_duration_ns(duration))
 
     def ack(self, lease: Lease) -> AckResult:
         """Acknowledge; idempotent for a lease that was already acknowledged."""
@@ -261,6 +264,13 @@ class Queue:
         """Dead-letter the job with a u16 reason code (reasons.md)."""
         with _mutation("bury", self._ctx):
             bury(self._ctx, lease, reason)
+
+    def recover(self, budget_ops: int = 1000, budget_ms: int = 100) -> RecoveryReport:
+        """Run one bounded recovery pass (recovery.md): reap expired leases,
+        promote due delayed jobs, clean temps, compact and expire receipts.
+        On-disk problems are reported, never raised; see steadqd.recovery."""
+        with _mutation("recover", self._ctx):
+            return run_recovery(self._ctx, budget_ops=budget_ops, budget_ms=budget_ms)
 
     # -- payloads ---------------------------------------------------------------
 
@@ -411,7 +421,7 @@ class Queue:
         finally:
             if self._inotify is not None:
                 self._inotify.close()
-            self._ctx.tree.close()
+            self._ctx.close()
             linux.close(self._maintenance_fd)
             linux.close(self._ctx.root_fd)
 

@@ -26,7 +26,16 @@ from .constants import (
     DeadReason,
 )
 from .context import Context, not_committed
-from .errors import CorruptObject, ErrorKind, InvalidInput, LeaseLost, NotCommitted, QueueCorrupt, SteadQError
+from .errors import (
+    CorruptObject,
+    ErrorKind,
+    InvalidInput,
+    LeaseLost,
+    NotCommitted,
+    QueueCorrupt,
+    SteadQError,
+    kind_for_errno,
+)
 from .lease import Lease, Source, indeterminate, validate_source
 from .names import (
     bucket_dir,
@@ -83,7 +92,7 @@ def _move(
         ctx.poison(f"{operation} of {lease.job_id}: {e}")
         raise NotCommitted(f"{operation}: leased file changed: {e}", ErrorKind.QUEUE_CORRUPT) from e
     except MoveFailed as e:
-        raise NotCommitted(f"{operation}: {e}", ErrorKind.IO_FAILURE) from e
+        raise NotCommitted(f"{operation}: {e}", kind_for_errno(e.errno)) from e  # ENOSPC -> ResourceExhausted
     except Indeterminate as e:
         raise indeterminate(ctx, lease, operation, e, destination) from e
 

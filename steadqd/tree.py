@@ -114,6 +114,7 @@ class Tree:
         self._dirs: OrderedDict[str, int] = OrderedDict()
         self._dirty: dict[tuple[int, int], int] = {}
         self._pins = 0
+        self._unsynced: set[str] = set()  # parents whose new entries may not be durable yet
         self.batching = 0  # > 0 inside Queue.batch(): every barrier waits for sync()
         self._lock = threading.RLock()
 
@@ -188,16 +189,32 @@ class Tree:
             )
             if is_sharded_bucket:
                 bucket_fd = self.ensure_dir(parent_rel)
-                created_any = False
-                for s in range(self.shard_count):
-                    created_any |= linux.mkdir_at(bucket_fd, shard_dir(s))
-                if created_any:
-                    self.barrier(bucket_fd)
-                return self.dir(rel)
-            parent_fd = self.root_fd if not parent_rel else self.ensure_dir(parent_rel)
-            if linux.mkdir_at(parent_fd, parts[-1]):
-                self.barrier(parent_fd)
+                names = [shard_dir(s) for s in range(self.shard_count)]
+            else:
+                bucket_fd = self.root_fd if not parent_rel else self.ensure_dir(parent_rel)
+                names = [parts[-1]]
+            self._mkdirs_durably(parent_rel, bucket_fd, names)
             return self.dir(rel)
+
+    def _mkdirs_durably(self, parent_rel: str, parent_fd: int, names: list[str]) -> None:
+        """mkdir each name; if anything was (or may have been) created, fsync the parent.
+
+        The fsync is never deferred: whatever moves in next may be forced
+        durable, and it is only durable if its directory is. A parent whose
+        mkdir or fsync failed stays marked unsynced, so a later attempt that
+        only sees EEXIST still makes the entry durable.
+        """
+        created = parent_rel in self._unsynced
+        try:
+            for name in names:
+                created |= linux.mkdir_at(parent_fd, name)
+        except OSError:
+            self._unsynced.add(parent_rel)
+            raise
+        if created:
+            self._unsynced.add(parent_rel)
+            self.barrier(parent_fd, force=True)
+            self._unsynced.discard(parent_rel)
 
     # -- barriers -----------------------------------------------------------
 
@@ -258,8 +275,14 @@ class Tree:
         try:
             st = linux.stat_at(dst_fd, dst_name)
         except OSError as e:
-            raise Indeterminate("linearized", f"stat destination: {e.strerror}") from e
-        if not (witness.matches(st) and is_single_regular(st)):
+            # A destination in ready/ (retry_now, named-temp enqueue) can be
+            # claimed by another consumer between our successful rename and this
+            # stat. The rename returned success and the source name is gone, so
+            # the move did linearize; only its barrier is still owed.
+            if e.errno != errno.ENOENT or not _absent(src_fd, src_name):
+                raise Indeterminate("linearized", f"stat destination: {e.strerror}") from e
+            st = None
+        if st is not None and not (witness.matches(st) and is_single_regular(st)):
             raise Indeterminate("linearized", "destination does not name the moved file")
         if after is not None:
             try:
@@ -341,6 +364,15 @@ def _stat_or_none(dir_fd: int, name: str) -> os.stat_result | None:
         return linux.stat_at(dir_fd, name)
     except OSError:
         return None
+
+
+def _absent(dir_fd: int, name: str) -> bool:
+    """True only if ``name`` provably does not exist (ENOENT); other errors prove nothing."""
+    try:
+        linux.stat_at(dir_fd, name)
+    except OSError as e:
+        return e.errno == errno.ENOENT
+    return False
 
 
 def _same_dir(a: int, b: int) -> bool:

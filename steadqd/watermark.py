@@ -140,6 +140,8 @@ class WallFloor:
         try:
             lock_fd = linux.open_at(self._control_fd, WATERMARK_LOCK, os.O_RDWR | os.O_NOFOLLOW)
         except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ELOOP):
+                raise  # an I/O error is IoFailure/ResourceExhausted, not corruption (errors.md)
             raise QueueCorrupt(f"cannot open control/{WATERMARK_LOCK}: {e.strerror}") from e
         try:
             # The holder needs two fsyncs; wait for it briefly rather than
