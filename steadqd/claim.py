@@ -50,6 +50,9 @@ class ScanReport:
     errors: list[str]
     quarantined: list[tuple[str, int, str]]  # (original path, reason, quarantine name)
     dead_lettered: list[str]
+    # Entries that can never be jobs (non-ASCII names). Noted, not errors: one
+    # stray file must not turn every "queue empty" answer into a failure.
+    ignored: list[str]
 
 
 class _Scan:
@@ -58,7 +61,7 @@ class _Scan:
         self.duration_ns = duration_ns
         self.reader = reader
         self.wall: int | None = None
-        self.report = ScanReport([], [], [])
+        self.report = ScanReport([], [], [], [])
 
     def wall_floor(self) -> int:
         if self.wall is None:
@@ -106,7 +109,7 @@ class _Scan:
             try:
                 name = raw.decode("ascii")
             except UnicodeDecodeError:
-                self.report.errors.append(f"{rel}: non-ASCII entry {raw!r}")
+                self.report.ignored.append(f"{rel}/{raw!r}")
                 continue
             if not name.endswith(JOB_EXT):
                 continue

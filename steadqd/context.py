@@ -59,6 +59,9 @@ class Context:
         return self.fmt.queue_id
 
     def close(self) -> None:
+        # Refuse mutations from now on: the descriptor numbers this context
+        # holds get reused by later opens (possibly of another queue).
+        self.poison("handle closed")
         self.tree.close()
         linux.close(self.control_fd)
 

@@ -110,11 +110,10 @@ def main(argv: list[str] | None = None) -> int:
                 kinds[kind + (" (delayed 1s)" if delay else "")] += 1
         print(f"enqueued {args.jobs} jobs in {time.monotonic() - t0:.2f}s: " + ", ".join(f"{v} {k}" for k, v in sorted(kinds.items())))
         # Delayed and backed-off jobs become ready when promoted; until the
-        # promoter daemon exists, this process promotes them itself.
-        from .recovery import run_recovery
-
+        # promoter daemon exists, this process runs recovery passes itself.
+        promoted = 0
         while any(w.is_alive() for w in workers):
-            run_recovery(q._ctx, budget_ops=10_000, budget_ms=200)
+            promoted += q.recover(budget_ops=10_000, budget_ms=200).delayed_promoted
             time.sleep(0.2)
     totals: Counter[str] = Counter()
     for _ in workers:
@@ -125,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         w.join()
     elapsed = time.monotonic() - t0
     after = _count(path)
-    print(f"processed in {elapsed:.2f}s: {totals['ack']} acked, {totals['retry']} retried, {totals['bury']} buried")
+    print(f"processed in {elapsed:.2f}s: {totals['ack']} acked, {totals['retry']} retried, "
+          f"{totals['bury']} buried; {promoted} delayed jobs promoted by recovery")
     print("tree now holds: " + ", ".join(f"{k}/ {after[k] - before.get(k, 0):+d}" for k in after))
     print(f"look inside: ls {path}/receipts/*/* | head; ls {path}/dead/*/*")
     return 0

@@ -37,6 +37,7 @@ from .constants import (
 from .context import Context, not_committed
 from .errors import (
     ErrorKind,
+    InvalidInput,
     LeaseLost,
     NotCommitted,
     OutcomeUnknown,
@@ -174,6 +175,7 @@ class Queue:
 
     def wall_floor_ns(self) -> int:
         """The rollback-safe wall time this handle would stamp a mutation with."""
+        self._check_open()
         return self._ctx.wall.peek()
 
     # -- the transitions ------------------------------------------------------
@@ -286,9 +288,15 @@ class Queue:
         with self._validated(lease) as src:
             return extension_of(src)
 
+    def _check_open(self) -> None:
+        """Descriptor numbers of a closed handle may belong to another queue now."""
+        if self._closed:
+            raise InvalidInput(f"queue handle for {self.path} is closed")
+
     @contextlib.contextmanager
     def _validated(self, lease: Lease) -> Iterator[Source]:
         """A validated source for reading, with the dir cache pinned meanwhile."""
+        self._check_open()
         with self._ctx.tree.operation():
             try:
                 src = validate_source(self._ctx, lease, poison=False)
@@ -341,6 +349,7 @@ class Queue:
 
     def inspect(self, job_id: str) -> list[JobInfo]:
         """Every object of ``job_id`` in any state, by looking in its shard."""
+        self._check_open()
         job = parse_job_id(job_id)
         ctx = self._ctx
         fmt = ctx.fmt

@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from steadqd import AckResult, Lease, LeaseLost, Queue, State, linux
+from steadqd import AckResult, Lease, LeaseLost, NotCommitted, Queue, State, linux
 from steadqd import names as N
 from steadqd.constants import NS_PER_SECOND
 
@@ -417,9 +417,16 @@ class QueueVsModel(RuleBasedStateMachine):
     @rule()
     def reopen(self) -> None:
         """Close the handle and open a fresh one: old lease objects must keep working."""
-        self.q.close()
+        old = self.q
+        old.close()
         self.q = Queue.open(self.root)
         assert self.q.queue_id == self.queue_id.hex()
+        # The new handle very likely reuses the old one's descriptor numbers:
+        # a closed handle must refuse to mutate rather than act through them.
+        with pytest.raises(NotCommitted):
+            old.enqueue(b"after close")
+        with pytest.raises(NotCommitted):
+            old.lease(duration=LEASE_S)
 
     # -- invariants ---------------------------------------------------------
 

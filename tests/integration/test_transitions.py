@@ -664,3 +664,27 @@ def test_poisoned_handle_refuses_everything(q: Queue, qpath: str) -> None:
     # Poisoning is per handle, never on disk.
     with Queue.open(qpath) as fresh:
         assert fresh.ack(good) is AckResult.ACKED
+
+
+def test_closed_handle_refuses_reads_and_writes(tmp_path) -> None:
+    """A closed handle's descriptor numbers may be reused by another queue:
+    every use afterwards is refused, nothing is written anywhere."""
+    from steadqd import InvalidInput, Queue
+
+    a = Queue.init(str(tmp_path / "a"), shards=2)
+    job = a.enqueue(b"x")
+    lease = a.lease()
+    assert lease is not None
+    a.close()
+    b = Queue.init(str(tmp_path / "b"), shards=2)
+    try:
+        with pytest.raises(NotCommitted) as info:
+            a.enqueue(b"evil")
+        assert info.value.kind is ErrorKind.QUEUE_POISONED
+        with pytest.raises(InvalidInput):
+            a.inspect(job)
+        with pytest.raises(InvalidInput):
+            lease.payload()
+        assert b.lease() is None and b.inspect(job) == []
+    finally:
+        b.close()
