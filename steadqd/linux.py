@@ -49,6 +49,7 @@ __all__ = [
     "boot_id_dashed",
     "boottime_ns",
     "close",
+    "dup",
     "fchmod",
     "fstat",
     "fstatfs_type",
@@ -99,7 +100,7 @@ OPS = frozenset(
     {
         "open", "openat2", "close", "mkdir", "stat", "fstat", "fsync", "write", "pwrite", "read",
         "rename_noreplace", "rename", "link", "unlink", "rmdir", "listdir", "lock", "statfs",
-        "clock", "getrandom", "fchmod", "tmpfile",
+        "clock", "getrandom", "fchmod", "tmpfile", "dup",
     }
 )  # fmt: skip
 """Every op name :func:`_call` is used with; tests and the crash lab key on these strings."""
@@ -381,6 +382,11 @@ def open_beneath(rootfd: int, relpath: str, flags: int, mode: int = 0) -> int:
 def close(fd: int) -> None:
     """close(2); with an after-fault the fd is closed and the caller still sees the error (like EINTR on Linux)."""
     _call("close", os.close, fd, detail=(fd,))
+
+
+def dup(fd: int) -> int:
+    """dup(2) with close-on-exec: a second descriptor the caller owns."""
+    return _call("dup", os.dup, fd, detail=(fd,), discard=os.close)
 
 
 def open_tmpfile(dirfd: int, mode: int = 0o600) -> int:

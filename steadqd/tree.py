@@ -230,7 +230,7 @@ class Tree:
             key = (st.st_dev, st.st_ino)
             with self._lock:
                 if key not in self._dirty:
-                    self._dirty[key] = os.dup(dir_fd)
+                    self._dirty[key] = linux.dup(dir_fd)
             return
         linux.fsync(dir_fd)
 
@@ -243,7 +243,7 @@ class Tree:
             with self._lock:
                 if self._dirty.get(key) == fd:
                     del self._dirty[key]
-            os.close(fd)
+            linux.close(fd)
 
     @property
     def pending_barriers(self) -> int:
@@ -355,7 +355,7 @@ class Tree:
                     pass
             self._dirs.clear()
             for fd in self._dirty.values():
-                os.close(fd)
+                linux.close(fd)
             self._dirty.clear()
 
 
