@@ -1,0 +1,405 @@
+"""Per-queue YAML configuration: schema, validation, and where files live.
+
+One file per queue, ``<config dir>/<name>.yaml`` (default /etc/steadq/queues,
+overridden by ``--config-dir`` or ``STEADQ_CONFIG_DIR``), read by every
+daemon role of that queue. Validation works on the YAML node tree, so every
+error names the file, the line and the dotted key. Loading is deliberately
+narrow: safe scalars only, no anchors/aliases (alias bombs), no tags, a size
+cap, so a config file can never make the daemon do something it does not say.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from .durations import parse_duration
+from .errors import ConfigError
+
+DEFAULT_CONFIG_DIR = "/etc/steadq/queues"
+CONFIG_DIR_ENV = "STEADQ_CONFIG_DIR"
+MAX_CONFIG_BYTES = 256 * 1024
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A queue there would put the daemon's renames and unlinks into system trees.
+_FORBIDDEN_QUEUE_ROOTS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/root", "/run", "/sbin",
+                          "/sys", "/usr", "/var", "/var/lib", "/home", "/tmp"}
+
+
+@dataclass(frozen=True)
+class ExitPolicy:
+    """How a command's exit status settles its job."""
+
+    ack: frozenset[int] = frozenset({0})
+    retry: frozenset[int] = frozenset({75})  # EX_TEMPFAIL
+    bury: frozenset[int] = frozenset({100})
+    other: str = "retry"  # any other status (and death by signal): "retry" or "bury"
+    bury_reason: int = 0x0001  # consumer_rejected
+
+    def verdict(self, status: int) -> str:
+        if status in self.ack:
+            return "ack"
+        if status in self.bury:
+            return "bury"
+        if status in self.retry:
+            return "retry"
+        return self.other
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    backoff_base: float = 1.0
+    backoff_max: float = 300.0
+    jitter: bool = True
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    command: tuple[str, ...]
+    shell: bool = False
+    concurrency: int = 1
+    lease: float = 60.0
+    renew_every: float | None = None  # default: a third of the lease
+    timeout: float | None = None
+    kill_grace: float = 10.0
+    input: str = "stdin"  # "stdin": payload on stdin; "file": STEADQ_PAYLOAD_FILE names a read-only copy
+    environment: dict[str, str] = field(default_factory=dict)
+    pass_environment: tuple[str, ...] = ("PATH", "LANG", "LC_ALL", "TZ")
+    working_directory: str | None = None
+    user: str | None = None
+    group: str | None = None
+    exit_status: ExitPolicy = ExitPolicy()
+    retry: RetrySettings = RetrySettings()
+
+    @property
+    def renew_interval(self) -> float:
+        return self.renew_every if self.renew_every is not None else self.lease / 3
+
+
+@dataclass(frozen=True)
+class SweeperConfig:
+    interval: float = 30.0
+    receipt_retention: float = 7 * 86400.0
+    temp_ttl: float = 86400.0
+    budget_ops: int = 1000
+    budget_ms: int = 100
+
+
+@dataclass(frozen=True)
+class PromoterConfig:
+    enabled: bool = True
+    max_sleep: float = 60.0  # re-check at least this often (wall-clock jumps, missed events)
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """Everything one queue's daemons need, validated."""
+
+    name: str
+    source: str
+    queue: str
+    worker: WorkerConfig | None
+    sweeper: SweeperConfig = SweeperConfig()
+    promoter: PromoterConfig = PromoterConfig()
+
+
+# --- YAML with positions ---------------------------------------------------------
+
+
+class _Doc:
+    """Access to a composed YAML node with file:line-aware errors."""
+
+    def __init__(self, path: str, node: yaml.Node, key: str) -> None:
+        self.path = path
+        self.node = node
+        self.key = key
+
+    @property
+    def line(self) -> int:
+        return self.node.start_mark.line + 1
+
+    def error(self, message: str) -> ConfigError:
+        return ConfigError(message, path=self.path, line=self.line, key=self.key or None)
+
+    def mapping(self, allowed: set[str]) -> dict[str, _Doc]:
+        if not isinstance(self.node, yaml.MappingNode):
+            raise self.error("expected a mapping of keys")
+        out: dict[str, _Doc] = {}
+        for knode, vnode in self.node.value:
+            if not isinstance(knode, yaml.ScalarNode) or knode.tag != "tag:yaml.org,2002:str":
+                raise ConfigError("keys must be plain strings", path=self.path, line=knode.start_mark.line + 1, key=self.key)
+            name = knode.value
+            child = f"{self.key}.{name}" if self.key else name
+            if name not in allowed:
+                hint = ", ".join(sorted(allowed))
+                raise ConfigError(f"unknown key (allowed here: {hint})", path=self.path, line=knode.start_mark.line + 1, key=child)
+            if name in out:
+                raise ConfigError("duplicate key", path=self.path, line=knode.start_mark.line + 1, key=child)
+            out[name] = _Doc(self.path, vnode, child)
+        return out
+
+    def scalar(self) -> Any:
+        if not isinstance(self.node, yaml.ScalarNode):
+            raise self.error("expected a single value")
+        return yaml.SafeLoader("").construct_object(self.node)
+
+    def items(self) -> list[_Doc]:
+        if not isinstance(self.node, yaml.SequenceNode):
+            raise self.error("expected a list")
+        return [_Doc(self.path, n, f"{self.key}[{i}]") for i, n in enumerate(self.node.value)]
+
+    # typed readers
+    def string(self, *, allow_empty: bool = False) -> str:
+        v = self.scalar()
+        if not isinstance(v, str) or (not v and not allow_empty):
+            raise self.error(f"expected a non-empty string, got {v!r}")
+        if "\0" in v:
+            raise self.error("must not contain NUL")
+        return v
+
+    def boolean(self) -> bool:
+        v = self.scalar()
+        if not isinstance(v, bool):
+            raise self.error(f"expected true or false, got {v!r}")
+        return v
+
+    def integer(self, lo: int, hi: int) -> int:
+        v = self.scalar()
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.error(f"expected an integer, got {v!r}")
+        if not lo <= v <= hi:
+            raise self.error(f"must be between {lo} and {hi}, got {v}")
+        return v
+
+    def duration(self, lo: float = 0.0, hi: float = 365 * 86400.0, *, nullable: bool = False) -> float | None:
+        v = self.scalar()
+        if v is None and nullable:
+            return None
+        try:
+            seconds = parse_duration(v if isinstance(v, str | int | float) else repr(v))
+        except ValueError as e:
+            raise self.error(str(e)) from None
+        if not lo <= seconds <= hi:
+            raise self.error(f"must be between {lo:g}s and {hi:g}s, got {seconds:g}s")
+        return seconds
+
+    def choice(self, options: tuple[str, ...]) -> str:
+        v = self.scalar()
+        if v not in options:
+            raise self.error(f"must be one of {', '.join(options)}, got {v!r}")
+        return v
+
+    def statuses(self) -> frozenset[int]:
+        return frozenset(d.integer(0, 255) for d in self.items())
+
+
+def _compose(text: str, path: str) -> yaml.Node:
+    """Parse with the safe loader, refusing anchors, aliases and tags first."""
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            line = event.start_mark.line + 1
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise ConfigError("YAML anchors and aliases are not allowed", path=path, line=line)
+            tag = getattr(event, "tag", None)
+            implicit = getattr(event, "implicit", True)
+            explicit = tag is not None and not (implicit is True or (isinstance(implicit, tuple) and any(implicit)))
+            if explicit:
+                raise ConfigError(f"YAML tags are not allowed ({tag})", path=path, line=line)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else None
+        raise ConfigError(f"not valid YAML: {e.problem or e}", path=path, line=line) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"not valid YAML: {e}", path=path) from None
+    if node is None:
+        raise ConfigError("file is empty", path=path, line=1)
+    return node
+
+
+# --- the schema ----------------------------------------------------------------
+
+
+def _queue_path(d: _Doc) -> str:
+    p = d.string()
+    if not os.path.isabs(p):
+        raise d.error(f"must be an absolute path, got {p!r}")
+    norm = os.path.normpath(p)
+    if norm in _FORBIDDEN_QUEUE_ROOTS:
+        raise d.error(f"refusing {norm} as a queue directory; use a dedicated directory such as /var/lib/steadq/<name>")
+    return norm
+
+
+def _command(d: _Doc, shell: bool) -> tuple[str, ...]:
+    if isinstance(d.node, yaml.ScalarNode):
+        if not shell:
+            raise d.error("must be a list of arguments (argv); a string runs through a shell only with `shell: true`")
+        return (d.string(),)
+    argv = tuple(item.string(allow_empty=True) for item in d.items())
+    if not argv or not argv[0]:
+        raise d.error("needs at least the program to run")
+    if shell and len(argv) != 1:
+        raise d.error("with `shell: true` give the command as one string")
+    return argv
+
+
+def _exit_policy(d: _Doc) -> ExitPolicy:
+    m = d.mapping({"ack", "retry", "bury", "other", "bury_reason"})
+    base = ExitPolicy()
+    policy = ExitPolicy(
+        ack=m["ack"].statuses() if "ack" in m else base.ack,
+        retry=m["retry"].statuses() if "retry" in m else base.retry,
+        bury=m["bury"].statuses() if "bury" in m else base.bury,
+        other=m["other"].choice(("retry", "bury")) if "other" in m else base.other,
+        bury_reason=m["bury_reason"].integer(0, 0xFFFF) if "bury_reason" in m else base.bury_reason,
+    )
+    for a, b in (("ack", "retry"), ("ack", "bury"), ("retry", "bury")):
+        both = getattr(policy, a) & getattr(policy, b)
+        if both:
+            where = m.get(b) or m.get(a) or d  # point at the list the user wrote
+            raise where.error(f"exit status {min(both)} is listed under both {a} and {b}")
+    return policy
+
+
+def _retry(d: _Doc) -> RetrySettings:
+    m = d.mapping({"backoff_base", "backoff_max", "jitter"})
+    base = RetrySettings()
+    out = RetrySettings(
+        backoff_base=m["backoff_base"].duration(0.001) if "backoff_base" in m else base.backoff_base,  # type: ignore[arg-type]
+        backoff_max=m["backoff_max"].duration(0.001) if "backoff_max" in m else base.backoff_max,  # type: ignore[arg-type]
+        jitter=m["jitter"].boolean() if "jitter" in m else base.jitter,
+    )
+    if out.backoff_max < out.backoff_base:
+        raise (m.get("backoff_max") or d).error("backoff_max must not be smaller than backoff_base")
+    return out
+
+
+def _environment(d: _Doc) -> dict[str, str]:
+    if not isinstance(d.node, yaml.MappingNode):
+        raise d.error("expected a mapping of NAME: value")
+    out: dict[str, str] = {}
+    for knode, vnode in d.node.value:
+        name = knode.value if isinstance(knode, yaml.ScalarNode) else None
+        child = _Doc(d.path, vnode, f"{d.key}.{name}")
+        if not name or not _ENV_NAME.fullmatch(name):
+            raise child.error("environment variable names are letters, digits and _")
+        if name.startswith("STEADQ_"):
+            raise child.error("STEADQ_* variables are set by the worker for each job")
+        v = child.scalar()
+        if isinstance(v, bool) or v is None or not isinstance(v, str | int | float):
+            raise child.error(f"expected a string value, got {v!r}")
+        out[name] = str(v)
+    return out
+
+
+def _worker(d: _Doc) -> WorkerConfig:
+    keys = {"command", "shell", "concurrency", "lease", "renew_every", "timeout", "kill_grace", "input", "environment",
+            "pass_environment", "working_directory", "user", "group", "exit_status", "retry"}
+    m = d.mapping(keys)
+    if "command" not in m:
+        raise d.error("missing required key `command`")
+    shell = m["shell"].boolean() if "shell" in m else False
+    lease = m["lease"].duration(1.0, 7 * 86400.0) if "lease" in m else WorkerConfig.lease
+    renew = m["renew_every"].duration(0.1, 7 * 86400.0) if "renew_every" in m else None
+    if renew is not None and renew >= lease:  # type: ignore[operator]
+        raise m["renew_every"].error(f"must be shorter than the lease ({lease:g}s), or the lease expires between renewals")
+    wd = m["working_directory"].string() if "working_directory" in m else None
+    if wd is not None and not os.path.isabs(wd):
+        raise m["working_directory"].error("must be an absolute path")
+    passed = tuple(i.string() for i in m["pass_environment"].items()) if "pass_environment" in m else WorkerConfig.pass_environment
+    for i, name in enumerate(passed):
+        if not _ENV_NAME.fullmatch(name):
+            raise m["pass_environment"].items()[i].error("not a valid environment variable name")
+    return WorkerConfig(
+        command=_command(m["command"], shell),
+        shell=shell,
+        concurrency=m["concurrency"].integer(1, 1024) if "concurrency" in m else 1,
+        lease=lease,  # type: ignore[arg-type]
+        renew_every=renew,
+        timeout=m["timeout"].duration(0.001, nullable=True) if "timeout" in m else None,
+        kill_grace=m["kill_grace"].duration(0.0, 3600.0) if "kill_grace" in m else WorkerConfig.kill_grace,  # type: ignore[arg-type]
+        input=m["input"].choice(("stdin", "file")) if "input" in m else "stdin",
+        environment=_environment(m["environment"]) if "environment" in m else {},
+        pass_environment=passed,
+        working_directory=wd,
+        user=m["user"].string() if "user" in m else None,
+        group=m["group"].string() if "group" in m else None,
+        exit_status=_exit_policy(m["exit_status"]) if "exit_status" in m else ExitPolicy(),
+        retry=_retry(m["retry"]) if "retry" in m else RetrySettings(),
+    )
+
+
+def _sweeper(d: _Doc) -> SweeperConfig:
+    m = d.mapping({"interval", "receipt_retention", "temp_ttl", "budget_ops", "budget_ms"})
+    base = SweeperConfig()
+    return SweeperConfig(
+        interval=m["interval"].duration(0.1, 86400.0) if "interval" in m else base.interval,  # type: ignore[arg-type]
+        receipt_retention=m["receipt_retention"].duration(60.0) if "receipt_retention" in m else base.receipt_retention,  # type: ignore[arg-type]
+        temp_ttl=m["temp_ttl"].duration(60.0) if "temp_ttl" in m else base.temp_ttl,  # type: ignore[arg-type]
+        budget_ops=m["budget_ops"].integer(1, 10_000_000) if "budget_ops" in m else base.budget_ops,
+        budget_ms=m["budget_ms"].integer(1, 3_600_000) if "budget_ms" in m else base.budget_ms,
+    )
+
+
+def _promoter(d: _Doc) -> PromoterConfig:
+    m = d.mapping({"enabled", "max_sleep"})
+    return PromoterConfig(
+        enabled=m["enabled"].boolean() if "enabled" in m else True,
+        max_sleep=m["max_sleep"].duration(0.1, 86400.0) if "max_sleep" in m else PromoterConfig.max_sleep,  # type: ignore[arg-type]
+    )
+
+
+_SECTIONS: dict[str, Callable[[_Doc], Any]] = {"worker": _worker, "sweeper": _sweeper, "promoter": _promoter}
+
+
+def parse_config(text: str, *, path: str, name: str) -> QueueSettings:
+    """Validate one queue's config text; raises ConfigError naming file:line and key."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"file is larger than {MAX_CONFIG_BYTES} bytes", path=path)
+    root = _Doc(path, _compose(text, path), "")
+    m = root.mapping({"queue", *_SECTIONS})
+    if "queue" not in m:
+        raise root.error("missing required key `queue` (the queue directory)")
+    sections = {k: fn(m[k]) for k, fn in _SECTIONS.items() if k in m}
+    return QueueSettings(
+        name=name,
+        source=path,
+        queue=_queue_path(m["queue"]),
+        worker=sections.get("worker"),
+        sweeper=sections.get("sweeper", SweeperConfig()),
+        promoter=sections.get("promoter", PromoterConfig()),
+    )
+
+
+def config_dir(override: str | None = None) -> str:
+    return override or os.environ.get(CONFIG_DIR_ENV) or DEFAULT_CONFIG_DIR
+
+
+def config_path(name: str, directory: str | None = None) -> str:
+    if not _QUEUE_NAME.fullmatch(name):
+        raise ConfigError(f"invalid queue name {name!r}: letters, digits, '.', '_' and '-', at most 64")
+    return os.path.join(config_dir(directory), f"{name}.yaml")
+
+
+def load_config(name: str, directory: str | None = None) -> QueueSettings:
+    """Read and validate ``<config dir>/<name>.yaml``."""
+    path = config_path(name, directory)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"no configuration for queue {name!r} (expected {path})", path=path) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", path=path) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"file is larger than {MAX_CONFIG_BYTES} bytes", path=path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 (byte {e.start})", path=path) from None
+    return parse_config(text, path=path, name=name)

@@ -1,0 +1,141 @@
+"""Config validation: one bad file per rule, each error naming file, line and key."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from steadqd.config import ExitPolicy, load_config, parse_config
+from steadqd.durations import format_duration, parse_duration
+from steadqd.errors import ConfigError
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "steadq", "queues", "example.yaml")
+
+GOOD = """\
+queue: /var/lib/steadq/render
+worker:
+  command: ["/bin/echo", "hi"]
+  concurrency: 3
+  lease: 2m
+  timeout: 1h
+  exit_status:
+    retry: [75, 69]
+"""
+
+
+def parse(text: str):
+    return parse_config(textwrap.dedent(text), path="/etc/steadq/queues/render.yaml", name="render")
+
+
+def test_example_file_is_valid():
+    with open(EXAMPLE) as f:
+        s = parse_config(f.read(), path=EXAMPLE, name="example")
+    assert s.worker is not None and s.worker.command[0] == "/usr/local/bin/process-job"
+    assert s.worker.renew_interval == pytest.approx(20.0)
+    assert s.sweeper.receipt_retention == 7 * 86400
+
+
+def test_good_config_values():
+    s = parse(GOOD)
+    assert s.queue == "/var/lib/steadq/render"
+    w = s.worker
+    assert w is not None
+    assert w.command == ("/bin/echo", "hi") and w.concurrency == 3 and w.lease == 120.0 and w.timeout == 3600.0
+    assert w.exit_status.verdict(0) == "ack" and w.exit_status.verdict(69) == "retry"
+    assert w.exit_status.verdict(100) == "bury" and w.exit_status.verdict(3) == "retry"
+    assert s.promoter.enabled and s.sweeper.interval == 30.0
+
+
+BAD = [
+    # (rule, text, line, key, message fragment)
+    ("unknown top-level key", "queue: /q/a\nworkr: {}\n", 2, "workr", "unknown key"),
+    ("unknown nested key", "queue: /q/a\nworker:\n  command: [a]\n  concurrancy: 2\n", 4, "worker.concurrancy", "unknown key"),
+    ("missing queue", "worker:\n  command: [a]\n", 1, None, "missing required key `queue`"),
+    ("relative queue path", "queue: var/q\n", 1, "queue", "absolute path"),
+    ("system directory as queue", "queue: /etc\n", 1, "queue", "refusing /etc"),
+    ("root as queue", "queue: /\n", 1, "queue", "refusing /"),
+    ("missing command", "queue: /q/a\nworker:\n  concurrency: 2\n", 3, "worker", "missing required key `command`"),
+    ("string command without shell", "queue: /q/a\nworker:\n  command: echo hi\n", 3, "worker.command", "list of arguments"),
+    ("empty command", "queue: /q/a\nworker:\n  command: []\n", 3, "worker.command", "at least the program"),
+    ("wrong type", "queue: /q/a\nworker:\n  command: [a]\n  concurrency: two\n", 4, "worker.concurrency", "expected an integer"),
+    ("bool is not an int", "queue: /q/a\nworker:\n  command: [a]\n  concurrency: true\n", 4, "worker.concurrency", "expected an integer"),
+    ("impossible concurrency", "queue: /q/a\nworker:\n  command: [a]\n  concurrency: 0\n", 4, "worker.concurrency", "between 1 and 1024"),
+    ("bad duration", "queue: /q/a\nworker:\n  command: [a]\n  lease: 10 parsecs\n", 4, "worker.lease", "invalid duration"),
+    ("lease too short", "queue: /q/a\nworker:\n  command: [a]\n  lease: 500ms\n", 4, "worker.lease", "between 1s"),
+    ("renew not shorter than lease", "queue: /q/a\nworker:\n  command: [a]\n  lease: 30s\n  renew_every: 30s\n", 5, "worker.renew_every", "shorter than the lease"),
+    ("bad input mode", "queue: /q/a\nworker:\n  command: [a]\n  input: pipe\n", 4, "worker.input", "one of stdin, file"),
+    ("exit status out of range", "queue: /q/a\nworker:\n  command: [a]\n  exit_status:\n    bury: [300]\n", 5, "worker.exit_status.bury[0]", "between 0 and 255"),
+    ("status in two lists", "queue: /q/a\nworker:\n  command: [a]\n  exit_status:\n    retry: [0]\n", 5, "worker.exit_status.retry", "both ack and retry"),
+    ("backoff max below base", "queue: /q/a\nworker:\n  command: [a]\n  retry:\n    backoff_base: 10s\n    backoff_max: 1s\n", 6, "worker.retry.backoff_max", "not be smaller"),
+    ("reserved env name", "queue: /q/a\nworker:\n  command: [a]\n  environment:\n    STEADQ_JOB_ID: x\n", 5, "worker.environment.STEADQ_JOB_ID", "set by the worker"),
+    ("bad env name", "queue: /q/a\nworker:\n  command: [a]\n  environment:\n    1BAD: x\n", 5, "worker.environment.1BAD", "letters, digits"),
+    ("relative working dir", "queue: /q/a\nworker:\n  command: [a]\n  working_directory: work\n", 4, "worker.working_directory", "absolute"),
+    ("duplicate key", "queue: /q/a\nqueue: /q/b\n", 2, "queue", "duplicate key"),
+    ("section not a mapping", "queue: /q/a\nsweeper: 5\n", 2, "sweeper", "expected a mapping"),
+    ("sweeper interval zero", "queue: /q/a\nsweeper:\n  interval: 0s\n", 3, "sweeper.interval", "between 0.1s"),
+    ("alias", "queue: &q /q/a\nworker:\n  command: [*q]\n", 1, None, "anchors and aliases"),
+    ("custom tag", "queue: !!python/object:os.system /q/a\n", 1, None, "tags are not allowed"),
+    ("broken yaml", "queue: [unclosed\n", 2, None, "not valid YAML"),
+    ("empty file", "", 1, None, "file is empty"),
+]
+
+
+@pytest.mark.parametrize("rule,text,line,key,fragment", BAD, ids=[b[0] for b in BAD])
+def test_each_rule_names_file_line_and_key(rule, text, line, key, fragment):
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, path="/etc/steadq/queues/q.yaml", name="q")
+    e = info.value
+    assert e.path == "/etc/steadq/queues/q.yaml"
+    assert e.line == line, str(e)
+    assert e.key == key, str(e)
+    assert fragment in str(e)
+    assert str(e).startswith(f"/etc/steadq/queues/q.yaml:{line}: ")
+
+
+def test_alias_bomb_refused_quickly():
+    bomb = "a: &a [x, x]\nb: &b [*a, *a]\nc: &c [*b, *b]\nd: &d [*c, *c]\nqueue: /q/a\n"
+    with pytest.raises(ConfigError, match="anchors and aliases"):
+        parse_config(bomb, path="p.yaml", name="q")
+
+
+def test_oversized_file_refused(tmp_path):
+    (tmp_path / "big.yaml").write_text("queue: /q/a\n# " + "x" * 300_000 + "\n")
+    with pytest.raises(ConfigError, match="larger than"):
+        load_config("big", str(tmp_path))
+
+
+def test_load_from_dir_env_and_missing(tmp_path, monkeypatch):
+    (tmp_path / "render.yaml").write_text(GOOD)
+    monkeypatch.setenv("STEADQ_CONFIG_DIR", str(tmp_path))
+    assert load_config("render").queue == "/var/lib/steadq/render"
+    with pytest.raises(ConfigError, match="no configuration for queue 'nope'"):
+        load_config("nope")
+    with pytest.raises(ConfigError, match="invalid queue name"):
+        load_config("../etc/passwd")
+
+
+def test_shell_command_is_explicit():
+    s = parse("queue: /q/a\nworker:\n  shell: true\n  command: 'echo $HOME'\n")
+    assert s.worker is not None and s.worker.shell and s.worker.command == ("echo $HOME",)
+
+
+def test_exit_policy_other_bury():
+    p = ExitPolicy(other="bury")
+    assert p.verdict(1) == "bury" and p.verdict(75) == "retry"
+
+
+@pytest.mark.parametrize("text,seconds", [("90s", 90), ("2h", 7200), ("1d12h", 129600), ("250ms", 0.25), ("1.5m", 90), (45, 45), ("10", 10)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5x", "-1s", "s", "1h 30m", "nan", True, "inf"])
+def test_bad_durations(text):
+    with pytest.raises(ValueError, match="invalid duration|finite"):
+        parse_duration(text)
+
+
+def test_format_duration():
+    assert [format_duration(x) for x in (5, 200, 7500, 273600)] == ["5s", "3m20s", "2h5m", "3d4h"]
