@@ -1,27 +1,112 @@
-"""Command-line entry points.
+"""``steadqd``: the daemon-side command.
 
-``steadqd`` is the daemon-side command. Today it has one subcommand, ``demo``;
-the worker, sweeper, promoter and ``run`` roles arrive with the daemon
-suite. The producer/operator command ``steadq`` arrives with the CLI issue.
+    steadqd [--config-dir DIR] worker QUEUE      the inotify-driven worker spawner
+    steadqd [--config-dir DIR] sweeper QUEUE     periodic recovery passes
+    steadqd [--config-dir DIR] promoter QUEUE    delayed -> ready when due
+    steadqd [--config-dir DIR] run QUEUE         all three in one foreground process
+    steadqd [--config-dir DIR] check-config [QUEUE ...]
+    steadqd demo [--path DIR] [--jobs N] [--workers N]
+
+Each role reads ``<config dir>/<QUEUE>.yaml`` (default /etc/steadq/queues,
+or $STEADQ_CONFIG_DIR). Exit statuses: 0 clean stop, 78 configuration error
+(systemd does not restart on it), other codes as in the spec's error table.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+from collections.abc import Callable
+
+from .config import QueueSettings, config_dir, load_config
+from .errors import ConfigError, SteadQError
+
+ROLES = ("worker", "sweeper", "promoter")
+
+
+def _role_factory(names: tuple[str, ...]) -> Callable[..., list]:
+    def make(settings: QueueSettings, log: object) -> list:
+        from .daemon.promoter import PromoterRole
+        from .daemon.spawner import WorkerRole
+        from .daemon.sweeper import SweeperRole
+
+        classes = {"worker": WorkerRole, "sweeper": SweeperRole, "promoter": PromoterRole}
+        roles = []
+        for n in names:
+            if n == "worker" and settings.worker is None:
+                raise ConfigError("no `worker:` section: nothing to run", path=settings.source)
+            if n == "promoter" and not settings.promoter.enabled:
+                continue
+            roles.append(classes[n](settings, log))
+        return roles
+
+    return make
+
+
+def _serve(queue: str, directory: str | None, roles: tuple[str, ...], role_name: str) -> int:
+    from .daemon.journal import Log
+    from .daemon.service import Service
+
+    log = Log(role_name, queue)
+    service = Service(lambda: load_config(queue, directory), _role_factory(roles), log)
+    return service.run()
+
+
+def check_config(names: list[str], directory: str | None, *, open_queues: bool) -> int:
+    """Validate configs without starting anything; prints one line per file."""
+    d = config_dir(directory)
+    if not names:
+        try:
+            names = sorted(f[:-5] for f in os.listdir(d) if f.endswith(".yaml"))
+        except OSError as e:
+            print(f"steadqd: cannot list {d}: {e.strerror}", file=sys.stderr)
+            return 1
+        if not names:
+            print(f"steadqd: no *.yaml files in {d}", file=sys.stderr)
+            return 1
+    failed = 0
+    for name in names:
+        try:
+            settings = load_config(name, directory)
+            if open_queues:
+                from .queue import Queue
+
+                Queue.open(settings.queue).close()
+        except (ConfigError, SteadQError) as e:
+            print(f"{name}: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{name}: ok ({settings.queue})")
+    return 78 if failed else 0
 
 
 def daemon_main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help"):
-        print("usage: steadqd demo [--path DIR] [--jobs N] [--workers N]\n\n"
-              "  demo   create a queue under ./var/, enqueue a few hundred jobs and process them")
-        return 0 if args else 2
-    if args[0] == "demo":
+    if args[:1] == ["demo"]:
         from .demo import main
 
         return main(args[1:])
-    print(f"steadqd: unknown command {args[0]!r} (try: steadqd --help)", file=sys.stderr)
-    return 2
+    ap = argparse.ArgumentParser(prog="steadqd", description="SteadQ/1 queue daemons.")
+    ap.add_argument("--config-dir", help="directory of <queue>.yaml files (default $STEADQ_CONFIG_DIR or /etc/steadq/queues)")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, helptext in (
+        ("worker", "run jobs of QUEUE with the configured command"),
+        ("sweeper", "periodic recovery of QUEUE"),
+        ("promoter", "promote delayed jobs of QUEUE when due"),
+        ("run", "worker, sweeper and promoter in one foreground process"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("queue", metavar="QUEUE")
+    p = sub.add_parser("check-config", help="validate configuration files without starting anything")
+    p.add_argument("queues", nargs="*", metavar="QUEUE")
+    p.add_argument("--open", action="store_true", help="also open each queue (it must be initialised)")
+    sub.add_parser("demo", help="demo queue under ./var/ (see steadqd demo --help)")
+    ns = ap.parse_args(args)
+    if ns.command == "check-config":
+        return check_config(ns.queues, ns.config_dir, open_queues=ns.open)
+    roles = ROLES if ns.command == "run" else (ns.command,)
+    return _serve(ns.queue, ns.config_dir, roles, ns.command)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""The daemon roles (worker spawner, sweeper, promoter) and their shared service loop."""

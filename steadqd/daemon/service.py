@@ -1,0 +1,254 @@
+"""The service loop every daemon role runs in.
+
+One thread, one ``selectors`` loop: file descriptors (inotify, child output
+pipes) and timers wake it, and signals arrive through ``set_wakeup_fd`` so
+nothing polls. The loop owns the systemd contract shared by all roles:
+READY=1 once every role has opened its queue, STATUS= lines a person can
+read, watchdog pings at half WATCHDOG_USEC, SIGHUP reload (RELOADING=1 ...
+READY=1) and SIGTERM drain (STOPPING=1, no new work, running work finishes,
+the rest is handed back) with exit statuses systemd can act on.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import selectors
+import signal
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from ..config import QueueSettings
+from ..errors import ConfigError, SteadQError
+from .journal import Log
+from .notify import Notifier
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 78  # EX_CONFIG: the unit uses RestartPreventExitStatus=78
+STATUS_EVERY = 5.0
+
+
+class Timer:
+    __slots__ = ("when", "callback", "cancelled")
+
+    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Loop:
+    """A minimal event loop: readers, timers, and a self-pipe for signals."""
+
+    def __init__(self) -> None:
+        self._sel = selectors.DefaultSelector()
+        self._timers: list[tuple[float, int, Timer]] = []
+        self._seq = itertools.count()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, self._drain_wakeups)
+
+    @staticmethod
+    def now() -> float:
+        return time.monotonic()
+
+    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
+        self._sel.register(fd, selectors.EVENT_READ, callback)
+
+    def remove_reader(self, fd: int) -> None:
+        try:
+            self._sel.unregister(fd)
+        except (KeyError, ValueError):
+            pass
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        return self.call_at(self.now() + max(0.0, delay), callback)
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        t = Timer(when, callback)
+        heapq.heappush(self._timers, (when, next(self._seq), t))
+        return t
+
+    @property
+    def wakeup_fd(self) -> int:
+        return self._wake_w
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def run_once(self, max_wait: float | None = None) -> None:
+        """Wait for one batch of events or the next timer, then run callbacks."""
+        while self._timers and self._timers[0][2].cancelled:
+            heapq.heappop(self._timers)
+        timeout = max_wait
+        if self._timers:
+            until = max(0.0, self._timers[0][0] - self.now())
+            timeout = until if timeout is None else min(timeout, until)
+        for key, _ in self._sel.select(timeout):
+            key.data()
+        now = self.now()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, t = heapq.heappop(self._timers)
+            if not t.cancelled:
+                t.callback()
+
+    def close(self) -> None:
+        self._sel.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+class Role(Protocol):
+    """What the service loop needs from a daemon role."""
+
+    name: str
+
+    def start(self, loop: Loop) -> None:
+        """Open the queue and register fds/timers; raise to refuse starting."""
+
+    def status(self) -> str:
+        """A short fragment for STATUS=, e.g. "2 running, 14 ready"."""
+
+    def reload(self, settings: QueueSettings) -> None:
+        """Apply new settings without dropping running work."""
+
+    def drain(self) -> None:
+        """Stop taking new work."""
+
+    def drained(self) -> bool:
+        """True when nothing is running any more."""
+
+    def close(self) -> None:
+        """Hand back anything unfinished and release resources."""
+
+
+class Service:
+    """Runs roles in one loop and speaks the systemd service contract."""
+
+    def __init__(
+        self,
+        load_settings: Callable[[], QueueSettings],
+        make_roles: Callable[[QueueSettings, Log], list[Role]],
+        log: Log,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.load_settings = load_settings
+        self.make_roles = make_roles
+        self.log = log
+        self.notifier = notifier or Notifier()
+        self.loop = Loop()
+        self._reload = False
+        self._stop = 0  # number of stop signals seen
+        self.roles: list[Role] = []
+        self._last_status = ""
+
+    # -- signals -------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if signum == signal.SIGHUP:
+            self._reload = True
+        else:
+            self._stop += 1
+
+    def _install_signals(self) -> None:
+        signal.set_wakeup_fd(self.loop.wakeup_fd, warn_on_full_buffer=False)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, self._on_signal)
+
+    # -- status and watchdog -------------------------------------------------
+
+    def status_line(self) -> str:
+        return "; ".join(f"{r.name}: {r.status()}" for r in self.roles)
+
+    def _publish_status(self, *, force: bool = False) -> None:
+        line = self.status_line()
+        if force or line != self._last_status:
+            self.notifier.status(line)
+            self._last_status = line
+        self.loop.call_later(STATUS_EVERY, self._publish_status)
+
+    def _watchdog(self) -> None:
+        self.notifier.watchdog()
+        assert self.notifier.watchdog_interval is not None
+        self.loop.call_later(self.notifier.watchdog_interval, self._watchdog)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            settings = self.load_settings()
+        except ConfigError as e:
+            self.log.error(f"configuration error: {e}", config=getattr(e, "path", None))
+            return EXIT_CONFIG
+        self._install_signals()
+        try:
+            self.roles = self.make_roles(settings, self.log)
+            for r in self.roles:
+                r.start(self.loop)
+        except SteadQError as e:
+            self.log.error(f"cannot start: {e}", exit_status=e.exit_code)
+            self._close_roles()
+            return EXIT_CONFIG if isinstance(e, ConfigError) else e.exit_code
+        self.notifier.ready(self.status_line())
+        self.log.notice("started", roles=",".join(r.name for r in self.roles), path=settings.queue)
+        if self.notifier.watchdog_interval:
+            self.loop.call_later(self.notifier.watchdog_interval, self._watchdog)
+        self.loop.call_later(STATUS_EVERY, self._publish_status)
+        try:
+            return self._serve()
+        finally:
+            self._close_roles()
+            signal.set_wakeup_fd(-1)
+            self.loop.close()
+
+    def _serve(self) -> int:
+        draining = False
+        while True:
+            if self._reload and not draining:
+                self._reload = False
+                self._do_reload()
+            if self._stop and not draining:
+                draining = True
+                self.notifier.stopping("draining: finishing running jobs, taking no new ones")
+                self.log.notice("stopping: draining")
+                for r in self.roles:
+                    r.drain()
+            if draining and (self._stop > 1 or all(r.drained() for r in self.roles)):
+                self.log.notice("stopped", forced=self._stop > 1 or None)
+                return EXIT_OK
+            self.loop.run_once(1.0 if draining else None)
+
+    def _do_reload(self) -> None:
+        self.notifier.reloading()
+        try:
+            settings = self.load_settings()
+        except ConfigError as e:
+            self.log.error(f"reload refused, keeping the running configuration: {e}")
+            self.notifier.ready(self.status_line())
+            return
+        for r in self.roles:
+            r.reload(settings)
+        self.log.notice("reloaded configuration")
+        self.notifier.ready(self.status_line())
+
+    def _close_roles(self) -> None:
+        for r in reversed(self.roles):
+            try:
+                r.close()
+            except Exception as e:  # closing one role must not keep the others' leases
+                self.log.error(f"closing {r.name} failed: {e}")
