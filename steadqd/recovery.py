@@ -43,8 +43,9 @@ import contextlib
 import errno
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import linux
 from .constants import (
@@ -165,6 +166,36 @@ def _ascii(raw: bytes) -> str | None:
         return None
 
 
+def _parse_boot(raw: bytes) -> bytes | None:
+    """Raw boot id of a canonical boot directory name, else None."""
+    try:
+        return boot_raw(raw)
+    except InvalidInput:
+        return None
+
+
+_NOT_BOOT = "not a canonical boot id"
+_NOT_BUCKET = "not a 16-hex bucket"
+_NOT_SHARD = "not a shard of this queue"
+
+
+@dataclass(frozen=True)
+class _Level:
+    """One directory level of a walk (boot, bucket or shard directories).
+
+    Every phase walks ``top/<level>/.../<entry>`` the same way; only what a
+    level's names mean and which of them to enter differ, so that is all a
+    phase describes. ``parse`` gives a name's value (None: not a name of this
+    level; 0 is a valid value); ``invalid`` is the error recorded for such a
+    name (None: skipped silently); ``wanted`` sees the values so far, this
+    level's last, and returns False for a directory that must not be opened.
+    """
+
+    parse: Callable[[bytes], Any]
+    invalid: str | None
+    wanted: Callable[[tuple[Any, ...]], bool] | None = None
+
+
 def _check_budget_args(budget_ops: object, budget_ms: object) -> tuple[int, int]:
     if isinstance(budget_ops, bool) or not isinstance(budget_ops, int) or not 1 <= budget_ops <= U32_MAX:
         raise InvalidInput(f"budget_ops must be an integer in 1..{U32_MAX}, got {budget_ops!r}")
@@ -174,7 +205,12 @@ def _check_budget_args(budget_ops: object, budget_ms: object) -> tuple[int, int]
 
 
 def run_recovery(
-    ctx: Context, *, budget_ops: int = 1000, budget_ms: int = 100, now_boottime: int | None = None
+    ctx: Context,
+    *,
+    budget_ops: int = 1000,
+    budget_ms: int = 100,
+    now_boottime: int | None = None,
+    phases: tuple[str, ...] | None = None,
 ) -> RecoveryReport:
     """Run one recovery pass on an open queue context.
 
@@ -183,8 +219,18 @@ def run_recovery(
     is recorded in the returned report. ``now_boottime`` replaces the
     CLOCK_BOOTTIME reading (tests use it to age leases and temps without
     sleeping).
+
+    ``phases`` (default: all) restricts the pass to the named phases, run in
+    the usual order, each from its beginning; such a pass neither reads nor
+    writes the recovery cursor and leaves this process's remembered position
+    alone, so a promoter's promote-only passes never disturb the progress of
+    full passes (and still run when the cursor names a later phase).
     """
     ops, ms = _check_budget_args(budget_ops, budget_ms)
+    if phases is not None and (
+        not isinstance(phases, tuple) or not phases or any(p not in PHASES for p in phases)
+    ):
+        raise InvalidInput(f"phases must be a non-empty tuple of {', '.join(PHASES)}; got {phases!r}")
     if now_boottime is not None and (
         isinstance(now_boottime, bool) or not isinstance(now_boottime, int) or now_boottime < 0
     ):
@@ -205,7 +251,7 @@ def run_recovery(
         try:
             if not _try_lock(lock_fd, report):
                 return report
-            _Pass(ctx, report, control, ops, ms, now_boottime).run()
+            _Pass(ctx, report, control, ops, ms, now_boottime, phases).run()
         finally:
             with contextlib.suppress(OSError):
                 linux.close(lock_fd)  # releases the OFD lock
@@ -257,8 +303,16 @@ class _Pass:
     """One pass: the clocks read at its start, its budget and its position."""
 
     def __init__(
-        self, ctx: Context, report: RecoveryReport, control: int, max_ops: int, budget_ms: int, now_bt: int | None
+        self,
+        ctx: Context,
+        report: RecoveryReport,
+        control: int,
+        max_ops: int,
+        budget_ms: int,
+        now_bt: int | None,
+        only: tuple[str, ...] | None = None,
     ) -> None:
+        self.only = only  # restricted pass: these phases only, cursor untouched
         self.ctx = ctx
         self.fmt = ctx.fmt
         self.report = report
@@ -274,11 +328,18 @@ class _Pass:
     # -- driver ------------------------------------------------------------------
 
     def run(self) -> None:
-        cursor = self._read_cursor()
-        if cursor is None:
+        if self.only is None:
+            cursor = self._read_cursor()
+            if cursor is None:
+                return
+            start, positions = cursor
+        else:
+            start, positions = PHASES[0], {}
+        try:
+            self.bt_now = self.now_bt_override if self.now_bt_override is not None else linux.boottime_ns()
+        except OSError as e:
+            self._error("clock", f"cannot read CLOCK_BOOTTIME: {e.strerror}")
             return
-        start, positions = cursor
-        self.bt_now = self.now_bt_override if self.now_bt_override is not None else linux.boottime_ns()
         try:
             self.wall = self.ctx.wall.for_mutation()
             self.report.wall_floor_available = True
@@ -287,7 +348,11 @@ class _Pass:
             self._error(
                 "wall_floor", f"wall floor unavailable: {e}; skipping promotion, receipt deletion, reap-to-dead"
             )
-        self.deadline = linux.monotonic_ns() + self.budget_ms * _NS_PER_MS
+        try:
+            self.deadline = linux.monotonic_ns() + self.budget_ms * _NS_PER_MS
+        except OSError as e:
+            self._error("clock", f"cannot read CLOCK_MONOTONIC: {e.strerror}")
+            return
         runners = {
             "reap_leases": self._reap_leases,
             "promote_delayed": self._promote_delayed,
@@ -298,6 +363,8 @@ class _Pass:
         next_phase = PHASES[0]
         remembered: tuple[str, Key] | None = None
         for phase in PHASES[PHASES.index(start) :]:
+            if self.only is not None and phase not in self.only:
+                continue
             self.pos = positions.get(phase)
             try:
                 runners[phase]()
@@ -307,6 +374,16 @@ class _Pass:
                 if self.pos is not None:
                     remembered = (phase, self.pos)
                 break
+            except OSError as e:
+                # Not an on-disk problem (every file operation records its own
+                # errors): the clock or getrandom failed. Stop as if out of
+                # budget, but restart this phase from its beginning: the entry
+                # at the position may be half done.
+                self._error("recovery_aborted", f"{phase}: {e.strerror or e}")
+                next_phase = phase
+                break
+        if self.only is not None:
+            return  # a restricted pass leaves the cursor and the remembered position alone
         with _resume_lock:
             if remembered is not None:
                 _resume[self.ctx.queue_id] = remembered
@@ -373,11 +450,20 @@ class _Pass:
                 linux.close(fd)
         except OSError:
             pass  # missing or unreadable: write it
-        tmp = _CURSOR_TMP_PREFIX + self.ctx.random(16).hex() + TEMP_EXT
+        try:
+            tmp = _CURSOR_TMP_PREFIX + self.ctx.random(16).hex() + TEMP_EXT
+        except OSError as e:
+            self._error("recovery_cursor", f"cannot persist the recovery cursor: getrandom: {e.strerror}")
+            return
         try:
             fd = linux.open_at(control, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
         except OSError as e:
             self._error("recovery_cursor", f"cannot create control/{tmp}: {e.strerror}")
+            if e.errno != errno.EEXIST:
+                # The create may have happened before the error (layout.md: the
+                # temp is unlinked on failure; nothing ever sweeps control/).
+                with contextlib.suppress(OSError):
+                    linux.unlink_at(control, tmp)
             return
         renamed = False
         try:
@@ -460,6 +546,63 @@ class _Pass:
             self._check_budget()
             self.pos = key
             yield raw
+
+    def _dirs(
+        self,
+        parent_fd: int,
+        parent_rel: str,
+        prefix: Key,
+        level: _Level,
+        values: tuple[Any, ...],
+        not_entered: list[bytes] | None = None,
+    ) -> Iterator[tuple[tuple[Any, ...], int, str, str, Key]]:
+        """Each child directory of one level not yet done, opened:
+        ``(values + (its value,), fd, rel, name, key)``; the fd is closed when
+        the consumer asks for the next one. Children it did not enter (invalid,
+        unwanted, unopenable; not those already done) are appended to
+        ``not_entered``. A consumer that raises must close the generator."""
+        for raw, key in self._subdirs(parent_fd, parent_rel, prefix):
+            value = level.parse(raw)
+            vals = values + (value,)
+            if value is None or (level.wanted is not None and not level.wanted(vals)):
+                if value is None and level.invalid is not None:
+                    self._error("invalid_name", f"{parent_rel}/{raw!r}: {level.invalid}")
+                if not_entered is not None:
+                    not_entered.append(raw)
+                continue
+            name = raw.decode("ascii")
+            rel = f"{parent_rel}/{name}"
+            with self._open(parent_fd, rel, name) as fd:
+                if fd is None:
+                    if not_entered is not None:
+                        not_entered.append(raw)
+                    continue
+                yield vals, fd, rel, name, key
+
+    def _walk(
+        self, top: str, levels: tuple[_Level, ...], prefix: Key = ()
+    ) -> Iterator[tuple[tuple[Any, ...], int, str, bytes]]:
+        """``(level values, dir fd, dir rel, entry)`` for every leaf entry of
+        ``top/<levels...>/`` after the position, in cursor order: the one walk
+        (sorted listings, cursor skips, budget checks, our own fds) every
+        bucketed phase shares."""
+        with self._open(self.ctx.root_fd, top, top) as fd:
+            if fd is not None:
+                yield from self._descend(fd, top, prefix, levels, ())
+
+    def _descend(
+        self, fd: int, rel: str, key: Key, levels: tuple[_Level, ...], values: tuple[Any, ...]
+    ) -> Iterator[tuple[tuple[Any, ...], int, str, bytes]]:
+        if not levels:
+            for raw in self._entries(fd, rel, key):
+                yield values, fd, rel, raw
+            return
+        for vals, sub_fd, sub_rel, _, sub_key in self._dirs(fd, rel, key, levels[0], values):
+            yield from self._descend(sub_fd, sub_rel, sub_key, levels[1:], vals)
+
+    def _shard_level(self, invalid: str | None = _NOT_SHARD) -> _Level:
+        count = self.fmt.shard_count
+        return _Level(lambda raw: parse_shard_dir(raw, count), invalid)
 
     def _leaf_name(self, raw: bytes, rel: str, ext: str) -> str | None:
         """ASCII entry names with extension ``ext``; non-ASCII is an error."""
@@ -564,6 +707,32 @@ class _Pass:
             raise CorruptObject("is in the wrong shard directory", QuarantineReason.FILENAME_TAG_FAILED)
         return env
 
+    def _valid(
+        self,
+        dir_fd: int,
+        rel: str,
+        name: str,
+        job: JobName,
+        code: str,
+        *,
+        shard: int,
+        bucket: int | None = None,
+        path_boot: bytes | None = None,
+    ) -> bool:
+        """True if the object passes ``_validate``; a corrupt one is quarantined
+        (0x0001), an I/O failure recorded as ``code``, a vanished one ignored."""
+        try:
+            self._validate(dir_fd, name, job, shard=shard, bucket=bucket, path_boot=path_boot)
+        except FileNotFoundError:
+            return False
+        except (CorruptObject, QueueCorrupt):
+            self._quarantine(dir_fd, rel, name, QuarantineReason.ENVELOPE_CORRUPT)
+            return False
+        except (OSError, SteadQError) as e:
+            self._error(code, f"{rel}/{name}: {e}")
+            return False
+        return True
+
     def _reap(self, src_fd: int, src_rel: str, name: str, job: JobName, shard: int, *, same_dir: bool) -> None:
         """An expired lease goes back to ready/<S> (same attempt), or to dead
         with reason 0x0004 when its attempts are used up."""
@@ -607,45 +776,16 @@ class _Pass:
         self._reap_colocated()
 
     def _reap_legacy(self) -> None:
-        root = self.ctx.root_fd
+        me = self.ctx.boot_raw
         now_bucket = self.bt_now // self.fmt.lease_width_ns
-        with self._open(root, LEASED_DIR, LEASED_DIR) as top:
-            if top is None:
-                return
-            for braw, bkey in self._subdirs(top, LEASED_DIR, (b"a",)):
-                try:
-                    boot = boot_raw(braw)
-                except InvalidInput:
-                    self._error("invalid_name", f"{LEASED_DIR}/{braw!r}: not a canonical boot id")
-                    continue
-                bname = braw.decode("ascii")
-                current = boot == self.ctx.boot_raw
-                brel = f"{LEASED_DIR}/{bname}"
-                with self._open(top, brel, bname) as bfd:
-                    if bfd is None:
-                        continue
-                    for kraw, kkey in self._subdirs(bfd, brel, bkey):
-                        bucket = parse_bucket_dir(kraw)
-                        if bucket is None:
-                            self._error("invalid_name", f"{brel}/{kraw!r}: not a 16-hex bucket")
-                            continue
-                        if current and bucket > now_bucket:
-                            continue  # every lease in it is still running
-                        krel = f"{brel}/{kraw.decode('ascii')}"
-                        with self._open(bfd, krel, kraw) as kfd:
-                            if kfd is None:
-                                continue
-                            for sraw, skey in self._subdirs(kfd, krel, kkey):
-                                shard = parse_shard_dir(sraw, self.fmt.shard_count)
-                                if shard is None:
-                                    self._error("invalid_name", f"{krel}/{sraw!r}: not a shard of this queue")
-                                    continue
-                                srel = f"{krel}/{sraw.decode('ascii')}"
-                                with self._open(kfd, srel, sraw) as sfd:
-                                    if sfd is None:
-                                        continue
-                                    for eraw in self._entries(sfd, srel, skey):
-                                        self._legacy_entry(sfd, srel, eraw, boot, current, bucket, shard)
+        levels = (
+            _Level(_parse_boot, _NOT_BOOT),
+            # A current-boot bucket after now holds only running leases.
+            _Level(parse_bucket_dir, _NOT_BUCKET, lambda v: not (v[0] == me and v[1] > now_bucket)),
+            self._shard_level(),
+        )
+        for (boot, bucket, shard), fd, rel, raw in self._walk(LEASED_DIR, levels, (b"a",)):
+            self._legacy_entry(fd, rel, raw, boot, boot == me, bucket, shard)
 
     def _legacy_entry(
         self, dir_fd: int, rel: str, raw: bytes, boot: bytes, current: bool, bucket: int, shard: int
@@ -661,17 +801,8 @@ class _Pass:
         assert job.boottime_deadline is not None
         if current and job.boottime_deadline > self.bt_now:
             return
-        try:
-            self._validate(dir_fd, name, job, shard=shard, bucket=bucket, path_boot=boot)
-        except FileNotFoundError:
-            return
-        except (CorruptObject, QueueCorrupt):
-            self._quarantine(dir_fd, rel, name, QuarantineReason.ENVELOPE_CORRUPT)
-            return
-        except (OSError, SteadQError) as e:
-            self._error("reap_validate", f"{rel}/{name}: {e}")
-            return
-        self._reap(dir_fd, rel, name, job, shard, same_dir=False)
+        if self._valid(dir_fd, rel, name, job, "reap_validate", shard=shard, bucket=bucket, path_boot=boot):
+            self._reap(dir_fd, rel, name, job, shard, same_dir=False)
 
     def _reap_colocated(self) -> None:
         fmt = self.fmt
@@ -713,50 +844,19 @@ class _Pass:
             assert job.boottime_deadline is not None
             if job.boot_id == self.ctx.boot_raw and job.boottime_deadline > self.bt_now:
                 continue  # a running lease
-            try:
-                self._validate(dir_fd, name, job, shard=shard)
-            except FileNotFoundError:
-                continue
-            except (CorruptObject, QueueCorrupt):
-                self._quarantine(dir_fd, rel, name, QuarantineReason.ENVELOPE_CORRUPT)
-                continue
-            except (OSError, SteadQError) as e:
-                self._error("reap_validate", f"{rel}/{name}: {e}")
-                continue
-            self._reap(dir_fd, rel, name, job, shard, same_dir=True)
+            if self._valid(dir_fd, rel, name, job, "reap_validate", shard=shard):
+                self._reap(dir_fd, rel, name, job, shard, same_dir=True)
 
     # -- phase 2: promote delayed ----------------------------------------------------
 
     def _promote_delayed(self) -> None:
         if self.wall is None:
             return
-        fmt = self.fmt
-        due = self.wall // fmt.delayed_width_ns
-        with self._open(self.ctx.root_fd, DELAYED_DIR, DELAYED_DIR) as top:
-            if top is None:
-                return
-            for kraw, kkey in self._subdirs(top, DELAYED_DIR, ()):
-                bucket = parse_bucket_dir(kraw)
-                if bucket is None:
-                    self._error("invalid_name", f"{DELAYED_DIR}/{kraw!r}: not a 16-hex bucket")
-                    continue
-                if bucket > due:
-                    continue  # not yet eligible: never opened
-                krel = f"{DELAYED_DIR}/{kraw.decode('ascii')}"
-                with self._open(top, krel, kraw) as kfd:
-                    if kfd is None:
-                        continue
-                    for sraw, skey in self._subdirs(kfd, krel, kkey):
-                        shard = parse_shard_dir(sraw, fmt.shard_count)
-                        if shard is None:
-                            self._error("invalid_name", f"{krel}/{sraw!r}: not a shard of this queue")
-                            continue
-                        srel = f"{krel}/{sraw.decode('ascii')}"
-                        with self._open(kfd, srel, sraw) as sfd:
-                            if sfd is None:
-                                continue
-                            for eraw in self._entries(sfd, srel, skey):
-                                self._delayed_entry(sfd, srel, eraw, bucket, shard)
+        due = self.wall // self.fmt.delayed_width_ns
+        # Later buckets are not yet eligible: never opened.
+        levels = (_Level(parse_bucket_dir, _NOT_BUCKET, lambda v: v[0] <= due), self._shard_level())
+        for (bucket, shard), fd, rel, raw in self._walk(DELAYED_DIR, levels):
+            self._delayed_entry(fd, rel, raw, bucket, shard)
 
     def _delayed_entry(self, dir_fd: int, rel: str, raw: bytes, bucket: int, shard: int) -> None:
         fmt = self.fmt
@@ -767,15 +867,7 @@ class _Pass:
             job = parse_name(State.DELAYED, name)
         except CorruptObject:
             return  # not a delayed name: skipped silently (recovery.md)
-        try:
-            self._validate(dir_fd, name, job, shard=shard, bucket=bucket)
-        except FileNotFoundError:
-            return
-        except (CorruptObject, QueueCorrupt):
-            self._quarantine(dir_fd, rel, name, QuarantineReason.ENVELOPE_CORRUPT)
-            return
-        except (OSError, SteadQError) as e:
-            self._error("promote_validate", f"{rel}/{name}: {e}")
+        if not self._valid(dir_fd, rel, name, job, "promote_validate", shard=shard, bucket=bucket):
             return
         try:
             generation = next_generation(job.generation)
@@ -792,36 +884,16 @@ class _Pass:
 
     def _cleanup_temp(self) -> None:
         ttl = self.ctx.options.temp_ttl_ns
-        with self._open(self.ctx.root_fd, TMP_DIR, TMP_DIR) as top:
-            if top is None:
-                return
-            for braw, bkey in self._subdirs(top, TMP_DIR, ()):
-                try:
-                    boot = boot_raw(braw)
-                except InvalidInput:
-                    continue  # not a boot directory (doctor probes live directly in tmp/)
-                bname = braw.decode("ascii")
-                current = boot == self.ctx.boot_raw
-                brel = f"{TMP_DIR}/{bname}"
-                with self._open(top, brel, bname) as bfd:
-                    if bfd is None:
-                        continue
-                    for sraw, skey in self._subdirs(bfd, brel, bkey):
-                        if parse_shard_dir(sraw, self.fmt.shard_count) is None:
-                            self._error("invalid_name", f"{brel}/{sraw!r}: not a shard of this queue")
-                            continue
-                        srel = f"{brel}/{sraw.decode('ascii')}"
-                        with self._open(bfd, srel, sraw) as sfd:
-                            if sfd is None:
-                                continue
-                            for eraw in self._entries(sfd, srel, skey):
-                                if not eraw.endswith(TEMP_EXT.encode()):
-                                    continue
-                                if current:
-                                    parsed = parse_temp_name(eraw)
-                                    if parsed is None or self.bt_now - parsed[0] <= ttl:
-                                        continue  # young, or not ours to judge
-                                self._delete_temp(sfd, srel, os.fsdecode(eraw))
+        # Names that are not boot directories are skipped silently (doctor probes live directly in tmp/).
+        levels = (_Level(_parse_boot, None), self._shard_level())
+        for (boot, _), fd, rel, raw in self._walk(TMP_DIR, levels):
+            if not raw.endswith(TEMP_EXT.encode()):
+                continue
+            if boot == self.ctx.boot_raw:
+                parsed = parse_temp_name(raw)
+                if parsed is None or self.bt_now - parsed[0] <= ttl:
+                    continue  # young, or not ours to judge
+            self._delete_temp(fd, rel, os.fsdecode(raw))
 
     def _delete_temp(self, dir_fd: int, rel: str, name: str) -> None:
         self._op()
@@ -839,41 +911,15 @@ class _Pass:
 
     # -- phases 4 and 5: receipts -------------------------------------------------------
 
-    def _receipt_buckets(self, top: int, *, report_bad: bool) -> Iterator[tuple[int, bytes, Key]]:
-        for kraw, kkey in self._subdirs(top, RECEIPTS_DIR, ()):
-            bucket = parse_bucket_dir(kraw)
-            if bucket is None:
-                if report_bad:
-                    self._error("invalid_name", f"{RECEIPTS_DIR}/{kraw!r}: not a 16-hex bucket")
-                continue
-            yield bucket, kraw, kkey
-
     def _compact_receipts(self) -> None:
-        fmt = self.fmt
-        with self._open(self.ctx.root_fd, RECEIPTS_DIR, RECEIPTS_DIR) as top:
-            if top is None:
-                return
-            for bucket, kraw, kkey in self._receipt_buckets(top, report_bad=True):
-                krel = f"{RECEIPTS_DIR}/{kraw.decode('ascii')}"
-                with self._open(top, krel, kraw) as kfd:
-                    if kfd is None:
-                        continue
-                    for sraw, skey in self._subdirs(kfd, krel, kkey):
-                        shard = parse_shard_dir(sraw, fmt.shard_count)
-                        if shard is None:
-                            self._error("invalid_name", f"{krel}/{sraw!r}: not a shard of this queue")
-                            continue
-                        srel = f"{krel}/{sraw.decode('ascii')}"
-                        with self._open(kfd, srel, sraw) as sfd:
-                            if sfd is None:
-                                continue
-                            for eraw in self._entries(sfd, srel, skey):
-                                if is_compact_temp_name(eraw):
-                                    self._delete_temp(sfd, srel, eraw.decode("ascii"))
-                                    continue
-                                name = self._leaf_name(eraw, srel, RECEIPT_EXT)
-                                if name is not None:
-                                    self._compact_one(sfd, srel, name, bucket, shard)
+        levels = (_Level(parse_bucket_dir, _NOT_BUCKET), self._shard_level())
+        for (bucket, shard), fd, rel, raw in self._walk(RECEIPTS_DIR, levels):
+            if is_compact_temp_name(raw):
+                self._delete_temp(fd, rel, raw.decode("ascii"))
+                continue
+            name = self._leaf_name(raw, rel, RECEIPT_EXT)
+            if name is not None:
+                self._compact_one(fd, rel, name, bucket, shard)
 
     @contextlib.contextmanager
     def _locked_receipt(self, dir_fd: int, rel: str, name: str, code: str) -> Iterator[int | None]:
@@ -932,7 +978,11 @@ class _Pass:
     def _replace_receipt(self, dir_fd: int, rel: str, name: str, record: bytes, witness: Witness) -> bool:
         """temp + fsync, identity re-check, plain rename over the receipt
         (the linearization point), fsync of the shard directory."""
-        tmp = make_compact_temp_name(self.ctx.random(16))
+        try:
+            tmp = make_compact_temp_name(self.ctx.random(16))
+        except OSError as e:
+            self._error("receipt_compact_failed", f"{rel}/{name}: getrandom: {e.strerror}")
+            return False
         try:
             tfd = linux.open_at(dir_fd, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
         except OSError as e:
@@ -972,38 +1022,34 @@ class _Pass:
     def _delete_receipts(self) -> None:
         if self.wall is None:
             return
-        fmt = self.fmt
-        width, retention = fmt.terminal_width_ns, self.ctx.options.receipt_retention_ns
+        wall = self.wall
+        width, retention = self.fmt.terminal_width_ns, self.ctx.options.receipt_retention_ns
+
+        def expired(values: tuple[Any, ...]) -> bool:
+            try:
+                return bucket_end(values[0], width) + retention <= wall
+            except SteadQError:
+                return False
+
+        # Not the generic walk: directories are removed on the way back up.
+        # Bad names are compact_receipts' to report; a shard directory we did
+        # not enter keeps its bucket directory.
+        buckets, shards = _Level(parse_bucket_dir, None, expired), self._shard_level(None)
         with self._open(self.ctx.root_fd, RECEIPTS_DIR, RECEIPTS_DIR) as top:
             if top is None:
                 return
-            for bucket, kraw, kkey in self._receipt_buckets(top, report_bad=False):
-                try:
-                    if bucket_end(bucket, width) + retention > self.wall:
-                        continue  # still inside the retention window
-                except SteadQError:
-                    continue
-                kname = kraw.decode("ascii")
-                krel = f"{RECEIPTS_DIR}/{kname}"
-                bucket_empty = True
-                with self._open(top, krel, kraw) as kfd:
-                    if kfd is None:
-                        continue
-                    for sraw, skey in self._subdirs(kfd, krel, kkey):
-                        shard = parse_shard_dir(sraw, fmt.shard_count)
-                        if shard is None:
-                            bucket_empty = False
-                            continue
-                        sname = sraw.decode("ascii")
-                        srel = f"{krel}/{sname}"
-                        with self._open(kfd, srel, sraw) as sfd:
-                            if sfd is None:
+            with contextlib.closing(self._dirs(top, RECEIPTS_DIR, (), buckets, ())) as bucket_dirs:
+                for (bucket,), kfd, krel, kname, kkey in bucket_dirs:
+                    not_entered: list[bytes] = []
+                    bucket_empty = True
+                    with contextlib.closing(self._dirs(kfd, krel, kkey, shards, (bucket,), not_entered)) as shard_dirs:
+                        for (_, shard), sfd, srel, sname, skey in shard_dirs:
+                            if not (
+                                self._delete_in_shard(sfd, srel, skey, bucket, shard)
+                                and self._remove_dir(kfd, krel, sname)
+                            ):
                                 bucket_empty = False
-                                continue
-                            shard_empty = self._delete_in_shard(sfd, srel, skey, bucket, shard)
-                        if not (shard_empty and self._remove_dir(kfd, krel, sname)):
-                            bucket_empty = False
-                    if bucket_empty:
+                    if bucket_empty and not not_entered:
                         self._remove_dir(top, RECEIPTS_DIR, kname)
 
     def _delete_in_shard(self, dir_fd: int, rel: str, prefix: Key, bucket: int, shard: int) -> bool:
