@@ -1,0 +1,48 @@
+"""Helpers for the ``steadq`` command-line tests (imported by test modules).
+
+Why subprocesses: the command line is a compatibility contract (cli.md) that
+scripts see only through argv, stdout, stderr and the exit status, so the
+tests run the *installed console script* exactly as a shell would and check
+those four things. A few fault-injection cases that cannot be provoked from
+outside call :func:`steadqd.steadq_cli.main` in-process instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+STEADQ = shutil.which("steadq", path=os.path.dirname(sys.executable))
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def err_lines(self) -> list[str]:
+        return self.err.splitlines()
+
+    @property
+    def out_lines(self) -> list[str]:
+        return self.out.splitlines()
+
+
+def steadq(
+    *args: str | os.PathLike[str], stdin: bytes | None = None, cwd: str | None = None, timeout: float = 60
+) -> Result:
+    """Run the console script; stdin is empty unless given (never the test runner's)."""
+    assert STEADQ is not None, "steadq console script not installed: run .venv/bin/pip install -e ."
+    p = subprocess.run(
+        [STEADQ, *map(str, args)],
+        input=stdin if stdin is not None else b"",
+        capture_output=True,
+        cwd=cwd,
+        timeout=timeout,
+    )
+    return Result(p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace"))
