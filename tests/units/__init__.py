@@ -1,0 +1,1 @@
+"""Static checks of the systemd units, sysusers.d and tmpfiles.d files (no systemd is booted)."""
