@@ -14,7 +14,7 @@ import errno
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import BinaryIO, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 import inotify_simple
 
@@ -63,6 +63,11 @@ from .recovery import RecoveryReport, run_recovery
 from .settle import AckResult, ack, bury, retry
 from .tree import Indeterminate, MoveError
 from .verify import copy_payload, read_payload
+
+if TYPE_CHECKING:  # these modules build on Queue; imported lazily at run time
+    from .inspect import FsckResult, StateStats
+    from .records import TransitionTicket
+    from .resolve import ResolveResult
 
 T = TypeVar("T")
 
@@ -442,6 +447,40 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"<Queue {self.path!r} id={self.queue_id} shards={self.shard_count}>"
+
+    # -- resolve and admin (steadqd.resolve, steadqd.admin) --------------------
+
+    def resolve(self, ticket: TransitionTicket, stabilize: bool = False) -> ResolveResult:
+        """Decide what an indeterminate transition did (errors.md "resolve").
+        Read-only apart from the stabilising fsyncs, so a poisoned handle may ask."""
+        from .resolve import resolve
+
+        return resolve(self, ticket, stabilize=stabilize)
+
+    def requeue_dead(self, job_id: str, *, max_attempts_reset: bool = True) -> str:
+        """Move a dead job back to ready/ with a fresh set of attempts; returns its new path."""
+        from .admin import requeue_dead
+
+        return requeue_dead(self, job_id, max_attempts_reset=max_attempts_reset)
+
+    # -- stats and fsck (steadqd.inspect) ---------------------------------------
+
+    def stats(self) -> dict[str, StateStats]:
+        """Objects per state classified by name (colocated leases are "leased");
+        see steadqd.inspect.stats for the reference CLI's raw-entry counts."""
+        from .inspect import detailed_stats
+
+        self._check_open()
+        return detailed_stats(self)
+
+    def fsck(self, deep: bool = False, repair: bool = False) -> FsckResult:
+        """Check every object (recovery.md "fsck"); ``repair`` quarantines the bad ones."""
+        from .inspect import fsck
+
+        self._check_open()
+        if repair:
+            self._ctx.check_usable()  # repair mutates: a poisoned handle refuses
+        return fsck(self, deep=deep, repair=repair)
 
 
 def _subdirs(root_fd: int, rel: str) -> list[str]:
