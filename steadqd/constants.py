@@ -8,6 +8,7 @@ Nothing here does I/O.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 # --- Domain-separation strings (records.md): each ends with one NUL byte. ---
 DOMAIN_FORMAT = b"SteadQ-1-format\0"
@@ -105,6 +106,36 @@ QUARANTINE_EXT = ".raw"
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 FORMAT_MODE = 0o400
+PARENT_DIR_MODE = 0o755  # parents `init` creates above the queue root, like mkdir -p
+
+
+@dataclass(frozen=True)
+class Modes:
+    """Permission bits for what the library creates inside one queue.
+
+    A queue whose root directory grants its group any access is *shared*:
+    producers and daemons in that group must be able to write into every
+    directory and read every file, so group bits are set on everything the
+    library creates. Otherwise the reference's owner-only modes are used
+    (subject to the umask, like the reference). The mode of the root is the only switch, so every process agrees
+    without configuration, and the reference reads either kind.
+    """
+
+    dir: int
+    file: int
+    format: int
+    # Shared queues set the modes explicitly after creating anything: they must
+    # not depend on the umask of whichever member happened to create an entry.
+    enforce: bool = False
+
+
+PRIVATE_MODES = Modes(DIR_MODE, FILE_MODE, FORMAT_MODE)
+SHARED_MODES = Modes(0o2770, 0o660, 0o440, enforce=True)
+SHARED_ROOT_MODE = 0o2770  # setgid: everything created inside keeps the queue's group
+
+
+def modes_for_root(st_mode: int) -> Modes:
+    return SHARED_MODES if st_mode & 0o070 else PRIVATE_MODES
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 
 from . import linux
-from .constants import CONTROL_DIR, QUARANTINE_DIR, READY_DIR, ZFS_MAGIC
+from .constants import CONTROL_DIR, QUARANTINE_DIR, READY_DIR, ZFS_MAGIC, Modes, modes_for_root
 from .errors import ErrorKind, MaintenanceBusy, NotCommitted, QueuePoisoned, SteadQError, kind_for_errno
 from .layout import OpenOptions
 from .names import boot_raw, shard_dir
@@ -31,6 +31,7 @@ class Context:
     boot_id: str
     options: OpenOptions
     fs_magic: int
+    modes: Modes = field(init=False)
     tree: Tree = field(init=False)
     control_fd: int = field(init=False)
     wall: WallFloor = field(init=False)
@@ -44,11 +45,12 @@ class Context:
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def __post_init__(self) -> None:
-        self.tree = Tree(self.root_fd, self.fmt.shard_count, deferred=self.options.deferred)
+        self.modes = modes_for_root(linux.fstat(self.root_fd).st_mode)
+        self.tree = Tree(self.root_fd, self.fmt.shard_count, deferred=self.options.deferred, modes=self.modes)
         # The wall floor keeps its own descriptor: a cached one can be evicted
         # (and its number reused) while the handle lives.
         self.control_fd = linux.open_dir(self.root_fd, CONTROL_DIR)
-        self.wall = WallFloor(self.control_fd, self.fmt.delayed_width_ns)
+        self.wall = WallFloor(self.control_fd, self.fmt.delayed_width_ns, modes=self.modes)
         self.boot_raw = boot_raw(self.boot_id)
         self.nonce = linux.getrandom(16)
         if self.fs_magic == ZFS_MAGIC:
@@ -90,6 +92,11 @@ class Context:
 
     def quarantine_dir(self) -> int:
         return self.tree.ensure_dir(QUARANTINE_DIR)
+
+    def new_file_mode(self, fd: int) -> None:
+        """Give a file this handle just created the queue's file mode (shared queues)."""
+        if self.modes.enforce:
+            linux.fchmod(fd, self.modes.file)
 
     def random(self, n: int = 16) -> bytes:
         return linux.getrandom(n)

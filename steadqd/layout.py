@@ -28,20 +28,23 @@ from .constants import (
     DIR_MODE,
     FILE_MODE,
     FORMAT_FILE,
-    FORMAT_MODE,
     FORMAT_SIZE,
     FORMAT_TMP_PREFIX,
     INITIALIZING_FILE,
     MAINTENANCE_LOCK,
     MAX_PAYLOAD_LENGTH,
     MAX_RETENTION_PROBE_BUCKETS,
+    PARENT_DIR_MODE,
     READY_DIR,
     RECOVERY_CURSOR_FILE,
     REFUSED_FILESYSTEMS,
+    SHARED_ROOT_MODE,
     STATE_DIRS,
     SUPPORTED_FILESYSTEMS,
     WATERMARK_FILE,
     WATERMARK_INIT_TMP_PREFIX,
+    Modes,
+    modes_for_root,
 )
 from .errors import (
     AlreadyExists,
@@ -52,6 +55,7 @@ from .errors import (
 )
 from .names import shard_dir, watermark_bucket
 from .records import FormatRecord, Watermark, validate_cursor, validate_queue_config
+from .tree import enforce_dir_mode
 from .watermark import publish_watermark
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -113,7 +117,7 @@ def _existing_ancestor(path: str) -> str:
     return p
 
 
-def _mkdirs_durably(path: str) -> None:
+def _mkdirs_durably(path: str, root_mode: int) -> None:
     """Create the root and missing parents, fsyncing each new entry's parent."""
     path = os.path.abspath(path)
     missing = []
@@ -125,7 +129,7 @@ def _mkdirs_durably(path: str) -> None:
         parent = os.path.dirname(d)
         pfd = linux.open_at(-100, parent, _DIR_FLAGS & ~os.O_NOFOLLOW)
         try:
-            linux.mkdir_at(pfd, os.path.basename(d), DIR_MODE)
+            linux.mkdir_at(pfd, os.path.basename(d), root_mode if d == path else PARENT_DIR_MODE)
             linux.fsync(pfd)
         finally:
             linux.close(pfd)
@@ -146,17 +150,32 @@ def open_root(path: str) -> int:
     return fd
 
 
-def _create_or_open(dir_fd: int, name: str) -> int:
+def _create_or_open(dir_fd: int, name: str, modes: Modes) -> int:
     try:
-        return linux.open_at(dir_fd, name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+        fd = linux.open_at(dir_fd, name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, modes.file)
     except OSError as e:
         if e.errno != errno.EEXIST:
             raise
-    return linux.open_at(dir_fd, name, os.O_RDWR | os.O_NOFOLLOW)
+        return linux.open_at(dir_fd, name, os.O_RDWR | os.O_NOFOLLOW)
+    if modes.enforce:
+        linux.fchmod(fd, modes.file)
+    return fd
 
 
-def init_queue(path: str, config: QueueConfig = QueueConfig(), *, allow_unsupported_fs: bool = False) -> FormatRecord:
-    """Create a queue at ``path`` (layout.md "init procedure", exact order)."""
+def _mkdir(parent: int, name: str, modes: Modes) -> None:
+    if linux.mkdir_at(parent, name, modes.dir) and modes.enforce:
+        enforce_dir_mode(parent, name, modes.dir)
+
+
+def init_queue(
+    path: str, config: QueueConfig = QueueConfig(), *, allow_unsupported_fs: bool = False, shared: bool = False
+) -> FormatRecord:
+    """Create a queue at ``path`` (layout.md "init procedure", exact order).
+
+    ``shared`` makes the root setgid and group-writable (2770) so that
+    producers and daemons in the directory's group can all use the queue;
+    a root that already grants its group access is treated the same way.
+    """
     validate_queue_config(
         config.shards, config.lease_width_ns, config.delayed_width_ns, config.terminal_width_ns, config.max_payload_length
     )
@@ -166,15 +185,17 @@ def init_queue(path: str, config: QueueConfig = QueueConfig(), *, allow_unsuppor
     if os.path.islink(path):
         raise InvalidInput(f"queue root {path} is a symlink; initialise the real directory instead")
     if not os.path.lexists(path):
-        _mkdirs_durably(path)
+        _mkdirs_durably(path, SHARED_ROOT_MODE if shared else DIR_MODE)
     root = open_root(path)
     try:
-        return _init_in(root, config)
+        if shared:
+            linux.fchmod(root, SHARED_ROOT_MODE)
+        return _init_in(root, config, modes_for_root(linux.fstat(root).st_mode))
     finally:
         linux.close(root)
 
 
-def _init_in(root: int, config: QueueConfig) -> FormatRecord:
+def _init_in(root: int, config: QueueConfig, modes: Modes) -> FormatRecord:
     try:
         linux.stat_at(root, FORMAT_FILE)
         raise AlreadyExists("queue is already initialized (FORMAT exists)")
@@ -196,27 +217,27 @@ def _init_in(root: int, config: QueueConfig) -> FormatRecord:
     keep_marker = False
     lock_fd = -1
     try:
-        linux.mkdir_at(root, CONTROL_DIR, DIR_MODE)
+        _mkdir(root, CONTROL_DIR, modes)
         control = linux.open_dir(root, CONTROL_DIR)
         try:
-            lock_fd = _create_or_open(control, MAINTENANCE_LOCK)
+            lock_fd = _create_or_open(control, MAINTENANCE_LOCK, modes)
             if not linux.ofd_lock(lock_fd, exclusive=True):
                 raise MaintenanceBusy("another process holds the maintenance lock")
             queue_id = linux.getrandom(16)
             created_at = linux.realtime_ns()
             for d in STATE_DIRS:
-                linux.mkdir_at(root, d, DIR_MODE)
+                _mkdir(root, d, modes)
             linux.fsync(root)
             ready = linux.open_dir(root, READY_DIR)
             try:
                 for s in range(config.shards):
-                    linux.mkdir_at(ready, shard_dir(s), DIR_MODE)
+                    _mkdir(ready, shard_dir(s), modes)
                 linux.fsync(ready)
             finally:
                 linux.close(ready)
             linux.fsync(root)
             for name in CONTROL_LOCKS:
-                fd = _create_or_open(control, name)
+                fd = _create_or_open(control, name, modes)
                 try:
                     linux.fsync(fd)
                 finally:
@@ -224,7 +245,7 @@ def _init_in(root: int, config: QueueConfig) -> FormatRecord:
             linux.fsync(control)
             linux.fsync(root)
             initial = Watermark(bucket=watermark_bucket(created_at, config.delayed_width_ns), sequence=0)
-            publish_watermark(control, initial, WATERMARK_INIT_TMP_PREFIX)
+            publish_watermark(control, initial, WATERMARK_INIT_TMP_PREFIX, modes)
         finally:
             linux.close(control)
         record = FormatRecord(
@@ -237,12 +258,12 @@ def _init_in(root: int, config: QueueConfig) -> FormatRecord:
             max_payload_length=config.max_payload_length,
         )
         tmp = FORMAT_TMP_PREFIX + linux.getrandom(16).hex()
-        fd = linux.open_at(root, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+        fd = linux.open_at(root, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, modes.file)
         try:
             try:
                 linux.write_all(fd, record.encode())
                 linux.fsync(fd)
-                linux.fchmod(fd, FORMAT_MODE)
+                linux.fchmod(fd, modes.format)
             finally:
                 linux.close(fd)
             linux.rename_noreplace(root, tmp, root, FORMAT_FILE)  # linearization point of init

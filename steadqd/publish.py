@@ -19,7 +19,6 @@ from typing import BinaryIO
 from . import linux
 from .constants import (
     DELAYED_DIR,
-    FILE_MODE,
     HEADER_SIZE,
     MAX_PAYLOAD_LENGTH,
     NS_PER_SECOND,
@@ -219,7 +218,7 @@ class _Publication:
     def run(self) -> JobHeader:
         if self.ctx.publication != "named":
             try:
-                fd = linux.open_tmpfile(self.dest_fd, FILE_MODE)
+                fd = linux.open_tmpfile(self.dest_fd, self.ctx.modes.file)
             except OSError as e:
                 if _dir_deleted(self.dest_fd) and not self._recreated:
                     # The cached destination directory was removed (EPERM/ENOENT from
@@ -243,6 +242,7 @@ class _Publication:
 
     def _via_tmpfile(self, fd: int) -> JobHeader:
         try:
+            self.ctx.new_file_mode(fd)
             header = self.writer(fd)
             st = linux.fstat(fd)
             if st.st_nlink != 0:
@@ -282,7 +282,7 @@ class _Publication:
         except OSError as e:
             raise not_committed(e, "create temp file", job_id=self.job_hex) from e
         try:
-            fd = linux.open_at(tmp_fd, tmp_name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+            fd = linux.open_at(tmp_fd, tmp_name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, self.ctx.modes.file)
         except OSError as e:
             if e.errno != errno.EEXIST:  # the create may have happened before the error: guard the name
                 try:
@@ -293,6 +293,7 @@ class _Publication:
         published = False
         try:
             try:
+                ctx.new_file_mode(fd)
                 header = self.writer(fd) if source_fd is None else _copy_file(source_fd, fd)
                 linux.fsync(fd)
                 witness = Witness.of(linux.fstat(fd))

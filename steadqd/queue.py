@@ -109,11 +109,16 @@ class Queue:
         terminal_width_ns: int = QueueConfig.terminal_width_ns,
         max_payload_length: int = MAX_PAYLOAD_LENGTH,
         allow_unsupported_fs: bool = False,
+        shared: bool = False,
         **open_options: object,
     ) -> Queue:
-        """Create a queue at ``path`` and open it."""
+        """Create a queue at ``path`` and open it.
+
+        ``shared=True`` makes the root setgid and group-writable so every
+        user in the directory's group can produce and consume.
+        """
         config = QueueConfig(shards, lease_width_ns, delayed_width_ns, terminal_width_ns, max_payload_length)
-        init_queue(os.fspath(path), config, allow_unsupported_fs=allow_unsupported_fs)
+        init_queue(os.fspath(path), config, allow_unsupported_fs=allow_unsupported_fs, shared=shared)
         return cls.open(path, allow_unsupported_fs=allow_unsupported_fs, **open_options)  # type: ignore[arg-type]
 
     @classmethod

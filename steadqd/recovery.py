@@ -52,7 +52,6 @@ from .constants import (
     CONTROL_DIR,
     DEAD_DIR,
     DELAYED_DIR,
-    FILE_MODE,
     JOB_EXT,
     LEASED_DIR,
     READY_DIR,
@@ -64,6 +63,7 @@ from .constants import (
     TMP_DIR,
     U32_MAX,
     DeadReason,
+    Modes,
     QuarantineReason,
     State,
 )
@@ -245,7 +245,7 @@ def run_recovery(
         report.errors.append(("recovery_lock", f"cannot open control/: {e.strerror}"))
         return report
     try:
-        lock_fd = _open_lock(control, report)
+        lock_fd = _open_lock(control, report, ctx.modes)
         if lock_fd is None:
             return report
         try:
@@ -261,7 +261,7 @@ def run_recovery(
     return report
 
 
-def _open_lock(control: int, report: RecoveryReport) -> int | None:
+def _open_lock(control: int, report: RecoveryReport, modes: Modes) -> int | None:
     """Open ``control/recovery.lock``, creating it durably if it is missing."""
     for _ in range(2):
         try:
@@ -271,13 +271,15 @@ def _open_lock(control: int, report: RecoveryReport) -> int | None:
                 report.errors.append(("recovery_lock", f"cannot open control/{RECOVERY_LOCK}: {e.strerror}"))
                 return None
         try:
-            fd = linux.open_at(control, RECOVERY_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+            fd = linux.open_at(control, RECOVERY_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, modes.file)
         except OSError as e:
             if e.errno == errno.EEXIST:
                 continue  # created by a concurrent pass: open it
             report.errors.append(("recovery_lock", f"cannot create control/{RECOVERY_LOCK}: {e.strerror}"))
             return None
         try:
+            if modes.enforce:
+                linux.fchmod(fd, modes.file)
             linux.fsync(fd)
             linux.fsync(control)
         except OSError as e:
@@ -456,7 +458,7 @@ class _Pass:
             self._error("recovery_cursor", f"cannot persist the recovery cursor: getrandom: {e.strerror}")
             return
         try:
-            fd = linux.open_at(control, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+            fd = linux.open_at(control, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, self.ctx.modes.file)
         except OSError as e:
             self._error("recovery_cursor", f"cannot create control/{tmp}: {e.strerror}")
             if e.errno != errno.EEXIST:
@@ -468,6 +470,7 @@ class _Pass:
         renamed = False
         try:
             try:
+                self.ctx.new_file_mode(fd)
                 linux.write_all(fd, data)
                 linux.fsync(fd)
             finally:
@@ -984,13 +987,14 @@ class _Pass:
             self._error("receipt_compact_failed", f"{rel}/{name}: getrandom: {e.strerror}")
             return False
         try:
-            tfd = linux.open_at(dir_fd, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+            tfd = linux.open_at(dir_fd, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, self.ctx.modes.file)
         except OSError as e:
             self._error("receipt_compact_failed", f"cannot create {rel}/{tmp}: {e.strerror}")
             return False
         renamed = False
         try:
             try:
+                self.ctx.new_file_mode(tfd)
                 linux.write_all(tfd, record)
                 linux.fsync(tfd)
             finally:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from . import linux
-from .constants import READY_DIR
+from .constants import PRIVATE_MODES, READY_DIR, Modes
 from .names import parse_shard_dir, shard_dir
 
 # --- Move outcomes below the public error model. ---
@@ -107,8 +107,9 @@ class Tree:
 
     max_cached = 256
 
-    def __init__(self, root_fd: int, shard_count: int, *, deferred: bool = False) -> None:
+    def __init__(self, root_fd: int, shard_count: int, *, deferred: bool = False, modes: Modes = PRIVATE_MODES) -> None:
         self.root_fd = root_fd
+        self.modes = modes
         self.shard_count = shard_count
         self.deferred = deferred
         self._dirs: OrderedDict[str, int] = OrderedDict()
@@ -207,7 +208,10 @@ class Tree:
         created = parent_rel in self._unsynced
         try:
             for name in names:
-                created |= linux.mkdir_at(parent_fd, name)
+                if linux.mkdir_at(parent_fd, name, self.modes.dir):
+                    created = True
+                    if self.modes.enforce:
+                        enforce_dir_mode(parent_fd, name, self.modes.dir)
         except OSError:
             self._unsynced.add(parent_rel)
             raise
@@ -357,6 +361,16 @@ class Tree:
             for fd in self._dirty.values():
                 linux.close(fd)
             self._dirty.clear()
+
+
+def enforce_dir_mode(parent_fd: int, name: str, mode: int) -> None:
+    """chmod a directory we just created, through an O_NOFOLLOW fd so a
+    swapped-in symlink can never redirect the chmod."""
+    fd = linux.open_dir(parent_fd, name)
+    try:
+        linux.fchmod(fd, mode)
+    finally:
+        linux.close(fd)
 
 
 def _stat_or_none(dir_fd: int, name: str) -> os.stat_result | None:

@@ -20,7 +20,14 @@ import threading
 import time
 
 from . import linux
-from .constants import FILE_MODE, WATERMARK_ADVANCE_TMP_PREFIX, WATERMARK_FILE, WATERMARK_LOCK, WATERMARK_SIZE
+from .constants import (
+    PRIVATE_MODES,
+    WATERMARK_ADVANCE_TMP_PREFIX,
+    WATERMARK_FILE,
+    WATERMARK_LOCK,
+    WATERMARK_SIZE,
+    Modes,
+)
 from .errors import InvalidInput, MaintenanceBusy, QueueCorrupt, StateExhausted
 from .records import Watermark
 
@@ -70,12 +77,14 @@ def read_watermark(control_fd: int) -> Watermark:
     raise MaintenanceBusy("wall watermark kept changing while being read")
 
 
-def publish_watermark(control_fd: int, record: Watermark, tmp_prefix: str) -> None:
+def publish_watermark(control_fd: int, record: Watermark, tmp_prefix: str, modes: Modes = PRIVATE_MODES) -> None:
     """Write a temp, fsync it, rename it over the record, fsync control/."""
     name = tmp_prefix + linux.getrandom(16).hex()
-    fd = linux.open_at(control_fd, name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+    fd = linux.open_at(control_fd, name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, modes.file)
     try:
         try:
+            if modes.enforce:
+                linux.fchmod(fd, modes.file)
             linux.write_all(fd, record.encode())
             linux.fsync(fd)
         finally:
@@ -93,8 +102,9 @@ def publish_watermark(control_fd: int, record: Watermark, tmp_prefix: str) -> No
 class WallFloor:
     """Per-handle wall floor, kept monotone and backed by the watermark."""
 
-    def __init__(self, control_fd: int, delayed_width_ns: int) -> None:
+    def __init__(self, control_fd: int, delayed_width_ns: int, *, modes: Modes = PRIVATE_MODES) -> None:
         self._control_fd = control_fd
+        self._modes = modes
         self._width = delayed_width_ns
         self._bucket: int | None = None  # highest watermark bucket known durable
         self._read_at = 0
@@ -162,7 +172,7 @@ class WallFloor:
             if current.sequence >= (1 << 64) - 1:
                 raise StateExhausted("watermark sequence overflows u64")
             new = Watermark(bucket=wanted, sequence=current.sequence + 1)
-            publish_watermark(self._control_fd, new, WATERMARK_ADVANCE_TMP_PREFIX)
+            publish_watermark(self._control_fd, new, WATERMARK_ADVANCE_TMP_PREFIX, self._modes)
             self._bucket = wanted
             self._read_at = linux.monotonic_ns()
         finally:
