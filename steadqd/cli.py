@@ -27,18 +27,20 @@ ROLES = ("worker", "sweeper", "promoter")
 
 def _role_factory(names: tuple[str, ...]) -> Callable[..., list]:
     def make(settings: QueueSettings, log: object) -> list:
-        from .daemon.promoter import PromoterRole
-        from .daemon.spawner import WorkerRole
-        from .daemon.sweeper import SweeperRole
+        from importlib import import_module
 
-        classes = {"worker": WorkerRole, "sweeper": SweeperRole, "promoter": PromoterRole}
+        # Only the roles asked for are imported: one role's module (and its
+        # dependencies) must not be able to keep another role from starting.
+        classes = {"worker": ("spawner", "WorkerRole"), "sweeper": ("sweeper", "SweeperRole"),
+                   "promoter": ("promoter", "PromoterRole")}
         roles = []
         for n in names:
             if n == "worker" and settings.worker is None:
                 raise ConfigError("no `worker:` section: nothing to run", path=settings.source)
             if n == "promoter" and not settings.promoter.enabled:
                 continue
-            roles.append(classes[n](settings, log))
+            module, cls = classes[n]
+            roles.append(getattr(import_module(f".daemon.{module}", __package__), cls)(settings, log))
         return roles
 
     return make

@@ -1,0 +1,252 @@
+"""The sweeper role: the recovery pass at start and on an interval.
+
+Liveness of a SteadQ/1 queue depends on somebody running recovery
+(recovery.md): expired leases of a crashed worker go back to ``ready/``,
+due delayed jobs are promoted, abandoned temps disappear, receipts are
+compacted and expired. The sweeper is that somebody. It is a loop timer, not
+a thread: each pass is bounded by the configured work budget
+(``budget_ops``/``budget_ms``) so the service loop stays responsive to
+signals, and a pass that runs out of budget is followed by the next one at
+once (a backlog drains at full speed without waiting an interval, yet a
+SIGTERM is still seen between two passes).
+
+Logging is deliberately quiet: an idle queue writes nothing, a pass that
+changed something writes one NOTICE with the counts, and each recorded error
+code is a WARNING at most once per :data:`ERROR_LOG_WINDOW` with the number of
+occurrences, so a persistent problem (a busy lock, an unreadable directory)
+cannot flood the journal every 30 seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from ..config import QueueSettings
+from ..errors import SteadQError
+from ..queue import Queue
+from ..recovery import RecoveryReport
+from .journal import Log
+from .service import Loop, Timer
+
+__all__ = ["ERROR_LOG_WINDOW", "ErrorDigest", "SweeperRole"]
+
+ERROR_LOG_WINDOW = 600.0  # seconds between two warnings with the same error code
+
+# (report attribute, log field, status word) in the order a person reads them.
+_COUNTS = (
+    ("leases_reaped", "reaped", "reaped"),
+    ("leases_to_dead", "to_dead", "to dead"),
+    ("delayed_promoted", "promoted", "promoted"),
+    ("temp_files_deleted", "temp_deleted", "temps deleted"),
+    ("receipts_compacted", "compacted", "compacted"),
+    ("receipts_deleted", "expired", "receipts expired"),
+    ("quarantined", "quarantined", "quarantined"),
+)
+
+
+class ErrorDigest:
+    """Rate-limited warnings per error code.
+
+    The first occurrence of a code is logged at once; later ones within the
+    window are only counted and reported (with the count) by the first
+    occurrence after the window has passed. Why: recovery records the same
+    benign error (another process holds the recovery lock) on every pass for
+    as long as the condition lasts.
+    """
+
+    def __init__(
+        self, log: Log, what: str, window: float = ERROR_LOG_WINDOW, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.log = log
+        self.what = what
+        self.window = window
+        self.clock = clock
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def record(self, errors: Iterable[tuple[str, str]]) -> None:
+        grouped: dict[str, list[str]] = {}
+        for code, message in errors:
+            grouped.setdefault(code, []).append(message)
+        now = self.clock()
+        for code, messages in grouped.items():
+            last = self._last.get(code)
+            if last is not None and now - last < self.window:
+                self._suppressed[code] = self._suppressed.get(code, 0) + len(messages)
+                continue
+            count = len(messages) + self._suppressed.pop(code, 0)
+            more = f" ({count} occurrences since the last report)" if count > 1 else ""
+            self.log.warning(f"{self.what}: {code}: {messages[0]}{more}", error=code, count=count)
+            self._last[code] = now
+
+
+def _open(settings: QueueSettings) -> Queue:
+    sw = settings.sweeper
+    return Queue.open(settings.queue, receipt_retention=sw.receipt_retention, temp_ttl=sw.temp_ttl)
+
+
+def _open_key(settings: QueueSettings) -> tuple[str, float, float]:
+    """What the open handle depends on: a reload that changes it reopens."""
+    return (settings.queue, settings.sweeper.receipt_retention, settings.sweeper.temp_ttl)
+
+
+def summarize(report: RecoveryReport) -> str:
+    """Non-zero counts such as "reaped 3, compacted 40", or "nothing to do"."""
+    parts = [f"{word} {getattr(report, attr)}" for attr, _, word in _COUNTS if getattr(report, attr)]
+    if report.directories_removed:
+        parts.append(f"dirs removed {report.directories_removed}")
+    return ", ".join(parts) if parts else "nothing to do"
+
+
+class SweeperRole:
+    """Periodic, budgeted recovery passes over one queue."""
+
+    name = "sweeper"
+
+    def __init__(self, settings: QueueSettings, log: Log) -> None:
+        self.settings = settings
+        self.log = log
+        self.queue: Queue | None = None
+        self._opened_with: tuple[str, float, float] | None = None
+        self.loop: Loop | None = None
+        self._timer: Timer | None = None
+        self._timer_soon = False  # the pending timer is a "more to do" pass, not an interval one
+        self._draining = False
+        self._last_pass_end: float | None = None
+        self.last_report: RecoveryReport | None = None
+        self.passes = 0
+        self._errors = ErrorDigest(log, "recovery")
+
+    # -- Role protocol -------------------------------------------------------
+
+    def start(self, loop: Loop) -> None:
+        self.loop = loop
+        self.queue = _open(self.settings)  # a queue that cannot be opened refuses the start
+        self._opened_with = _open_key(self.settings)
+        sw = self.settings.sweeper
+        self.log.info(
+            f"sweeping every {sw.interval:g}s (budget {sw.budget_ops} ops / {sw.budget_ms} ms per pass)",
+            path=self.settings.queue,
+        )
+        self._schedule(0.0, soon=True)
+
+    def status(self) -> str:
+        if self.queue is None:
+            return "queue not open"
+        if self.last_report is None or self._last_pass_end is None:
+            return "no pass yet"
+        ago = max(0.0, Loop.now() - self._last_pass_end)
+        text = f"last pass {ago:.0f}s ago: {summarize(self.last_report)}"
+        if self.last_report.errors:
+            text += f", {len(self.last_report.errors)} errors"
+        if self.last_report.budget_exhausted:
+            text += ", more to do"
+        return text
+
+    def reload(self, settings: QueueSettings) -> None:
+        old_interval = self.settings.sweeper.interval
+        self.settings = settings
+        key = _open_key(settings)
+        if key != self._opened_with:
+            try:
+                fresh = _open(settings)
+            except SteadQError as e:
+                # Keep sweeping with the old handle: stopping recovery would be worse.
+                self.log.error(
+                    f"cannot reopen the queue with the new settings, keeping the old handle: {e}", path=settings.queue
+                )
+            else:
+                self._close_queue()
+                self.queue, self._opened_with = fresh, key
+        if settings.sweeper.interval != old_interval and self._timer is not None and not self._timer_soon:
+            since = Loop.now() - (self._last_pass_end or Loop.now())
+            self._schedule(max(0.0, settings.sweeper.interval - since))
+
+    def drain(self) -> None:
+        # A pass is short and every step in it is atomic: nothing to wait for.
+        self._draining = True
+        self._cancel()
+
+    def drained(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._cancel()
+        self._close_queue()
+
+    # -- passes --------------------------------------------------------------
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _schedule(self, delay: float, *, soon: bool = False) -> None:
+        self._cancel()
+        if self._draining or self.loop is None:
+            return
+        self._timer_soon = soon
+        self._timer = self.loop.call_later(delay, self._run_pass)
+
+    def _close_queue(self) -> None:
+        if self.queue is not None:
+            q, self.queue = self.queue, None
+            try:
+                q.close()
+            except (SteadQError, OSError) as e:
+                self.log.warning(f"closing the queue handle failed: {e}")
+
+    def _usable_queue(self) -> Queue | None:
+        """The handle, reopened if an indeterminate failure poisoned it."""
+        if self.queue is not None and self.queue.poisoned is None:
+            return self.queue
+        if self.queue is not None:
+            self.log.warning(f"queue handle is poisoned ({self.queue.poisoned}); reopening")
+            self._close_queue()
+        try:
+            self.queue = _open(self.settings)
+            self._opened_with = _open_key(self.settings)
+        except SteadQError as e:
+            self._errors.record([("queue_open", str(e))])
+            return None
+        return self.queue
+
+    def _run_pass(self) -> None:
+        self._timer = None
+        if self._draining:
+            return
+        sw = self.settings.sweeper
+        q = self._usable_queue()
+        if q is None:
+            self._schedule(sw.interval)
+            return
+        try:
+            report = q.recover(budget_ops=sw.budget_ops, budget_ms=sw.budget_ms)
+        except SteadQError as e:  # NotCommitted (poisoned, bad budget) or OutcomeUnknown
+            self._errors.record([("recover_failed", str(e))])
+            self._last_pass_end = Loop.now()
+            self._schedule(sw.interval)
+            return
+        self.passes += 1
+        self._last_pass_end = Loop.now()
+        self.last_report = report
+        if report.changed:
+            fields = {field: getattr(report, attr) for attr, field, _ in _COUNTS}
+            self.log.notice(
+                f"recovery pass: {summarize(report)}",
+                ops=report.operations_attempted,
+                dirs_removed=report.directories_removed or None,
+                more=True if report.budget_exhausted else None,
+                **fields,
+            )
+        if report.errors:
+            self._errors.record(report.errors)
+        if q.poisoned is not None:
+            self._usable_queue()  # reopen now rather than at the next pass
+        # Out of budget: more work is waiting, run again right after the
+        # loop has looked at signals and other roles' events.
+        if report.budget_exhausted:
+            self._schedule(0.0, soon=True)
+        else:
+            self._schedule(sw.interval)
