@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import ErrorKind, Lease, NotCommitted, Queue, State, names
+from steadqd import Lease, Queue, State, names
 from steadqd.claim import ScanReport
 from steadqd.records import Extension, build_header, encode_extension
 
