@@ -277,12 +277,15 @@ class Queue:
         with _mutation("bury", self._ctx):
             bury(self._ctx, lease, reason)
 
-    def recover(self, budget_ops: int = 1000, budget_ms: int = 100) -> RecoveryReport:
+    def recover(
+        self, budget_ops: int = 1000, budget_ms: int = 100, *, phases: tuple[str, ...] | None = None
+    ) -> RecoveryReport:
         """Run one bounded recovery pass (recovery.md): reap expired leases,
         promote due delayed jobs, clean temps, compact and expire receipts.
-        On-disk problems are reported, never raised; see steadqd.recovery."""
+        ``phases`` restricts the pass (e.g. ``("promote_delayed",)``, what the
+        promoter runs). On-disk problems are reported, never raised."""
         with _mutation("recover", self._ctx):
-            return run_recovery(self._ctx, budget_ops=budget_ops, budget_ms=budget_ms)
+            return run_recovery(self._ctx, budget_ops=budget_ops, budget_ms=budget_ms, phases=phases)
 
     # -- payloads ---------------------------------------------------------------
 

@@ -42,7 +42,7 @@ from ..constants import DELAYED_DIR, JOB_EXT
 from ..errors import SteadQError
 from ..names import parse_bucket_dir, parse_shard_dir, shard_dir
 from ..queue import Queue
-from ..recovery import RecoveryReport, run_recovery
+from ..recovery import RecoveryReport
 from .journal import Log
 from .service import Loop, Timer
 from .sweeper import ErrorDigest
@@ -393,9 +393,7 @@ class PromoterRole:
         assert self.queue is not None
         sw = self.settings.sweeper
         try:
-            report = run_recovery(
-                self.queue._ctx, budget_ops=sw.budget_ops, budget_ms=sw.budget_ms, phases=("promote_delayed",)
-            )
+            report = self.queue.recover(sw.budget_ops, sw.budget_ms, phases=("promote_delayed",))
         except (SteadQError, OSError) as e:
             report = RecoveryReport(errors=[("promote_failed", str(e))])
         self.passes += 1
