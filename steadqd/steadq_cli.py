@@ -271,6 +271,11 @@ def build_parser() -> _Parser:
     s.add_argument("path", metavar="PATH")
     s.add_argument("--shards", type=_int_in(1, 4096, "shard count"), default=64)
     s.add_argument("--terminal-bucket-width-ns", type=_int_in(0, U64_MAX, "width"), default=3_600_000_000_000)
+    s.add_argument(
+        "--shared",
+        action="store_true",
+        help="setgid 2770 root: every user in the directory's group may produce and consume",
+    )
 
     s = _add(
         sub, "put", "enqueue a job (or many with --dir / --jsonl)", "echo hello | steadq put /srv/q --meta user=ann"
@@ -467,10 +472,13 @@ def cmd_init(a: argparse.Namespace) -> int:
     from .layout import QueueConfig, init_queue
 
     try:
-        fmt = init_queue(a.path, QueueConfig(shards=a.shards, terminal_width_ns=a.terminal_bucket_width_ns))
+        config = QueueConfig(shards=a.shards, terminal_width_ns=a.terminal_bucket_width_ns)
+        fmt = init_queue(a.path, config, shared=a.shared)
     except Exception as e:  # noqa: BLE001
         raise CliError(f"init failed: {error_text(e)}", error_code(e)) from e
     err(f"initialized queue at {a.path}", f"queue_id: {fmt.queue_id.hex()}", f"shards: {fmt.shard_count}")
+    if a.shared:
+        err("shared: group members may produce and consume (mode 2770)")
     return 0
 
 

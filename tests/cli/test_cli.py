@@ -852,3 +852,16 @@ def test_completion_scripts() -> None:
 def test_state_enum_matches_ls_words() -> None:
     """ls filters by the State words; keep them in sync with the library."""
     assert {s.value for s in State} == {"ready", "leased", "delayed", "dead", "receipt"}
+
+
+def test_init_shared_makes_a_group_queue(tmp_path: Path) -> None:
+    import stat as _stat
+
+    path = str(tmp_path / "shared")
+    r = steadq("init", path, "--shards", "2", "--shared")
+    assert r.code == 0 and "shared: group members may produce and consume" in r.err
+    assert _stat.S_IMODE(os.stat(path).st_mode) == 0o2770
+    assert steadq("put", path, stdin=b"x").code == 0
+    for dirpath, dirs, files in os.walk(path):
+        for n in dirs + files:
+            assert os.lstat(os.path.join(dirpath, n)).st_mode & 0o040, f"{dirpath}/{n} not group-readable"
