@@ -1,134 +1,717 @@
-"""`steadqd demo`: a queue under ./var/, a few hundred jobs, real worker processes.
+"""`steadqd demo`: the real daemon on a demo queue, fed by a separate producer.
 
-It shows the whole life of jobs on a real queue directory: producers enqueue
-(some delayed), several worker processes lease with inotify wake-ups, most
-jobs succeed and are acknowledged, some fail once and are retried with
-backoff, a few are poison and get buried. Everything printed is read back
-from the tree at the end: the tree is the only state.
+What it does, in order (everything lives under ``./var/demo/`` by default):
+
+1. creates a queue (``queue/``, 16 shards, 1-second delayed buckets so that
+   retries come back quickly) and a configuration directory (``etc/demo.yaml``)
+   whose worker command is ``python -m steadqd.demo_job``; a second run
+   reuses the queue and reports what *this* run added;
+2. starts ``steadqd --config-dir var/demo/etc run demo`` as a subprocess: the
+   real product (worker spawner, sweeper and promoter in one foreground
+   process), whose ``<N>``-prefixed log lines on stderr the demo reads, keeps
+   in ``daemon.log`` and shows a selection of;
+3. starts a *separate* producer process that enqueues a handful of jobs with
+   ``steadq put`` (as a shell script would) and the rest with the library in
+   one batch: most jobs succeed, some are flaky (fail once, are retried with
+   backoff, then succeed), some are poison (buried), a few are delayed;
+4. prints one status line a second, read from the tree (the tree is the only
+   state), until nothing is ready, leased or delayed any more;
+5. stops the daemon with SIGTERM (a drain) and prints a summary and where to
+   look next.
+
+The demo checks its own result: it exits 0 only when every job it enqueued
+was acknowledged or buried as its kind says and the daemon stopped cleanly.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import multiprocessing as mp
+import json
 import os
+import queue as queue_mod
+import re
+import signal
+import subprocess
 import sys
+import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
+from typing import TextIO
 
-from .backoff import RetryPolicy
-from .constants import DEAD_DIR, DELAYED_DIR, QUARANTINE_DIR, READY_DIR, RECEIPTS_DIR, TMP_DIR
 from .errors import SteadQError
 from .queue import Queue
 
-# A job whose payload asks for it fails once (retried) or always (buried).
-_FLAKY = b"flaky"
-_POISON = b"poison"
+QUEUE_NAME = "demo"
+DELAY_SECONDS = 2.0
+CLI_JOBS = 5  # jobs the producer enqueues with `steadq put`, before its library batch
+BURY_REASON = 0x0100  # the first application reason code: "the job itself is bad"
+SETTLE_TIMEOUT = 120.0  # s; the demo gives up (exit 1) if the jobs have not settled by then
+START_TIMEOUT = 30.0  # s; for the daemon's "started" line
+STOP_TIMEOUT = 30.0  # s; for the drain after SIGTERM
 
 
-def _work(payload: bytes, attempt: int) -> str:
-    """The demo's "transcode": hash the payload a few times; fail on request."""
-    if payload.startswith(_POISON):
-        return "bury"
-    if payload.startswith(_FLAKY) and attempt == 1:
-        return "retry"
-    digest = payload
-    for _ in range(200):
-        digest = hashlib.sha256(digest).digest()
-    return "ack"
+# --- the plan: which job is what ------------------------------------------------
 
 
-def _worker(path: str, worker_no: int, idle_exit: float, results: mp.Queue) -> None:
-    done: Counter[str] = Counter()
-    policy = RetryPolicy(base_ms=200, cap_ms=2000)
-    with Queue.open(path) as q:
+def job_kind(i: int) -> str:
+    """Kind of the i-th demo job: every 37th (from 7) is poison, every 11th (from 3) flaky.
+
+    The two residue classes never meet below 407 jobs, so the counts are easy
+    to check: ``plain + flaky`` jobs end acknowledged, ``poison`` ones buried.
+    """
+    if i % 37 == 7:
+        return "poison"
+    if i % 11 == 3:
+        return "flaky"
+    return "plain"
+
+
+def job_delay(i: int) -> float:
+    """Every 50th job (from 25) waits in delayed/ for DELAY_SECONDS before it may run."""
+    return DELAY_SECONDS if i % 50 == 25 else 0.0
+
+
+def plan_counts(jobs: int) -> Counter[str]:
+    """How many jobs of each kind (and how many delayed) a run of ``jobs`` enqueues."""
+    c: Counter[str] = Counter(job_kind(i) for i in range(jobs))
+    c["delayed"] = sum(1 for i in range(jobs) if job_delay(i))
+    return c
+
+
+def payload(i: int) -> bytes:
+    return json.dumps({"frame": i, "kind": job_kind(i)}, sort_keys=True).encode()
+
+
+# --- tools next to this interpreter --------------------------------------------------
+
+
+def _tool(name: str, module: str) -> list[str]:
+    """The console script installed next to this Python, else ``python -m module``."""
+    exe = os.path.join(os.path.dirname(sys.executable), name)
+    if os.path.isfile(exe) and os.access(exe, os.X_OK):
+        return [exe]
+    return [sys.executable, "-m", module]
+
+
+def _shown(argv: list[str]) -> str:
+    """A command line as a person would type it (relative paths where shorter)."""
+    out = []
+    for a in argv:
+        if os.path.isabs(a):
+            rel = os.path.relpath(a)
+            a = rel if len(rel) < len(a) and not rel.startswith("../..") else a
+        out.append(a)
+    return " ".join(out)
+
+
+# --- the producer (a separate process) ---------------------------------------------
+
+
+def _produce(argv: list[str]) -> int:
+    """``python -m steadqd.demo _produce QUEUE JOBS``: enqueue the demo's jobs.
+
+    The first CLI_JOBS go through ``steadq put`` (one process each, like a
+    shell script would), the rest through the library in one batch: every job
+    file is fsynced, the directory fsyncs are shared by the batch.
+    """
+    try:
+        return _produce_jobs(argv[0], int(argv[1]))
+    except KeyboardInterrupt:  # ^C in the demo's terminal: the demo reports it
+        return 130
+
+
+def _produce_jobs(path: str, jobs: int) -> int:
+    steadq = _tool("steadq", "steadqd.steadq_cli")
+    first = min(CLI_JOBS, jobs)
+    for i in range(first):
+        cmd = [
+            *steadq,
+            "put",
+            path,
+            "--content-type",
+            "application/json",
+            "--meta",
+            f"kind={job_kind(i)}",
+            "--meta",
+            f"frame={i}",
+            "--producer-id",
+            "demo-shell",
+        ]
+        if job_delay(i):
+            cmd += ["--delay", f"{job_delay(i):g}s"]
+        r = subprocess.run(cmd, input=payload(i), capture_output=True, check=False)
+        if r.returncode != 0:
+            print(
+                f"producer: `steadq put` failed ({r.returncode}): {r.stderr.decode(errors='replace').strip()}",
+                flush=True,
+            )
+            return 1
+        job_id = r.stdout.decode().split()[1]
+        print(f"producer: $ {_shown(cmd)} <<< '{payload(i).decode()}'  -> job_id {job_id[:12]}", flush=True)
+        time.sleep(0.2)  # let the daemon pick each one up as it arrives (inotify, no polling)
+    if jobs <= first:
+        return 0
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    kinds: Counter[str] = Counter()
+    with Queue.open(path) as q, q.batch():
+        for i in range(first, jobs):
+            kind = job_kind(i)
+            q.enqueue(
+                payload(i),
+                max_attempts=3,
+                content_type="application/json",
+                metadata={"kind": kind, "frame": i},
+                producer_id="demo-library",
+                delay=job_delay(i),
+            )
+            kinds[kind] += 1
+            if job_delay(i):
+                kinds["delayed 2s"] += 1
+    took = time.monotonic() - t0
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    print(
+        f"producer: enqueued {jobs - first} jobs with the library in one batch in {took:.2f}s ({summary})", flush=True
+    )
+    return 0
+
+
+# --- reading the daemon's log ------------------------------------------------------
+
+_LINE = re.compile(r"^<(?P<prio>\d)>(?P<role>[\w-]+)\[(?P<queue>[^\]]*)\]: (?P<rest>.*)$")
+_FIELD = re.compile(r"\s(STEADQ_[A-Z0-9_]+)=('(?:[^'\\]|\\.)*'|\S+)")
+
+
+@dataclass
+class LogLine:
+    """One daemon stderr line, parsed (``<N>role[queue]: message KEY=value ...``)."""
+
+    raw: str
+    priority: int = 6
+    message: str = ""
+    fields: dict[str, str] = field(default_factory=dict)
+    prefix: str = ""  # "<6>run[demo]:"; empty for unprefixed output
+
+    @classmethod
+    def parse(cls, raw: str) -> LogLine:
+        m = _LINE.match(raw)
+        if m is None:  # a traceback or other unprefixed output
+            return cls(raw, 3, raw)
+        rest = m["rest"]
+        fields = {k: v.strip("'") for k, v in _FIELD.findall(" " + rest)}
+        first = _FIELD.search(" " + rest)
+        message = rest if first is None else (" " + rest)[: first.start()].strip()
+        return cls(raw, int(m["prio"]), message, fields, f"<{m['prio']}>{m['role']}[{m['queue']}]:")
+
+    def short(self) -> str:
+        """The line as shown on screen: STEADQ_ prefixes dropped, job ids cut to 12 hex digits.
+
+        ``daemon.log`` keeps the lines verbatim; this only keeps a terminal
+        line readable (a job id is 32 hex digits, and 12 identify it here).
+        """
+        if not self.prefix:
+            return self.raw
+        parts = [self.prefix, self.message]
+        for k, v in sorted(self.fields.items()):
+            if k == "STEADQ_PATH":
+                continue
+            if k == "STEADQ_JOB_ID" and len(v) > 12:
+                v = v[:12] + "…"
+            parts.append(f"{k.removeprefix('STEADQ_')}={v}")
+        return " ".join(parts)
+
+
+@dataclass
+class Tally:
+    """What the daemon's log says happened (cross-checked against the tree)."""
+
+    finished: Counter[str] = field(default_factory=Counter)
+    retried: int = 0
+    buried: int = 0
+    promoted: int = 0
+    lines: int = 0
+    errors: int = 0
+    recovery_passes: int = 0
+    shown_finishes: int = 0
+    shown_outputs: int = 0
+    shown_complaints: int = 0
+
+    def feed(self, line: LogLine) -> bool:
+        """Count ``line``; return True if the demo should show it."""
+        self.lines += 1
+        msg = line.message
+        if msg.startswith("job finished: "):
+            self.finished[msg.split()[2]] += 1
+            if line.fields.get("STEADQ_VERDICT") == "ack" and self.shown_finishes < 3:
+                self.shown_finishes += 1
+                return True
+            return False
+        stream = line.fields.get("STEADQ_STREAM")
+        if stream == "stdout":  # a job's own output, forwarded with its fields
+            if self.shown_outputs < 3:
+                self.shown_outputs += 1
+                return True
+            return False
+        if stream == "stderr":
+            if self.shown_complaints < 3:
+                self.shown_complaints += 1
+                return True
+            return False
+        if msg.startswith("recovery pass"):  # the sweeper; the first pass compacts old receipts
+            self.recovery_passes += 1
+            return self.recovery_passes == 1 or any(
+                line.fields.get(f"STEADQ_{k}", "0") != "0" for k in ("REAPED", "TO_DEAD", "QUARANTINED", "TEMP_DELETED")
+            )
+        if msg.startswith("job retried"):
+            self.retried += 1
+            return True
+        if msg.startswith("job buried") or msg.startswith("no attempts left"):
+            self.buried += 1
+            return True
+        if msg.startswith("promoted "):
+            self.promoted += int(line.fields.get("STEADQ_PROMOTED", "0"))
+            return True
+        if line.priority <= 3:
+            self.errors += 1
+            return True
+        # Notices: started, recovery passes, stopping, stopped. Job output on
+        # stderr (flaky/poison explaining themselves) and "job started" are in
+        # daemon.log but would drown the rest.
+        return line.priority <= 5
+
+
+def _pump(stream: TextIO, tag: str, out: queue_mod.Queue[tuple[str, str | None]], keep: TextIO | None) -> None:
+    """Thread: forward lines of a child's pipe to the main loop (None at EOF)."""
+    for raw in stream:
+        raw = raw.rstrip("\n")
+        if keep is not None:
+            keep.write(raw + "\n")
+            keep.flush()
+        out.put((tag, raw))
+    out.put((tag, None))
+
+
+# --- the tree -------------------------------------------------------------------------
+
+
+def _counts(q: Queue) -> dict[str, int]:
+    """Objects per state, classified by name (colocated leases count as leased)."""
+    from .inspect import detailed_stats
+
+    return {k: v.objects for k, v in detailed_stats(q).items()}
+
+
+# --- the demo ---------------------------------------------------------------------------
+
+
+def _pending(counts: dict[str, int]) -> int:
+    """Jobs not yet settled: ready, leased or delayed."""
+    return counts["ready"] + counts["leased"] + counts["delayed"]
+
+
+def _write_config(etc: str, queue_path: str, concurrency: int) -> str:
+    """The demo's ``demo.yaml``: the same schema as /etc/steadq/queues/*.yaml."""
+    os.makedirs(etc, exist_ok=True)
+    path = os.path.join(etc, f"{QUEUE_NAME}.yaml")
+    text = f"""\
+# Written by `steadqd demo` (rewritten on every run). The same schema as
+# /etc/steadq/queues/<name>.yaml: see docs/configuration.md.
+queue: {json.dumps(queue_path)}
+
+worker:
+  command: {json.dumps([sys.executable, "-m", "steadqd.demo_job"])}
+  concurrency: {concurrency}
+  lease: 30s
+  timeout: 20s
+  input: stdin
+  pass_environment: [PATH, LANG, LC_ALL, TZ, PYTHONPATH]
+  exit_status:
+    ack: [0]        # done
+    retry: [75]     # EX_TEMPFAIL: flaky jobs on their first attempt
+    bury: [100]     # poison jobs
+    other: retry
+    bury_reason: {BURY_REASON}
+  retry:
+    backoff_base: 200ms
+    backoff_max: 2s
+    jitter: true
+
+sweeper:
+  interval: 30s
+
+promoter:
+  max_sleep: 5s
+"""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def _daemon_env() -> dict[str, str]:
+    """Our environment minus what would tie the child to *our* service manager."""
+    env = dict(os.environ)
+    for k in (
+        "NOTIFY_SOCKET",
+        "WATCHDOG_USEC",
+        "WATCHDOG_PID",
+        "JOURNAL_STREAM",
+        "LISTEN_FDS",
+        "LISTEN_PID",
+        "STEADQ_CONFIG_DIR",
+    ):
+        env.pop(k, None)
+    return env
+
+
+class Demo:
+    def __init__(self, base: str, jobs: int, concurrency: int, out: TextIO) -> None:
+        self.base = os.path.abspath(base)
+        self.shown_base = os.path.relpath(self.base) if not os.path.relpath(self.base).startswith("..") else self.base
+        self.queue_path = os.path.join(self.base, "queue")
+        self.etc = os.path.join(self.base, "etc")
+        self.jobs = jobs
+        self.concurrency = concurrency
+        self.out = out
+        self.events: queue_mod.Queue[tuple[str, str | None]] = queue_mod.Queue()
+        self.tally = Tally()
+        self.daemon: subprocess.Popen[str] | None = None
+        self.producer: subprocess.Popen[str] | None = None
+        self.daemon_eof = False
+        self.t0 = time.monotonic()
+
+    def say(self, text: str = "") -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    # -- setup ---------------------------------------------------------------
+
+    def open_queue(self) -> tuple[Queue, bool]:
+        os.makedirs(self.base, exist_ok=True)
+        if os.path.exists(os.path.join(self.queue_path, "FORMAT")):
+            return Queue.open(self.queue_path), False
+        q = Queue.init(
+            self.queue_path,
+            shards=16,
+            delayed_width_ns=1_000_000_000,
+            terminal_width_ns=3_600_000_000_000,
+            shared=False,
+        )
+        return q, True
+
+    # -- child output ------------------------------------------------------------
+
+    def drain_events(self, wait: float) -> None:
+        """Show what the daemon and the producer printed in the last ``wait`` seconds."""
+        deadline = time.monotonic() + wait
         while True:
-            lease = q.lease(wait=idle_exit, duration=30)
-            if lease is None:
+            timeout = deadline - time.monotonic()
+            try:
+                tag, raw = self.events.get(timeout=max(0.0, timeout)) if timeout > 0 else self.events.get_nowait()
+            except queue_mod.Empty:
+                return
+            if raw is None:
+                if tag == "daemon":
+                    self.daemon_eof = True
+                continue
+            if tag == "producer":
+                self.say(f"  {raw}")
+                continue
+            line = LogLine.parse(raw)
+            if self.tally.feed(line):
+                self.say(f"  daemon| {line.short()}")
+
+    def wait_started(self) -> bool:
+        assert self.daemon is not None
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                tag, raw = self.events.get(timeout=0.2)
+            except queue_mod.Empty:
+                if self.daemon.poll() is not None:
+                    break
+                continue
+            if raw is None:
+                self.daemon_eof = self.daemon_eof or tag == "daemon"
+                continue
+            line = LogLine.parse(raw)
+            self.tally.feed(line)
+            self.say(f"  daemon| {line.short()}")
+            if line.message == "started":
+                return True
+        return False
+
+    # -- stopping -------------------------------------------------------------------
+
+    def stop_daemon(self) -> int | None:
+        """SIGTERM (drain), then a second SIGTERM (hand back), then SIGKILL."""
+        d = self.daemon
+        if d is None:
+            return None
+        if d.poll() is None:
+            d.send_signal(signal.SIGTERM)
+            try:
+                d.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.say("demo: the daemon did not finish draining; sending a second SIGTERM")
+                d.send_signal(signal.SIGTERM)
+                try:
+                    d.wait(STOP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    d.kill()
+                    d.wait()
+        end = time.monotonic() + 5.0
+        while not self.daemon_eof and time.monotonic() < end:
+            self.drain_events(0.1)
+        return d.returncode
+
+    def cleanup(self) -> None:
+        """Never leave a child behind (an exception or ^C in the middle of the demo)."""
+        for p in (self.producer, self.daemon):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+    # -- the run ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            q, created = self.open_queue()
+        except SteadQError as e:
+            self.say(f"demo: cannot create the queue in {self.queue_path}: {e}")
+            return e.exit_code
+        with q:
+            return self._run(q, created)
+
+    def _run(self, q: Queue, created: bool) -> int:
+        qshown = os.path.join(self.shown_base, "queue")
+        if created:
+            self.say(f"created queue {qshown} (id {q.queue_id}, {q.shard_count} shards, 1 s delayed buckets)")
+        else:
+            self.say(f"reusing queue {qshown} (id {q.queue_id}); the numbers below are what this run adds")
+        before = _counts(q)
+        if not created:
+            self.say(
+                "  it holds: "
+                + ", ".join(
+                    f"{before[k]} {k}" for k in ("ready", "leased", "delayed", "receipts", "dead", "quarantine")
+                )
+            )
+            if _pending(before):
+                self.say(
+                    f"  {_pending(before)} unfinished jobs of an interrupted run will be run too (a leased one "
+                    "only once its 30 s lease has expired and the sweeper has returned it)"
+                )
+        config = _write_config(self.etc, self.queue_path, self.concurrency)
+        self.say(
+            f"wrote {os.path.join(self.shown_base, 'etc', os.path.basename(config))}: "
+            f"worker command `python -m steadqd.demo_job`, concurrency {self.concurrency}, "
+            "exit 0 = ack, 75 = retry (200ms..2s backoff), 100 = bury"
+        )
+        log_path = os.path.join(self.base, "daemon.log")
+        argv = [*_tool("steadqd", "steadqd.cli"), "--config-dir", self.etc, "run", QUEUE_NAME]
+        self.say(f"\nstarting the daemon: {_shown(argv)}")
+        self.say(
+            f"  (a selection of its log lines follows, shortened: STEADQ_ prefixes dropped, job ids cut;\n"
+            f"   every line, verbatim, is in {os.path.join(self.shown_base, 'daemon.log')})"
+        )
+        with open(log_path, "a", encoding="utf-8") as keep:
+            keep.write(f"--- steadqd demo {time.strftime('%Y-%m-%d %H:%M:%S')}: {self.jobs} jobs\n")
+            self.daemon = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                env=_daemon_env(),
+            )
+            assert self.daemon.stderr is not None
+            threading.Thread(target=_pump, args=(self.daemon.stderr, "daemon", self.events, keep), daemon=True).start()
+            try:
+                return self._drive(q, before)
+            except KeyboardInterrupt:
+                # A terminal's ^C reaches the whole process group: the daemon got
+                # SIGINT too and is draining already. A SIGTERM now would be its
+                # *second* stop signal (a forced stop), so give it a moment first.
+                self.say("\ninterrupted: the daemon drains (running jobs finish, no new ones start)")
+                try:
+                    self.daemon.wait(3.0)
+                except subprocess.TimeoutExpired:
+                    pass
+                self.stop_daemon()
+                return 130
+            finally:
+                self.cleanup()
+
+    def _drive(self, q: Queue, before: dict[str, int]) -> int:
+        assert self.daemon is not None
+        if not self.wait_started():
+            code = self.daemon.poll()
+            self.say(f"demo: the daemon did not start (exit status {code}); see the lines above")
+            self.stop_daemon()
+            return 1
+        expected = plan_counts(self.jobs)
+        self.say(
+            f"\nproducing {self.jobs} jobs from a separate process: {expected['plain']} plain, "
+            f"{expected['flaky']} flaky (fail once), {expected['poison']} poison, "
+            f"{expected['delayed']} of them delayed {DELAY_SECONDS:g}s"
+        )
+        self.t0 = time.monotonic()
+        self.producer = subprocess.Popen(
+            [sys.executable, "-m", "steadqd.demo", "_produce", self.queue_path, str(self.jobs)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            env=_daemon_env(),
+        )
+        assert self.producer.stdout is not None
+        threading.Thread(target=_pump, args=(self.producer.stdout, "producer", self.events, None), daemon=True).start()
+
+        settled = False
+        next_status = time.monotonic() + 1.0
+        deadline = self.t0 + SETTLE_TIMEOUT
+        now_counts = before
+        while time.monotonic() < deadline:
+            self.drain_events(0.25)
+            if self.daemon.poll() is not None:
+                self.drain_events(0.2)
+                self.say(f"demo: the daemon exited early with status {self.daemon.returncode}")
+                return 1
+            produced = self.producer.poll()
+            if produced not in (None, 0):
+                self.drain_events(0.2)
+                self.say(f"demo: the producer failed with status {produced}")
+                self.stop_daemon()
+                return 1
+            now_counts = _counts(q)
+            done = (now_counts["receipts"] - before["receipts"]) + (now_counts["dead"] - before["dead"])
+            settled = produced == 0 and done >= self.jobs and not _pending(now_counts)
+            if settled or time.monotonic() >= next_status:
+                next_status = time.monotonic() + 1.0
+                self.say(self._status(now_counts, before))
+            if settled:
                 break
-            verdict = _work(lease.payload(), lease.attempt)
-            if verdict == "ack":
-                q.ack(lease)
-            elif verdict == "retry":
-                q.retry(lease, policy=policy)
-            else:
-                q.bury(lease, reason=0x0100)
-            done[verdict] += 1
-    results.put((worker_no, dict(done)))
+        self.drain_events(0.0)
+        if not settled:
+            self.say(f"demo: the jobs did not settle within {SETTLE_TIMEOUT:g}s")
+        elapsed = time.monotonic() - self.t0
+        self.say("\nall jobs settled: stopping the daemon with SIGTERM (drain: no new leases, running jobs finish)")
+        code = self.stop_daemon()
+        after = _counts(q)
+        return self._summary(before, after, expected, elapsed, code, settled)
 
+    def _status(self, now: dict[str, int], before: dict[str, int]) -> str:
+        t = time.monotonic() - self.t0
+        acked = now["receipts"] - before["receipts"]
+        buried = now["dead"] - before["dead"]
+        return (
+            f"[{t:5.1f}s] ready {now['ready']:4d}  running {now['leased']:2d}  delayed {now['delayed']:3d}"
+            f"  | acked {acked:4d}  retried {self.tally.retried:3d}  buried {buried:3d}"
+            + (
+                f"  quarantined {now['quarantine'] - before['quarantine']}"
+                if now["quarantine"] != before["quarantine"]
+                else ""
+            )
+        )
 
-def _count(path: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for state in (READY_DIR, DELAYED_DIR, RECEIPTS_DIR, DEAD_DIR, QUARANTINE_DIR, TMP_DIR):
-        n = 0
-        for _dirpath, _dirs, files in os.walk(os.path.join(path, state)):
-            n += len(files)
-        counts[state] = n
-    return counts
+    def _summary(
+        self,
+        before: dict[str, int],
+        after: dict[str, int],
+        expected: Counter[str],
+        elapsed: float,
+        code: int | None,
+        settled: bool,
+    ) -> int:
+        acked = after["receipts"] - before["receipts"]
+        buried = after["dead"] - before["dead"]
+        quarantined = after["quarantine"] - before["quarantine"]
+        rate = (acked + buried) / elapsed if elapsed > 0 else 0.0
+        self.say(f"daemon exited with status {code} after {self.tally.lines} log lines")
+        self.say("")
+        self.say(
+            f"summary: {acked} acked, {self.tally.retried} retried, {buried} buried, {quarantined} quarantined "
+            f"in {elapsed:.1f}s ({rate:.1f} jobs/s)"
+        )
+        want_acked = expected["plain"] + expected["flaky"]
+        problems = []
+        leftover = _pending(before)
+        if leftover:  # jobs of an interrupted run: their kinds are unknown, only the total can be checked
+            if acked + buried != self.jobs + leftover:
+                problems.append(f"expected {self.jobs} + {leftover} jobs settled, the tree has {acked + buried}")
+        else:
+            if acked != want_acked:
+                problems.append(f"expected {want_acked} acked (plain + flaky), the tree has {acked}")
+            if buried != expected["poison"]:
+                problems.append(f"expected {expected['poison']} buried (poison), the tree has {buried}")
+            if self.tally.retried != expected["flaky"]:
+                problems.append(f"expected {expected['flaky']} retries (flaky), the log shows {self.tally.retried}")
+        if quarantined:
+            problems.append(f"{quarantined} objects were quarantined")
+        if code != 0:
+            problems.append(f"the daemon exited with status {code}")
+        if not settled:
+            problems.append("the jobs did not settle")
+        if _pending(after):
+            problems.append(f"left over: {after['ready']} ready, {after['leased']} leased, {after['delayed']} delayed")
+        for p in problems:
+            self.say(f"PROBLEM: {p}")
+        if not problems and not leftover:
+            self.say(
+                f"checked: {want_acked} = {expected['plain']} plain + {expected['flaky']} flaky acked, "
+                f"{expected['poison']} poison buried, {expected['flaky']} retried once, nothing left over"
+            )
+        self.say(f"the queue now holds {after['receipts']} receipts and {after['dead']} dead jobs in total")
+        steadq = _shown(_tool("steadq", "steadqd.steadq_cli"))
+        qpath = os.path.join(self.shown_base, "queue")
+        self.say("\nlook inside:")
+        self.say(f"  {steadq} stats {qpath}")
+        self.say(f"  {steadq} ls {qpath} all                  # every job, with attempts and ages")
+        self.say(f"  {steadq} admin dead-list {qpath}         # the buried poison jobs")
+        self.say(f"  {steadq} admin requeue {qpath} JOB_ID    # give one another chance")
+        self.say(f"  {steadq} fsck {qpath} --deep")
+        self.say(
+            f"  grep JOB_ID {os.path.join(self.shown_base, 'daemon.log')}      # one job's story in the daemon's log"
+        )
+        self.say(f"  cat {os.path.join(self.shown_base, 'etc', QUEUE_NAME + '.yaml')}")
+        self.say("run it again to add another batch to the same queue; rm -rf " + self.shown_base + " to start over")
+        return 0 if not problems else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="steadqd demo", description=__doc__.splitlines()[0])
-    ap.add_argument("--path", default=os.path.join("var", "demo-queue"), help="queue directory (default ./var/demo-queue)")
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["_produce"]:
+        return _produce(args[1:])
+    ap = argparse.ArgumentParser(
+        prog="steadqd demo",
+        description=(__doc__ or "").splitlines()[0],
+        epilog="Everything the demo creates is under --path; rm -rf it to start over.",
+    )
+    ap.add_argument(
+        "--path",
+        default=os.path.join("var", "demo"),
+        help="directory for the demo's queue, config and log (default ./var/demo)",
+    )
     ap.add_argument("--jobs", type=int, default=300, help="jobs to enqueue (default 300)")
-    ap.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
-    ap.add_argument("--allow-unsupported-fs", action="store_true", help="allow tmpfs/overlayfs (not crash-safe)")
-    args = ap.parse_args(argv)
-    path = args.path
-    try:
-        if os.path.exists(os.path.join(path, "FORMAT")):
-            q = Queue.open(path, allow_unsupported_fs=args.allow_unsupported_fs)
-            print(f"opened existing queue {path} (id {q.queue_id})")
-        else:
-            q = Queue.init(path, shards=16, delayed_width_ns=1_000_000_000, terminal_width_ns=3_600_000_000_000,
-                           allow_unsupported_fs=args.allow_unsupported_fs)
-            print(f"created queue {path} (id {q.queue_id}, {q.shard_count} shards, publication via {q.publication_mode})")
-    except SteadQError as e:
-        print(f"demo: {e}", file=sys.stderr)
-        return e.exit_code
-    before = _count(path)
-    ctx = mp.get_context("spawn")
-    results: mp.Queue = ctx.Queue()
-    workers = [ctx.Process(target=_worker, args=(path, i, 3.0, results)) for i in range(args.workers)]
-    for w in workers:
-        w.start()
-    print(f"started {args.workers} worker processes; enqueuing {args.jobs} jobs")
-    t0 = time.monotonic()
-    kinds: Counter[str] = Counter()
-    with q:
-        with q.batch():  # one barrier for the whole batch of producers' writes
-            for i in range(args.jobs):
-                if i % 37 == 0:
-                    body, kind = _POISON + b" %d" % i, "poison"
-                elif i % 11 == 0:
-                    body, kind = _FLAKY + b" %d" % i, "flaky"
-                else:
-                    body, kind = b"frame %06d" % i, "plain"
-                delay = 1.0 if i % 50 == 25 else 0.0
-                q.enqueue(body, content_type="text/plain", metadata={"frame": i, "kind": kind}, delay=delay, max_attempts=3)
-                kinds[kind + (" (delayed 1s)" if delay else "")] += 1
-        print(f"enqueued {args.jobs} jobs in {time.monotonic() - t0:.2f}s: " + ", ".join(f"{v} {k}" for k, v in sorted(kinds.items())))
-        # Delayed and backed-off jobs become ready when promoted; until the
-        # promoter daemon exists, this process runs recovery passes itself.
-        promoted = 0
-        while any(w.is_alive() for w in workers):
-            promoted += q.recover(budget_ops=10_000, budget_ms=200).delayed_promoted
-            time.sleep(0.2)
-    totals: Counter[str] = Counter()
-    for _ in workers:
-        worker_no, done = results.get(timeout=10)
-        totals.update(done)
-        print(f"  worker {worker_no}: " + ", ".join(f"{k} {v}" for k, v in sorted(done.items())))
-    for w in workers:
-        w.join()
-    elapsed = time.monotonic() - t0
-    after = _count(path)
-    print(f"processed in {elapsed:.2f}s: {totals['ack']} acked, {totals['retry']} retried, "
-          f"{totals['bury']} buried; {promoted} delayed jobs promoted by recovery")
-    print("tree now holds: " + ", ".join(f"{k}/ {after[k] - before.get(k, 0):+d}" for k in after))
-    print(f"look inside: ls {path}/receipts/*/* | head; ls {path}/dead/*/*")
-    return 0
+    ap.add_argument(
+        "--concurrency",
+        "--workers",
+        dest="concurrency",
+        type=int,
+        default=3,
+        help="jobs the worker runs at once (default 3)",
+    )
+    ns = ap.parse_args(args)
+    if not 1 <= ns.jobs <= 100_000:
+        ap.error("--jobs must be between 1 and 100000")
+    if not 1 <= ns.concurrency <= 64:
+        ap.error("--concurrency must be between 1 and 64")
+    return Demo(ns.path, ns.jobs, ns.concurrency, sys.stdout).run()
 
 
 if __name__ == "__main__":
