@@ -1,0 +1,175 @@
+#!/bin/sh
+# Install the steadqd appliance bundle (offline). Run from the unpacked bundle:
+#
+#   ./install.sh [--prefix /opt/steadq] [--root DIR] [--no-symlinks]
+#
+#   --prefix P     where the private Python environment goes (default /opt/steadq). The units
+#                  run P/bin/steadqd.
+#   --root DIR     install into the file system tree at DIR instead of / (an image being built,
+#                  a container root, a test). Nothing is started; systemd-sysusers,
+#                  systemd-tmpfiles and `systemctl enable` act on DIR with their --root options.
+#   --no-symlinks  do not create /usr/local/bin/steadq and /usr/local/bin/steadqd
+#
+# What it does: copies the environment to P (bin/python is a link to the system's
+# /usr/bin/python3.X, which the bundle was built for; see MANIFEST), writes P/bin/steadq and
+# P/bin/steadqd, installs the units into /etc/systemd/system with ExecStart= pointing at P,
+# sysusers.d/tmpfiles.d files into /etc, creates the steadq user and /var/lib/steadq,
+# installs /etc/steadq/queues/example.yaml unless it exists, and enables steadq.target. Queue
+# templates (steadq-worker@ etc.) are never enabled: `systemctl enable --now
+# steadq-worker@QUEUE` does that. Re-running it upgrades in place and restarts running queue
+# units. Nothing is downloaded.
+set -eu
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+PREFIX=/opt/steadq
+ROOT=/
+SYMLINKS=1
+
+die() { echo "install.sh: $*" >&2; exit 1; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --prefix) [ $# -ge 2 ] || die "--prefix needs a value"; PREFIX=$2; shift 2 ;;
+        --root) [ $# -ge 2 ] || die "--root needs a value"; ROOT=$2; shift 2 ;;
+        --no-symlinks) SYMLINKS=0; shift ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        *) die "unknown argument $1 (see --help)" ;;
+    esac
+done
+
+case "$PREFIX" in
+    /?*) PREFIX=${PREFIX%/} ;;
+    *) die "--prefix must be an absolute path other than /" ;;
+esac
+case "$PREFIX" in *[!A-Za-z0-9/._+-]*) die "--prefix may only contain letters, digits and / . _ + -" ;; esac
+[ -d "$ROOT" ] || die "--root $ROOT is not a directory"
+ROOT=$(cd "$ROOT" && pwd)
+[ "$ROOT" = / ] && R="" || R=$ROOT
+LIVE=0
+if [ -z "$R" ]; then
+    [ "$(id -u)" -eq 0 ] || die "run as root (or use --root DIR)"
+    if [ -d /run/systemd/system ]; then LIVE=1; fi
+fi
+
+# shellcheck source=/dev/null
+. "$HERE/MANIFEST"
+
+# The interpreter the compiled modules were built for.
+PY=""
+for cand in "/usr/bin/python$PYTHON_VERSION" "/usr/local/bin/python$PYTHON_VERSION"; do
+    if [ -x "$R$cand" ]; then PY=$cand; break; fi
+done
+[ -n "$PY" ] || die "this bundle needs Python $PYTHON_VERSION at /usr/bin/python$PYTHON_VERSION (Debian 12: apt-get install python3); found none in ${ROOT}"
+
+D=$R$PREFIX
+if [ -e "$D" ] && [ ! -e "$D/.steadq-bundle" ] && [ -n "$(ls -A "$D" 2>/dev/null)" ]; then
+    die "$D exists, is not empty and is not a steadq bundle installation; choose another --prefix"
+fi
+UPGRADE=0
+if [ -e "$D/.steadq-bundle" ]; then UPGRADE=1; fi
+
+echo "install.sh: installing steadqd $VERSION into $D"
+
+# --- the private Python environment -------------------------------------------------------------
+# Replace lib/ as a whole (an upgrade must not keep modules the new version dropped); copy first,
+# then swap, so a failed copy leaves the old installation intact.
+mkdir -p "$D/bin" "$D/share/steadq" "$D/share/doc/steadqd"
+rm -rf "$D/lib.new"
+cp -a "$HERE/venv/lib" "$D/lib.new"
+rm -rf "$D/lib.old"
+if [ -d "$D/lib" ]; then mv "$D/lib" "$D/lib.old"; fi
+mv "$D/lib.new" "$D/lib"
+rm -rf "$D/lib.old"
+ln -sfn "$PY" "$D/bin/python"
+ln -sfn python "$D/bin/python3"
+cat >"$D/pyvenv.cfg" <<EOF
+home = $(dirname "$PY")
+include-system-site-packages = false
+version = $PYTHON_VERSION
+EOF
+# Console scripts. They find the environment relative to themselves (readlink -f also resolves
+# /usr/local/bin/steadqd -> P/bin/steadqd), so the tree works wherever it is mounted. -I: no
+# PYTHONPATH, no user site-packages, no current directory on sys.path.
+write_script() { # name module function
+    cat >"$D/bin/$1" <<EOF
+#!/bin/sh
+# $1 from the steadqd appliance bundle $VERSION: runs the bundle's private Python environment.
+here=\$(dirname "\$(readlink -f "\$0")")
+exec "\$here/python" -I -c 'import sys; sys.argv[0] = "$1"; from $2 import $3 as main; sys.exit(main())' "\$@"
+EOF
+    chmod 0755 "$D/bin/$1"
+}
+write_script steadqd steadqd.cli daemon_main
+write_script steadq steadqd.steadq_cli main
+cp "$HERE"/docs/*.md "$D/share/doc/steadqd/"
+cp -r "$HERE/licenses" "$D/share/doc/steadqd/"
+cp "$HERE/MANIFEST" "$D/share/steadq/MANIFEST"
+install -m 0755 "$HERE/uninstall.sh" "$D/share/steadq/uninstall.sh"
+
+# --- system integration -------------------------------------------------------------------------
+UNITDIR=$R/etc/systemd/system
+mkdir -p "$UNITDIR" "$R/etc/sysusers.d" "$R/etc/tmpfiles.d" "$R/etc/steadq/queues"
+FILES="$D/share/steadq/installed-files"
+: >"$FILES.new"
+for u in "$HERE"/units/*; do
+    name=$(basename "$u")
+    # The units are written for the Debian package (/usr/bin/steadqd, docs in
+    # /usr/share/doc/steadqd); point them at this prefix instead.
+    sed -e "/^ExecStart=/s#/usr/bin/steadqd#$PREFIX/bin/steadqd#" \
+        -e "/^Documentation=/s#file:/usr/share/doc/steadqd/#file:$PREFIX/share/doc/steadqd/#g" \
+        "$u" >"$UNITDIR/$name.tmp"
+    chmod 0644 "$UNITDIR/$name.tmp"
+    mv "$UNITDIR/$name.tmp" "$UNITDIR/$name"
+    echo "/etc/systemd/system/$name" >>"$FILES.new"
+done
+install -m 0644 "$HERE/steadq.sysusers.conf" "$R/etc/sysusers.d/steadq.conf"
+install -m 0644 "$HERE/steadq.tmpfiles.conf" "$R/etc/tmpfiles.d/steadq.conf"
+echo /etc/sysusers.d/steadq.conf >>"$FILES.new"
+echo /etc/tmpfiles.d/steadq.conf >>"$FILES.new"
+if [ ! -e "$R/etc/steadq/queues/example.yaml" ]; then
+    install -m 0644 "$HERE/etc/example.yaml" "$R/etc/steadq/queues/example.yaml"
+fi
+if [ "$SYMLINKS" -eq 1 ]; then
+    mkdir -p "$R/usr/local/bin"
+    for s in steadq steadqd; do
+        link=$R/usr/local/bin/$s
+        if [ -e "$link" ] && [ ! -L "$link" ]; then
+            echo "install.sh: $link exists and is not a symlink; left alone" >&2
+            continue
+        fi
+        ln -sfn "$PREFIX/bin/$s" "$link"
+        echo "/usr/local/bin/$s" >>"$FILES.new"
+    done
+fi
+mv "$FILES.new" "$FILES"
+: >"$D/.steadq-bundle"
+
+# The user before the spool that belongs to it.
+if command -v systemd-sysusers >/dev/null 2>&1; then
+    if [ -z "$R" ]; then systemd-sysusers /etc/sysusers.d/steadq.conf
+    else systemd-sysusers --root="$R" steadq.conf; fi
+else
+    die "systemd-sysusers not found: this bundle needs systemd"
+fi
+if [ -z "$R" ]; then systemd-tmpfiles --create /etc/tmpfiles.d/steadq.conf
+else systemd-tmpfiles --root="$R" --create steadq.conf; fi
+
+if [ "$LIVE" -eq 1 ]; then
+    systemctl daemon-reload
+    systemctl enable --now steadq.target
+    if [ "$UPGRADE" -eq 1 ]; then
+        # Running queue units restart into the new code (they are PartOf=steadq.target; the
+        # instance patterns also catch units started while steadq.target was inactive).
+        systemctl try-restart steadq.target 'steadq-worker@*.service' 'steadq-sweeper@*.service' \
+            'steadq-promoter@*.service'
+    fi
+    # Every module imports with the target's interpreter.
+    "$D/bin/steadqd" --help >/dev/null
+else
+    systemctl --root="$ROOT" enable steadq.target
+fi
+
+echo "install.sh: done. Configure a queue in /etc/steadq/queues/QUEUE.yaml, create it with"
+echo "  runuser -u steadq -- $PREFIX/bin/steadq init /var/lib/steadq/QUEUE"
+echo "and start it with: systemctl enable --now steadq-worker@QUEUE"
+echo "Uninstall: $PREFIX/share/steadq/uninstall.sh (keeps /var/lib/steadq)"
