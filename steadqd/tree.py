@@ -208,7 +208,9 @@ class Tree:
         created = parent_rel in self._unsynced
         try:
             for name in names:
-                if linux.mkdir_at(parent_fd, name, self.modes.dir):
+                # Without S_ISGID: the setgid parent gives it to the new directory, and
+                # seccomp's RestrictSUIDSGID= (the units) refuses mkdir with it (EPERM).
+                if linux.mkdir_at(parent_fd, name, self.modes.dir & 0o777):
                     created = True
                     if self.modes.enforce:
                         enforce_dir_mode(parent_fd, name, self.modes.dir)
@@ -368,7 +370,10 @@ def enforce_dir_mode(parent_fd: int, name: str, mode: int) -> None:
     swapped-in symlink can never redirect the chmod."""
     fd = linux.open_dir(parent_fd, name)
     try:
-        linux.fchmod(fd, mode)
+        # Only when needed: a chmod that sets S_ISGID is refused by RestrictSUIDSGID=
+        # (the units), and under their UMask=0007 the new directory is already right.
+        if stat.S_IMODE(linux.fstat(fd).st_mode) != mode:
+            linux.fchmod(fd, mode)
     finally:
         linux.close(fd)
 
