@@ -24,6 +24,7 @@ from .errors import ConfigError
 DEFAULT_CONFIG_DIR = "/etc/steadq/queues"
 CONFIG_DIR_ENV = "STEADQ_CONFIG_DIR"
 MAX_CONFIG_BYTES = 256 * 1024
+DEAD_RETENTION_MIN = 3600.0  # seconds; sweeper.dead_retention's lower bound
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A queue there would put the daemon's renames and unlinks into system trees.
@@ -86,6 +87,9 @@ class SweeperConfig:
     interval: float = 30.0
     receipt_retention: float = 7 * 86400.0
     temp_ttl: float = 86400.0
+    # None (the default, and the reference's behaviour): dead jobs are kept
+    # until an operator removes them. Deletion is permanent, hence opt-in.
+    dead_retention: float | None = None
     budget_ops: int = 1000
     budget_ms: int = 100
 
@@ -335,12 +339,17 @@ def _worker(d: _Doc) -> WorkerConfig:
 
 
 def _sweeper(d: _Doc) -> SweeperConfig:
-    m = d.mapping({"interval", "receipt_retention", "temp_ttl", "budget_ops", "budget_ms"})
+    m = d.mapping({"interval", "receipt_retention", "temp_ttl", "dead_retention", "budget_ops", "budget_ms"})
     base = SweeperConfig()
     return SweeperConfig(
         interval=m["interval"].duration(0.1, 86400.0) if "interval" in m else base.interval,  # type: ignore[arg-type]
         receipt_retention=m["receipt_retention"].duration(60.0) if "receipt_retention" in m else base.receipt_retention,  # type: ignore[arg-type]
         temp_ttl=m["temp_ttl"].duration(60.0) if "temp_ttl" in m else base.temp_ttl,  # type: ignore[arg-type]
+        # At least an hour: a dead letter is evidence an operator may still
+        # need, and a seconds-long retention is almost certainly a typo.
+        dead_retention=m["dead_retention"].duration(DEAD_RETENTION_MIN, nullable=True)
+        if "dead_retention" in m
+        else base.dead_retention,
         budget_ops=m["budget_ops"].integer(1, 10_000_000) if "budget_ops" in m else base.budget_ops,
         budget_ms=m["budget_ms"].integer(1, 3_600_000) if "budget_ms" in m else base.budget_ms,
     )

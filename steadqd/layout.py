@@ -78,6 +78,11 @@ class OpenOptions:
 
     receipt_retention_ns: int = DEFAULT_RECEIPT_RETENTION_NS
     temp_ttl_ns: int = DEFAULT_TEMP_TTL_NS
+    # Dead-letter retention (a port extension, open-questions A7): None keeps
+    # dead jobs until an operator removes them, as the reference does; a
+    # value lets recovery's delete_receipts phase delete verified dead jobs of
+    # terminal buckets that ended at least this long before the wall floor.
+    dead_retention_ns: int | None = None
     deferred: bool = False
     allow_unsupported_fs: bool = False
 
@@ -163,7 +168,7 @@ def _create_or_open(dir_fd: int, name: str, modes: Modes) -> int:
 
 
 def _mkdir(parent: int, name: str, modes: Modes) -> None:
-    if linux.mkdir_at(parent, name, modes.dir) and modes.enforce:
+    if linux.mkdir_at(parent, name, modes.dir & 0o777) and modes.enforce:  # S_ISGID: see Tree._mkdirs_durably
         enforce_dir_mode(parent, name, modes.dir)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from .constants import (
     NS_PER_SECOND,
     READY_DIR,
     RECEIPTS_DIR,
+    U64_MAX,
     QuarantineReason,
     State,
 )
@@ -86,6 +88,19 @@ class JobInfo:
     name: JobName
 
 
+def _dead_retention_ns(seconds: object) -> int | None:
+    """Validate ``dead_retention`` here, not in recovery: a typo must fail at
+    open rather than turn into a pass that deletes dead letters too early."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < 0:
+        raise InvalidInput(f"dead_retention must be None or a non-negative number of seconds, got {seconds!r}")
+    ns = round(seconds * NS_PER_SECOND)
+    if ns > U64_MAX:
+        raise InvalidInput(f"dead_retention {seconds!r} s does not fit in a u64 of nanoseconds")
+    return ns
+
+
 class Queue:
     """An open SteadQ/1 queue. Use :meth:`init` or :meth:`open`."""
 
@@ -130,15 +145,21 @@ class Queue:
         receipt_retention: float = DEFAULT_RECEIPT_RETENTION_NS / NS_PER_SECOND,
         temp_ttl: float = DEFAULT_TEMP_TTL_NS / NS_PER_SECOND,
         allow_unsupported_fs: bool = False,
+        dead_retention: float | None = None,
     ) -> Queue:
         """Open an existing queue.
 
         ``deferred`` postpones the directory fsyncs of enqueue and renew
         until :meth:`sync` (group commit for batch producers).
+        ``dead_retention`` (seconds; None, the default, keeps dead jobs
+        forever like the reference) lets this handle's recovery passes delete
+        verified dead jobs whose terminal bucket ended that long before the
+        wall floor. The deletion is permanent.
         """
         options = OpenOptions(
             receipt_retention_ns=round(receipt_retention * NS_PER_SECOND),
             temp_ttl_ns=round(temp_ttl * NS_PER_SECOND),
+            dead_retention_ns=_dead_retention_ns(dead_retention),
             deferred=deferred,
             allow_unsupported_fs=allow_unsupported_fs,
         )
@@ -281,7 +302,8 @@ class Queue:
         self, budget_ops: int = 1000, budget_ms: int = 100, *, phases: tuple[str, ...] | None = None
     ) -> RecoveryReport:
         """Run one bounded recovery pass (recovery.md): reap expired leases,
-        promote due delayed jobs, clean temps, compact and expire receipts.
+        promote due delayed jobs, clean temps, compact and expire receipts
+        (and dead letters, when opened with ``dead_retention``).
         ``phases`` restricts the pass (e.g. ``("promote_delayed",)``, what the
         promoter runs). On-disk problems are reported, never raised."""
         with _mutation("recover", self._ctx):

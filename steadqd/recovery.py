@@ -32,6 +32,17 @@ Design choices (all on-disk compatible with the reference):
   instead of being skipped forever as the reference does (open-questions
   B12); legacy leases and delayed jobs are quarantined exactly as specified.
 * Stale ``.compact-*.tmp`` files are counted in ``temp_files_deleted``.
+* **Dead-letter retention** (open-questions A7: the reference has none) is
+  opt-in per handle (``OpenOptions.dead_retention_ns``, default None = keep
+  forever). It runs inside ``delete_receipts`` after the receipt buckets (the
+  cursor's phase names are fixed by the spec, so no phase is added), with the
+  receipt rules: bucket ``B`` of ``dead/`` is due once ``B × w + w +
+  retention ≤ wall``; only names that parse as dead, authenticate for their
+  directory and pass structural validation are unlinked (after a re-stat that
+  proves the path still names the verified inode); anything else is kept and
+  reported; emptied shard and bucket directories are removed. Its in-process
+  position keys start with ``_DEAD_KEY``, which sorts after every receipt
+  key, so a resumed pass never repeats the receipt walk.
 * The scan budget (library only) is reduced to a per-listing cap of 65 536
   entries; unreadable directories are recorded and simply rescanned by the
   next pass (allowed by recovery.md), so ``hierarchy_retries`` stays empty.
@@ -105,6 +116,9 @@ MAX_BUDGET_MS = 24 * 3600 * 1000
 _LISTING_CAP = 65_536
 _CURSOR_TMP_PREFIX = ".recovery-cursor."
 _NS_PER_MS = 1_000_000
+# Position-key prefix of the dead-letter sub-walk of delete_receipts: 0xff sorts
+# after any bucket name, so the receipt walk's keys all come first.
+_DEAD_KEY: tuple[bytes] = (b"\xffdead",)
 
 Key = tuple[bytes, ...]
 
@@ -126,6 +140,8 @@ class RecoveryReport:
     receipts_compacted: int = 0
     receipts_deleted: int = 0
     quarantined: int = 0
+    # Dead jobs deleted by dead-letter retention (only with OpenOptions.dead_retention_ns).
+    dead_deleted: int = 0
     operations_attempted: int = 0
     budget_exhausted: bool = False
     errors: list[tuple[str, str]] = field(default_factory=list)
@@ -150,6 +166,7 @@ class RecoveryReport:
             + self.temp_files_deleted
             + self.receipts_compacted
             + self.receipts_deleted
+            + self.dead_deleted
             + self.quarantined
             + self.directories_removed
         )
@@ -1024,10 +1041,27 @@ class _Pass:
         return True
 
     def _delete_receipts(self) -> None:
+        """Phase 5: receipts past retention, then (opt-in) dead letters past theirs."""
         if self.wall is None:
             return
+        self._expire_tree(RECEIPTS_DIR, (), self.ctx.options.receipt_retention_ns, self._delete_in_shard)
+        dead_retention = self.ctx.options.dead_retention_ns
+        if dead_retention is not None:
+            self._expire_tree(DEAD_DIR, _DEAD_KEY, dead_retention, self._delete_dead_in_shard)
+
+    def _expire_tree(
+        self,
+        top_rel: str,
+        prefix: Key,
+        retention: int,
+        delete_in_shard: Callable[[int, str, Key, int, int], bool],
+    ) -> None:
+        """Empty every ``top/<B>/<S>/`` with ``B × w + w + retention ≤ wall``
+        through ``delete_in_shard`` (True: every entry seen is gone) and remove
+        the directories it emptied."""
+        assert self.wall is not None
         wall = self.wall
-        width, retention = self.fmt.terminal_width_ns, self.ctx.options.receipt_retention_ns
+        width = self.fmt.terminal_width_ns
 
         def expired(values: tuple[Any, ...]) -> bool:
             try:
@@ -1036,25 +1070,24 @@ class _Pass:
                 return False
 
         # Not the generic walk: directories are removed on the way back up.
-        # Bad names are compact_receipts' to report; a shard directory we did
-        # not enter keeps its bucket directory.
+        # Bad names are compact_receipts' (or fsck's) to report; a shard
+        # directory we did not enter keeps its bucket directory.
         buckets, shards = _Level(parse_bucket_dir, None, expired), self._shard_level(None)
-        with self._open(self.ctx.root_fd, RECEIPTS_DIR, RECEIPTS_DIR) as top:
+        with self._open(self.ctx.root_fd, top_rel, top_rel) as top:
             if top is None:
                 return
-            with contextlib.closing(self._dirs(top, RECEIPTS_DIR, (), buckets, ())) as bucket_dirs:
+            with contextlib.closing(self._dirs(top, top_rel, prefix, buckets, ())) as bucket_dirs:
                 for (bucket,), kfd, krel, kname, kkey in bucket_dirs:
                     not_entered: list[bytes] = []
                     bucket_empty = True
                     with contextlib.closing(self._dirs(kfd, krel, kkey, shards, (bucket,), not_entered)) as shard_dirs:
                         for (_, shard), sfd, srel, sname, skey in shard_dirs:
                             if not (
-                                self._delete_in_shard(sfd, srel, skey, bucket, shard)
-                                and self._remove_dir(kfd, krel, sname)
+                                delete_in_shard(sfd, srel, skey, bucket, shard) and self._remove_dir(kfd, krel, sname)
                             ):
                                 bucket_empty = False
                     if bucket_empty and not not_entered:
-                        self._remove_dir(top, RECEIPTS_DIR, kname)
+                        self._remove_dir(top, top_rel, kname)
 
     def _delete_in_shard(self, dir_fd: int, rel: str, prefix: Key, bucket: int, shard: int) -> bool:
         """Delete every verified receipt; True if every entry seen is gone."""
@@ -1110,6 +1143,67 @@ class _Pass:
                 return True
             self.report.receipts_deleted += 1
             return True
+
+    def _delete_dead_in_shard(self, dir_fd: int, rel: str, prefix: Key, bucket: int, shard: int) -> bool:
+        """Delete every verified dead job of an expired bucket; True if every entry seen is gone.
+
+        Only objects that prove to be this queue's dead jobs for this very
+        directory are deleted: a stray or corrupt file may be evidence
+        somebody needs, so it stays (fsck reports it) and keeps its directory.
+        """
+        all_gone = True
+        for raw in self._entries(dir_fd, rel, prefix):
+            name = _ascii(raw)
+            if name is None or not name.endswith(JOB_EXT):
+                all_gone = False
+                continue
+            try:
+                job = parse_name(State.DEAD, name)
+            except CorruptObject:
+                self._error("dead_parse", f"{rel}/{name}: not a dead job name; kept")
+                all_gone = False
+                continue
+            if not self._delete_dead_one(dir_fd, rel, name, job, bucket, shard):
+                all_gone = False
+        return all_gone
+
+    def _delete_dead_one(self, dir_fd: int, rel: str, name: str, job: JobName, bucket: int, shard: int) -> bool:
+        """True when the dead job is gone (deleted now or by someone else, e.g.
+        an ``admin requeue``/``dead-remove`` that won the race)."""
+        try:
+            # Tag (dead/B/S context), shard placement, envelope, name vs header.
+            env = self._validate(dir_fd, name, job, shard=shard, bucket=bucket)
+        except FileNotFoundError:
+            return True
+        except (CorruptObject, QueueCorrupt) as e:
+            self._error("dead_delete_invalid", f"{rel}/{name}: {e}; kept")
+            return False
+        except (OSError, SteadQError) as e:
+            self._error("dead_delete_failed", f"{rel}/{name}: {e}")
+            return False
+        try:
+            st = linux.stat_at(dir_fd, name)
+        except FileNotFoundError:
+            return True
+        except OSError as e:
+            self._error("dead_delete_failed", f"{rel}/{name}: {e.strerror}")
+            return False
+        if not (env.witness.matches(st) and is_single_regular(st)):
+            self._error("dead_delete_failed", f"{rel}/{name}: replaced while being verified; kept")
+            return False
+        self._op()
+        try:
+            self.ctx.tree.unlink(dir_fd, name)
+        except SourceMissing:
+            return True
+        except MoveFailed as e:
+            self._error("dead_delete_failed", f"{rel}/{name}: {e}")
+            return False
+        except Indeterminate as e:
+            self._error("dead_delete_outcome_unknown", f"{rel}/{name}: {e}")
+            return True
+        self.report.dead_deleted += 1
+        return True
 
     def _remove_dir(self, parent_fd: int, parent_rel: str, name: str) -> bool:
         """rmdir + fsync of the parent; "not empty" is a normal outcome (False)."""

@@ -3,7 +3,8 @@
 Liveness of a SteadQ/1 queue depends on somebody running recovery
 (recovery.md): expired leases of a crashed worker go back to ``ready/``,
 due delayed jobs are promoted, abandoned temps disappear, receipts are
-compacted and expired. The sweeper is that somebody. It is a loop timer, not
+compacted and expired, and (only with ``sweeper.dead_retention`` set) dead
+letters past their retention are deleted. The sweeper is that somebody. It is a loop timer, not
 a thread: each pass is bounded by the configured work budget
 (``budget_ops``/``budget_ms``) so the service loop stays responsive to
 signals, and a pass that runs out of budget is followed by the next one at
@@ -41,6 +42,7 @@ _COUNTS = (
     ("temp_files_deleted", "temp_deleted", "temps deleted"),
     ("receipts_compacted", "compacted", "compacted"),
     ("receipts_deleted", "expired", "receipts expired"),
+    ("dead_deleted", "dead_deleted", "dead letters deleted"),
     ("quarantined", "quarantined", "quarantined"),
 )
 
@@ -83,12 +85,22 @@ class ErrorDigest:
 
 def _open(settings: QueueSettings) -> Queue:
     sw = settings.sweeper
-    return Queue.open(settings.queue, receipt_retention=sw.receipt_retention, temp_ttl=sw.temp_ttl)
+    return Queue.open(
+        settings.queue,
+        receipt_retention=sw.receipt_retention,
+        temp_ttl=sw.temp_ttl,
+        dead_retention=sw.dead_retention,
+    )
 
 
-def _open_key(settings: QueueSettings) -> tuple[str, float, float]:
-    """What the open handle depends on: a reload that changes it reopens."""
-    return (settings.queue, settings.sweeper.receipt_retention, settings.sweeper.temp_ttl)
+_OpenKey = tuple[str, float, float, float | None]
+
+
+def _open_key(settings: QueueSettings) -> _OpenKey:
+    """What the open handle depends on: a reload that changes it reopens
+    (retentions are per-handle options, fixed at open)."""
+    sw = settings.sweeper
+    return (settings.queue, sw.receipt_retention, sw.temp_ttl, sw.dead_retention)
 
 
 def summarize(report: RecoveryReport) -> str:
@@ -108,7 +120,7 @@ class SweeperRole:
         self.settings = settings
         self.log = log
         self.queue: Queue | None = None
-        self._opened_with: tuple[str, float, float] | None = None
+        self._opened_with: _OpenKey | None = None
         self.loop: Loop | None = None
         self._timer: Timer | None = None
         self._timer_soon = False  # the pending timer is a "more to do" pass, not an interval one
@@ -125,8 +137,12 @@ class SweeperRole:
         self.queue = _open(self.settings)  # a queue that cannot be opened refuses the start
         self._opened_with = _open_key(self.settings)
         sw = self.settings.sweeper
+        # Said once at start: deleting dead letters is permanent, so an
+        # operator reading the journal should see whether this sweeper does it.
+        dead = "kept forever" if sw.dead_retention is None else f"deleted after {sw.dead_retention:g}s"
         self.log.info(
-            f"sweeping every {sw.interval:g}s (budget {sw.budget_ops} ops / {sw.budget_ms} ms per pass)",
+            f"sweeping every {sw.interval:g}s (budget {sw.budget_ops} ops / {sw.budget_ms} ms per pass; "
+            f"dead letters {dead})",
             path=self.settings.queue,
         )
         self._schedule(0.0, soon=True)

@@ -79,6 +79,7 @@ BAD = [
     ("custom tag", "queue: !!python/object:os.system /q/a\n", 1, None, "tags are not allowed"),
     ("broken yaml", "queue: [unclosed\n", 2, None, "not valid YAML"),
     ("empty file", "", 1, None, "file is empty"),
+    ("dead retention under an hour", "queue: /q/a\nsweeper:\n  interval: 30s\n  dead_retention: 59m\n", 4, "sweeper.dead_retention", "between 3600s"),
 ]
 
 
