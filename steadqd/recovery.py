@@ -1120,29 +1120,9 @@ class _Pass:
             except OSError as e:
                 self._error("receipt_delete_failed", f"{rel}/{name}: {e.strerror}")
                 return False
-            try:
-                st = linux.stat_at(dir_fd, name)
-            except FileNotFoundError:
-                return True
-            except OSError as e:
-                self._error("receipt_delete_failed", f"{rel}/{name}: {e.strerror}")
-                return False
-            if not info.witness.matches(st):
-                self._error("receipt_delete_failed", f"{rel}/{name}: replaced while being verified; kept")
-                return False
-            self._op()
-            try:
-                self.ctx.tree.unlink(dir_fd, name)
-            except SourceMissing:
-                return True
-            except MoveFailed as e:
-                self._error("receipt_delete_failed", f"{rel}/{name}: {e}")
-                return False
-            except Indeterminate as e:
-                self._error("receipt_delete_outcome_unknown", f"{rel}/{name}: {e}")
-                return True
-            self.report.receipts_deleted += 1
-            return True
+            gone, deleted = self._unlink_verified(dir_fd, rel, name, info.witness, "receipt_delete")
+            self.report.receipts_deleted += deleted
+            return gone
 
     def _delete_dead_in_shard(self, dir_fd: int, rel: str, prefix: Key, bucket: int, shard: int) -> bool:
         """Delete every verified dead job of an expired bucket; True if every entry seen is gone.
@@ -1181,29 +1161,36 @@ class _Pass:
         except (OSError, SteadQError) as e:
             self._error("dead_delete_failed", f"{rel}/{name}: {e}")
             return False
+        gone, deleted = self._unlink_verified(dir_fd, rel, name, env.witness, "dead_delete")
+        self.report.dead_deleted += deleted
+        return gone
+
+    def _unlink_verified(self, dir_fd: int, rel: str, name: str, witness: Witness, code: str) -> tuple[bool, bool]:
+        """Unlink an object only if the path still names the inode that was
+        verified; returns (gone, deleted by this call). A file swapped in
+        after verification is evidence and is kept."""
         try:
             st = linux.stat_at(dir_fd, name)
         except FileNotFoundError:
-            return True
+            return True, False
         except OSError as e:
-            self._error("dead_delete_failed", f"{rel}/{name}: {e.strerror}")
-            return False
-        if not (env.witness.matches(st) and is_single_regular(st)):
-            self._error("dead_delete_failed", f"{rel}/{name}: replaced while being verified; kept")
-            return False
+            self._error(f"{code}_failed", f"{rel}/{name}: {e.strerror}")
+            return False, False
+        if not (witness.matches(st) and is_single_regular(st)):
+            self._error(f"{code}_failed", f"{rel}/{name}: replaced while being verified; kept")
+            return False, False
         self._op()
         try:
             self.ctx.tree.unlink(dir_fd, name)
         except SourceMissing:
-            return True
+            return True, False
         except MoveFailed as e:
-            self._error("dead_delete_failed", f"{rel}/{name}: {e}")
-            return False
+            self._error(f"{code}_failed", f"{rel}/{name}: {e}")
+            return False, False
         except Indeterminate as e:
-            self._error("dead_delete_outcome_unknown", f"{rel}/{name}: {e}")
-            return True
-        self.report.dead_deleted += 1
-        return True
+            self._error(f"{code}_outcome_unknown", f"{rel}/{name}: {e}")
+            return True, False
+        return True, True
 
     def _remove_dir(self, parent_fd: int, parent_rel: str, name: str) -> bool:
         """rmdir + fsync of the parent; "not empty" is a normal outcome (False)."""
