@@ -200,8 +200,11 @@ class Tree:
     def _mkdirs_durably(self, parent_rel: str, parent_fd: int, names: list[str]) -> None:
         """mkdir each name; if anything was (or may have been) created, fsync the parent.
 
-        The fsync is never deferred: whatever moves in next may be forced
-        durable, and it is only durable if its directory is. A parent whose
+        The fsync is not postponed by deferred mode: whatever moves in next
+        may be forced durable, and it is only durable if its directory is.
+        Inside an explicit batch every barrier, this one included, waits for
+        the batch's sync, before which nothing in the batch is reported
+        durable (the crash lab checks this). A parent whose
         mkdir or fsync failed stays marked unsynced, so a later attempt that
         only sees EEXIST still makes the entry durable.
         """

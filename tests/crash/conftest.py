@@ -1,0 +1,23 @@
+"""Print the crash lab's per-workload report at the end of the pytest run.
+
+The crash-state tests append their :class:`tests.crash.lab.Result` to
+:data:`RESULTS`; the terminal summary shows how many states each workload
+checked, so every CI log carries the numbers issue 8 asks for (nothing is
+written to the repository).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .lab import Result, format_table
+
+RESULTS: list[Result] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    if not RESULTS:
+        return
+    terminalreporter.section("crash lab: states checked per workload")
+    for line in format_table(RESULTS).splitlines():
+        terminalreporter.write_line(line)

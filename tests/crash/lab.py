@@ -1,0 +1,234 @@
+"""Drive the crash lab: record a workload, enumerate its crash states, check each.
+
+Command line (docs/crash-lab.md)::
+
+    .venv/bin/python -m tests.crash.lab run [--workload NAME ...] [--max-states N]
+        [--exhaustive-bits B] [--samples S] [--repeat N] [--json PATH]
+
+prints one line per workload (ops recorded, crash points, distinct states
+checked, failures, seconds), the first failures in detail, and exits 1 if
+any state failed a gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+
+from steadqd import Queue
+
+from .gates import Expectation, JobState, JobView, after_recovery, check_state, remove_tree
+from .model import Model, materialise
+from .recorder import Op, record
+from .workloads import WORKLOADS, Call, Driver, Workload, job_states
+
+SHARDS = 4
+
+
+@dataclass
+class Recorded:
+    """A recorded workload: the op log plus what the expectations need."""
+
+    workload: str
+    model: Model
+    calls: list[Call]
+    initial: dict[str, JobView]
+    payloads: dict[str, bytes]
+    raw_events: int
+
+    @property
+    def ops(self) -> list[Op]:
+        return self.model.ops
+
+    def expectation(self, k: int) -> Expectation:
+        """What recovery must produce after a crash at point ``k``."""
+        committed: dict[str, JobView | None] = dict(self.initial)
+        inflight: Call | None = None
+        for c in self.calls:
+            if c.end <= k:
+                committed.update(c.effects)
+            elif c.begin < k:
+                inflight = c
+                break
+            else:
+                break
+        known = set(self.initial).union(*(c.effects for c in self.calls))
+        allowed: dict[str, frozenset[JobState]] = {}
+        now = time.time_ns()
+        for j in known:
+            ok = set(after_recovery(committed.get(j), now))
+            if inflight is not None and j in inflight.effects:
+                ok |= after_recovery(inflight.effects[j], now)
+            allowed[j] = frozenset(ok)
+        return Expectation(allowed, {j for j in known if committed.get(j) is not None}, self.payloads)
+
+
+def record_workload(
+    wl: Workload, workdir: str, *, mutate: Callable[[], AbstractContextManager[object]] | None = None
+) -> Recorded:
+    """Set the workload up on a fresh queue in ``workdir`` and record its run."""
+    root = os.path.join(workdir, "queue")
+    q = Queue.init(root, shards=SHARDS, allow_unsupported_fs=True, **wl.init)
+    if wl.deferred:
+        q.close()
+        q = Queue.open(root, deferred=True, allow_unsupported_fs=True)
+    try:
+        d = Driver(q, root)
+        ctx = wl.setup(d)
+        d.states = job_states(root)
+        initial: dict[str, JobView] = dict(d.states)
+        with record(root) as (session, rec):
+            d.session = session
+            with mutate() if mutate is not None else contextlib.nullcontext():
+                wl.run(d, ctx)
+            d.session = None
+    finally:
+        q.close()
+    return Recorded(wl.name, Model(rec.pre, rec.ops), d.calls, initial, d.payloads, rec.raw_events)
+
+
+@dataclass
+class Result:
+    workload: str
+    ops: int
+    syscalls: int
+    crash_points: int
+    trees: int  # distinct trees
+    states: int  # distinct (tree, expectation) pairs checked
+    failed: int
+    seconds: float
+    failures: list[dict[str, object]] = field(default_factory=list)  # the first few, in detail
+
+
+def _state_dir() -> str:
+    """Crash states are materialised on tmpfs when there is one: thousands of
+    small trees, each recovered with many fsyncs, would dominate the run on ext4."""
+    for base in ("/dev/shm", None):
+        if base is None or (os.path.isdir(base) and os.access(base, os.W_OK)):
+            return tempfile.mkdtemp(prefix="steadq-crash-", dir=base)
+    raise AssertionError("unreachable")
+
+
+def check_recorded(rec: Recorded, *, max_states: int | None = None, keep: int = 5) -> Result:
+    """Check every distinct crash state of a recording (up to ``max_states``)."""
+    t0 = time.monotonic()
+    base = _state_dir()
+    res = Result(rec.workload, len(rec.ops), rec.raw_events, len(rec.ops) + 1, 0, 0, 0, 0.0)
+    seen: set[tuple[object, ...]] = set()
+    trees: set[str] = set()
+    expectations: dict[int, Expectation] = {}
+    try:
+        for st in rec.model.all_states():
+            if max_states is not None and res.states >= max_states:
+                break
+            expect = expectations.get(st.point)
+            if expect is None:
+                expect = expectations[st.point] = rec.expectation(st.point)
+            key = (st.fingerprint, expect.key())
+            if key in seen:
+                continue
+            seen.add(key)
+            trees.add(st.fingerprint)
+            dest = os.path.join(base, f"s{res.states}")
+            materialise(st.image, dest)
+            try:
+                fails = check_state(dest, expect)
+            except Exception as e:  # a crash of the checker is a failed state, not a lab crash
+                fails = [f"checker raised {type(e).__name__}: {e}"]
+            finally:
+                remove_tree(dest)
+            res.states += 1
+            if fails:
+                res.failed += 1
+                if len(res.failures) < keep:
+                    res.failures.append({"state": st.describe(rec.ops), "failures": fails[:10]})
+    finally:
+        remove_tree(base)
+    res.trees = len(trees)
+    res.seconds = round(time.monotonic() - t0, 2)
+    return res
+
+
+def run_workload(
+    wl: Workload,
+    *,
+    max_states: int | None = None,
+    mutate: Callable[[], AbstractContextManager[object]] | None = None,
+    exhaustive_bits: int | None = None,
+    samples: int | None = None,
+) -> Result:
+    """Record ``wl`` in a private directory and check its crash states."""
+    with tempfile.TemporaryDirectory(prefix=f"steadq-crash-{wl.name}-") as workdir:
+        rec = record_workload(wl, workdir, mutate=mutate)
+    if exhaustive_bits is not None:
+        rec.model.exhaustive_bits = exhaustive_bits
+    if samples is not None:
+        rec.model.samples = samples
+    return check_recorded(rec, max_states=max_states)
+
+
+def format_table(results: list[Result]) -> str:
+    head = f"{'workload':<16} {'ops':>5} {'syscalls':>8} {'points':>6} {'trees':>6} {'states':>7} {'failed':>6} {'secs':>7}"
+    lines = [head]
+    for r in results:
+        lines.append(
+            f"{r.workload:<16} {r.ops:>5} {r.syscalls:>8} {r.crash_points:>6} {r.trees:>6} {r.states:>7}"
+            f" {r.failed:>6} {r.seconds:>7}"
+        )
+    lines.append(
+        f"{'total':<16} {sum(r.ops for r in results):>5} {sum(r.syscalls for r in results):>8}"
+        f" {sum(r.crash_points for r in results):>6} {sum(r.trees for r in results):>6}"
+        f" {sum(r.states for r in results):>7} {sum(r.failed for r in results):>6}"
+        f" {round(sum(r.seconds for r in results), 2):>7}"
+    )
+    return "\n".join(lines)
+
+
+def _iter_failures(results: list[Result]) -> Iterator[str]:
+    for r in results:
+        for f in r.failures:
+            yield f"[{r.workload}] {f['state']}"
+            for msg in f["failures"]:  # type: ignore[attr-defined]
+                yield f"    {msg}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.crash.lab", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="record workloads and check their crash states")
+    run.add_argument("--workload", action="append", choices=sorted(WORKLOADS), help="repeatable; default: all")
+    run.add_argument("--max-states", type=int, default=None, help="per workload")
+    run.add_argument("--exhaustive-bits", type=int, default=None, help="enumerate all subsets up to 2^B (default 6)")
+    run.add_argument("--samples", type=int, default=None, help="random subsets beyond that (default 24)")
+    run.add_argument("--repeat", type=int, default=1, help="record each workload N times (new job ids, new shards)")
+    run.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    results = []
+    for rep in range(args.repeat):
+        for name in args.workload or list(WORKLOADS):
+            r = run_workload(
+                WORKLOADS[name], max_states=args.max_states, exhaustive_bits=args.exhaustive_bits, samples=args.samples
+            )
+            if args.repeat > 1:
+                r.workload = f"{name}#{rep + 1}"
+            results.append(r)
+            print(f"{r.workload}: {r.states} states, {r.failed} failed, {r.seconds}s", file=sys.stderr, flush=True)
+    print(format_table(results))
+    for line in list(_iter_failures(results))[:60]:
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in results], f, indent=2)
+    return 1 if any(r.failed for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
