@@ -156,18 +156,29 @@ def _stream_files(top: str) -> Iterator[tuple[int, os.DirEntry[str]]]:
 
     Depth 1 is a direct child of ``top``. One ``os.scandir`` iterator per
     open level, nothing else is retained, so memory does not grow with the
-    number of entries. Symlinks are entries, never followed. A subdirectory
-    that vanishes mid-walk (receipt retention removing a bucket) is skipped;
-    ``top`` itself failing to open raises, as do read errors of any level,
-    which the CLI reports as ``stats: <path>: <err>``.
+    number of entries. Symlinks are entries, never followed: every level,
+    ``top`` included, is opened with O_NOFOLLOW relative to its parent's fd,
+    so a symlink planted as (or swapped in for) a directory can never make
+    stats list a directory outside the queue. A subdirectory that vanishes
+    mid-walk (receipt retention removing a bucket) or is replaced by a
+    non-directory is skipped; ``top`` itself failing to open raises, as do
+    read errors of any level, which the CLI reports as ``stats: <path>: <err>``.
     """
-    stack: list[tuple[int, Iterator[os.DirEntry[str]]]] = [(1, os.scandir(top))]
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    top_fd = os.open(top, flags)
+    stack: list[tuple[int, int, Iterator[os.DirEntry[str]]]] = []
+    try:
+        stack.append((1, top_fd, os.scandir(top_fd)))
+    except BaseException:
+        os.close(top_fd)
+        raise
     try:
         while stack:
-            depth, it = stack[-1]
+            depth, dir_fd, it = stack[-1]
             entry = next(it, None)
             if entry is None:
                 it.close()  # type: ignore[attr-defined]
+                os.close(dir_fd)
                 stack.pop()
                 continue
             try:
@@ -178,12 +189,22 @@ def _stream_files(top: str) -> Iterator[tuple[int, os.DirEntry[str]]]:
                 yield depth, entry
                 continue
             try:
-                stack.append((depth + 1, os.scandir(entry.path)))
-            except FileNotFoundError:
+                child = os.open(entry.name, flags, dir_fd=dir_fd)
+            except (FileNotFoundError, NotADirectoryError):
                 continue
+            except OSError as e:
+                if e.errno == errno.ELOOP:  # became a symlink since it was listed
+                    continue
+                raise
+            try:
+                stack.append((depth + 1, child, os.scandir(child)))
+            except BaseException:
+                os.close(child)
+                raise
     finally:
-        for _, it in stack:
+        for _, fd, it in stack:
             it.close()  # type: ignore[attr-defined]
+            os.close(fd)
 
 
 def _mtime_ns(entry: os.DirEntry[str]) -> int | None:
@@ -207,7 +228,7 @@ def stats(queue_root: str, *, now_ns: int | None = None) -> dict[str, StateStats
     out: dict[str, StateStats] = {}
     for state in STATS_STATES:
         top = os.path.join(os.fspath(queue_root), state)
-        if not os.path.isdir(top):
+        if not os.path.isdir(top) or os.path.islink(top):  # a symlinked state dir is never followed
             continue
         tally = _Tally()
         for _, entry in _stream_files(top):
@@ -290,7 +311,7 @@ def detailed_stats(q: Queue, *, now_ns: int | None = None) -> dict[str, StateSta
     ]
     for top, classify in walks:
         path = os.path.join(q.path, top)
-        if not os.path.isdir(path):
+        if not os.path.isdir(path) or os.path.islink(path):  # a symlinked state dir is never followed
             continue
         for depth, entry in _stream_files(path):
             key = classify(depth, entry.name)
