@@ -442,7 +442,12 @@ class Queue:
         if self._inotify is not None:
             return
         ino = inotify_simple.INotify()
-        flags = inotify_simple.flags.CREATE | inotify_simple.flags.MOVED_TO
+        flags = (  # a symlink planted as a shard is never watched through
+            inotify_simple.flags.CREATE
+            | inotify_simple.flags.MOVED_TO
+            | inotify_simple.flags.ONLYDIR
+            | inotify_simple.flags.DONT_FOLLOW
+        )
         base = os.path.join(self.path, READY_DIR)
         for s in range(self.shard_count):
             with contextlib.suppress(OSError):

@@ -50,9 +50,10 @@ from .sweeper import ErrorDigest
 __all__ = ["PromoterRole"]
 
 _F = inotify_simple.flags
-_TOP_MASK = _F.CREATE | _F.MOVED_TO | _F.ONLYDIR
-_BUCKET_MASK = _F.CREATE | _F.MOVED_TO | _F.ONLYDIR
-_SHARD_MASK = _F.CREATE | _F.MOVED_TO | _F.MOVED_FROM | _F.DELETE | _F.ONLYDIR
+# DONT_FOLLOW: a symlink planted as a directory is never watched through.
+_TOP_MASK = _F.CREATE | _F.MOVED_TO | _F.ONLYDIR | _F.DONT_FOLLOW
+_BUCKET_MASK = _F.CREATE | _F.MOVED_TO | _F.ONLYDIR | _F.DONT_FOLLOW
+_SHARD_MASK = _F.CREATE | _F.MOVED_TO | _F.MOVED_FROM | _F.DELETE | _F.ONLYDIR | _F.DONT_FOLLOW
 _ARRIVED = _F.CREATE | _F.MOVED_TO
 _KNOWN_EMPTY_TTL = 3600.0  # forget which past buckets were empty this often (clock oddities elsewhere)
 _STUCK_BACKOFF_MIN = 1.0

@@ -96,8 +96,13 @@ SETTLE_TRIES = 5  # attempts to settle a job after NotCommitted, one second apar
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
 READY_COUNT_SHARDS = 256  # count ready names by listing only up to this many shards
-_WATCH_FLAGS = (
-    inotify_simple.flags.CREATE | inotify_simple.flags.MOVED_TO | inotify_simple.flags.MOVED_FROM | inotify_simple.flags.DELETE
+_WATCH_FLAGS = (  # DONT_FOLLOW/ONLYDIR: a symlink planted as a shard is never watched through
+    inotify_simple.flags.CREATE
+    | inotify_simple.flags.MOVED_TO
+    | inotify_simple.flags.MOVED_FROM
+    | inotify_simple.flags.DELETE
+    | inotify_simple.flags.ONLYDIR
+    | inotify_simple.flags.DONT_FOLLOW
 )
 _APPEAR = inotify_simple.flags.CREATE | inotify_simple.flags.MOVED_TO
 _VANISH = inotify_simple.flags.MOVED_FROM | inotify_simple.flags.DELETE

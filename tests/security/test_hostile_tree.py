@@ -765,3 +765,28 @@ def test_shared_queue_modes_do_not_depend_on_the_producers_umask(tmp_path_factor
             want = 0o040 if name == "FORMAT" else 0o060  # FORMAT is read-only (0440) by design
             assert st.st_gid == QUEUE_GID and st.st_mode & want == want, f"{dirpath}/{name}"
             assert st.st_mode & 0o007 == 0, f"{dirpath}/{name} is accessible to others"
+
+
+def test_blocking_lease_never_watches_through_a_symlinked_shard(tmp_path):
+    """inotify watches use IN_DONT_FOLLOW|IN_ONLYDIR: a shard replaced by a
+    symlink is not watched through, so activity outside the queue can
+    neither wake the consumer nor be observed by it."""
+    import shutil
+
+    from steadqd import Queue
+
+    path = str(tmp_path / "q")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    Queue.init(path, shards=2).close()
+    shard = os.path.join(path, "ready", "0000")
+    shutil.rmtree(shard)
+    os.symlink(outside, shard)
+    with Queue.open(path) as q:
+        with pytest.raises(NotCommitted, match="ready/0000"):  # the scan refuses the symlink
+            q.lease(wait=0.05)  # and sets up the watches first
+        fd = q._inotify.fileno()
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            watched = {int(part.split(":")[1], 16) for line in f if line.startswith("inotify") for part in line.split() if part.startswith("ino:")}
+        assert os.stat(outside).st_ino not in watched
+        assert os.stat(os.path.join(path, "ready", "0001")).st_ino in watched
