@@ -1,0 +1,307 @@
+"""The daemons under load and at rest: wake latency, spawner throughput, idle cost.
+
+Each runs the real ``steadqd <role> <queue>`` console script with a private
+config dir, exactly as systemd would start it (minus the unit's sandbox).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from steadqd import Queue
+
+from .common import log, summary_ms
+
+STAMP_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+/* Records CLOCK_MONOTONIC at the job command's first instruction in DIR/$STEADQ_JOB_ID. */
+int main(int argc, char **argv) {
+    struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+    const char *id = getenv("STEADQ_JOB_ID");
+    char path[4096], buf[32];
+    if (argc < 2 || !id) return 2;
+    snprintf(path, sizeof path, "%s/%s", argv[1], id);
+    int n = snprintf(buf, sizeof buf, "%lld\n", (long long)t.tv_sec * 1000000000LL + t.tv_nsec);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, buf, n) != n) return 1;
+    return close(fd) ? 1 : 0;
+}
+"""
+
+
+def _steadqd() -> list[str]:
+    exe = os.path.join(os.path.dirname(sys.executable), "steadqd")
+    return (
+        [exe]
+        if os.path.exists(exe)
+        else [sys.executable, "-c", "import sys; from steadqd.cli import daemon_main; sys.exit(daemon_main())"]
+    )
+
+
+def build_stamp(workdir: str) -> tuple[list[str], str]:
+    """The job command that stamps its start: a C binary, or Python (slower start) without gcc."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc:
+        src, binary = os.path.join(workdir, "stamp.c"), os.path.join(workdir, "stamp")
+        with open(src, "w") as f:
+            f.write(STAMP_C)
+        if subprocess.run([cc, "-O2", "-o", binary, src], capture_output=True).returncode == 0:
+            return [binary], "C binary (clock_gettime at main)"
+    code = "import os,sys,time;t=time.monotonic_ns();open(os.path.join(sys.argv[1],os.environ['STEADQ_JOB_ID']),'w').write(str(t))"
+    return [sys.executable, "-S", "-c", code], "python -S (includes interpreter start-up)"
+
+
+def _yaml(queue: str, command: list[str], concurrency: int = 1) -> str:
+    return (
+        f"queue: {json.dumps(queue)}\n"
+        "worker:\n"
+        f"  command: {json.dumps(command)}\n"
+        f"  concurrency: {concurrency}\n"
+        "  lease: 60s\n"
+        "  pass_environment: [PATH]\n"
+        "sweeper:\n"
+        "  interval: 30s\n"
+        "promoter:\n"
+        "  enabled: true\n"
+    )
+
+
+class Daemon:
+    """One ``steadqd`` role process with its log in a file; stopped by PID."""
+
+    def __init__(
+        self, workdir: str, cfg_dir: str, role: str, name: str, env_extra: dict[str, str] | None = None
+    ) -> None:
+        self.log_path = os.path.join(workdir, f"{role}-{name}.log")
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LANG": "C.UTF-8",
+            "TMPDIR": os.path.join(workdir, "jobtmp"),
+        }
+        if "PYTHONPATH" in os.environ:
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        os.makedirs(env["TMPDIR"], exist_ok=True)
+        env.update(env_extra or {})
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [*_steadqd(), "--config-dir", cfg_dir, role, name],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+        self.role = role
+
+    def wait_started(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open(self.log_path, errors="replace") as f:
+                if "started" in f.read():
+                    return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise RuntimeError(f"{self.role} did not start: {self.log_text()[-2000:]}")
+
+    def log_text(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+
+def _setup(workdir: str, name: str, command: list[str], concurrency: int = 1) -> tuple[str, str]:
+    qpath = os.path.join(workdir, f"q-{name}")
+    Queue.init(qpath, shards=64).close()
+    cfg = os.path.join(workdir, "cfg")
+    os.makedirs(cfg, exist_ok=True)
+    with open(os.path.join(cfg, f"{name}.yaml"), "w") as f:
+        f.write(_yaml(qpath, command, concurrency))
+    return qpath, cfg
+
+
+def wake_latency(workdir: str, jobs: int) -> dict[str, Any]:
+    """Enqueue returns -> the job's command starts, one job at a time on an idle worker."""
+    stamp, how = build_stamp(workdir)
+    outdir = os.path.join(workdir, "stamps")
+    os.makedirs(outdir, exist_ok=True)
+    qpath, cfg = _setup(workdir, "wake", [*stamp, outdir])
+    d = Daemon(workdir, cfg, "worker", "wake")
+    samples: list[int] = []
+    try:
+        d.wait_started()
+        with Queue.open(qpath) as q:
+            for i in range(jobs):
+                time.sleep(0.02 if i else 0.2)  # let the worker settle into its idle wait
+                job = q.enqueue(b"wake %d" % i)
+                t_ret = time.monotonic_ns()
+                f = os.path.join(outdir, job)
+                deadline = time.monotonic() + 15
+                while not os.path.exists(f) or os.path.getsize(f) == 0:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"job {job} never started:\n{d.log_text()[-2000:]}")
+                    time.sleep(0.0005)
+                with open(f) as fh:
+                    samples.append(int(fh.read()) - t_ret)
+                _wait_state(q, job, "receipt", 15)
+    finally:
+        d.stop()
+    out = summary_ms(samples)
+    out["command"] = how
+    out["min_ms"] = round(min(samples) / 1e6, 3) if samples else None
+    return out
+
+
+def _wait_state(q: Queue, job: str, state: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(i.state.name.lower().startswith(state[:6]) for i in q.inspect(job)):
+            return
+        time.sleep(0.002)
+    raise RuntimeError(f"job {job} did not reach {state}: {q.inspect(job)}")
+
+
+def _receipt_ctimes(qpath: str) -> list[int]:
+    out = []
+    for dirpath, _dirs, files in os.walk(os.path.join(qpath, "receipts")):
+        for fn in files:
+            with contextlib.suppress(OSError):
+                out.append(os.stat(os.path.join(dirpath, fn)).st_ctime_ns)
+    return out
+
+
+def spawner_throughput(workdir: str, jobs: int, concurrency: int) -> dict[str, Any]:
+    """``true`` as the command: jobs enqueued first, then the worker drains them."""
+    true = shutil.which("true") or "/bin/true"
+    name = f"spawn{concurrency}"
+    qpath, cfg = _setup(workdir, name, [true], concurrency)
+    with Queue.open(qpath, deferred=True) as q, q.batch():
+        for i in range(jobs):
+            q.enqueue(b"spawn %d" % i)
+    d = Daemon(workdir, cfg, "worker", name)
+    t_start = time.monotonic()
+    try:
+        d.wait_started()
+        deadline = time.monotonic() + max(60.0, jobs / 20)
+        while len(_receipt_ctimes(qpath)) < jobs:
+            if time.monotonic() > deadline or d.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        t_seen = time.monotonic()
+    finally:
+        rc = d.stop()
+    ctimes = sorted(_receipt_ctimes(qpath))
+    with Queue.open(qpath) as q:
+        detailed = {k: v.objects for k, v in q.stats().items()}
+    span = (ctimes[-1] - ctimes[0]) / 1e9 if len(ctimes) > 1 else 0.0
+    return {
+        "concurrency": concurrency,
+        "jobs": jobs,
+        "acked": len(ctimes),
+        "jobs_per_s": round((len(ctimes) - 1) / span, 2) if span > 0 else None,
+        "first_to_last_ack_s": round(span, 4),
+        "wall_including_startup_s": round(t_seen - t_start, 3),
+        "left_ready": detailed.get("ready", 0),
+        "left_leased": detailed.get("leased", 0),
+        "worker_exit": rc,
+    }
+
+
+# ------------------------------------------------------------------ idle cost
+
+
+def _proc_sample(pid: int) -> dict[str, float]:
+    """CPU time, context switches (summed over every thread) and RSS of one process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    # utime + stime (stat fields 14 and 15) cover the whole thread group.
+    out: dict[str, float] = {"cpu_s_ticks": (int(fields[11]) + int(fields[12])) / ticks, "threads": 0}
+    sched = 0
+    out["voluntary_ctxt_switches"] = out["nonvoluntary_ctxt_switches"] = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        out["threads"] += 1
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                sched += int(f.read().split()[0])  # ns on CPU: finer than clock ticks
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    k, _, v = line.partition(":")
+                    if k in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                        out[k] += int(v)
+    if sched:
+        out["cpu_s_sched"] = sched / 1e9
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmHWM"):
+                out[k] = int(v.split()[0]) / 1024
+    return out
+
+
+def idle_cost(workdir: str, seconds: float) -> dict[str, Any]:
+    """Each role on an empty queue with the unit's watchdog (WatchdogSec=30s): CPU, wake-ups, RSS."""
+    true = shutil.which("true") or "/bin/true"
+    _qpath, cfg = _setup(workdir, "idle", [true], 2)
+    sock_path = os.path.join(workdir, "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.setblocking(False)
+    env = {"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "30000000"}
+    daemons = {role: Daemon(workdir, cfg, role, "idle", env) for role in ("worker", "sweeper", "promoter")}
+    out: dict[str, Any] = {"seconds": seconds, "watchdog_usec": 30_000_000}
+    try:
+        for d in daemons.values():
+            d.wait_started()
+        time.sleep(1.0)  # past start-up work (first sweep, first promoter scan)
+        before = {r: _proc_sample(d.proc.pid) for r, d in daemons.items()}
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        dt = time.monotonic() - t0
+        after = {r: _proc_sample(d.proc.pid) for r, d in daemons.items()}
+        for role in daemons:
+            b, a = before[role], after[role]
+            cpu = a.get("cpu_s_sched", a["cpu_s_ticks"]) - b.get("cpu_s_sched", b["cpu_s_ticks"])
+            vol = a["voluntary_ctxt_switches"] - b["voluntary_ctxt_switches"]
+            invol = a["nonvoluntary_ctxt_switches"] - b["nonvoluntary_ctxt_switches"]
+            out[role] = {
+                "cpu_ms_per_min": round(cpu * 1000 * 60 / dt, 3),
+                "cpu_percent_of_core": round(cpu / dt * 100, 4),
+                "cpu_ticks_s": round(a["cpu_s_ticks"] - b["cpu_s_ticks"], 3),
+                "wakeups_per_min": round((vol + invol) * 60 / dt, 2),
+                "voluntary_per_min": round(vol * 60 / dt, 2),
+                "rss_mb": round(a.get("VmRSS", 0), 1),
+                "peak_rss_mb": round(a.get("VmHWM", 0), 1),
+                "threads": int(a["threads"]),
+            }
+    finally:
+        for d in daemons.values():
+            d.stop()
+        n = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                sock.recv(4096)
+                n += 1
+        sock.close()
+        out["notify_messages"] = n
+    log(f"idle: {json.dumps({k: v for k, v in out.items() if isinstance(v, dict)})}")
+    return out

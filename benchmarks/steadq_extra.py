@@ -1,0 +1,237 @@
+"""steadqd-only measurements: batched mode, scaling with queue depth, the profile.
+
+Scaling trees are written directly (valid job files, no fsync), the way
+tests/integration/test_inspect.py builds its 100k-job queue: going through
+``enqueue`` would spend minutes on fsyncs that say nothing about how a scan
+behaves in a deep queue.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import hashlib
+import io
+import os
+import pstats
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from steadqd import Queue, linux, names
+from steadqd.records import build_header
+
+from .common import Rate, payload_of, summary_ms
+
+
+def batched(path: str, size: int, batch: int, batches: int, seconds: float) -> dict[str, Any]:
+    """Deferred mode: a batch of ``batch`` enqueues, then a batch of ``batch`` lease+ack, one barrier set each."""
+    q = Queue.open(path, deferred=True)
+    try:
+        payload = payload_of(size)
+        start = time.perf_counter()
+        done = 0
+        enq_time = 0.0
+        for _ in range(batches):
+            t = time.perf_counter()
+            with q.batch():
+                for _ in range(batch):
+                    q.enqueue(payload)
+            enq_time += time.perf_counter() - t
+            with q.batch():
+                for _ in range(batch):
+                    lease = q.lease()
+                    if lease is None:
+                        raise RuntimeError("batched: a job enqueued in this run is missing")
+                    lease.payload()
+                    q.ack(lease)
+            done += batch
+            if time.perf_counter() - start > seconds:
+                break
+        total = time.perf_counter() - start
+    finally:
+        q.close()
+    return {
+        "batch_size": batch,
+        "lifecycle": Rate(done, total).to_json(),
+        "enqueue_only": Rate(done, enq_time).to_json(),
+    }
+
+
+def syscalls_per_job(path: str, size: int) -> dict[str, dict[str, int]]:
+    """Syscalls of one warm strict lifecycle, per phase (from steadqd.linux.trace)."""
+    q = Queue.open(path)
+    try:
+        payload = payload_of(size)
+        for _ in range(3):  # warm the directory cache
+            q.enqueue(payload)
+            lease = q.lease()
+            assert lease is not None
+            lease.payload()
+            q.ack(lease)
+        out: dict[str, dict[str, int]] = {}
+        with linux.trace() as ev:
+            q.enqueue(payload)
+        out["enqueue"] = dict(Counter(e.op for e in ev))
+        with linux.trace() as ev:
+            lease = q.lease()
+        out["lease"] = dict(Counter(e.op for e in ev))
+        assert lease is not None
+        with linux.trace() as ev:
+            lease.payload()
+        out["payload"] = dict(Counter(e.op for e in ev))
+        with linux.trace() as ev:
+            q.ack(lease)
+        out["ack"] = dict(Counter(e.op for e in ev))
+        return out
+    finally:
+        q.close()
+
+
+def profile_lifecycle(path: str, size: int, jobs: int) -> dict[str, Any]:
+    """cProfile of ``jobs`` strict lifecycles; the top functions by own time and by cumulative time."""
+    q = Queue.open(path)
+    payload = payload_of(size)
+    prof = cProfile.Profile()
+    try:
+        start = time.perf_counter()
+        prof.enable()
+        for _ in range(jobs):
+            q.enqueue(payload)
+            lease = q.lease()
+            assert lease is not None
+            lease.payload()
+            q.ack(lease)
+        prof.disable()
+        wall = time.perf_counter() - start
+    finally:
+        q.close()
+    st = pstats.Stats(prof)
+    total = st.total_tt  # type: ignore[attr-defined]
+
+    def rows(key: str, n: int) -> list[dict[str, Any]]:
+        items = []
+        for (file, line, func), (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+            short = file.split("/steadqd/")[-1] if "/steadqd/" in file else os.path.basename(file)
+            items.append(
+                {
+                    "function": f"{short}:{line}({func})",
+                    "calls_per_job": round(nc / jobs, 2),
+                    "own_us_per_job": round(tt / jobs * 1e6, 1),
+                    "cum_us_per_job": round(ct / jobs * 1e6, 1),
+                    "own_share": round(tt / total, 4) if total else 0.0,
+                }
+            )
+        items.sort(key=lambda r: r[key], reverse=True)
+        return items[:n]
+
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    return {
+        "jobs": jobs,
+        "wall_s": round(wall, 4),
+        "profiled_us_per_job": round(total / jobs * 1e6, 1),
+        "top_own": rows("own_us_per_job", 20),
+        "top_cumulative": rows("cum_us_per_job", 25),
+        "text": buf.getvalue(),
+    }
+
+
+# ------------------------------------------------------------------ scaling
+
+
+def write_ready_jobs(q: Queue, n: int) -> None:
+    """``n`` valid ready jobs written directly (no fsync); byte layout learnt from one real enqueue."""
+    fmt = q.format
+    _, rel = q.enqueue_detailed(payload_of(100))
+    template = Path(q.path, rel).read_bytes()
+    ext_len = int.from_bytes(template[12:16], "big")
+    ext = template[128 : 128 + ext_len]
+    payload = template[128 + ext_len :]
+    digest = hashlib.sha256(payload).digest()
+    dir_fds = {s: os.open(os.path.join(q.path, "ready", names.shard_dir(s)), os.O_RDONLY) for s in range(q.shard_count)}
+    try:
+        for _ in range(n - 1):
+            job = os.urandom(16)
+            header = build_header(
+                job_id=job,
+                max_attempts=3,
+                created_at_ns=1,
+                extension=ext,
+                payload_length=len(payload),
+                payload_digest=digest,
+            )
+            shard = names.shard_of(fmt.queue_id, job, fmt.shard_count)
+            name = names.make_filename(
+                fmt.queue_id, names.ready_name(job, 0, 0, 3), shard=shard, lease_width_ns=fmt.lease_width_ns
+            )
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fds[shard])
+            try:
+                os.write(fd, header.encode() + ext + payload)
+            finally:
+                os.close(fd)
+    finally:
+        for fd in dir_fds.values():
+            os.close(fd)
+
+
+def scaling_point(root: str, n: int, leases: int) -> dict[str, Any]:
+    """Lease latency and stats time with ``n`` ready jobs (the tree is removed afterwards)."""
+    from steadqd import inspect as insp
+
+    path = os.path.join(root, f"scale-{n}")
+    shutil.rmtree(path, ignore_errors=True)
+    out: dict[str, Any] = {"ready_jobs": n}
+    try:
+        q = Queue.init(path, shards=64)
+        try:
+            t = time.perf_counter()
+            write_ready_jobs(q, n)
+            out["generate_s"] = round(time.perf_counter() - t, 2)
+            os.sync()  # settle writeback so it does not land inside the measurement
+            samples: list[int] = []
+            for _ in range(leases):
+                t0 = time.perf_counter_ns()
+                lease = q.lease()
+                samples.append(time.perf_counter_ns() - t0)
+                if lease is None:
+                    raise RuntimeError(f"scaling: queue of {n} jobs reported empty")
+                q.ack(lease)
+            out["lease"] = summary_ms(samples)
+            # The same with the claim's directory fsync deferred to the end of a batch:
+            # isolates the scan/verify cost, which is what depth could change, from
+            # the fsync, which is the disk's (and its other tenants').
+            scan: list[int] = []
+            with q.batch():
+                for _ in range(leases):
+                    t0 = time.perf_counter_ns()
+                    lease = q.lease()
+                    scan.append(time.perf_counter_ns() - t0)
+                    if lease is None:
+                        raise RuntimeError(f"scaling: queue of {n} jobs reported empty")
+                    q.ack(lease)
+            out["lease_without_fsync"] = summary_ms(scan)
+        finally:
+            q.close()
+        t = time.perf_counter()
+        s = insp.stats(path)
+        out["stats_inprocess_s"] = round(time.perf_counter() - t, 4)
+        steadq = os.path.join(os.path.dirname(sys.executable), "steadq")
+        argv = (
+            [steadq, "stats", path]
+            if os.path.exists(steadq)
+            else [sys.executable, "-m", "steadqd.steadq_cli", "stats", path]
+        )
+        t = time.perf_counter()
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        out["stats_cli_s"] = round(time.perf_counter() - t, 4)
+        out["stats_cli_ok"] = r.returncode == 0
+        out["stats_ready_objects"] = s["ready"].objects
+    finally:
+        t = time.perf_counter()
+        shutil.rmtree(path, ignore_errors=True)
+        out["cleanup_s"] = round(time.perf_counter() - t, 2)
+    return out
