@@ -116,6 +116,7 @@ class Tree:
         self._dirty: dict[tuple[int, int], int] = {}
         self._pins = 0
         self._unsynced: set[str] = set()  # parents whose new entries may not be durable yet
+        self._complete_buckets: set[str] = set()  # sharded buckets this handle filled with every shard
         self.batching = 0  # > 0 inside Queue.batch(): every barrier waits for sync()
         self._lock = threading.RLock()
 
@@ -190,11 +191,20 @@ class Tree:
             )
             if is_sharded_bucket:
                 bucket_fd = self.ensure_dir(parent_rel)
+                if parent_rel in self._complete_buckets:
+                    # This handle already made every shard of the bucket (layout.md
+                    # rule 4): open the one wanted; recreate only if it vanished.
+                    try:
+                        return self.dir(rel)
+                    except FileNotFoundError:
+                        self._complete_buckets.discard(parent_rel)
                 names = [shard_dir(s) for s in range(self.shard_count)]
             else:
                 bucket_fd = self.root_fd if not parent_rel else self.ensure_dir(parent_rel)
                 names = [parts[-1]]
             self._mkdirs_durably(parent_rel, bucket_fd, names)
+            if is_sharded_bucket:
+                self._complete_buckets.add(parent_rel)
             return self.dir(rel)
 
     def _mkdirs_durably(self, parent_rel: str, parent_fd: int, names: list[str]) -> None:
