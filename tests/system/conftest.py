@@ -23,7 +23,6 @@ import json
 import os
 import secrets
 import sys
-import sysconfig
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,8 +33,6 @@ from . import sysroot
 from .sysroot import SystemdRoot
 
 PROJECT = Path(__file__).resolve().parents[2]
-# The site-packages of the venv running the tests: editable steadqd plus compiled dependencies.
-VENV_SITE = sysconfig.get_paths()["purelib"]
 # The root's /tmp and /run are fresh tmpfs instances: a checkout or venv there
 # (e.g. a CI clone under /tmp) is bind-mounted read-only at the same path.
 HIDDEN_PREFIXES = ("/tmp/", "/run/", "/dev/")
@@ -139,6 +136,28 @@ def _processes_in(ns_link: str) -> list[int]:
     return pids
 
 
+RUNTIME_MODULES = ("steadqd", "cffi", "_cffi_backend", "pycparser", "systemd", "yaml", "_yaml", "inotify_simple")
+
+
+def runtime_paths() -> list[str]:
+    """Files and package dirs of steadqd and its runtime dependencies, as installed here.
+
+    They are copied into the root's venv rather than referenced: the units'
+    PrivateTmp= hides a checkout or venv under /tmp (where CI may clone) from
+    the services, and a real installation does not point into a checkout.
+    """
+    import importlib.util
+
+    paths = []
+    for name in RUNTIME_MODULES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue  # optional (e.g. yaml's C extension)
+        origin = Path(spec.origin)
+        paths.append(str(origin.parent if spec.submodule_search_locations else origin))
+    return paths
+
+
 def install_project(root: SystemdRoot) -> None:
     """Install steadqd into the root like an administrator would.
 
@@ -147,8 +166,8 @@ def install_project(root: SystemdRoot) -> None:
     daemons; boot.sh therefore bind-mounts that Python installation at
     /opt/steadq-python (read-only) and this registers its lib/ with ldconfig
     (its RUNPATH points into /root). A venv at /opt/steadq/venv built from
-    that interpreter loads the project's own site-packages (the editable
-    install and the compiled dependencies), so nothing of the host's venv is
+    that interpreter gets copies of steadqd and its runtime dependencies
+    (:func:`runtime_paths`), so nothing of the host's venv is used or
     modified, and /usr/bin/steadqd and /usr/bin/steadq are the console
     entry points, as the docs' "symlink into /usr/bin" installation.
     """
@@ -159,7 +178,7 @@ def install_project(root: SystemdRoot) -> None:
         ldconfig
         /opt/steadq-python/bin/python3 -m venv --without-pip {VENV}
         site=$({VENV}/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-        echo "import site; site.addsitedir('{VENV_SITE}')" > "$site/steadq-host-venv.pth"
+        cp -a {" ".join(runtime_paths())} "$site/"
         for cmd in steadqd:daemon_main:steadqd.cli steadq:main:steadqd.steadq_cli; do
             name=${{cmd%%:*}}; rest=${{cmd#*:}}; fn=${{rest%%:*}}; mod=${{rest#*:}}
             printf '#!{VENV}/bin/python3\\nimport sys\\nfrom %s import %s\\nsys.exit(%s())\\n' "$mod" "$fn" "$fn" \

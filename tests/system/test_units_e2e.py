@@ -52,7 +52,11 @@ def prop(root: SystemdRoot, unit: str, name: str) -> str:
 def ensure_demo(root: SystemdRoot) -> None:
     """The demo worker (and what it pulls in) enabled and running, whatever an earlier test left."""
     root.run("systemctl", "reset-failed", *DEMO_UNITS, check=False)
-    root.run("systemctl", "enable", "--now", "steadq-worker@demo")
+    r = root.run("systemctl", "enable", "--now", "steadq-worker@demo", check=False)
+    if r.returncode != 0:  # say why, from systemd itself: CI logs are all we get there
+        status = root.run("systemctl", "status", "--no-pager", "-l", *DEMO_UNITS, check=False).stdout
+        journal = root.run("journalctl", "--no-pager", "-n", "60", "-u", "steadq-worker@demo", check=False).stdout
+        raise AssertionError(f"enable --now failed ({r.returncode}): {r.stderr}\n{status}\n{journal}")
     for u in DEMO_UNITS:
         wait_for(f"{u} active", lambda u=u: active(root, u) == "active")
 
