@@ -1,0 +1,419 @@
+"""The Debian package and the appliance bundle, installed into a clean root booted with real systemd.
+
+Why: tests/packaging proves the artefacts are built right (contents, maintainer scripts, lintian),
+but only a real systemd shows that they *work* as an administrator uses them (issue 7, "Done
+when"): `apt-get install ./steadqd_*.deb` offline creates the user and the spool, enables
+steadq.target and no template; `systemctl enable --now steadq-worker@demo` runs jobs; an upgrade
+to a higher version restarts the worker (new MainPID) and keeps every queued job; `apt-get remove`
+stops the units and leaves every job on disk; a reinstall starts the enabled queue again and
+finishes them; purge keeps /var/lib/steadq. The bundle goes through the same cycle with
+install.sh / a second install.sh (upgrade) / uninstall.sh / install.sh.
+
+Each cycle boots its OWN root (not the tier's shared ``system_root``, which installs the project
+by hand and would conflict with the package). Both roots have the host's / as the overlay's lower
+layer and no network, so the .deb's dependencies (python3-systemd, python3-cffi, python3-yaml)
+must be installed on the host: the test skips naming them otherwise. The artefacts are built
+once per session with packaging/build-deb.sh (twice: the second with ``--version 0.1.0+1``, what
+``make deb DEB_VERSION=0.1.0+1`` runs) and build-bundle.sh into pytest's temporary directory,
+which is bind-mounted read-only into the roots.
+
+Timing: the builds take ~25 s, each cycle ~30-60 s. The only timing premise is that a burst of
+jobs of 0.5 s each is not finished before the upgrade/removal starts; it is checked (the queue
+must still hold ready jobs), never assumed, and a violated premise fails with that message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from . import sysroot
+from .conftest import EXTRA_BINDS, _ns_inode, _processes_in, _unavailable, main_pid, queue_state, wait_for
+from .sysroot import SystemdRoot
+
+pytestmark = [pytest.mark.system, pytest.mark.packaging]
+
+REPO = Path(__file__).resolve().parents[2]
+PKG = REPO / "packaging"
+UPGRADE_VERSION = "0.1.0+1"
+HOST_DEPENDENCIES = ("python3", "python3-systemd", "python3-cffi", "python3-yaml")
+CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": os.environ.get("HOME", "/root"), "LC_ALL": "C.UTF-8"}
+APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
+QUEUE = "/var/lib/steadq/demo"
+RESULTS = "/var/lib/steadq/results"
+JOB = "/usr/local/bin/steadq-e2e-job"
+UNITS = ("steadq-worker@demo.service", "steadq-sweeper@demo.service", "steadq-promoter@demo.service")
+DEADLINE = 90.0  # generous for a loaded 2-core box; every wait ends as soon as its fact holds
+
+# The job command: payloads containing "slow" take 0.5 s. Every run appends
+# "<job_id> <attempt> <worker pid> start|done" to runs.log ($PPID is the daemon that spawned it,
+# so the log shows which worker process, before or after an upgrade, ran each job).
+JOB_SCRIPT = r"""#!/bin/sh
+set -u
+payload=$(cat)
+log=/var/lib/steadq/results/runs.log
+echo "$STEADQ_JOB_ID $STEADQ_ATTEMPT $PPID start" >> "$log"
+case "$payload" in *slow*) sleep 0.5 ;; esac
+echo "$STEADQ_JOB_ID $STEADQ_ATTEMPT $PPID done" >> "$log"
+"""
+
+
+@dataclass(frozen=True)
+class Artefacts:
+    deb: Path  # the version in packaging/debian/changelog
+    deb_upgrade: Path  # the same tree rebuilt as UPGRADE_VERSION
+    bundle: Path  # steadqd-bundle-<version>-<arch>.tar.gz
+    dist: Path  # the directory holding them, bind-mounted into the roots
+
+
+def _build(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, env=CLEAN_ENV, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        _build_unavailable(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def _build_unavailable(reason: str) -> None:
+    """A build that cannot run skips (fails under STEADQ_PACKAGING_TESTS=1, like tests/packaging)."""
+    if os.environ.get("STEADQ_PACKAGING_TESTS", "").strip() == "1":
+        pytest.fail(reason)
+    pytest.skip(f"packages unavailable: {reason}")
+
+
+@pytest.fixture(scope="module")
+def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
+    """Both .deb versions and the bundle, built once for this module (what `make deb`/`make bundle` run)."""
+    if os.environ.get("STEADQ_SYSTEM_TESTS") == "skip":
+        pytest.skip("system tests disabled (STEADQ_SYSTEM_TESTS=skip)")
+    if os.environ.get("STEADQ_PACKAGING_TESTS", "").strip() == "0":
+        pytest.skip("STEADQ_PACKAGING_TESTS=0")
+    try:
+        sysroot.check_prerequisites()
+    except sysroot.Unavailable as e:
+        _unavailable(str(e))
+    if shutil.which("dpkg-query") is None:
+        _build_unavailable("not a Debian system (no dpkg-query)")
+    # The roots are offline and see the host's packages: the .deb's Depends must be there.
+    for dep in HOST_DEPENDENCIES:
+        st = subprocess.run(["dpkg-query", "-W", "-f=${Status}", dep], capture_output=True, text=True)
+        if "install ok installed" not in st.stdout:
+            _build_unavailable(
+                f"{dep} is not installed on the host (the offline test root needs it: apt-get install {dep})"
+            )
+    base = tmp_path_factory.mktemp("pkg-e2e")
+    dist = base / "dist"
+    _build(["bash", str(PKG / "build-deb.sh"), "--out", str(dist), "--work", str(base / "deb1"), "--no-lintian"])
+    _build(
+        [
+            "bash",
+            str(PKG / "build-deb.sh"),
+            "--out",
+            str(dist),
+            "--work",
+            str(base / "deb2"),
+            "--no-lintian",
+            "--version",
+            UPGRADE_VERSION,
+        ]
+    )
+    _build(["bash", str(PKG / "build-bundle.sh"), "--out", str(dist), "--work", str(base / "bundle")])
+    debs = sorted(dist.glob("steadqd_*_all.deb"))
+    upgrade = [d for d in debs if d.name == f"steadqd_{UPGRADE_VERSION}_all.deb"]
+    first = [d for d in debs if d not in upgrade]
+    bundles = sorted(dist.glob("steadqd-bundle-*.tar.gz"))
+    assert len(first) == 1 and len(upgrade) == 1 and len(bundles) == 1, (debs, bundles)
+    # The root's /tmp is a fresh tmpfs: dist is bind-mounted (read-only) at the same path.
+    # (apt-get reads the .deb as root: "unsandboxed" download notice, harmless.)
+    return Artefacts(deb=first[0], deb_upgrade=upgrade[0], bundle=bundles[0], dist=dist)
+
+
+@pytest.fixture
+def clean_root(artefacts: Artefacts) -> Iterator[SystemdRoot]:
+    """A freshly booted root WITHOUT the project installed; torn down and leak-checked afterwards."""
+    sysroot.reap_stale()
+    root = SystemdRoot(binds=(*EXTRA_BINDS, str(artefacts.dist)))
+    pid_ns = None
+    problems: list[str] = []
+    try:
+        state = root.boot()
+        pid_ns = _ns_inode(root.pid1, "pid") if root.pid1 else None
+        if state != "running":
+            raise AssertionError(f"the test root booted {state}; failed units:\n{root.failed_units()}")
+        # A container image's /usr/sbin/policy-rc.d ("exit 101", Docker's default) makes
+        # deb-systemd-invoke skip every start/stop/restart of maintainer scripts. A real system has
+        # none; remove it in the overlay only (a whiteout in the upper layer, the host keeps it).
+        root.run("rm", "-f", "/usr/sbin/policy-rc.d")
+        yield root
+    finally:
+        problems = root.cleanup()
+        if pid_ns is not None:
+            left: list[int] = []
+            for _ in range(50):
+                left = _processes_in(pid_ns)
+                if not left:
+                    break
+                time.sleep(0.1)
+            else:
+                problems.append(f"processes left in the test root's PID namespace: {left}")
+        if root.dir is not None and (os.path.exists(root.dir) or sysroot.host_mounts_under(root.dir)):
+            problems.append(f"{root.dir} or a mount below it is still there")
+    if problems:
+        raise AssertionError("the package test root leaked:\n" + "\n".join(problems))
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _runs(root: SystemdRoot) -> list[tuple[str, str, str, str]]:
+    """(job_id, attempt, worker pid, start|done) per line of the job command's log (host view)."""
+    try:
+        text = Path(root.host_path(f"{RESULTS}/runs.log")).read_text()
+    except FileNotFoundError:
+        return []
+    return [tuple(line.split()) for line in text.splitlines() if line.strip()]  # type: ignore[misc]
+
+
+def _state(root: SystemdRoot) -> dict[str, set[str]]:
+    """Job ids per state, by the independent tree walker, read while a worker may be settling.
+
+    An ack publishes the receipt before it unlinks the leased object, so a walk that runs in
+    between sees the job twice (check_tree calls that an invariant violation). Such a walk is
+    repeated; a violation that persists (a real one, or one in a quiescent queue) still fails.
+    """
+    for _ in range(20):
+        try:
+            return queue_state(root, "demo")
+        except AssertionError:
+            time.sleep(0.1)
+    return queue_state(root, "demo")
+
+
+def _put(root: SystemdRoot, steadq: str, payloads: list[str]) -> list[str]:
+    """Enqueue one job per payload (bulk, as the steadq user); returns the job ids in order."""
+    lines = "".join(f'"{p}"\n' for p in payloads)
+    r = root.run(steadq, "put", QUEUE, "--jsonl", "-", "--print-ids", user="steadq", input=lines)
+    ids = [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+    assert len(ids) == len(payloads), r.stdout + r.stderr
+    return ids
+
+
+def _wait_done_once(root: SystemdRoot, ids: list[str], what: str) -> None:
+    """Every job of ``ids`` has a receipt and ran exactly once (one start, one done)."""
+    wanted = set(ids)
+
+    def finished() -> bool:
+        return wanted <= _state(root)["receipts"]
+
+    wait_for(f"receipts for every job ({what})", finished, timeout=DEADLINE, interval=0.25)
+    runs = [r for r in _runs(root) if r[0] in wanted]
+    for event in ("start", "done"):
+        counts = Counter(r[0] for r in runs if r[3] == event)
+        assert counts == Counter({i: 1 for i in ids}), f"{what}: {event} counts {counts}"
+
+
+def _active(root: SystemdRoot, unit: str) -> str:
+    return root.run("systemctl", "is-active", unit, check=False).stdout.strip()
+
+
+def _steadq_processes(root: SystemdRoot) -> str:
+    return root.run("pgrep", "-a", "-u", "steadq", check=False).stdout.strip()
+
+
+def _check_fresh_install(root: SystemdRoot, steadq: str) -> None:
+    """User, spool, steadq.target enabled and active, no template instance enabled by the installer."""
+    assert root.run("getent", "passwd", "steadq").stdout.strip()
+    assert root.run("getent", "group", "steadq").stdout.strip()
+    assert root.run("stat", "-c", "%a %U %G", "/var/lib/steadq").stdout.split() == ["2770", "steadq", "steadq"]
+    assert root.run("systemctl", "is-enabled", "steadq.target").stdout.strip() == "enabled"
+    wait_for("steadq.target active", lambda: _active(root, "steadq.target") == "active")
+    # Enablement links are symlinks (the bundle's unit files in /etc/systemd/system are not).
+    links = root.run("find", "/etc/systemd/system", "-type", "l", "-name", "steadq*@*", check=False).stdout.strip()
+    assert links == "", f"the installer enabled a template instance: {links}"
+    for unit in UNITS:
+        assert _active(root, unit) == "inactive", unit
+    root.run(steadq, "--help")
+
+
+def _setup_demo(root: SystemdRoot, steadq: str) -> None:
+    """What docs/packaging.md tells the administrator: a shared queue and demo.yaml from the example."""
+    root.run("install", "-m", "0755", "/dev/stdin", JOB, input=JOB_SCRIPT)
+    root.run("install", "-d", "-m", "2770", "-o", "steadq", "-g", "steadq", RESULTS)
+    root.run(steadq, "init", QUEUE, "--shared", "--shards", "4", user="steadq")
+    assert root.run("stat", "-c", "%a %U %G", QUEUE).stdout.split() == ["2770", "steadq", "steadq"]
+    root.sh(
+        f"""
+        sed -e 's#^queue: .*#queue: {QUEUE}#' \\
+            -e 's#^  command: .*#  command: ["{JOB}"]#' \\
+            -e 's#^  concurrency: [0-9]*#  concurrency: 1#' \\
+            /etc/steadq/queues/example.yaml > /etc/steadq/queues/demo.yaml
+        grep -q '^queue: {QUEUE}$' /etc/steadq/queues/demo.yaml
+        grep -q '^  command: \\["{JOB}"\\]$' /etc/steadq/queues/demo.yaml
+        grep -q '^  concurrency: 1 ' /etc/steadq/queues/demo.yaml
+        """
+    )
+
+
+def _still_queued(root: SystemdRoot, ids: list[str], when: str) -> set[str]:
+    """The premise of the upgrade/removal checks: some of ``ids`` have not run yet."""
+    ready = _state(root)["ready"] & set(ids)
+    assert ready, f"premise: jobs must still be queued {when}, but all of them already ran"
+    return ready
+
+
+@dataclass(frozen=True)
+class Installer:
+    """How one artefact is installed, upgraded, removed and reinstalled inside the root."""
+
+    steadq: str  # the CLI path it installs
+    install: Callable[[SystemdRoot], None]
+    upgrade: Callable[[SystemdRoot], None]
+    remove: Callable[[SystemdRoot], None]
+    removed_paths: tuple[str, ...]  # gone after remove
+
+
+def _cycle(root: SystemdRoot, inst: Installer) -> None:
+    """install -> enable, jobs run -> upgrade under load -> remove under load -> reinstall -> all done."""
+    assert root.run("getent", "passwd", "steadq", check=False).returncode != 0, "the clean root already has steadq"
+    t0 = time.monotonic()
+    inst.install(root)
+    _check_fresh_install(root, inst.steadq)
+    _setup_demo(root, inst.steadq)
+
+    # 1. enable --now runs jobs.
+    root.run("systemctl", "enable", "--now", "steadq-worker@demo")
+    for unit in UNITS:
+        wait_for(f"{unit} active", lambda u=unit: _active(root, u) == "active")
+    first = _put(root, inst.steadq, ["hello-1", "hello-2", "hello-3"])
+    _wait_done_once(root, first, "after install")
+
+    # 2. upgrade while jobs are queued: worker restarted, no job lost or run twice.
+    pid_before = main_pid(root, "steadq-worker@demo.service")
+    assert pid_before > 0
+    burst = _put(root, inst.steadq, [f"slow-up-{i}" for i in range(24)])
+    _still_queued(root, burst, "when the upgrade starts")
+    inst.upgrade(root)
+    wait_for("worker active after the upgrade", lambda: _active(root, "steadq-worker@demo.service") == "active")
+    pid_after = main_pid(root, "steadq-worker@demo.service")
+    assert pid_after not in (0, pid_before), f"the upgrade did not restart the worker (MainPID {pid_before})"
+    _wait_done_once(root, burst, "across the upgrade")
+    ran_by = {r[2] for r in _runs(root) if r[0] in set(burst) and r[3] == "done"}
+    assert str(pid_after) in ran_by, f"no queued job ran in the upgraded worker {pid_after}: {ran_by}"
+
+    # 3. remove while jobs are queued: units stopped, every job still on disk.
+    burst2 = _put(root, inst.steadq, [f"slow-rm-{i}" for i in range(16)])
+    _still_queued(root, burst2, "when the removal starts")
+    inst.remove(root)
+    for unit in (*UNITS, "steadq.target"):
+        assert _active(root, unit) in ("inactive", "unknown"), f"{unit} still {_active(root, unit)} after removal"
+    assert _steadq_processes(root) == "", "steadq processes survived the removal"
+    for path in inst.removed_paths:
+        assert root.run("test", "-e", path, check=False).returncode != 0, f"{path} survived the removal"
+    state = queue_state(root, "demo")
+    assert not state["leased"] & set(burst2), "a drained worker left a lease behind"
+    assert set(burst2) <= state["ready"] | state["receipts"], "a queued job vanished with the removal"
+    assert state["ready"] & set(burst2), "no queued job was left on disk to test the reinstall with"
+    assert set(first) | set(burst) <= state["receipts"], "receipts vanished with the removal"
+    assert root.run("stat", "-c", "%a %U %G", "/var/lib/steadq").stdout.split() == ["2770", "steadq", "steadq"]
+    assert root.run("test", "-f", "/etc/steadq/queues/demo.yaml", check=False).returncode == 0
+    assert root.run("getent", "passwd", "steadq").stdout.strip()
+
+    # 4. reinstall: the still-enabled queue starts again by itself and finishes every job.
+    inst.upgrade(root)
+    wait_for("worker active after the reinstall", lambda: _active(root, "steadq-worker@demo.service") == "active")
+    _wait_done_once(root, burst2, "across remove + reinstall")
+    final = queue_state(root, "demo")
+    assert not final["ready"] and not final["leased"] and not final["dead"], final
+    print(f"cycle took {time.monotonic() - t0:.1f}s")
+
+
+# -- the Debian package -------------------------------------------------------------------------
+
+
+def _apt(root: SystemdRoot, *args: str) -> subprocess.CompletedProcess[str]:
+    return root.run("apt-get", "-y", "-q", *args, env=APT_ENV, timeout=180)
+
+
+def test_deb_install_enable_upgrade_remove_reinstall_purge(clean_root: SystemdRoot, artefacts: Artefacts) -> None:
+    root = clean_root
+    deb, deb2 = str(artefacts.deb), str(artefacts.deb_upgrade)
+
+    def version() -> str:
+        return root.run("dpkg-query", "-W", "-f=${Version}", "steadqd").stdout.strip()
+
+    def install(r: SystemdRoot) -> None:
+        _apt(r, "install", deb)
+        assert version() == artefacts.deb.name.split("_")[1]
+
+    def upgrade(r: SystemdRoot) -> None:
+        _apt(r, "install", deb2)
+        assert version() == UPGRADE_VERSION
+
+    def remove(r: SystemdRoot) -> None:
+        _apt(r, "remove", "steadqd")
+        st = r.run("dpkg-query", "-W", "-f=${Status}", "steadqd", check=False).stdout
+        assert "config-files" in st, st
+
+    _cycle(
+        root,
+        Installer(
+            steadq="/usr/bin/steadq",
+            install=install,
+            upgrade=upgrade,
+            remove=remove,
+            removed_paths=("/usr/bin/steadq", "/usr/bin/steadqd", "/lib/systemd/system/steadq-worker@.service"),
+        ),
+    )
+
+    # purge: says what it leaves; the queues, the user and the admin's config stay.
+    r = _apt(root, "purge", "steadqd")
+    assert "/var/lib/steadq" in r.stdout + r.stderr, "purge did not say what it leaves"
+    assert root.run("dpkg-query", "-W", "steadqd", check=False).returncode != 0 or "not-installed" in (
+        root.run("dpkg-query", "-W", "-f=${Status}", "steadqd", check=False).stdout
+    )
+    assert root.run("test", "-e", "/etc/steadq/queues/example.yaml", check=False).returncode != 0
+    assert root.run("test", "-f", "/etc/steadq/queues/demo.yaml", check=False).returncode == 0
+    assert root.run("getent", "passwd", "steadq").stdout.strip()
+    wants = root.run("find", "/etc/systemd/system", "-type", "l", "-name", "steadq*@*", check=False).stdout.strip()
+    assert wants == "", f"purge left instance links: {wants}"
+    receipts = queue_state(root, "demo")["receipts"]
+    assert len(receipts) == 3 + 24 + 16, "purge touched the queue"
+
+
+# -- the appliance bundle -----------------------------------------------------------------------
+
+
+def test_bundle_install_enable_upgrade_uninstall_reinstall(clean_root: SystemdRoot, artefacts: Artefacts) -> None:
+    root = clean_root
+    top = re.sub(r"\.tar\.gz$", "", artefacts.bundle.name)
+    root.run("mkdir", "-p", "/root/bundle")
+    root.run("tar", "-C", "/root/bundle", "-xzf", str(artefacts.bundle))
+    unpacked = f"/root/bundle/{top}"
+    assert root.run("test", "-x", f"{unpacked}/install.sh", check=False).returncode == 0, "no install.sh at the top"
+
+    def install(r: SystemdRoot) -> None:
+        r.run("sh", "-c", f"cd {unpacked} && ./install.sh", timeout=180)
+        assert r.run("readlink", "/usr/local/bin/steadq").stdout.strip() == "/opt/steadq/bin/steadq"
+        unit = r.run("systemctl", "cat", "steadq-worker@.service").stdout
+        assert "ExecStart=/opt/steadq/bin/steadqd worker %i" in unit
+
+    def remove(r: SystemdRoot) -> None:
+        r.run("/opt/steadq/share/steadq/uninstall.sh", timeout=180)
+
+    _cycle(
+        root,
+        Installer(
+            steadq="/usr/local/bin/steadq",
+            install=install,
+            upgrade=install,
+            remove=remove,
+            removed_paths=("/opt/steadq", "/usr/local/bin/steadq", "/etc/systemd/system/steadq-worker@.service"),
+        ),
+    )
