@@ -24,6 +24,7 @@ from .errors import ConfigError
 DEFAULT_CONFIG_DIR = "/etc/steadq/queues"
 CONFIG_DIR_ENV = "STEADQ_CONFIG_DIR"
 MAX_CONFIG_BYTES = 256 * 1024
+MAX_CONFIG_DEPTH = 32  # nesting levels; bounds yaml.compose recursion
 DEAD_RETENTION_MIN = 3600.0  # seconds; sweeper.dead_retention's lower bound
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -204,9 +205,18 @@ class _Doc:
 
 def _compose(text: str, path: str) -> yaml.Node:
     """Parse with the safe loader, refusing anchors, aliases and tags first."""
+    depth = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             line = event.start_mark.line + 1
+            # yaml.compose recurses once per nesting level: refuse deep nesting
+            # here (the schema needs < 10 levels) instead of hitting RecursionError.
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_CONFIG_DEPTH:
+                    raise ConfigError(f"YAML nesting deeper than {MAX_CONFIG_DEPTH} levels", path=path, line=line)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 raise ConfigError("YAML anchors and aliases are not allowed", path=path, line=line)
             tag = getattr(event, "tag", None)

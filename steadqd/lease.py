@@ -132,8 +132,9 @@ class Lease:
         """Parse a handle file; returns the lease and its queue_id (hex or None)."""
         try:
             doc = json.loads(text)
-        except ValueError as e:
-            raise InvalidInput(f"handle file is not JSON: {e}") from e
+        except (ValueError, RecursionError) as e:
+            # RecursionError: deeply nested arrays in a forged handle file.
+            raise InvalidInput(f"handle file is not JSON: {e}") from None
         if not isinstance(doc, dict):
             raise InvalidInput("handle file must hold a JSON object")
 
@@ -149,12 +150,11 @@ class Lease:
 
         def hexfield(key: str, nbytes: int) -> bytes:
             v = need(key, str)
-            if len(v) != 2 * nbytes or v != v.lower():
+            # Character check first: bytes.fromhex skips whitespace, so "00 11…" of the
+            # right length would otherwise decode to a shorter token/digest.
+            if len(v) != 2 * nbytes or any(c not in "0123456789abcdef" for c in v):
                 raise InvalidInput(f"handle file field {key!r} must be {2 * nbytes} lowercase hex digits")
-            try:
-                return bytes.fromhex(v)
-            except ValueError as e:
-                raise InvalidInput(f"handle file field {key!r} must be {2 * nbytes} lowercase hex digits") from e
+            return bytes.fromhex(v)
 
         queue_id = doc.get("queue_id")
         if queue_id is not None:
