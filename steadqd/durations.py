@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)")
 
 
 def parse_duration(text: str | int | float) -> float:
@@ -20,6 +20,8 @@ def parse_duration(text: str | int | float) -> float:
         value = float(text)
     else:
         s = text.strip().lower()
+        if not s.isascii():  # float() and \d accept any Unicode digit: "١s" is not a duration here
+            raise ValueError(f"invalid duration {text!r}: expected e.g. 30s, 5m, 2h, 1d, 1h30m")
         try:
             value = float(s)
         except ValueError:

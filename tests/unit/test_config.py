@@ -132,7 +132,7 @@ def test_durations(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "5x", "-1s", "s", "1h 30m", "nan", True, "inf"])
+@pytest.mark.parametrize("text", ["", "5x", "-1s", "s", "1h 30m", "nan", True, "inf", "\u0661s", "\u0661"])
 def test_bad_durations(text):
     with pytest.raises(ValueError, match="invalid duration|finite"):
         parse_duration(text)
