@@ -1,0 +1,546 @@
+"""SIGKILL rig for crash lab lanes 3 and 5: real processes, real filesystems, random kills.
+
+Why real processes: lane 1 proves the protocol against computed crash states;
+this rig proves the *implementation as deployed* (producer processes using the
+library, ``steadqd run`` with its worker spawner, sweeper and promoter, and
+the job commands it spawns) survives SIGKILL of any of them at any moment on
+ext4, XFS and btrfs. Nothing is trusted: producers journal (outside the queue,
+line-buffered, so a SIGKILL loses nothing already written) which serial they
+*began* and which enqueue *returned*; the job command appends
+``job serial attempt`` lines; the final tree is read by the independent walker
+in ``tests/invariants.py`` and the payload of every object is read back to
+learn its serial.
+
+Command line (docs/crash-lab.md)::
+
+    .venv/bin/python -m tests.crash.killrig kill [--fs ext4 --fs xfs --fs btrfs]
+        [--rounds 60] [--jobs 200] [--seed N]
+    .venv/bin/python -m tests.crash.killrig soak [--fs ext4] [--seconds 3600]
+    .venv/bin/python -m tests.crash.killrig producer ROOT JOURNAL FIRST STEP COUNT|until:STOPFILE   (internal)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:  # producer mode runs this file in a fresh interpreter
+    sys.path.insert(0, REPO)
+
+from steadqd import NotCommitted, OutcomeUnknown, Queue  # noqa: E402
+
+STEADQD = os.path.join(os.path.dirname(sys.executable), "steadqd")
+SETTLE_TIMEOUT = 60.0  # seconds for the queue to drain after the last kill; a hang fails
+
+# The job command: record "job serial attempt", stay alive briefly so that it
+# can be killed, exit 0. printf is a shell builtin and one short O_APPEND
+# write is atomic, so concurrent jobs never interleave their lines.
+JOB_SHELL = (
+    'printf "%s %s %s\\n" "$STEADQ_JOB_ID" "$STEADQ_META_SERIAL" "$STEADQ_ATTEMPT" >> {log}; exec /bin/sleep {pause}'
+)
+
+
+# --------------------------------------------------------------------------- payloads
+
+
+def make_payload(serial: int) -> bytes:
+    """A payload that proves its own integrity: the serial plus a hash of it."""
+    check = hashlib.sha256(b"steadq-kill:%d" % serial).hexdigest()[:16]
+    return b"serial=%07d;check=%s" % (serial, check.encode())
+
+
+def parse_payload(data: bytes) -> int:
+    """The serial of a payload made by :func:`make_payload`; raises ValueError on anything else."""
+    m = re.fullmatch(rb"serial=(\d{7});check=[0-9a-f]{16}", data)
+    if m is None or make_payload(int(m.group(1))) != data:
+        raise ValueError(f"not a rig payload: {data[:80]!r}")
+    return int(m.group(1))
+
+
+def object_serial(path: str) -> int:
+    """Serial of a job file or full receipt, read without going through the queue handle."""
+    from steadqd.constants import MAX_PAYLOAD_LENGTH  # noqa: PLC0415
+    from steadqd.verify import read_envelope  # noqa: PLC0415
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        env = read_envelope(fd, MAX_PAYLOAD_LENGTH, st)
+        return parse_payload(os.pread(fd, st.st_size - env.payload_offset, env.payload_offset))
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- producer process
+
+
+def run_producer(root: str, journal: str, first: int, step: int, count: str, pace: float = 0.0) -> None:
+    """Enqueue serials first, first+step, ...; journal ``B serial`` before and ``C serial job`` after.
+
+    A restarted producer resumes after the last serial it *began*: the
+    in-flight one of the killed incarnation is never re-enqueued, so a serial
+    found under two job ids is a real duplicate. ``count`` is a number of
+    serials, or ``until:PATH``: run until that file exists (the soak), with
+    ``pace`` seconds between enqueues so that producers do not outrun the
+    worker for hours (a backlog would only measure throughput).
+    """
+    begun: list[int] = []
+    if os.path.exists(journal):
+        with open(journal) as f:
+            begun = [int(line.split()[1]) for line in f if line.startswith("B ")]
+    serial = max(begun) + step if begun else first
+    stop = count[len("until:") :] if count.startswith("until:") else None
+    limit = None if stop else first + step * int(count)
+    with open(journal, "a", buffering=1) as j, Queue.open(root) as q:
+        while (limit is None or serial < limit) and not (stop and os.path.exists(stop)):
+            j.write(f"B {serial}\n")
+            j.flush()
+            # Every fifth job has a single attempt: a kill of its command or of the
+            # daemon holding its lease sends it to dead/, so both terminal states occur.
+            attempts = 1 if serial % 5 == 0 else 6
+            job = q.enqueue(make_payload(serial), max_attempts=attempts, metadata={"serial": serial})
+            j.write(f"C {serial} {job}\n")
+            j.flush()
+            serial += step
+            if pace:
+                time.sleep(pace)
+
+
+# --------------------------------------------------------------------------- the rig
+
+
+@dataclasses.dataclass
+class Report:
+    """What one run checked (printed by the tests and the lab command)."""
+
+    fs: str
+    kills: dict[str, int] = dataclasses.field(default_factory=lambda: {"producer": 0, "daemon": 0, "job": 0})
+    committed: int = 0
+    inflight_lost: int = 0  # killed mid-enqueue, not in the tree (allowed)
+    inflight_kept: int = 0  # killed mid-enqueue, in the tree (allowed)
+    receipts: int = 0
+    dead: int = 0
+    executions: int = 0  # job-command starts recorded
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        k = self.kills
+        return (
+            f"{self.fs:6} kills: {sum(k.values()):3} (producer {k['producer']}, daemon {k['daemon']}, job {k['job']})"
+            f"  jobs committed {self.committed}, receipts {self.receipts}, dead {self.dead},"
+            f" in-flight kept/lost {self.inflight_kept}/{self.inflight_lost}, executions {self.executions}"
+            f"  {self.seconds:.1f}s  gates OK"
+        )
+
+
+class Rig:
+    """A queue on ``mount``, its config dir, producers, one ``steadqd run``, and a killer."""
+
+    def __init__(self, mount: str, work: str, *, fs: str, producers: int, concurrency: int, seed: int) -> None:
+        self.root = os.path.join(mount, "queue")
+        self.work = Path(work)
+        self.name = "crashq"
+        self.config_dir = self.work / "config"
+        self.config_dir.mkdir()
+        self.joblog = self.work / "jobs.log"
+        self.joblog.touch()
+        self.rng = random.Random(seed)
+        self.report = Report(fs)
+        self.nprod = producers
+        self.pace = 0.0  # seconds between a producer's enqueues
+        self.probe_jobs: set[str] = set()  # enqueued by check_works(), not by a producer
+        # Lane 3's producers finish within seconds: favour them while they run.
+        # The soak's run all along: equal odds for producers, daemon and jobs.
+        self.producer_weight = 2
+        self.producers: dict[int, subprocess.Popen[bytes] | None] = {}
+        self.daemon: subprocess.Popen[bytes] | None = None
+        self._logs: list[object] = []
+        Queue.init(self.root, shards=8, delayed_width_ns=10**9).close()
+        cfg = {
+            "queue": self.root,
+            "worker": {
+                "command": JOB_SHELL.format(log=self.joblog, pause="0.05"),
+                "shell": True,
+                "concurrency": concurrency,
+                "lease": "3s",
+                "renew_every": "1s",
+                "kill_grace": "1s",
+                "retry": {"backoff_base": "100ms", "backoff_max": "500ms"},
+            },
+            "sweeper": {"interval": "1s"},
+            "promoter": {"max_sleep": "1s"},
+        }
+        (self.config_dir / f"{self.name}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+    # -- processes --------------------------------------------------------------
+
+    def journal(self, i: int) -> Path:
+        return self.work / f"producer-{i}.journal"
+
+    def start_producer(self, i: int, count: str) -> None:
+        log = open(self.work / f"producer-{i}.log", "ab")  # noqa: SIM115 - closed in close()
+        self._logs.append(log)
+        argv = [
+            sys.executable,
+            "-m",
+            "tests.crash.killrig",
+            "producer",
+            self.root,
+            str(self.journal(i)),
+            str(i),
+            str(self.nprod),
+            count,
+            str(self.pace),
+        ]
+        self.producers[i] = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+    def start_daemon(self) -> None:
+        log = open(self.work / "daemon.log", "ab")  # noqa: SIM115 - closed in close()
+        self._logs.append(log)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "TMPDIR": str(self.work)}
+        if "PYTHONPATH" in os.environ:
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        self.daemon = subprocess.Popen(
+            [STEADQD, "--config-dir", str(self.config_dir), "run", self.name],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+    def job_pids(self) -> list[int]:
+        """Live job commands of *this* queue: their environment names our queue path."""
+        mark = f"STEADQ_QUEUE_PATH={self.root}".encode()
+        out = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                if mark in Path(f"/proc/{d}/environ").read_bytes().split(b"\0"):
+                    out.append(int(d))
+            except OSError:
+                continue
+        return out
+
+    def kill_one(self) -> str:
+        """SIGKILL one random live process (producer, daemon or job command); restart it if it is ours."""
+        choices: list[str] = ["daemon"]
+        if any(p is not None and p.poll() is None for p in self.producers.values()):
+            choices += ["producer"] * self.producer_weight
+        if self.job_pids():
+            choices.append("job")
+        what = self.rng.choice(choices)
+        if what == "producer":
+            i = self.rng.choice([i for i, p in self.producers.items() if p is not None and p.poll() is None])
+            p = self.producers[i]
+            assert p is not None
+            p.kill()
+            p.wait()
+            if p.returncode != -signal.SIGKILL:  # finished just before the kill: not a kill
+                return "none"
+            self.start_producer(i, self._count)
+        elif what == "daemon":
+            assert self.daemon is not None
+            self.daemon.kill()
+            self.daemon.wait()
+            self.start_daemon()
+        else:
+            pids = self.job_pids()
+            if not pids:
+                return "none"
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.rng.choice(pids), signal.SIGKILL)
+        self.report.kills[what] += 1
+        return what
+
+    def run(
+        self,
+        count: str,
+        *,
+        rounds: int | None = None,
+        seconds: float | None = None,
+        gap: tuple[float, float] = (0.1, 0.6),
+        stopfile: str | None = None,
+    ) -> None:
+        """Start everything, kill for ``rounds`` rounds or ``seconds``, then let producers finish."""
+        self._count = count
+        t0 = time.monotonic()
+        self.start_daemon()
+        for i in range(self.nprod):
+            self.start_producer(i, count)
+        n = 0
+        while (rounds is not None and n < rounds) or (seconds is not None and time.monotonic() - t0 < seconds):
+            time.sleep(self.rng.uniform(*gap))
+            self.check_alive()
+            if self.kill_one() != "none":
+                n += 1
+        if stopfile:
+            Path(stopfile).touch()
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        for i, p in self.producers.items():
+            assert p is not None
+            while True:
+                rc = p.wait(max(1.0, deadline - time.monotonic()))
+                if rc == 0:
+                    break
+                raise AssertionError(f"producer {i} failed ({rc}):\n{(self.work / f'producer-{i}.log').read_text()}")
+        self.report.seconds = time.monotonic() - t0
+
+    def check_alive(self) -> None:
+        """A daemon or producer that died on its own (not killed by us) is a failure."""
+        assert self.daemon is not None
+        if self.daemon.poll() is not None:
+            raise AssertionError(f"steadqd run exited {self.daemon.returncode}:\n{self.daemon_log()}")
+        for i, p in self.producers.items():
+            if p is not None and p.poll() not in (None, 0):
+                raise AssertionError(
+                    f"producer {i} failed ({p.returncode}):\n{(self.work / f'producer-{i}.log').read_text()}"
+                )
+
+    def daemon_log(self) -> str:
+        return (self.work / "daemon.log").read_text(errors="replace")[-4000:]
+
+    def active_files(self) -> int:
+        """Job files still in ready/ (ready or leased) or delayed/: 0 means settled."""
+        n = 0
+        for top in ("ready", "delayed"):
+            for _, _, files in os.walk(os.path.join(self.root, top)):
+                n += len(files)
+        return n
+
+    def settle(self) -> None:
+        """Keep ``steadqd run`` going until nothing is ready, leased or delayed; then stop it."""
+        assert self.daemon is not None
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while self.active_files():
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"queue did not drain in {SETTLE_TIMEOUT:g}s:\n{self.daemon_log()}")
+            time.sleep(0.2)
+        self.daemon.send_signal(signal.SIGTERM)
+        try:
+            self.daemon.wait(30)
+        except subprocess.TimeoutExpired:
+            self.daemon.kill()
+            self.daemon.wait()
+            raise AssertionError(f"steadqd run ignored SIGTERM:\n{self.daemon_log()}") from None
+        deadline = time.monotonic() + 10
+        while self.job_pids() and time.monotonic() < deadline:  # orphans of a killed daemon finish on their own
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        """Teardown: never leave a process of this rig running (only ours: tracked or marked)."""
+        for p in [*self.producers.values(), self.daemon]:
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        for pid in self.job_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while self.job_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for log in self._logs:
+            log.close()  # type: ignore[attr-defined]
+
+    # -- the gates --------------------------------------------------------------
+
+    def check(self) -> Report:
+        """Recover, then check every gate; raises AssertionError naming what broke."""
+        from steadqd.constants import State  # noqa: PLC0415
+        from steadqd.inspect import fsck  # noqa: PLC0415
+        from tests.invariants import check_tree  # noqa: PLC0415
+
+        with Queue.open(self.root) as q:
+            for _ in range(5):  # until a pass finds nothing to do (budget generous: one pass suffices)
+                rep = q.recover(budget_ops=100_000, budget_ms=10_000)
+                if rep.errors:
+                    raise AssertionError(f"recovery errors: {rep.errors}")
+                if not rep.budget_exhausted and not (rep.leases_reaped or rep.delayed_promoted or rep.quarantined):
+                    break
+            if rep.temp_files_deleted or rep.quarantined or rep.leases_reaped:
+                pass  # counted by the walker below: temps/quarantine/active leases left would fail it
+            result = fsck(q)
+            if result.errors:
+                raise AssertionError("fsck ERROR findings:\n" + "\n".join(map(str, result.errors)))
+        ts = check_tree(self.root, allow_temps=False, allow_quarantine=False)  # no duplicates, no temps
+        active = {j: o.state.value for j, o in ts.objects.items() if o.state not in (State.RECEIPT, State.DEAD)}
+        if active:
+            raise AssertionError(f"jobs still active after settling: {active}")
+
+        committed: dict[int, str] = {}
+        begun: set[int] = set()
+        for i in range(self.nprod):
+            for line in self.journal(i).read_text().splitlines():
+                parts = line.split()
+                if parts[0] == "B":
+                    begun.add(int(parts[1]))
+                elif parts[0] == "C":
+                    committed[int(parts[1])] = parts[2]
+        # Serial of every object: read from its payload, or for a compact receipt
+        # (the sweeper compacts receipts: no payload left) from the job command's
+        # record, which came from the job's metadata.
+        runs = [ln.split() for ln in self.joblog.read_text().splitlines() if ln.strip()]
+        ran: dict[str, int] = {}
+        for parts in runs:
+            if len(parts) != 3 or ran.setdefault(parts[0], int(parts[1])) != int(parts[1]):
+                raise AssertionError(f"malformed or inconsistent job-command record: {parts}")
+        serial_of: dict[str, int] = {}
+        seen: dict[int, str] = {}
+        for j, o in ts.objects.items():
+            if j in self.probe_jobs:  # check_works()'s own job of an earlier check
+                if o.state is not State.RECEIPT:
+                    raise AssertionError(f"probe job {j} is {o.state.value}, not a receipt")
+                continue
+            if o.compact:
+                if j not in ran:
+                    raise AssertionError(f"compact receipt of a job whose command never ran: {o.path}")
+                s = ran[j]
+            else:
+                s = object_serial(os.path.join(self.root, o.path))
+            if s in seen:
+                raise AssertionError(f"serial {s} enqueued twice: jobs {seen[s]} and {j}")
+            seen[s] = j
+            serial_of[j] = s
+        lost = {s: j for s, j in committed.items() if ts.state_of(j) is None}
+        if lost:
+            raise AssertionError(f"{len(lost)} committed enqueues lost: {sorted(lost.items())[:10]}")
+        wrong = {s: (j, serial_of[j]) for s, j in committed.items() if serial_of[j] != s}
+        if wrong:
+            raise AssertionError(f"job ids carry the wrong serial: {wrong}")
+        inflight = begun - set(committed)
+        phantoms = {s: j for s, j in seen.items() if s not in committed and s not in inflight}
+        if phantoms:
+            raise AssertionError(f"objects for serials never begun (phantoms): {phantoms}")
+        for j, s in ran.items():
+            if serial_of.get(j) != s:
+                raise AssertionError(f"job command ran job {j} (serial {s}) that is not in the tree as that serial")
+        acked_runs = set(ran)
+        no_run = [j for j in ts.receipts if j not in acked_runs and j not in self.probe_jobs]
+        if no_run:
+            raise AssertionError(f"receipts for jobs whose command never ran: {no_run[:10]}")
+
+        self.check_works()
+        r = self.report
+        r.committed = len(committed)
+        r.inflight_kept = len(inflight & set(seen))
+        r.inflight_lost = len(inflight - set(seen))
+        r.receipts = len(ts.receipts - self.probe_jobs)
+        r.dead = len(ts.dead)
+        r.executions = len(runs)
+        return r
+
+    def check_works(self) -> None:
+        """The queue works afterwards: enqueue, lease, ack, and the tree is still clean."""
+        from steadqd.settle import AckResult  # noqa: PLC0415
+        from tests.invariants import check_tree  # noqa: PLC0415
+
+        with Queue.open(self.root) as q:
+            job = q.enqueue(b"after the storm")
+            self.probe_jobs.add(job)
+            lease = q.lease()
+            if lease is None or lease.job_id != job or lease.payload() != b"after the storm":
+                raise AssertionError(f"queue does not work after recovery: leased {lease}")
+            if q.ack(lease) is not AckResult.ACKED:
+                raise AssertionError("ack after recovery did not ack")
+        check_tree(self.root, allow_temps=False, allow_quarantine=False)
+
+
+@contextlib.contextmanager
+def rig(fs: str, *, producers: int, concurrency: int, seed: int, size_mb: int | None = None) -> Iterator[Rig]:
+    """A :class:`Rig` on a fresh loop-device ``fs``; processes, mount and loop device are always cleaned up."""
+    from tests.loopfs import loop_filesystem  # noqa: PLC0415
+
+    work = tempfile.mkdtemp(prefix=f"steadq-kill-{fs}-", dir="/tmp")
+    try:
+        with loop_filesystem(fs, size_mb) as mnt:
+            r = Rig(mnt, work, fs=fs, producers=producers, concurrency=concurrency, seed=seed)
+            try:
+                yield r
+            finally:
+                r.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def kill_lane(fs: str, *, jobs: int, rounds: int, seed: int) -> Report:
+    """Lane 3: 2 producers x ``jobs``, ``steadqd run`` (concurrency 4), ``rounds`` SIGKILLs; gates."""
+    with rig(fs, producers=2, concurrency=4, seed=seed) as r:
+        r.run(str(jobs), rounds=rounds)
+        r.settle()
+        return r.check()
+
+
+def soak(fs: str, *, seconds: float, seed: int, size_mb: int | None = None, pace: float = 0.05) -> Report:
+    """Lane 5: 3 producers until stopped, ``steadqd run`` (concurrency 8), kills for ``seconds``; gates."""
+    with rig(fs, producers=3, concurrency=8, seed=seed, size_mb=size_mb) as r:
+        stop = str(r.work / "stop")
+        r.pace = pace
+        r.producer_weight = 1
+        r.run("until:" + stop, seconds=seconds, gap=(0.2, 1.0), stopfile=stop)
+        r.settle()
+        return r.check()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.crash.killrig", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    k = sub.add_parser("kill", help="lane 3: SIGKILL runs on loop-device filesystems")
+    k.add_argument("--fs", action="append", choices=["ext4", "xfs", "btrfs"])
+    k.add_argument("--rounds", type=int, default=60)
+    k.add_argument("--jobs", type=int, default=200, help="jobs per producer (2 producers)")
+    k.add_argument("--seed", type=int, default=None)
+    s = sub.add_parser("soak", help="lane 5: mixed run with random kills for a long time")
+    s.add_argument("--fs", action="append", choices=["ext4", "xfs", "btrfs"])
+    s.add_argument("--seconds", type=float, default=3600.0)
+    s.add_argument("--size-mb", type=int, default=None, help="image size (receipts stay 7 days: size it for the run)")
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--pace", type=float, default=0.05, help="seconds between a producer's enqueues")
+    p = sub.add_parser("producer")
+    p.add_argument("root")
+    p.add_argument("journal")
+    p.add_argument("first", type=int)
+    p.add_argument("step", type=int)
+    p.add_argument("count")
+    p.add_argument("pace", type=float, nargs="?", default=0.0)
+    ns = ap.parse_args(argv)
+    if ns.cmd == "producer":
+        try:
+            run_producer(ns.root, ns.journal, ns.first, ns.step, ns.count, ns.pace)
+        except (NotCommitted, OutcomeUnknown) as e:  # a storage error is a finding, not a crash of the rig
+            print(f"producer: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+        return 0
+    seed = ns.seed if ns.seed is not None else random.randrange(1 << 30)
+    failed = 0
+    for fs in ns.fs or (["ext4", "xfs", "btrfs"] if ns.cmd == "kill" else ["ext4"]):
+        try:
+            if ns.cmd == "kill":
+                rep = kill_lane(fs, jobs=ns.jobs, rounds=ns.rounds, seed=seed)
+            else:
+                rep = soak(fs, seconds=ns.seconds, seed=seed, size_mb=ns.size_mb, pace=ns.pace)
+            print(rep.line(), f"seed {seed}", flush=True)
+        except AssertionError as e:
+            failed += 1
+            print(f"{fs:6} FAILED (seed {seed}): {e}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
