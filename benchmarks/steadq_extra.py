@@ -9,7 +9,6 @@ behaves in a deep queue.
 from __future__ import annotations
 
 import cProfile
-import hashlib
 import io
 import os
 import pstats
@@ -18,11 +17,10 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-from steadqd import Queue, linux, names
-from steadqd.records import build_header
+from steadqd import Queue, linux
+from tests.fabricate import write_ready_jobs
 
 from .common import Rate, payload_of, summary_ms
 
@@ -143,41 +141,6 @@ def profile_lifecycle(path: str, size: int, jobs: int) -> dict[str, Any]:
 # ------------------------------------------------------------------ scaling
 
 
-def write_ready_jobs(q: Queue, n: int) -> None:
-    """``n`` valid ready jobs written directly (no fsync); byte layout learnt from one real enqueue."""
-    fmt = q.format
-    _, rel = q.enqueue_detailed(payload_of(100))
-    template = Path(q.path, rel).read_bytes()
-    ext_len = int.from_bytes(template[12:16], "big")
-    ext = template[128 : 128 + ext_len]
-    payload = template[128 + ext_len :]
-    digest = hashlib.sha256(payload).digest()
-    dir_fds = {s: os.open(os.path.join(q.path, "ready", names.shard_dir(s)), os.O_RDONLY) for s in range(q.shard_count)}
-    try:
-        for _ in range(n - 1):
-            job = os.urandom(16)
-            header = build_header(
-                job_id=job,
-                max_attempts=3,
-                created_at_ns=1,
-                extension=ext,
-                payload_length=len(payload),
-                payload_digest=digest,
-            )
-            shard = names.shard_of(fmt.queue_id, job, fmt.shard_count)
-            name = names.make_filename(
-                fmt.queue_id, names.ready_name(job, 0, 0, 3), shard=shard, lease_width_ns=fmt.lease_width_ns
-            )
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fds[shard])
-            try:
-                os.write(fd, header.encode() + ext + payload)
-            finally:
-                os.close(fd)
-    finally:
-        for fd in dir_fds.values():
-            os.close(fd)
-
-
 def scaling_point(root: str, n: int, leases: int) -> dict[str, Any]:
     """Lease latency and stats time with ``n`` ready jobs (the tree is removed afterwards)."""
     from steadqd import inspect as insp
@@ -189,7 +152,7 @@ def scaling_point(root: str, n: int, leases: int) -> dict[str, Any]:
         q = Queue.init(path, shards=64)
         try:
             t = time.perf_counter()
-            write_ready_jobs(q, n)
+            write_ready_jobs(q, n, payload_of(100))
             out["generate_s"] = round(time.perf_counter() - t, 2)
             os.sync()  # settle writeback so it does not land inside the measurement
             samples: list[int] = []

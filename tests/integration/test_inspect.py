@@ -35,6 +35,7 @@ from steadqd import CorruptObject, InvalidInput, Queue, State, names
 from steadqd import inspect as insp
 from steadqd.linux import ofd_lock, read_boot_id
 from steadqd.records import Extension, build_header, encode_extension
+from tests.fabricate import write_ready_jobs
 from tests.invariants import check_tree
 
 SEC = 1_000_000_000
@@ -256,46 +257,10 @@ def test_stats_name_patterns_agree_with_the_parser(q: Queue) -> None:
         assert pattern.fullmatch(samples[state])
 
 
-def _write_many_ready(q: Queue, n: int) -> None:
-    """n valid ready jobs written directly (no fsync): headers built per job,
-    names tagged for their shard. Learns the byte layout from one real enqueue."""
-    fmt = q.format
-    _, rel = q.enqueue_detailed(b"template payload")
-    template = Path(q.path, rel).read_bytes()
-    ext_len = int.from_bytes(template[12:16], "big")
-    ext = template[128 : 128 + ext_len]
-    payload = template[128 + ext_len :]
-    digest = hashlib.sha256(payload).digest()
-    dir_fds = {s: os.open(os.path.join(q.path, "ready", names.shard_dir(s)), os.O_RDONLY) for s in range(q.shard_count)}
-    try:
-        for _ in range(n - 1):
-            job = os.urandom(16)
-            header = build_header(
-                job_id=job,
-                max_attempts=3,
-                created_at_ns=1,
-                extension=ext,
-                payload_length=len(payload),
-                payload_digest=digest,
-            )
-            shard = names.shard_of(fmt.queue_id, job, fmt.shard_count)
-            name = names.make_filename(
-                fmt.queue_id, names.ready_name(job, 0, 0, 3), shard=shard, lease_width_ns=fmt.lease_width_ns
-            )
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fds[shard])
-            try:
-                os.write(fd, header.encode() + ext + payload)
-            finally:
-                os.close(fd)
-    finally:
-        for fd in dir_fds.values():
-            os.close(fd)
-
-
 def test_stats_streams_100k_jobs_in_flat_memory(q: Queue) -> None:
     n = 100_000
     try:
-        _write_many_ready(q, n)
+        write_ready_jobs(q, n)
         tracemalloc.start()
         try:
             s = insp.stats(q.path)
