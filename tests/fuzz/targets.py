@@ -35,6 +35,7 @@ from steadqd.records import (
     reset_cursor_json,
     validate_cursor,
 )
+from tests.spec_vectors import CLAIM_TICKET_JSON as _TICKET_SEED
 
 QUEUE_ID = bytes(range(16))
 
@@ -296,32 +297,6 @@ _HANDLE_SEED = json.dumps(
     },
     indent=2,
 )
-
-_TICKET_SEED = """{
-  "schema": "steadq-transition-ticket",
-  "version": 2,
-  "queue_id": "000102030405060708090a0b0c0d0e0f",
-  "operation": "claim",
-  "phase": "linearized",
-  "source_identity": {
-    "job_id": "f0e1d2c3b4a5968778695a4b3c2d1e0f",
-    "generation": 0,
-    "attempt": 0,
-    "maximum_attempts": 3,
-    "lease_token": "00112233445566778899aabbccddeeff",
-    "envelope_digest": "3824863bf5184c54b02246d36bef0f2513d421261636643097038039cfe497b7",
-    "payload_length": 11
-  },
-  "source": {
-    "state": "ready"
-  },
-  "destination_derivation": {
-    "state": "leased",
-    "boot_id": "12345678-1234-1234-1234-123456789abc",
-    "boottime_deadline_ns": 1030000000000,
-    "wall_deadline_ns": 1700000035000000000
-  }
-}"""
 
 # The shipped example exercises every section of the schema.
 _CONFIG_SEED = (Path(__file__).resolve().parents[2] / "etc/steadq/queues/example.yaml").read_text(encoding="utf-8")

@@ -57,6 +57,7 @@ from steadqd.records import (  # noqa: E402
 )
 from steadqd.resolve import Resolution, ResolveResult, resolve, ticket_paths  # noqa: E402
 from tests.invariants import check_tree  # noqa: E402
+from tests.spec_vectors import CLAIM_TICKET_JSON as VECTOR_CLAIM_TICKET  # noqa: E402
 
 SHARDS = 4
 HOUR_NS = 3600 * 1_000_000_000
@@ -436,32 +437,6 @@ def test_tickets_of_another_queue_or_invalid_are_refused(queue: Queue, tmp_path:
 
 # --------------------------------------------------------------------------- path derivation
 
-
-VECTOR_CLAIM_TICKET = """{
-  "schema": "steadq-transition-ticket",
-  "version": 2,
-  "queue_id": "000102030405060708090a0b0c0d0e0f",
-  "operation": "claim",
-  "phase": "linearized",
-  "source_identity": {
-    "job_id": "f0e1d2c3b4a5968778695a4b3c2d1e0f",
-    "generation": 0,
-    "attempt": 0,
-    "maximum_attempts": 3,
-    "lease_token": "00112233445566778899aabbccddeeff",
-    "envelope_digest": "3824863bf5184c54b02246d36bef0f2513d421261636643097038039cfe497b7",
-    "payload_length": 11
-  },
-  "source": {
-    "state": "ready"
-  },
-  "destination_derivation": {
-    "state": "leased",
-    "boot_id": "12345678-1234-1234-1234-123456789abc",
-    "boottime_deadline_ns": 1030000000000,
-    "wall_deadline_ns": 1700000035000000000
-  }
-}"""
 
 _J = "f0e1d2c3b4a5968778695a4b3c2d1e0f"
 _LEASE_B = "o12345678123412341234123456789abc"
