@@ -821,6 +821,7 @@ class JobObject:
     max_attempts: int
     path: str
     details: dict[str, object] = field(default_factory=dict, compare=False)
+    name: JobName | None = field(default=None, compare=False, repr=False)  # the parsed file name
 
 
 def format_inspect_line(obj: JobObject) -> str:
@@ -887,7 +888,7 @@ def inspect_job(q: Queue, job_id: str) -> list[JobObject]:
         return authenticate(fmt.queue_id, jn, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
 
     def add(jn: JobName, rel: str, state: str, details: dict[str, object]) -> None:
-        out.append(JobObject(state, jn.generation, jn.attempt, jn.max_attempts, rel, details))
+        out.append(JobObject(state, jn.generation, jn.attempt, jn.max_attempts, rel, details, jn))
 
     with ctx.tree.operation():
         rel = f"{READY_DIR}/{s}"
@@ -954,4 +955,4 @@ def _verified_receipt(ctx: Context, rel: str, name: str, bucket: int, shard: int
     jn = info.name
     assert jn.lease_token is not None
     details: dict[str, object] = {"token": jn.lease_token.hex(), "compact": info.compact}
-    return JobObject("receipt", jn.generation, jn.attempt, jn.max_attempts, f"{rel}/{name}", details)
+    return JobObject("receipt", jn.generation, jn.attempt, jn.max_attempts, f"{rel}/{name}", details, jn)

@@ -23,15 +23,11 @@ from . import linux
 from .backoff import RetryPolicy
 from .claim import ScanReport, claim
 from .constants import (
-    DEAD_DIR,
     DEFAULT_RECEIPT_RETENTION_NS,
     DEFAULT_TEMP_TTL_NS,
-    DELAYED_DIR,
-    LEASED_DIR,
     MAX_PAYLOAD_LENGTH,
     NS_PER_SECOND,
     READY_DIR,
-    RECEIPTS_DIR,
     U64_MAX,
     QuarantineReason,
     State,
@@ -50,13 +46,7 @@ from .layout import OpenOptions, QueueConfig, init_queue, open_queue_root
 from .lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
 from .names import (
     JobName,
-    authenticate,
-    parse_bucket_dir,
-    parse_job_id,
-    parse_name,
-    parse_ready_dir_entry,
     shard_dir,
-    shard_of,
 )
 from .publish import Payload, enqueue
 from .quarantine import quarantine
@@ -383,58 +373,14 @@ class Queue:
     # -- inspection ---------------------------------------------------------
 
     def inspect(self, job_id: str) -> list[JobInfo]:
-        """Every object of ``job_id`` in any state, by looking in its shard."""
+        """Every authentic object of ``job_id`` in any state (steadqd.inspect.inspect_job)."""
+        from .inspect import inspect_job
+
         self._check_open()
-        job = parse_job_id(job_id)
-        ctx = self._ctx
-        fmt = ctx.fmt
-        shard = shard_of(fmt.queue_id, job, fmt.shard_count)
-        s = shard_dir(shard)
-        found: list[JobInfo] = []
-        for rel in self._shard_dirs(s):
-            try:
-                fd = linux.open_beneath(ctx.root_fd, rel, os.O_RDONLY | os.O_DIRECTORY)
-            except OSError:
-                continue
-            try:
-                entries = linux.list_dir(fd)
-            finally:
-                linux.close(fd)
-            for raw in entries:
-                if not raw.startswith(job.hex().encode()):
-                    continue
-                info = self._identify(rel, raw.decode("ascii", "replace"), shard)
-                if info is not None:
-                    found.append(info)
-        return found
-
-    def _shard_dirs(self, s: str) -> Iterator[str]:
-        yield f"{READY_DIR}/{s}"
-        root = self._ctx.root_fd
-        for top in (DELAYED_DIR, DEAD_DIR, RECEIPTS_DIR):
-            for b in _subdirs(root, top):
-                if parse_bucket_dir(b) is not None:
-                    yield f"{top}/{b}/{s}"
-        for boot in _subdirs(root, LEASED_DIR):
-            for b in _subdirs(root, f"{LEASED_DIR}/{boot}"):
-                yield f"{LEASED_DIR}/{boot}/{b}/{s}"
-
-    def _identify(self, rel: str, name: str, shard: int) -> JobInfo | None:
-        fmt = self._ctx.fmt
-        top = rel.split("/")[0]
-        try:
-            if top == READY_DIR:
-                jn = parse_ready_dir_entry(name)
-                bucket = None
-            else:
-                state = {DELAYED_DIR: State.DELAYED, DEAD_DIR: State.DEAD, RECEIPTS_DIR: State.RECEIPT}.get(top, State.LEASED)
-                jn = parse_name(state, name)
-                bucket = parse_bucket_dir(rel.split("/")[-2])
-        except SteadQError:
-            return None
-        if not authenticate(fmt.queue_id, jn, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns):
-            return None
-        return JobInfo(jn.state, jn.generation, jn.attempt, jn.max_attempts, f"{rel}/{name}", jn)
+        return [
+            JobInfo(State(o.state), o.generation, o.attempt, o.max_attempts, o.path, o.name)
+            for o in inspect_job(self, job_id)
+        ]
 
     # -- waiting ------------------------------------------------------------
 
@@ -516,17 +462,6 @@ class Queue:
         if repair:
             self._ctx.check_usable()  # repair mutates: a poisoned handle refuses
         return fsck(self, deep=deep, repair=repair)
-
-
-def _subdirs(root_fd: int, rel: str) -> list[str]:
-    try:
-        fd = linux.open_beneath(root_fd, rel, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return []
-    try:
-        return [n.decode("ascii", "replace") for n in linux.list_dir(fd)]
-    finally:
-        linux.close(fd)
 
 
 @contextlib.contextmanager
