@@ -23,14 +23,10 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 
-from steadqd import Queue
-
-from .gates import Expectation, JobState, JobView, after_recovery, check_state, remove_tree
+from .gates import Expectation, JobView, check_state, remove_tree
 from .model import Model, materialise
 from .recorder import Op, record
-from .workloads import WORKLOADS, Call, Driver, Workload, job_states
-
-SHARDS = 4
+from .workloads import WORKLOADS, Call, Workload, expectation_at, prepared
 
 
 @dataclass
@@ -50,25 +46,7 @@ class Recorded:
 
     def expectation(self, k: int) -> Expectation:
         """What recovery must produce after a crash at point ``k``."""
-        committed: dict[str, JobView | None] = dict(self.initial)
-        inflight: Call | None = None
-        for c in self.calls:
-            if c.end <= k:
-                committed.update(c.effects)
-            elif c.begin < k:
-                inflight = c
-                break
-            else:
-                break
-        known = set(self.initial).union(*(c.effects for c in self.calls))
-        allowed: dict[str, frozenset[JobState]] = {}
-        now = time.time_ns()
-        for j in known:
-            ok = set(after_recovery(committed.get(j), now))
-            if inflight is not None and j in inflight.effects:
-                ok |= after_recovery(inflight.effects[j], now)
-            allowed[j] = frozenset(ok)
-        return Expectation(allowed, {j for j in known if committed.get(j) is not None}, self.payloads)
+        return expectation_at(self.calls, self.initial, self.payloads, k)
 
 
 def record_workload(
@@ -76,22 +54,13 @@ def record_workload(
 ) -> Recorded:
     """Set the workload up on a fresh queue in ``workdir`` and record its run."""
     root = os.path.join(workdir, "queue")
-    q = Queue.init(root, shards=SHARDS, allow_unsupported_fs=True, **wl.init)
-    if wl.deferred:
-        q.close()
-        q = Queue.open(root, deferred=True, allow_unsupported_fs=True)
-    try:
-        d = Driver(q, root)
-        ctx = wl.setup(d)
-        d.states = job_states(root)
+    with prepared(wl, root) as (d, ctx):
         initial: dict[str, JobView] = dict(d.states)
         with record(root) as (session, rec):
             d.session = session
             with mutate() if mutate is not None else contextlib.nullcontext():
                 wl.run(d, ctx)
             d.session = None
-    finally:
-        q.close()
     return Recorded(wl.name, Model(rec.pre, rec.ops), d.calls, initial, d.payloads, rec.raw_events)
 
 
@@ -108,7 +77,7 @@ class Result:
     failures: list[dict[str, object]] = field(default_factory=list)  # the first few, in detail
 
 
-def _state_dir() -> str:
+def state_dir() -> str:
     """Crash states are materialised on tmpfs when there is one: thousands of
     small trees, each recovered with many fsyncs, would dominate the run on ext4."""
     for base in ("/dev/shm", None):
@@ -120,7 +89,7 @@ def _state_dir() -> str:
 def check_recorded(rec: Recorded, *, max_states: int | None = None, keep: int = 5) -> Result:
     """Check every distinct crash state of a recording (up to ``max_states``)."""
     t0 = time.monotonic()
-    base = _state_dir()
+    base = state_dir()
     res = Result(rec.workload, len(rec.ops), rec.raw_events, len(rec.ops) + 1, 0, 0, 0, 0.0)
     seen: set[tuple[object, ...]] = set()
     trees: set[str] = set()
@@ -175,8 +144,10 @@ def run_workload(
     return check_recorded(rec, max_states=max_states)
 
 
-def format_table(results: list[Result]) -> str:
-    head = f"{'workload':<16} {'ops':>5} {'syscalls':>8} {'points':>6} {'trees':>6} {'states':>7} {'failed':>6} {'secs':>7}"
+def format_table(results: list[Result], *, syscalls: str = "syscalls") -> str:
+    head = (
+        f"{'workload':<16} {'ops':>5} {syscalls:>8} {'points':>6} {'trees':>6} {'states':>7} {'failed':>6} {'secs':>7}"
+    )
     lines = [head]
     for r in results:
         lines.append(
@@ -192,7 +163,7 @@ def format_table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def _iter_failures(results: list[Result]) -> Iterator[str]:
+def iter_failures(results: list[Result]) -> Iterator[str]:
     for r in results:
         for f in r.failures:
             yield f"[{r.workload}] {f['state']}"
@@ -210,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--samples", type=int, default=None, help="random subsets beyond that (default 24)")
     run.add_argument("--repeat", type=int, default=1, help="record each workload N times (new job ids, new shards)")
     run.add_argument("--json", default=None, help="write the results here")
+    sub.add_parser("oracle", help="lane 2: the same workloads on a journaling FUSE file system", add_help=False)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["oracle"]:
+        from .oracle import main as oracle_main
+
+        return oracle_main(argv[1:])
     args = ap.parse_args(argv)
     results = []
     for rep in range(args.repeat):
@@ -222,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             print(f"{r.workload}: {r.states} states, {r.failed} failed, {r.seconds}s", file=sys.stderr, flush=True)
     print(format_table(results))
-    for line in list(_iter_failures(results))[:60]:
+    for line in list(iter_failures(results))[:60]:
         print(line)
     if args.json:
         with open(args.json, "w") as f:

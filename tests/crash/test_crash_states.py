@@ -10,18 +10,17 @@ is checked.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 
-from steadqd import Queue, linux, publish, tree
+from steadqd import Queue
 from steadqd.constants import State
+from tests.crash import bugs
 from tests.crash.conftest import RESULTS
 from tests.crash.gates import Expectation, check_state
 from tests.crash.lab import Result, check_recorded, format_table, record_workload, run_workload
@@ -60,81 +59,27 @@ def test_enough_states_per_run() -> None:
 # -- the gates can fail ------------------------------------------------------------------------
 
 
-def _linux_proxy(**overrides: object) -> types.SimpleNamespace:
-    ns = types.SimpleNamespace(**{k: getattr(linux, k) for k in dir(linux) if not k.startswith("__")})
-    for k, v in overrides.items():
-        setattr(ns, k, v)
-    return ns
-
-
-@contextlib.contextmanager
-def _publish_linux(proxy: types.SimpleNamespace) -> Iterator[None]:
-    """Swap the Linux layer *as seen by publish.py only*, for the recorded run only."""
-    orig = publish.linux
-    publish.linux = proxy  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        publish.linux = orig
-
-
 def test_lab_catches_a_job_file_that_is_never_fsynced() -> None:
-    bug = _linux_proxy(fsync=lambda fd: None)  # publish.py's only fsync is the job file's
-    msgs = "\n".join(_collect_all(WORKLOADS["enqueue"], lambda: _publish_linux(bug)))
+    msgs = "\n".join(_collect_all(WORKLOADS["enqueue"], bugs.job_file_never_fsynced))
     assert "committed job" in msgs and "quarantined" in msgs, msgs  # lost after its enqueue returned
     assert "is absent" in msgs and "allowed: ['ready']" in msgs, msgs
 
 
 def test_lab_catches_link_before_fsync() -> None:
-    """The reference's claim (content durable before it has a name), broken on purpose."""
-
-    def link_then_fsync(fd: int, dirfd: int, name: str, *, prefer_proc: bool = False) -> str:
-        form = linux.link_tmpfile(fd, dirfd, name, prefer_proc=prefer_proc)
-        linux.fsync(fd)
-        return form
-
-    bug = _linux_proxy(fsync=lambda fd: None, link_tmpfile=link_then_fsync)
-    msgs = "\n".join(_collect_all(WORKLOADS["enqueue"], lambda: _publish_linux(bug)))
+    msgs = "\n".join(_collect_all(WORKLOADS["enqueue"], bugs.link_before_fsync))
     assert "object does not verify" in msgs, msgs  # a named, empty or torn job file
     assert "fsck ERROR" in msgs, msgs
 
 
 def test_lab_catches_a_settle_without_its_source_barrier() -> None:
     """An ack that returns before the source directory is durable can come back to life."""
-
-    def dst_only(self: tree.Tree, src_fd: int, dst_fd: int, *, always_both: bool, force: bool) -> None:
-        self.barrier(dst_fd, force=force)
-
-    @contextlib.contextmanager
-    def patched() -> Iterator[None]:
-        orig = tree.Tree._barrier_pair
-        tree.Tree._barrier_pair = dst_only  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            tree.Tree._barrier_pair = orig  # type: ignore[method-assign]
-
-    msgs = "\n".join(_collect_all(WORKLOADS["ack"], patched))
+    msgs = "\n".join(_collect_all(WORKLOADS["ack"], bugs.settle_without_source_barrier))
     assert "allowed: ['receipt']" in msgs, msgs  # an acknowledged job is active again
 
 
 def test_lab_catches_a_directory_created_without_its_parent_barrier() -> None:
     """ensure_dir must fsync the parent before anything moves into a new directory."""
-
-    def no_barrier(self: tree.Tree, parent_rel: str, parent_fd: int, names: list[str]) -> None:
-        for name in names:
-            linux.mkdir_at(parent_fd, name, self.modes.dir)
-
-    @contextlib.contextmanager
-    def patched() -> Iterator[None]:
-        orig = tree.Tree._mkdirs_durably
-        tree.Tree._mkdirs_durably = no_barrier  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            tree.Tree._mkdirs_durably = orig  # type: ignore[method-assign]
-
-    msgs = "\n".join(_collect_all(WORKLOADS["retry_later"], patched))
+    msgs = "\n".join(_collect_all(WORKLOADS["retry_later"], bugs.dirs_without_parent_barrier))
     assert "is ready; allowed: ['delayed']" in msgs, msgs  # a retried-later job runs early (or is lost)
 
 

@@ -10,9 +10,10 @@ after its return mark.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ from steadqd.constants import NS_PER_SECOND
 from steadqd.recovery import run_recovery
 from tests.invariants import check_tree
 
-from .gates import JobView
+from .gates import Expectation, JobState, JobView, after_recovery
 from .recorder import Session
 
 
@@ -33,6 +34,29 @@ class Call:
     begin: int
     end: int
     effects: dict[str, JobView | None]  # job -> what it is after the call (None: gone)
+
+
+def expectation_at(calls: list[Call], initial: dict[str, JobView], payloads: dict[str, bytes], k: int) -> Expectation:
+    """What recovery must produce after a crash at op index ``k`` (in whichever log the marks index)."""
+    committed: dict[str, JobView | None] = dict(initial)
+    inflight: Call | None = None
+    for c in calls:
+        if c.end <= k:
+            committed.update(c.effects)
+        elif c.begin < k:
+            inflight = c
+            break
+        else:
+            break
+    known = set(initial).union(*(c.effects for c in calls))
+    allowed: dict[str, frozenset[JobState]] = {}
+    now = time.time_ns()
+    for j in known:
+        ok = set(after_recovery(committed.get(j), now))
+        if inflight is not None and j in inflight.effects:
+            ok |= after_recovery(inflight.effects[j], now)
+        allowed[j] = frozenset(ok)
+    return Expectation(allowed, {j for j in known if committed.get(j) is not None}, payloads)
 
 
 def job_states(root: str) -> dict[str, JobView]:
@@ -86,6 +110,25 @@ class Driver:
                 return run_recovery(ctx, budget_ops=100_000, budget_ms=60_000, now_boottime=now)
 
         return self.call("recover", run)
+
+
+SHARDS = 4
+
+
+@contextlib.contextmanager
+def prepared(wl: Workload, root: str) -> Iterator[tuple[Driver, dict[str, Any]]]:
+    """A fresh queue at ``root`` brought into ``wl``'s starting state (not recorded)."""
+    q = Queue.init(root, shards=SHARDS, allow_unsupported_fs=True, **wl.init)
+    if wl.deferred:
+        q.close()
+        q = Queue.open(root, deferred=True, allow_unsupported_fs=True)
+    try:
+        d = Driver(q, root)
+        ctx = wl.setup(d)
+        d.states = job_states(root)
+        yield d, ctx
+    finally:
+        q.close()
 
 
 Setup = Callable[[Driver], dict[str, Any]]
