@@ -12,12 +12,16 @@ from typing import Any
 
 from .lab import Result, format_table
 
-RESULTS: list[Result] = []
+RESULTS: list[Result] = []  # lane 1
+ORACLE_RESULTS: list[Result] = []  # lane 2
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
-    if not RESULTS:
-        return
-    terminalreporter.section("crash lab: states checked per workload")
-    for line in format_table(RESULTS).splitlines():
-        terminalreporter.write_line(line)
+    if RESULTS:
+        terminalreporter.section("crash lab lane 1 (recorded syscalls): states checked per workload")
+        for line in format_table(RESULTS).splitlines():
+            terminalreporter.write_line(line)
+    if ORACLE_RESULTS:
+        terminalreporter.section("crash lab lane 2 (LazyFS oracle): states checked per workload")
+        for line in format_table(ORACLE_RESULTS, syscalls="requests").splitlines():
+            terminalreporter.write_line(line)
