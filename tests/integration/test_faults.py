@@ -34,6 +34,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +60,9 @@ from steadqd import (  # noqa: E402
 from steadqd.constants import WATERMARK_ADVANCE_TMP_PREFIX  # noqa: E402
 from steadqd.names import delayed_bucket  # noqa: E402
 from steadqd.records import EnqueueTicket, TransitionTicket, Watermark  # noqa: E402
+from steadqd.verify import read_envelope, read_payload  # noqa: E402
 from steadqd.watermark import publish_watermark, read_watermark  # noqa: E402
+from tests.crash.gates import Expectation, JobView, after_recovery, check_state, remove_tree  # noqa: E402
 from tests.invariants import TreeState, check_tree, job_states  # noqa: E402
 
 SHARDS = 4
@@ -455,6 +458,7 @@ def _run_case(sc: Scenario, base: str, pos: int, err: int, after: bool) -> str:
             assert prep.q.poisoned is None, f"{ctx}: success but the handle is poisoned ({prep.q.poisoned})"
             _check_success(sc, prep, outcome, before, post, ctx)
             kind = "success"
+        _gates_after_recovery(prep.path, ctx)
         prep.q.close()  # not via prep.close(), which swallows errors: a deferred close syncs
         prep.close()
         if prep.q._ctx.options.deferred:
@@ -463,6 +467,39 @@ def _run_case(sc: Scenario, base: str, pos: int, err: int, after: bool) -> str:
         return kind
     finally:
         prep.close()
+
+
+def _payload_of(path: str, max_payload: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return read_payload(fd, read_envelope(fd, max_payload))
+    finally:
+        os.close(fd)
+
+
+def _gates_after_recovery(path: str, ctx: str) -> None:
+    """Crash lab lane 4: the machine dies right after the fault; after recovery of a copy
+    of the tree, the crash lab's gates hold for every job as the fault left it (no loss,
+    no resurrection, no corrupt delivery, fsck clean, the queue works)."""
+    scratch = tempfile.mkdtemp(prefix="gates-", dir=os.path.dirname(path))
+    dest = os.path.join(scratch, "q")
+    try:
+        shutil.copytree(path, dest, symlinks=True)
+        tree = check_tree(dest, allow_temps=True)
+        now = time.time_ns()
+        allowed = {
+            j: after_recovery(JobView(o.state, o.attempt, o.name.max_attempts, o.name.not_before), now)
+            for j, o in tree.objects.items()
+        }
+        payloads = {
+            j: _payload_of(os.path.join(dest, o.path), tree.fmt.max_payload_length)
+            for j, o in tree.objects.items()
+            if o.state is not State.RECEIPT
+        }
+        fails = check_state(dest, Expectation(allowed, set(allowed), payloads))
+        assert not fails, f"{ctx}: crash gates after recovery:\n" + "\n".join(fails)
+    finally:
+        remove_tree(scratch)
 
 
 # --------------------------------------------------------------------------- the matrix
@@ -633,6 +670,29 @@ def test_check_tree_detects_duplicate_job(queue: Queue, queue_path: str) -> None
     shutil.copyfile(os.path.join(queue_path, dead.path), src)  # resurrect the leased name
     with pytest.raises(AssertionError, match="two objects"):
         check_tree(queue_path)
+
+
+def test_gates_after_recovery_catch_a_recovery_that_loses_a_job(
+    queue: Queue, queue_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lane-4 gate check is not vacuous: a healthy queue passes it, and a recovery
+    that deletes a ready job fails it, naming the job."""
+    import tests.crash.gates as gates
+
+    jid = queue.enqueue(PAYLOAD)
+    _gates_after_recovery(queue_path, "clean")
+    real = gates.run_recovery
+
+    def losing_recovery(ctx: Any, **kw: Any) -> Any:
+        for dirpath, _dirs, files in os.walk(os.readlink(f"/proc/self/fd/{ctx.tree.root_fd}")):
+            for n in files:
+                if n.startswith(jid):
+                    os.unlink(os.path.join(dirpath, n))
+        return real(ctx, **kw)
+
+    monkeypatch.setattr(gates, "run_recovery", losing_recovery)
+    with pytest.raises(AssertionError, match=f"job {jid} is absent"):
+        _gates_after_recovery(queue_path, "damaged")
 
 
 def test_check_tree_detects_orphan_temp_and_corruption(queue: Queue, queue_path: str) -> None:
