@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 
@@ -86,44 +87,78 @@ def state_dir() -> str:
     raise AssertionError("unreachable")
 
 
-def check_recorded(rec: Recorded, *, max_states: int | None = None, keep: int = 5) -> Result:
-    """Check every distinct crash state of a recording (up to ``max_states``)."""
+@dataclass(frozen=True)
+class Candidate:
+    """One crash state either lane produced, as the checker needs it."""
+
+    point: int  # crash point, in the lane's own log
+    fingerprint: str  # equal trees, equal fingerprints
+    describe: Callable[[], str]  # for failure reports
+    write: Callable[[str], str]  # materialise under a fresh path; returns the queue root
+
+
+def check_candidates(
+    res: Result,
+    candidates: Iterable[Candidate],
+    expectation: Callable[[int], Expectation],
+    *,
+    max_states: int | None = None,
+    keep: int = 5,
+) -> Result:
+    """Recover and gate every distinct (tree, expectation) pair; fill in ``res``."""
     t0 = time.monotonic()
     base = state_dir()
-    res = Result(rec.workload, len(rec.ops), rec.raw_events, len(rec.ops) + 1, 0, 0, 0, 0.0)
     seen: set[tuple[object, ...]] = set()
     trees: set[str] = set()
     expectations: dict[int, Expectation] = {}
     try:
-        for st in rec.model.all_states():
+        for st in candidates:
             if max_states is not None and res.states >= max_states:
                 break
             expect = expectations.get(st.point)
             if expect is None:
-                expect = expectations[st.point] = rec.expectation(st.point)
+                expect = expectations[st.point] = expectation(st.point)
             key = (st.fingerprint, expect.key())
             if key in seen:
                 continue
             seen.add(key)
             trees.add(st.fingerprint)
             dest = os.path.join(base, f"s{res.states}")
-            materialise(st.image, dest)
             try:
-                fails = check_state(dest, expect)
+                fails = check_state(st.write(dest), expect)
             except Exception as e:  # a crash of the checker is a failed state, not a lab crash
                 fails = [f"checker raised {type(e).__name__}: {e}"]
             finally:
-                remove_tree(dest)
+                if os.path.lexists(dest):
+                    remove_tree(dest)
             res.states += 1
             if fails:
                 res.failed += 1
                 if len(res.failures) < keep:
-                    res.failures.append({"state": st.describe(rec.ops), "failures": fails[:10]})
+                    res.failures.append({"state": st.describe(), "failures": fails[:10]})
     finally:
         remove_tree(base)
     res.trees = len(trees)
     res.seconds = round(time.monotonic() - t0, 2)
     return res
+
+
+def check_recorded(rec: Recorded, *, max_states: int | None = None, keep: int = 5) -> Result:
+    """Check every distinct crash state of a recording (up to ``max_states``)."""
+
+    def write(image: object) -> Callable[[str], str]:
+        def go(dest: str) -> str:
+            materialise(image, dest)  # type: ignore[arg-type]
+            return dest
+
+        return go
+
+    candidates = (
+        Candidate(st.point, st.fingerprint, functools.partial(st.describe, rec.ops), write(st.image))
+        for st in rec.model.all_states()
+    )
+    res = Result(rec.workload, len(rec.ops), rec.raw_events, len(rec.ops) + 1, 0, 0, 0, 0.0)
+    return check_candidates(res, candidates, rec.expectation, max_states=max_states, keep=keep)
 
 
 def run_workload(
@@ -163,6 +198,30 @@ def format_table(results: list[Result], *, syscalls: str = "syscalls") -> str:
     return "\n".join(lines)
 
 
+def format_report(r: Result, *, syscalls: str = "syscalls") -> str:
+    """One workload's table row and its kept failures in full (for assertion messages)."""
+    lines = [format_table([r], syscalls=syscalls)]
+    for f in r.failures:
+        lines.append(str(f["state"]))
+        lines.extend(f"    {m}" for m in f["failures"])  # type: ignore[attr-defined]
+    return "\n".join(lines)
+
+
+def progress(r: Result) -> None:
+    print(f"{r.workload}: {r.states} states, {r.failed} failed, {r.seconds}s", file=sys.stderr, flush=True)
+
+
+def finish(results: list[Result], json_path: str | None, *, syscalls: str = "syscalls") -> int:
+    """Print the table and the first failures, write the JSON; the exit status."""
+    print(format_table(results, syscalls=syscalls))
+    for line in list(iter_failures(results))[:60]:
+        print(line)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump([asdict(r) for r in results], f, indent=2)
+    return 1 if any(r.failed for r in results) else 0
+
+
 def iter_failures(results: list[Result]) -> Iterator[str]:
     for r in results:
         for f in r.failures:
@@ -198,14 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.repeat > 1:
                 r.workload = f"{name}#{rep + 1}"
             results.append(r)
-            print(f"{r.workload}: {r.states} states, {r.failed} failed, {r.seconds}s", file=sys.stderr, flush=True)
-    print(format_table(results))
-    for line in list(iter_failures(results))[:60]:
-        print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in results], f, indent=2)
-    return 1 if any(r.failed for r in results) else 0
+            progress(r)
+    return finish(results, args.json)
 
 
 if __name__ == "__main__":

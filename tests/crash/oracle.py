@@ -18,19 +18,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from .gates import JobView, check_state, remove_tree
-from .lab import Result, format_table, iter_failures, state_dir
+from .gates import Expectation, JobView
+from .lab import Candidate, Result, check_candidates, finish, progress
 from .lazyfs import JournalOp, mounted
-from .lazystates import crash_states, dir_paths, materialise
+from .lazystates import CrashState, crash_states, dir_paths, materialise
 from .workloads import WORKLOADS, Call, Workload, expectation_at, prepared
 
 
@@ -67,42 +65,23 @@ def record_on_lazyfs(
 
 def check_journaled(rec: Journaled, *, max_states: int | None = None, samples: int = 8, keep: int = 5) -> Result:
     """Check every distinct crash state of a journaled run (up to ``max_states``)."""
-    t0 = time.monotonic()
-    base = state_dir()
-    points = len(rec.journal) - rec.base + 1
-    res = Result(rec.workload, len(rec.journal) - rec.base, rec.requests, points, 0, 0, 0, 0.0)
     paths = dir_paths(rec.journal)
-    trees: set[str] = set()
-    seen: set[tuple[object, ...]] = set()
-    try:
-        for st in crash_states(rec.journal, rec.base, samples=samples):
-            if max_states is not None and res.states >= max_states:
-                break
-            expect = expectation_at(rec.calls, rec.initial, rec.payloads, st.point)
-            key = (st.fingerprint, expect.key())
-            if key in seen:
-                continue
-            seen.add(key)
-            trees.add(st.fingerprint)
-            dest = os.path.join(base, f"s{res.states}")
+
+    def candidate(st: CrashState) -> Candidate:
+        def write(dest: str) -> str:
             os.mkdir(dest)
             materialise(st.image, dest)
-            try:
-                fails = check_state(os.path.join(dest, "queue"), expect)
-            except Exception as e:  # a crash of the checker is a failed state, not a lab crash
-                fails = [f"checker raised {type(e).__name__}: {e}"]
-            finally:
-                remove_tree(dest)
-            res.states += 1
-            if fails:
-                res.failed += 1
-                if len(res.failures) < keep:
-                    res.failures.append({"state": st.describe(rec.journal, paths), "failures": fails[:10]})
-    finally:
-        remove_tree(base)
-    res.trees = len(trees)
-    res.seconds = round(time.monotonic() - t0, 2)
-    return res
+            return os.path.join(dest, "queue")
+
+        return Candidate(st.point, st.fingerprint, lambda: st.describe(rec.journal, paths), write)
+
+    def expectation(k: int) -> Expectation:
+        return expectation_at(rec.calls, rec.initial, rec.payloads, k)
+
+    ops = len(rec.journal) - rec.base
+    res = Result(rec.workload, ops, rec.requests, ops + 1, 0, 0, 0, 0.0)
+    states = (candidate(st) for st in crash_states(rec.journal, rec.base, samples=samples))
+    return check_candidates(res, states, expectation, max_states=max_states, keep=keep)
 
 
 def run_oracle(
@@ -132,11 +111,5 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.workload or list(WORKLOADS):
         r = run_oracle(WORKLOADS[name], max_states=args.max_states, samples=args.samples)
         results.append(r)
-        print(f"{r.workload}: {r.states} states, {r.failed} failed, {r.seconds}s", file=sys.stderr, flush=True)
-    print(format_table(results, syscalls="requests"))
-    for line in list(iter_failures(results))[:60]:
-        print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in results], f, indent=2)
-    return 1 if any(r.failed for r in results) else 0
+        progress(r)
+    return finish(results, args.json, syscalls="requests")

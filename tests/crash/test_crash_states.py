@@ -23,7 +23,7 @@ from steadqd.constants import State
 from tests.crash import bugs
 from tests.crash.conftest import RESULTS
 from tests.crash.gates import Expectation, check_state
-from tests.crash.lab import Result, check_recorded, format_table, record_workload, run_workload
+from tests.crash.lab import check_recorded, format_report, format_table, record_workload, run_workload
 from tests.crash.model import Model, materialise
 from tests.crash.recorder import Create, FsyncDir, FsyncFile, Image, Link, Mkdir, Rename, Write, record
 from tests.crash.workloads import WORKLOADS, Workload
@@ -31,20 +31,12 @@ from tests.crash.workloads import WORKLOADS, Workload
 MIN_STATES_PER_RUN = 1000
 
 
-def _report(r: Result) -> str:
-    lines = [format_table([r])]
-    for f in r.failures:
-        lines.append(str(f["state"]))
-        lines.extend(f"    {m}" for m in f["failures"])  # type: ignore[attr-defined]
-    return "\n".join(lines)
-
-
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_every_crash_state_recovers(name: str) -> None:
     r = run_workload(WORKLOADS[name])
     RESULTS.append(r)
     assert r.states > 0, f"{name}: no crash state was checked"
-    assert r.failed == 0, f"{name}: {r.failed} of {r.states} crash states fail the gates\n{_report(r)}"
+    assert r.failed == 0, f"{name}: {r.failed} of {r.states} crash states fail the gates\n{format_report(r)}"
 
 
 def test_enough_states_per_run() -> None:
@@ -88,7 +80,7 @@ def _collect_all(wl: Workload, mutate: Callable[[], AbstractContextManager[objec
     with tempfile.TemporaryDirectory(prefix="steadq-crash-bug-") as workdir:
         rec = record_workload(wl, workdir, mutate=mutate)
     r = check_recorded(rec, keep=10_000)
-    assert r.failed > 0, f"the injected bug went unnoticed\n{_report(r)}"
+    assert r.failed > 0, f"the injected bug went unnoticed\n{format_report(r)}"
     return [m for f in r.failures for m in f["failures"]]  # type: ignore[attr-defined]
 
 

@@ -19,7 +19,7 @@ import pytest
 from steadqd import Queue, linux
 from tests.crash import bugs
 from tests.crash.conftest import ORACLE_RESULTS
-from tests.crash.lab import Result, format_table, run_workload
+from tests.crash.lab import format_report, format_table, run_workload
 from tests.crash.lazyfs import Chmod, Create, Fsync, Link, Mkdir, Rename, Truncate, Unlink, Write, available, mounted
 from tests.crash.lazystates import crash_states, materialise
 from tests.crash.oracle import run_oracle
@@ -43,20 +43,14 @@ def mnt() -> Iterator[str]:
         yield d
 
 
-def _report(r: Result) -> str:
-    lines = [format_table([r], syscalls="requests")]
-    for f in r.failures:
-        lines.append(str(f["state"]))
-        lines.extend(f"    {m}" for m in f["failures"])  # type: ignore[attr-defined]
-    return "\n".join(lines)
-
-
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_every_oracle_state_recovers(name: str) -> None:
     r = run_oracle(WORKLOADS[name])
     ORACLE_RESULTS.append(r)
     assert r.states > 0, f"{name}: no crash state was checked"
-    assert r.failed == 0, f"{name}: {r.failed} of {r.states} crash states fail the gates\n{_report(r)}"
+    assert r.failed == 0, (
+        f"{name}: {r.failed} of {r.states} crash states fail the gates\n{format_report(r, syscalls='requests')}"
+    )
 
 
 def test_enough_oracle_states_per_run() -> None:
@@ -70,7 +64,7 @@ def test_enough_oracle_states_per_run() -> None:
 
 def _oracle_messages(wl: Workload, mutate: Callable[[], AbstractContextManager[object]]) -> str:
     r = run_oracle(wl, mutate=mutate)
-    assert r.failed > 0, f"the injected bug went unnoticed by the oracle\n{_report(r)}"
+    assert r.failed > 0, f"the injected bug went unnoticed by the oracle\n{format_report(r, syscalls='requests')}"
     return "\n".join(m for f in r.failures for m in f["failures"])  # type: ignore[attr-defined]
 
 
