@@ -111,6 +111,9 @@ class QueueSettings:
     worker: WorkerConfig | None
     sweeper: SweeperConfig = SweeperConfig()
     promoter: PromoterConfig = PromoterConfig()
+    # Skip the file-system type check (layout.md): for file systems steadq does
+    # not vouch for, at the operator's risk. Off unless the file says so.
+    allow_unsupported_fs: bool = False
 
 
 # --- YAML with positions ---------------------------------------------------------
@@ -381,7 +384,7 @@ def parse_config(text: str, *, path: str, name: str) -> QueueSettings:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
         raise ConfigError(f"file is larger than {MAX_CONFIG_BYTES} bytes", path=path)
     root = _Doc(path, _compose(text, path), "")
-    m = root.mapping({"queue", *_SECTIONS})
+    m = root.mapping({"queue", "allow_unsupported_fs", *_SECTIONS})
     if "queue" not in m:
         raise root.error("missing required key `queue` (the queue directory)")
     sections = {k: fn(m[k]) for k, fn in _SECTIONS.items() if k in m}
@@ -392,6 +395,7 @@ def parse_config(text: str, *, path: str, name: str) -> QueueSettings:
         worker=sections.get("worker"),
         sweeper=sections.get("sweeper", SweeperConfig()),
         promoter=sections.get("promoter", PromoterConfig()),
+        allow_unsupported_fs=m["allow_unsupported_fs"].boolean() if "allow_unsupported_fs" in m else False,
     )
 
 

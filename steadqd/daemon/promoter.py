@@ -44,7 +44,7 @@ from ..names import parse_bucket_dir, parse_shard_dir, shard_dir
 from ..queue import Queue
 from ..recovery import RecoveryReport
 from .journal import Log
-from .service import Loop, Timer
+from .service import Loop, Timer, open_queue
 from .sweeper import ErrorDigest
 
 __all__ = ["PromoterRole"]
@@ -145,7 +145,7 @@ class PromoterRole:
 
     def _open(self, settings: QueueSettings) -> None:
         """(Re)open the queue and start watching its delayed/ from scratch."""
-        q = Queue.open(settings.queue)
+        q = open_queue(settings)
         ino = inotify_simple.INotify(nonblocking=True)
         path = os.path.join(settings.queue, DELAYED_DIR)
         try:

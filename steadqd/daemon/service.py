@@ -18,10 +18,11 @@ import selectors
 import signal
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..config import QueueSettings
 from ..errors import ConfigError, SteadQError
+from ..queue import Queue
 from .journal import Log
 from .notify import Notifier
 
@@ -29,6 +30,12 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 78  # EX_CONFIG: the unit uses RestartPreventExitStatus=78
 STATUS_EVERY = 5.0
+
+
+def open_queue(settings: QueueSettings, **options: Any) -> Queue:
+    """Open the configured queue the way every role does: one place for the
+    file-system switch (``allow_unsupported_fs``), so no role can forget it."""
+    return Queue.open(settings.queue, allow_unsupported_fs=settings.allow_unsupported_fs, **options)
 
 
 class Timer:

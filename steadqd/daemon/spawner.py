@@ -84,7 +84,7 @@ from ..lease import Lease
 from ..names import parse_name, shard_dir
 from ..queue import Queue
 from .journal import INFO, WARNING, Log
-from .service import Loop, Timer
+from .service import Loop, Timer, open_queue
 
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
 MAX_LINE = 16 * 1024  # bytes of one forwarded output line; the rest of the line is dropped
@@ -273,7 +273,7 @@ class WorkerRole:
         # An inherited SIG_IGN for SIGCHLD would make the kernel reap our children
         # itself, and exit statuses (hence acks) would be lost. No handler: default.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        self.q = Queue.open(self.settings.queue)  # a SteadQError refuses the start with its exit code
+        self.q = open_queue(self.settings)  # a SteadQError refuses the start with its exit code
         try:
             self._inotify = inotify_simple.INotify(nonblocking=True)
         except OSError as e:  # e.g. fs.inotify.max_user_instances reached
@@ -954,7 +954,7 @@ class WorkerRole:
         if self.q is not None or self.closed:
             return
         try:
-            self.q = Queue.open(self.settings.queue)
+            self.q = open_queue(self.settings)
         except SteadQError as e:
             self.log.error(f"cannot reopen the queue: {e}; trying again in {ERROR_RETRY:g}s")
             self._schedule_reopen()

@@ -28,7 +28,7 @@ from ..errors import SteadQError
 from ..queue import Queue
 from ..recovery import RecoveryReport
 from .journal import Log
-from .service import Loop, Timer
+from .service import Loop, Timer, open_queue
 
 __all__ = ["ERROR_LOG_WINDOW", "ErrorDigest", "SweeperRole"]
 
@@ -85,22 +85,22 @@ class ErrorDigest:
 
 def _open(settings: QueueSettings) -> Queue:
     sw = settings.sweeper
-    return Queue.open(
-        settings.queue,
+    return open_queue(
+        settings,
         receipt_retention=sw.receipt_retention,
         temp_ttl=sw.temp_ttl,
         dead_retention=sw.dead_retention,
     )
 
 
-_OpenKey = tuple[str, float, float, float | None]
+_OpenKey = tuple[str, bool, float, float, float | None]
 
 
 def _open_key(settings: QueueSettings) -> _OpenKey:
     """What the open handle depends on: a reload that changes it reopens
     (retentions are per-handle options, fixed at open)."""
     sw = settings.sweeper
-    return (settings.queue, sw.receipt_retention, sw.temp_ttl, sw.dead_retention)
+    return (settings.queue, settings.allow_unsupported_fs, sw.receipt_retention, sw.temp_ttl, sw.dead_retention)
 
 
 def summarize(report: RecoveryReport) -> str:

@@ -46,6 +46,12 @@ def test_good_config_values():
     assert w.exit_status.verdict(0) == "ack" and w.exit_status.verdict(69) == "retry"
     assert w.exit_status.verdict(100) == "bury" and w.exit_status.verdict(3) == "retry"
     assert s.promoter.enabled and s.sweeper.interval == 30.0
+    assert s.allow_unsupported_fs is False  # the file-system check stays on unless asked
+
+
+def test_allow_unsupported_fs_switch():
+    assert parse("queue: /q/a\nallow_unsupported_fs: true\n").allow_unsupported_fs is True
+    assert parse("queue: /q/a\nallow_unsupported_fs: false\n").allow_unsupported_fs is False
 
 
 BAD = [
@@ -79,6 +85,7 @@ BAD = [
     ("custom tag", "queue: !!python/object:os.system /q/a\n", 1, None, "tags are not allowed"),
     ("broken yaml", "queue: [unclosed\n", 2, None, "not valid YAML"),
     ("empty file", "", 1, None, "file is empty"),
+    ("unsupported-fs switch not a boolean", "queue: /q/a\nallow_unsupported_fs: yes please\n", 2, "allow_unsupported_fs", "expected true or false"),
     ("dead retention under an hour", "queue: /q/a\nsweeper:\n  interval: 30s\n  dead_retention: 59m\n", 4, "sweeper.dead_retention", "between 3600s"),
 ]
 
