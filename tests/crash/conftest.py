@@ -8,9 +8,13 @@ written to the repository).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import pytest
+
 from .lab import Result, format_table
+from .lazyfs import available
 
 RESULTS: list[Result] = []  # lane 1
 ORACLE_RESULTS: list[Result] = []  # lane 2
@@ -25,3 +29,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
         terminalreporter.section("crash lab lane 2 (LazyFS oracle): states checked per workload")
         for line in format_table(ORACLE_RESULTS, syscalls="requests").splitlines():
             terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def need_lazyfs() -> None:
+    """Lane 2 needs root and /dev/fuse: skip without them, or fail when CI requires every tier."""
+    why = available()
+    if why is not None:
+        if os.environ.get("STEADQ_SYSTEM_TESTS") == "require":
+            pytest.fail(f"crash lane 2 required but impossible here: {why}")
+        pytest.skip(why)

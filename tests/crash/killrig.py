@@ -46,6 +46,7 @@ if REPO not in sys.path:  # producer mode runs this file in a fresh interpreter
 from steadqd import NotCommitted, OutcomeUnknown, Queue  # noqa: E402
 
 STEADQD = os.path.join(os.path.dirname(sys.executable), "steadqd")
+LAZYFS_ENV = "STEADQ_RIG_LAZYFS"  # producers: the LazyFS mountpoint to mark committed enqueues in
 SETTLE_TIMEOUT = 60.0  # seconds for the queue to drain after the last kill; a hang fails
 
 # The job command: record "job serial attempt", stay alive briefly so that it
@@ -100,6 +101,7 @@ def run_producer(root: str, journal: str, first: int, step: int, count: str, pac
     ``pace`` seconds between enqueues so that producers do not outrun the
     worker for hours (a backlog would only measure throughput).
     """
+    lazyfs = os.environ.get(LAZYFS_ENV)  # the power-cut lane: a FUSE queue, marks in its journal
     begun: list[int] = []
     if os.path.exists(journal):
         with open(journal) as f:
@@ -107,7 +109,7 @@ def run_producer(root: str, journal: str, first: int, step: int, count: str, pac
     serial = max(begun) + step if begun else first
     stop = count[len("until:") :] if count.startswith("until:") else None
     limit = None if stop else first + step * int(count)
-    with open(journal, "a", buffering=1) as j, Queue.open(root) as q:
+    with open(journal, "a", buffering=1) as j, Queue.open(root, allow_unsupported_fs=bool(lazyfs)) as q:
         while (limit is None or serial < limit) and not (stop and os.path.exists(stop)):
             j.write(f"B {serial}\n")
             j.flush()
@@ -117,6 +119,10 @@ def run_producer(root: str, journal: str, first: int, step: int, count: str, pac
             job = q.enqueue(make_payload(serial), max_attempts=attempts, metadata={"serial": serial})
             j.write(f"C {serial} {job}\n")
             j.flush()
+            if lazyfs:
+                from tests.crash.lazyfs import mark  # noqa: PLC0415
+
+                mark(lazyfs, f"enq:{job}")
             serial += step
             if pace:
                 time.sleep(pace)
@@ -152,7 +158,21 @@ class Report:
 class Rig:
     """A queue on ``mount``, its config dir, producers, one ``steadqd run``, and a killer."""
 
-    def __init__(self, mount: str, work: str, *, fs: str, producers: int, concurrency: int, seed: int) -> None:
+    def __init__(
+        self,
+        mount: str,
+        work: str,
+        *,
+        fs: str,
+        producers: int,
+        concurrency: int,
+        seed: int,
+        lazyfs: bool = False,
+    ) -> None:
+        """``lazyfs``: ``mount`` is a LazyFS (FUSE) mount: allow its type everywhere and have
+        producers mark each committed enqueue in its journal (the power-cut lane)."""
+        self.mount = mount
+        self.lazyfs = lazyfs
         self.root = os.path.join(mount, "queue")
         self.work = Path(work)
         self.name = "crashq"
@@ -171,7 +191,7 @@ class Rig:
         self.producers: dict[int, subprocess.Popen[bytes] | None] = {}
         self.daemon: subprocess.Popen[bytes] | None = None
         self._logs: list[object] = []
-        Queue.init(self.root, shards=8, delayed_width_ns=10**9).close()
+        Queue.init(self.root, shards=8, delayed_width_ns=10**9, allow_unsupported_fs=lazyfs).close()
         cfg = {
             "queue": self.root,
             "worker": {
@@ -186,6 +206,8 @@ class Rig:
             "sweeper": {"interval": "1s"},
             "promoter": {"max_sleep": "1s"},
         }
+        if lazyfs:
+            cfg["allow_unsupported_fs"] = True
         (self.config_dir / f"{self.name}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
     # -- processes --------------------------------------------------------------
@@ -208,7 +230,8 @@ class Rig:
             count,
             str(self.pace),
         ]
-        self.producers[i] = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        env = dict(os.environ, **({LAZYFS_ENV: self.mount} if self.lazyfs else {}))
+        self.producers[i] = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
 
     def start_daemon(self) -> None:
         log = open(self.work / "daemon.log", "ab")  # noqa: SIM115 - closed in close()
@@ -367,7 +390,7 @@ class Rig:
         from steadqd.inspect import fsck  # noqa: PLC0415
         from tests.invariants import check_tree  # noqa: PLC0415
 
-        with Queue.open(self.root) as q:
+        with Queue.open(self.root, allow_unsupported_fs=self.lazyfs) as q:
             for _ in range(5):  # until a pass finds nothing to do (budget generous: one pass suffices)
                 rep = q.recover(budget_ops=100_000, budget_ms=10_000)
                 if rep.errors:
@@ -451,7 +474,7 @@ class Rig:
         from steadqd.settle import AckResult  # noqa: PLC0415
         from tests.invariants import check_tree  # noqa: PLC0415
 
-        with Queue.open(self.root) as q:
+        with Queue.open(self.root, allow_unsupported_fs=self.lazyfs) as q:
             job = q.enqueue(b"after the storm")
             self.probe_jobs.add(job)
             lease = q.lease()

@@ -241,12 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--repeat", type=int, default=1, help="record each workload N times (new job ids, new shards)")
     run.add_argument("--json", default=None, help="write the results here")
     sub.add_parser("oracle", help="lane 2: the same workloads on a journaling FUSE file system", add_help=False)
+    sub.add_parser("powercut", help="lane 2: power cuts under steadqd run on that file system", add_help=False)
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["oracle"]:
         from .oracle import main as oracle_main
 
         return oracle_main(argv[1:])
+    if argv[:1] == ["powercut"]:
+        from .powercut import main as powercut_main
+
+        return powercut_main(argv[1:])
     args = ap.parse_args(argv)
     results = []
     for rep in range(args.repeat):

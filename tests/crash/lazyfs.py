@@ -80,6 +80,21 @@ _PROTO = (7, 31)  # RENAME2 needs >= 7.23
 
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
 
+MARK_PREFIX = b".lazyfs-mark:"  # a lookup of <mount>/.lazyfs-mark:<text> records a mark
+
+
+def mark(mountpoint: str, text: str) -> None:
+    """Record ``text`` in the journal's marks at the current position, from any process.
+
+    The lookup reaches the server after every earlier request of this thread
+    was answered, so the mark sits after all of the caller's earlier changes.
+    """
+    try:
+        os.stat(os.path.join(mountpoint, MARK_PREFIX.decode() + text))
+    except FileNotFoundError:
+        return
+    raise AssertionError("a LazyFS mark lookup must fail with ENOENT")
+
 
 # -- the journal ----------------------------------------------------------------------------
 
@@ -201,6 +216,7 @@ class LazyFS:
         now = time.time_ns()
         self.nodes: dict[int, Node] = {_ROOT: Node(_ROOT, stat.S_IFDIR | 0o755, nlink=2, mtime_ns=now)}
         self.journal: list[JournalOp] = []
+        self.marks: list[tuple[int, str]] = []  # (journal length, text) per mark()
         self.errors: list[str] = []
         self.requests: dict[str, int] = {}
         self._next_ino = _ROOT + 1
@@ -361,6 +377,10 @@ class LazyFS:
 
     def _op_lookup(self, nodeid: int, body: bytes) -> bytes:
         name, _ = _cstr(body)
+        if nodeid == _ROOT and name.startswith(MARK_PREFIX):
+            # A commit mark from any process: "everything I did so far is in the journal".
+            self.marks.append((len(self.journal), name[len(MARK_PREFIX) :].decode("ascii", "replace")))
+            raise FuseError(errno.ENOENT)
         child = self._dir(nodeid).entries.get(name)
         if child is None:
             raise FuseError(errno.ENOENT)

@@ -34,7 +34,7 @@ import hashlib
 import os
 import random
 import stat
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 from .lazyfs import Chmod, Create, Fsync, JournalOp, Link, Mkdir, Rename, Truncate, Unlink, Write
@@ -283,8 +283,17 @@ def _subsets(
             yield f"random subset {n}", _causal_closure(pick, pending, journal)
 
 
-def crash_states(journal: list[JournalOp], base: int, *, samples: int = 8, seed: int = 0) -> Iterator[CrashState]:
-    """Every crash state of ``journal`` at points ``base .. len(journal)``, distinct within a point."""
+def crash_states(
+    journal: list[JournalOp],
+    base: int,
+    *,
+    samples: int = 8,
+    seed: int = 0,
+    points: Collection[int] | None = None,
+) -> Iterator[CrashState]:
+    """Every crash state of ``journal`` at points ``base .. len(journal)`` (or just at
+    ``points``), distinct within a point. A point's first state is always the one
+    where nothing undurable persisted, with synced data only (the strict state)."""
     disk = _Disk()
     for i in range(base):
         disk.apply(i, journal[i], journal)
@@ -292,6 +301,8 @@ def crash_states(journal: list[JournalOp], base: int, *, samples: int = 8, seed:
     for k in range(base, len(journal) + 1):
         if k > base:
             disk.apply(k - 1, journal[k - 1], journal)
+        if points is not None and k not in points:
+            continue
         rng = random.Random(f"{seed}:{k}")
         seen: set[str] = set()
         tried: set[frozenset[int]] = set()

@@ -20,7 +20,7 @@ from steadqd import Queue, linux
 from tests.crash import bugs
 from tests.crash.conftest import ORACLE_RESULTS
 from tests.crash.lab import format_report, format_table, run_workload
-from tests.crash.lazyfs import Chmod, Create, Fsync, Link, Mkdir, Rename, Truncate, Unlink, Write, available, mounted
+from tests.crash.lazyfs import Chmod, Create, Fsync, Link, Mkdir, Rename, Truncate, Unlink, Write, mounted
 from tests.crash.lazystates import crash_states, materialise
 from tests.crash.oracle import run_oracle
 from tests.crash.workloads import WORKLOADS, Workload
@@ -28,13 +28,7 @@ from tests.crash.workloads import WORKLOADS, Workload
 MIN_STATES_PER_RUN = 500
 
 
-@pytest.fixture(autouse=True)
-def _lazyfs_possible() -> None:
-    why = available()
-    if why is not None:
-        if os.environ.get("STEADQ_SYSTEM_TESTS") == "require":
-            pytest.fail(f"crash lane 2 required but impossible here: {why}")
-        pytest.skip(why)
+pytestmark = pytest.mark.usefixtures("need_lazyfs")
 
 
 @pytest.fixture
