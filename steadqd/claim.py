@@ -11,13 +11,25 @@ can never block a queue (open-questions B11; on-disk compatible).
 
 from __future__ import annotations
 
+import bisect
 import errno
 import os
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from . import linux
-from .constants import DEAD_DIR, JOB_EXT, READY_DIR, U64_MAX, DeadReason, QuarantineReason, State
+from .constants import (
+    CLAIM_CACHE_MIN_PER_SHARD,
+    CLAIM_CACHE_NAMES,
+    DEAD_DIR,
+    JOB_EXT,
+    READY_DIR,
+    U64_MAX,
+    DeadReason,
+    QuarantineReason,
+    State,
+)
 from .context import Context
 from .errors import CorruptObject, ErrorKind, MaintenanceBusy, NotCommitted, OutcomeUnknown, SteadQError
 from .lease import Lease, lease_from_claim, make_ticket
@@ -100,27 +112,66 @@ class _Scan:
                 linux.close(dir_fd)
 
     def _scan_entries(self, shard: int, dir_fd: int, rel: str) -> Lease | None:
+        cand = self.ctx.shard_candidates(shard)
+        # Names left from this handle's last listing first: no listing at all,
+        # and a name that vanished meanwhile (claimed elsewhere) fails to open
+        # with ENOENT and is skipped. Only when they are used up is the shard
+        # listed again, in this same scan: an empty answer always rests on a
+        # listing made by the scan that gives it, so a job enqueued before the
+        # lease call (by any handle) is never missed.
+        tried: set[str] = set()
+        while True:
+            try:
+                name = cand.names.popleft()
+            except IndexError:
+                break
+            tried.add(name)
+            lease = self._try_name(shard, dir_fd, rel, name)
+            if lease is not None:
+                return lease
         try:
             entries = linux.list_dir(dir_fd)
         except OSError as e:
             self.report.errors.append(f"{rel}: {e.strerror}")
             return None
+        names: list[str] = []
         for raw in entries:
             try:
                 name = raw.decode("ascii")
             except UnicodeDecodeError:
                 self.report.ignored.append(f"{rel}/{raw!r}")
                 continue
-            if not name.endswith(JOB_EXT):
+            # A ready name is five components plus the extension (names.md): leased
+            # names (nine) and strays are never candidates; parse_name decides the rest.
+            if name.endswith(JOB_EXT) and name.count(".") == 5:
+                names.append(name)
+        # Resume after the last job this handle took from its previous listing
+        # (the listing is sorted, the job id leads the name): a sweep, not a
+        # restart, so a job that sorts late is reached however many jobs keep
+        # arriving, or coming back under a new generation, in front of it.
+        after = cand.resume_after
+        start = bisect.bisect_right(names, after, key=_job_part) if after is not None else 0
+        order = names[start:] + names[:start]
+        for i, name in enumerate(order):
+            if name in tried:
                 continue
-            try:
-                job = parse_name(State.READY, name)
-            except CorruptObject:
-                continue  # a lease, or not ours to judge here (fsck reports it)
-            lease = self.consider(shard, dir_fd, rel, name, job)
+            lease = self._try_name(shard, dir_fd, rel, name)
             if lease is not None:
+                keep = order[i + 1 : i + 1 + self._candidates_per_shard()]
+                cand.names = deque(keep)
+                cand.resume_after = _job_part(keep[-1] if keep else name)
                 return lease
         return None
+
+    def _candidates_per_shard(self) -> int:
+        return max(CLAIM_CACHE_MIN_PER_SHARD, CLAIM_CACHE_NAMES // self.ctx.fmt.shard_count)
+
+    def _try_name(self, shard: int, dir_fd: int, rel: str, name: str) -> Lease | None:
+        try:
+            job = parse_name(State.READY, name)
+        except CorruptObject:
+            return None  # a lease, or not ours to judge here (fsck reports it)
+        return self.consider(shard, dir_fd, rel, name, job)
 
     def isolate(self, dir_fd: int, rel: str, name: str, reason: int, witness: Any = None) -> None:
         try:
@@ -254,7 +305,9 @@ class _Scan:
             return None
         except OSError as e:
             phase = "source_directory_durable"
-            raise _claim_unknown(ctx, source_view, Indeterminate(phase, f"read payload: {e.strerror}"), destination) from e
+            raise _claim_unknown(
+                ctx, source_view, Indeterminate(phase, f"read payload: {e.strerror}"), destination
+            ) from e
         return lease
 
     def exhausted_to_dead(self, shard: int, dir_fd: int, name: str, job: JobName) -> None:
@@ -281,6 +334,11 @@ class _Scan:
             raise NotCommitted(f"moving exhausted job {job.job_hex} to dead failed: {e}", ErrorKind.IO_FAILURE) from e
 
 
+def _job_part(name: str) -> str:
+    """The job id component a ready name starts with: a retried job sorts where it was."""
+    return name.split(".", 1)[0]
+
+
 def _witness_of(fd: int) -> Witness | None:
     try:
         return Witness.of(linux.fstat(fd))
@@ -304,7 +362,5 @@ def claim(ctx: Context, duration_ns: int, reader: Any) -> tuple[Lease | None, Sc
     except MaintenanceBusy as e:
         raise NotCommitted(str(e), ErrorKind.MAINTENANCE_BUSY) from e
     if lease is None and scan.report.errors:
-        raise NotCommitted(
-            "scan completed with errors: " + "; ".join(scan.report.errors[:5]), ErrorKind.IO_FAILURE
-        )
+        raise NotCommitted("scan completed with errors: " + "; ".join(scan.report.errors[:5]), ErrorKind.IO_FAILURE)
     return lease, scan.report

@@ -70,6 +70,11 @@ DEFAULT_TERMINAL_WIDTH_NS = 3600 * NS_PER_SECOND
 # --- Per-handle defaults (clocks.md), not stored on disk. ---
 DEFAULT_RECEIPT_RETENTION_NS = 7 * 24 * 3600 * NS_PER_SECOND
 DEFAULT_TEMP_TTL_NS = 24 * 3600 * NS_PER_SECOND
+# Claim-scan candidate cache (claim.py): ready names one handle keeps from its
+# last listing of each shard, so a deep queue is not listed once per lease.
+# Bounded in total (about 150 bytes a name) and at least a few per shard.
+CLAIM_CACHE_NAMES = 32_768
+CLAIM_CACHE_MIN_PER_SHARD = 16
 MAX_RETENTION_PROBE_BUCKETS = 4096  # ceil(retention / terminal width) + 2 must not exceed this
 
 # --- The tree (layout.md). ---
@@ -136,6 +141,7 @@ SHARED_ROOT_MODE = 0o2770  # setgid: everything created inside keeps the queue's
 
 def modes_for_root(st_mode: int) -> Modes:
     return SHARED_MODES if st_mode & 0o070 else PRIVATE_MODES
+
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 

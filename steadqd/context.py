@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 from . import linux
@@ -21,6 +22,23 @@ from .names import boot_raw, shard_dir
 from .records import FormatRecord
 from .tree import Tree
 from .watermark import WallFloor
+
+
+@dataclass
+class ShardCandidates:
+    """Ready-looking names from this handle's last listing of one ready shard.
+
+    The claim scan consumes ``names`` front to back across lease calls and
+    lists the shard again only when they are used up, starting after the job
+    id ``resume_after`` (the last job taken from that listing), so a deep shard
+    costs one listing per batch of claims, and every job is reached within
+    one sweep of the directory however many arrive meanwhile. The names are
+    hints only: each is opened and verified as usual, and one that vanished
+    (claimed elsewhere) simply fails to open.
+    """
+
+    names: deque[str] = field(default_factory=deque)
+    resume_after: str | None = None
 
 
 @dataclass
@@ -39,6 +57,7 @@ class Context:
     nonce: bytes = field(init=False)
     scan_round: int = 0
     last_enqueued_shard: int | None = None
+    claim_candidates: dict[int, ShardCandidates] = field(default_factory=dict)
     # "direct", "proc" (O_TMPFILE + linkat forms) or "named" (temp + rename).
     publication: str = "direct"
     poisoned: str | None = None
@@ -85,6 +104,14 @@ class Context:
         except (SteadQError, OSError) as e:
             self.poison(f"wall floor unavailable: {e}")
             raise
+
+    def shard_candidates(self, shard: int) -> ShardCandidates:
+        """This handle's claim-scan candidates for ``shard`` (created empty)."""
+        with self.lock:
+            cand = self.claim_candidates.get(shard)
+            if cand is None:
+                cand = self.claim_candidates[shard] = ShardCandidates()
+            return cand
 
     def ready_dir(self, shard: int) -> int:
         """The ready shard directory, recreated if someone deleted it."""
