@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import struct
 from dataclasses import dataclass
 
@@ -83,7 +84,7 @@ __all__ = [
     "watermark_bucket",
 ]
 
-_HEX_DIGITS = frozenset("0123456789abcdef")
+_HEX_RUN = re.compile("[0-9a-f]*")
 _U32_MASK = 0xFFFF_FFFF
 
 # Per state: (extension, ordered (prefix, hex width) of the components after the
@@ -104,6 +105,20 @@ _STATE_FIELDS: dict[State, frozenset[str]] = {
     State.DEAD: frozenset({"reason"}),
     State.RECEIPT: frozenset({"lease_token"}),
 }
+
+
+def _grammar_pattern(ext: str, fields: tuple[tuple[str, int], ...]) -> re.Pattern[str]:
+    """The whole grammar of one state as one regex (used with ``fullmatch``).
+
+    Exactly the rules :func:`_explain_mismatch` spells out one by one: hex runs
+    cannot contain ``.``, so matching the whole name is the same as splitting
+    on ``.`` and checking every component's prefix and width.
+    """
+    comps = ["([0-9a-f]{32})"] + [f"{p}([0-9a-f]{{{w}}})" for p, w in fields] + ["k([0-9a-f]{16})"]
+    return re.compile(r"\.".join(comps) + re.escape(ext))
+
+
+_GRAMMAR_RE = {state: _grammar_pattern(ext, fields) for state, (ext, fields) in _GRAMMAR.items()}
 _OPTIONAL_FIELDS = ("boot_id", "boottime_deadline", "wall_deadline", "lease_token", "not_before", "reason")
 _U64_FIELDS = ("boottime_deadline", "wall_deadline", "not_before")
 _ID_FIELDS = ("boot_id", "lease_token")
@@ -114,7 +129,7 @@ _ID_FIELDS = ("boot_id", "lease_token")
 
 def _is_hex(s: str, width: int) -> bool:
     """Exactly ``width`` lowercase hex digits (``int(s, 16)`` alone would accept ``_``, ``0x``, spaces, uppercase)."""
-    return len(s) == width and all(c in _HEX_DIGITS for c in s)
+    return len(s) == width and _HEX_RUN.fullmatch(s) is not None
 
 
 def _check_int(what: str, value: object, maximum: int) -> int:
@@ -370,41 +385,58 @@ def parse_name(state: State, name: str | bytes) -> JobName:
     text = _ascii_name(name)
     if text is None:
         raise _corrupt(state, name, "not ASCII, or contains NUL")
+    m = _GRAMMAR_RE[state].fullmatch(text)
+    if m is None:
+        raise _explain_mismatch(state, name, text)
+    g = m.groups()
+    # The grammar fixes every width, so every value is in range: build the
+    # JobName without re-running the checks its constructor makes on callers' values.
+    name_obj = object.__new__(JobName)
+    values = dict.fromkeys(_OPTIONAL_FIELDS)
+    values.update(
+        state=state,
+        job_id=bytes.fromhex(g[0]),
+        generation=int(g[1], 16),
+        attempt=int(g[2], 16),
+        max_attempts=int(g[3], 16),
+        tag=bytes.fromhex(g[-1]),
+    )
+    if state is State.LEASED:
+        values.update(
+            boot_id=bytes.fromhex(g[4]),
+            boottime_deadline=int(g[5], 16),
+            wall_deadline=int(g[6], 16),
+            lease_token=bytes.fromhex(g[7]),
+        )
+    elif state is State.DELAYED:
+        values["not_before"] = int(g[4], 16)
+    elif state is State.DEAD:
+        values["reason"] = int(g[4], 16)
+    elif state is State.RECEIPT:
+        values["lease_token"] = bytes.fromhex(g[4])
+    for key, value in values.items():
+        object.__setattr__(name_obj, key, value)
+    return name_obj
+
+
+def _explain_mismatch(state: State, name: object, text: str) -> CorruptObject:
+    """Which grammar rule ``text`` breaks (only called once the whole-name match failed)."""
     ext, fields = _GRAMMAR[state]
     if not text.endswith(ext):
-        raise _corrupt(state, name, f"extension is not {ext}")
+        return _corrupt(state, name, f"extension is not {ext}")
     comps = text[: -len(ext)].split(".")
     want = len(fields) + 2
     if len(comps) != want:
-        raise _corrupt(state, name, f"{len(comps)} components, expected {want}")
+        return _corrupt(state, name, f"{len(comps)} components, expected {want}")
     if not _is_hex(comps[0], 32):
-        raise _corrupt(state, name, "job id is not 32 lowercase hex digits")
-    values: list[str] = []
+        return _corrupt(state, name, "job id is not 32 lowercase hex digits")
     for comp, (prefix, width) in zip(comps[1:-1], fields, strict=True):
         if comp[:1] != prefix or not _is_hex(comp[1:], width):
-            raise _corrupt(state, name, f"component {comp!r} is not {prefix!r} + {width} lowercase hex digits")
-        values.append(comp[1:])
+            return _corrupt(state, name, f"component {comp!r} is not {prefix!r} + {width} lowercase hex digits")
     tag = comps[-1]
     if tag[:1] != "k" or not _is_hex(tag[1:], 2 * NAME_TAG_BYTES):
-        raise _corrupt(state, name, f"component {tag!r} is not 'k' + 16 lowercase hex digits")
-
-    job_id = bytes.fromhex(comps[0])
-    gen, att, mx = int(values[0], 16), int(values[1], 16), int(values[2], 16)
-    extra: dict[str, object] = {}
-    if state is State.LEASED:
-        extra = {
-            "boot_id": bytes.fromhex(values[3]),
-            "boottime_deadline": int(values[4], 16),
-            "wall_deadline": int(values[5], 16),
-            "lease_token": bytes.fromhex(values[6]),
-        }
-    elif state is State.DELAYED:
-        extra = {"not_before": int(values[3], 16)}
-    elif state is State.DEAD:
-        extra = {"reason": int(values[3], 16)}
-    elif state is State.RECEIPT:
-        extra = {"lease_token": bytes.fromhex(values[3])}
-    return JobName(state, job_id, gen, att, mx, tag=bytes.fromhex(tag[1:]), **extra)  # type: ignore[arg-type]
+        return _corrupt(state, name, f"component {tag!r} is not 'k' + 16 lowercase hex digits")
+    return _corrupt(state, name, "does not match the grammar")
 
 
 def parse_ready_dir_entry(name: str | bytes) -> JobName:
