@@ -10,6 +10,7 @@ queue is corrupt and the handle refuses further mutations.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from .errors import (
     kind_for_errno,
 )
 from .names import (
+    JobName,
     authenticate,
     boot_dashed,
     boot_raw,
@@ -215,7 +217,9 @@ def make_ticket(
     )
 
 
-def indeterminate(ctx: Context, lease: Lease, operation: str, e: Indeterminate, destination: Location) -> OutcomeUnknown:
+def indeterminate(
+    ctx: Context, lease: Lease, operation: str, e: Indeterminate, destination: Location
+) -> OutcomeUnknown:
     """Poison the handle and describe where the object may now be."""
     ctx.poison(f"{operation} of {lease.job_id}: {e.cause}")
     ticket = make_ticket(ctx, lease, operation, e.phase, destination)
@@ -251,6 +255,59 @@ def _corrupt(ctx: Context, poison: bool, why: str) -> QueueCorrupt:
     return QueueCorrupt(why)
 
 
+@dataclass(frozen=True)
+class _PathFacts:
+    """What a lease path proves by itself, before any file is opened.
+
+    ``early_error`` / ``late_error`` are the structural and the tag/bucket
+    failures, kept apart so validate_source reports them in protocol order
+    around the checks that compare the path with the lease and the boot.
+    """
+
+    parts: tuple[str, ...]
+    shard: int | None = None
+    name: JobName | None = None
+    path_boot: str = ""
+    early_error: str | None = None
+    late_error: str | None = None
+
+
+@functools.lru_cache(maxsize=1024)
+def _path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, path: str) -> _PathFacts:
+    """Parse and authenticate a lease path: a pure function of these four values.
+
+    It is memoised because every use of a lease (payload(), ack, retry, bury,
+    renew) validates the same path again; the filesystem checks that follow
+    it in validate_source are never cached.
+    """
+    parts = tuple(path.split("/"))
+    if len(parts) == 3 and parts[0] == READY_DIR:
+        shard = parse_shard_dir(parts[1], shard_count)
+        path_bucket = None
+    elif len(parts) == 5 and parts[0] == LEASED_DIR:
+        shard = parse_shard_dir(parts[3], shard_count)
+        path_bucket = parse_bucket_dir(parts[2])
+        if path_bucket is None:
+            return _PathFacts(parts, early_error=f"lease path has an invalid bucket: {path}")
+    else:
+        return _PathFacts(parts, early_error=f"lease path is not a leased object path: {path}")
+    if shard is None:
+        return _PathFacts(parts, early_error=f"lease path has an invalid shard: {path}")
+    try:
+        name = parse_name(State.LEASED, parts[-1])
+    except SteadQError as e:
+        return _PathFacts(parts, early_error=f"lease path does not end in a leased name: {e}")
+    path_boot = boot_dashed(name.boot_id or b"")
+    if parts[0] == LEASED_DIR and parts[1] != path_boot:
+        return _PathFacts(parts, early_error="legacy lease directory boot id differs from the name")
+    late_error = None
+    if path_bucket is not None and path_bucket != lease_bucket(name.boottime_deadline or 0, lease_width_ns):
+        late_error = "legacy lease bucket does not match its deadline"
+    elif not authenticate(queue_id, name, shard=shard, lease_width_ns=lease_width_ns):
+        late_error = "leased name tag does not authenticate"
+    return _PathFacts(parts, shard, name, path_boot, late_error=late_error)
+
+
 def validate_source(ctx: Context, lease: Lease, *, poison: bool = True) -> Source:
     """Prove the lease's exact file is still in place and unchanged.
 
@@ -263,26 +320,11 @@ def validate_source(ctx: Context, lease: Lease, *, poison: bool = True) -> Sourc
         raise _corrupt(ctx, poison, "lease handle has a zero device or inode (forged handle)")
     if lease.queue_id and lease.queue_id != fmt.queue_id:
         raise InvalidInput("lease belongs to another queue (queue_id differs)")
-    parts = lease.path.split("/")
-    if len(parts) == 3 and parts[0] == READY_DIR:
-        shard = parse_shard_dir(parts[1], fmt.shard_count)
-        path_bucket = None
-    elif len(parts) == 5 and parts[0] == LEASED_DIR:
-        shard = parse_shard_dir(parts[3], fmt.shard_count)
-        path_bucket = parse_bucket_dir(parts[2])
-        if path_bucket is None:
-            raise _corrupt(ctx, poison, f"lease path has an invalid bucket: {lease.path}")
-    else:
-        raise _corrupt(ctx, poison, f"lease path is not a leased object path: {lease.path}")
-    if shard is None:
-        raise _corrupt(ctx, poison, f"lease path has an invalid shard: {lease.path}")
-    try:
-        name = parse_name(State.LEASED, parts[-1])
-    except SteadQError as e:
-        raise _corrupt(ctx, poison, f"lease path does not end in a leased name: {e}") from e
-    path_boot = boot_dashed(name.boot_id or b"")
-    if parts[0] == LEASED_DIR and parts[1] != path_boot:
-        raise _corrupt(ctx, poison, "legacy lease directory boot id differs from the name")
+    facts = _path_facts(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path)
+    if facts.early_error is not None:
+        raise _corrupt(ctx, poison, facts.early_error)
+    name, shard, parts, path_boot = facts.name, facts.shard, facts.parts, facts.path_boot
+    assert name is not None and shard is not None
     if path_boot != ctx.boot_id:
         raise InvalidInput(f"lease was taken in boot {path_boot}, this is boot {ctx.boot_id}; recovery will reap it")
     if path_boot != lease.boot_id:
@@ -308,10 +350,8 @@ def validate_source(ctx: Context, lease: Lease, *, poison: bool = True) -> Sourc
         lease.wall_deadline_ns,
     ):
         raise _corrupt(ctx, poison, "leased name does not match the lease")
-    if path_bucket is not None and path_bucket != lease_bucket(name.boottime_deadline or 0, fmt.lease_width_ns):
-        raise _corrupt(ctx, poison, "legacy lease bucket does not match its deadline")
-    if not authenticate(fmt.queue_id, name, shard=shard, lease_width_ns=fmt.lease_width_ns):
-        raise _corrupt(ctx, poison, "leased name tag does not authenticate")
+    if facts.late_error is not None:
+        raise _corrupt(ctx, poison, facts.late_error)
     dir_rel = "/".join(parts[:-1])
     try:
         dir_fd = ctx.tree.dir(dir_rel)
@@ -415,8 +455,17 @@ def extension_of(src: Source) -> Extension | None:
 
 
 def lease_from_claim(
-    ctx: Context, *, name_rel: str, env: Envelope, extension: Extension | None, generation: int, attempt: int, token: bytes,
-    bt_deadline: int, wall_deadline: int, reader: Any,
+    ctx: Context,
+    *,
+    name_rel: str,
+    env: Envelope,
+    extension: Extension | None,
+    generation: int,
+    attempt: int,
+    token: bytes,
+    bt_deadline: int,
+    wall_deadline: int,
+    reader: Any,
 ) -> Lease:
     h = env.header
     return Lease(
