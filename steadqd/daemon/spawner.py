@@ -265,6 +265,10 @@ class WorkerRole:
         self._fill_timer: Timer | None = None
         self._rescan_timer: Timer | None = None
         self._reopen_timer: Timer | None = None
+        self._to_settle: list[_Job] = []  # finished in this loop pass, settled together
+        self._settle_timer: Timer | None = None
+        self._grouping = False  # inside a group settle: reopening waits for its barriers
+        self._reopen_after_group: str | None = None
 
     # -- Role protocol ------------------------------------------------------------
 
@@ -332,9 +336,10 @@ class WorkerRole:
             return
         self.closed = True
         self.draining = True
-        for t in (self._fill_timer, self._rescan_timer, self._reopen_timer):
+        for t in (self._fill_timer, self._rescan_timer, self._reopen_timer, self._settle_timer):
             if t is not None:
                 t.cancel()
+        self._to_settle.clear()  # still in self.jobs with their verdicts: settled below
         jobs = list(self.jobs.values())
         for j in jobs:  # already exited (not yet noticed): settle by exit status, not as interrupted
             if j.returncode is None and self._exited(j):
@@ -764,7 +769,9 @@ class WorkerRole:
                 self._reopen(f"renew: {e}")
                 return
             except NotCommitted as e:
-                self.log.warning(f"lease renewal not committed; retrying in {job.cfg.renew_interval:g}s: {e}", **job.fields)
+                self.log.warning(
+                    f"lease renewal not committed; retrying in {job.cfg.renew_interval:g}s: {e}", **job.fields
+                )
                 if e.kind is ErrorKind.QUEUE_POISONED:
                     self._reopen(f"renew: {e}")
         self._later(job, "renew", job.cfg.renew_interval, lambda: self._renew(job))
@@ -806,7 +813,54 @@ class WorkerRole:
         if verdict == "abandoned":
             self._drop(job)
             return
-        self._settle(job)
+        self._queue_settle(job)
+
+    def _queue_settle(self, job: _Job) -> None:
+        """Settle at the end of this loop pass, with every other job that finished in it."""
+        assert self.loop is not None
+        self._to_settle.append(job)
+        if self._settle_timer is None:
+            self._settle_timer = self.loop.call_later(0.0, self._guarded(self._settle_finished))
+
+    def _settle_finished(self) -> None:
+        """Group commit: the verdicts of jobs that finished together share their barriers.
+
+        Inside one ``q.batch()`` each ack/retry/bury still renames at once (its
+        linearization point) but the directory fsyncs are issued together at
+        the end, one per directory, and a journal commit covers all of them, so
+        concurrency overlaps the fsyncs as well as the commands. Nothing is
+        reported durable before the batch's sync: a failed barrier makes every
+        outcome in the group unknown, the handle is poisoned and reopened.
+        """
+        self._settle_timer = None
+        jobs, self._to_settle = self._to_settle, []
+        q = self.q
+        if q is None or len(jobs) < 2:
+            for job in jobs:
+                self._settle(job)
+            return
+        self._grouping = True
+        why: str | None = None
+        try:
+            with q.batch():
+                for job in jobs:
+                    try:
+                        self._settle(job)
+                    except Exception as e:  # one job must not leave the others unsettled
+                        self.log.error(f"internal error settling a job: {e!r}", **job.fields)
+                        self._drop(job)
+        except OutcomeUnknown as e:
+            self.log.error(
+                f"settling outcome unknown for {len(jobs)} jobs settled together (recovery decides): {e}",
+                job_ids=",".join(j.lease.job_id for j in jobs),
+            )
+            why = f"settle: {e}"
+        finally:
+            self._grouping = False
+            why = self._reopen_after_group or why
+            self._reopen_after_group = None
+        if why is not None:
+            self._reopen(why)
 
     @staticmethod
     def _verdict(job: _Job) -> str:
@@ -836,7 +890,10 @@ class WorkerRole:
             self.log.error(f"settling failed: the lease was lost: {e}", **job.fields, verdict=job.verdict)
         except OutcomeUnknown as e:
             self.log.error(
-                f"settling outcome unknown (recovery decides): {e}", **job.fields, verdict=job.verdict, ticket=_ticket(e)
+                f"settling outcome unknown (recovery decides): {e}",
+                **job.fields,
+                verdict=job.verdict,
+                ticket=_ticket(e),
             )
             self._reopen(f"settle: {e}")
         except NotCommitted as e:
@@ -847,7 +904,9 @@ class WorkerRole:
                 self._later(job, "settle", 1.0, lambda: self._settle(job))
                 return
             self.log.error(
-                f"giving up settling; the lease expires and recovery returns the job: {e}", **job.fields, verdict=job.verdict
+                f"giving up settling; the lease expires and recovery returns the job: {e}",
+                **job.fields,
+                verdict=job.verdict,
             )
         except SteadQError as e:
             self.log.error(f"settling failed: {e}", **job.fields, verdict=job.verdict)
@@ -943,6 +1002,9 @@ class WorkerRole:
 
     def _reopen(self, why: str) -> None:
         """A poisoned handle: close it and open a fresh one (the tree is the truth)."""
+        if self._grouping:  # the group's earlier settles still owe their barriers: after it
+            self._reopen_after_group = self._reopen_after_group or why
+            return
         self.log.error(f"queue handle poisoned ({why}); reopening the queue")
         if self.q is not None:
             with contextlib.suppress(SteadQError, OSError):
