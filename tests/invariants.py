@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 
 from steadqd.constants import (
@@ -78,7 +79,7 @@ from steadqd.names import (
 from steadqd.records import CompactReceipt, FormatRecord, Watermark, is_compact_receipt
 from steadqd.verify import check_name_matches, read_envelope, verify_payload
 
-__all__ = ["JobObject", "TreeState", "check_tree", "job_states"]
+__all__ = ["JobObject", "TreeState", "check_tree", "job_states", "live_tree"]
 
 _JOB_STATES = (State.READY, State.LEASED, State.DELAYED, State.DEAD, State.RECEIPT)
 
@@ -455,3 +456,19 @@ def check_tree(path: str | os.PathLike[str], *, allow_temps: bool = False, allow
     mistaken for corruption). Raises AssertionError listing every violation.
     """
     return _Walk(os.fspath(path), allow_temps, allow_quarantine).run()
+
+
+def live_tree(path: str | os.PathLike[str], *, attempts: int = 5) -> TreeState:
+    """check_tree on a queue that daemons are changing (temps allowed).
+
+    A walk is not a snapshot: a job renamed from ready/ to receipts/ between
+    the two directory listings is seen twice, and one renamed the other way
+    round not at all. A walk that fails is therefore repeated; a violation
+    that persists over ``attempts`` walks is real and is raised.
+    """
+    for _ in range(attempts - 1):
+        try:
+            return check_tree(path, allow_temps=True)
+        except AssertionError:
+            time.sleep(0.02)
+    return check_tree(path, allow_temps=True)

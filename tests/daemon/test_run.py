@@ -24,7 +24,7 @@ from tests.daemon.test_sweeper_promoter import (
     wait_until,
     write_config,
 )
-from tests.invariants import check_tree
+from tests.invariants import check_tree, live_tree
 
 WIDTH_1S = 10**9
 
@@ -78,7 +78,7 @@ promoter:
         line = d.wait_for("started")
         assert "worker,sweeper,promoter" in line, line
         wait_until(
-            lambda: check_tree(qpath, allow_temps=True).receipts == set(payloads),
+            lambda: live_tree(qpath).receipts == set(payloads),
             30,
             "every job to be run and acknowledged",
             step=0.1,

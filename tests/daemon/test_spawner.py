@@ -25,7 +25,7 @@ from steadqd.config import WorkerConfig
 from steadqd.constants import State
 from steadqd.daemon.spawner import SAFETY_RESCAN, build_environment, is_ready_name, meta_env_name, meta_env_value
 from tests.daemon.conftest import DEADLINE, Env, job_spec, kill_group, live_group_members, wait_for
-from tests.invariants import check_tree
+from tests.invariants import check_tree, live_tree
 
 FAST_RETRY = {"backoff_base": "1ms", "backoff_max": "10ms", "jitter": False}
 
@@ -33,7 +33,7 @@ FAST_RETRY = {"backoff_base": "1ms", "backoff_max": "10ms", "jitter": False}
 def _settled(env: Env, q: Queue, job_id: str, state: str) -> bool:
     """Run one recovery pass (promotes retried jobs: the promoter is another role) and look."""
     q.recover()
-    return job_id in check_tree(env.queue_path).ids(state)
+    return job_id in live_tree(env.queue_path).ids(state)
 
 
 # --- pure helpers ---------------------------------------------------------------
@@ -103,7 +103,7 @@ def test_exit_statuses_settle_jobs_and_output_reaches_the_log(denv: Env, daemons
             denv.result(job, 1)
         # 75 retried with backoff into delayed/; a recovery pass promotes it and attempt 2 acks
         wait_for(lambda: _settled(denv, q, flaky, "receipt"), DEADLINE, "flaky job acked on attempt 2")
-        wait_for(lambda: len(check_tree(denv.queue_path).receipts | check_tree(denv.queue_path).dead) == 4, what="all settled")
+        wait_for(lambda: len((t := live_tree(denv.queue_path)).receipts | t.dead) == 4, what="all settled")
     tree = check_tree(denv.queue_path)
     assert tree.receipts == {ok, flaky}
     assert tree.dead == {rejected, exhausted}
@@ -142,7 +142,7 @@ def test_environment_metadata_and_payload_file_are_data(denv: Env, daemons, tmp_
         job = q.enqueue(payload, metadata=meta, content_type="application/json", producer_id="tester-1", max_attempts=7)
         d.ready()
         res = denv.result(job, 1)
-        wait_for(lambda: job in check_tree(denv.queue_path).receipts, what="ack")
+        wait_for(lambda: job in live_tree(denv.queue_path).receipts, what="ack")
     env = res["env"]
     assert env["STEADQ_META_EVIL"] == meta["evil"]
     assert env["STEADQ_META_QUOTE"] == meta["quote"]
@@ -203,7 +203,7 @@ def test_idle_worker_is_woken_by_inotify_not_by_polling(denv: Env, daemons) -> N
         waited = time.monotonic() - t0
     # Coarse: the job ran long before the safety rescan could have found it.
     assert waited < 10.0, f"job started only after {waited:.1f}s"
-    wait_for(lambda: job in check_tree(denv.queue_path).receipts, what="ack")
+    wait_for(lambda: job in live_tree(denv.queue_path).receipts, what="ack")
 
 
 def test_timeout_kills_the_process_group_and_retries(denv: Env, daemons) -> None:
@@ -222,7 +222,7 @@ def test_timeout_kills_the_process_group_and_retries(denv: Env, daemons) -> None
         # the retry went to delayed/ with backoff; recovery passes promote it (the promoter is another role)
         wait_for(lambda: q.recover() and (denv.results / f"{job}.2.start").exists(), DEADLINE, "attempt 2")
         second = denv.result(job, 2)
-        wait_for(lambda: job in check_tree(denv.queue_path).receipts, DEADLINE, "attempt 2 acked")
+        wait_for(lambda: job in live_tree(denv.queue_path).receipts, DEADLINE, "attempt 2 acked")
     assert 1 not in denv.results_of(job)  # attempt 1 never finished
     # the leader of attempt 2 exited; its leftover grandchild was killed with the group
     wait_for(lambda: not live_group_members(second["pgid"]), 10, "attempt 2's leftovers to die")
@@ -292,7 +292,7 @@ def test_sighup_applies_a_new_concurrency(denv: Env, daemons) -> None:
         d.wait_log(r"reload refused for the worker: the queue path cannot change")
         after = q.enqueue(job_spec(exit=0))
         denv.result(after, 1)
-        wait_for(lambda: check_tree(denv.queue_path).receipts >= {*pre, *post, after}, what="all acked")
+        wait_for(lambda: live_tree(denv.queue_path).receipts >= {*pre, *post, after}, what="all acked")
 
 
 def test_sigkilled_worker_leaves_a_lease_that_recovery_returns(denv: Env, daemons) -> None:
@@ -351,7 +351,7 @@ def test_sd_notify_sequence(denv: Env, daemons, tmp_path: Path) -> None:
             d.signal(signal.SIGHUP)  # a running job survives a reload
             reloading = until(lambda ls: "RELOADING=1" in ls, "RELOADING=1")
             ready2 = until(lambda ls: "READY=1" in ls, "READY=1 after the reload", reloading)
-            wait_for(lambda: job in check_tree(denv.queue_path).receipts, what="ack across the reload")
+            wait_for(lambda: job in live_tree(denv.queue_path).receipts, what="ack across the reload")
         until(lambda ls: "WATCHDOG=1" in ls, "a watchdog ping after the reload", ready2)
         d.signal(signal.SIGTERM)
         until(lambda ls: "STOPPING=1" in ls, "STOPPING=1")

@@ -32,7 +32,7 @@ from steadqd.daemon.journal import Log
 from steadqd.daemon.sweeper import ErrorDigest
 from steadqd.errors import InvalidInput
 from steadqd.recovery import run_recovery
-from tests.invariants import check_tree
+from tests.invariants import check_tree, live_tree
 
 REPO = Path(__file__).resolve().parents[2]
 STEADQD = str(REPO / ".venv" / "bin" / "steadqd")
@@ -157,11 +157,6 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, step:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(step)
-
-
-def live_tree(qpath: str):
-    """check_tree while a daemon runs: a compaction temp may exist for a moment."""
-    return check_tree(qpath, allow_temps=True)
 
 
 def state_of(qpath: str, job_id: str) -> State | None:
