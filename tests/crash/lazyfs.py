@@ -224,6 +224,7 @@ class LazyFS:
         self._next_fh = 1
         self._fd = -1
         self._stop = threading.Event()
+        self._unmounting = False
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # journal length read by other threads
 
@@ -254,6 +255,7 @@ class LazyFS:
         # Detach first so nothing new reaches the mount, then stop serving and
         # close the device: closing the last /dev/fuse fd aborts the connection,
         # which releases any descriptor a test leaked on the mount.
+        self._unmounting = True
         self._libc.umount2(os.fsencode(self.mountpoint), _MNT_DETACH)
         self._stop.set()
         if self._thread is not None:
@@ -277,8 +279,10 @@ class LazyFS:
             try:
                 buf = os.read(self._fd, _BUFSIZE)
             except OSError as e:
-                if e.errno == errno.ENODEV:
-                    return  # unmounted
+                # The end of the connection: ENODEV once unmounted, ECONNABORTED
+                # when the kernel aborted it on the way. Only an end we caused is normal.
+                if e.errno in (errno.ENODEV, errno.ECONNABORTED) and self._unmounting:
+                    return
                 if e.errno in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
                     continue
                 self.errors.append(f"read /dev/fuse: {e}")
@@ -304,8 +308,13 @@ class LazyFS:
         except Exception as e:  # a server bug: the caller sees EIO, the test sees the error
             self.errors.append(f"{name} on node {nodeid}: {type(e).__name__}: {e}")
             out, err = b"", -errno.EIO
-        with contextlib.suppress(FileNotFoundError):  # the request was interrupted
+        try:
             os.write(self._fd, _OUT_HDR.pack(_OUT_HDR.size + len(out), err, unique) + out)
+        except FileNotFoundError:
+            pass  # the request was interrupted: the kernel no longer waits for it
+        except OSError as e:
+            if not (self._unmounting and e.errno in (errno.ENODEV, errno.ECONNABORTED)):
+                self.errors.append(f"reply to {name}: {e}")
 
     # -- helpers
 

@@ -580,8 +580,9 @@ def _section(doc: str, heading: str) -> str:
 def test_configuration_doc_documents_every_key() -> None:
     doc = (DOCS / "configuration.md").read_text()
     schema = _schema()
-    assert schema[""] == {"queue", "worker", "sweeper", "promoter"}
+    assert schema[""] == {"queue", "allow_unsupported_fs", "worker", "sweeper", "promoter"}
     assert "## `queue` (top level)" in doc
+    assert "## `allow_unsupported_fs` (top level)" in doc
     for key in schema["worker"]:
         assert f"`worker.{key}`" in doc, f"worker.{key} is not documented"
     tables = {
