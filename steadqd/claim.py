@@ -11,7 +11,6 @@ can never block a queue (open-questions B11; on-disk compatible).
 
 from __future__ import annotations
 
-import bisect
 import errno
 import os
 from collections import deque
@@ -20,8 +19,7 @@ from typing import Any
 
 from . import linux
 from .constants import (
-    CLAIM_CACHE_MIN_PER_SHARD,
-    CLAIM_CACHE_NAMES,
+    CLAIM_SCAN_CHUNK_BYTES,
     DEAD_DIR,
     JOB_EXT,
     READY_DIR,
@@ -113,12 +111,9 @@ class _Scan:
 
     def _scan_entries(self, shard: int, dir_fd: int, rel: str) -> Lease | None:
         cand = self.ctx.shard_candidates(shard)
-        # Names left from this handle's last listing first: no listing at all,
-        # and a name that vanished meanwhile (claimed elsewhere) fails to open
-        # with ENOENT and is skipped. Only when they are used up is the shard
-        # listed again, in this same scan: an empty answer always rests on a
-        # listing made by the scan that gives it, so a job enqueued before the
-        # lease call (by any handle) is never missed.
+        # Names left from this handle's last chunk of the shard come first: a
+        # name that vanished meanwhile (claimed elsewhere) fails to open with
+        # ENOENT and is skipped.
         tried: set[str] = set()
         while True:
             try:
@@ -129,13 +124,37 @@ class _Scan:
             lease = self._try_name(shard, dir_fd, rel, name)
             if lease is not None:
                 return lease
-        try:
-            entries = linux.list_dir(dir_fd)
-        except OSError as e:
-            self.report.errors.append(f"{rel}: {e.strerror}")
-            return None
+        # Then the directory, a chunk at a time from where this handle stopped
+        # (the cached fd's offset is the cursor), so a deep shard costs a chunk
+        # per lease, not a listing, and one sweep visits every entry however
+        # many jobs keep arriving in front of the cursor. At the end the scan
+        # rewinds once: an empty answer rests on a full pass from the first
+        # entry made by this scan, so no job enqueued before the call is missed.
+        from_start = False
+        while True:
+            try:
+                chunk = linux.read_dir_chunk(dir_fd, CLAIM_SCAN_CHUNK_BYTES)
+                if not chunk:
+                    if from_start:
+                        return None
+                    linux.rewind_dir(dir_fd)
+                    from_start = True
+                    continue
+            except OSError as e:
+                self.report.errors.append(f"{rel}: {e.strerror}")
+                return None
+            names = self._ready_looking(rel, chunk)
+            for i, name in enumerate(names):
+                if name in tried:
+                    continue
+                lease = self._try_name(shard, dir_fd, rel, name)
+                if lease is not None:
+                    cand.names = deque(names[i + 1 :])
+                    return lease
+
+    def _ready_looking(self, rel: str, chunk: list[bytes]) -> list[str]:
         names: list[str] = []
-        for raw in entries:
+        for raw in chunk:
             try:
                 name = raw.decode("ascii")
             except UnicodeDecodeError:
@@ -145,26 +164,7 @@ class _Scan:
             # names (nine) and strays are never candidates; parse_name decides the rest.
             if name.endswith(JOB_EXT) and name.count(".") == 5:
                 names.append(name)
-        # Resume after the last job this handle took from its previous listing
-        # (the listing is sorted, the job id leads the name): a sweep, not a
-        # restart, so a job that sorts late is reached however many jobs keep
-        # arriving, or coming back under a new generation, in front of it.
-        after = cand.resume_after
-        start = bisect.bisect_right(names, after, key=_job_part) if after is not None else 0
-        order = names[start:] + names[:start]
-        for i, name in enumerate(order):
-            if name in tried:
-                continue
-            lease = self._try_name(shard, dir_fd, rel, name)
-            if lease is not None:
-                keep = order[i + 1 : i + 1 + self._candidates_per_shard()]
-                cand.names = deque(keep)
-                cand.resume_after = _job_part(keep[-1] if keep else name)
-                return lease
-        return None
-
-    def _candidates_per_shard(self) -> int:
-        return max(CLAIM_CACHE_MIN_PER_SHARD, CLAIM_CACHE_NAMES // self.ctx.fmt.shard_count)
+        return names
 
     def _try_name(self, shard: int, dir_fd: int, rel: str, name: str) -> Lease | None:
         try:
@@ -332,11 +332,6 @@ class _Scan:
         except (MoveError, Indeterminate, OSError) as e:
             ctx.poison(f"exhausted ready cleanup of {job.job_hex}: {e}")
             raise NotCommitted(f"moving exhausted job {job.job_hex} to dead failed: {e}", ErrorKind.IO_FAILURE) from e
-
-
-def _job_part(name: str) -> str:
-    """The job id component a ready name starts with: a retried job sorts where it was."""
-    return name.split(".", 1)[0]
 
 
 def _witness_of(fd: int) -> Witness | None:

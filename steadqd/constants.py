@@ -70,11 +70,9 @@ DEFAULT_TERMINAL_WIDTH_NS = 3600 * NS_PER_SECOND
 # --- Per-handle defaults (clocks.md), not stored on disk. ---
 DEFAULT_RECEIPT_RETENTION_NS = 7 * 24 * 3600 * NS_PER_SECOND
 DEFAULT_TEMP_TTL_NS = 24 * 3600 * NS_PER_SECOND
-# Claim-scan candidate cache (claim.py): ready names one handle keeps from its
-# last listing of each shard, so a deep queue is not listed once per lease.
-# Bounded in total (about 150 bytes a name) and at least a few per shard.
-CLAIM_CACHE_NAMES = 32_768
-CLAIM_CACHE_MIN_PER_SHARD = 16
+# Claim scans read a ready shard this many bytes of directory entries at a
+# time (claim.py): a few hundred names, whatever the depth of the queue.
+CLAIM_SCAN_CHUNK_BYTES = 32 * 1024
 MAX_RETENTION_PROBE_BUCKETS = 4096  # ceil(retention / terminal width) + 2 must not exceed this
 
 # --- The tree (layout.md). ---

@@ -26,19 +26,15 @@ from .watermark import WallFloor
 
 @dataclass
 class ShardCandidates:
-    """Ready-looking names from this handle's last listing of one ready shard.
+    """Ready-looking names left from this handle's last chunk of one ready shard.
 
-    The claim scan consumes ``names`` front to back across lease calls and
-    lists the shard again only when they are used up, starting after the job
-    id ``resume_after`` (the last job taken from that listing), so a deep shard
-    costs one listing per batch of claims, and every job is reached within
-    one sweep of the directory however many arrive meanwhile. The names are
-    hints only: each is opened and verified as usual, and one that vanished
-    (claimed elsewhere) simply fails to open.
+    The claim scan reads a shard a chunk at a time from the cached directory
+    fd's offset and keeps the chunk's untried names here for the next lease
+    call. They are hints only: each is opened and verified as usual, and one
+    that vanished (claimed elsewhere) simply fails to open.
     """
 
     names: deque[str] = field(default_factory=deque)
-    resume_after: str | None = None
 
 
 @dataclass

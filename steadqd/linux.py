@@ -130,6 +130,15 @@ except (AttributeError, cffi.FFIError):
     _renameat2_fn = None
 
 
+try:  # glibc >= 2.30; the raw syscall otherwise.
+    _ffi.cdef("ssize_t getdents64(int fd, void *dirp, size_t count);")
+    _getdents64_fn: Any = _libc.getdents64
+except (AttributeError, cffi.FFIError):
+    _getdents64_fn = None
+_SYS_GETDENTS64 = {"x86_64": 217, "aarch64": 61}.get(_MACHINE)
+_DIRENT64 = struct.Struct("<QqHB")  # d_ino, d_off, d_reclen, d_type; then the NUL-terminated name
+
+
 class ShortRead(Exception):
     """``read_exact`` got fewer bytes than asked (the file is shorter than its header claims)."""
 
@@ -451,6 +460,43 @@ def list_dir(dirfd: int) -> list[bytes]:
 
     names = _call("listdir", _listdir, dirfd, detail=(dirfd,))
     return sorted(os.fsencode(n) for n in names)
+
+
+def _getdents_raw(dirfd: int, size: int) -> list[bytes]:
+    buf = _ffi.new("char[]", size)
+    if _getdents64_fn is not None:
+        n = _getdents64_fn(dirfd, buf, size)
+    elif _SYS_GETDENTS64 is not None:
+        n = _libc.syscall(
+            _ffi.cast("long", _SYS_GETDENTS64), _ffi.cast("long", dirfd), buf, _ffi.cast("unsigned long", size)
+        )
+    else:
+        raise OSError(_errno.ENOSYS, "getdents64 unavailable")
+    _check(n)
+    data = _ffi.buffer(buf, n)[:]
+    names: list[bytes] = []
+    pos = 0
+    while pos < n:
+        reclen = _DIRENT64.unpack_from(data, pos)[2]
+        name = data[pos + _DIRENT64.size : pos + reclen].split(b"\0", 1)[0]
+        if name not in (b".", b".."):
+            names.append(name)
+        pos += reclen
+    return names
+
+
+def read_dir_chunk(dirfd: int, size: int = 32 * 1024) -> list[bytes]:
+    """The next entries of ``dirfd`` from its current offset, in directory order
+    (``[]`` at the end): what lets a claim scan walk a deep directory a piece at a
+    time instead of listing all of it. The offset is the fd's own, so it persists
+    while the fd is cached; :func:`list_dir` and :func:`rewind_dir` reset it."""
+    return _call("getdents", _getdents_raw, dirfd, size, detail=(dirfd,))
+
+
+def rewind_dir(dirfd: int) -> None:
+    """Back to the first entry (on btrfs this also lets the fd see entries created
+    since it was opened; see :func:`list_dir`)."""
+    _call("lseek", os.lseek, dirfd, 0, os.SEEK_SET, detail=(dirfd,))
 
 
 # --- Reading and writing. ---

@@ -1,12 +1,12 @@
-"""The claim scan's per-handle candidate cache (docs/performance.md, fix 2).
+"""The claim scan's directory cursor and candidate cache (docs/performance.md, fix 2).
 
-A lease must not list and parse a whole ready shard for every call: in a
-deep queue that made each lease cost O(jobs per shard). The handle keeps the
-names of its last listing and consumes them across lease calls. These tests
-pin what the cache must never change: a lease after an enqueue (by any
-handle) finds the job, "empty" is only answered after a fresh listing, no job
-is handed out twice, and a sweep reaches every job instead of restarting at
-the front of the listing.
+A lease must not list and parse a whole ready shard: in a deep queue that
+made each lease cost O(jobs per shard). The scan reads a shard a chunk at a
+time from where the handle's cached directory fd stopped, and keeps the rest
+of the chunk for the next call. These tests pin what that must never change:
+a lease after an enqueue (by any handle) finds the job, "empty" is only
+answered after a full pass from the first entry, no job is handed out twice,
+and a sweep reaches every job instead of restarting at the front.
 """
 
 from __future__ import annotations
@@ -28,27 +28,41 @@ def qpath(tmp_path: Path) -> Iterator[str]:
     yield path
 
 
-def _listings(events: list[linux.TraceEvent]) -> int:
-    return Counter(e.op for e in events)["listdir"]
+def _ops(events: list[linux.TraceEvent], op: str) -> int:
+    return Counter(e.op for e in events)[op]
 
 
-def test_a_deep_shard_is_listed_once_for_many_leases(qpath: str) -> None:
+def test_a_deep_shard_is_read_a_chunk_at_a_time(qpath: str) -> None:
     with Queue.open(qpath) as q:
-        write_ready_jobs(q, 40)
+        write_ready_jobs(q, 3000)
     with Queue.open(qpath) as q:
-        seen = set()
         with linux.trace() as events:
-            for _ in range(40):
+            first = q.lease()  # a fresh handle: one chunk, never the whole directory
+        assert first is not None
+        assert _ops(events, "getdents") == 1 and _ops(events, "listdir") == 0
+        q.ack(first)
+        seen = {first.job_id}
+        with linux.trace() as events:
+            for _ in range(299):
                 lease = q.lease()
                 assert lease is not None
                 seen.add(lease.job_id)
                 q.ack(lease)
-        assert len(seen) == 40
-        assert _listings(events) == 1
-        # Used up: the next lease lists again, finds nothing, and says so.
+        assert len(seen) == 300
+        assert _ops(events, "getdents") <= 5, "a chunk holds ~200 names: 300 leases need a handful of reads"
+
+
+def test_a_drained_shard_is_read_from_the_start_before_empty_is_answered(qpath: str) -> None:
+    with Queue.open(qpath) as q:
+        ids = {q.enqueue(f"job {i}".encode()) for i in range(5)}
+        got = set()
+        while (lease := q.lease()) is not None:
+            got.add(lease.job_id)
+            q.ack(lease)
+        assert got == ids
         with linux.trace() as events:
             assert q.lease() is None
-        assert _listings(events) == 1
+        assert _ops(events, "lseek") == 1 and _ops(events, "getdents") >= 2  # rewound, read to the end
 
 
 def test_candidates_taken_by_another_handle_do_not_hide_a_new_job(qpath: str) -> None:
@@ -65,17 +79,17 @@ def test_candidates_taken_by_another_handle_do_not_hide_a_new_job(qpath: str) ->
         assert a.read_payload(lease) == b"new"
 
 
-def test_empty_is_answered_only_after_a_fresh_listing(qpath: str) -> None:
+def test_empty_is_answered_only_after_a_full_pass(qpath: str) -> None:
     with Queue.open(qpath) as a, Queue.open(qpath) as b:
         for i in range(3):
             b.enqueue(f"job {i}".encode())
         assert a.lease() is not None
         assert b.lease() is not None and b.lease() is not None
-        # a's two remaining candidates are both gone: the answer is empty, from a listing.
+        # a's two remaining candidates are both gone: the answer is empty, from a full pass.
         with linux.trace() as events:
             assert a.lease() is None
-        assert _listings(events) == 1
-        job = b.enqueue(b"late")
+        assert _ops(events, "lseek") == 1
+        job = b.enqueue(b"late")  # behind a's cursor, which stands at the end
         lease = a.lease()
         assert lease is not None and lease.job_id == job
 
@@ -94,23 +108,23 @@ def test_own_enqueue_is_found_while_candidates_remain(qpath: str) -> None:
 
 
 def test_a_sweep_reaches_every_job_when_jobs_keep_coming_back(qpath: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a small cache, retried jobs (which sort where they were) must not starve the rest."""
-    monkeypatch.setattr(claim, "CLAIM_CACHE_NAMES", 2)
-    monkeypatch.setattr(claim, "CLAIM_CACHE_MIN_PER_SHARD", 2)
+    """Retried jobs come back under a new name, possibly ahead of the cursor; with tiny
+    chunks they may get a second turn in a sweep, but they cannot starve the rest: the
+    cursor only moves forward, so every job is reached within a sweep or two."""
+    monkeypatch.setattr(claim, "CLAIM_SCAN_CHUNK_BYTES", 512)  # two or three names per read
     with Queue.open(qpath) as q:
-        ids = {q.enqueue(f"job {i}".encode(), max_attempts=10) for i in range(7)}
+        ids = {q.enqueue(f"job {i}".encode(), max_attempts=100) for i in range(7)}
         leased = []
-        for _ in range(7):
+        for _ in range(40):
             lease = q.lease()
             assert lease is not None
             leased.append(lease.job_id)
             assert q.retry(lease) == "ready"
-        assert sorted(leased) == sorted(ids)
+        assert set(leased) == ids
 
 
 def test_two_handles_share_a_deep_shard_without_duplicates(qpath: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(claim, "CLAIM_CACHE_NAMES", 3)
-    monkeypatch.setattr(claim, "CLAIM_CACHE_MIN_PER_SHARD", 3)
+    monkeypatch.setattr(claim, "CLAIM_SCAN_CHUNK_BYTES", 1024)
     with Queue.open(qpath) as a, Queue.open(qpath) as b:
         write_ready_jobs(a, 25)
         got: list[str] = []
