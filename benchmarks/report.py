@@ -385,7 +385,7 @@ def markdown(r: dict[str, Any], plots: list[str], plot_note: str = "") -> str:
         L.append("## Scaling with queue depth (64 shards)\n")
         L.append(
             "| ready jobs | leases | lease p50 ms | lease mean ms | lease p99 ms | w/o fsync p50 ms | w/o fsync mean ms "
-            "| leases that listed a shard: n, p50 ms | fresh handle, first lease p50 ms "
+            "| leases that listed a whole shard: n, p50 ms | fresh handle, first lease p50 ms "
             "| stats in-process s | `steadq stats` CLI s | generate s |"
         )
         L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

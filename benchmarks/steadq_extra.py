@@ -157,9 +157,9 @@ def scaling_point(root: str, n: int, leases: int) -> dict[str, Any]:
             write_ready_jobs(q, n, payload_of(100))
             out["generate_s"] = round(time.perf_counter() - t, 2)
             os.sync()  # settle writeback so it does not land inside the measurement
-            # Each lease is classified by whether it listed a shard directory: a
-            # handle lists a shard on its first visit and again only when the
-            # names it kept from the last listing are used up (claim.py).
+            # Each lease is classified by whether it listed a whole shard directory
+            # (linux.list_dir). Since the claim scan reads shards a chunk at a time
+            # from a per-handle cursor (claim.py), none should.
             samples: list[int] = []
             listed: list[int] = []
             steady: list[int] = []
