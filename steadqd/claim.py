@@ -133,9 +133,15 @@ class _Scan:
         from_start = False
         while True:
             try:
+                if cand.at_end and not from_start:
+                    # This handle's last scan of the shard ended at its end: start
+                    # over at once (an empty shard costs a rewind and one read).
+                    linux.rewind_dir(dir_fd)
+                    from_start = True
                 chunk = linux.read_dir_chunk(dir_fd, CLAIM_SCAN_CHUNK_BYTES)
                 if not chunk:
                     if from_start:
+                        cand.at_end = True
                         return None
                     linux.rewind_dir(dir_fd)
                     from_start = True
@@ -143,6 +149,7 @@ class _Scan:
             except OSError as e:
                 self.report.errors.append(f"{rel}: {e.strerror}")
                 return None
+            cand.at_end = False
             names = self._ready_looking(rel, chunk)
             for i, name in enumerate(names):
                 if name in tried:

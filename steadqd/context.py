@@ -35,6 +35,7 @@ class ShardCandidates:
     """
 
     names: deque[str] = field(default_factory=deque)
+    at_end: bool = False  # the last scan read to the end and found nothing: rewind first
 
 
 @dataclass
