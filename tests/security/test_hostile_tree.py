@@ -584,11 +584,12 @@ def test_claim_never_delivers_a_file_swapped_in_after_verification(
             assert names.parse_ready_dir_entry(entry.name).state.name == "READY"
 
 
-def _after_listing(real: Callable[[int], list[bytes]], swap: Callable[[], None]) -> Callable[[int], list[bytes]]:
+def _after_listing(real: Callable[..., list[bytes]], swap: Callable[[], None]) -> Callable[..., list[bytes]]:
+    """``real`` (a directory read), with ``swap`` run once right after its first call."""
     done = [False]
 
-    def wrapper(fd: int) -> list[bytes]:
-        out = real(fd)
+    def wrapper(fd: int, *args: object) -> list[bytes]:
+        out = real(fd, *args)
         if not done[0]:
             done[0] = True
             swap()
@@ -606,7 +607,8 @@ def test_claim_of_a_twin_swapped_before_open_quarantines_it(
     path = Path(qpath, rel)
     twin = _corrupt_copy(path)
     twin_ino = twin.stat().st_ino
-    monkeypatch.setattr(linux, "list_dir", _after_listing(linux.list_dir, lambda: os.replace(twin, path)))
+    # The claim scan reads the shard in chunks: swap right after the read that found the name.
+    monkeypatch.setattr(linux, "read_dir_chunk", _after_listing(linux.read_dir_chunk, lambda: os.replace(twin, path)))
     assert q.lease() is None
     monkeypatch.undo()
     quarantined = list(Path(qpath, "quarantine").iterdir())
