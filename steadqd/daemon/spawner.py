@@ -68,7 +68,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -83,6 +82,7 @@ from ..errors import ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQE
 from ..lease import Lease
 from ..names import parse_name, shard_dir
 from ..queue import Queue
+from . import payload_dirs
 from .journal import INFO, WARNING, Log
 from .service import Loop, Timer, open_queue
 
@@ -278,6 +278,9 @@ class WorkerRole:
         # itself, and exit statuses (hence acks) would be lost. No handler: default.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         self.q = open_queue(self.settings)  # a SteadQError refuses the start with its exit code
+        stale = payload_dirs.remove_stale()
+        if stale:
+            self.log.notice(f"removed {len(stale)} payload copies left by a worker that was killed", count=len(stale))
         try:
             self._inotify = inotify_simple.INotify(nonblocking=True)
         except OSError as e:  # e.g. fs.inotify.max_user_instances reached
@@ -527,7 +530,7 @@ class WorkerRole:
         claimed = self.loop.now()
         tmpdir = ""
         try:
-            tmpdir = tempfile.mkdtemp(prefix=f"steadqd-{lease.job_id[:12]}-")
+            tmpdir = payload_dirs.make(lease.job_id)
             identity = _identity(cfg)
             payload_path = os.path.join(tmpdir, "payload")
             fd = os.open(payload_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)

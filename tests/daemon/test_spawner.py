@@ -319,6 +319,31 @@ def test_sigkilled_worker_leaves_a_lease_that_recovery_returns(denv: Env, daemon
             kill_group(pgid)  # the orphaned job command (own session) of the killed worker
 
 
+def test_a_restarted_worker_removes_the_payload_copies_of_a_killed_one(denv: Env, daemons) -> None:
+    """Payloads may be sensitive: the copy a SIGKILLed worker could not remove goes at the next start."""
+    denv.write_config(lease="30s")
+    d = daemons(denv)
+    pgid = None
+    try:
+        with Queue.open(denv.queue_path) as q:
+            job = q.enqueue(job_spec(sleep=1000))
+        d.ready()
+        pgid = denv.started(job, 1)["pgid"]
+        left = sorted(denv.jobtmp.iterdir())
+        assert len(left) == 1 and (left[0] / "payload").exists()
+        d.proc.kill()
+        d.wait()
+        kill_group(pgid)  # the orphaned job command (own session) of the killed worker
+        wait_for(lambda: not live_group_members(pgid), DEADLINE, "the orphaned job to exit")
+        d2 = daemons(denv)
+        d2.ready()
+        d2.wait_log(r"removed 1 payload copies left by a worker that was killed")
+        assert not left[0].exists()
+    finally:
+        if pgid is not None:
+            kill_group(pgid)
+
+
 def test_sd_notify_sequence(denv: Env, daemons, tmp_path: Path) -> None:
     sock_path = str(tmp_path / "notify.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

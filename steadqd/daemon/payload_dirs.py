@@ -1,0 +1,64 @@
+"""Per-job payload copies in the temp directory, and the ones a killed worker left behind.
+
+Each job's verified payload is copied to ``<tmp>/steadqd-<pidns>-<pid>-<job>-XXXX/payload``
+before its command starts (the command reads it on stdin or from STEADQ_PAYLOAD_FILE), and
+the directory is removed when the job is settled. A worker that is SIGKILLed cannot remove
+its copies, and payloads may be sensitive, so a starting worker removes the directories
+whose creating process is gone. The pid namespace in the name matters: in a /tmp shared
+between pid namespaces a process number means nothing, so only directories made in this
+worker's own namespace are judged. (Under the systemd units /tmp is private to the service
+and vanishes with it; this is for ``steadqd run`` in containers and shells.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+
+_NAME = re.compile(r"steadqd-(\d+)-(\d+)-[0-9a-f]{12}-")
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def make(job_id: str) -> str:
+    """A fresh private directory (0700) for one job's payload copy."""
+    return tempfile.mkdtemp(prefix=f"steadqd-{_pid_namespace()}-{os.getpid()}-{job_id[:12]}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def remove_stale(directory: str | None = None) -> list[str]:
+    """Remove payload directories of workers in this pid namespace that no longer run."""
+    base = directory or tempfile.gettempdir()
+    ns = _pid_namespace()
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _NAME.match(entry.name)
+        if m is None or int(m.group(1)) != ns or not entry.is_dir(follow_symlinks=False):
+            continue
+        pid = int(m.group(2))
+        if pid == os.getpid() or _alive(pid):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.lexists(entry.path):
+            removed.append(entry.path)
+    return removed
