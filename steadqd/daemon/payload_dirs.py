@@ -17,6 +17,8 @@ import re
 import shutil
 import tempfile
 
+from .. import linux
+
 _NAME = re.compile(r"steadqd-(\d+)-(\d+)-[0-9a-f]{12}-")
 
 
@@ -30,16 +32,6 @@ def _pid_namespace() -> int:
 def make(job_id: str) -> str:
     """A fresh private directory (0700) for one job's payload copy."""
     return tempfile.mkdtemp(prefix=f"steadqd-{_pid_namespace()}-{os.getpid()}-{job_id[:12]}-")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
 
 
 def remove_stale(directory: str | None = None) -> list[str]:
@@ -56,7 +48,7 @@ def remove_stale(directory: str | None = None) -> list[str]:
         if m is None or int(m.group(1)) != ns or not entry.is_dir(follow_symlinks=False):
             continue
         pid = int(m.group(2))
-        if pid == os.getpid() or _alive(pid):
+        if pid == os.getpid() or linux.pid_alive(pid):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         if not os.path.lexists(entry.path):
