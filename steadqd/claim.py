@@ -21,7 +21,6 @@ from . import linux
 from .constants import (
     CLAIM_SCAN_CHUNK_BYTES,
     DEAD_DIR,
-    JOB_EXT,
     READY_DIR,
     U64_MAX,
     DeadReason,
@@ -37,6 +36,7 @@ from .names import (
     bucket_dir,
     dead_name,
     leased_name,
+    looks_ready,
     make_filename,
     next_attempt,
     next_generation,
@@ -167,9 +167,7 @@ class _Scan:
             except UnicodeDecodeError:
                 self.report.ignored.append(f"{rel}/{raw!r}")
                 continue
-            # A ready name is five components plus the extension (names.md): leased
-            # names (nine) and strays are never candidates; parse_name decides the rest.
-            if name.endswith(JOB_EXT) and name.count(".") == 5:
+            if looks_ready(name):  # leased names and strays are never candidates
                 names.append(name)
         return names
 

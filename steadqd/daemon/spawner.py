@@ -77,10 +77,10 @@ import inotify_simple
 
 from ..backoff import RetryPolicy
 from ..config import QueueSettings, WorkerConfig
-from ..constants import JOB_EXT, READY_DIR, State
+from ..constants import READY_DIR, State
 from ..errors import ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError, kind_for_errno
 from ..lease import Lease
-from ..names import parse_name, shard_dir
+from ..names import looks_ready, parse_name, shard_dir
 from ..queue import Queue
 from . import payload_dirs
 from .journal import INFO, WARNING, Log
@@ -178,7 +178,7 @@ def retry_policy(cfg: WorkerConfig) -> RetryPolicy:
 
 def is_ready_name(name: str) -> bool:
     """A ready job name (not a colocated leased name, not a stray file)."""
-    if not name.endswith(JOB_EXT) or name.count(".") != 5:  # cheap pre-filter: ready names have 5 dots
+    if not looks_ready(name):
         return False
     try:
         parse_name(State.READY, name)
@@ -470,7 +470,7 @@ class WorkerRole:
         for s in range(self.q.shard_count):
             try:
                 with os.scandir(os.path.join(base, shard_dir(s))) as it:
-                    n += sum(1 for e in it if e.name.endswith(JOB_EXT) and e.name.count(".") == 5)
+                    n += sum(1 for e in it if looks_ready(e.name))
             except OSError:
                 continue
         self.ready_estimate = n

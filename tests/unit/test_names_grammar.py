@@ -111,3 +111,15 @@ def test_a_rejected_name_still_says_which_rule_it_broke(text: str, why: str) -> 
     with pytest.raises(CorruptObject) as e:
         names.parse_name(State.READY, text)
     assert why in str(e.value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(candidate_names())
+def test_looks_ready_never_rejects_a_ready_name(case: tuple[State, str]) -> None:
+    """The scans' cheap pre-filter: every name parse_name accepts as ready passes it,
+    and no valid name of another state (same directory for leased ones) does."""
+    state, text = case
+    if reference_parse(State.READY, text) is not None:
+        assert names.looks_ready(text), text
+    elif state is not State.READY and reference_parse(state, text) is not None:
+        assert not names.looks_ready(text), text
