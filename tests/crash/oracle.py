@@ -63,24 +63,27 @@ def record_on_lazyfs(
     return Journaled(wl.name, journal, base, d.calls, initial, d.payloads, requests)
 
 
+def journal_candidate(st: CrashState, journal: list[JournalOp], paths: dict[int, str]) -> Candidate:
+    """A LazyFS crash state as the shared checker takes it (the queue lives at <mount>/queue)."""
+
+    def write(dest: str) -> str:
+        os.mkdir(dest)
+        materialise(st.image, dest)
+        return os.path.join(dest, "queue")
+
+    return Candidate(st.point, st.fingerprint, lambda: st.describe(journal, paths), write)
+
+
 def check_journaled(rec: Journaled, *, max_states: int | None = None, samples: int = 8, keep: int = 5) -> Result:
     """Check every distinct crash state of a journaled run (up to ``max_states``)."""
     paths = dir_paths(rec.journal)
-
-    def candidate(st: CrashState) -> Candidate:
-        def write(dest: str) -> str:
-            os.mkdir(dest)
-            materialise(st.image, dest)
-            return os.path.join(dest, "queue")
-
-        return Candidate(st.point, st.fingerprint, lambda: st.describe(rec.journal, paths), write)
 
     def expectation(k: int) -> Expectation:
         return expectation_at(rec.calls, rec.initial, rec.payloads, k)
 
     ops = len(rec.journal) - rec.base
     res = Result(rec.workload, ops, rec.requests, ops + 1, 0, 0, 0, 0.0)
-    states = (candidate(st) for st in crash_states(rec.journal, rec.base, samples=samples))
+    states = (journal_candidate(st, rec.journal, paths) for st in crash_states(rec.journal, rec.base, samples=samples))
     return check_candidates(res, states, expectation, max_states=max_states, keep=keep)
 
 

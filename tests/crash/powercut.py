@@ -43,8 +43,9 @@ from steadqd.constants import State
 from .gates import Expectation, JobState
 from .killrig import Rig, make_payload
 from .lab import Candidate, Result, check_candidates, format_report
-from .lazyfs import JournalOp, mounted
-from .lazystates import CrashState, Entry, crash_states, dir_paths, materialise
+from .lazyfs import mounted
+from .lazystates import Entry, crash_states, dir_paths
+from .oracle import journal_candidate
 
 _JOB = re.compile(r"[0-9a-f]{32}")
 _ANY: frozenset[JobState] = frozenset({State.READY, State.DELAYED, State.RECEIPT, State.DEAD})
@@ -131,7 +132,7 @@ def powercut_lane(*, jobs: int, points: int, seed: int, concurrency: int = 4, sa
                 for job, state in _terminal(st.image).items():
                     durable_terminal.setdefault(job, state)
                 per_point[st.point] = dict(durable_terminal)
-            yield _candidate(st, journal, paths)
+            yield journal_candidate(st, journal, paths)
 
     def expectation(k: int) -> Expectation:
         terminal = per_point[k]
@@ -152,15 +153,6 @@ def powercut_lane(*, jobs: int, points: int, seed: int, concurrency: int = 4, sa
     check_candidates(res, candidates(), expectation, keep=5)
     res.seconds = round(time.monotonic() - t0, 2)
     return Powercut(len(serials), len(journal) - base, len(committed_at), res)
-
-
-def _candidate(st: CrashState, journal: list[JournalOp], paths: dict[int, str]) -> Candidate:
-    def write(dest: str) -> str:
-        os.mkdir(dest)
-        materialise(st.image, dest)
-        return os.path.join(dest, "queue")
-
-    return Candidate(st.point, st.fingerprint, lambda: st.describe(journal, paths), write)
 
 
 def main(argv: list[str] | None = None) -> int:
