@@ -11,19 +11,11 @@ DEB_PACKAGES=(gcc pkg-config libsystemd-dev libffi-dev e2fsprogs xfsprogs btrfs-
 
 install_system_packages() {
     command -v dpkg-query >/dev/null 2>&1 || return 0
-    local missing=()
-    for p in "${DEB_PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
-    python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
-    [ ${#missing[@]} -eq 0 ] && return 0
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "dev.sh: missing Debian packages: ${missing[*]} (run as root, or install them)" >&2
-        exit 1
-    fi
-    echo "dev.sh: installing ${missing[*]}" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    local wanted=("${DEB_PACKAGES[@]}")
+    python3 -c 'import venv, ensurepip' 2>/dev/null || wanted+=(python3-venv)
+    # shellcheck source=packaging/apt-ensure.sh
+    . packaging/apt-ensure.sh
+    apt_ensure dev.sh "${wanted[@]}"
 }
 
 setup() {

@@ -31,18 +31,9 @@ done
 BUILD_DEPS=(python3 python3-venv python3-dev libsystemd-dev pkg-config gcc)
 
 install_build_deps() {
-    local missing=() p
-    for p in "${BUILD_DEPS[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
-    [ ${#missing[@]} -eq 0 ] && return 0
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "build-bundle.sh: missing build dependencies: ${missing[*]} (run as root, or install them)" >&2
-        exit 1
-    fi
-    echo "build-bundle.sh: installing ${missing[*]}" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # shellcheck source=apt-ensure.sh
+    . "$SRC/packaging/apt-ensure.sh"
+    apt_ensure build-bundle.sh --no-install-recommends "${BUILD_DEPS[@]}"
 }
 
 install_build_deps

@@ -37,18 +37,9 @@ BUILD_DEPS=(build-essential debhelper dh-python pybuild-plugin-pyproject python3
             python3-systemd python3-cffi python3-yaml help2man lintian)
 
 install_build_deps() {
-    local missing=() p
-    for p in "${BUILD_DEPS[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
-    [ ${#missing[@]} -eq 0 ] && return 0
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "build-deb.sh: missing build dependencies: ${missing[*]} (run as root, or install them)" >&2
-        exit 1
-    fi
-    echo "build-deb.sh: installing ${missing[*]}" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # shellcheck source=apt-ensure.sh
+    . "$SRC/packaging/apt-ensure.sh"
+    apt_ensure build-deb.sh --no-install-recommends "${BUILD_DEPS[@]}"
 }
 
 stage() {
