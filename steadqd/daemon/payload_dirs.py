@@ -12,6 +12,7 @@ and vanishes with it; this is for ``steadqd run`` in containers and shells.)
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -22,7 +23,9 @@ from .. import linux
 _NAME = re.compile(r"steadqd-(\d+)-(\d+)-[0-9a-f]{12}-")
 
 
+@functools.cache
 def _pid_namespace() -> int:
+    """This process's pid namespace (fixed for its life: steadqd never calls setns)."""
     try:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
