@@ -44,6 +44,7 @@ if REPO not in sys.path:  # producer mode runs this file in a fresh interpreter
     sys.path.insert(0, REPO)
 
 from steadqd import NotCommitted, OutcomeUnknown, Queue  # noqa: E402
+from tests.crash.lazyfs import mark  # noqa: E402
 
 STEADQD = os.path.join(os.path.dirname(sys.executable), "steadqd")
 LAZYFS_ENV = "STEADQ_RIG_LAZYFS"  # producers: the LazyFS mountpoint to mark committed enqueues in
@@ -120,8 +121,6 @@ def run_producer(root: str, journal: str, first: int, step: int, count: str, pac
             j.write(f"C {serial} {job}\n")
             j.flush()
             if lazyfs:
-                from tests.crash.lazyfs import mark  # noqa: PLC0415
-
                 mark(lazyfs, f"enq:{job}")
             serial += step
             if pace:
