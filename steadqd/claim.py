@@ -29,12 +29,13 @@ from .constants import (
 )
 from .context import Context
 from .errors import CorruptObject, ErrorKind, MaintenanceBusy, NotCommitted, OutcomeUnknown, SteadQError
-from .lease import Lease, lease_from_claim, make_ticket
+from .lease import Lease, lease_from_claim, make_ticket, remember_own_lease_path
 from .names import (
     JobName,
     authenticate,
     bucket_dir,
     dead_name,
+    iter_scan_order,
     leased_name,
     looks_ready,
     make_filename,
@@ -42,7 +43,6 @@ from .names import (
     next_generation,
     next_scan_round,
     parse_name,
-    scan_order,
     shard_dir,
     shard_of,
     terminal_bucket,
@@ -50,7 +50,7 @@ from .names import (
 from .quarantine import quarantine
 from .records import LeasedLocation, ReadyLocation, decode_extension
 from .tree import Collision, Indeterminate, MoveError, SourceMissing, Witness
-from .verify import check_name_matches, read_envelope, verify_payload
+from .verify import Envelope, check_name_matches, read_envelope, verify_payload
 
 
 @dataclass
@@ -84,7 +84,7 @@ class _Scan:
             round_ = ctx.scan_round
             ctx.scan_round = next_scan_round(round_)
             hint, ctx.last_enqueued_shard = ctx.last_enqueued_shard, None
-        order = scan_order(ctx.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
+        order = iter_scan_order(ctx.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
         for shard in order:
             lease = self.scan_shard(shard)
             if lease is not None:
@@ -281,15 +281,21 @@ class _Scan:
             wall_deadline=wall_deadline,
             reader=self.reader,
         )
-        # For the ticket the source identity is the ready object's.
-        source_view = Lease(**{**lease.__dict__, "generation": job.generation, "attempt": job.attempt})
         destination = LeasedLocation(ctx.boot_id, bt_deadline, wall_deadline)
+
+        def unknown(e: Indeterminate) -> SteadQError:
+            # For the ticket the source identity is the ready object's.
+            source_view = Lease(**{**lease.__dict__, "generation": job.generation, "attempt": job.attempt})
+            return _claim_unknown(ctx, source_view, e, destination)
+
+        after_rename: list[Envelope] = []
 
         def recheck_evidence() -> None:
             # After the rename, the held descriptor must still show the verified bytes.
             again_env = read_envelope(fd, fmt.max_payload_length)
             if again_env.header != env.header or again_env.extension != env.extension:
                 raise CorruptObject("claimed file changed", QuarantineReason.ENVELOPE_CORRUPT)
+            after_rename.append(again_env)
 
         try:
             ctx.tree.move_witnessed(dir_fd, name, dir_fd, target_file, env.witness, after=recheck_evidence, force=True)
@@ -302,17 +308,17 @@ class _Scan:
             self.report.errors.append(f"claim {rel}/{name}: {e}")
             return None
         except Indeterminate as e:
-            raise _claim_unknown(ctx, source_view, e, destination) from e
+            raise unknown(e) from e
+        remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard)
         try:
-            verify_payload(fd, env)
+            # The payload is verified as read after the rename (the recheck's read).
+            verify_payload(fd, after_rename[-1] if after_rename else env)
         except CorruptObject:
             self.isolate(dir_fd, rel, target_file, QuarantineReason.PAYLOAD_CORRUPT, env.witness)
             return None
         except OSError as e:
             phase = "source_directory_durable"
-            raise _claim_unknown(
-                ctx, source_view, Indeterminate(phase, f"read payload: {e.strerror}"), destination
-            ) from e
+            raise unknown(Indeterminate(phase, f"read payload: {e.strerror}")) from e
         return lease
 
     def exhausted_to_dead(self, shard: int, dir_fd: int, name: str, job: JobName) -> None:

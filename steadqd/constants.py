@@ -73,6 +73,9 @@ DEFAULT_TEMP_TTL_NS = 24 * 3600 * NS_PER_SECOND
 # Claim scans read a ready shard this many bytes of directory entries at a
 # time (claim.py): a few hundred names, whatever the depth of the queue.
 CLAIM_SCAN_CHUNK_BYTES = 32 * 1024
+# A job file's envelope is read with one pread of up to this many bytes
+# (verify.py): header, extension and a small payload in one system call.
+ENVELOPE_READ_BYTES = 4096
 MAX_RETENTION_PROBE_BUCKETS = 4096  # ceil(retention / terminal width) + 2 must not exceed this
 
 # --- The tree (layout.md). ---

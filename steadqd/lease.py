@@ -10,7 +10,6 @@ queue is corrupt and the handle refuses further mutations.
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -272,7 +271,11 @@ class _PathFacts:
     late_error: str | None = None
 
 
-@functools.lru_cache(maxsize=1024)
+_FactsKey = tuple[bytes, int, int, str]
+_FACTS: dict[_FactsKey, _PathFacts] = {}
+_FACTS_MAX = 1024  # a few hundred live leases per process at most; a full memo just starts over
+
+
 def _path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, path: str) -> _PathFacts:
     """Parse and authenticate a lease path: a pure function of these four values.
 
@@ -280,6 +283,34 @@ def _path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, path: st
     renew) validates the same path again; the filesystem checks that follow
     it in validate_source are never cached.
     """
+    key = (queue_id, shard_count, lease_width_ns, path)
+    facts = _FACTS.get(key)
+    if facts is None:
+        facts = _compute_path_facts(*key)
+        _remember_facts(key, facts)
+    return facts
+
+
+def _remember_facts(key: _FactsKey, facts: _PathFacts) -> None:
+    if len(_FACTS) >= _FACTS_MAX:
+        _FACTS.clear()
+    _FACTS[key] = facts
+
+
+def remember_own_lease_path(queue_id: bytes, shard_count: int, lease_width_ns: int, path: str, shard: int) -> None:
+    """Record what a lease path built by this process proves, without authenticating it again.
+
+    A claim or renew has just made the name with ``make_filename`` (tag
+    included) in ``ready/<shard>/``, so the path authenticates by
+    construction; only the parse is repeated, to store the exact name the
+    path holds. Every filesystem check of validate_source still runs.
+    """
+    parts = tuple(path.split("/"))
+    name = parse_name(State.LEASED, parts[-1])
+    _remember_facts((queue_id, shard_count, lease_width_ns, path), _PathFacts(parts, shard, name, boot_dashed(name.boot_id or b"")))
+
+
+def _compute_path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, path: str) -> _PathFacts:
     parts = tuple(path.split("/"))
     if len(parts) == 3 and parts[0] == READY_DIR:
         shard = parse_shard_dir(parts[1], shard_count)
@@ -446,6 +477,7 @@ def renew(ctx: Context, lease: Lease, duration_ns: int) -> Lease:
     lease.boottime_deadline_ns = bt_deadline
     lease.wall_deadline_ns = wall_deadline
     lease.path = f"{READY_DIR}/{shard_dir(shard)}/{target_file}"
+    remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path, shard)
     return lease
 
 

@@ -204,9 +204,16 @@ def _call(
     ``discard`` undoes a returned resource (closes an fd) when an after-fault
     throws the result away, so injected failures do not leak descriptors.
     """
+    if _armed is None and not _traces:
+        # Nothing armed or tracing (the production case): skip the lock. Arming
+        # and tracing happen before the calls they are meant to see, so an
+        # unlocked read cannot miss one of those.
+        return fn(*args)
     fire = False
     after = False
     code = 0
+    # Names travel raw and are decoded only here, for the trace (str, lossless).
+    detail = tuple(_s(x) if isinstance(x, (bytes, os.PathLike)) else x for x in detail)
     with _lock:
         for events in _traces:
             events.append(TraceEvent(op, detail))
@@ -304,7 +311,7 @@ def _close_quietly(fd: int) -> None:
 def open_at(dirfd: int, name: Name, flags: int, mode: int = 0o600) -> int:
     """openat(2) relative to ``dirfd``; O_CLOEXEC is always added so fds never leak into children."""
     flags |= os.O_CLOEXEC
-    return _call("open", _open, dirfd, name, flags, mode, detail=(dirfd, _s(name), flags), discard=os.close)
+    return _call("open", _open, dirfd, name, flags, mode, detail=(dirfd, name, flags), discard=os.close)
 
 
 def _open(dirfd: int, name: Name, flags: int, mode: int) -> int:
@@ -410,7 +417,7 @@ def open_tmpfile(dirfd: int, mode: int = 0o600) -> int:
 def mkdir_at(dirfd: int, name: Name, mode: int = 0o700) -> bool:
     """mkdirat; True if this call created it (so the caller must fsync the parent), False on EEXIST."""
     try:
-        _call("mkdir", _mkdir, dirfd, name, mode, detail=(dirfd, _s(name), mode))
+        _call("mkdir", _mkdir, dirfd, name, mode, detail=(dirfd, name, mode))
     except FileExistsError:  # injected EEXIST too: OSError(EEXIST, ...) constructs FileExistsError
         return False
     return True
@@ -422,7 +429,7 @@ def _mkdir(dirfd: int, name: Name, mode: int) -> None:
 
 def stat_at(dirfd: int, name: Name) -> os.stat_result:
     """fstatat(AT_SYMLINK_NOFOLLOW): identity checks must see the link itself, never its target."""
-    return _call("stat", _stat_nofollow, dirfd, name, detail=(dirfd, _s(name)))
+    return _call("stat", _stat_nofollow, dirfd, name, detail=(dirfd, name))
 
 
 def _stat_nofollow(dirfd: int, name: Name) -> os.stat_result:
@@ -579,7 +586,7 @@ def rename_noreplace(olddirfd: int, oldname: Name, newdirfd: int, newname: Name)
         newdirfd,
         _b(newname),
         RENAME_NOREPLACE,
-        detail=(olddirfd, _s(oldname), newdirfd, _s(newname)),
+        detail=(olddirfd, oldname, newdirfd, _s(newname)),
     )
 
 
@@ -592,7 +599,7 @@ def rename_replace(olddirfd: int, oldname: Name, newdirfd: int, newname: Name) -
         _b(oldname),
         newdirfd,
         _b(newname),
-        detail=(olddirfd, _s(oldname), newdirfd, _s(newname)),
+        detail=(olddirfd, oldname, newdirfd, _s(newname)),
     )
 
 
@@ -602,7 +609,7 @@ def _rename_plain(olddirfd: int, old: bytes, newdirfd: int, new: bytes) -> None:
 
 def unlink_at(dirfd: int, name: Name) -> None:
     """unlinkat(dir, name, 0)."""
-    _call("unlink", _unlink, dirfd, name, detail=(dirfd, _s(name)))
+    _call("unlink", _unlink, dirfd, name, detail=(dirfd, name))
 
 
 def _unlink(dirfd: int, name: Name) -> None:
@@ -611,7 +618,7 @@ def _unlink(dirfd: int, name: Name) -> None:
 
 def rmdir_at(dirfd: int, name: Name) -> None:
     """unlinkat(dir, name, AT_REMOVEDIR); ENOTEMPTY/EEXIST mean "not empty"."""
-    _call("rmdir", _rmdir, dirfd, name, detail=(dirfd, _s(name)))
+    _call("rmdir", _rmdir, dirfd, name, detail=(dirfd, name))
 
 
 def _rmdir(dirfd: int, name: Name) -> None:
@@ -623,12 +630,12 @@ def _linkat_raw(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int
 
 
 def _link_direct(fd: int, dirfd: int, name: bytes) -> None:
-    _call("link", _linkat_raw, fd, b"", dirfd, name, AT_EMPTY_PATH, detail=("direct", fd, dirfd, _s(name)))
+    _call("link", _linkat_raw, fd, b"", dirfd, name, AT_EMPTY_PATH, detail=("direct", fd, dirfd, name))
 
 
 def _link_proc(fd: int, dirfd: int, name: bytes) -> None:
     src = f"/proc/self/fd/{fd}".encode()
-    _call("link", _linkat_raw, AT_FDCWD, src, dirfd, name, AT_SYMLINK_FOLLOW, detail=("proc", fd, dirfd, _s(name)))
+    _call("link", _linkat_raw, AT_FDCWD, src, dirfd, name, AT_SYMLINK_FOLLOW, detail=("proc", fd, dirfd, name))
 
 
 _RETRY_DIRECT = frozenset({_errno.EINVAL, _errno.ENOENT, _errno.EOPNOTSUPP})

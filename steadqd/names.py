@@ -15,10 +15,12 @@ function is pure so it can be tested against ``vectors.md`` byte for byte.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from steadqd.constants import (
@@ -273,7 +275,18 @@ class JobName:
         return self.job_id.hex()
 
     def base(self) -> str:
-        """Everything before ``.k``: the part of the name that the tag covers."""
+        """Everything before ``.k``: the part of the name that the tag covers.
+
+        Cached on the instance (the name is frozen): one claim or ack formats,
+        tags and authenticates the same name several times.
+        """
+        cached = self.__dict__.get("_base")
+        if cached is None:
+            cached = self._format_base()
+            self.__dict__["_base"] = cached  # frozen dataclass: bypass __setattr__; not a field
+        return cached
+
+    def _format_base(self) -> str:
         parts = [
             self.job_id.hex(),
             f"g{self.generation:016x}",
@@ -545,9 +558,20 @@ def _check_shard_count(shard_count: int) -> int:
 
 def shard_of(queue_id: bytes, job_id: bytes, shard_count: int) -> int:
     """Low log2(shard_count) bits of the first big-endian u32 of SHA256(shard domain || qid || job)."""
+    if type(queue_id) is bytes and type(job_id) is bytes and type(shard_count) is int:
+        return _shard_of_memo(queue_id, job_id, shard_count)
+    return _shard_of(queue_id, job_id, shard_count)
+
+
+def _shard_of(queue_id: bytes, job_id: bytes, shard_count: int) -> int:
     _check_shard_count(shard_count)
     h = hashlib.sha256(DOMAIN_SHARD + _check_bytes("queue_id", queue_id) + _check_bytes("job_id", job_id)).digest()
     return int.from_bytes(h[:4], "big") & (shard_count - 1)
+
+
+# Every step of a job's life (enqueue, claim, payload(), ack) asks for its
+# shard; a pure function of hashable immutable arguments, so memoised.
+_shard_of_memo = functools.lru_cache(maxsize=4096)(_shard_of)
 
 
 def shard_dir(shard: int) -> str:
@@ -655,11 +679,23 @@ def scan_order(
     ``start_hint`` (the shard the handle just enqueued into) replaces the start
     but keeps the stride; it is a latency hint only.
     """
+    return list(iter_scan_order(queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count, start_hint))
+
+
+def iter_scan_order(
+    queue_id: bytes,
+    boot_id_raw16: bytes,
+    worker_nonce16: bytes,
+    scan_round: int,
+    shard_count: int,
+    start_hint: int | None = None,
+) -> Iterator[int]:
+    """:func:`scan_order`, lazily: a claim usually stops at the first shard."""
     start, stride = scan_params(queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
     mask = shard_count - 1
     if start_hint is not None:
         start = _check_int("start_hint", start_hint, mask)
-    return [((start + stride * i) & _U32_MASK) & mask for i in range(shard_count)]
+    return (((start + stride * i) & _U32_MASK) & mask for i in range(shard_count))
 
 
 # --------------------------------------------------------------------------- temp, quarantine, compaction names

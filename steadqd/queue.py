@@ -464,25 +464,35 @@ class Queue:
         return fsck(self, deep=deep, repair=repair)
 
 
-@contextlib.contextmanager
-def _mutation(what: str, ctx: Context) -> Iterator[None]:
+class _mutation:
     """Every failure of a mutation is one of the three outcome classes.
 
     Errors from validation or from before the linearization point (bad
     input, busy locks, I/O before the rename) become NotCommitted with
-    their kind; OutcomeUnknown and LeaseLost pass through unchanged.
+    their kind; OutcomeUnknown and LeaseLost pass through unchanged. The
+    directory cache is pinned for the block. (A class, not a generator:
+    every public call enters one or more of these.)
     """
-    try:
-        with ctx.tree.operation():
-            yield
-    except (NotCommitted, OutcomeUnknown, LeaseLost):
-        raise
-    except SteadQError as e:
-        raise NotCommitted(f"{what}: {e.message}", e.kind) from e
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            raise NotCommitted(f"{what}: {e.strerror}", ErrorKind.IO_FAILURE) from e
-        raise not_committed(e, what) from e
+
+    __slots__ = ("what", "tree")
+
+    def __init__(self, what: str, ctx: Context) -> None:
+        self.what = what
+        self.tree = ctx.tree
+
+    def __enter__(self) -> None:
+        self.tree.pin()
+
+    def __exit__(self, _type: object, e: BaseException | None, _tb: object) -> None:
+        self.tree.unpin()
+        if e is None or isinstance(e, (NotCommitted, OutcomeUnknown, LeaseLost)):
+            return
+        if isinstance(e, SteadQError):
+            raise NotCommitted(f"{self.what}: {e.message}", e.kind) from e
+        if isinstance(e, OSError):
+            if e.errno == errno.ENOENT:
+                raise NotCommitted(f"{self.what}: {e.strerror}", ErrorKind.IO_FAILURE) from e
+            raise not_committed(e, self.what) from e
 
 
 __all__ = ["Queue", "Lease", "JobInfo", "AckResult", "QueueCorrupt"]

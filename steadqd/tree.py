@@ -20,13 +20,12 @@ layer maps them to NotCommitted / OutcomeUnknown / LeaseLost.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import linux
@@ -135,23 +134,24 @@ class Tree:
                 self._trim()
             return fd
 
-    @contextlib.contextmanager
-    def operation(self) -> Iterator[None]:
-        """Pin the cache for one public operation.
+    def operation(self) -> _Pinned:
+        """Pin the cache for one public operation (a context manager).
 
         Callers hold cached fds across several calls; closing one of them
         mid-operation could let the number be reused for another directory.
         Eviction therefore happens only when no operation is in flight.
         """
+        return _Pinned(self)
+
+    def pin(self) -> None:
         with self._lock:
             self._pins += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._pins -= 1
-                if not self._pins:
-                    self._trim()
+
+    def unpin(self) -> None:
+        with self._lock:
+            self._pins -= 1
+            if not self._pins:
+                self._trim()
 
     def _trim(self) -> None:
         while len(self._dirs) > self.max_cached:
@@ -413,3 +413,18 @@ def _same_dir(a: int, b: int) -> bool:
     except OSError:
         return False
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+class _Pinned:
+    """``with tree.operation():`` -- a class, not a generator: it wraps every public call."""
+
+    __slots__ = ("tree",)
+
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+
+    def __enter__(self) -> None:
+        self.tree.pin()
+
+    def __exit__(self, *exc: object) -> None:
+        self.tree.unpin()

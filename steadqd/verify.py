@@ -12,11 +12,11 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from . import linux
-from .constants import HEADER_SIZE, QuarantineReason
+from .constants import ENVELOPE_READ_BYTES, HEADER_SIZE, QuarantineReason
 from .errors import CorruptObject
 from .names import JobName
 from .records import JobHeader, check_envelope
@@ -33,6 +33,9 @@ class Envelope:
     extension: bytes
     size: int
     witness: Witness
+    # The file's first bytes as read with the header (up to ENVELOPE_READ_BYTES):
+    # for a small job the whole file, so the payload needs no second read.
+    head: bytes = field(default=b"", repr=False, compare=False)
 
     @property
     def payload_offset(self) -> int:
@@ -54,9 +57,12 @@ def read_envelope(fd: int, max_payload: int, st: os.stat_result | None = None) -
     check_object_stat(st)
     if st.st_size < HEADER_SIZE:
         raise CorruptObject(f"file is {st.st_size} bytes, shorter than the 128-byte header", QuarantineReason.ENVELOPE_CORRUPT)
-    raw = linux.pread(fd, HEADER_SIZE, 0)
-    if len(raw) != HEADER_SIZE:
+    # One read for header, extension and (small) payload alike; the size
+    # checks below still run against the header before anything else is read.
+    head = linux.pread(fd, min(st.st_size, ENVELOPE_READ_BYTES), 0)
+    if len(head) < HEADER_SIZE:
         raise CorruptObject("short read of the header", QuarantineReason.ENVELOPE_CORRUPT)
+    raw = head[:HEADER_SIZE]
     header = JobHeader.decode(raw)
     if header.payload_length > max_payload:
         raise CorruptObject(
@@ -66,11 +72,14 @@ def read_envelope(fd: int, max_payload: int, st: os.stat_result | None = None) -
     expected = HEADER_SIZE + header.extension_length + header.payload_length
     if st.st_size != expected:
         raise CorruptObject(f"file is {st.st_size} bytes, header says {expected}", QuarantineReason.ENVELOPE_CORRUPT)
-    extension = linux.pread(fd, header.extension_length, HEADER_SIZE) if header.extension_length else b""
+    ext_end = HEADER_SIZE + header.extension_length
+    extension = head[HEADER_SIZE:ext_end]
+    if len(extension) < header.extension_length:
+        extension += linux.pread(fd, ext_end - len(head), len(head))
     if len(extension) != header.extension_length:
         raise CorruptObject("short read of the extension", QuarantineReason.ENVELOPE_CORRUPT)
     check_envelope(header, raw, extension)
-    return Envelope(header, extension, st.st_size, Witness.of(st))
+    return Envelope(header, extension, st.st_size, Witness.of(st), head)
 
 
 def check_name_matches(header: JobHeader, name: JobName) -> None:
@@ -88,6 +97,12 @@ def iter_payload(fd: int, env: Envelope) -> Iterator[bytes]:
     h = hashlib.sha256()
     offset = env.payload_offset
     remaining = env.header.payload_length
+    if remaining and offset + remaining <= len(env.head):
+        # Read together with the header: verify exactly the bytes delivered.
+        chunk = env.head[offset : offset + remaining]
+        h.update(chunk)
+        remaining = 0
+        yield chunk
     while remaining:
         chunk = linux.pread(fd, min(CHUNK, remaining), offset)
         if not chunk:

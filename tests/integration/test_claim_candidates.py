@@ -11,13 +11,14 @@ and a sweep reaches every job instead of restarting at the front.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from steadqd import Queue, claim, linux
+from steadqd import Queue, QueueCorrupt, claim, linux
 from tests.fabricate import write_ready_jobs
 
 
@@ -156,7 +157,12 @@ def test_two_handles_share_a_deep_shard_without_duplicates(qpath: str, monkeypat
 def test_a_lease_path_is_parsed_and_authenticated_once_for_all_its_uses(
     qpath: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """payload() and ack both validate the lease; the pure name checks are not redone for the same path."""
+    """payload() and ack both validate the lease; the pure name checks are not redone for the same path.
+
+    A path this process built itself (claim, renew) is known to authenticate and
+    is never authenticated again; a path it has not seen (here: after the memo
+    is cleared, as for a lease rebuilt in another process) is authenticated once.
+    """
     from steadqd import lease as lease_mod
 
     calls: list[str] = []
@@ -168,10 +174,36 @@ def test_a_lease_path_is_parsed_and_authenticated_once_for_all_its_uses(
 
     monkeypatch.setattr(lease_mod, "authenticate", counting)
     with Queue.open(qpath) as q:
-        q.enqueue(b"once")
+        q.enqueue(b"own")
         lease = q.lease()
         assert lease is not None
-        assert lease.payload() == b"once"
-        assert q.read_payload(lease) == b"once"
+        assert lease.payload() == b"own"
+        q.renew(lease, 60)
+        assert q.read_payload(lease) == b"own"
+        q.ack(lease)
+        assert calls == []
+
+        q.enqueue(b"foreign")
+        lease = q.lease()
+        assert lease is not None
+        lease_mod._FACTS.clear()
+        assert lease.payload() == b"foreign"
+        assert q.read_payload(lease) == b"foreign"
         q.ack(lease)
     assert calls == ["auth"]
+
+
+def test_a_remembered_lease_path_still_fails_every_filesystem_check(qpath: str) -> None:
+    """The memo covers only what the path proves; a swapped file under the same path is still caught."""
+    with Queue.open(qpath) as q:
+        q.enqueue(b"original")
+        lease = q.lease()
+        assert lease is not None
+        full = os.path.join(qpath, lease.path)
+        with open(full, "rb") as f:
+            data = f.read()
+        with open(full + ".new", "wb") as f:  # same name and bytes, another inode
+            f.write(data)
+        os.rename(full + ".new", full)
+        with pytest.raises(QueueCorrupt):
+            lease.payload()
