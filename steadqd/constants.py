@@ -77,6 +77,10 @@ CLAIM_SCAN_CHUNK_BYTES = 32 * 1024
 # (verify.py): header, extension and a small payload in one system call.
 ENVELOPE_READ_BYTES = 4096
 MAX_RETENTION_PROBE_BUCKETS = 4096  # ceil(retention / terminal width) + 2 must not exceed this
+# Queue.enqueue_many holds at most this many unlinked job files open at once
+# (publish.py): one group of fsyncs, then its links; a longer input is
+# published group by group, so a huge iterable cannot exhaust descriptors.
+ENQUEUE_MANY_GROUP = 256
 
 # --- The tree (layout.md). ---
 FORMAT_FILE = "FORMAT"

@@ -176,6 +176,30 @@ class LeaseLost(SteadQError):
     default_kind = ErrorKind.NOT_FOUND
 
 
+class EnqueueIncomplete(SteadQError):
+    """``enqueue_many`` published the first jobs of its input, then failed.
+
+    ``published`` holds the ids (32 hex) of the jobs that are enqueued --
+    durable, or with their directory barrier handed to the enclosing batch --
+    and is always a prefix of the input: the first ``len(published)`` payloads,
+    in order. ``cause`` is why the rest is not: a :class:`NotCommitted` (none of
+    the rest exists; safe to retry them) or an :class:`OutcomeUnknown` naming
+    the jobs whose directory barrier failed (the handle is poisoned). Kind and
+    exit code are the cause's, so a caller that only looks at those sees the
+    failure it would have seen from one ``enqueue``. Raised only when at least
+    one job was published; otherwise the cause itself is raised.
+    """
+
+    def __init__(self, published: list[str], cause: NotCommitted | OutcomeUnknown) -> None:
+        super().__init__(f"{len(published)} job(s) enqueued, the rest not: {cause.message}", cause.kind)
+        self.published = published
+        self.cause = cause
+
+    @property
+    def exit_code(self) -> int:
+        return self.cause.exit_code
+
+
 def kind_for_errno(err: int) -> ErrorKind:
     """Map an errno seen before linearization to the spec's error kind."""
     import errno as _errno

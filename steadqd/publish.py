@@ -5,20 +5,25 @@ then linked under its final name: the link is the linearization point, so no
 reader can ever see a partial job. Where O_TMPFILE or linking an anonymous
 file is unavailable (ZFS, some kernels) the same bytes go to a named temp in
 ``tmp/<boot>/<shard>/`` and a no-replace rename publishes them.
+:func:`enqueue_many` runs the same steps for a group of jobs phase by phase
+(all written, all fsynced, then all linked) so the file fsyncs share journal
+commits.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
 
 from . import linux
 from .constants import (
     DELAYED_DIR,
+    ENQUEUE_MANY_GROUP,
     HEADER_SIZE,
     MAX_PAYLOAD_LENGTH,
     NS_PER_SECOND,
@@ -28,7 +33,15 @@ from .constants import (
     U64_MAX,
 )
 from .context import Context, not_committed
-from .errors import ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, kind_for_errno
+from .errors import (
+    EnqueueIncomplete,
+    ErrorKind,
+    InvalidInput,
+    NotCommitted,
+    OutcomeUnknown,
+    SteadQError,
+    kind_for_errno,
+)
 from .names import (
     bucket_dir,
     delayed_bucket,
@@ -44,6 +57,9 @@ from .tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMis
 
 _CHUNK = 1 << 20
 _TMPFILE_UNSUPPORTED = (errno.EISDIR, errno.ENOENT, errno.EOPNOTSUPP, errno.EINVAL)
+# sync_file_range answers that only mean "no such hint here" (EPERM: a seccomp
+# filter refusing it); fsync is the barrier anyway.
+_WRITEBACK_UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE, errno.EPERM)
 
 Payload = bytes | bytearray | memoryview | BinaryIO
 
@@ -53,6 +69,29 @@ class Published:
     job_id: str
     path: str
     state: str
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The caller's options of one enqueue call, validated once: with
+    :func:`enqueue_many` they apply to every job of the call."""
+
+    max_attempts: int
+    content_type: str
+    metadata: Mapping[str, bool | int | str | bytes] | None
+    producer_id: str | None
+    trace_context: bytes | None
+    delay: float | None
+    not_before_ns: int | None
+
+    def __post_init__(self) -> None:
+        m = self.max_attempts
+        if not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= U32_MAX:
+            raise InvalidInput(f"max_attempts must be an integer in 1..{U32_MAX}, got {m!r}")
+        if self.delay is not None and self.not_before_ns is not None:
+            raise InvalidInput("give either delay or not_before_ns, not both")
+        if self.delay is not None and (self.delay != self.delay or self.delay < 0):
+            raise InvalidInput(f"delay must be a non-negative number of seconds, got {self.delay!r}")
 
 
 def enqueue(
@@ -68,28 +107,181 @@ def enqueue(
     not_before_ns: int | None = None,
 ) -> Published:
     ctx.check_usable()
-    if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or not 1 <= max_attempts <= U32_MAX:
-        raise InvalidInput(f"max_attempts must be an integer in 1..{U32_MAX}, got {max_attempts!r}")
-    if delay is not None and not_before_ns is not None:
-        raise InvalidInput("give either delay or not_before_ns, not both")
-    if delay is not None and (delay != delay or delay < 0):
-        raise InvalidInput(f"delay must be a non-negative number of seconds, got {delay!r}")
+    opts = _Options(max_attempts, content_type, metadata, producer_id, trace_context, delay, not_before_ns)
+    publication = _prepare(ctx, payload, opts)
+    publication.run()
+    return publication.result()
+
+
+def enqueue_many(
+    ctx: Context,
+    payloads: Iterable[Payload],
+    *,
+    max_attempts: int = 3,
+    content_type: str = "application/octet-stream",
+    metadata: Mapping[str, bool | int | str | bytes] | None = None,
+    producer_id: str | None = None,
+    trace_context: bytes | None = None,
+    delay: float | None = None,
+    not_before_ns: int | None = None,
+) -> list[Published]:
+    """Publish one job per payload, in order, with one group of file fsyncs per
+    :data:`ENQUEUE_MANY_GROUP` jobs.
+
+    Why: on ext4 every job's own fsync commits its own journal transaction.
+    Here a group is published in phases: (a) prepare, create the O_TMPFILE,
+    write and check every job of the group; (b) start writeback of each
+    (``sync_file_range``, no durability promise); (c) fsync each, so the
+    first fsync commits the allocations of the whole group; (d) link each, in
+    order; (e) fsync each distinct destination directory once (handed to the
+    batch barrier inside ``Queue.batch()`` or deferred mode). Every file is
+    durable before it gets a name, as in :func:`enqueue`. The payloads are
+    pulled from the iterable one at a time and each is written before the
+    next is pulled (a generator may close each streamed payload when asked
+    for the next); at most one group of unlinked files is open at once.
+
+    Failures: before the first link of a group, no job of the group is
+    published (its files are closed and vanish); jobs of earlier groups stay
+    published. A failed k-th link (collision, ENOSPC, ...) leaves the jobs
+    linked before it published, with their directory barrier, and the rest
+    not. A failed directory barrier makes every linked job of the group
+    unknown: OutcomeUnknown with one EnqueueTicket per such job (a tuple in
+    ``.ticket``), and the handle is poisoned, as with :func:`enqueue`. When
+    some jobs were published before the failure, the error is
+    :class:`EnqueueIncomplete` (``.published`` is a prefix of the input,
+    ``.cause`` the NotCommitted or OutcomeUnknown); otherwise the cause
+    itself is raised. An exception raised by the iterable itself that is not
+    an OSError or SteadQError propagates unchanged.
+
+    Where the filesystem cannot publish an O_TMPFILE (``ctx.publication ==
+    "named"``: ZFS, some kernels), the jobs are published one at a time
+    through :func:`enqueue`'s named-temp path, with the same failure rules.
+    """
+    ctx.check_usable()
+    opts = _Options(max_attempts, content_type, metadata, producer_id, trace_context, delay, not_before_ns)
+    done: list[Published] = []
+    items = iter(payloads)
+    try:
+        while _publish_group(ctx, items, opts, done):
+            pass
+    except (SteadQError, OSError) as e:
+        if not done:
+            raise
+        raise EnqueueIncomplete([p.job_id for p in done], _as_outcome(e)) from e
+    return done
+
+
+def _publish_group(ctx: Context, items: Iterator[Payload], opts: _Options, done: list[Published]) -> bool:
+    """Publish the next group of ``items``, appending each job to ``done`` once
+    it is committed; False when ``items`` had nothing left."""
+    if ctx.publication == "named":  # no O_TMPFILE to hold: one job at a time, as enqueue() does
+        for payload in itertools.islice(items, 1):
+            single = _prepare(ctx, payload, opts)
+            single.run()
+            done.append(single.result())
+            return True
+        return False
+    fds: list[int] = []
+    group: list[tuple[_Publication, int, JobHeader]] = []
+    unsupported: _Publication | None = None  # the job that found O_TMPFILE unusable here
+    try:
+        for payload in itertools.islice(items, ENQUEUE_MANY_GROUP):
+            publication = _prepare(ctx, payload, opts)
+            fd = publication.open_anonymous()
+            if fd is None:
+                unsupported = publication
+                break
+            fds.append(fd)
+            group.append((publication, fd, publication.write_anonymous(fd)))
+        for publication, fd, _ in group:
+            _start_writeback(publication, fd)
+        for publication, fd, _ in group:
+            publication.sync_anonymous(fd)
+        _link_group(ctx, group, done)
+    finally:
+        for fd in fds:
+            _close_quietly(fd)
+    if unsupported is not None:
+        unsupported.run()  # the named-temp path; the rest of the input follows one at a time
+        done.append(unsupported.result())
+    return bool(group) or unsupported is not None
+
+
+def _link_group(ctx: Context, group: list[tuple[_Publication, int, JobHeader]], done: list[Published]) -> None:
+    """Phases (d) and (e): link every durable file in order, then one barrier per directory."""
+    linked: list[tuple[_Publication, JobHeader]] = []
+    dirs: dict[str, int] = {}
+    failed: NotCommitted | None = None
+    for publication, fd, header in group:
+        try:
+            publication.refresh_dest()
+            if publication.link(fd):
+                dirs.setdefault(publication.dest_rel, publication.dest_fd)
+        except NotCommitted as e:
+            failed = e
+            break
+        except OutcomeUnknown as e:  # the named-temp fallback of one job: nothing more may be done
+            linked.append((publication, header))
+            raise _unknown_many(ctx, linked, e.message) from e
+        linked.append((publication, header))
+    for rel, dir_fd in dirs.items():
+        try:
+            ctx.tree.barrier(dir_fd)
+        except OSError as e:
+            why = f"fsync {rel}: {e.strerror}" + (f" (after {failed.message})" if failed is not None else "")
+            raise _unknown_many(ctx, linked, why) from e
+    done.extend(publication.result() for publication, _ in linked)
+    if failed is not None:
+        raise failed
+
+
+def _start_writeback(publication: _Publication, fd: int) -> None:
+    """Phase (b): let the group's fsyncs find every file's data already on its way."""
+    try:
+        linux.sync_file_range(fd, 0, 0, linux.SYNC_FILE_RANGE_WRITE)
+    except OSError as e:
+        if e.errno not in _WRITEBACK_UNSUPPORTED:  # only a hint, but EIO/ENOSPC are real answers
+            raise not_committed(e, "start writeback of job file", job_id=publication.job_hex) from e
+
+
+def _unknown_many(ctx: Context, linked: list[tuple[_Publication, JobHeader]], cause: str) -> OutcomeUnknown:
+    """The linked jobs of a group whose barrier failed: each may or may not survive a crash."""
+    tickets = tuple(p.ticket(header) for p, header in linked)
+    ids = ", ".join(p.job_hex for p, _ in linked[:3]) + (", ..." if len(linked) > 3 else "")
+    ctx.poison(f"enqueue_many {ids}: {cause}")
+    return OutcomeUnknown(f"enqueue outcome unknown for {len(tickets)} job(s) ({ids}): {cause}", tickets)
+
+
+def _as_outcome(e: SteadQError | OSError) -> NotCommitted | OutcomeUnknown:
+    """The cause of an EnqueueIncomplete in the outcome classes Queue.enqueue would raise."""
+    if isinstance(e, NotCommitted | OutcomeUnknown):
+        return e
+    if isinstance(e, SteadQError):
+        return NotCommitted(f"enqueue: {e.message}", e.kind)
+    return not_committed(e, "enqueue")
+
+
+def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
+    """Protocol.md "Enqueue", preparation: id, wall floor, extension, name,
+    destination directory and the writer of one job (NotCommitted on failure)."""
     job_id = ctx.random(16)
     wall = ctx.wall_floor()
-    if delay is not None:
-        not_before_ns = wall + round(delay * NS_PER_SECOND) if delay > 0 else None
+    not_before_ns = opts.not_before_ns
+    if opts.delay is not None:
+        not_before_ns = wall + round(opts.delay * NS_PER_SECOND) if opts.delay > 0 else None
     if not_before_ns is not None and not 0 <= not_before_ns <= U64_MAX:
         raise InvalidInput(f"not_before_ns out of range: {not_before_ns}")
     extension = encode_extension(
         Extension(
-            content_type=content_type,
+            content_type=opts.content_type,
             initial_not_before=not_before_ns,
-            metadata=dict(metadata) if metadata else None,
-            producer_id=producer_id,
-            trace_context=trace_context,
+            metadata=dict(opts.metadata) if opts.metadata else None,
+            producer_id=opts.producer_id,
+            trace_context=opts.trace_context,
         )
     )
     fmt = ctx.fmt
+    max_attempts = opts.max_attempts
     shard = shard_of(fmt.queue_id, job_id, fmt.shard_count)
     if not_before_ns is not None and not_before_ns > wall:
         bucket = delayed_bucket(not_before_ns, fmt.delayed_width_ns)
@@ -116,12 +308,7 @@ def enqueue(
         dest_fd = ctx.tree.ensure_dir(dest_rel)
     except OSError as e:
         raise not_committed(e, f"create {dest_rel}", job_id=job_hex) from e
-    rel_path = f"{dest_rel}/{name}"
-    publication = _Publication(ctx, dest_rel, dest_fd, name, shard, writer, job_hex)
-    publication.run()
-    if state == "ready":
-        ctx.last_enqueued_shard = shard
-    return Published(job_hex, rel_path, state)
+    return _Publication(ctx, dest_rel, dest_fd, name, shard, writer, job_hex, state)
 
 
 Writer = Callable[[int], JobHeader]
@@ -192,9 +379,11 @@ def _writer(
 
 
 class _Publication:
-    """One enqueue's publication attempt, with its fallback paths."""
+    """One job's publication attempt, with its fallback paths."""
 
-    def __init__(self, ctx: Context, dest_rel: str, dest_fd: int, name: str, shard: int, writer: Writer, job_hex: str):
+    def __init__(
+        self, ctx: Context, dest_rel: str, dest_fd: int, name: str, shard: int, writer: Writer, job_hex: str, state: str
+    ):
         self.ctx = ctx
         self.dest_rel = dest_rel
         self.dest_fd = dest_fd
@@ -202,59 +391,96 @@ class _Publication:
         self.shard = shard
         self.writer = writer
         self.job_hex = job_hex
+        self.state = state
         self.rel_path = f"{dest_rel}/{name}"
         self._recreated = False  # a deleted destination directory is recreated once
 
-    def _unknown(self, header: JobHeader, cause: str) -> OutcomeUnknown:
-        self.ctx.poison(f"enqueue {self.job_hex}: {cause}")
-        ticket = EnqueueTicket(
+    def result(self) -> Published:
+        """What a committed publication reports (and the claim scan's hint of where to look)."""
+        if self.state == "ready":
+            self.ctx.last_enqueued_shard = self.shard
+        return Published(self.job_hex, self.rel_path, self.state)
+
+    def ticket(self, header: JobHeader) -> EnqueueTicket:
+        return EnqueueTicket(
             job_id=bytes.fromhex(self.job_hex),
             envelope_digest=header.envelope_digest,
             state=self.dest_rel.split("/", 1)[0],
             path=self.rel_path,
         )
-        return OutcomeUnknown(f"enqueue outcome unknown: {cause}", ticket)
+
+    def _unknown(self, header: JobHeader, cause: str) -> OutcomeUnknown:
+        self.ctx.poison(f"enqueue {self.job_hex}: {cause}")
+        return OutcomeUnknown(f"enqueue outcome unknown: {cause}", self.ticket(header))
 
     def run(self) -> JobHeader:
         if self.ctx.publication != "named":
-            try:
-                fd = linux.open_tmpfile(self.dest_fd, self.ctx.modes.file)
-            except OSError as e:
-                if _dir_deleted(self.dest_fd) and not self._recreated:
-                    # The cached destination directory was removed (EPERM/ENOENT from
-                    # O_TMPFILE): recreate it once, as layout.md asks of every put.
-                    self._recreated = True
-                    self.ctx.tree.forget(self.dest_rel)
-                    try:
-                        self.dest_fd = self.ctx.tree.ensure_dir(self.dest_rel)
-                    except OSError as e2:
-                        raise not_committed(e2, f"create {self.dest_rel}", job_id=self.job_hex) from e2
-                    return self.run()
-                if e.errno not in _TMPFILE_UNSUPPORTED:
-                    raise not_committed(e, "create anonymous file", job_id=self.job_hex) from e
-                self.ctx.publication = "named"
-            else:
+            fd = self.open_anonymous()
+            if fd is not None:
                 try:
                     return self._via_tmpfile(fd)
                 finally:
                     _close_quietly(fd)
         return self._via_named_temp(None)
 
-    def _via_tmpfile(self, fd: int) -> JobHeader:
+    def open_anonymous(self) -> int | None:
+        """An O_TMPFILE in the destination directory; None where the filesystem
+        cannot make one (the handle switches to named temps)."""
+        try:
+            return linux.open_tmpfile(self.dest_fd, self.ctx.modes.file)
+        except OSError as e:
+            if _dir_deleted(self.dest_fd) and not self._recreated:
+                # The cached destination directory was removed (EPERM/ENOENT from
+                # O_TMPFILE): recreate it once, as layout.md asks of every put.
+                self._recreated = True
+                self.ctx.tree.forget(self.dest_rel)
+                self.refresh_dest()
+                return self.open_anonymous()
+            if e.errno not in _TMPFILE_UNSUPPORTED:
+                raise not_committed(e, "create anonymous file", job_id=self.job_hex) from e
+            self.ctx.publication = "named"
+            return None
+
+    def refresh_dest(self) -> None:
+        """Look the destination fd up again: another job of an enqueue_many group may
+        have recreated the directory (closing the cached fd) since this one was prepared."""
+        try:
+            self.dest_fd = self.ctx.tree.ensure_dir(self.dest_rel)
+        except OSError as e:
+            raise not_committed(e, f"create {self.dest_rel}", job_id=self.job_hex) from e
+
+    def write_anonymous(self, fd: int) -> JobHeader:
+        """Write the whole job into the anonymous file; it must still have no name."""
         try:
             self.ctx.new_file_mode(fd)
             header = self.writer(fd)
             st = linux.fstat(fd)
             if st.st_nlink != 0:
                 raise NotCommitted("anonymous file unexpectedly has a name", ErrorKind.IO_FAILURE, job_id=self.job_hex)
-            linux.fsync(fd)  # the content is durable before it gets a name
         except OSError as e:
             raise not_committed(e, "write job file", job_id=self.job_hex) from e
+        return header
+
+    def sync_anonymous(self, fd: int) -> None:
+        """The content is durable before it gets a name."""
+        try:
+            linux.fsync(fd)
+        except OSError as e:
+            raise not_committed(e, "write job file", job_id=self.job_hex) from e
+
+    def link(self, fd: int) -> bool:
+        """Give the durable anonymous file its name: the linearization point.
+
+        True when linked (its directory barrier is still owed); False when no
+        link form works here and the job went through a named temp instead,
+        barrier included (the handle then stays on named temps).
+        """
         try:
             form = linux.link_tmpfile(fd, self.dest_fd, self.name, prefer_proc=self.ctx.publication == "proc")
         except linux.TmpfileLinkUnsupported:
             self.ctx.publication = "named"
-            return self._via_named_temp(fd)
+            self._via_named_temp(fd)
+            return False
         except OSError as e:
             if _linked_anyway(fd):
                 form = self.ctx.publication  # the link happened although an error was reported
@@ -266,11 +492,18 @@ class _Publication:
                 if e.errno == errno.ENOENT:
                     self.ctx.tree.forget(self.dest_rel)  # deleted directory: recreate next time
                 raise not_committed(e, f"link into {self.dest_rel}", job_id=self.job_hex) from e
-        self.ctx.publication = form
-        try:
-            self.ctx.tree.barrier(self.dest_fd)
-        except OSError as e:
-            raise self._unknown(header, f"fsync {self.dest_rel}: {e.strerror}") from e
+        if self.ctx.publication != "named":  # a later job of the group found O_TMPFILE unusable: keep that
+            self.ctx.publication = form
+        return True
+
+    def _via_tmpfile(self, fd: int) -> JobHeader:
+        header = self.write_anonymous(fd)
+        self.sync_anonymous(fd)
+        if self.link(fd):
+            try:
+                self.ctx.tree.barrier(self.dest_fd)
+            except OSError as e:
+                raise self._unknown(header, f"fsync {self.dest_rel}: {e.strerror}") from e
         return header
 
     def _via_named_temp(self, source_fd: int | None) -> JobHeader:

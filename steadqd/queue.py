@@ -13,7 +13,7 @@ import contextlib
 import errno
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
@@ -34,6 +34,7 @@ from .constants import (
 )
 from .context import Context, not_committed
 from .errors import (
+    EnqueueIncomplete,
     ErrorKind,
     InvalidInput,
     LeaseLost,
@@ -48,7 +49,7 @@ from .names import (
     JobName,
     shard_dir,
 )
-from .publish import Payload, enqueue
+from .publish import Payload, enqueue, enqueue_many
 from .quarantine import quarantine
 from .records import Extension, FormatRecord
 from .recovery import RecoveryReport, run_recovery
@@ -231,6 +232,55 @@ class Queue:
                 delay=delay if delay else None,
                 not_before_ns=not_before_ns,
             ).job_id
+
+    def enqueue_many(
+        self,
+        payloads: Iterable[Payload],
+        *,
+        max_attempts: int = 3,
+        content_type: str = "application/octet-stream",
+        metadata: Mapping[str, bool | int | str | bytes] | None = None,
+        producer_id: str | None = None,
+        trace_context: bytes | None = None,
+        delay: float = 0.0,
+        not_before_ns: int | None = None,
+    ) -> list[str]:
+        """Publish one job per payload (same options for all); returns their ids, in order.
+
+        Use it to enqueue many jobs at once: the files of up to
+        ENQUEUE_MANY_GROUP jobs are written, then fsynced together (one
+        journal commit does for the group on ext4), then linked, then each
+        destination directory is fsynced once (at the end of the batch inside
+        :meth:`batch` or deferred mode). No job is visible before every file
+        of its group is durable, so a consumer may see a group appear at once
+        but never a partial job. Payloads are pulled and written one at a
+        time (bytes or binary file objects, streamed).
+
+        On failure: NotCommitted or OutcomeUnknown when no job was published;
+        :class:`~steadqd.errors.EnqueueIncomplete` when the first
+        ``len(e.published)`` jobs were (``e.cause`` is the NotCommitted or
+        OutcomeUnknown of the rest; kind and exit code are the cause's). An
+        OutcomeUnknown from here carries a tuple of EnqueueTickets, one per
+        job whose outcome is unknown, and poisons the handle.
+        """
+        incomplete: EnqueueIncomplete | None = None
+        with _mutation("enqueue", self._ctx):
+            try:
+                published = enqueue_many(
+                    self._ctx,
+                    payloads,
+                    max_attempts=max_attempts,
+                    content_type=content_type,
+                    metadata=metadata,
+                    producer_id=producer_id,
+                    trace_context=trace_context,
+                    delay=delay if delay else None,
+                    not_before_ns=not_before_ns,
+                )
+                return [p.job_id for p in published]
+            except EnqueueIncomplete as e:
+                incomplete = e  # raised outside _mutation, which would make it a NotCommitted
+        raise incomplete
 
     def enqueue_detailed(self, payload: Payload, **kwargs: object) -> tuple[str, str]:
         """Like :meth:`enqueue` but returns ``(job_id, relative path)``."""

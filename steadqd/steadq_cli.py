@@ -682,19 +682,18 @@ class Progress:
             self.stream.flush()
 
 
-_BULK_BATCH = 256  # jobs per directory barrier: group commit without unbounded exposure
-
-
 def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource) -> int:
     """Enqueue every item of ``source``; progress on a TTY, one summary line always.
 
-    Jobs are published in batches of ``_BULK_BATCH`` whose directory fsyncs
-    are issued once per batch (Queue.batch): every job is still written and
-    file-fsynced before it is linked, and a batch counts as done only after
-    its barrier succeeded. On a failure the summary says how many jobs are
-    durable, so a script can tell what to resubmit.
+    Jobs go through ``Queue.enqueue_many`` one group (ENQUEUE_MANY_GROUP jobs)
+    per call: the group's files are written, fsynced together, linked, then
+    each directory is fsynced once, and a group's jobs count as enqueued only
+    after that. Sources are opened one at a time and each is closed once it
+    is written. On a failure the summary says how many jobs are durable (a
+    prefix of the input), so a script can tell what to resubmit.
     """
-    from .errors import NotCommitted, OutcomeUnknown
+    from .constants import ENQUEUE_MANY_GROUP
+    from .errors import EnqueueIncomplete, NotCommitted, OutcomeUnknown
 
     try:
         q = open_queue(a.path)
@@ -704,52 +703,60 @@ def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource) -> int
     progress = Progress(source.total, sys.stderr.isatty())
     start = time.monotonic()
     durable = 0
-    published = 0
     nbytes = 0
     kwargs = opts.kwargs()
     failure: CliError | None = None
-    ids: list[tuple[str, str]] = []
     items = source.items()
-    try:
-        exhausted = False
-        while not exhausted and failure is None:
-            ids.clear()
+    exhausted = False
+
+    def group(labels: list[str], sizes: list[int]) -> Iterator[BinaryIO]:
+        """The next group's payload streams; each is closed when the next is asked for."""
+        nonlocal exhausted, failure
+        for _ in range(ENQUEUE_MANY_GROUP):
             try:
-                with q.batch():
-                    for _ in range(_BULK_BATCH):
-                        try:
-                            label, opener = next(items)
-                        except StopIteration:
-                            exhausted = True
-                            break
-                        try:
-                            stream = opener()
-                        except OSError as e:
-                            failure = CliError(f"cannot read {label}: {e.strerror}", os_exit_code(e))
-                            break
-                        with stream:
-                            job_id, _path = q.enqueue_detailed(stream, **kwargs)
-                            nbytes += stream.tell()
-                        published += 1
-                        ids.append((job_id, label))
-                        progress.update(durable + len(ids))
+                label, opener = next(items)
+            except StopIteration:
+                exhausted = True
+                return
+            try:
+                stream = opener()
+            except OSError as e:
+                failure = CliError(f"cannot read {label}: {e.strerror}", os_exit_code(e))
+                return
+            with stream:
+                labels.append(label)
+                try:
+                    yield stream
+                finally:
+                    sizes.append(stream.tell())
+
+    try:
+        while not exhausted and failure is None:
+            labels: list[str] = []
+            sizes: list[int] = []
+            payloads = group(labels, sizes)
+            ids: list[str] = []
+            error: CliError | None = None
+            try:
+                ids = q.enqueue_many(payloads, **kwargs)
+            except EnqueueIncomplete as e:
+                ids = e.published
+                kind = "outcome unknown" if isinstance(e.cause, OutcomeUnknown) else "not committed"
+                error = CliError(f"{kind}: {e.cause.message}", e.exit_code)
             except OutcomeUnknown as e:
-                failure = CliError(f"outcome unknown: {e.message}", 2)
+                error = CliError(f"outcome unknown: {e.message}", 2)
             except NotCommitted as e:
-                failure = CliError(f"not committed: {e.message}", e.exit_code)
-            if failure is None or failure.code != 2:
-                # A NotCommitted inside the batch left the earlier jobs of the
-                # batch published but their barrier pending: sync it now.
-                if failure is not None:  # sync() with nothing pending is a no-op
-                    try:
-                        q.sync()
-                    except OutcomeUnknown as e:
-                        failure = CliError([*failure.lines, f"outcome unknown: {e.message}"], 2)
-                if failure is None or failure.code != 2:
-                    durable += len(ids)
-                    if a.print_ids:
-                        for job_id, label in ids:
-                            out(f"{job_id} {label}")
+                error = CliError(f"not committed: {e.message}", e.exit_code)
+            finally:
+                payloads.close()
+            if error is not None:  # after an unreadable source, if any: both are reported
+                failure = error if failure is None else CliError([*failure.lines, *error.lines], error.code)
+            durable += len(ids)
+            nbytes += sum(sizes[: len(ids)])
+            if a.print_ids:
+                for job_id, label in zip(ids, labels, strict=False):
+                    out(f"{job_id} {label}")
+            progress.update(durable)
     except KeyboardInterrupt:
         failure = CliError("interrupted", 130)
     finally:

@@ -24,6 +24,8 @@ pessimistic than ext4 ``data=ordered``, XFS and btrfs:
   all of this is independent of whether the name pointing at the file
   persisted. A file that is reachable by name but was never fsynced is
   exactly what a "link before fsync" bug produces, and the model shows it.
+  ``sync_file_range`` (enqueue_many's writeback hint) is not in the log at
+  all: it makes nothing durable, so only the fsync after it counts.
 
 Enumeration is bounded: for each crash point the non-durable directory ops
 ``U`` are enumerated exhaustively when ``|U| <= exhaustive_bits``, otherwise

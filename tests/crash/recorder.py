@@ -353,6 +353,8 @@ class _Recorder(list):  # type: ignore[type-arg]
             dirfd, _flags = d
             if self._fd_path(dirfd) is not None:
                 p = (self._open_fds(),)
+        elif op == "sync_file_range":
+            pass  # starts writeback only, promises nothing: no op, so the model cannot count it as a barrier
         self._pending = None if p is None else (op, p)
 
     # -- complete (after the syscall returned or raised) -----------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import Queue
+from steadqd import Queue, linux
 from steadqd.constants import State
 from tests.crash import bugs
 from tests.crash.conftest import RESULTS
@@ -61,6 +61,14 @@ def test_lab_catches_link_before_fsync() -> None:
     msgs = "\n".join(_collect_all(WORKLOADS["enqueue"], bugs.link_before_fsync))
     assert "object does not verify" in msgs, msgs  # a named, empty or torn job file
     assert "fsck ERROR" in msgs, msgs
+
+
+def test_lab_catches_an_enqueue_many_that_links_before_the_fsync() -> None:
+    """The enqueue_many workload can fail too: a job visible before its file is durable."""
+    msgs = "\n".join(_collect_all(WORKLOADS["enqueue_many"], bugs.link_before_fsync))
+    assert "object does not verify" in msgs, msgs
+    msgs = "\n".join(_collect_all(WORKLOADS["enqueue_many"], bugs.job_file_never_fsynced))
+    assert "committed job" in msgs, msgs  # lost or corrupt after its call returned
 
 
 def test_lab_catches_a_settle_without_its_source_barrier() -> None:
@@ -141,6 +149,25 @@ def test_recorder_resolves_an_enqueue(tmp_path: Path) -> None:
     data = b"".join(op.data for op in rec.ops[1:3] if isinstance(op, Write))
     with open(os.path.join(root, link.path), "rb") as f:
         assert f.read() == data
+
+
+def test_recorder_resolves_an_enqueue_many(tmp_path: Path) -> None:
+    """Files written, then fsynced, then linked, then one directory fsync; the
+    writeback hint (sync_file_range) is traced but leaves no op: it makes nothing durable."""
+    root = os.path.join(str(tmp_path), "q")
+    with Queue.init(root, shards=1) as q:
+        q.enqueue(b"warm-up")  # the wall floor and the ready directory are set up outside the log
+        with record(root) as (session, rec):
+            with linux.trace() as events:
+                jobs = q.enqueue_many([b"one", b"two", b"three"])
+            end = session.index()
+    assert [e.op for e in events].count("sync_file_range") == 3
+    kinds = [type(op) for op in rec.ops[:end]]
+    assert kinds == [Create, Write, Write] * 3 + [FsyncFile] * 3 + [Link] * 3 + [FsyncDir], rec.ops
+    creates = [op.fid for op in rec.ops if isinstance(op, Create)]
+    links = [op for op in rec.ops if isinstance(op, Link)]
+    assert [op.fid for op in rec.ops if isinstance(op, FsyncFile)] == creates == [op.fid for op in links]
+    assert [os.path.basename(op.path)[:32] for op in links] == jobs
 
 
 def _names(states: object) -> set[frozenset[str]]:

@@ -76,6 +76,11 @@ def test_oracle_catches_a_job_file_that_is_never_fsynced() -> None:
     assert "is absent" in msgs and "allowed: ['ready']" in msgs, msgs
 
 
+def test_oracle_catches_an_enqueue_many_whose_files_are_never_fsynced() -> None:
+    msgs = _oracle_messages(WORKLOADS["enqueue_many"], bugs.job_file_never_fsynced)
+    assert "committed job" in msgs or "violates invariants" in msgs, msgs  # lost, or torn behind its name
+
+
 def test_oracle_catches_link_before_fsync() -> None:
     msgs = _oracle_messages(WORKLOADS["enqueue"], bugs.link_before_fsync)
     assert "object does not verify" in msgs and "fsck ERROR" in msgs, msgs

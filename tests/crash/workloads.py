@@ -13,11 +13,11 @@ from __future__ import annotations
 import contextlib
 import io
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from steadqd import Lease, Queue, linux
+from steadqd import Lease, Queue, linux, publish
 from steadqd.constants import NS_PER_SECOND
 from steadqd.recovery import run_recovery
 from tests.invariants import check_tree
@@ -94,6 +94,13 @@ class Driver:
         job = self.call("enqueue", self.q.enqueue, io.BytesIO(payload) if stream else payload, **kwargs)
         self.payloads[job] = payload
         return job
+
+    def enqueue_many(self, payloads: list[bytes], *, streamed: Collection[int] = (), **kwargs: Any) -> list[str]:
+        """One enqueue_many call; the payloads at the ``streamed`` indices go in as file objects."""
+        items = [io.BytesIO(p) if i in streamed else p for i, p in enumerate(payloads)]
+        jobs: list[str] = self.call("enqueue_many", self.q.enqueue_many, items, **kwargs)
+        self.payloads.update(zip(jobs, payloads, strict=True))
+        return jobs
 
     def lease(self, duration: float = 30.0) -> Lease:
         lease = self.call("lease", self.q.lease, duration=duration)
@@ -185,6 +192,36 @@ def run_enqueue_batch(d: Driver, _: dict[str, Any]) -> None:
         with d.q.batch():
             for i in range(6):
                 d.payloads[d.q.enqueue(f"batched {i}".encode())] = f"batched {i}".encode()
+
+    d.call("batch", batch)  # committed only when the batch's deferred barriers ran
+
+
+@contextlib.contextmanager
+def _group_size(n: int) -> Iterator[None]:
+    """A small ENQUEUE_MANY_GROUP, so a short input spans several groups."""
+    orig = publish.ENQUEUE_MANY_GROUP
+    publish.ENQUEUE_MANY_GROUP = n
+    try:
+        yield
+    finally:
+        publish.ENQUEUE_MANY_GROUP = orig
+
+
+def run_enqueue_many(d: Driver, _: dict[str, Any]) -> None:
+    """Groups of files fsynced together, then linked: no job may be visible before
+    its file is durable, and every job of a returned call survives."""
+    d.enqueue_many([b"many a", bytes(range(256)) * 12, b"many streamed " * 300, b""], streamed={2})
+    d.enqueue_many([b"many delayed 1", b"many delayed 2"], delay=3600)
+    with _group_size(2):
+        d.enqueue_many([f"grouped {i}".encode() * (i + 1) for i in range(5)])  # groups of 2, 2 and 1
+
+
+def run_enqueue_many_batch(d: Driver, _: dict[str, Any]) -> None:
+    def batch() -> None:
+        with d.q.batch(), _group_size(3):
+            for n in (4, 2):
+                payloads = [f"batched many {n}.{i}".encode() for i in range(n)]
+                d.payloads.update(zip(d.q.enqueue_many(payloads), payloads, strict=True))
 
     d.call("batch", batch)  # committed only when the batch's deferred barriers ran
 
@@ -355,6 +392,9 @@ WORKLOADS: dict[str, Workload] = {
         Workload("enqueue_batch", _nothing, run_enqueue_batch),
         Workload("enqueue_named", setup_named, run_enqueue_named),
         Workload("enqueue_deferred", _nothing, run_enqueue_deferred, deferred=True),
+        Workload("enqueue_many", _nothing, run_enqueue_many),
+        Workload("enqueue_many_batch", _nothing, run_enqueue_many_batch),
+        Workload("enqueue_many_named", setup_named, run_enqueue_many),  # one at a time through named temps
         Workload("lease", _ready(2), run_lease),
         Workload("renew", _leased(1), run_renew),
         Workload("renew_deferred", _leased(3), run_renew_deferred, deferred=True),

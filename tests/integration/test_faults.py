@@ -1,13 +1,16 @@
 """Fault injection at every syscall position of every mutation.
 
-For each operation (enqueue in its variants, claim, renew, ack, retry now /
-later, bury) the syscalls it makes are first recorded once with
+For each operation (enqueue in its variants, enqueue_many of a group of
+three jobs alone and inside a batch, claim, renew, ack, retry now / later,
+bury) the syscalls it makes are first recorded once with
 ``linux.trace()``; then, for every position i of that trace, a fresh queue is
 prepared through the public API, ``linux.inject(nth=i, ...)`` is armed around
 just the one call, and the outcome is judged against errors.md:
 
 * the only possible outcomes are success, NotCommitted, OutcomeUnknown and
-  LeaseLost; nothing else (above all no bare OSError) may escape;
+  LeaseLost (and for enqueue_many EnqueueIncomplete: the first jobs are
+  published, the rest is the cause's outcome); nothing else (above all no
+  bare OSError) may escape;
 * NotCommitted: the tree is exactly as before, the handle is not poisoned
   (except a wall-floor failure, which errors.md says poisons), the error kind
   fits the errno, and retrying the very same call on the same handle works;
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import shutil
 import sys
@@ -59,7 +63,8 @@ from steadqd import (  # noqa: E402
     linux,
 )
 from steadqd.constants import WATERMARK_ADVANCE_TMP_PREFIX  # noqa: E402
-from steadqd.names import delayed_bucket  # noqa: E402
+from steadqd.errors import EnqueueIncomplete  # noqa: E402
+from steadqd.names import delayed_bucket, shard_of  # noqa: E402
 from steadqd.records import EnqueueTicket, TransitionTicket, Watermark  # noqa: E402
 from steadqd.verify import read_envelope, read_payload  # noqa: E402
 from steadqd.watermark import publish_watermark, read_watermark  # noqa: E402
@@ -139,6 +144,42 @@ def _prep_enqueue(
     elif not cold:
         _warm(q)
     return prep
+
+
+MANY_SHARDS = (0, 1, 0)  # enqueue_many's three jobs: two directories, one of them shared
+
+
+def _prep_many(base: str) -> Prep:
+    """A fresh queue whose next job ids fall into the shards of MANY_SHARDS, in turn.
+
+    Shards depend on the random queue id and job id, so without steering the
+    number of directories a group touches (and with it the syscall positions)
+    would differ between preparations. ``getrandom`` is still called once
+    per id, so its position is faulted like any other."""
+    prep = _prep_enqueue(base)
+    ctx = prep.q._ctx
+    plan = itertools.cycle(MANY_SHARDS)
+
+    def random(n: int = 16) -> bytes:
+        linux.getrandom(n)
+        want = next(plan)
+        while True:
+            candidate = os.urandom(n)
+            if shard_of(ctx.fmt.queue_id, candidate, ctx.fmt.shard_count) == want:
+                return candidate
+
+    ctx.random = random  # type: ignore[method-assign]
+    return prep
+
+
+def _many(prep: Prep) -> list[str]:
+    """Three jobs in one group, the middle one streamed."""
+    return prep.q.enqueue_many([PAYLOAD + b"0", _stream(prep), PAYLOAD + b"2"])
+
+
+def _many_in_batch(prep: Prep) -> list[str]:
+    with prep.q.batch():
+        return _many(prep)
 
 
 def _prep_claim(base: str) -> Prep:
@@ -225,6 +266,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         State.READY,
         None,
     ),
+    Scenario("enqueue-many", "enqueue_many", _prep_many, _many, State.READY, None, streamed=True),
+    Scenario("enqueue-many-batch", "enqueue_many", _prep_many, _many_in_batch, State.READY, None, streamed=True),
     Scenario("lease", "claim", _prep_claim, lambda p: p.q.lease(duration=600), State.LEASED, State.READY),
     Scenario("renew", "renew", _prep_leased, lambda p: p.q.renew(p.lease, duration=900), State.LEASED, State.LEASED),
     Scenario("ack", "acknowledge", _prep_leased, lambda p: p.q.ack(p.lease), State.RECEIPT, State.LEASED),
@@ -320,7 +363,24 @@ def _unchanged_except(before: TreeState, after: TreeState, job: str | None, ctx:
     assert others_after == others_before, f"{ctx}: other jobs changed: {job_states(before)} -> {job_states(after)}"
 
 
+def _check_new_jobs(sc: Scenario, ids: set[str], before: TreeState, after: TreeState, ctx: str) -> None:
+    """Exactly ``ids`` are new, each a fresh job where the scenario puts it; nothing else changed."""
+    new = after.all_ids - before.all_ids
+    assert new == ids, f"{ctx}: new jobs {sorted(new)}, expected {sorted(ids)}"
+    for job in ids:
+        obj = after.get(job)
+        assert obj is not None and obj.state is sc.dest and (obj.generation, obj.attempt) == (0, 0), f"{ctx}: {obj}"
+    others_after = {o.path for j, o in after.objects.items() if j not in ids}
+    assert others_after == {o.path for o in before.objects.values()}, (
+        f"{ctx}: other jobs changed: {job_states(before)} -> {job_states(after)}"
+    )
+
+
 def _check_success(sc: Scenario, prep: Prep, result: Any, before: TreeState, after: TreeState, ctx: str) -> None:
+    if sc.op == "enqueue_many":
+        assert isinstance(result, list) and len(result) == 3 == len(set(result)), f"{ctx}: returned {result!r}"
+        _check_new_jobs(sc, set(result), before, after, ctx)
+        return
     if sc.op == "enqueue":
         assert isinstance(result, str), ctx
         new = after.all_ids - before.all_ids
@@ -379,6 +439,9 @@ def _check_unknown(sc: Scenario, prep: Prep, e: OutcomeUnknown, before: TreeStat
     assert probe.value.kind is ErrorKind.QUEUE_POISONED, f"{ctx}: poisoned handle raised {probe.value.kind.label}"
     assert check_tree(prep.path, allow_quarantine=False).paths() == after.paths(), f"{ctx}: poisoned handle wrote"
     ticket = e.ticket
+    if sc.op == "enqueue_many":
+        _check_many_unknown(sc, e, set(), before, after, ctx)
+        return
     assert ticket is not None, f"{ctx}: OutcomeUnknown without a ticket"
     if sc.op == "enqueue":
         assert isinstance(ticket, EnqueueTicket), f"{ctx}: {ticket!r}"
@@ -424,6 +487,49 @@ def _check_unknown(sc: Scenario, prep: Prep, e: OutcomeUnknown, before: TreeStat
     _unchanged_except(before, after, job, ctx)
 
 
+def _check_many_unknown(
+    sc: Scenario, e: OutcomeUnknown, published: set[str], before: TreeState, after: TreeState, ctx: str
+) -> None:
+    """enqueue_many: the jobs of the group are exactly the published ones and the ticketed ones,
+    each at its ticket's path (their links happened; only their barrier failed)."""
+    tickets = e.ticket
+    if tickets is None:
+        # Only the batch's own sync() raises without tickets: every job of the batch was linked.
+        assert "batch" in sc.name and not published, f"{ctx}: OutcomeUnknown without tickets: {e}"
+        new = after.all_ids - before.all_ids
+        assert len(new) == 3, f"{ctx}: the failed batch barrier left {sorted(new)}"
+        _check_new_jobs(sc, new, before, after, ctx)
+        return
+    assert isinstance(tickets, tuple) and tickets, f"{ctx}: {tickets!r}"
+    assert all(isinstance(t, EnqueueTicket) and t.state == sc.dest.value for t in tickets), f"{ctx}: {tickets!r}"
+    unknown = {t.job_id.hex() for t in tickets}
+    assert not unknown & published, ctx
+    _check_new_jobs(sc, unknown | published, before, after, ctx)
+    for t in tickets:
+        obj = after.get(t.job_id.hex())
+        assert obj is not None and obj.path == t.path, f"{ctx}: job at {obj}, ticket says {t.path}"
+
+
+def _check_incomplete(
+    sc: Scenario, prep: Prep, e: EnqueueIncomplete, err: int, before: TreeState, after: TreeState, ctx: str
+) -> None:
+    """Some jobs published, the rest as the cause says; kind and exit code are the cause's."""
+    assert sc.op == "enqueue_many", f"{ctx}: EnqueueIncomplete from {sc.op}"
+    assert 1 <= len(e.published) < 3 and len(set(e.published)) == len(e.published), f"{ctx}: {e.published}"
+    assert (e.kind, e.exit_code) == (e.cause.kind, e.cause.exit_code), ctx
+    published = set(e.published)
+    if isinstance(e.cause, OutcomeUnknown):
+        assert prep.q.poisoned is not None, f"{ctx}: OutcomeUnknown cause without poisoning the handle"
+        _check_many_unknown(sc, e.cause, published, before, after, ctx)
+        return
+    assert isinstance(e.cause, NotCommitted), f"{ctx}: cause {e.cause!r}"
+    assert e.cause.kind is _expected_kind(err), f"{ctx}: cause kind {e.cause.kind.label} for {ERRNO_NAMES[err]}"
+    assert prep.q.poisoned is None, f"{ctx}: a NotCommitted cause poisoned the handle ({prep.q.poisoned})"
+    _check_new_jobs(sc, published, before, after, ctx)  # the rest does not exist
+    result = sc.act(prep)  # the rest is safe to retry
+    _check_success(sc, prep, result, after, check_tree(prep.path, allow_quarantine=False), f"{ctx} (retry)")
+
+
 def _run_case(sc: Scenario, base: str, pos: int, err: int, after: bool) -> str:
     """Prepare, fault position ``pos``, judge; returns the outcome class name."""
     prep = sc.prepare(base)
@@ -435,7 +541,7 @@ def _run_case(sc: Scenario, base: str, pos: int, err: int, after: bool) -> str:
         with linux.inject(nth=pos, errno=err, after=after) as fault:
             try:
                 outcome = sc.act(prep)
-            except (NotCommitted, OutcomeUnknown, LeaseLost) as e:
+            except (NotCommitted, OutcomeUnknown, LeaseLost, EnqueueIncomplete) as e:
                 outcome = e
             except Exception as e:  # noqa: BLE001 - anything else escaping is the bug under test
                 pytest.fail(f"{ctx}: {type(e).__name__} escaped a mutation: {e!r}")
@@ -451,6 +557,9 @@ def _run_case(sc: Scenario, base: str, pos: int, err: int, after: bool) -> str:
         elif isinstance(outcome, OutcomeUnknown):
             _check_unknown(sc, prep, outcome, before, post, ctx)
             kind = "OutcomeUnknown"
+        elif isinstance(outcome, EnqueueIncomplete):
+            _check_incomplete(sc, prep, outcome, err, before, post, ctx)
+            kind = "EnqueueIncomplete"
         elif isinstance(outcome, LeaseLost):
             # Only a vanished exact source justifies LeaseLost; an injected errno never removes it.
             assert prep.lease_path_before is not None, f"{ctx}: LeaseLost from an operation without a lease"
@@ -576,6 +685,26 @@ def test_matrix_reaches_every_outcome_class(tmp_path: Path) -> None:
         _run_case(sc, str(tmp_path / "c"), lin, errno.EIO, True),
     }
     assert seen == {"NotCommitted", "OutcomeUnknown", "success"}
+
+
+@pytest.mark.parametrize("name", ["enqueue-many", "enqueue-many-batch"])
+def test_enqueue_many_matrix_reaches_every_outcome_class(name: str, tmp_path: Path) -> None:
+    """The enqueue_many rows are not vacuous: a file fsync fault publishes nothing, a
+    fault at the second link publishes the first job, a failed directory barrier (the
+    batch's own sync inside a batch) is unknown, and an after-fault on a link commits."""
+    sc = BY_NAME[name]
+    events = TRACES[name]
+    links = [i for i, e in enumerate(events, 1) if e.op == "link"]
+    fsyncs = [i for i, e in enumerate(events, 1) if e.op == "fsync"]
+    first_file_fsync = fsyncs[0]
+    first_dir_fsync = next(i for i in fsyncs if i > links[-1])
+    seen = [
+        _run_case(sc, str(tmp_path / "a"), first_file_fsync, errno.EIO, False),
+        _run_case(sc, str(tmp_path / "b"), links[1], errno.EIO, False),
+        _run_case(sc, str(tmp_path / "c"), first_dir_fsync, errno.EIO, False),
+        _run_case(sc, str(tmp_path / "d"), links[0], errno.EIO, True),
+    ]
+    assert seen == ["NotCommitted", "EnqueueIncomplete", "OutcomeUnknown", "success"]
 
 
 # --------------------------------------------------------------------------- targeted cases
