@@ -1,17 +1,21 @@
 """``python -m benchmarks``: the one command of the benchmark suite.
 
     .venv/bin/python -m benchmarks run [--quick|--smoke] [--full-scale] [--out DIR] [--dir SCRATCH]
+                                       [--fs host|ext4|xfs|btrfs]
     .venv/bin/python -m benchmarks report RESULTS.json [--out DIR]
     .venv/bin/python -m benchmarks install-peers
 
 ``run`` measures everything side by side in one run on one disk and writes
 ``results.json``, ``results.md``, ``profile.txt`` and PNG plots to ``--out``.
-The scratch directory must be on the disk being measured (never tmpfs).
+The scratch directory must be on the disk being measured (never tmpfs). With
+``--fs ext4|xfs|btrfs`` the sections run on a fresh filesystem of that type on a
+loop device whose sparse image lives in the scratch directory (see loopdisk.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -19,7 +23,8 @@ import subprocess
 import sys
 import time
 
-from .common import PROFILES, REPO, log
+from . import loopdisk
+from .common import PROFILES, REPO, log, signals_unwind
 from .runner import PEERS, SECTIONS, Runner
 
 PEER_PACKAGES = ["persist-queue", "litequeue", "huey", "rq", "redis", "matplotlib"]
@@ -51,6 +56,21 @@ def write_outputs(results: dict, out: str) -> None:
         f.write(report.markdown(results, files, note))
 
 
+def _remove_scratch(base: str, created: bool) -> None:
+    """Delete the scratch dir we created, unless a mount is still below it.
+
+    rmtree would descend into a mount that failed to go away; better to leave the
+    directory (and say so) than to delete through it.
+    """
+    if not created:
+        return
+    left = loopdisk.mounts_under(base)
+    if left:
+        log(f"not removing {base}: still mounted below it: {', '.join(left)}")
+        return
+    shutil.rmtree(base, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks", description="steadqd benchmarks against the floor and the peers"
@@ -65,6 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     r.add_argument("--out", help="output directory (default benchmarks/results/<profile>)")
     r.add_argument("--dir", help="scratch directory on the disk to measure (default /var/tmp/steadqd-bench-<pid>)")
+    r.add_argument(
+        "--fs",
+        choices=loopdisk.FS_CHOICES,
+        default="host",
+        help="host: measure the scratch dir's own filesystem; ext4/xfs/btrfs: a fresh one on a loop device "
+        "whose sparse image lives in the scratch dir (needs root)",
+    )
+    r.add_argument(
+        "--loop-direct-io",
+        choices=("on", "off"),
+        default=loopdisk.DEFAULT_DIRECT_IO,
+        help=f"losetup --direct-io for --fs runs (default {loopdisk.DEFAULT_DIRECT_IO})",
+    )
     r.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {','.join(SECTIONS)}")
     r.add_argument("--peers", default=",".join(PEERS), help=f"comma list of {','.join(PEERS)}")
     r.add_argument("--install-peers", action="store_true", help="pip/apt-install the peers first")
@@ -94,22 +127,46 @@ def main(argv: list[str] | None = None) -> int:
     if a.install_peers:
         install_peers()
     out = a.out or os.path.join(REPO, "benchmarks", "results", profile.name)
+    if a.fs != "host":
+        try:
+            loopdisk.check_can_build(a.fs)
+        except loopdisk.LoopDiskError as e:
+            print(f"python -m benchmarks: {e}", file=sys.stderr)
+            return 2
     base = a.dir or f"/var/tmp/steadqd-bench-{os.getpid()}"
+    created_base = a.dir is None
     os.makedirs(base, exist_ok=True)
     from steadqd import linux
 
     magic = linux.statfs_type(base)
     if magic in (TMPFS_MAGIC, RAMFS_MAGIC):
         print(f"{base} is on tmpfs/ramfs: fsync is free there, the numbers would mean nothing", file=sys.stderr)
+        if created_base:
+            os.rmdir(base)
         return 2
-    created_base = a.dir is None
-    log(f"profile {profile.name}, scratch {base}, out {out}")
+    log(f"profile {profile.name}, scratch {base}, fs {a.fs}, out {out}")
     t = time.monotonic()
     try:
-        results = Runner(profile, base, full_scale=a.full_scale, sections=sections, peers=peers).run()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(signals_unwind())
+            measured, setup = base, None
+            if a.fs != "host":
+                measured, loop = stack.enter_context(
+                    loopdisk.loop_filesystem(a.fs, base, full_scale=a.full_scale, direct_io=a.loop_direct_io)
+                )
+                setup = loop.to_json()
+            runner = Runner(
+                profile, measured, full_scale=a.full_scale, sections=sections, peers=peers, fs=a.fs, loop_setup=setup
+            )
+            results = runner.run()
+    except loopdisk.LoopDiskError as e:
+        print(f"python -m benchmarks: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        log("interrupted; scratch torn down, no results written")
+        return 130
     finally:
-        if created_base:
-            shutil.rmtree(base, ignore_errors=True)
+        _remove_scratch(base, created_base)
     write_outputs(results, out)
     log(f"done in {time.monotonic() - t:.0f}s: {out}/results.md")
     print(os.path.join(out, "results.md"))

@@ -8,6 +8,7 @@ slow disk makes a run shorter and less precise instead of longer: the whole
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import shutil
@@ -212,6 +213,163 @@ def _read(path: str) -> str:
         return "?"
 
 
+PROBE_FILES = 500
+
+
+def _findmnt(path: str) -> dict[str, str]:
+    """target, source, fstype, options of the mount holding ``path`` (``findmnt -T``)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError):
+        r = subprocess.run(
+            ["findmnt", "-J", "-T", path, "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        fs = json.loads(r.stdout)["filesystems"][0]
+        return {k: str(fs.get(k)) for k in ("target", "source", "fstype", "options")}
+    return {}
+
+
+def _block_name(path: str, source: str) -> str | None:
+    """The kernel's name of the block device under ``path`` ("vda", "loop1", "dm-0").
+
+    /sys/fs/ext4/<name> and /sys/block/<name> use this name, not the mount source
+    (which may be a /dev/mapper or /dev/disk/by-* symlink, or /dev/root). st_dev finds
+    it through /sys/dev/block; btrfs reports an anonymous st_dev, so the source's
+    resolved name (without a [/subvolume] suffix) is the fallback.
+    """
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        link = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+        if os.path.exists(link):
+            return os.path.basename(os.path.realpath(link))
+    src = source.split("[", 1)[0]
+    if src.startswith("/dev/"):
+        return os.path.basename(os.path.realpath(src))
+    return None
+
+
+def _whole_disk(name: str) -> str:
+    """``vda1`` -> ``vda``: queue/ and device/ live on the whole disk, not the partition."""
+    sys_path = os.path.realpath(f"/sys/class/block/{name}")
+    if os.path.exists(os.path.join(sys_path, "partition")):
+        return os.path.basename(os.path.dirname(sys_path))
+    return name
+
+
+def ext4_journal(name: str | None) -> bool | None:
+    """True/False if the ext4 filesystem on block device ``name`` has a journal, None if unknown.
+
+    ``/sys/fs/ext4/<name>/journal_task`` holds the jbd2 thread's PID, or ``<none>``
+    on a journal-less ext4 (where every inode allocation scans recently deleted inodes).
+    """
+    if name is None:
+        return None
+    task = _read(f"/sys/fs/ext4/{name}/journal_task")
+    if task == "?":
+        return None
+    return task != "<none>"
+
+
+def loop_facts(name: str) -> dict[str, Any] | None:
+    """Backing file and options of loop device ``name``; None if it is not a loop device."""
+    sysd = f"/sys/block/{name}/loop"
+    if not os.path.isdir(sysd):
+        return None
+    out: dict[str, Any] = {
+        "device": f"/dev/{name}",
+        "backing_file": _read(f"{sysd}/backing_file"),
+        "direct_io": _read(f"{sysd}/dio") == "1",
+        "offset": _read(f"{sysd}/offset"),
+        "sizelimit": _read(f"{sysd}/sizelimit"),
+        "autoclear": _read(f"{sysd}/autoclear") == "1",
+        "logical_block_size": _read(f"/sys/block/{name}/queue/logical_block_size"),
+    }
+    with contextlib.suppress(OSError):
+        img = os.stat(out["backing_file"])
+        out["image_size_bytes"] = img.st_size
+        out["image_allocated_bytes_at_start"] = img.st_blocks * 512
+    return out
+
+
+def create_probe(path: str, files: int = PROBE_FILES) -> dict[str, Any]:
+    """Cost of creating one empty file (create + close) in a fresh directory under ``path``.
+
+    This is the inode allocation every enqueue pays: tens of µs on a journaled ext4,
+    XFS or btrfs, but up to hundreds of µs of *system* CPU on a journal-less ext4, which
+    skips every inode freed in the last minutes (``recently_deleted()``). A queue frees
+    inodes all the time, so the files are created twice: in the fresh directory, and
+    again right after deleting the first batch (the steady state of a queue). The files
+    are deleted afterwards (not timed).
+    """
+    import resource
+    import tempfile
+
+    try:
+        d = tempfile.mkdtemp(prefix=".create-probe-", dir=path)
+    except OSError as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+    def batch(tag: str) -> dict[str, float]:
+        samples: list[float] = []
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        for i in range(files):
+            p = os.path.join(d, f"{tag}{i:05d}")
+            t = time.perf_counter_ns()
+            os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            samples.append((time.perf_counter_ns() - t) / 1000)
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        return {
+            "us_per_create_mean": round(sum(samples) / len(samples), 1),
+            "us_per_create_p50": round(percentile(samples, 50), 1),
+            "us_per_create_p99": round(percentile(samples, 99), 1),
+            "sys_cpu_us_per_create": round((ru1.ru_stime - ru0.ru_stime) * 1e6 / files, 1),
+        }
+
+    try:
+        fresh = batch("a")
+        for i in range(files):
+            os.unlink(os.path.join(d, f"a{i:05d}"))
+        again = batch("b")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return {"files": files, "fresh_dir": fresh, "after_deleting_them": again}
+
+
+def disk_facts(path: str, *, probe: bool = True, follow_loop: bool = True) -> dict[str, Any]:
+    """What the measured directory really sits on.
+
+    Filesystem, mount source and options, the block device, whether an ext4 has a
+    journal, the create-probe cost; for a loop device also its options and the same
+    facts for the filesystem holding its image (the disk that finally takes the fsyncs).
+    """
+    m = _findmnt(path)
+    name = _block_name(path, m.get("source", ""))
+    out: dict[str, Any] = {
+        "path": path,
+        "fstype": m.get("fstype", "?"),
+        "mount_source": m.get("source", "?"),
+        "mount_target": m.get("target", "?"),
+        "mount_options": m.get("options", "?"),
+        "block_device": name,
+        "ext4_journal": ext4_journal(name) if m.get("fstype") == "ext4" else None,
+    }
+    if name:
+        disk = _whole_disk(name)
+        out["rotational"] = _read(f"/sys/block/{disk}/queue/rotational")
+        driver = os.path.realpath(f"/sys/block/{disk}/device/driver")
+        out["disk_driver"] = os.path.basename(driver) if os.path.exists(driver) else None
+    if probe:
+        out["create_probe"] = create_probe(path)
+    loop = loop_facts(name) if name else None
+    if loop is not None:
+        out["loop"] = loop
+        backing = loop["backing_file"].removesuffix(" (deleted)")
+        if follow_loop and os.path.exists(backing):
+            out["backing"] = disk_facts(os.path.dirname(backing), probe=probe, follow_loop=False)
+    return out
+
+
 def machine_info(base: str) -> dict[str, Any]:
     """What a reader needs to compare numbers across machines."""
     model = "?"
@@ -220,11 +378,8 @@ def machine_info(base: str) -> dict[str, Any]:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
-    dev = fs_type(base).split(" on ")[1].split(" ")[0] if " on " in fs_type(base) else "?"
-    disk = os.path.basename(dev)
-    driver = "?"
-    with contextlib.suppress(OSError):
-        driver = os.path.basename(os.path.realpath(f"/sys/block/{disk}/device/driver"))
+    disk = disk_facts(base)
+    physical = disk.get("backing") or disk  # a loop device's driver and rotational say nothing about the disk
     redis_version = None
     if shutil.which("redis-server"):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -246,10 +401,11 @@ def machine_info(base: str) -> dict[str, Any]:
         "redis_server": redis_version,
         "steadqd": version,
         "filesystem": fs_type(base),
-        "disk_driver": driver,
-        "rotational": _read(f"/sys/block/{disk}/queue/rotational"),
+        "disk_driver": physical.get("disk_driver"),
+        "rotational": physical.get("rotational", "?"),
         "memory_mb": _meminfo_mb(),
         "base_dir": base,
+        "disk": disk,
     }
 
 
@@ -271,6 +427,47 @@ def scratch(base: str, name: str) -> Iterator[str]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+_STOP_SIGNALS: list[int] = []  # signals received by the run's process (see signals_unwind)
+
+
+@contextlib.contextmanager
+def signals_unwind() -> Iterator[None]:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt in this process, so ``finally`` teardown runs.
+
+    Unhandled, SIGTERM kills without unwinding and leaks the loop device, the mount and
+    redis-server. A KeyboardInterrupt raised from a handler is swallowed when it lands in
+    an at-fork hook or a ``__del__``, so the signal is also remembered and
+    :func:`check_stop` raises it again at the next measurement boundary. Forked children
+    (multiprocessing) get the default action back: they die and never unwind into our frames.
+    """
+    import signal
+
+    owner = os.getpid()
+
+    def handler(signum: int, _frame: Any) -> None:
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        _STOP_SIGNALS.append(signum)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        _STOP_SIGNALS.clear()
+
+
+def check_stop() -> None:
+    """Raise KeyboardInterrupt if a stop signal arrived whose exception was swallowed."""
+    if _STOP_SIGNALS:
+        raise KeyboardInterrupt(f"signal {_STOP_SIGNALS[0]}")
 
 
 def log(msg: str) -> None:

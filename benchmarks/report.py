@@ -225,12 +225,78 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _probe_cell(d: Any, key: str) -> str:
+    x = _get(d, "create_probe", key)
+    if not isinstance(x, dict) or "us_per_create_mean" not in x:
+        return _why(_get(d, "create_probe")) or "–"
+    return f"{x['us_per_create_mean']:.1f} µs (p50 {x['us_per_create_p50']:.1f}, system CPU {x['sys_cpu_us_per_create']:.1f})"
+
+
+def _journal_cell(d: dict[str, Any]) -> str:
+    if d.get("fstype") != "ext4":
+        return "n/a (not ext4)"
+    return {True: "yes", False: "**no**"}.get(d.get("ext4_journal"), "?")  # type: ignore[arg-type]
+
+
+def disk_lines(r: dict[str, Any]) -> list[str]:
+    """The "what was measured" table: filesystem, journal, mount, loop and create-probe facts."""
+    m = r.get("meta", {})
+    disk = _get(m, "machine", "disk")
+    if not isinstance(disk, dict):
+        return []
+    cols = [("measured directory", disk)]
+    backing = disk.get("backing")
+    if isinstance(backing, dict):
+        cols.append(("disk under the loop image", backing))
+    L = [f"## Disk: `--fs {m.get('fs', 'host')}`\n"]
+    L.append("| | " + " | ".join(c for c, _ in cols) + " |")
+    L.append("|---|" + "---|" * len(cols))
+    rows: list[tuple[str, Any]] = [
+        ("path", lambda d: f"`{d.get('path')}`"),
+        ("filesystem", lambda d: d.get("fstype", "?")),
+        ("ext4 journal", _journal_cell),
+        ("mount source", lambda d: d.get("mount_source", "?")),
+        ("mount options", lambda d: f"`{d.get('mount_options', '?')}`"),
+        ("block device (rotational, driver)", lambda d: f"{d.get('block_device')} ({d.get('rotational', '?')}, "
+                                                        f"{d.get('disk_driver') or '–'})"),
+        (f"create+close one file, fresh dir ({_get(disk, 'create_probe', 'files') or '?'} files)",
+         lambda d: _probe_cell(d, "fresh_dir")),
+        ("same, right after deleting them", lambda d: _probe_cell(d, "after_deleting_them")),
+    ]  # fmt: skip
+    for label, cell in rows:
+        L.append(f"| {label} | " + " | ".join(str(cell(d)) for _, d in cols) + " |")
+    pad = " |" * (len(cols) - 1)  # facts of the loop setup span the measured column only
+    loop = disk.get("loop")
+    if isinstance(loop, dict):
+        size = loop.get("image_size_bytes")
+        size_s = f"{size / (1 << 30):.0f} GiB sparse" if isinstance(size, int) else "?"
+        L.append(
+            f"| loop device | {loop.get('device')}: image `{loop.get('backing_file')}` ({size_s}), direct I/O "
+            f"{'on' if loop.get('direct_io') else 'off'}, {loop.get('logical_block_size')} B sectors |{pad}"
+        )
+    setup = m.get("loop_setup")
+    if isinstance(setup, dict):
+        L.append(
+            f"| built with | `{setup.get('mkfs')}`, `{setup.get('losetup')}`, mount {setup.get('mount_options')} |{pad}"
+        )
+    L.append("")
+    if disk.get("ext4_journal") is False:
+        L.append(
+            "> **The measured filesystem is ext4 without a journal.** There every inode allocation skips the "
+            "inodes freed in the last minutes (`recently_deleted()`), so each file created costs the system CPU "
+            "shown above, which users' filesystems (ext4 with a journal, XFS, btrfs) do not pay. Re-run with "
+            "`--fs ext4` (see benchmarks/README.md) for numbers that represent them.\n"
+        )
+    return L
+
+
 def markdown(r: dict[str, Any], plots: list[str], plot_note: str = "") -> str:
     m = r.get("meta", {})
     mach = m.get("machine", {})
     L: list[str] = []
     L.append(f"# steadqd benchmark results ({m.get('profile', {}).get('name', '?')} profile)\n")
     L.append(f"Run {m.get('started', '?')}, {m.get('duration_s', '?')} s, one process tree, one disk.\n")
+    L.extend(disk_lines(r))
     L.append("| machine | |\n|---|---|")
     for k in (
         "cpu_model",

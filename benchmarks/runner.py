@@ -18,7 +18,7 @@ from typing import Any
 
 from . import backends as bk
 from . import daemons, drivers, floor, steadq_extra
-from .common import PAYLOAD_SIZES, Profile, log, machine_info, payload_of, scratch, skipped
+from .common import PAYLOAD_SIZES, Profile, check_stop, log, machine_info, payload_of, scratch, skipped
 
 SECTIONS = ("headline", "floor", "steadqd", "peers", "daemons", "scaling", "profile")
 PEERS = ("persist-queue", "litequeue", "huey", "redis", "rq")
@@ -26,9 +26,14 @@ PEERS = ("persist-queue", "litequeue", "huey", "redis", "rq")
 
 class Runner:
     def __init__(self, profile: Profile, base: str, *, full_scale: bool = False, sections: tuple[str, ...] = SECTIONS,
-                 peers: tuple[str, ...] = PEERS) -> None:  # fmt: skip
+                 peers: tuple[str, ...] = PEERS, fs: str = "host", loop_setup: dict[str, Any] | None = None,
+                 ) -> None:  # fmt: skip
+        """``base`` is the scratch directory every section and every peer's data lives under;
+        ``fs``/``loop_setup`` say how it was made (``--fs``) and end up in the results."""
         self.p = profile
         self.base = base
+        self.fs = fs
+        self.loop_setup = loop_setup
         self.full_scale = full_scale
         self.sections = sections
         self.peers = peers
@@ -37,9 +42,12 @@ class Runner:
 
     def guarded(self, label: str, fn: Callable[[], Any]) -> Any:
         """Run one measurement; an exception becomes {"error": ...} in the results."""
+        check_stop()
         t = time.monotonic()
         try:
-            return fn()
+            result = fn()
+            check_stop()
+            return result
         except Exception as e:  # noqa: BLE001 - recorded, the run goes on
             log(f"{label}: FAILED: {type(e).__name__}: {e}")
             return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=6)}
@@ -55,6 +63,8 @@ class Runner:
             "started_unix": int(started),
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)),
             "argv": sys.argv,
+            "fs": self.fs,
+            "loop_setup": self.loop_setup,
             "machine": machine_info(self.base),
             "sections": list(self.sections),
         }

@@ -6,6 +6,9 @@ time. This runs the documented command with ``--smoke`` and checks the
 outputs are complete and that the correctness facts the harness reports
 (no lost or duplicated jobs, every spawned job acknowledged, nothing stranded)
 hold. Peers that are not installed are recorded as skipped, which is fine.
+
+``--fs ext4`` builds a loop-device filesystem as root; those runs also prove
+that no loop device, mount or image outlives the run, interrupted or not.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +44,14 @@ def _errors(d: Any, prefix: str = "") -> list[str]:
     return out
 
 
+def _bench(*args: str) -> list[str]:
+    return [sys.executable, "-m", "benchmarks", "run", "--smoke", *args]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
 @pytest.fixture(scope="module")
 def smoke_run() -> Iterator[tuple[dict[str, Any], Path]]:
     # Not tmp_path: the scratch dir must be a real disk (the harness refuses
@@ -46,11 +59,10 @@ def smoke_run() -> Iterator[tuple[dict[str, Any], Path]]:
     work = Path(tempfile.mkdtemp(prefix="steadqd-bench-smoke-", dir="/var/tmp"))
     out = work / "out"
     try:
-        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         r = subprocess.run(
-            [sys.executable, "-m", "benchmarks", "run", "--smoke", "--out", str(out), "--dir", str(work / "scratch")],
+            _bench("--out", str(out), "--dir", str(work / "scratch")),
             cwd=REPO,
-            env=env,
+            env=_env(),
             capture_output=True,
             text=True,
             timeout=120,
@@ -77,6 +89,22 @@ def test_outputs_written(smoke_run: tuple[dict[str, Any], Path]) -> None:
     assert (out / "profile.txt").read_text().strip()
     assert results["meta"]["profile"]["name"] == "smoke"
     assert not results["meta"]["machine"]["filesystem"].startswith("tmpfs")
+
+
+def test_host_disk_facts(smoke_run: tuple[dict[str, Any], Path]) -> None:
+    """The default run says what it measured, and warns exactly when ext4 has no journal."""
+    results, out = smoke_run
+    assert results["meta"]["fs"] == "host"
+    disk = results["meta"]["machine"]["disk"]
+    assert disk["path"].endswith("/scratch")
+    assert disk["fstype"] not in ("?", "tmpfs")
+    assert (disk["ext4_journal"] is None) == (disk["fstype"] != "ext4")
+    for batch in ("fresh_dir", "after_deleting_them"):
+        assert disk["create_probe"][batch]["us_per_create_mean"] > 0
+    md = (out / "results.md").read_text()
+    assert "## Disk: `--fs host`" in md
+    assert md.index("## Disk") < md.index("## Targets")
+    assert ("ext4 without a journal" in md) == (disk["ext4_journal"] is False)
 
 
 def test_own_measurements_have_no_errors(smoke_run: tuple[dict[str, Any], Path]) -> None:
@@ -130,3 +158,158 @@ def test_scaling_and_syscalls(smoke_run: tuple[dict[str, Any], Path]) -> None:
     sysc = results["steadqd"]["syscalls_per_job"]
     # One file fsync + the ready-dir fsync for enqueue, one for the claim, two for the ack.
     assert (sysc["enqueue"]["fsync"], sysc["lease"]["fsync"], sysc["ack"]["fsync"]) == (2, 1, 2)
+
+
+# -- --fs ext4: a journaled filesystem on a loop device -------------------------------
+
+
+def _require_loop_ext4() -> None:
+    if os.geteuid() != 0:
+        pytest.skip(f"--fs ext4 needs root (euid {os.geteuid()})")
+    for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    if not os.path.exists("/dev/loop-control"):
+        pytest.skip("loop devices are unavailable (/dev/loop-control missing)")
+
+
+def _loops_and_mounts(under: Path) -> tuple[list[str], list[str]]:
+    """``losetup -a`` lines and mount points that involve ``under``.
+
+    Other engineers attach loop devices on this machine concurrently, so a leak is
+    what mentions our directory (a leaked device lists its image, a leaked mount its
+    mount point), not any difference at all.
+    """
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True).stdout.splitlines()
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return [x for x in loops if str(under) in x], [m for m in mounts if m.startswith(str(under))]
+
+
+@pytest.fixture(scope="module")
+def ext4_run() -> Iterator[tuple[dict[str, Any], Path, Path, tuple[list[str], list[str]]]]:
+    _require_loop_ext4()
+    work = Path(tempfile.mkdtemp(prefix="steadqd-bench-ext4-", dir="/var/tmp"))
+    out, scratch = work / "out", work / "scratch"
+    try:
+        assert _loops_and_mounts(work) == ([], [])
+        r = subprocess.run(
+            _bench("--fs", "ext4", "--sections", "floor,steadqd", "--out", str(out), "--dir", str(scratch)),
+            cwd=REPO,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        left = _loops_and_mounts(work)
+        assert r.returncode == 0, r.stderr[-3000:]
+        yield json.loads((out / "results.json").read_text()), out, scratch, left
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_ext4_run_records_a_journaled_loop_filesystem(
+    ext4_run: tuple[dict[str, Any], Path, Path, tuple[list[str], list[str]]],
+) -> None:
+    results, out, scratch, _ = ext4_run
+    meta = results["meta"]
+    assert meta["fs"] == "ext4"
+    assert meta["loop_setup"]["mkfs"].startswith("mkfs.ext4")
+    disk = meta["machine"]["disk"]
+    assert (disk["fstype"], disk["ext4_journal"]) == ("ext4", True)
+    assert disk["block_device"].startswith("loop")
+    assert disk["path"].startswith(str(scratch) + "/")
+    assert disk["loop"]["backing_file"].startswith(str(scratch) + "/")
+    assert disk["loop"]["device"] == meta["loop_setup"]["device"]
+    backing = disk["backing"]
+    assert backing["path"] == str(scratch)
+    assert backing["fstype"] not in ("?", "tmpfs")
+    assert backing["create_probe"]["fresh_dir"]["us_per_create_mean"] > 0
+    md = (out / "results.md").read_text()
+    assert "## Disk: `--fs ext4`" in md
+    assert "| ext4 journal | yes |" in md
+
+
+def test_ext4_run_measured_on_the_loop_filesystem(
+    ext4_run: tuple[dict[str, Any], Path, Path, tuple[list[str], list[str]]],
+) -> None:
+    results, *_ = ext4_run
+    assert _errors({k: results[k] for k in ("floor", "steadqd")}) == []
+    assert results["steadqd"]["single"]["100"]["lifecycle"]["jobs"] > 0
+    mp = results["steadqd"]["mp"]["1+1"]
+    assert (mp["lost"], mp["duplicates"]) == (0, 0)
+
+
+def test_ext4_run_leaves_no_loop_device_mount_or_image(
+    ext4_run: tuple[dict[str, Any], Path, Path, tuple[list[str], list[str]]],
+) -> None:
+    _, _, scratch, left = ext4_run
+    assert left == ([], [])
+    assert list(scratch.iterdir()) == []
+
+
+def test_ext4_run_interrupted_tears_down() -> None:
+    """Ctrl-C (SIGINT to the process group) in the middle of a section undoes everything."""
+    _require_loop_ext4()
+    work = Path(tempfile.mkdtemp(prefix="steadqd-bench-ext4-int-", dir="/var/tmp"))
+    try:
+        p = subprocess.Popen(
+            _bench("--fs", "ext4", "--sections", "daemons", "--out", str(work / "out"), "--dir", str(work / "s")),
+            cwd=REPO,
+            env=_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own process group: the signal reaches only what it started
+        )
+        try:
+            assert p.stderr is not None
+            seen: list[str] = []
+            for line in p.stderr:
+                seen.append(line)
+                if "section daemons" in line:
+                    break
+            loops, mounts = _loops_and_mounts(work)
+            assert len(loops) == 1 and len(mounts) == 1, "".join(seen)
+            os.killpg(p.pid, signal.SIGINT)
+            rest = p.stderr.read()
+            assert p.wait(60) == 130, "".join(seen) + rest
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert _loops_and_mounts(work) == ([], [])
+        assert list((work / "s").iterdir()) == []
+        assert not (work / "out").exists()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_signals_unwind_remembers_a_swallowed_interrupt() -> None:
+    """A KeyboardInterrupt lost in an at-fork hook or __del__ is raised again at the next check."""
+    from benchmarks.common import check_stop, signals_unwind
+
+    before = signal.getsignal(signal.SIGTERM)
+    with signals_unwind():
+        check_stop()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs here
+        except KeyboardInterrupt:
+            pass  # swallowed, as an at-fork hook would
+        with pytest.raises(KeyboardInterrupt):
+            check_stop()
+    check_stop()  # leaving the context forgets it
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_fs_run_refused_without_root(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not root: a clear refusal before anything is created, not a half-built loop device."""
+    from benchmarks.__main__ import main
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    work = Path(tempfile.mkdtemp(prefix="steadqd-bench-noroot-", dir="/var/tmp"))
+    try:
+        assert main(["run", "--smoke", "--fs", "xfs", "--dir", str(work / "s"), "--out", str(work / "o")]) == 2
+        assert "--fs xfs needs root" in capsys.readouterr().err
+        assert list(work.iterdir()) == []
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
