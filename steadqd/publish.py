@@ -56,6 +56,7 @@ from .records import EnqueueTicket, Extension, JobHeader, build_header, encode_e
 from .tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
 
 _CHUNK = 1 << 20
+_ONE_WRITE = 64 * 1024  # payloads up to this size are written with the header in one write (one copy)
 _TMPFILE_UNSUPPORTED = (errno.EISDIR, errno.ENOENT, errno.EOPNOTSUPP, errno.EINVAL)
 # sync_file_range answers that only mean "no such hint here" (EPERM: a seccomp
 # filter refusing it); fsync is the barrier anyway.
@@ -332,9 +333,11 @@ def _writer(
         )
 
         def write_bytes(fd: int) -> JobHeader:
+            if len(data) <= _ONE_WRITE:  # one system call for a typical small job
+                linux.write_all(fd, b"".join((header.encode(), extension, data)))
+                return header
             linux.write_all(fd, header.encode() + extension)
-            if len(data):
-                linux.write_all(fd, data)
+            linux.write_all(fd, data)
             return header
 
         return write_bytes
