@@ -121,8 +121,11 @@ class Runner:
             systems["steadqd strict"] = lambda r, q=q: drivers.single_lifecycle(q, 100, chunk, seconds).per_second
             bpath = bk.setup_steadq(os.path.join(work, "sqb")).params["path"]
             batch = self.p.batch_size
-            systems[f"steadqd batched ({batch}/barrier)"] = lambda r: steadq_extra.batched(
-                bpath, 100, batch, max(1, chunk // batch), seconds
+            systems[f"steadqd batched, enqueue_many ({batch}/barrier)"] = lambda r: steadq_extra.batched(
+                bpath, 100, batch, max(1, chunk // batch), seconds, many=True
+            )["lifecycle"]["jobs_per_s"]
+            systems[f"steadqd batched, {batch} enqueue() calls ({batch}/barrier)"] = lambda r: steadq_extra.batched(
+                bpath, 100, batch, max(1, chunk // batch), seconds, many=False
             )["lifecycle"]["jobs_per_s"]
             for name in self.peers:
                 if name == "rq" or bk.available(name) is not None:
@@ -244,14 +247,15 @@ class Runner:
         out["single"] = self._single_suite("steadqd", make)
         out["mp"] = self._mp_suite("steadqd", make, self.p.mp_jobs)
 
-        def batched() -> dict[str, Any]:
+        def batched(many: bool) -> dict[str, Any]:
             with scratch(self.base, "steadqd-batched") as d:
                 spec = make(d)
                 return steadq_extra.batched(
-                    spec.params["path"], 100, self.p.batch_size, self.p.batches, self.p.phase_seconds
+                    spec.params["path"], 100, self.p.batch_size, self.p.batches, self.p.phase_seconds, many=many
                 )
 
-        out["batched"] = self.guarded("steadqd.batched", batched)
+        out["batched"] = self.guarded("steadqd.batched", lambda: batched(True))
+        out["batched_calls"] = self.guarded("steadqd.batched_calls", lambda: batched(False))
 
         def syscalls() -> dict[str, Any]:
             with scratch(self.base, "steadqd-syscalls") as d:
