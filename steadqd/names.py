@@ -515,7 +515,7 @@ def tag_context(name: JobName, *, shard: int, bucket: int | None, lease_width_ns
 
 def compute_tag(queue_id: bytes, context: str) -> bytes:
     """First 8 bytes of SHA256("SteadQ-1-name\\0" || queue_id || context)."""
-    qid = _check_bytes("queue_id", queue_id)
+    qid = queue_id if type(queue_id) is bytes and len(queue_id) == ID_BYTES else _check_bytes("queue_id", queue_id)
     try:
         ctx = context.encode("ascii")
     except UnicodeEncodeError:
@@ -576,11 +576,15 @@ _shard_of_memo = functools.lru_cache(maxsize=4096)(_shard_of)
 
 def shard_dir(shard: int) -> str:
     """Shard directory name: always 4 lowercase hex digits, even for small shard counts."""
+    if type(shard) is int and 0 <= shard <= 0xFFFF:  # the common case, checked inline
+        return f"{shard:04x}"
     return f"{_check_int('shard', shard, 0xFFFF):04x}"
 
 
 def bucket_dir(bucket: int) -> str:
     """Bucket directory name: always 16 lowercase hex digits of the u64."""
+    if type(bucket) is int and 0 <= bucket <= U64_MAX:
+        return f"{bucket:016x}"
     return f"{_check_int('bucket', bucket, U64_MAX):016x}"
 
 
