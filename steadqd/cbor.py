@@ -11,6 +11,7 @@ emit) forms the reference refuses.
 
 from __future__ import annotations
 
+import functools
 import re
 import types
 from collections.abc import Mapping
@@ -365,6 +366,12 @@ def decode_extension(data: bytes) -> Extension:
     ``CorruptObject(..., ENVELOPE_CORRUPT)``: the bytes are hashed, so two
     encodings of the same content must never both be accepted.
     """
+    if type(data) is bytes and len(data) <= _MEMO_EXTENSION_BYTES:
+        return _decode_extension_memo(data)
+    return _decode_extension(data)
+
+
+def _decode_extension(data: bytes) -> Extension:
     if len(data) > MAX_EXTENSION_LENGTH:
         raise _corrupt(f"{len(data)} bytes exceeds {MAX_EXTENSION_LENGTH}")
     r = _Reader(bytes(data))
@@ -423,3 +430,11 @@ def decode_extension(data: bytes) -> Extension:
         producer_id=producer_id,
         trace_context=trace_context,
     )
+
+
+# Most jobs of a queue carry the same few extensions (often just a content
+# type): the decoded value is immutable (frozen, read-only metadata) and a
+# pure function of the bytes, so small ones are memoised. A failed decode
+# raises and is never cached.
+_MEMO_EXTENSION_BYTES = 512
+_decode_extension_memo = functools.lru_cache(maxsize=256)(_decode_extension)

@@ -491,8 +491,13 @@ def list_dir(dirfd: int) -> list[bytes]:
     return sorted(os.fsencode(n) for n in names)
 
 
+_dents = threading.local()  # one reusable getdents buffer per thread (a claim reads a chunk per shard)
+
+
 def _getdents_raw(dirfd: int, size: int) -> list[bytes]:
-    buf = _ffi.new("char[]", size)
+    buf = getattr(_dents, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = _dents.buf = _ffi.new("char[]", size)
     if _getdents64_fn is not None:
         n = _getdents64_fn(dirfd, buf, size)
     elif _SYS_GETDENTS64 is not None:

@@ -20,8 +20,9 @@ import hashlib
 import hmac
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from steadqd.constants import (
     COMPACT_TMP_PREFIX,
@@ -220,6 +221,29 @@ def boot_raw(dashed: str | bytes) -> bytes:
     return bytes.fromhex(digits)
 
 
+# Per state: the optional fields that must be None, and how to check the others
+# (field, checker, limit), so constructing a name does not re-derive this each time.
+_FieldCheck = tuple[str, Callable[[str, Any, int], object], int]
+
+
+def _checks_for(state: State) -> tuple[tuple[str, ...], tuple[_FieldCheck, ...]]:
+    wanted = _STATE_FIELDS[state]
+    present: list[_FieldCheck] = []
+    for field in _OPTIONAL_FIELDS:
+        if field not in wanted:
+            continue
+        if field in _U64_FIELDS:
+            present.append((field, _check_int, U64_MAX))
+        elif field in _ID_FIELDS:
+            present.append((field, _check_bytes, ID_BYTES))
+        else:  # reason
+            present.append((field, _check_int, U16_MAX))
+    return tuple(f for f in _OPTIONAL_FIELDS if f not in wanted), tuple(present)
+
+
+_FIELD_CHECKS = {state: _checks_for(state) for state in State}
+
+
 # --------------------------------------------------------------------------- JobName
 
 
@@ -252,21 +276,16 @@ class JobName:
         _check_int("generation", self.generation, U64_MAX)
         _check_int("attempt", self.attempt, U32_MAX)
         _check_int("max_attempts", self.max_attempts, U32_MAX)
-        wanted = _STATE_FIELDS[self.state]
-        for field in _OPTIONAL_FIELDS:
+        absent, present = _FIELD_CHECKS[self.state]
+        for field in absent:
             value = getattr(self, field)
-            if field not in wanted:
-                if value is not None:
-                    raise InvalidInput(f"{self.state.value} name has no {field} (got {value!r})")
-                continue
+            if value is not None:
+                raise InvalidInput(f"{self.state.value} name has no {field} (got {value!r})")
+        for field, check, limit in present:
+            value = getattr(self, field)
             if value is None:
                 raise InvalidInput(f"{self.state.value} name requires {field}")
-            if field in _U64_FIELDS:
-                _check_int(field, value, U64_MAX)
-            elif field in _ID_FIELDS:
-                _check_bytes(field, value)
-            else:  # reason
-                _check_int(field, value, U16_MAX)
+            check(field, value, limit)
         if self.tag is not None:
             _check_bytes("tag", self.tag, NAME_TAG_BYTES)
 
