@@ -279,7 +279,21 @@ class Rq(Backend):
         self.r.close()
 
 
-KINDS: dict[str, type[Backend]] = {
+def setup_floor(root: str) -> Spec:
+    """The floor's syscall sequence as a backend (multi-process runs only)."""
+    from .floor import ShardedFloor
+
+    return Spec("floor", {"path": ShardedFloor.setup(root)})
+
+
+def _floor(path: str) -> Backend:
+    from .floor import ShardedFloor
+
+    return ShardedFloor(path)  # type: ignore[return-value]
+
+
+KINDS: dict[str, Any] = {
+    "floor": _floor,
     "steadq": Steadq,
     "persist-queue": PersistQueue,
     "litequeue": Litequeue,

@@ -122,6 +122,7 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         )
 
     s44 = _rate(r, "steadqd", "mp", "4+4")
+    f44 = _rate(r, "floor", "mp", "4+4")
     peers44 = {p: _rate(r, "peers", p, "mp", "4+4") for p in PEER_ORDER}
     best = max(((v, p) for p, v in peers44.items() if v), default=None)
     ok = None if not (s44 and best) else all(s44 > v for v in peers44.values() if v)
@@ -130,7 +131,7 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             "4+4 processes: ahead of every peer",
             f"{_fmt(s44)} jobs/s vs best peer {best[1]} {_fmt(best[0])}" if best else _fmt(s44),
             verdict(ok),
-            "",
+            f"the floor's own syscalls at 4+4: {_fmt(f44)} jobs/s" if f44 else "",
         )
     )
     hs = _get(r, "headline", "systems") or {}
@@ -372,7 +373,7 @@ def markdown(r: dict[str, Any], plots: list[str], plot_note: str = "") -> str:
     L.append("")
 
     L.append("## Concurrency: P producer + C consumer processes, 100 B, same durability\n")
-    configs = sorted({k for k in (_get(r, "steadqd", "mp") or {})})
+    configs = sorted({k for k in (_get(r, "steadqd", "mp") or {})} | {k for k in (_get(r, "floor", "mp") or {})})
     L.append("| system | " + " | ".join(f"{c} jobs/s" for c in configs) + " | duplicates / lost | note |")
     L.append("|---|" + "---:|" * len(configs) + "---|---|")
 
@@ -387,6 +388,8 @@ def markdown(r: dict[str, Any], plots: list[str], plot_note: str = "") -> str:
         errs = "; ".join(str(_get(mp, c, "errors")) for c in configs if _get(mp, c, "errors"))
         L.append(f"| {label} | " + " | ".join(cells) + f" | {dl} | {notes}{errs} |")
 
+    if _get(r, "floor", "mp") is not None:
+        mp_row("floor, Python (sharded, the syscalls only)", _get(r, "floor", "mp"))
     mp_row("**steadqd strict**", _get(r, "steadqd", "mp"))
     for peer in PEER_ORDER:
         p = _get(r, "peers", peer)

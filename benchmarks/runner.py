@@ -183,6 +183,8 @@ class Runner:
                     f"floor.py.{size}",
                     lambda d=d, size=size: floor.run_python_floor(d, size, self._jobs_for(size), self.p.phase_seconds),
                 )
+        # What the file-per-job design allows with P + C processes, whatever the language.
+        out["mp"] = self._mp_suite("floor", bk.setup_floor, self.p.mp_jobs)
         if not self.p.c_floor:
             out["c"] = skipped("not in this profile")
             return out

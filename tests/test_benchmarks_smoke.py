@@ -127,9 +127,11 @@ def test_lifecycle_counts(smoke_run: tuple[dict[str, Any], Path]) -> None:
     )
 
 
-def test_multiprocess_loses_and_duplicates_nothing(smoke_run: tuple[dict[str, Any], Path]) -> None:
+@pytest.mark.parametrize("system", ["steadqd", "floor"])
+def test_multiprocess_loses_and_duplicates_nothing(smoke_run: tuple[dict[str, Any], Path], system: str) -> None:
+    """steadqd, and the floor's sharded syscall sequence (the 4+4 reference), deliver every job once."""
     results, _ = smoke_run
-    mp = results["steadqd"]["mp"]["1+1"]
+    mp = results[system]["mp"]["1+1"]
     assert mp["produced"] == results["meta"]["profile"]["mp_jobs"]
     assert (mp["lost"], mp["duplicates"]) == (0, 0)
     assert mp["acked"] == mp["produced"]
