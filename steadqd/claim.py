@@ -35,7 +35,6 @@ from .names import (
     authenticate,
     bucket_dir,
     dead_name,
-    iter_scan_order,
     leased_name,
     looks_ready,
     make_filename,
@@ -43,6 +42,7 @@ from .names import (
     next_generation,
     next_scan_round,
     parse_name,
+    scan_order,
     shard_dir,
     shard_of,
     terminal_bucket,
@@ -84,7 +84,7 @@ class _Scan:
             round_ = ctx.scan_round
             ctx.scan_round = next_scan_round(round_)
             hint, ctx.last_enqueued_shard = ctx.last_enqueued_shard, None
-        order = iter_scan_order(ctx.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
+        order = scan_order(ctx.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
         for shard in order:
             lease = self.scan_shard(shard)
             if lease is not None:

@@ -696,24 +696,13 @@ def scan_order(
     scan_round: int,
     shard_count: int,
     start_hint: int | None = None,
-) -> list[int]:
+) -> Iterator[int]:
     """Every shard exactly once, in this handle's order for ``scan_round``.
 
     ``start_hint`` (the shard the handle just enqueued into) replaces the start
-    but keeps the stride; it is a latency hint only.
+    but keeps the stride; it is a latency hint only. Lazy: a claim usually
+    stops at the first shard.
     """
-    return list(iter_scan_order(queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count, start_hint))
-
-
-def iter_scan_order(
-    queue_id: bytes,
-    boot_id_raw16: bytes,
-    worker_nonce16: bytes,
-    scan_round: int,
-    shard_count: int,
-    start_hint: int | None = None,
-) -> Iterator[int]:
-    """:func:`scan_order`, lazily: a claim usually stops at the first shard."""
     start, stride = scan_params(queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
     mask = shard_count - 1
     if start_hint is not None:

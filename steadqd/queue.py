@@ -263,24 +263,19 @@ class Queue:
         OutcomeUnknown from here carries a tuple of EnqueueTickets, one per
         job whose outcome is unknown, and poisons the handle.
         """
-        incomplete: EnqueueIncomplete | None = None
         with _mutation("enqueue", self._ctx):
-            try:
-                published = enqueue_many(
-                    self._ctx,
-                    payloads,
-                    max_attempts=max_attempts,
-                    content_type=content_type,
-                    metadata=metadata,
-                    producer_id=producer_id,
-                    trace_context=trace_context,
-                    delay=delay if delay else None,
-                    not_before_ns=not_before_ns,
-                )
-                return [p.job_id for p in published]
-            except EnqueueIncomplete as e:
-                incomplete = e  # raised outside _mutation, which would make it a NotCommitted
-        raise incomplete
+            published = enqueue_many(
+                self._ctx,
+                payloads,
+                max_attempts=max_attempts,
+                content_type=content_type,
+                metadata=metadata,
+                producer_id=producer_id,
+                trace_context=trace_context,
+                delay=delay if delay else None,
+                not_before_ns=not_before_ns,
+            )
+            return [p.job_id for p in published]
 
     def enqueue_detailed(self, payload: Payload, **kwargs: object) -> tuple[str, str]:
         """Like :meth:`enqueue` but returns ``(job_id, relative path)``."""
@@ -519,7 +514,8 @@ class _mutation:
 
     Errors from validation or from before the linearization point (bad
     input, busy locks, I/O before the rename) become NotCommitted with
-    their kind; OutcomeUnknown and LeaseLost pass through unchanged. The
+    their kind; OutcomeUnknown, LeaseLost and EnqueueIncomplete (some jobs
+    published) pass through unchanged. The
     directory cache is pinned for the block. (A class, not a generator:
     every public call enters one or more of these.)
     """
@@ -535,7 +531,7 @@ class _mutation:
 
     def __exit__(self, _type: object, e: BaseException | None, _tb: object) -> None:
         self.tree.unpin()
-        if e is None or isinstance(e, (NotCommitted, OutcomeUnknown, LeaseLost)):
+        if e is None or isinstance(e, (NotCommitted, OutcomeUnknown, LeaseLost, EnqueueIncomplete)):
             return
         if isinstance(e, SteadQError):
             raise NotCommitted(f"{self.what}: {e.message}", e.kind) from e

@@ -188,22 +188,22 @@ def test_scan_params_pinned() -> None:
 def test_scan_order_vectors(rnd: int, start: int, stride: int, first: list[int]) -> None:
     nonce = bytes(range(16))
     assert names.scan_params(QID, BOOT, nonce, rnd, SHARDS) == (start, stride)
-    order = names.scan_order(QID, BOOT, nonce, rnd, SHARDS)
+    order = list(names.scan_order(QID, BOOT, nonce, rnd, SHARDS))
     assert order[:8] == first
     assert sorted(order) == list(range(SHARDS))
 
 
 def test_scan_order_start_hint_and_edges() -> None:
     nonce = bytes(range(16))
-    order = names.scan_order(QID, BOOT, nonce, 0, SHARDS, start_hint=10)
+    order = list(names.scan_order(QID, BOOT, nonce, 0, SHARDS, start_hint=10))
     assert order[:3] == [10, 39, 4]  # stride 29 kept
     assert sorted(order) == list(range(SHARDS))
-    assert names.scan_order(QID, BOOT, nonce, 0, 1) == [0]
+    assert list(names.scan_order(QID, BOOT, nonce, 0, 1)) == [0]
     assert names.scan_params(QID, BOOT, nonce, 0, 1) == (0, 1)
     for count in (2, 4096):
         assert sorted(names.scan_order(QID, BOOT, nonce, 7, count)) == list(range(count))
     with pytest.raises(InvalidInput):
-        names.scan_order(QID, BOOT, nonce, 0, SHARDS, start_hint=64)
+        list(names.scan_order(QID, BOOT, nonce, 0, SHARDS, start_hint=64))
     assert names.next_scan_round(2**64 - 1) == 0
 
 
