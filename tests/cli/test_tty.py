@@ -29,7 +29,16 @@ class PtyRun:
     def __init__(self, *args: str | os.PathLike[str]) -> None:
         assert STEADQ is not None
         self.master, slave = os.openpty()
-        self.proc = subprocess.Popen([STEADQ, *map(str, args)], stdin=slave, stdout=slave, stderr=slave)
+        # A terminal's child gets SIGINT's default action; a test runner started as a
+        # background job of a non-interactive shell passes SIG_IGN on instead (POSIX),
+        # and Python keeps an inherited SIG_IGN, so ^C tests would not test ^C.
+        self.proc = subprocess.Popen(
+            [STEADQ, *map(str, args)],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         os.close(slave)
         self.output = b""
         self.code: int | None = None
