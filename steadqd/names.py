@@ -137,6 +137,8 @@ def _is_hex(s: str, width: int) -> bool:
 
 def _check_int(what: str, value: object, maximum: int) -> int:
     """Range-check an unsigned field so formatting can never widen a fixed-width component."""
+    if type(value) is int and 0 <= value <= maximum:  # the common case first (a bool is not an int here)
+        return value
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= maximum:
         raise InvalidInput(f"{what} must be an integer in 0..{maximum}, got {value!r}")
     return value
@@ -148,6 +150,8 @@ def _plain_int(value: int) -> int:
 
 
 def _check_bytes(what: str, value: object, length: int = ID_BYTES) -> bytes:
+    if type(value) is bytes and len(value) == length:  # the common case first
+        return value
     if not isinstance(value, (bytes, bytearray)) or len(value) != length:
         raise InvalidInput(f"{what} must be {length} bytes, got {value!r}")
     return bytes(value)
@@ -534,7 +538,7 @@ def tag_context(name: JobName, *, shard: int, bucket: int | None, lease_width_ns
 
 def compute_tag(queue_id: bytes, context: str) -> bytes:
     """First 8 bytes of SHA256("SteadQ-1-name\\0" || queue_id || context)."""
-    qid = queue_id if type(queue_id) is bytes and len(queue_id) == ID_BYTES else _check_bytes("queue_id", queue_id)
+    qid = _check_bytes("queue_id", queue_id)
     try:
         ctx = context.encode("ascii")
     except UnicodeEncodeError:
@@ -595,15 +599,11 @@ _shard_of_memo = functools.lru_cache(maxsize=4096)(_shard_of)
 
 def shard_dir(shard: int) -> str:
     """Shard directory name: always 4 lowercase hex digits, even for small shard counts."""
-    if type(shard) is int and 0 <= shard <= 0xFFFF:  # the common case, checked inline
-        return f"{shard:04x}"
     return f"{_check_int('shard', shard, 0xFFFF):04x}"
 
 
 def bucket_dir(bucket: int) -> str:
     """Bucket directory name: always 16 lowercase hex digits of the u64."""
-    if type(bucket) is int and 0 <= bucket <= U64_MAX:
-        return f"{bucket:016x}"
     return f"{_check_int('bucket', bucket, U64_MAX):016x}"
 
 
