@@ -311,8 +311,9 @@ class _Scan:
             raise unknown(e) from e
         remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard)
         try:
-            # The payload is verified as read after the rename (the recheck's read).
-            verify_payload(fd, after_rename[-1] if after_rename else env)
+            # The payload is verified as read after the rename (the recheck's read;
+            # move_witnessed runs it whenever the rename succeeded).
+            verify_payload(fd, after_rename[-1])
         except CorruptObject:
             self.isolate(dir_fd, rel, target_file, QuarantineReason.PAYLOAD_CORRUPT, env.witness)
             return None

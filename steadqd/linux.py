@@ -519,7 +519,7 @@ def _getdents_raw(dirfd: int, size: int) -> list[bytes]:
     return names
 
 
-def read_dir_chunk(dirfd: int, size: int = 32 * 1024) -> list[bytes]:
+def read_dir_chunk(dirfd: int, size: int) -> list[bytes]:
     """The next entries of ``dirfd`` from its current offset, in directory order
     (``[]`` at the end): what lets a claim scan walk a deep directory a piece at a
     time instead of listing all of it. The offset is the fd's own, so it persists
