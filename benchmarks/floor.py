@@ -32,15 +32,16 @@ from .common import Rate, bounded, payload_of
 class PyFloor:
     """The floor sequence on one directory pair, in Python."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, prefix: str = "j") -> None:
         os.makedirs(os.path.join(root, "ready"), exist_ok=True)
         os.makedirs(os.path.join(root, "receipts"), exist_ok=True)
         self.ready = os.open(os.path.join(root, "ready"), os.O_RDONLY | os.O_DIRECTORY)
         self.receipts = os.open(os.path.join(root, "receipts"), os.O_RDONLY | os.O_DIRECTORY)
+        self.prefix = prefix  # unique per process when several share the directories
         self.seq = 0
 
     def enqueue(self, payload: bytes) -> str:
-        name = f"j{self.seq:012d}.r"
+        name = f"{self.prefix}{self.seq:012d}.r"
         self.seq += 1
         fd = linux.open_tmpfile(self.ready)
         try:
@@ -71,84 +72,62 @@ class PyFloor:
 class ShardedFloor:
     """The floor sequence in a sharded tree, for P producers + C consumers (``drivers.run_mp``).
 
-    The same durable steps as :class:`PyFloor` (O_TMPFILE, fsync, link, fsync
-    dir; rename + fsync dir; rename to receipts + two fsyncs), spread over
-    ``shards`` ready/receipts directory pairs like steadqd's 64 shards, with no
-    hashing, parsing or verification. Consumers find jobs by listing the
-    shards (no inotify) and claim by a no-replace rename, so two consumers
-    never both win a job. Its 4+4 rate is what the file-per-job design itself
-    allows on this disk, whatever the language.
+    One :class:`PyFloor` directory pair per shard, like steadqd's 64 shards, so
+    the durable steps are exactly the floor's (O_TMPFILE, fsync, link, fsync
+    dir; rename + fsync dir; rename to receipts + two fsyncs), with no hashing,
+    parsing or verification. Consumers find jobs by listing the shards (no
+    inotify) and claim by the no-replace rename, so two consumers never both
+    win a job. Its 4+4 rate is what the file-per-job design itself allows on
+    this disk, whatever the language.
     """
 
     name = "floor"
     at_least_once = True
 
     def __init__(self, path: str, shards: int = 64) -> None:
-        self.shards = shards
-        self.ready = [os.open(os.path.join(path, "ready", f"{i:04x}"), os.O_RDONLY | os.O_DIRECTORY) for i in range(shards)]
-        self.receipts = [
-            os.open(os.path.join(path, "receipts", f"{i:04x}"), os.O_RDONLY | os.O_DIRECTORY) for i in range(shards)
-        ]
-        self.tag = f"{os.getpid():x}"
-        self.seq = 0
+        self.shards = [PyFloor(os.path.join(path, f"{i:04x}"), prefix=f"{os.getpid():x}-") for i in range(shards)]
         self.cursor = int.from_bytes(os.urandom(2), "big") % shards
 
     @staticmethod
     def setup(root: str, shards: int = 64) -> str:
+        """Create the tree in the parent, so the children only open it."""
         path = os.path.join(root, "floor-tree")
-        for d in ("ready", "receipts"):
-            for i in range(shards):
-                os.makedirs(os.path.join(path, d, f"{i:04x}"))
+        ShardedFloor(path, shards).close()
         return path
 
     def put(self, payload: bytes) -> None:
-        shard = int.from_bytes(os.urandom(2), "big") % self.shards
-        name = f"{self.tag}-{self.seq:012d}.r"
-        self.seq += 1
-        ready = self.ready[shard]
-        fd = linux.open_tmpfile(ready)
-        try:
-            linux.write_all(fd, payload)
-            linux.fsync(fd)
-            linux.link_tmpfile(fd, ready, name)
-        finally:
-            linux.close(fd)
-        linux.fsync(ready)
+        self.shards[int.from_bytes(os.urandom(2), "big") % len(self.shards)].enqueue(payload)
 
-    def get(self) -> tuple[int, str] | None:
-        for step in range(self.shards):
-            shard = (self.cursor + step) % self.shards
-            ready = self.ready[shard]
-            for name in os.listdir(ready):
+    def get(self) -> tuple[PyFloor, str] | None:
+        for step in range(len(self.shards)):
+            index = (self.cursor + step) % len(self.shards)
+            shard = self.shards[index]
+            for name in os.listdir(shard.ready):
                 if not name.endswith(".r"):
                     continue
-                leased = name[:-2] + ".l"
                 try:
-                    linux.rename_noreplace(ready, name, ready, leased)
+                    leased = shard.lease(name)
                 except (FileNotFoundError, FileExistsError):
                     continue  # another consumer won it
-                linux.fsync(ready)
-                self.cursor = shard
+                self.cursor = index
                 return shard, leased
         return None
 
-    def payload(self, handle: tuple[int, str]) -> bytes:
+    def payload(self, handle: tuple[PyFloor, str]) -> bytes:
         shard, leased = handle
-        fd = linux.open_at(self.ready[shard], leased, os.O_RDONLY)
+        fd = linux.open_at(shard.ready, leased, os.O_RDONLY)
         try:
             return linux.pread(fd, 1 << 20, 0)
         finally:
             linux.close(fd)
 
-    def ack(self, handle: tuple[int, str]) -> None:
+    def ack(self, handle: tuple[PyFloor, str]) -> None:
         shard, leased = handle
-        linux.rename_noreplace(self.ready[shard], leased, self.receipts[shard], leased[:-2] + ".rct")
-        linux.fsync(self.receipts[shard])
-        linux.fsync(self.ready[shard])
+        shard.ack(leased)
 
     def close(self) -> None:
-        for fd in (*self.ready, *self.receipts):
-            os.close(fd)
+        for shard in self.shards:
+            shard.close()
 
 
 def run_python_floor(root: str, size: int, jobs: int, seconds: float) -> dict[str, Any]:
