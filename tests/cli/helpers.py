@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 STEADQ = shutil.which("steadq", path=os.path.dirname(sys.executable))
 
@@ -46,3 +47,13 @@ def steadq(
         timeout=timeout,
     )
     return Result(p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace"))
+
+
+def payload_dir(tmp_path: Path, n: int) -> Path:
+    """A directory of ``n`` payload files for ``put --dir``: ``p00000`` ... holding ``payload <i>``,
+    so name order is input order."""
+    d = tmp_path / "payloads"
+    d.mkdir()
+    for i in range(n):
+        (d / f"p{i:05d}").write_bytes(b"payload %d" % i)
+    return d

@@ -16,19 +16,13 @@ from steadqd import Queue, constants, linux, publish
 from steadqd.steadq_cli import main
 from tests.invariants import check_tree
 
-
-def _payload_dir(tmp_path: Path, n: int) -> Path:
-    d = tmp_path / "payloads"
-    d.mkdir()
-    for i in range(n):
-        (d / f"p{i}").write_bytes(b"payload %d" % i)
-    return d
+from .helpers import payload_dir
 
 
 def test_bulk_put_fsyncs_a_group_before_linking_it(
     qpath: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    d = _payload_dir(tmp_path, 5)
+    d = payload_dir(tmp_path, 5)
     with linux.trace() as events:
         code = main(["put", qpath, "--dir", str(d), "--print-ids"])
     assert code == 0
@@ -43,7 +37,7 @@ def test_bulk_put_fsyncs_a_group_before_linking_it(
     assert captured.err.startswith("enqueued 5 jobs (45 bytes) from files of ")
     lines = captured.out.splitlines()
     ids = [line.split()[0] for line in lines]
-    assert [line.split()[1] for line in lines] == [f"p{i}" for i in range(5)]
+    assert [line.split()[1] for line in lines] == [f"p{i:05d}" for i in range(5)]
     with Queue.open(qpath) as q:
         got = {}
         while (lease := q.lease()) is not None:
@@ -58,7 +52,7 @@ def test_bulk_put_reports_the_published_prefix_after_a_failed_link(
     the summary counts exactly those, --print-ids names them, the exit code is the cause's."""
     monkeypatch.setattr(constants, "ENQUEUE_MANY_GROUP", 2)
     monkeypatch.setattr(publish, "ENQUEUE_MANY_GROUP", 2)
-    d = _payload_dir(tmp_path, 5)
+    d = payload_dir(tmp_path, 5)
     with linux.inject(nth=4, errno=errno.EIO, op="link") as fault:
         code = main(["put", qpath, "--dir", str(d), "--print-ids"])
     assert fault.fired and code == 6
@@ -68,7 +62,7 @@ def test_bulk_put_reports_the_published_prefix_after_a_failed_link(
     # Root links with the direct form (3 jobs before the 4th link call); without
     # CAP_DAC_READ_SEARCH the first job needs two link calls (2 jobs).
     assert n in (2, 3), captured
-    assert [line.split()[1] for line in lines] == [f"p{i}" for i in range(n)]
+    assert [line.split()[1] for line in lines] == [f"p{i:05d}" for i in range(n)]
     err = captured.err.splitlines()
     assert err[0].startswith("not committed: link into ready/")
     assert err[-1].startswith(f"enqueued {n} jobs ({9 * n} bytes)")  # the bytes of the published jobs only

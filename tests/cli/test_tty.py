@@ -20,7 +20,7 @@ import pytest
 
 from tests.invariants import check_tree
 
-from .helpers import STEADQ, steadq
+from .helpers import STEADQ, payload_dir, steadq
 
 
 class PtyRun:
@@ -85,16 +85,8 @@ class PtyRun:
         return self.code
 
 
-def _payload_dir(tmp_path: Path, n: int) -> Path:
-    d = tmp_path / "payloads"
-    d.mkdir()
-    for i in range(n):
-        (d / f"p{i:05d}").write_bytes(b"%d" % i)
-    return d
-
-
 def _check_bulk_on_pty(qpath: str, tmp_path: Path, n: int) -> PtyRun:
-    d = _payload_dir(tmp_path, n)
+    d = payload_dir(tmp_path, n)
     run = PtyRun("put", qpath, "--dir", d)
     assert run.finish() == 0, run.output[-2000:]
     text = run.output.decode()
