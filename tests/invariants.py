@@ -458,7 +458,7 @@ def check_tree(path: str | os.PathLike[str], *, allow_temps: bool = False, allow
     return _Walk(os.fspath(path), allow_temps, allow_quarantine).run()
 
 
-def live_tree(path: str | os.PathLike[str], *, attempts: int = 5) -> TreeState:
+def live_tree(path: str | os.PathLike[str], *, attempts: int = 5, interval: float = 0.02) -> TreeState:
     """check_tree on a queue that daemons are changing (temps allowed).
 
     A walk is not a snapshot: a job renamed from ready/ to receipts/ between
@@ -470,5 +470,5 @@ def live_tree(path: str | os.PathLike[str], *, attempts: int = 5) -> TreeState:
         try:
             return check_tree(path, allow_temps=True)
         except AssertionError:
-            time.sleep(0.02)
+            time.sleep(interval)
     return check_tree(path, allow_temps=True)

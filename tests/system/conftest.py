@@ -319,10 +319,15 @@ def main_pid(root: SystemdRoot, unit: str) -> int:
 
 
 def queue_state(root: SystemdRoot, name: str) -> dict[str, set[str]]:
-    """Job ids per state, by the independent tree walker (tests/invariants.py) on the host's view."""
-    from tests.invariants import check_tree
+    """Job ids per state, by the independent tree walker (tests/invariants.py) on the host's view.
 
-    ts = check_tree(root.host_path(f"/var/lib/steadq/{name}"), allow_temps=True)
+    The daemons may be moving a job while the walk runs (a walk is not a snapshot: an ack
+    or bury caught between two directory listings shows the job twice), so a failed walk
+    is repeated; a violation that persists still fails.
+    """
+    from tests.invariants import live_tree
+
+    ts = live_tree(root.host_path(f"/var/lib/steadq/{name}"), attempts=20, interval=0.1)
     return {
         "ready": set(ts.ready), "leased": set(ts.leased), "delayed": set(ts.delayed),
         "dead": set(ts.dead), "receipts": set(ts.receipts),

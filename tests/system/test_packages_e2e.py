@@ -181,21 +181,6 @@ def _runs(root: SystemdRoot) -> list[tuple[str, str, str, str]]:
     return [tuple(line.split()) for line in text.splitlines() if line.strip()]  # type: ignore[misc]
 
 
-def _state(root: SystemdRoot) -> dict[str, set[str]]:
-    """Job ids per state, by the independent tree walker, read while a worker may be settling.
-
-    An ack publishes the receipt before it unlinks the leased object, so a walk that runs in
-    between sees the job twice (check_tree calls that an invariant violation). Such a walk is
-    repeated; a violation that persists (a real one, or one in a quiescent queue) still fails.
-    """
-    for _ in range(20):
-        try:
-            return queue_state(root, "demo")
-        except AssertionError:
-            time.sleep(0.1)
-    return queue_state(root, "demo")
-
-
 def _put(root: SystemdRoot, steadq: str, payloads: list[str]) -> list[str]:
     """Enqueue one job per payload (bulk, as the steadq user); returns the job ids in order."""
     lines = "".join(f'"{p}"\n' for p in payloads)
@@ -210,7 +195,7 @@ def _wait_done_once(root: SystemdRoot, ids: list[str], what: str) -> None:
     wanted = set(ids)
 
     def finished() -> bool:
-        return wanted <= _state(root)["receipts"]
+        return wanted <= queue_state(root, "demo")["receipts"]
 
     wait_for(f"receipts for every job ({what})", finished, timeout=DEADLINE, interval=0.25)
     runs = [r for r in _runs(root) if r[0] in wanted]
@@ -263,7 +248,7 @@ def _setup_demo(root: SystemdRoot, steadq: str) -> None:
 
 def _still_queued(root: SystemdRoot, ids: list[str], when: str) -> set[str]:
     """The premise of the upgrade/removal checks: some of ``ids`` have not run yet."""
-    ready = _state(root)["ready"] & set(ids)
+    ready = queue_state(root, "demo")["ready"] & set(ids)
     assert ready, f"premise: jobs must still be queued {when}, but all of them already ran"
     return ready
 
