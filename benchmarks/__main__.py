@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     base = a.dir or f"/var/tmp/steadqd-bench-{os.getpid()}"
     created_base = a.dir is None
     os.makedirs(base, exist_ok=True)
-    from steadqd import linux
+    from steadqd.fs import linux
 
     magic = linux.statfs_type(base)
     if magic in (TMPFS_MAGIC, RAMFS_MAGIC):

@@ -47,7 +47,7 @@ def _steadqd() -> list[str]:
     return (
         [exe]
         if os.path.exists(exe)
-        else [sys.executable, "-c", "import sys; from steadqd.cli import daemon_main; sys.exit(daemon_main())"]
+        else [sys.executable, "-c", "import sys; from steadqd.daemon.main import daemon_main; sys.exit(daemon_main())"]
     )
 
 

@@ -10,7 +10,7 @@ Per job, exactly the durable steps of the strict lifecycle (protocol.md):
 
 No hashing, no parsing, no verification, no name tags: whatever steadqd spends
 beyond this is its own overhead. The Python version goes through
-``steadqd.linux`` (the same syscall wrappers, so the same cost model); the C
+``steadqd.fs.linux`` (the same syscall wrappers, so the same cost model); the C
 version, compiled with gcc at run time when available, shows how much of the
 floor itself is interpreter overhead.
 """
@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 from typing import Any
 
-from steadqd import linux
+from steadqd.fs import linux
 
 from .common import Rate, bounded, payload_of
 

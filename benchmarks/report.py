@@ -61,7 +61,7 @@ def rows_single(r: dict[str, Any], size: int) -> list[tuple[str, float | None, s
             _why(_get(r, "floor", "c", s)) or _why(_get(r, "floor", "c")),
         ),
         (
-            "floor, Python (steadqd.linux)",
+            "floor, Python (steadqd.fs.linux)",
             _rate(r, "floor", "python", s, "lifecycle"),
             _why(_get(r, "floor", "python", s)),
         ),
@@ -482,7 +482,7 @@ def markdown(r: dict[str, Any], plots: list[str], plot_note: str = "") -> str:
 
     sysc = _get(r, "steadqd", "syscalls_per_job")
     if isinstance(sysc, dict) and "enqueue" in sysc:
-        L.append("## Syscalls of one warm strict lifecycle (steadqd.linux.trace)\n")
+        L.append("## Syscalls of one warm strict lifecycle (steadqd.fs.linux.trace)\n")
         ops = sorted({op for phase in sysc.values() for op in phase})
         L.append("| phase | " + " | ".join(ops) + " | total |")
         L.append("|---|" + "---:|" * (len(ops) + 1))

@@ -19,7 +19,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from steadqd import Queue, linux
+from steadqd import Queue
+from steadqd.fs import linux
 from tests.fabricate import write_ready_jobs
 
 from .common import Rate, payload_of, summary_ms
@@ -68,7 +69,7 @@ def batched(path: str, size: int, batch: int, batches: int, seconds: float, *, m
 
 
 def syscalls_per_job(path: str, size: int) -> dict[str, dict[str, int]]:
-    """Syscalls of one warm strict lifecycle, per phase (from steadqd.linux.trace)."""
+    """Syscalls of one warm strict lifecycle, per phase (from steadqd.fs.linux.trace)."""
     q = Queue.open(path)
     try:
         payload = payload_of(size)
@@ -151,7 +152,7 @@ def profile_lifecycle(path: str, size: int, jobs: int) -> dict[str, Any]:
 
 def scaling_point(root: str, n: int, leases: int) -> dict[str, Any]:
     """Lease latency and stats time with ``n`` ready jobs (the tree is removed afterwards)."""
-    from steadqd import inspect as insp
+    from steadqd.fs import inspection as insp
 
     path = os.path.join(root, f"scale-{n}")
     shutil.rmtree(path, ignore_errors=True)
@@ -217,7 +218,7 @@ def scaling_point(root: str, n: int, leases: int) -> dict[str, Any]:
         argv = (
             [steadq, "stats", path]
             if os.path.exists(steadq)
-            else [sys.executable, "-m", "steadqd.steadq_cli", "stats", path]
+            else [sys.executable, "-m", "steadqd.cli.main", "stats", path]
         )
         t = time.perf_counter()
         r = subprocess.run(argv, capture_output=True, text=True, timeout=600)

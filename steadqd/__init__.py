@@ -9,9 +9,9 @@
             q.ack(lease)
 """
 
-from .backoff import RetryPolicy
-from .constants import DeadReason, QuarantineReason, State
-from .errors import (
+from steadqd.backoff import RetryPolicy
+from steadqd.constants import DeadReason, QuarantineReason, State
+from steadqd.errors import (
     AlreadyExists,
     ConfigError,
     CorruptObject,
@@ -28,9 +28,9 @@ from .errors import (
     UnsupportedFilesystem,
     UnsupportedFormat,
 )
-from .lease import Lease
-from .queue import JobInfo, Queue
-from .settle import AckResult
+from steadqd.fs.lease import Lease
+from steadqd.fs.handle import JobInfo, Queue
+from steadqd.fs.settle import AckResult
 
 __all__ = [
     "AckResult",

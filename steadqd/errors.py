@@ -154,8 +154,8 @@ class NotCommitted(SteadQError):
 class OutcomeUnknown(SteadQError):
     """The transition may have happened; a barrier after it failed.
 
-    ``ticket`` is a :class:`steadqd.records.TransitionTicket` for lease
-    transitions, or an :class:`steadqd.records.EnqueueTicket` for enqueue.
+    ``ticket`` is a :class:`steadqd.fs.records.TransitionTicket` for lease
+    transitions, or an :class:`steadqd.fs.records.EnqueueTicket` for enqueue.
     The handle that raised this is poisoned.
     """
 

@@ -11,8 +11,9 @@ import hashlib
 import os
 from pathlib import Path
 
-from steadqd import Queue, names
-from steadqd.records import build_header
+from steadqd import Queue
+from steadqd.fs import names
+from steadqd.fs.records import build_header
 
 
 def write_ready_jobs(q: Queue, n: int, payload: bytes = b"template payload") -> None:

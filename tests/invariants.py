@@ -4,8 +4,8 @@ Why independent: a checker that reused the protocol modules (claim, settle,
 lease, receipt, tree) would share their bugs and could not catch them. This
 walks the directory tree with plain ``os`` calls and judges every entry
 against the spec (layout.md, names.md, records.md) using only the *pure*
-parsing helpers of ``steadqd.names`` / ``steadqd.records`` and the
-descriptor-based verification of ``steadqd.verify``.
+parsing helpers of ``steadqd.fs.names`` / ``steadqd.fs.records`` and the
+descriptor-based verification of ``steadqd.fs.verify``.
 
 What :func:`check_tree` enforces (every violation is collected, then one
 AssertionError lists them all with exact paths):
@@ -60,7 +60,7 @@ from steadqd.constants import (
     State,
 )
 from steadqd.errors import SteadQError
-from steadqd.names import (
+from steadqd.fs.names import (
     JobName,
     authenticate,
     boot_dashed,
@@ -76,8 +76,8 @@ from steadqd.names import (
     parse_temp_name,
     shard_of,
 )
-from steadqd.records import CompactReceipt, FormatRecord, Watermark, is_compact_receipt
-from steadqd.verify import check_name_matches, read_envelope, verify_payload
+from steadqd.fs.records import CompactReceipt, FormatRecord, Watermark, is_compact_receipt
+from steadqd.fs.verify import check_name_matches, read_envelope, verify_payload
 
 __all__ = ["JobObject", "TreeState", "check_tree", "job_states", "live_tree"]
 

@@ -99,8 +99,8 @@ exec "\$here/python" -I -c 'import sys; sys.argv[0] = "$1"; from $2 import $3 as
 EOF
     chmod 0755 "$D/bin/$1"
 }
-write_script steadqd steadqd.cli daemon_main
-write_script steadq steadqd.steadq_cli main
+write_script steadqd steadqd.daemon.main daemon_main
+write_script steadq steadqd.cli.main main
 cp "$HERE"/docs/*.md "$D/share/doc/steadqd/"
 cp -r "$HERE/licenses" "$D/share/doc/steadqd/"
 cp "$HERE/MANIFEST" "$D/share/steadq/MANIFEST"

@@ -18,7 +18,7 @@ import re
 import shutil
 import tempfile
 
-from .. import linux
+from steadqd.fs import linux
 
 _NAME = re.compile(r"steadqd-(\d+)-(\d+)-[0-9a-f]{12}-")
 

@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..config import QueueSettings
-from ..errors import ConfigError, SteadQError
-from ..queue import Queue
-from .journal import Log
-from .notify import Notifier
+from steadqd.daemon.config import QueueSettings
+from steadqd.errors import ConfigError, SteadQError
+from steadqd.fs.handle import Queue
+from steadqd.daemon.journal import Log
+from steadqd.daemon.notify import Notifier
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -23,12 +23,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from ..config import QueueSettings
-from ..errors import SteadQError
-from ..queue import Queue
-from ..recovery import RecoveryReport
-from .journal import Log
-from .service import Loop, Timer, open_queue
+from steadqd.daemon.config import QueueSettings
+from steadqd.errors import SteadQError
+from steadqd.fs.handle import Queue
+from steadqd.fs.recovery import RecoveryReport
+from steadqd.daemon.journal import Log
+from steadqd.daemon.service import Loop, Timer, open_queue
 
 __all__ = ["ERROR_LOG_WINDOW", "ErrorDigest", "SweeperRole"]
 

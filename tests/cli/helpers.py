@@ -4,7 +4,7 @@ Why subprocesses: the command line is a compatibility contract (cli.md) that
 scripts see only through argv, stdout, stderr and the exit status, so the
 tests run the *installed console script* exactly as a shell would and check
 those four things. A few fault-injection cases that cannot be provoked from
-outside call :func:`steadqd.steadq_cli.main` in-process instead.
+outside call :func:`steadqd.cli.main.main` in-process instead.
 """
 
 from __future__ import annotations

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import Lease, Queue, linux
+from steadqd import Lease, Queue
+from steadqd.fs import linux
 from steadqd.constants import State
-from steadqd.records import JobHeader, LeasedLocation, ReadyLocation, TransitionTicket
-from steadqd.steadq_cli import main, temp_sibling, write_atomic
+from steadqd.fs.records import JobHeader, LeasedLocation, ReadyLocation, TransitionTicket
+from steadqd.cli.main import main, temp_sibling, write_atomic
 from tests.invariants import check_tree
 
 from .helpers import steadq
@@ -636,7 +637,7 @@ def _claim_ticket(qpath: str, job: str) -> TransitionTicket:
 
 
 def test_resolve_outcomes_and_errors(qpath: str, tmp_path: Path) -> None:
-    from steadqd.resolve import ticket_paths
+    from steadqd.fs.resolve import ticket_paths
 
     job = put(qpath)
     t = _claim_ticket(qpath, job)

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from steadqd import Queue
-from steadqd.steadq_cli import main
+from steadqd.cli.main import main
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import Queue, constants, linux, publish
-from steadqd.steadq_cli import main
+from steadqd import Queue, constants
+from steadqd.fs import linux
+from steadqd.fs import publish
+from steadqd.cli.main import main
 from tests.invariants import check_tree
 
 from .helpers import payload_dir

@@ -14,7 +14,9 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from steadqd import linux, publish, tree
+from steadqd.fs import linux
+from steadqd.fs import publish
+from steadqd.fs import tree
 
 
 @contextlib.contextmanager
@@ -72,7 +74,7 @@ def dirs_without_parent_barrier() -> contextlib.AbstractContextManager[None]:
 def lying_file_fsync() -> contextlib.AbstractContextManager[None]:
     """fsync(2) of a regular file returns success without reaching the file system.
 
-    steadqd.linux still issues (and lane 1's recorder still sees) every fsync;
+    steadqd.fs.linux still issues (and lane 1's recorder still sees) every fsync;
     only the kernel never gets it: a stand-in for a wrapper, library or
     hypervisor that drops barriers.
     """

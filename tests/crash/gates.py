@@ -34,9 +34,10 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from steadqd import Queue, linux
+from steadqd import Queue
+from steadqd.fs import linux
 from steadqd.constants import NS_PER_SECOND, State
-from steadqd.recovery import run_recovery
+from steadqd.fs.recovery import run_recovery
 from tests.invariants import TreeState, check_tree
 
 JobState = State | None  # None: no object (never enqueued, or gone)

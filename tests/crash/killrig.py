@@ -78,7 +78,7 @@ def parse_payload(data: bytes) -> int:
 def object_serial(path: str) -> int:
     """Serial of a job file or full receipt, read without going through the queue handle."""
     from steadqd.constants import MAX_PAYLOAD_LENGTH  # noqa: PLC0415
-    from steadqd.verify import read_envelope  # noqa: PLC0415
+    from steadqd.fs.verify import read_envelope  # noqa: PLC0415
 
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -386,7 +386,7 @@ class Rig:
     def check(self) -> Report:
         """Recover, then check every gate; raises AssertionError naming what broke."""
         from steadqd.constants import State  # noqa: PLC0415
-        from steadqd.inspect import fsck  # noqa: PLC0415
+        from steadqd.fs.inspection import fsck  # noqa: PLC0415
         from tests.invariants import check_tree  # noqa: PLC0415
 
         with Queue.open(self.root, allow_unsupported_fs=self.lazyfs) as q:
@@ -470,7 +470,7 @@ class Rig:
 
     def check_works(self) -> None:
         """The queue works afterwards: enqueue, lease, ack, and the tree is still clean."""
-        from steadqd.settle import AckResult  # noqa: PLC0415
+        from steadqd.fs.settle import AckResult  # noqa: PLC0415
         from tests.invariants import check_tree  # noqa: PLC0415
 
         with Queue.open(self.root, allow_unsupported_fs=self.lazyfs) as q:

@@ -1,6 +1,6 @@
 """Record a workload's syscalls as a logical operation log (the ALICE approach).
 
-Why a *live* recorder: :class:`steadqd.linux.TraceEvent` records each call
+Why a *live* recorder: :class:`steadqd.fs.linux.TraceEvent` records each call
 before it runs, with file descriptors rather than paths and byte counts
 rather than bytes. A crash state needs paths relative to the queue root, the
 identity of the inode every write/fsync/link touches, and the bytes written.
@@ -19,7 +19,7 @@ numbers are reused after an unlink, and every creation (``tmpfile``,
 ``open(O_CREAT)``) is observed, so each creation gets a fresh fid.
 
 The recorder assumes a single-threaded workload (checked) and that every
-mutation of the queue tree goes through ``steadqd.linux`` (that is the
+mutation of the queue tree goes through ``steadqd.fs.linux`` (that is the
 premise of this lane; the oracle lane does not rely on it).
 """
 
@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from steadqd import linux
+from steadqd.fs import linux
 
 # --- The logical operations. ------------------------------------------------------
 

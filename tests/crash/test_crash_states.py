@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import Queue, linux
+from steadqd import Queue
+from steadqd.fs import linux
 from steadqd.constants import State
 from tests.crash import bugs
 from tests.crash.conftest import RESULTS

@@ -21,8 +21,8 @@ import pytest
 
 from steadqd import NotCommitted, Queue
 from steadqd.errors import ErrorKind
-from steadqd.inspect import fsck
-from steadqd.settle import AckResult
+from steadqd.fs.inspection import fsck
+from steadqd.fs.settle import AckResult
 from tests.crash.lanereport import emit
 from tests.invariants import check_tree
 from tests.loopfs import loop_filesystem

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import Queue, linux
+from steadqd import Queue
+from steadqd.fs import linux
 from tests.crash import bugs
 from tests.crash.conftest import ORACLE_RESULTS
 from tests.crash.lab import format_report, format_table, run_workload

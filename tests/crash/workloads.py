@@ -17,9 +17,11 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from steadqd import Lease, Queue, linux, publish
+from steadqd import Lease, Queue
+from steadqd.fs import linux
+from steadqd.fs import publish
 from steadqd.constants import NS_PER_SECOND
-from steadqd.recovery import run_recovery
+from steadqd.fs.recovery import run_recovery
 from tests.invariants import check_tree
 
 from .gates import Expectation, JobState, JobView, after_recovery

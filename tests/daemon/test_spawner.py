@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 
 from steadqd import Queue
-from steadqd.config import WorkerConfig
+from steadqd.daemon.config import WorkerConfig
 from steadqd.constants import State
 from steadqd.daemon.spawner import SAFETY_RESCAN, build_environment, is_ready_name, meta_env_name, meta_env_value
 from tests.daemon.conftest import DEADLINE, Env, job_spec, kill_group, live_group_members, wait_for

@@ -31,7 +31,7 @@ from steadqd.constants import State
 from steadqd.daemon.journal import Log
 from steadqd.daemon.sweeper import ErrorDigest
 from steadqd.errors import InvalidInput
-from steadqd.recovery import run_recovery
+from steadqd.fs.recovery import run_recovery
 from tests.invariants import check_tree, live_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -479,7 +479,7 @@ def test_sweeper_reopens_a_poisoned_handle(qpath: str) -> None:
     """After an indeterminate failure the handle refuses everything; the role must not stop sweeping."""
     import io
 
-    from steadqd.config import parse_config
+    from steadqd.daemon.config import parse_config
     from steadqd.daemon.service import Loop
     from steadqd.daemon.sweeper import SweeperRole
 

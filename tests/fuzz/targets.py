@@ -20,13 +20,13 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from steadqd import names
-from steadqd.cbor import Extension, decode_extension, encode_extension
-from steadqd.config import parse_config
+from steadqd.fs import names
+from steadqd.fs.cbor import Extension, decode_extension, encode_extension
+from steadqd.daemon.config import parse_config
 from steadqd.durations import parse_duration
 from steadqd.errors import ConfigError, CorruptObject, InvalidInput, QueueCorrupt, SteadQError, UnsupportedFormat
-from steadqd.lease import Lease
-from steadqd.records import (
+from steadqd.fs.lease import Lease
+from steadqd.fs.records import (
     CompactReceipt,
     FormatRecord,
     JobHeader,

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from steadqd.config import MAX_CONFIG_DEPTH, parse_config
+from steadqd.daemon.config import MAX_CONFIG_DEPTH, parse_config
 from steadqd.errors import ConfigError, InvalidInput
-from steadqd.lease import Lease
+from steadqd.fs.lease import Lease
 from tests.fuzz import targets
 
 

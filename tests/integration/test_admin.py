@@ -1,4 +1,4 @@
-"""Admin operations on dead letters and quarantine (steadqd.admin).
+"""Admin operations on dead letters and quarantine (steadqd.fs.admin).
 
 Dead letters: list/find only report authenticated names, export copies the
 exact bytes (whole file or the verified payload only) atomically and
@@ -34,9 +34,9 @@ from steadqd import (  # noqa: E402
     Queue,
     State,
     SteadQError,
-    linux,
 )
-from steadqd.admin import (  # noqa: E402
+from steadqd.fs import linux  # noqa: E402
+from steadqd.fs.admin import (  # noqa: E402
     DeadJob,
     QuarantinedObject,
     export_dead,
@@ -50,8 +50,8 @@ from steadqd.admin import (  # noqa: E402
     requeue_dead,
 )
 from steadqd.constants import HEADER_SIZE  # noqa: E402
-from steadqd.names import make_quarantine_name, parse_name  # noqa: E402
-from steadqd.records import EnqueueTicket, JobHeader  # noqa: E402
+from steadqd.fs.names import make_quarantine_name, parse_name  # noqa: E402
+from steadqd.fs.records import EnqueueTicket, JobHeader  # noqa: E402
 from tests.invariants import check_tree  # noqa: E402
 
 PAYLOAD = b"dead letter payload \x00\x01\xfe" * 11

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import Queue, QueueCorrupt, claim, linux
+from steadqd import Queue, QueueCorrupt
+from steadqd.fs import claim
+from steadqd.fs import linux
 from tests.fabricate import write_ready_jobs
 
 
@@ -163,7 +165,7 @@ def test_a_lease_path_is_parsed_and_authenticated_once_for_all_its_uses(
     is never authenticated again; a path it has not seen (here: after the memo
     is cleared, as for a lease rebuilt in another process) is authenticated once.
     """
-    from steadqd import lease as lease_mod
+    from steadqd.fs import lease as lease_mod
 
     calls: list[str] = []
     real = lease_mod.authenticate

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import Lease, Queue, State, names
-from steadqd.claim import ScanReport
-from steadqd.records import Extension, build_header, encode_extension
+from steadqd import Lease, Queue, State
+from steadqd.fs import names
+from steadqd.fs.claim import ScanReport
+from steadqd.fs.records import Extension, build_header, encode_extension
 
 HEADER = 128
 GOOD_PAYLOAD = b"good job payload"

@@ -4,7 +4,7 @@ The demo is run exactly as a user runs it (the ``steadqd`` console script, a
 subprocess, its own daemon and producer subprocesses), on a small number of
 jobs. What is asserted is what the demo claims: its summary numbers, which
 must match the job plan *and* the tree read independently afterwards
-(``tests.invariants.check_tree`` and ``steadqd.inspect``), and that the
+(``tests.invariants.check_tree`` and ``steadqd.fs.inspection``), and that the
 daemon's own log lines reached the output and ``daemon.log``. A second run
 on the same directory must reuse the queue and report only what it added.
 """
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from steadqd import Queue
-from steadqd.demo import LogLine, Tally, job_delay, job_kind, payload, plan_counts
-from steadqd.demo_job import EXIT_ACK, EXIT_BAD_INPUT, EXIT_BURY, EXIT_RETRY, run
-from steadqd.inspect import detailed_stats
+from steadqd.demo.run import LogLine, Tally, job_delay, job_kind, payload, plan_counts
+from steadqd.demo.job import EXIT_ACK, EXIT_BAD_INPUT, EXIT_BURY, EXIT_RETRY, run
+from steadqd.fs.inspection import detailed_stats
 from tests.invariants import check_tree
 
 STEADQD = os.path.join(os.path.dirname(sys.executable), "steadqd")
@@ -36,7 +36,7 @@ SUMMARY = re.compile(
 
 
 def run_demo(path: Path, jobs: int) -> subprocess.CompletedProcess[str]:
-    cmd = [STEADQD] if os.access(STEADQD, os.X_OK) else [sys.executable, "-m", "steadqd.cli"]
+    cmd = [STEADQD] if os.access(STEADQD, os.X_OK) else [sys.executable, "-m", "steadqd.daemon.main"]
     env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "JOURNAL_STREAM")}
     return subprocess.run(
         [*cmd, "demo", "--path", str(path), "--jobs", str(jobs)],
@@ -162,7 +162,7 @@ def test_demo_runs_the_daemon_and_settles_every_job(tmp_path):
     assert out.count("producer: $ ") == 5 and f"enqueued {jobs - 5} jobs with the library" in out
     # The config the demo wrote is a valid daemon config.
     check = subprocess.run(
-        [sys.executable, "-m", "steadqd.cli", "--config-dir", str(base / "etc"), "check-config", "demo"],
+        [sys.executable, "-m", "steadqd.daemon.main", "--config-dir", str(base / "etc"), "check-config", "demo"],
         capture_output=True,
         text=True,
         check=False,

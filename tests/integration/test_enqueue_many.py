@@ -19,9 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import ErrorKind, NotCommitted, OutcomeUnknown, Queue, State, linux, publish
+from steadqd import (
+    ErrorKind,
+    NotCommitted,
+    OutcomeUnknown,
+    Queue,
+    State,
+)
+from steadqd.fs import linux
+from steadqd.fs import publish
 from steadqd.errors import EnqueueIncomplete
-from steadqd.records import EnqueueTicket
+from steadqd.fs.records import EnqueueTicket
 from tests.invariants import check_tree
 
 PAYLOADS = [b"first", bytes(range(256)) * 8, b"", b"fourth" * 100, b"fifth"]

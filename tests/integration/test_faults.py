@@ -60,14 +60,14 @@ from steadqd import (  # noqa: E402
     OutcomeUnknown,
     Queue,
     State,
-    linux,
 )
+from steadqd.fs import linux  # noqa: E402
 from steadqd.constants import WATERMARK_ADVANCE_TMP_PREFIX  # noqa: E402
 from steadqd.errors import EnqueueIncomplete  # noqa: E402
-from steadqd.names import delayed_bucket, shard_of  # noqa: E402
-from steadqd.records import EnqueueTicket, TransitionTicket, Watermark  # noqa: E402
-from steadqd.verify import read_envelope, read_payload  # noqa: E402
-from steadqd.watermark import publish_watermark, read_watermark  # noqa: E402
+from steadqd.fs.names import delayed_bucket, shard_of  # noqa: E402
+from steadqd.fs.records import EnqueueTicket, TransitionTicket, Watermark  # noqa: E402
+from steadqd.fs.verify import read_envelope, read_payload  # noqa: E402
+from steadqd.fs.watermark import publish_watermark, read_watermark  # noqa: E402
 from tests.crash.gates import Expectation, JobView, after_recovery, check_state, remove_tree  # noqa: E402
 from tests.crash.lanereport import emit  # noqa: E402
 from tests.invariants import TreeState, check_tree, job_states  # noqa: E402

@@ -19,12 +19,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from steadqd import Queue, linux
+from steadqd import Queue
+from steadqd.fs import linux
 from steadqd.constants import DOMAIN_FORMAT, FORMAT_SIZE, STATE_DIRS, State
 from steadqd.errors import InvalidInput, QueueCorrupt, UnsupportedFilesystem, UnsupportedFormat
-from steadqd.layout import filesystem_name
-from steadqd.records import FormatRecord, sha256
-from steadqd.settle import AckResult
+from steadqd.fs.layout import filesystem_name
+from steadqd.fs.records import FormatRecord, sha256
+from steadqd.fs.settle import AckResult
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from loopfs import FS_MAGIC, loop_filesystem, overlay_mount  # noqa: E402

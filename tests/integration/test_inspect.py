@@ -1,4 +1,4 @@
-"""``stats``, ``fsck`` and ``inspect`` (steadqd.inspect) against real trees.
+"""``stats``, ``fsck`` and ``inspect`` (steadqd.fs.inspection) against real trees.
 
 What these tests pin down and why:
 
@@ -31,10 +31,16 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import CorruptObject, InvalidInput, Queue, State, names
-from steadqd import inspect as insp
-from steadqd.linux import ofd_lock, read_boot_id
-from steadqd.records import Extension, build_header, encode_extension
+from steadqd import (
+    CorruptObject,
+    InvalidInput,
+    Queue,
+    State,
+)
+from steadqd.fs import names
+from steadqd.fs import inspection as insp
+from steadqd.fs.linux import ofd_lock, read_boot_id
+from steadqd.fs.records import Extension, build_header, encode_extension
 from tests.fabricate import write_ready_jobs
 from tests.invariants import check_tree
 

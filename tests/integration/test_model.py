@@ -33,8 +33,16 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from steadqd import AckResult, Lease, LeaseLost, NotCommitted, Queue, State, linux
-from steadqd import names as N
+from steadqd import (
+    AckResult,
+    Lease,
+    LeaseLost,
+    NotCommitted,
+    Queue,
+    State,
+)
+from steadqd.fs import linux
+from steadqd.fs import names as N
 from steadqd.constants import NS_PER_SECOND
 
 _REPO = str(Path(__file__).resolve().parents[2])

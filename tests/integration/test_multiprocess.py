@@ -35,8 +35,8 @@ sys.path.insert(0, REPO)  # the script mode below must find steadqd without inst
 
 from steadqd import Queue  # noqa: E402
 from steadqd.constants import State  # noqa: E402
-from steadqd.names import parse_name, parse_ready_dir_entry  # noqa: E402
-from steadqd.settle import AckResult  # noqa: E402
+from steadqd.fs.names import parse_name, parse_ready_dir_entry  # noqa: E402
+from steadqd.fs.settle import AckResult  # noqa: E402
 
 WORKER_TIMEOUT_S = 90.0  # hard cap per phase; a hang must fail the test, not the CI job
 

@@ -22,12 +22,21 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import AckResult, ErrorKind, LeaseLost, NotCommitted, Queue, State, linux, names
-from steadqd.names import JobName
-from steadqd.receipt import verify_receipt
-from steadqd.records import CompactReceipt, Watermark, reset_cursor_json, validate_cursor
-from steadqd.recovery import RecoveryReport, run_recovery
-from steadqd.watermark import publish_watermark, read_watermark
+from steadqd import (
+    AckResult,
+    ErrorKind,
+    LeaseLost,
+    NotCommitted,
+    Queue,
+    State,
+)
+from steadqd.fs import linux
+from steadqd.fs import names
+from steadqd.fs.names import JobName
+from steadqd.fs.receipt import verify_receipt
+from steadqd.fs.records import CompactReceipt, Watermark, reset_cursor_json, validate_cursor
+from steadqd.fs.recovery import RecoveryReport, run_recovery
+from steadqd.fs.watermark import publish_watermark, read_watermark
 
 SHARDS = 4
 SEC = 1_000_000_000

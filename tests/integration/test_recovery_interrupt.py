@@ -40,9 +40,11 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _REPO not in sys.path:  # make ``tests.*`` importable however pytest was started
     sys.path.insert(0, _REPO)
 
-from steadqd import Queue, linux, names  # noqa: E402
+from steadqd import Queue  # noqa: E402
+from steadqd.fs import linux  # noqa: E402
+from steadqd.fs import names  # noqa: E402
 from steadqd.constants import QuarantineReason  # noqa: E402
-from steadqd.recovery import RecoveryReport, run_recovery  # noqa: E402
+from steadqd.fs.recovery import RecoveryReport, run_recovery  # noqa: E402
 from tests.integration.test_recovery import (  # noqa: E402
     OTHER_BOOT,
     SEC,

@@ -11,7 +11,7 @@ I/O errors, conflict-over-error precedence, and stabilisation.
 
 Path derivation is checked byte for byte against vectors.md (a stub handle
 with the vector FORMAT: queue ids of real queues are random) and against
-names built with steadqd.names for a real queue.
+names built with steadqd.fs.names for a real queue.
 """
 
 from __future__ import annotations
@@ -29,9 +29,17 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from steadqd import ErrorKind, InvalidInput, Lease, OutcomeUnknown, Queue, SteadQError, linux  # noqa: E402
+from steadqd import (  # noqa: E402
+    ErrorKind,
+    InvalidInput,
+    Lease,
+    OutcomeUnknown,
+    Queue,
+    SteadQError,
+)
+from steadqd.fs import linux  # noqa: E402
 from steadqd.constants import DEAD_DIR, DELAYED_DIR, HEADER_SIZE, READY_DIR, RECEIPTS_DIR  # noqa: E402
-from steadqd.names import (  # noqa: E402
+from steadqd.fs.names import (  # noqa: E402
     bucket_dir,
     dead_name,
     delayed_bucket,
@@ -44,7 +52,7 @@ from steadqd.names import (  # noqa: E402
     shard_of,
     terminal_bucket,
 )
-from steadqd.records import (  # noqa: E402
+from steadqd.fs.records import (  # noqa: E402
     DeadLocation,
     DelayedLocation,
     FormatRecord,
@@ -55,7 +63,7 @@ from steadqd.records import (  # noqa: E402
     ReceiptLocation,
     TransitionTicket,
 )
-from steadqd.resolve import Resolution, ResolveResult, resolve, ticket_paths  # noqa: E402
+from steadqd.fs.resolve import Resolution, ResolveResult, resolve, ticket_paths  # noqa: E402
 from tests.invariants import check_tree  # noqa: E402
 from tests.spec_vectors import CLAIM_TICKET_JSON as VECTOR_CLAIM_TICKET  # noqa: E402
 

@@ -30,10 +30,10 @@ from steadqd import (
     Queue,
     RetryPolicy,
     State,
-    linux,
-    names,
 )
-from steadqd.records import JobHeader, decode_extension
+from steadqd.fs import linux
+from steadqd.fs import names
+from steadqd.fs.records import JobHeader, decode_extension
 
 HEADER = 128
 SHARDS = 4

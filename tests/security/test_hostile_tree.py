@@ -29,9 +29,18 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import Lease, NotCommitted, OutcomeUnknown, Queue, SteadQError, admin, linux, names
+from steadqd import (
+    Lease,
+    NotCommitted,
+    OutcomeUnknown,
+    Queue,
+    SteadQError,
+)
+from steadqd.fs import admin
+from steadqd.fs import linux
+from steadqd.fs import names
 from steadqd.constants import ENVELOPE_READ_BYTES, QuarantineReason
-from steadqd.records import build_header
+from steadqd.fs.records import build_header
 
 OLD_ATIME_NS = 1_000_000_000 * 10**9  # 2001: before any mtime we set, so relatime updates it on access
 OLD_MTIME_NS = 1_500_000_000 * 10**9
@@ -512,7 +521,7 @@ def one_shard(tmp_path: Path) -> Iterator[tuple[Queue, str]]:
 class Swapper:
     """After the Nth syscall ``op`` that names ``name``, rename a different file over it.
 
-    Wraps the steadqd.linux function the protocol modules call through the
+    Wraps the steadqd.fs.linux function the protocol modules call through the
     module attribute, so the swap happens exactly between two of our own
     syscalls -- the window a racing attacker would aim for.
     """

@@ -179,7 +179,7 @@ def install_project(root: SystemdRoot) -> None:
         /opt/steadq-python/bin/python3 -m venv --without-pip {VENV}
         site=$({VENV}/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
         cp -a {" ".join(runtime_paths())} "$site/"
-        for cmd in steadqd:daemon_main:steadqd.cli steadq:main:steadqd.steadq_cli; do
+        for cmd in steadqd:daemon_main:steadqd.daemon.main steadq:main:steadqd.cli.main; do
             name=${{cmd%%:*}}; rest=${{cmd#*:}}; fn=${{rest%%:*}}; mod=${{rest#*:}}
             printf '#!{VENV}/bin/python3\\nimport sys\\nfrom %s import %s\\nsys.exit(%s())\\n' "$mod" "$fn" "$fn" \
                 > {VENV}/bin/$name

@@ -138,7 +138,7 @@ def check_prerequisites() -> None:
 
 
 def _alive(pid: int) -> bool:
-    # Not steadqd.linux.pid_alive: this harness imports nothing from the package.
+    # Not steadqd.fs.linux.pid_alive: this harness imports nothing from the package.
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from steadqd.cbor import Extension, decode_extension, encode_extension
+from steadqd.fs.cbor import Extension, decode_extension, encode_extension
 from steadqd.constants import QuarantineReason
 from steadqd.errors import CorruptObject, InvalidInput
 

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from steadqd.config import ExitPolicy, load_config, parse_config
+from steadqd.daemon.config import ExitPolicy, load_config, parse_config
 from steadqd.durations import format_duration, parse_duration
 from steadqd.errors import ConfigError
 

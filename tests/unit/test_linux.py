@@ -1,4 +1,4 @@
-"""Tests for steadqd.linux: the syscall wrappers and the fault-injection/trace point."""
+"""Tests for steadqd.fs.linux: the syscall wrappers and the fault-injection/trace point."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import linux as L
+from steadqd.fs import linux as L
 
 IS_ROOT = os.geteuid() == 0
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from steadqd import names
+from steadqd.fs import names
 from steadqd.constants import DOMAIN_NAME, QuarantineReason, State
 from steadqd.errors import CorruptObject, InvalidInput, StateExhausted
-from steadqd.names import JobName
+from steadqd.fs.names import JobName
 
 # --- vectors.md "Fixed inputs" -------------------------------------------------------------
 QID = bytes.fromhex("000102030405060708090a0b0c0d0e0f")

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from steadqd import names
+from steadqd.fs import names
 from steadqd.constants import State
 from steadqd.errors import CorruptObject
 

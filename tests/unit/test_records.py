@@ -19,7 +19,7 @@ from steadqd.constants import (
     QuarantineReason,
 )
 from steadqd.errors import CorruptObject, ErrorKind, InvalidInput, QueueCorrupt, SteadQError, UnsupportedFormat
-from steadqd.records import (
+from steadqd.fs.records import (
     CompactReceipt,
     DeadLocation,
     DelayedLocation,

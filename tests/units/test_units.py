@@ -38,8 +38,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from steadqd import cli
-from steadqd.config import PromoterConfig, RetrySettings, SweeperConfig, parse_config
+from steadqd.daemon import main as cli
+from steadqd.daemon.config import PromoterConfig, RetrySettings, SweeperConfig, parse_config
 from steadqd.daemon.service import EXIT_CONFIG
 from steadqd.durations import parse_duration
 from steadqd.errors import ConfigError

@@ -15,8 +15,8 @@ import os
 import stat
 from dataclasses import dataclass
 
-from . import linux
-from .constants import (
+from steadqd.fs import linux
+from steadqd.constants import (
     CONTROL_DIR,
     CONTROL_LOCKS,
     DEFAULT_DELAYED_WIDTH_NS,
@@ -46,17 +46,17 @@ from .constants import (
     Modes,
     modes_for_root,
 )
-from .errors import (
+from steadqd.errors import (
     AlreadyExists,
     InvalidInput,
     MaintenanceBusy,
     QueueCorrupt,
     UnsupportedFilesystem,
 )
-from .names import shard_dir, watermark_bucket
-from .records import FormatRecord, Watermark, validate_cursor, validate_queue_config
-from .tree import enforce_dir_mode
-from .watermark import publish_watermark
+from steadqd.fs.names import shard_dir, watermark_bucket
+from steadqd.fs.records import FormatRecord, Watermark, validate_cursor, validate_queue_config
+from steadqd.fs.tree import enforce_dir_mode
+from steadqd.fs.watermark import publish_watermark
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 

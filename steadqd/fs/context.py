@@ -1,7 +1,7 @@
 """Per-handle state shared by the transition modules.
 
 A :class:`Context` is what one open queue handle knows: the FORMAT, the boot,
-the directory cache and barrier policy (:class:`~steadqd.tree.Tree`), the wall
+the directory cache and barrier policy (:class:`~steadqd.fs.tree.Tree`), the wall
 floor, and whether an indeterminate failure has poisoned it. It holds no copy
 of the queue's contents: every operation reads the tree.
 """
@@ -14,14 +14,14 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from . import linux
-from .constants import CONTROL_DIR, QUARANTINE_DIR, READY_DIR, ZFS_MAGIC, Modes, modes_for_root
-from .errors import ErrorKind, MaintenanceBusy, NotCommitted, QueuePoisoned, SteadQError, kind_for_errno
-from .layout import OpenOptions
-from .names import boot_raw, shard_dir
-from .records import FormatRecord
-from .tree import Tree
-from .watermark import WallFloor
+from steadqd.fs import linux
+from steadqd.constants import CONTROL_DIR, QUARANTINE_DIR, READY_DIR, ZFS_MAGIC, Modes, modes_for_root
+from steadqd.errors import ErrorKind, MaintenanceBusy, NotCommitted, QueuePoisoned, SteadQError, kind_for_errno
+from steadqd.fs.layout import OpenOptions
+from steadqd.fs.names import boot_raw, shard_dir
+from steadqd.fs.records import FormatRecord
+from steadqd.fs.tree import Tree
+from steadqd.fs.watermark import WallFloor
 
 
 @dataclass

@@ -17,7 +17,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .constants import (
+from steadqd.constants import (
     MAX_CBOR_MAP_DECLARED,
     MAX_CONTENT_TYPE,
     MAX_EXTENSION_LENGTH,
@@ -29,7 +29,7 @@ from .constants import (
     U64_MAX,
     QuarantineReason,
 )
-from .errors import CorruptObject, InvalidInput
+from steadqd.errors import CorruptObject, InvalidInput
 
 __all__ = ["Extension", "MetadataValue", "decode_extension", "encode_extension"]
 

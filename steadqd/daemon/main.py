@@ -19,8 +19,8 @@ import os
 import sys
 from collections.abc import Callable
 
-from .config import QueueSettings, config_dir, load_config
-from .errors import ConfigError, SteadQError
+from steadqd.daemon.config import QueueSettings, config_dir, load_config
+from steadqd.errors import ConfigError, SteadQError
 
 ROLES = ("worker", "sweeper", "promoter")
 
@@ -40,15 +40,15 @@ def _role_factory(names: tuple[str, ...]) -> Callable[..., list]:
             if n == "promoter" and not settings.promoter.enabled:
                 continue
             module, cls = classes[n]
-            roles.append(getattr(import_module(f".daemon.{module}", __package__), cls)(settings, log))
+            roles.append(getattr(import_module(f"steadqd.daemon.{module}"), cls)(settings, log))
         return roles
 
     return make
 
 
 def _serve(queue: str, directory: str | None, roles: tuple[str, ...], role_name: str) -> int:
-    from .daemon.journal import Log
-    from .daemon.service import Service
+    from steadqd.daemon.journal import Log
+    from steadqd.daemon.service import Service
 
     log = Log(role_name, queue)
     service = Service(lambda: load_config(queue, directory), _role_factory(roles), log)
@@ -72,7 +72,7 @@ def check_config(names: list[str], directory: str | None, *, open_queues: bool) 
         try:
             settings = load_config(name, directory)
             if open_queues:
-                from .queue import Queue
+                from steadqd.fs.handle import Queue
 
                 Queue.open(settings.queue).close()
         except (ConfigError, SteadQError) as e:
@@ -86,7 +86,7 @@ def check_config(names: list[str], directory: str | None, *, open_queues: bool) 
 def daemon_main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["demo"]:
-        from .demo import main
+        from steadqd.demo.run import main
 
         return main(args[1:])
     ap = argparse.ArgumentParser(prog="steadqd", description="SteadQ/1 queue daemons.")

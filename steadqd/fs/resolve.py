@@ -1,6 +1,6 @@
 """Resolving an indeterminate transition from its ticket (errors.md "resolve").
 
-After an OutcomeUnknown the caller holds a :class:`~steadqd.records.TransitionTicket`
+After an OutcomeUnknown the caller holds a :class:`~steadqd.fs.records.TransitionTicket`
 and does not know whether the rename happened. Both candidate paths follow
 deterministically from the ticket, and each is judged independently by
 *authenticating* whatever is there -- never by mere existence, because a file
@@ -27,10 +27,10 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import linux
-from .constants import DEAD_DIR, DELAYED_DIR, HEADER_SIZE, JOB_EXT, READY_DIR, RECEIPT_EXT, RECEIPTS_DIR, State
-from .errors import CorruptObject, ErrorKind, InvalidInput, SteadQError
-from .names import (
+from steadqd.fs import linux
+from steadqd.constants import DEAD_DIR, DELAYED_DIR, HEADER_SIZE, JOB_EXT, READY_DIR, RECEIPT_EXT, RECEIPTS_DIR, State
+from steadqd.errors import CorruptObject, ErrorKind, InvalidInput, SteadQError
+from steadqd.fs.names import (
     JobName,
     authenticate,
     boot_raw,
@@ -47,8 +47,8 @@ from .names import (
     shard_dir,
     shard_of,
 )
-from .receipt import ExpectedReceipt, verify_receipt
-from .records import (
+from steadqd.fs.receipt import ExpectedReceipt, verify_receipt
+from steadqd.fs.records import (
     DeadLocation,
     DelayedLocation,
     LeasedLocation,
@@ -57,11 +57,11 @@ from .records import (
     ReceiptLocation,
     TransitionTicket,
 )
-from .tree import is_single_regular
-from .verify import read_envelope, verify_payload
+from steadqd.fs.tree import is_single_regular
+from steadqd.fs.verify import read_envelope, verify_payload
 
 if TYPE_CHECKING:
-    from .queue import Queue
+    from steadqd.fs.handle import Queue
 
 __all__ = ["Resolution", "ResolveResult", "resolve", "ticket_paths"]
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from . import linux
-from .constants import HEADER_SIZE, QuarantineReason, State
-from .errors import CorruptObject
-from .names import JobName, authenticate, bucket_start, parse_name, shard_of
-from .records import CompactReceipt, FormatRecord, is_compact_receipt
-from .tree import Witness
-from .verify import check_name_matches, check_object_stat, read_envelope, verify_payload
+from steadqd.fs import linux
+from steadqd.constants import HEADER_SIZE, QuarantineReason, State
+from steadqd.errors import CorruptObject
+from steadqd.fs.names import JobName, authenticate, bucket_start, parse_name, shard_of
+from steadqd.fs.records import CompactReceipt, FormatRecord, is_compact_receipt
+from steadqd.fs.tree import Witness
+from steadqd.fs.verify import check_name_matches, check_object_stat, read_envelope, verify_payload
 
 
 @dataclass(frozen=True)

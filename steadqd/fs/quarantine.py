@@ -8,9 +8,9 @@ where it was or in quarantine after a crash, never gone.
 
 from __future__ import annotations
 
-from .context import Context
-from .names import make_quarantine_name
-from .tree import Collision, Witness
+from steadqd.fs.context import Context
+from steadqd.fs.names import make_quarantine_name
+from steadqd.fs.tree import Collision, Witness
 
 _ATTEMPTS = 8
 

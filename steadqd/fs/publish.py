@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from . import linux
-from .constants import (
+from steadqd.fs import linux
+from steadqd.constants import (
     DELAYED_DIR,
     ENQUEUE_MANY_GROUP,
     HEADER_SIZE,
@@ -32,8 +32,8 @@ from .constants import (
     U32_MAX,
     U64_MAX,
 )
-from .context import Context, not_committed
-from .errors import (
+from steadqd.fs.context import Context, not_committed
+from steadqd.errors import (
     EnqueueIncomplete,
     ErrorKind,
     InvalidInput,
@@ -42,7 +42,7 @@ from .errors import (
     SteadQError,
     kind_for_errno,
 )
-from .names import (
+from steadqd.fs.names import (
     bucket_dir,
     delayed_bucket,
     delayed_name,
@@ -52,8 +52,8 @@ from .names import (
     shard_dir,
     shard_of,
 )
-from .records import EnqueueTicket, Extension, JobHeader, build_header, encode_extension
-from .tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
+from steadqd.fs.records import EnqueueTicket, Extension, JobHeader, build_header, encode_extension
+from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
 
 _CHUNK = 1 << 20
 _ONE_WRITE = 64 * 1024  # payloads up to this size are written with the header in one write (one copy)

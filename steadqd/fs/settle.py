@@ -13,9 +13,9 @@ import errno
 import os
 from collections.abc import Callable
 
-from . import linux
-from .backoff import RetryPolicy, retry_delay_ms
-from .constants import (
+from steadqd.fs import linux
+from steadqd.backoff import RetryPolicy, retry_delay_ms
+from steadqd.constants import (
     DEAD_DIR,
     DELAYED_DIR,
     I63_MAX,
@@ -25,8 +25,8 @@ from .constants import (
     U16_MAX,
     DeadReason,
 )
-from .context import Context, not_committed
-from .errors import (
+from steadqd.fs.context import Context, not_committed
+from steadqd.errors import (
     CorruptObject,
     ErrorKind,
     InvalidInput,
@@ -36,8 +36,8 @@ from .errors import (
     SteadQError,
     kind_for_errno,
 )
-from .lease import Lease, Source, indeterminate, validate_source
-from .names import (
+from steadqd.fs.lease import Lease, Source, indeterminate, validate_source
+from steadqd.fs.names import (
     bucket_dir,
     dead_name,
     delayed_bucket,
@@ -50,10 +50,10 @@ from .names import (
     shard_of,
     terminal_bucket,
 )
-from .receipt import ExpectedReceipt, verify_receipt
-from .records import DeadLocation, DelayedLocation, Location, ReadyLocation, ReceiptLocation
-from .tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing
-from .verify import verify_payload
+from steadqd.fs.receipt import ExpectedReceipt, verify_receipt
+from steadqd.fs.records import DeadLocation, DelayedLocation, Location, ReadyLocation, ReceiptLocation
+from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing
+from steadqd.fs.verify import verify_payload
 
 
 class AckResult(enum.Enum):

@@ -58,8 +58,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import linux
-from .constants import (
+from steadqd.fs import linux
+from steadqd.constants import (
     CONTROL_DIR,
     DEAD_DIR,
     DELAYED_DIR,
@@ -78,9 +78,9 @@ from .constants import (
     QuarantineReason,
     State,
 )
-from .context import Context
-from .errors import CorruptObject, InvalidInput, QueueCorrupt, SteadQError
-from .names import (
+from steadqd.fs.context import Context
+from steadqd.errors import CorruptObject, InvalidInput, QueueCorrupt, SteadQError
+from steadqd.fs.names import (
     JobName,
     authenticate,
     boot_raw,
@@ -103,11 +103,11 @@ from .names import (
     shard_of,
     terminal_bucket,
 )
-from .quarantine import quarantine
-from .receipt import verify_receipt
-from .records import CURSOR_PHASES, CompactReceipt, reset_cursor_json, validate_cursor
-from .tree import Collision, Indeterminate, MoveError, MoveFailed, SourceMissing, Witness, is_single_regular
-from .verify import Envelope, check_name_matches, check_object_stat, read_envelope
+from steadqd.fs.quarantine import quarantine
+from steadqd.fs.receipt import verify_receipt
+from steadqd.fs.records import CURSOR_PHASES, CompactReceipt, reset_cursor_json, validate_cursor
+from steadqd.fs.tree import Collision, Indeterminate, MoveError, MoveFailed, SourceMissing, Witness, is_single_regular
+from steadqd.fs.verify import Envelope, check_name_matches, check_object_stat, read_envelope
 
 __all__ = ["PHASES", "RecoveryReport", "run_recovery"]
 

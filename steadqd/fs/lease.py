@@ -15,10 +15,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import linux
-from .constants import LEASED_DIR, MAX_LEASE_NS, MIN_LEASE_NS, NS_PER_SECOND, READY_DIR, U64_MAX, State
-from .context import Context, not_committed
-from .errors import (
+from steadqd.fs import linux
+from steadqd.constants import LEASED_DIR, MAX_LEASE_NS, MIN_LEASE_NS, NS_PER_SECOND, READY_DIR, U64_MAX, State
+from steadqd.fs.context import Context, not_committed
+from steadqd.errors import (
     ErrorKind,
     InvalidInput,
     LeaseLost,
@@ -28,7 +28,7 @@ from .errors import (
     SteadQError,
     kind_for_errno,
 )
-from .names import (
+from steadqd.fs.names import (
     JobName,
     authenticate,
     boot_dashed,
@@ -44,9 +44,9 @@ from .names import (
     shard_dir,
     shard_of,
 )
-from .records import Extension, LeasedLocation, Location, TransitionTicket, decode_extension
-from .tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
-from .verify import Envelope, read_envelope
+from steadqd.fs.records import Extension, LeasedLocation, Location, TransitionTicket, decode_extension
+from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
+from steadqd.fs.verify import Envelope, read_envelope
 
 
 @dataclass(eq=False)

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 import inotify_simple
 
-from . import linux
-from .backoff import RetryPolicy
-from .claim import ScanReport, claim
-from .constants import (
+from steadqd.fs import linux
+from steadqd.backoff import RetryPolicy
+from steadqd.fs.claim import ScanReport, claim
+from steadqd.constants import (
     DEFAULT_RECEIPT_RETENTION_NS,
     DEFAULT_TEMP_TTL_NS,
     MAX_PAYLOAD_LENGTH,
@@ -32,8 +32,8 @@ from .constants import (
     QuarantineReason,
     State,
 )
-from .context import Context, not_committed
-from .errors import (
+from steadqd.fs.context import Context, not_committed
+from steadqd.errors import (
     EnqueueIncomplete,
     ErrorKind,
     InvalidInput,
@@ -43,24 +43,24 @@ from .errors import (
     QueueCorrupt,
     SteadQError,
 )
-from .layout import OpenOptions, QueueConfig, init_queue, open_queue_root
-from .lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
-from .names import (
+from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
+from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
+from steadqd.fs.names import (
     JobName,
     shard_dir,
 )
-from .publish import Payload, enqueue, enqueue_many
-from .quarantine import quarantine
-from .records import Extension, FormatRecord
-from .recovery import RecoveryReport, run_recovery
-from .settle import AckResult, ack, bury, retry
-from .tree import Indeterminate, MoveError
-from .verify import copy_payload, read_payload
+from steadqd.fs.publish import Payload, enqueue, enqueue_many
+from steadqd.fs.quarantine import quarantine
+from steadqd.fs.records import Extension, FormatRecord
+from steadqd.fs.recovery import RecoveryReport, run_recovery
+from steadqd.fs.settle import AckResult, ack, bury, retry
+from steadqd.fs.tree import Indeterminate, MoveError
+from steadqd.fs.verify import copy_payload, read_payload
 
 if TYPE_CHECKING:  # these modules build on Queue; imported lazily at run time
-    from .inspect import FsckResult, StateStats
-    from .records import TransitionTicket
-    from .resolve import ResolveResult
+    from steadqd.fs.inspection import FsckResult, StateStats
+    from steadqd.fs.records import TransitionTicket
+    from steadqd.fs.resolve import ResolveResult
 
 T = TypeVar("T")
 
@@ -418,8 +418,8 @@ class Queue:
     # -- inspection ---------------------------------------------------------
 
     def inspect(self, job_id: str) -> list[JobInfo]:
-        """Every authentic object of ``job_id`` in any state (steadqd.inspect.inspect_job)."""
-        from .inspect import inspect_job
+        """Every authentic object of ``job_id`` in any state (steadqd.fs.inspection.inspect_job)."""
+        from steadqd.fs.inspection import inspect_job
 
         self._check_open()
         return [
@@ -474,34 +474,34 @@ class Queue:
     def __repr__(self) -> str:
         return f"<Queue {self.path!r} id={self.queue_id} shards={self.shard_count}>"
 
-    # -- resolve and admin (steadqd.resolve, steadqd.admin) --------------------
+    # -- resolve and admin (steadqd.fs.resolve, steadqd.fs.admin) --------------------
 
     def resolve(self, ticket: TransitionTicket, stabilize: bool = False) -> ResolveResult:
         """Decide what an indeterminate transition did (errors.md "resolve").
         Read-only apart from the stabilising fsyncs, so a poisoned handle may ask."""
-        from .resolve import resolve
+        from steadqd.fs.resolve import resolve
 
         return resolve(self, ticket, stabilize=stabilize)
 
     def requeue_dead(self, job_id: str, *, max_attempts_reset: bool = True) -> str:
         """Move a dead job back to ready/ with a fresh set of attempts; returns its new path."""
-        from .admin import requeue_dead
+        from steadqd.fs.admin import requeue_dead
 
         return requeue_dead(self, job_id, max_attempts_reset=max_attempts_reset)
 
-    # -- stats and fsck (steadqd.inspect) ---------------------------------------
+    # -- stats and fsck (steadqd.fs.inspection) ---------------------------------------
 
     def stats(self) -> dict[str, StateStats]:
         """Objects per state classified by name (colocated leases are "leased");
-        see steadqd.inspect.stats for the reference CLI's raw-entry counts."""
-        from .inspect import detailed_stats
+        see steadqd.fs.inspection.stats for the reference CLI's raw-entry counts."""
+        from steadqd.fs.inspection import detailed_stats
 
         self._check_open()
         return detailed_stats(self)
 
     def fsck(self, deep: bool = False, repair: bool = False) -> FsckResult:
         """Check every object (recovery.md "fsck"); ``repair`` quarantines the bad ones."""
-        from .inspect import fsck
+        from steadqd.fs.inspection import fsck
 
         self._check_open()
         if repair:

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .cbor import Extension, MetadataValue, decode_extension, encode_extension
-from .constants import (
+from steadqd.fs.cbor import Extension, MetadataValue, decode_extension, encode_extension
+from steadqd.constants import (
     COMPACT_RECEIPT_SIZE,
     DIGEST_SHA256,
     DOMAIN_ENVELOPE,
@@ -47,7 +47,7 @@ from .constants import (
     WATERMARK_SIZE,
     QuarantineReason,
 )
-from .errors import CorruptObject, ErrorKind, InvalidInput, QueueCorrupt, SteadQError, UnsupportedFormat
+from steadqd.errors import CorruptObject, ErrorKind, InvalidInput, QueueCorrupt, SteadQError, UnsupportedFormat
 
 __all__ = [
     "CURSOR_PHASES",

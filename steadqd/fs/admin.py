@@ -32,11 +32,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import linux
-from .constants import DEAD_DIR, QUARANTINE_DIR, READY_DIR, QuarantineReason, State
-from .context import Context, not_committed
-from .errors import CorruptObject, ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, SteadQError, kind_for_errno
-from .names import (
+from steadqd.fs import linux
+from steadqd.constants import DEAD_DIR, QUARANTINE_DIR, READY_DIR, QuarantineReason, State
+from steadqd.fs.context import Context, not_committed
+from steadqd.errors import CorruptObject, ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, SteadQError, kind_for_errno
+from steadqd.fs.names import (
     authenticate,
     make_filename,
     next_generation,
@@ -49,13 +49,13 @@ from .names import (
     shard_dir,
     shard_of,
 )
-from .quarantine import quarantine
-from .records import EnqueueTicket
-from .tree import Collision, Indeterminate, MoveError, MoveFailed, SourceChanged, SourceMissing, Witness
-from .verify import CHUNK, check_name_matches, iter_payload, read_envelope, verify_payload
+from steadqd.fs.quarantine import quarantine
+from steadqd.fs.records import EnqueueTicket
+from steadqd.fs.tree import Collision, Indeterminate, MoveError, MoveFailed, SourceChanged, SourceMissing, Witness
+from steadqd.fs.verify import CHUNK, check_name_matches, iter_payload, read_envelope, verify_payload
 
 if TYPE_CHECKING:
-    from .queue import Queue
+    from steadqd.fs.handle import Queue
 
 __all__ = [
     "DeadJob",
@@ -315,7 +315,7 @@ def requeue_dead(q: Queue, job_id: str, *, max_attempts_reset: bool = True) -> s
     dead directory. Outcomes: the path on success; NotCommitted (NOT_FOUND
     when no dead object exists or it vanished, QUEUE_CORRUPT on a collision
     or a changed file, RESOURCE_EXHAUSTED/IO_FAILURE for errnos);
-    OutcomeUnknown with an :class:`~steadqd.records.EnqueueTicket` describing
+    OutcomeUnknown with an :class:`~steadqd.fs.records.EnqueueTicket` describing
     the expected ready path when a barrier after the rename failed.
     """
     ctx = _ctx(q)

@@ -46,8 +46,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import linux
-from .constants import (
+from steadqd.fs import linux
+from steadqd.constants import (
     DEAD_DIR,
     DELAYED_DIR,
     HEADER_SIZE,
@@ -64,8 +64,8 @@ from .constants import (
     QuarantineReason,
     State,
 )
-from .errors import CorruptObject, SteadQError
-from .names import (
+from steadqd.errors import CorruptObject, SteadQError
+from steadqd.fs.names import (
     JobName,
     authenticate,
     boot_dashed,
@@ -83,15 +83,15 @@ from .names import (
     shard_dir,
     shard_of,
 )
-from .quarantine import quarantine
-from .receipt import verify_receipt
-from .records import JobHeader, check_envelope
-from .tree import Indeterminate, MoveError, Witness
-from .verify import Envelope, iter_payload
+from steadqd.fs.quarantine import quarantine
+from steadqd.fs.receipt import verify_receipt
+from steadqd.fs.records import JobHeader, check_envelope
+from steadqd.fs.tree import Indeterminate, MoveError, Witness
+from steadqd.fs.verify import Envelope, iter_payload
 
 if TYPE_CHECKING:
-    from .context import Context
-    from .queue import Queue
+    from steadqd.fs.context import Context
+    from steadqd.fs.handle import Queue
 
 __all__ = [
     "STATS_STATES",

@@ -1,4 +1,4 @@
-"""The job command of ``steadqd demo``: ``python -m steadqd.demo_job``.
+"""The job command of ``steadqd demo``: ``python -m steadqd.demo.job``.
 
 It is an ordinary job command, written the way any job command for
 ``steadqd worker`` is written, so it doubles as an example:

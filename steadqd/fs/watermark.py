@@ -19,8 +19,8 @@ import stat
 import threading
 import time
 
-from . import linux
-from .constants import (
+from steadqd.fs import linux
+from steadqd.constants import (
     PRIVATE_MODES,
     WATERMARK_ADVANCE_TMP_PREFIX,
     WATERMARK_FILE,
@@ -28,8 +28,8 @@ from .constants import (
     WATERMARK_SIZE,
     Modes,
 )
-from .errors import InvalidInput, MaintenanceBusy, QueueCorrupt, StateExhausted
-from .records import Watermark
+from steadqd.errors import InvalidInput, MaintenanceBusy, QueueCorrupt, StateExhausted
+from steadqd.fs.records import Watermark
 
 _READ_ATTEMPTS = 8
 # How long a handle trusts its cached watermark before re-reading it. Keeps

@@ -15,12 +15,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from . import linux
-from .constants import ENVELOPE_READ_BYTES, HEADER_SIZE, QuarantineReason
-from .errors import CorruptObject
-from .names import JobName
-from .records import JobHeader, check_envelope
-from .tree import Witness
+from steadqd.fs import linux
+from steadqd.constants import ENVELOPE_READ_BYTES, HEADER_SIZE, QuarantineReason
+from steadqd.errors import CorruptObject
+from steadqd.fs.names import JobName
+from steadqd.fs.records import JobHeader, check_envelope
+from steadqd.fs.tree import Witness
 
 CHUNK = 1 << 20
 

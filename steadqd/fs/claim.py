@@ -17,8 +17,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from . import linux
-from .constants import (
+from steadqd.fs import linux
+from steadqd.constants import (
     CLAIM_SCAN_CHUNK_BYTES,
     DEAD_DIR,
     READY_DIR,
@@ -27,10 +27,10 @@ from .constants import (
     QuarantineReason,
     State,
 )
-from .context import Context
-from .errors import CorruptObject, ErrorKind, MaintenanceBusy, NotCommitted, OutcomeUnknown, SteadQError
-from .lease import Lease, lease_from_claim, make_ticket, remember_own_lease_path
-from .names import (
+from steadqd.fs.context import Context
+from steadqd.errors import CorruptObject, ErrorKind, MaintenanceBusy, NotCommitted, OutcomeUnknown, SteadQError
+from steadqd.fs.lease import Lease, lease_from_claim, make_ticket, remember_own_lease_path
+from steadqd.fs.names import (
     JobName,
     authenticate,
     bucket_dir,
@@ -47,10 +47,10 @@ from .names import (
     shard_of,
     terminal_bucket,
 )
-from .quarantine import quarantine
-from .records import LeasedLocation, ReadyLocation, decode_extension
-from .tree import Collision, Indeterminate, MoveError, SourceMissing, Witness
-from .verify import Envelope, check_name_matches, read_envelope, verify_payload
+from steadqd.fs.quarantine import quarantine
+from steadqd.fs.records import LeasedLocation, ReadyLocation, decode_extension
+from steadqd.fs.tree import Collision, Indeterminate, MoveError, SourceMissing, Witness
+from steadqd.fs.verify import Envelope, check_name_matches, read_envelope, verify_payload
 
 
 @dataclass

@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from .durations import parse_duration
-from .errors import ConfigError
+from steadqd.durations import parse_duration
+from steadqd.errors import ConfigError
 
 DEFAULT_CONFIG_DIR = "/etc/steadq/queues"
 CONFIG_DIR_ENV = "STEADQ_CONFIG_DIR"

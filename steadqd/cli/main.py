@@ -1,6 +1,6 @@
 """``steadq``: the producer/operator command line (shared/spec/cli.md).
 
-Why a separate module from :mod:`steadqd.cli` (the daemon entry point): the
+Why a separate module from :mod:`steadqd.daemon.main` (the daemon entry point): the
 ``steadq`` surface is a compatibility contract with the reference
 implementation -- a shell script written against the reference binary must
 run unchanged against this one -- so every subcommand, flag, stdout/stderr
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
-    from .lease import Lease
-    from .queue import Queue
+    from steadqd.fs.lease import Lease
+    from steadqd.fs.handle import Queue
 
 PROG = "steadq"
 NS = 1_000_000_000
@@ -83,7 +83,7 @@ def os_exit_code(e: OSError) -> int:
 
 def error_code(e: BaseException) -> int:
     """Exit code of any error a subcommand may see."""
-    from .errors import OutcomeUnknown, SteadQError
+    from steadqd.errors import OutcomeUnknown, SteadQError
 
     if isinstance(e, OutcomeUnknown):
         return 2
@@ -96,7 +96,7 @@ def error_code(e: BaseException) -> int:
 
 def error_text(e: BaseException) -> str:
     """One-line description of an error (library message or strerror with the file)."""
-    from .errors import SteadQError
+    from steadqd.errors import SteadQError
 
     if isinstance(e, SteadQError):
         return e.message
@@ -204,7 +204,7 @@ def _seconds_number(text: str) -> float:
 
 def _duration(text: str) -> float:
     """Human durations (90s, 2h, 1d, 1h30m, 250ms; a bare number is seconds)."""
-    from .durations import parse_duration
+    from steadqd.durations import parse_duration
 
     try:
         return parse_duration(text)
@@ -417,7 +417,7 @@ def build_parser() -> _Parser:
 
 def open_queue(path: str, *, code: int | None = None, **options: Any) -> Queue:
     """Open with default options; failure -> one line and the error's code (or ``code``)."""
-    from .queue import Queue
+    from steadqd.fs.handle import Queue
 
     try:
         return Queue.open(path, **options)
@@ -427,8 +427,8 @@ def open_queue(path: str, *, code: int | None = None, **options: Any) -> Queue:
 
 def load_handle(handle_file: str, q: Queue) -> Lease:
     """Read and check a handle file: unreadable -> OS mapping, malformed or foreign -> 1."""
-    from .errors import SteadQError
-    from .lease import Lease
+    from steadqd.errors import SteadQError
+    from steadqd.fs.lease import Lease
 
     try:
         with open(handle_file, "rb") as f:
@@ -450,7 +450,7 @@ def load_handle(handle_file: str, q: Queue) -> Lease:
 
 def settle_failure(e: BaseException) -> CliError:
     """cli.md's common messages for ack/retry/bury failures."""
-    from .errors import LeaseLost, NotCommitted, OutcomeUnknown
+    from steadqd.errors import LeaseLost, NotCommitted, OutcomeUnknown
 
     if isinstance(e, LeaseLost):
         return CliError("lease lost", 1)
@@ -469,7 +469,7 @@ def _state_name(state: Any) -> str:
 
 
 def cmd_init(a: argparse.Namespace) -> int:
-    from .layout import QueueConfig, init_queue
+    from steadqd.fs.layout import QueueConfig, init_queue
 
     try:
         config = QueueConfig(shards=a.shards, terminal_width_ns=a.terminal_bucket_width_ns)
@@ -529,7 +529,7 @@ def cmd_put(a: argparse.Namespace) -> int:
 
 def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
     """One job; the payload is streamed (never held in memory whole)."""
-    from .errors import NotCommitted, OutcomeUnknown
+    from steadqd.errors import NotCommitted, OutcomeUnknown
 
     if a.file == "-":
         stream: BinaryIO = sys.stdin.buffer
@@ -692,8 +692,8 @@ def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource) -> int
     is written. On a failure the summary says how many jobs are durable (a
     prefix of the input), so a script can tell what to resubmit.
     """
-    from .constants import ENQUEUE_MANY_GROUP
-    from .errors import EnqueueIncomplete, NotCommitted, OutcomeUnknown
+    from steadqd.constants import ENQUEUE_MANY_GROUP
+    from steadqd.errors import EnqueueIncomplete, NotCommitted, OutcomeUnknown
 
     try:
         q = open_queue(a.path)
@@ -782,7 +782,7 @@ def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource) -> int
 
 
 def cmd_lease(a: argparse.Namespace) -> int:
-    from .errors import NotCommitted, OutcomeUnknown
+    from steadqd.errors import NotCommitted, OutcomeUnknown
 
     if not 1 <= a.duration_seconds <= 604_800:
         raise CliError(f"lease failed: duration {a.duration_seconds} s is outside 1 .. 604800 s", 1)
@@ -856,7 +856,7 @@ def _settle(a: argparse.Namespace, action: Callable[[Queue, Lease], str]) -> int
 
 
 def cmd_ack(a: argparse.Namespace) -> int:
-    from .settle import AckResult
+    from steadqd.fs.settle import AckResult
 
     def act(q: Queue, lease: Lease) -> str:
         return "acked" if q.ack(lease) is AckResult.ACKED else "already acked (idempotent success)"
@@ -897,7 +897,7 @@ class _NullSink:
 
 
 def _requeue_now(q: Queue, lease: Lease) -> int:
-    from .errors import LeaseLost, OutcomeUnknown, SteadQError
+    from steadqd.errors import LeaseLost, OutcomeUnknown, SteadQError
 
     try:
         q.retry(lease)
@@ -912,7 +912,7 @@ def _requeue_now(q: Queue, lease: Lease) -> int:
 
 def _open_leased_fd(q: Queue, lease: Lease) -> tuple[int, int]:
     """An fd of exactly the leased inode and its payload offset (renewals rename, the fd stays valid)."""
-    from .verify import read_envelope
+    from steadqd.fs.verify import read_envelope
 
     fd = os.open(os.path.join(q.path, lease.path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
@@ -930,8 +930,8 @@ def work_one(q: Queue, lease: Lease, command: list[str], lease_seconds: int) -> 
     """Run ``command`` for one leased job and settle it; returns the job's result code."""
     import subprocess
 
-    from .errors import LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
-    from .settle import AckResult
+    from steadqd.errors import LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
+    from steadqd.fs.settle import AckResult
 
     # 2. verified payload (full hash first; a corrupt payload is quarantined by the library)
     try:
@@ -1037,7 +1037,7 @@ def work_one(q: Queue, lease: Lease, command: list[str], lease_seconds: int) -> 
 
 
 def _worker(path: str, command: list[str], lease_seconds: int, once: bool, results: list[int], idx: int) -> None:
-    from .errors import NotCommitted, OutcomeUnknown, SteadQError
+    from steadqd.errors import NotCommitted, OutcomeUnknown, SteadQError
 
     try:
         q = open_queue(path, deferred=True)
@@ -1100,7 +1100,7 @@ def cmd_work(a: argparse.Namespace) -> int:
 
 
 def cmd_stats(a: argparse.Namespace) -> int:
-    from .inspect import format_stats_json, format_stats_prometheus, format_stats_text, stats
+    from steadqd.fs.inspection import format_stats_json, format_stats_prometheus, format_stats_text, stats
 
     q = open_queue(a.path)
     try:
@@ -1122,7 +1122,7 @@ def cmd_stats(a: argparse.Namespace) -> int:
 
 
 def _render_watch(path: str, s: dict[str, Any], prev: dict[str, Any] | None, dt: float) -> list[str]:
-    from .durations import format_duration
+    from steadqd.durations import format_duration
 
     def count(st: dict[str, Any], name: str) -> int:
         v = st.get(name)
@@ -1150,7 +1150,7 @@ def _render_watch(path: str, s: dict[str, Any], prev: dict[str, Any] | None, dt:
 
 def cmd_watch(a: argparse.Namespace) -> int:
     """Refresh counts every interval; ANSI home+clear on a terminal, plain frames otherwise; ^C exits 0."""
-    from .inspect import stats
+    from steadqd.fs.inspection import stats
 
     q = open_queue(a.path)
     tty = sys.stdout.isatty()
@@ -1191,8 +1191,8 @@ def cmd_watch(a: argparse.Namespace) -> int:
 
 
 def cmd_fsck(a: argparse.Namespace) -> int:
-    from .inspect import format_fsck_lines
-    from .inspect import fsck as run_fsck
+    from steadqd.fs.inspection import format_fsck_lines
+    from steadqd.fs.inspection import fsck as run_fsck
 
     q = open_queue(a.path)
     try:
@@ -1229,9 +1229,9 @@ def cmd_fsck(a: argparse.Namespace) -> int:
 
 def doctor_checks(path: str) -> list[tuple[str, bool, str]]:
     """cli.md doctor checks, in order; probes never leave files behind."""
-    from . import linux
-    from .constants import SUPPORTED_FILESYSTEMS
-    from .layout import filesystem_name
+    from steadqd.fs import linux
+    from steadqd.constants import SUPPORTED_FILESYSTEMS
+    from steadqd.fs.layout import filesystem_name
 
     checks: list[tuple[str, bool, str]] = []
 
@@ -1279,7 +1279,7 @@ def doctor_checks(path: str) -> list[tuple[str, bool, str]]:
 
 
 def _probe_publication(dfd: int) -> str:
-    from . import linux
+    from steadqd.fs import linux
 
     try:
         fd = linux.open_tmpfile(dfd)
@@ -1299,7 +1299,7 @@ def _probe_publication(dfd: int) -> str:
 
 def _probe_rename_noreplace(dfd: int) -> bool:
     """Supported iff the no-replace rename onto an existing file fails with EEXIST."""
-    from . import linux
+    from steadqd.fs import linux
 
     rand = os.urandom(16).hex()
     n1, n2 = f".rnprobe1-{rand}", f".rnprobe2-{rand}"
@@ -1326,7 +1326,7 @@ def cmd_doctor(a: argparse.Namespace) -> int:
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
-    from .inspect import inspect_job
+    from steadqd.fs.inspection import inspect_job
 
     job_id = _job_id(a.job_id)
     q = open_queue(a.path)
@@ -1381,8 +1381,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
     """Streams the file (flat memory) instead of reading it whole; same verdicts and lines."""
     import hashlib
 
-    from .errors import SteadQError
-    from .records import FormatRecord, JobHeader, envelope_digest
+    from steadqd.errors import SteadQError
+    from steadqd.fs.records import FormatRecord, JobHeader, envelope_digest
 
     fd, prefix, size = _read_prefix(a.file)
     try:
@@ -1431,8 +1431,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 
 def cmd_format_dump(a: argparse.Namespace) -> int:
-    from .errors import SteadQError
-    from .records import FormatRecord, JobHeader
+    from steadqd.errors import SteadQError
+    from steadqd.fs.records import FormatRecord, JobHeader
 
     fd, prefix, size = _read_prefix(a.file)
     os.close(fd)
@@ -1509,9 +1509,9 @@ def cmd_recover(a: argparse.Namespace) -> int:
 
 
 def cmd_resolve(a: argparse.Namespace) -> int:
-    from .errors import SteadQError
-    from .records import TransitionTicket
-    from .resolve import Resolution, resolve
+    from steadqd.errors import SteadQError
+    from steadqd.fs.records import TransitionTicket
+    from steadqd.fs.resolve import Resolution, resolve
 
     try:
         with open(a.result_file, "rb") as f:
@@ -1551,7 +1551,7 @@ def cmd_resolve(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from .errors import SteadQError
+    from steadqd.errors import SteadQError
 
     open_queue(a.path, allow_unsupported_fs=True).close()
     lock = threading.Lock()
@@ -1612,9 +1612,9 @@ def iter_jobs(root: str, states: set[str]) -> Iterator[tuple[str, Any, str, os.s
     A plain directory walk (no tag authentication: ``fsck`` is the verifier);
     entries that do not parse as a name of their directory are skipped.
     """
-    from .constants import State
-    from .errors import SteadQError
-    from .names import parse_name, parse_ready_dir_entry
+    from steadqd.constants import State
+    from steadqd.errors import SteadQError
+    from steadqd.fs.names import parse_name, parse_ready_dir_entry
 
     def listdir(rel: str) -> list[str]:
         try:
@@ -1656,7 +1656,7 @@ def iter_jobs(root: str, states: set[str]) -> Iterator[tuple[str, Any, str, os.s
 def _fmt_deadline(ns: int | None, now_ns: int) -> str:
     if ns is None:
         return "-"
-    from .durations import format_duration
+    from steadqd.durations import format_duration
 
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns // NS))
     delta = (ns - now_ns) / NS
@@ -1666,7 +1666,7 @@ def _fmt_deadline(ns: int | None, now_ns: int) -> str:
 
 def cmd_ls(a: argparse.Namespace) -> int:
     """Streamed listing: memory stays flat however many jobs there are."""
-    from .durations import format_duration
+    from steadqd.durations import format_duration
 
     want = (a.state or "").lower()
     if want in ("", "live"):
@@ -1725,9 +1725,9 @@ def _admin_job_id(text: str) -> str:
 
 def cmd_admin_dead_list(a: argparse.Namespace) -> int:
     """Plain walk of dead/*/*/* without opening the queue (cli.md)."""
-    from .constants import State
-    from .errors import SteadQError
-    from .names import parse_name
+    from steadqd.constants import State
+    from steadqd.errors import SteadQError
+    from steadqd.fs.names import parse_name
 
     root = os.fsencode(a.path)
     dead = os.path.join(root, b"dead")
@@ -1776,7 +1776,7 @@ def _open_admin(a: argparse.Namespace) -> Queue:
 
 
 def _admin_failure(e: Exception) -> CliError:
-    from .errors import ErrorKind, SteadQError
+    from steadqd.errors import ErrorKind, SteadQError
 
     if isinstance(e, SteadQError) and e.kind is ErrorKind.NOT_FOUND:
         return CliError("not found", 1)
@@ -1813,7 +1813,7 @@ def _admin_call(a: argparse.Namespace, fn: Callable[[Queue], Any]) -> Any:
 
 
 def cmd_admin_dead_export(a: argparse.Namespace) -> int:
-    from . import admin
+    from steadqd.fs import admin
 
     job_id = _admin_job_id(a.job_id)
     n = _admin_call(a, lambda q: admin.export_dead(q, job_id, a.output))
@@ -1822,7 +1822,7 @@ def cmd_admin_dead_export(a: argparse.Namespace) -> int:
 
 
 def cmd_admin_dead_remove(a: argparse.Namespace) -> int:
-    from . import admin
+    from steadqd.fs import admin
 
     job_id = _admin_job_id(a.job_id)
     _admin_call(a, lambda q: admin.remove_dead(q, job_id))
@@ -1832,8 +1832,8 @@ def cmd_admin_dead_remove(a: argparse.Namespace) -> int:
 
 def cmd_admin_requeue(a: argparse.Namespace) -> int:
     """Not in cli.md (an extra): not found -> 1, OutcomeUnknown -> 2, else the error kind's code."""
-    from . import admin
-    from .errors import ErrorKind, OutcomeUnknown, SteadQError
+    from steadqd.fs import admin
+    from steadqd.errors import ErrorKind, OutcomeUnknown, SteadQError
 
     job_id = _admin_job_id(a.job_id)
     q = _open_admin(a)
@@ -1865,7 +1865,7 @@ def _quarantine_id(text: str) -> str:
 
 
 def cmd_admin_quarantine_list(a: argparse.Namespace) -> int:
-    from . import admin
+    from steadqd.fs import admin
 
     items = [_quarantine_fields(o) for o in _admin_call(a, lambda q: list(admin.list_quarantine(q)))]
     if a.json:
@@ -1876,7 +1876,7 @@ def cmd_admin_quarantine_list(a: argparse.Namespace) -> int:
 
 
 def cmd_admin_quarantine_inspect(a: argparse.Namespace) -> int:
-    from . import admin
+    from steadqd.fs import admin
 
     qid = _quarantine_id(a.id)
     i = _quarantine_fields(_admin_call(a, lambda q: admin.inspect_quarantine(q, qid)))
@@ -1888,7 +1888,7 @@ def cmd_admin_quarantine_inspect(a: argparse.Namespace) -> int:
 
 
 def cmd_admin_quarantine_export(a: argparse.Namespace) -> int:
-    from . import admin
+    from steadqd.fs import admin
 
     qid = _quarantine_id(a.id)
     n = _admin_call(a, lambda q: admin.export_quarantine(q, qid, a.output))
@@ -1897,7 +1897,7 @@ def cmd_admin_quarantine_export(a: argparse.Namespace) -> int:
 
 
 def cmd_admin_quarantine_remove(a: argparse.Namespace) -> int:
-    from . import admin
+    from steadqd.fs import admin
 
     qid = _quarantine_id(a.id)
     _admin_call(a, lambda q: admin.remove_quarantine(q, qid))

@@ -4,7 +4,7 @@ What it does, in order (everything lives under ``./var/demo/`` by default):
 
 1. creates a queue (``queue/``, 16 shards, 1-second delayed buckets so that
    retries come back quickly) and a configuration directory (``etc/demo.yaml``)
-   whose worker command is ``python -m steadqd.demo_job``; a second run
+   whose worker command is ``python -m steadqd.demo.job``; a second run
    reuses the queue and reports what *this* run added;
 2. starts ``steadqd --config-dir var/demo/etc run demo`` as a subprocess: the
    real product (worker spawner, sweeper and promoter in one foreground
@@ -39,8 +39,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .errors import SteadQError
-from .queue import Queue
+from steadqd.errors import SteadQError
+from steadqd.fs.handle import Queue
 
 QUEUE_NAME = "demo"
 DELAY_SECONDS = 2.0
@@ -109,7 +109,7 @@ def _shown(argv: list[str]) -> str:
 
 
 def _produce(argv: list[str]) -> int:
-    """``python -m steadqd.demo _produce QUEUE JOBS``: enqueue the demo's jobs.
+    """``python -m steadqd.demo.run _produce QUEUE JOBS``: enqueue the demo's jobs.
 
     The first CLI_JOBS go through ``steadq put`` (one process each, like a
     shell script would), the rest through the library in one batch: every job
@@ -122,7 +122,7 @@ def _produce(argv: list[str]) -> int:
 
 
 def _produce_jobs(path: str, jobs: int) -> int:
-    steadq = _tool("steadq", "steadqd.steadq_cli")
+    steadq = _tool("steadq", "steadqd.cli.main")
     first = min(CLI_JOBS, jobs)
     for i in range(first):
         cmd = [
@@ -297,7 +297,7 @@ def _pump(stream: TextIO, tag: str, out: queue_mod.Queue[tuple[str, str | None]]
 
 def _counts(q: Queue) -> dict[str, int]:
     """Objects per state, classified by name (colocated leases count as leased)."""
-    from .inspect import detailed_stats
+    from steadqd.fs.inspection import detailed_stats
 
     return {k: v.objects for k, v in detailed_stats(q).items()}
 
@@ -320,7 +320,7 @@ def _write_config(etc: str, queue_path: str, concurrency: int) -> str:
 queue: {json.dumps(queue_path)}
 
 worker:
-  command: {json.dumps([sys.executable, "-m", "steadqd.demo_job"])}
+  command: {json.dumps([sys.executable, "-m", "steadqd.demo.job"])}
   concurrency: {concurrency}
   lease: 30s
   timeout: 20s
@@ -507,11 +507,11 @@ class Demo:
         config = _write_config(self.etc, self.queue_path, self.concurrency)
         self.say(
             f"wrote {os.path.join(self.shown_base, 'etc', os.path.basename(config))}: "
-            f"worker command `python -m steadqd.demo_job`, concurrency {self.concurrency}, "
+            f"worker command `python -m steadqd.demo.job`, concurrency {self.concurrency}, "
             "exit 0 = ack, 75 = retry (200ms..2s backoff), 100 = bury"
         )
         log_path = os.path.join(self.base, "daemon.log")
-        argv = [*_tool("steadqd", "steadqd.cli"), "--config-dir", self.etc, "run", QUEUE_NAME]
+        argv = [*_tool("steadqd", "steadqd.daemon.main"), "--config-dir", self.etc, "run", QUEUE_NAME]
         self.say(f"\nstarting the daemon: {_shown(argv)}")
         self.say(
             f"  (a selection of its log lines follows, shortened: STEADQ_ prefixes dropped, job ids cut;\n"
@@ -561,7 +561,7 @@ class Demo:
         )
         self.t0 = time.monotonic()
         self.producer = subprocess.Popen(
-            [sys.executable, "-m", "steadqd.demo", "_produce", self.queue_path, str(self.jobs)],
+            [sys.executable, "-m", "steadqd.demo.run", "_produce", self.queue_path, str(self.jobs)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -667,7 +667,7 @@ class Demo:
                 f"{expected['poison']} poison buried, {expected['flaky']} retried once, nothing left over"
             )
         self.say(f"the queue now holds {after['receipts']} receipts and {after['dead']} dead jobs in total")
-        steadq = _shown(_tool("steadq", "steadqd.steadq_cli"))
+        steadq = _shown(_tool("steadq", "steadqd.cli.main"))
         qpath = os.path.join(self.shown_base, "queue")
         self.say("\nlook inside:")
         self.say(f"  {steadq} stats {qpath}")
