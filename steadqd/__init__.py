@@ -1,12 +1,12 @@
 """steadqd: a SteadQ/1 broker-less filesystem job queue.
 
-    from steadqd import Queue
-    with Queue.open("/var/lib/steadq/render") as q:
-        q.enqueue(b"frame 42", content_type="text/plain")
-        lease = q.lease(wait=5)
-        if lease:
-            do_work(lease.payload())
-            q.ack(lease)
+from steadqd import Queue
+with Queue.open("/var/lib/steadq/render") as q:
+    q.enqueue(b"frame 42", content_type="text/plain")
+    lease = q.lease(wait=5)
+    if lease:
+        do_work(lease.payload())
+        q.ack(lease)
 """
 
 from steadqd.backoff import RetryPolicy
@@ -28,8 +28,8 @@ from steadqd.errors import (
     UnsupportedFilesystem,
     UnsupportedFormat,
 )
-from steadqd.fs.lease import Lease
 from steadqd.fs.handle import JobInfo, Queue
+from steadqd.fs.lease import Lease
 from steadqd.fs.settle import AckResult
 
 __all__ = [

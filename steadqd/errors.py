@@ -125,7 +125,9 @@ class ConfigError(SteadQError):
 
     default_kind = ErrorKind.INVALID_INPUT
 
-    def __init__(self, message: str, *, path: str | None = None, line: int | None = None, key: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, path: str | None = None, line: int | None = None, key: str | None = None
+    ) -> None:
         where = ""
         if path is not None:
             where = path if line is None else f"{path}:{line}"

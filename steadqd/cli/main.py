@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
-    from steadqd.fs.lease import Lease
     from steadqd.fs.handle import Queue
+    from steadqd.fs.lease import Lease
 
 PROG = "steadq"
 NS = 1_000_000_000
@@ -1229,8 +1229,8 @@ def cmd_fsck(a: argparse.Namespace) -> int:
 
 def doctor_checks(path: str) -> list[tuple[str, bool, str]]:
     """cli.md doctor checks, in order; probes never leave files behind."""
-    from steadqd.fs import linux
     from steadqd.constants import SUPPORTED_FILESYSTEMS
+    from steadqd.fs import linux
     from steadqd.fs.layout import filesystem_name
 
     checks: list[tuple[str, bool, str]] = []
@@ -1832,8 +1832,8 @@ def cmd_admin_dead_remove(a: argparse.Namespace) -> int:
 
 def cmd_admin_requeue(a: argparse.Namespace) -> int:
     """Not in cli.md (an extra): not found -> 1, OutcomeUnknown -> 2, else the error kind's code."""
-    from steadqd.fs import admin
     from steadqd.errors import ErrorKind, OutcomeUnknown, SteadQError
+    from steadqd.fs import admin
 
     job_id = _admin_job_id(a.job_id)
     q = _open_admin(a)

@@ -29,8 +29,25 @@ DEAD_RETENTION_MIN = 3600.0  # seconds; sweeper.dead_retention's lower bound
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A queue there would put the daemon's renames and unlinks into system trees.
-_FORBIDDEN_QUEUE_ROOTS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/root", "/run", "/sbin",
-                          "/sys", "/usr", "/var", "/var/lib", "/home", "/tmp"}
+_FORBIDDEN_QUEUE_ROOTS = {
+    "/",
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib64",
+    "/proc",
+    "/root",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/var",
+    "/var/lib",
+    "/home",
+    "/tmp",
+}
 
 
 @dataclass(frozen=True)
@@ -140,12 +157,16 @@ class _Doc:
         out: dict[str, _Doc] = {}
         for knode, vnode in self.node.value:
             if not isinstance(knode, yaml.ScalarNode) or knode.tag != "tag:yaml.org,2002:str":
-                raise ConfigError("keys must be plain strings", path=self.path, line=knode.start_mark.line + 1, key=self.key)
+                raise ConfigError(
+                    "keys must be plain strings", path=self.path, line=knode.start_mark.line + 1, key=self.key
+                )
             name = knode.value
             child = f"{self.key}.{name}" if self.key else name
             if name not in allowed:
                 hint = ", ".join(sorted(allowed))
-                raise ConfigError(f"unknown key (allowed here: {hint})", path=self.path, line=knode.start_mark.line + 1, key=child)
+                raise ConfigError(
+                    f"unknown key (allowed here: {hint})", path=self.path, line=knode.start_mark.line + 1, key=child
+                )
             if name in out:
                 raise ConfigError("duplicate key", path=self.path, line=knode.start_mark.line + 1, key=child)
             out[name] = _Doc(self.path, vnode, child)
@@ -315,8 +336,23 @@ def _environment(d: _Doc) -> dict[str, str]:
 
 
 def _worker(d: _Doc) -> WorkerConfig:
-    keys = {"command", "shell", "concurrency", "lease", "renew_every", "timeout", "kill_grace", "input", "environment",
-            "pass_environment", "working_directory", "user", "group", "exit_status", "retry"}
+    keys = {
+        "command",
+        "shell",
+        "concurrency",
+        "lease",
+        "renew_every",
+        "timeout",
+        "kill_grace",
+        "input",
+        "environment",
+        "pass_environment",
+        "working_directory",
+        "user",
+        "group",
+        "exit_status",
+        "retry",
+    }
     m = d.mapping(keys)
     if "command" not in m:
         raise d.error("missing required key `command`")
@@ -324,11 +360,17 @@ def _worker(d: _Doc) -> WorkerConfig:
     lease = m["lease"].duration(1.0, 7 * 86400.0) if "lease" in m else WorkerConfig.lease
     renew = m["renew_every"].duration(0.1, 7 * 86400.0) if "renew_every" in m else None
     if renew is not None and renew >= lease:  # type: ignore[operator]
-        raise m["renew_every"].error(f"must be shorter than the lease ({lease:g}s), or the lease expires between renewals")
+        raise m["renew_every"].error(
+            f"must be shorter than the lease ({lease:g}s), or the lease expires between renewals"
+        )
     wd = m["working_directory"].string() if "working_directory" in m else None
     if wd is not None and not os.path.isabs(wd):
         raise m["working_directory"].error("must be an absolute path")
-    passed = tuple(i.string() for i in m["pass_environment"].items()) if "pass_environment" in m else WorkerConfig.pass_environment
+    passed = (
+        tuple(i.string() for i in m["pass_environment"].items())
+        if "pass_environment" in m
+        else WorkerConfig.pass_environment
+    )
     for i, name in enumerate(passed):
         if not _ENV_NAME.fullmatch(name):
             raise m["pass_environment"].items()[i].error("not a valid environment variable name")

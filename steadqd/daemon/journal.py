@@ -64,7 +64,9 @@ class Log:
                 return
             except OSError:
                 pass  # journald restarting: fall back to stderr rather than lose the entry
-        extra = " ".join(f"{k}={_quote(v)}" for k, v in sorted(pairs.items()) if k not in ("STEADQ_QUEUE", "STEADQ_ROLE"))
+        extra = " ".join(
+            f"{k}={_quote(v)}" for k, v in sorted(pairs.items()) if k not in ("STEADQ_QUEUE", "STEADQ_ROLE")
+        )
         line = f"<{priority}>{self.role}[{self.queue}]: {message}" + (f" {extra}" if extra else "")
         with self._lock:
             try:

@@ -31,8 +31,11 @@ def _role_factory(names: tuple[str, ...]) -> Callable[..., list]:
 
         # Only the roles asked for are imported: one role's module (and its
         # dependencies) must not be able to keep another role from starting.
-        classes = {"worker": ("spawner", "WorkerRole"), "sweeper": ("sweeper", "SweeperRole"),
-                   "promoter": ("promoter", "PromoterRole")}
+        classes = {
+            "worker": ("spawner", "WorkerRole"),
+            "sweeper": ("sweeper", "SweeperRole"),
+            "promoter": ("promoter", "PromoterRole"),
+        }
         roles = []
         for n in names:
             if n == "worker" and settings.worker is None:
@@ -90,7 +93,9 @@ def daemon_main(argv: list[str] | None = None) -> int:
 
         return main(args[1:])
     ap = argparse.ArgumentParser(prog="steadqd", description="SteadQ/1 queue daemons.")
-    ap.add_argument("--config-dir", help="directory of <queue>.yaml files (default $STEADQ_CONFIG_DIR or /etc/steadq/queues)")
+    ap.add_argument(
+        "--config-dir", help="directory of <queue>.yaml files (default $STEADQ_CONFIG_DIR or /etc/steadq/queues)"
+    )
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, helptext in (
         ("worker", "run jobs of QUEUE with the configured command"),

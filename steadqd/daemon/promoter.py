@@ -37,15 +37,15 @@ import os
 
 import inotify_simple
 
-from steadqd.daemon.config import QueueSettings
 from steadqd.constants import DELAYED_DIR, JOB_EXT
-from steadqd.errors import SteadQError
-from steadqd.fs.names import parse_bucket_dir, parse_shard_dir, shard_dir
-from steadqd.fs.handle import Queue
-from steadqd.fs.recovery import RecoveryReport
+from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop, Timer, open_queue
 from steadqd.daemon.sweeper import ErrorDigest
+from steadqd.errors import SteadQError
+from steadqd.fs.handle import Queue
+from steadqd.fs.names import parse_bucket_dir, parse_shard_dir, shard_dir
+from steadqd.fs.recovery import RecoveryReport
 
 __all__ = ["PromoterRole"]
 

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from steadqd.daemon.config import QueueSettings
-from steadqd.errors import ConfigError, SteadQError
-from steadqd.fs.handle import Queue
 from steadqd.daemon.journal import Log
 from steadqd.daemon.notify import Notifier
+from steadqd.errors import ConfigError, SteadQError
+from steadqd.fs.handle import Queue
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -76,15 +76,15 @@ from typing import Any
 import inotify_simple
 
 from steadqd.backoff import RetryPolicy
-from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.constants import READY_DIR, State
-from steadqd.errors import ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError, kind_for_errno
-from steadqd.fs.lease import Lease
-from steadqd.fs.names import looks_ready, parse_name, shard_dir
-from steadqd.fs.handle import Queue
 from steadqd.daemon import payload_dirs
+from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.journal import INFO, WARNING, Log
 from steadqd.daemon.service import Loop, Timer, open_queue
+from steadqd.errors import ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError, kind_for_errno
+from steadqd.fs.handle import Queue
+from steadqd.fs.lease import Lease
+from steadqd.fs.names import looks_ready, parse_name, shard_dir
 
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
 MAX_LINE = 16 * 1024  # bytes of one forwarded output line; the rest of the line is dropped

@@ -24,11 +24,11 @@ import time
 from collections.abc import Callable, Iterable
 
 from steadqd.daemon.config import QueueSettings
+from steadqd.daemon.journal import Log
+from steadqd.daemon.service import Loop, Timer, open_queue
 from steadqd.errors import SteadQError
 from steadqd.fs.handle import Queue
 from steadqd.fs.recovery import RecoveryReport
-from steadqd.daemon.journal import Log
-from steadqd.daemon.service import Loop, Timer, open_queue
 
 __all__ = ["ERROR_LOG_WINDOW", "ErrorDigest", "SweeperRole"]
 

@@ -32,10 +32,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from steadqd.fs import linux
 from steadqd.constants import DEAD_DIR, QUARANTINE_DIR, READY_DIR, QuarantineReason, State
+from steadqd.errors import (
+    CorruptObject,
+    ErrorKind,
+    InvalidInput,
+    NotCommitted,
+    OutcomeUnknown,
+    SteadQError,
+    kind_for_errno,
+)
+from steadqd.fs import linux
 from steadqd.fs.context import Context, not_committed
-from steadqd.errors import CorruptObject, ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, SteadQError, kind_for_errno
 from steadqd.fs.names import (
     authenticate,
     make_filename,

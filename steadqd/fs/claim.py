@@ -17,7 +17,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from steadqd.fs import linux
 from steadqd.constants import (
     CLAIM_SCAN_CHUNK_BYTES,
     DEAD_DIR,
@@ -27,8 +26,9 @@ from steadqd.constants import (
     QuarantineReason,
     State,
 )
-from steadqd.fs.context import Context
 from steadqd.errors import CorruptObject, ErrorKind, MaintenanceBusy, NotCommitted, OutcomeUnknown, SteadQError
+from steadqd.fs import linux
+from steadqd.fs.context import Context
 from steadqd.fs.lease import Lease, lease_from_claim, make_ticket, remember_own_lease_path
 from steadqd.fs.names import (
     JobName,

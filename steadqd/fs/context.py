@@ -14,9 +14,9 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from steadqd.fs import linux
 from steadqd.constants import CONTROL_DIR, QUARANTINE_DIR, READY_DIR, ZFS_MAGIC, Modes, modes_for_root
 from steadqd.errors import ErrorKind, MaintenanceBusy, NotCommitted, QueuePoisoned, SteadQError, kind_for_errno
+from steadqd.fs import linux
 from steadqd.fs.layout import OpenOptions
 from steadqd.fs.names import boot_raw, shard_dir
 from steadqd.fs.records import FormatRecord

@@ -19,9 +19,7 @@ from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 import inotify_simple
 
-from steadqd.fs import linux
 from steadqd.backoff import RetryPolicy
-from steadqd.fs.claim import ScanReport, claim
 from steadqd.constants import (
     DEFAULT_RECEIPT_RETENTION_NS,
     DEFAULT_TEMP_TTL_NS,
@@ -32,7 +30,6 @@ from steadqd.constants import (
     QuarantineReason,
     State,
 )
-from steadqd.fs.context import Context, not_committed
 from steadqd.errors import (
     EnqueueIncomplete,
     ErrorKind,
@@ -43,6 +40,9 @@ from steadqd.errors import (
     QueueCorrupt,
     SteadQError,
 )
+from steadqd.fs import linux
+from steadqd.fs.claim import ScanReport, claim
+from steadqd.fs.context import Context, not_committed
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
 from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
 from steadqd.fs.names import (

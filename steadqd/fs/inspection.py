@@ -46,7 +46,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from steadqd.fs import linux
 from steadqd.constants import (
     DEAD_DIR,
     DELAYED_DIR,
@@ -65,6 +64,7 @@ from steadqd.constants import (
     State,
 )
 from steadqd.errors import CorruptObject, SteadQError
+from steadqd.fs import linux
 from steadqd.fs.names import (
     JobName,
     authenticate,

@@ -15,7 +15,6 @@ import os
 import stat
 from dataclasses import dataclass
 
-from steadqd.fs import linux
 from steadqd.constants import (
     CONTROL_DIR,
     CONTROL_LOCKS,
@@ -53,6 +52,7 @@ from steadqd.errors import (
     QueueCorrupt,
     UnsupportedFilesystem,
 )
+from steadqd.fs import linux
 from steadqd.fs.names import shard_dir, watermark_bucket
 from steadqd.fs.records import FormatRecord, Watermark, validate_cursor, validate_queue_config
 from steadqd.fs.tree import enforce_dir_mode
@@ -182,7 +182,11 @@ def init_queue(
     a root that already grants its group access is treated the same way.
     """
     validate_queue_config(
-        config.shards, config.lease_width_ns, config.delayed_width_ns, config.terminal_width_ns, config.max_payload_length
+        config.shards,
+        config.lease_width_ns,
+        config.delayed_width_ns,
+        config.terminal_width_ns,
+        config.max_payload_length,
     )
     # Refuse a width the default retention could not open later (open-questions E44).
     check_retention(config.terminal_width_ns, DEFAULT_RECEIPT_RETENTION_NS)

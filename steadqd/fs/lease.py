@@ -15,9 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from steadqd.fs import linux
 from steadqd.constants import LEASED_DIR, MAX_LEASE_NS, MIN_LEASE_NS, NS_PER_SECOND, READY_DIR, U64_MAX, State
-from steadqd.fs.context import Context, not_committed
 from steadqd.errors import (
     ErrorKind,
     InvalidInput,
@@ -28,6 +26,8 @@ from steadqd.errors import (
     SteadQError,
     kind_for_errno,
 )
+from steadqd.fs import linux
+from steadqd.fs.context import Context, not_committed
 from steadqd.fs.names import (
     JobName,
     authenticate,
@@ -307,7 +307,9 @@ def remember_own_lease_path(queue_id: bytes, shard_count: int, lease_width_ns: i
     """
     parts = tuple(path.split("/"))
     name = parse_name(State.LEASED, parts[-1])
-    _remember_facts((queue_id, shard_count, lease_width_ns, path), _PathFacts(parts, shard, name, boot_dashed(name.boot_id or b"")))
+    _remember_facts(
+        (queue_id, shard_count, lease_width_ns, path), _PathFacts(parts, shard, name, boot_dashed(name.boot_id or b""))
+    )
 
 
 def _compute_path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, path: str) -> _PathFacts:

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from steadqd.fs import linux
 from steadqd.constants import (
     DELAYED_DIR,
     ENQUEUE_MANY_GROUP,
@@ -32,7 +31,6 @@ from steadqd.constants import (
     U32_MAX,
     U64_MAX,
 )
-from steadqd.fs.context import Context, not_committed
 from steadqd.errors import (
     EnqueueIncomplete,
     ErrorKind,
@@ -42,6 +40,8 @@ from steadqd.errors import (
     SteadQError,
     kind_for_errno,
 )
+from steadqd.fs import linux
+from steadqd.fs.context import Context, not_committed
 from steadqd.fs.names import (
     bucket_dir,
     delayed_bucket,
@@ -518,7 +518,9 @@ class _Publication:
         except OSError as e:
             raise not_committed(e, "create temp file", job_id=self.job_hex) from e
         try:
-            fd = linux.open_at(tmp_fd, tmp_name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, self.ctx.modes.file)
+            fd = linux.open_at(
+                tmp_fd, tmp_name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, self.ctx.modes.file
+            )
         except OSError as e:
             if e.errno != errno.EEXIST:  # the create may have happened before the error: guard the name
                 try:
@@ -543,7 +545,9 @@ class _Publication:
                     f"job id collision at {self.rel_path}", ErrorKind.IDENTITY_COLLISION, job_id=self.job_hex
                 ) from e
             except (SourceMissing, SourceChanged) as e:
-                raise NotCommitted(f"temp file changed before publication: {e}", ErrorKind.IO_FAILURE, job_id=self.job_hex) from e
+                raise NotCommitted(
+                    f"temp file changed before publication: {e}", ErrorKind.IO_FAILURE, job_id=self.job_hex
+                ) from e
             except MoveFailed as e:
                 raise NotCommitted(f"publish: {e}", kind_for_errno(e.errno), job_id=self.job_hex) from e
             except Indeterminate as e:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from steadqd.fs import linux
 from steadqd.constants import HEADER_SIZE, QuarantineReason, State
 from steadqd.errors import CorruptObject
+from steadqd.fs import linux
 from steadqd.fs.names import JobName, authenticate, bucket_start, parse_name, shard_of
 from steadqd.fs.records import CompactReceipt, FormatRecord, is_compact_receipt
 from steadqd.fs.tree import Witness
@@ -74,7 +74,11 @@ def verify_receipt(
         raise _corrupt("is shorter than 128 bytes")
     if is_compact_receipt(prefix, st.st_size):
         record = CompactReceipt.decode(prefix)
-        if record.job_id != name.job_id or record.lease_token != name.lease_token or record.final_attempt != name.attempt:
+        if (
+            record.job_id != name.job_id
+            or record.lease_token != name.lease_token
+            or record.final_attempt != name.attempt
+        ):
             raise _corrupt("compact record does not match its name", QuarantineReason.FILENAME_HEADER_MISMATCH)
         if record.bucket_start_ns != bucket_start(bucket, fmt.terminal_width_ns):
             raise _corrupt("compact record bucket start does not match its directory")

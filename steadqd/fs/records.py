@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from steadqd.fs.cbor import Extension, MetadataValue, decode_extension, encode_extension
 from steadqd.constants import (
     COMPACT_RECEIPT_SIZE,
     DIGEST_SHA256,
@@ -48,6 +47,7 @@ from steadqd.constants import (
     QuarantineReason,
 )
 from steadqd.errors import CorruptObject, ErrorKind, InvalidInput, QueueCorrupt, SteadQError, UnsupportedFormat
+from steadqd.fs.cbor import Extension, MetadataValue, decode_extension, encode_extension
 
 __all__ = [
     "CURSOR_PHASES",

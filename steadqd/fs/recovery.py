@@ -58,7 +58,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from steadqd.fs import linux
 from steadqd.constants import (
     CONTROL_DIR,
     DEAD_DIR,
@@ -78,8 +77,9 @@ from steadqd.constants import (
     QuarantineReason,
     State,
 )
-from steadqd.fs.context import Context
 from steadqd.errors import CorruptObject, InvalidInput, QueueCorrupt, SteadQError
+from steadqd.fs import linux
+from steadqd.fs.context import Context
 from steadqd.fs.names import (
     JobName,
     authenticate,
@@ -244,9 +244,7 @@ def run_recovery(
     full passes (and still run when the cursor names a later phase).
     """
     ops, ms = _check_budget_args(budget_ops, budget_ms)
-    if phases is not None and (
-        not isinstance(phases, tuple) or not phases or any(p not in PHASES for p in phases)
-    ):
+    if phases is not None and (not isinstance(phases, tuple) or not phases or any(p not in PHASES for p in phases)):
         raise InvalidInput(f"phases must be a non-empty tuple of {', '.join(PHASES)}; got {phases!r}")
     if now_boottime is not None and (
         isinstance(now_boottime, bool) or not isinstance(now_boottime, int) or now_boottime < 0

@@ -27,9 +27,9 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from steadqd.fs import linux
 from steadqd.constants import DEAD_DIR, DELAYED_DIR, HEADER_SIZE, JOB_EXT, READY_DIR, RECEIPT_EXT, RECEIPTS_DIR, State
 from steadqd.errors import CorruptObject, ErrorKind, InvalidInput, SteadQError
+from steadqd.fs import linux
 from steadqd.fs.names import (
     JobName,
     authenticate,

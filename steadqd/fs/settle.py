@@ -13,7 +13,6 @@ import errno
 import os
 from collections.abc import Callable
 
-from steadqd.fs import linux
 from steadqd.backoff import RetryPolicy, retry_delay_ms
 from steadqd.constants import (
     DEAD_DIR,
@@ -25,7 +24,6 @@ from steadqd.constants import (
     U16_MAX,
     DeadReason,
 )
-from steadqd.fs.context import Context, not_committed
 from steadqd.errors import (
     CorruptObject,
     ErrorKind,
@@ -36,6 +34,8 @@ from steadqd.errors import (
     SteadQError,
     kind_for_errno,
 )
+from steadqd.fs import linux
+from steadqd.fs.context import Context, not_committed
 from steadqd.fs.lease import Lease, Source, indeterminate, validate_source
 from steadqd.fs.names import (
     bucket_dir,
@@ -105,7 +105,11 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     bucket = terminal_bucket(wall, fmt.terminal_width_ns)
     shard = _shard(ctx, lease)
     target = receipt_name(
-        lease.job_id_bytes, next_generation(lease.generation), lease.attempt, lease.max_attempts, lease_token=lease.token
+        lease.job_id_bytes,
+        next_generation(lease.generation),
+        lease.attempt,
+        lease.max_attempts,
+        lease_token=lease.token,
     )
     target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
     dest_rel = f"{RECEIPTS_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}"
@@ -167,7 +171,11 @@ def _probe_or_lost(ctx: Context, lease: Lease, wall: int, shard: int) -> AckResu
     now_b = terminal_bucket(wall, fmt.terminal_width_ns)
     r = -(-ctx.options.receipt_retention_ns // fmt.terminal_width_ns)
     name = receipt_name(
-        lease.job_id_bytes, next_generation(lease.generation), lease.attempt, lease.max_attempts, lease_token=lease.token
+        lease.job_id_bytes,
+        next_generation(lease.generation),
+        lease.attempt,
+        lease.max_attempts,
+        lease_token=lease.token,
     )
     for b in range(now_b, max(0, now_b - (r + 2)) - 1, -1):
         rel = f"{RECEIPTS_DIR}/{bucket_dir(b)}/{shard_dir(shard)}"

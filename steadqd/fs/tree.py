@@ -28,8 +28,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from steadqd.fs import linux
 from steadqd.constants import PRIVATE_MODES, READY_DIR, Modes
+from steadqd.fs import linux
 from steadqd.fs.names import parse_shard_dir, shard_dir
 
 # --- Move outcomes below the public error model. ---

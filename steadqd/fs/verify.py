@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from steadqd.fs import linux
 from steadqd.constants import ENVELOPE_READ_BYTES, HEADER_SIZE, QuarantineReason
 from steadqd.errors import CorruptObject
+from steadqd.fs import linux
 from steadqd.fs.names import JobName
 from steadqd.fs.records import JobHeader, check_envelope
 from steadqd.fs.tree import Witness
@@ -56,7 +56,9 @@ def read_envelope(fd: int, max_payload: int, st: os.stat_result | None = None) -
         st = linux.fstat(fd)
     check_object_stat(st)
     if st.st_size < HEADER_SIZE:
-        raise CorruptObject(f"file is {st.st_size} bytes, shorter than the 128-byte header", QuarantineReason.ENVELOPE_CORRUPT)
+        raise CorruptObject(
+            f"file is {st.st_size} bytes, shorter than the 128-byte header", QuarantineReason.ENVELOPE_CORRUPT
+        )
     # One read for header, extension and (small) payload alike; the size
     # checks below still run against the header before anything else is read.
     head = linux.pread(fd, min(st.st_size, ENVELOPE_READ_BYTES), 0)
@@ -85,7 +87,9 @@ def read_envelope(fd: int, max_payload: int, st: os.stat_result | None = None) -
 def check_name_matches(header: JobHeader, name: JobName) -> None:
     """The name's job id and attempt limit must be the header's."""
     if header.job_id != name.job_id or header.max_attempts != name.max_attempts:
-        raise CorruptObject("name does not match the header (job id or maximum attempts)", QuarantineReason.FILENAME_HEADER_MISMATCH)
+        raise CorruptObject(
+            "name does not match the header (job id or maximum attempts)", QuarantineReason.FILENAME_HEADER_MISMATCH
+        )
 
 
 def iter_payload(fd: int, env: Envelope) -> Iterator[bytes]:

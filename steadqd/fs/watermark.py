@@ -19,7 +19,6 @@ import stat
 import threading
 import time
 
-from steadqd.fs import linux
 from steadqd.constants import (
     PRIVATE_MODES,
     WATERMARK_ADVANCE_TMP_PREFIX,
@@ -29,6 +28,7 @@ from steadqd.constants import (
     Modes,
 )
 from steadqd.errors import InvalidInput, MaintenanceBusy, QueueCorrupt, StateExhausted
+from steadqd.fs import linux
 from steadqd.fs.records import Watermark
 
 _READ_ATTEMPTS = 8

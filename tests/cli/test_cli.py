@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from steadqd import Lease, Queue
-from steadqd.fs import linux
-from steadqd.constants import State
-from steadqd.fs.records import JobHeader, LeasedLocation, ReadyLocation, TransitionTicket
 from steadqd.cli.main import main, temp_sibling, write_atomic
+from steadqd.constants import State
+from steadqd.fs import linux
+from steadqd.fs.records import JobHeader, LeasedLocation, ReadyLocation, TransitionTicket
 from tests.invariants import check_tree
 
 from .helpers import steadq

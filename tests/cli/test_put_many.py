@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from steadqd import Queue, constants
-from steadqd.fs import linux
-from steadqd.fs import publish
 from steadqd.cli.main import main
+from steadqd.fs import linux, publish
 from tests.invariants import check_tree
 
 from .helpers import payload_dir

@@ -14,9 +14,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from steadqd.fs import linux
-from steadqd.fs import publish
-from steadqd.fs import tree
+from steadqd.fs import linux, publish, tree
 
 
 @contextlib.contextmanager

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from steadqd import Queue
-from steadqd.fs import linux
 from steadqd.constants import NS_PER_SECOND, State
+from steadqd.fs import linux
 from steadqd.fs.recovery import run_recovery
 from tests.invariants import TreeState, check_tree
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from steadqd import Queue
-from steadqd.fs import linux
 from steadqd.constants import State
+from steadqd.fs import linux
 from tests.crash import bugs
 from tests.crash.conftest import RESULTS
 from tests.crash.gates import Expectation, check_state

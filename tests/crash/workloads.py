@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steadqd import Lease, Queue
-from steadqd.fs import linux
-from steadqd.fs import publish
 from steadqd.constants import NS_PER_SECOND
+from steadqd.fs import linux, publish
 from steadqd.fs.recovery import run_recovery
 from tests.invariants import check_tree
 

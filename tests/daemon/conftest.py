@@ -31,7 +31,7 @@ DEADLINE = 30.0  # generous: a 2-core CI box under load
 # The job command. Instructions come in the payload (stdin, or the
 # STEADQ_PAYLOAD_FILE copy) as JSON; what it saw is written atomically to
 # <results>/<job_id>.<attempt>.json, and <...>.start marks that it began.
-JOB_SCRIPT = r'''
+JOB_SCRIPT = r"""
 import json, os, signal, stat, subprocess, sys, time
 
 results = sys.argv[1]
@@ -86,7 +86,7 @@ code = spec.get("exit", 0)
 if isinstance(code, dict):
     code = code.get(attempt, code.get("default", 0))
 sys.exit(code)
-'''
+"""
 
 
 def job_spec(**spec: Any) -> bytes:
@@ -191,7 +191,9 @@ class Daemon:
 
         def found() -> list[re.Match[str]] | None:
             if self.proc.poll() is not None and len(rx.findall(self.log())) < count:
-                raise AssertionError(f"daemon exited ({self.proc.returncode}) before logging {pattern!r}:\n{self.log()}")
+                raise AssertionError(
+                    f"daemon exited ({self.proc.returncode}) before logging {pattern!r}:\n{self.log()}"
+                )
             ms = list(rx.finditer(self.log()))
             return ms if len(ms) >= count else None
 

@@ -21,8 +21,8 @@ from types import SimpleNamespace
 import pytest
 
 from steadqd import Queue
-from steadqd.daemon.config import WorkerConfig
 from steadqd.constants import State
+from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.spawner import SAFETY_RESCAN, build_environment, is_ready_name, meta_env_name, meta_env_value
 from tests.daemon.conftest import DEADLINE, Env, job_spec, kill_group, live_group_members, wait_for
 from tests.invariants import check_tree, live_tree
@@ -112,7 +112,10 @@ def test_exit_statuses_settle_jobs_and_output_reaches_the_log(denv: Env, daemons
     assert not tree.ready and not tree.leased and not tree.delayed
     assert not list(denv.jobtmp.iterdir())  # every per-job payload directory was removed
     assert denv.results_of(flaky)[2]["env"]["STEADQ_ATTEMPT"] == "2"
-    assert denv.results_of(ok)[1]["payload"] == job_spec(exit=0, print=["hello from ok"], stderr=["careful from ok"]).decode()
+    assert (
+        denv.results_of(ok)[1]["payload"]
+        == job_spec(exit=0, print=["hello from ok"], stderr=["careful from ok"]).decode()
+    )
     # without journald: "<N>role[queue]: message KEY=value..." lines
     d.wait_log(rf"^<6>worker\[testq\]: hello from ok STEADQ_ATTEMPT=1 STEADQ_JOB_ID={ok} STEADQ_STREAM=stdout$")
     d.wait_log(rf"^<4>worker\[testq\]: careful from ok STEADQ_ATTEMPT=1 STEADQ_JOB_ID={ok} STEADQ_STREAM=stderr$")
@@ -130,7 +133,7 @@ def test_environment_metadata_and_payload_file_are_data(denv: Env, daemons, tmp_
     denv.write_config(input="file", environment={"GREETING": "hello world"}, pass_environment=["PATH", "LANG"])
     meta = {
         "evil": f"$(touch {pwned}); `touch {pwned}`",
-        "quote": "it's \"quoted\" \\",
+        "quote": 'it\'s "quoted" \\',
         "multi.line": "first\nsecond",
         "num": -42,
         "flag": False,
@@ -163,7 +166,9 @@ def test_environment_metadata_and_payload_file_are_data(denv: Env, daemons, tmp_
     # the job ran in its own session / process group
     assert res["pgid"] == res["pid"] == res["sid"] and res["pgid"] != d.pid
     # an over-long output line is cut at 16 KiB (and marked); the next line is intact
-    d.wait_log(rf"^<6>worker\[testq\]: y{{16384}} STEADQ_ATTEMPT=1 STEADQ_JOB_ID={job} STEADQ_STREAM=stdout STEADQ_TRUNCATED=true$")
+    d.wait_log(
+        rf"^<6>worker\[testq\]: y{{16384}} STEADQ_ATTEMPT=1 STEADQ_JOB_ID={job} STEADQ_STREAM=stdout STEADQ_TRUNCATED=true$"
+    )
     d.wait_log(rf"^<6>worker\[testq\]: after the long line STEADQ_ATTEMPT=1 STEADQ_JOB_ID={job} STEADQ_STREAM=stdout$")
     assert "END" not in d.log()
 
@@ -310,8 +315,11 @@ def test_sigkilled_worker_leaves_a_lease_that_recovery_returns(denv: Env, daemon
             assert [i.state for i in q.inspect(job)] == [State.LEASED]
             d.proc.kill()
             d.wait()
-            wait_for(lambda: q.recover() is not None and [i.state for i in q.inspect(job)] == [State.READY], DEADLINE,
-                     "recovery to return the expired lease")
+            wait_for(
+                lambda: q.recover() is not None and [i.state for i in q.inspect(job)] == [State.READY],
+                DEADLINE,
+                "recovery to return the expired lease",
+            )
             info = q.inspect(job)[0]
             assert info.attempt == 1  # the claim counted the attempt; the next claim makes it 2
     finally:

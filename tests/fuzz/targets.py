@@ -20,11 +20,11 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from steadqd.fs import names
-from steadqd.fs.cbor import Extension, decode_extension, encode_extension
 from steadqd.daemon.config import parse_config
 from steadqd.durations import parse_duration
 from steadqd.errors import ConfigError, CorruptObject, InvalidInput, QueueCorrupt, SteadQError, UnsupportedFormat
+from steadqd.fs import names
+from steadqd.fs.cbor import Extension, decode_extension, encode_extension
 from steadqd.fs.lease import Lease
 from steadqd.fs.records import (
     CompactReceipt,

@@ -35,6 +35,7 @@ from steadqd import (  # noqa: E402
     State,
     SteadQError,
 )
+from steadqd.constants import HEADER_SIZE  # noqa: E402
 from steadqd.fs import linux  # noqa: E402
 from steadqd.fs.admin import (  # noqa: E402
     DeadJob,
@@ -49,7 +50,6 @@ from steadqd.fs.admin import (  # noqa: E402
     remove_quarantine,
     requeue_dead,
 )
-from steadqd.constants import HEADER_SIZE  # noqa: E402
 from steadqd.fs.names import make_quarantine_name, parse_name  # noqa: E402
 from steadqd.fs.records import EnqueueTicket, JobHeader  # noqa: E402
 from tests.invariants import check_tree  # noqa: E402

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from steadqd import Queue, QueueCorrupt
-from steadqd.fs import claim
-from steadqd.fs import linux
+from steadqd.fs import claim, linux
 from tests.fabricate import write_ready_jobs
 
 

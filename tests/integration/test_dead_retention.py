@@ -33,13 +33,12 @@ if _REPO not in sys.path:  # make ``tests.*`` importable however pytest was star
     sys.path.insert(0, _REPO)
 
 from steadqd import Queue  # noqa: E402
-from steadqd.fs import linux  # noqa: E402
-from steadqd.fs import recovery  # noqa: E402
 from steadqd.daemon.config import parse_config  # noqa: E402
 from steadqd.daemon.journal import Log  # noqa: E402
 from steadqd.daemon.service import Loop  # noqa: E402
 from steadqd.daemon.sweeper import SweeperRole  # noqa: E402
 from steadqd.errors import InvalidInput  # noqa: E402
+from steadqd.fs import linux, recovery  # noqa: E402
 from steadqd.fs.records import reset_cursor_json, validate_cursor  # noqa: E402
 from steadqd.fs.recovery import RecoveryReport, run_recovery  # noqa: E402
 from tests.integration.test_recovery import (  # noqa: E402

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from steadqd import Queue
-from steadqd.demo.run import LogLine, Tally, job_delay, job_kind, payload, plan_counts
 from steadqd.demo.job import EXIT_ACK, EXIT_BAD_INPUT, EXIT_BURY, EXIT_RETRY, run
+from steadqd.demo.run import LogLine, Tally, job_delay, job_kind, payload, plan_counts
 from steadqd.fs.inspection import detailed_stats
 from tests.invariants import check_tree
 

@@ -26,9 +26,8 @@ from steadqd import (
     Queue,
     State,
 )
-from steadqd.fs import linux
-from steadqd.fs import publish
 from steadqd.errors import EnqueueIncomplete
+from steadqd.fs import linux, publish
 from steadqd.fs.records import EnqueueTicket
 from tests.invariants import check_tree
 

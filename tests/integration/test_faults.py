@@ -61,9 +61,9 @@ from steadqd import (  # noqa: E402
     Queue,
     State,
 )
-from steadqd.fs import linux  # noqa: E402
 from steadqd.constants import WATERMARK_ADVANCE_TMP_PREFIX  # noqa: E402
 from steadqd.errors import EnqueueIncomplete  # noqa: E402
+from steadqd.fs import linux  # noqa: E402
 from steadqd.fs.names import delayed_bucket, shard_of  # noqa: E402
 from steadqd.fs.records import EnqueueTicket, TransitionTicket, Watermark  # noqa: E402
 from steadqd.fs.verify import read_envelope, read_payload  # noqa: E402

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 import pytest
 
 from steadqd import Queue
-from steadqd.fs import linux
 from steadqd.constants import DOMAIN_FORMAT, FORMAT_SIZE, STATE_DIRS, State
 from steadqd.errors import InvalidInput, QueueCorrupt, UnsupportedFilesystem, UnsupportedFormat
+from steadqd.fs import linux
 from steadqd.fs.layout import filesystem_name
 from steadqd.fs.records import FormatRecord, sha256
 from steadqd.fs.settle import AckResult

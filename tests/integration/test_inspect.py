@@ -37,8 +37,8 @@ from steadqd import (
     Queue,
     State,
 )
-from steadqd.fs import names
 from steadqd.fs import inspection as insp
+from steadqd.fs import names
 from steadqd.fs.linux import ofd_lock, read_boot_id
 from steadqd.fs.records import Extension, build_header, encode_extension
 from tests.fabricate import write_ready_jobs

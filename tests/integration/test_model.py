@@ -41,9 +41,9 @@ from steadqd import (
     Queue,
     State,
 )
+from steadqd.constants import NS_PER_SECOND
 from steadqd.fs import linux
 from steadqd.fs import names as N
-from steadqd.constants import NS_PER_SECOND
 
 _REPO = str(Path(__file__).resolve().parents[2])
 if _REPO not in sys.path:  # tests/ has no __init__.py; make tests.model importable however pytest was started

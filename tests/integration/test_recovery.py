@@ -30,8 +30,7 @@ from steadqd import (
     Queue,
     State,
 )
-from steadqd.fs import linux
-from steadqd.fs import names
+from steadqd.fs import linux, names
 from steadqd.fs.names import JobName
 from steadqd.fs.receipt import verify_receipt
 from steadqd.fs.records import CompactReceipt, Watermark, reset_cursor_json, validate_cursor

@@ -41,9 +41,8 @@ if _REPO not in sys.path:  # make ``tests.*`` importable however pytest was star
     sys.path.insert(0, _REPO)
 
 from steadqd import Queue  # noqa: E402
-from steadqd.fs import linux  # noqa: E402
-from steadqd.fs import names  # noqa: E402
 from steadqd.constants import QuarantineReason  # noqa: E402
+from steadqd.fs import linux, names  # noqa: E402
 from steadqd.fs.recovery import RecoveryReport, run_recovery  # noqa: E402
 from tests.integration.test_recovery import (  # noqa: E402
     OTHER_BOOT,

@@ -37,8 +37,8 @@ from steadqd import (  # noqa: E402
     Queue,
     SteadQError,
 )
-from steadqd.fs import linux  # noqa: E402
 from steadqd.constants import DEAD_DIR, DELAYED_DIR, HEADER_SIZE, READY_DIR, RECEIPTS_DIR  # noqa: E402
+from steadqd.fs import linux  # noqa: E402
 from steadqd.fs.names import (  # noqa: E402
     bucket_dir,
     dead_name,

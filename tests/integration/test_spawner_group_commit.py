@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from steadqd import Queue
-from steadqd.fs import linux
 from steadqd.daemon.config import parse_config
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop
 from steadqd.daemon.spawner import WorkerRole, _Job
+from steadqd.fs import linux
 
 
 @pytest.fixture

@@ -31,8 +31,7 @@ from steadqd import (
     RetryPolicy,
     State,
 )
-from steadqd.fs import linux
-from steadqd.fs import names
+from steadqd.fs import linux, names
 from steadqd.fs.records import JobHeader, decode_extension
 
 HEADER = 128

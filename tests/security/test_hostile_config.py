@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from steadqd import Queue, SteadQError
-from steadqd.daemon.main import daemon_main
 from steadqd.daemon.config import parse_config
 from steadqd.daemon.journal import Log
+from steadqd.daemon.main import daemon_main
 from steadqd.daemon.spawner import WorkerRole
 from tests.security.test_hostile_tree import Frozen
 

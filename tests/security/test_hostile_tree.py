@@ -36,10 +36,8 @@ from steadqd import (
     Queue,
     SteadQError,
 )
-from steadqd.fs import admin
-from steadqd.fs import linux
-from steadqd.fs import names
 from steadqd.constants import ENVELOPE_READ_BYTES, QuarantineReason
+from steadqd.fs import admin, linux, names
 from steadqd.fs.records import build_header
 
 OLD_ATIME_NS = 1_000_000_000 * 10**9  # 2001: before any mtime we set, so relatime updates it on access
@@ -800,6 +798,12 @@ def test_blocking_lease_never_watches_through_a_symlinked_shard(tmp_path):
             q.lease(wait=0.05)  # and sets up the watches first
         fd = q._inotify.fileno()
         with open(f"/proc/self/fdinfo/{fd}") as f:
-            watched = {int(part.split(":")[1], 16) for line in f if line.startswith("inotify") for part in line.split() if part.startswith("ino:")}
+            watched = {
+                int(part.split(":")[1], 16)
+                for line in f
+                if line.startswith("inotify")
+                for part in line.split()
+                if part.startswith("ino:")
+            }
         assert os.stat(outside).st_ino not in watched
         assert os.stat(os.path.join(path, "ready", "0001")).st_ino in watched

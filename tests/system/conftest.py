@@ -329,6 +329,9 @@ def queue_state(root: SystemdRoot, name: str) -> dict[str, set[str]]:
 
     ts = live_tree(root.host_path(f"/var/lib/steadq/{name}"), attempts=20, interval=0.1)
     return {
-        "ready": set(ts.ready), "leased": set(ts.leased), "delayed": set(ts.delayed),
-        "dead": set(ts.dead), "receipts": set(ts.receipts),
+        "ready": set(ts.ready),
+        "leased": set(ts.leased),
+        "delayed": set(ts.delayed),
+        "dead": set(ts.dead),
+        "receipts": set(ts.receipts),
     }

@@ -44,20 +44,53 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # unrelated packages installed on the dev box (postgresql, redis). Masked in
 # the overlay's /etc before boot; a missing unit name is harmless.
 MASKED_UNITS = (
-    "getty.target", "getty-static.service", "console-getty.service", "getty@.service", "serial-getty@.service",
-    "postgresql.service", "postgresql@.service", "redis.service", "redis-server.service",
-    "e2scrub_reap.service", "e2scrub_all.timer", "apt-daily.timer", "apt-daily-upgrade.timer",
-    "dpkg-db-backup.timer", "fstrim.timer", "man-db.timer", "systemd-tmpfiles-clean.timer",
-    "systemd-timesyncd.service", "systemd-pstore.service", "systemd-sysctl.service",
-    "systemd-modules-load.service", "kmod-static-nodes.service", "systemd-binfmt.service",
-    "proc-sys-fs-binfmt_misc.automount", "sys-kernel-config.mount", "sys-kernel-debug.mount",
-    "sys-kernel-tracing.mount", "sys-fs-fuse-connections.mount", "dev-hugepages.mount",
-    "systemd-journald-audit.socket", "systemd-random-seed.service", "systemd-firstboot.service",
-    "systemd-repart.service", "systemd-pcrphase.service", "systemd-pcrphase-sysinit.service",
-    "systemd-machine-id-commit.service", "systemd-ask-password-wall.path",
-    "systemd-ask-password-console.path", "systemd-logind.service", "dbus.service", "dbus.socket",
-    "systemd-networkd.service", "systemd-networkd.socket", "systemd-resolved.service",
-    "systemd-udevd.service", "systemd-udev-trigger.service", "systemd-udev-settle.service",
+    "getty.target",
+    "getty-static.service",
+    "console-getty.service",
+    "getty@.service",
+    "serial-getty@.service",
+    "postgresql.service",
+    "postgresql@.service",
+    "redis.service",
+    "redis-server.service",
+    "e2scrub_reap.service",
+    "e2scrub_all.timer",
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+    "dpkg-db-backup.timer",
+    "fstrim.timer",
+    "man-db.timer",
+    "systemd-tmpfiles-clean.timer",
+    "systemd-timesyncd.service",
+    "systemd-pstore.service",
+    "systemd-sysctl.service",
+    "systemd-modules-load.service",
+    "kmod-static-nodes.service",
+    "systemd-binfmt.service",
+    "proc-sys-fs-binfmt_misc.automount",
+    "sys-kernel-config.mount",
+    "sys-kernel-debug.mount",
+    "sys-kernel-tracing.mount",
+    "sys-fs-fuse-connections.mount",
+    "dev-hugepages.mount",
+    "systemd-journald-audit.socket",
+    "systemd-random-seed.service",
+    "systemd-firstboot.service",
+    "systemd-repart.service",
+    "systemd-pcrphase.service",
+    "systemd-pcrphase-sysinit.service",
+    "systemd-machine-id-commit.service",
+    "systemd-ask-password-wall.path",
+    "systemd-ask-password-console.path",
+    "systemd-logind.service",
+    "dbus.service",
+    "dbus.socket",
+    "systemd-networkd.service",
+    "systemd-networkd.socket",
+    "systemd-resolved.service",
+    "systemd-udevd.service",
+    "systemd-udev-trigger.service",
+    "systemd-udev-settle.service",
 )
 
 _PR_SET_PDEATHSIG = 1
@@ -129,9 +162,23 @@ def check_prerequisites() -> None:
             raise Unavailable(f"the kernel has no {ns} namespaces")
     _cgroup2_base()
     probe = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount", "--uts", "--ipc", "--net", "--cgroup",
-         "--propagation", "private", "--", "/bin/true"],
-        capture_output=True, text=True, timeout=30,
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount",
+            "--uts",
+            "--ipc",
+            "--net",
+            "--cgroup",
+            "--propagation",
+            "private",
+            "--",
+            "/bin/true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     if probe.returncode != 0:
         raise Unavailable(f"cannot create namespaces: {probe.stderr.strip() or probe.returncode}")
@@ -219,8 +266,9 @@ class SystemdRoot:
         self.spool = os.path.join(self.dir, "spool")
         os.mkdir(self.layers, 0o700)
         os.mkdir(self.spool, 0o755)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=700,size=2g", "steadq-sysroot-layers", self.layers],
-                       check=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "mode=700,size=2g", "steadq-sysroot-layers", self.layers], check=True
+        )
         for d in ("upper", "work", "root"):
             os.mkdir(os.path.join(self.layers, d), 0o755)
         self._preseed_upper(os.path.join(self.layers, "upper"))
@@ -241,11 +289,32 @@ class SystemdRoot:
 
         self._log = open(os.path.join(self.dir, "console.log"), "wb")  # noqa: SIM115 (closed in cleanup)
         self.proc = subprocess.Popen(
-            ["unshare", "--pid", "--fork", "--kill-child=SIGKILL", "--mount", "--uts", "--ipc", "--net",
-             "--cgroup", "--propagation", "private", "--",
-             "/bin/sh", str(BOOT_SCRIPT), self.layers, self.spool, python_home(), self.unit, *self.binds],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            preexec_fn=child_setup, env={"PATH": PATH},
+            [
+                "unshare",
+                "--pid",
+                "--fork",
+                "--kill-child=SIGKILL",
+                "--mount",
+                "--uts",
+                "--ipc",
+                "--net",
+                "--cgroup",
+                "--propagation",
+                "private",
+                "--",
+                "/bin/sh",
+                str(BOOT_SCRIPT),
+                self.layers,
+                self.spool,
+                python_home(),
+                self.unit,
+                *self.binds,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=child_setup,
+            env={"PATH": PATH},
         )
         self.pid1 = self._find_pid1(timeout=15.0)
         deadline = time.monotonic() + timeout
@@ -321,8 +390,14 @@ class SystemdRoot:
         """Run ``argv`` inside the root (as ``user`` via runuser), with a clean environment."""
         if self.pid1 is None or self._cleaned:
             raise RuntimeError("the throwaway root is not running")
-        base_env = {"PATH": PATH, "LANG": "C.UTF-8", "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0",
-                    "SYSTEMD_LOG_COLOR": "0", "TERM": "dumb"}
+        base_env = {
+            "PATH": PATH,
+            "LANG": "C.UTF-8",
+            "SYSTEMD_PAGER": "",
+            "SYSTEMD_COLORS": "0",
+            "SYSTEMD_LOG_COLOR": "0",
+            "TERM": "dumb",
+        }
         base_env.update(env or {})
         inner = ["env", "-i", *(f"{k}={v}" for k, v in base_env.items()), *argv]
         if user is not None:
@@ -330,7 +405,10 @@ class SystemdRoot:
         r = subprocess.run(
             [*self.nsenter_argv(), *inner],
             input=input.decode() if isinstance(input, bytes) else input,
-            capture_output=True, text=True, timeout=timeout, env={"PATH": PATH},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={"PATH": PATH},
         )
         if check and r.returncode != 0:
             raise AssertionError(
@@ -345,7 +423,7 @@ class SystemdRoot:
     def host_path(self, path: str) -> str:
         """Where a path below /var/lib/steadq inside the root is on the host (the ext4 spool)."""
         assert self.spool is not None and path.startswith("/var/lib/steadq")
-        return self.spool + path[len("/var/lib/steadq"):]
+        return self.spool + path[len("/var/lib/steadq") :]
 
     def failed_units(self) -> str:
         return self.run("systemctl", "--failed", "--no-legend", "--plain", check=False).stdout

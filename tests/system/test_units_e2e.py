@@ -103,8 +103,9 @@ def test_enable_now_starts_worker_sweeper_and_promoter(system_root: SystemdRoot)
     # STATUS= from the daemon is shown by `systemctl status` (published at READY and every few seconds).
     status = wait_for(
         "a STATUS= line in systemctl status",
-        lambda: re.search(r'Status: "(.*)"', root.run("systemctl", "status", "--no-pager", "steadq-worker@demo",
-                                                       check=False).stdout),
+        lambda: re.search(
+            r'Status: "(.*)"', root.run("systemctl", "status", "--no-pager", "steadq-worker@demo", check=False).stdout
+        ),
     )
     assert "running" in status.group(1) and "ready" in status.group(1), status.group(0)
 
@@ -156,8 +157,9 @@ def test_journal_has_per_job_fields_and_failing_stderr(demo: SystemdRoot) -> Non
 
     text = root.run("journalctl", "--no-pager", "-u", "steadq-worker@demo", "-o", "cat").stdout
     assert f"boom: :{marker}" in text
-    verbose = root.run("journalctl", "--no-pager", "-u", "steadq-worker@demo", "-o", "verbose",
-                       f"STEADQ_JOB_ID={ok}").stdout
+    verbose = root.run(
+        "journalctl", "--no-pager", "-u", "steadq-worker@demo", "-o", "verbose", f"STEADQ_JOB_ID={ok}"
+    ).stdout
     assert f"STEADQ_JOB_ID={ok}" in verbose and "STEADQ_QUEUE=demo" in verbose
 
 
@@ -173,8 +175,10 @@ def test_kill9_of_worker_mid_job_restarts_it_and_job_completes_once(
     root.run("kill", "-9", str(pid))
     wait_for(
         "a restarted worker",
-        lambda: main_pid(root, "steadq-worker@demo.service") not in (0, pid)
-        and active(root, "steadq-worker@demo.service") == "active",
+        lambda: (
+            main_pid(root, "steadq-worker@demo.service") not in (0, pid)
+            and active(root, "steadq-worker@demo.service") == "active"
+        ),
     )
     assert int(prop(root, "steadq-worker@demo.service", "NRestarts")) == restarts + 1
     # The killed run is gone with the cgroup; the lease expires and the sweeper returns the job.
@@ -269,8 +273,10 @@ def test_watchdog_restarts_a_frozen_worker(demo: SystemdRoot) -> None:
         root.run("kill", "-STOP", str(pid))
         wait_for(
             "the watchdog restart",
-            lambda: main_pid(root, "steadq-worker@demo.service") not in (0, pid)
-            and active(root, "steadq-worker@demo.service") == "active",
+            lambda: (
+                main_pid(root, "steadq-worker@demo.service") not in (0, pid)
+                and active(root, "steadq-worker@demo.service") == "active"
+            ),
         )
         assert int(prop(root, "steadq-worker@demo.service", "NRestarts")) == restarts + 1
         log = root.run("journalctl", "--no-pager", "-u", "steadq-worker@demo", "-o", "cat").stdout

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from steadqd.fs.cbor import Extension, decode_extension, encode_extension
 from steadqd.constants import QuarantineReason
 from steadqd.errors import CorruptObject, InvalidInput
+from steadqd.fs.cbor import Extension, decode_extension, encode_extension
 
 SPEC_CBOR_TXT = Path("/work/shared/spec/reference/test-vectors/format/cbor.txt")
 

@@ -57,27 +57,111 @@ def test_allow_unsupported_fs_switch():
 BAD = [
     # (rule, text, line, key, message fragment)
     ("unknown top-level key", "queue: /q/a\nworkr: {}\n", 2, "workr", "unknown key"),
-    ("unknown nested key", "queue: /q/a\nworker:\n  command: [a]\n  concurrancy: 2\n", 4, "worker.concurrancy", "unknown key"),
+    (
+        "unknown nested key",
+        "queue: /q/a\nworker:\n  command: [a]\n  concurrancy: 2\n",
+        4,
+        "worker.concurrancy",
+        "unknown key",
+    ),
     ("missing queue", "worker:\n  command: [a]\n", 1, None, "missing required key `queue`"),
     ("relative queue path", "queue: var/q\n", 1, "queue", "absolute path"),
     ("system directory as queue", "queue: /etc\n", 1, "queue", "refusing /etc"),
     ("root as queue", "queue: /\n", 1, "queue", "refusing /"),
     ("missing command", "queue: /q/a\nworker:\n  concurrency: 2\n", 3, "worker", "missing required key `command`"),
-    ("string command without shell", "queue: /q/a\nworker:\n  command: echo hi\n", 3, "worker.command", "list of arguments"),
+    (
+        "string command without shell",
+        "queue: /q/a\nworker:\n  command: echo hi\n",
+        3,
+        "worker.command",
+        "list of arguments",
+    ),
     ("empty command", "queue: /q/a\nworker:\n  command: []\n", 3, "worker.command", "at least the program"),
-    ("wrong type", "queue: /q/a\nworker:\n  command: [a]\n  concurrency: two\n", 4, "worker.concurrency", "expected an integer"),
-    ("bool is not an int", "queue: /q/a\nworker:\n  command: [a]\n  concurrency: true\n", 4, "worker.concurrency", "expected an integer"),
-    ("impossible concurrency", "queue: /q/a\nworker:\n  command: [a]\n  concurrency: 0\n", 4, "worker.concurrency", "between 1 and 1024"),
-    ("bad duration", "queue: /q/a\nworker:\n  command: [a]\n  lease: 10 parsecs\n", 4, "worker.lease", "invalid duration"),
+    (
+        "wrong type",
+        "queue: /q/a\nworker:\n  command: [a]\n  concurrency: two\n",
+        4,
+        "worker.concurrency",
+        "expected an integer",
+    ),
+    (
+        "bool is not an int",
+        "queue: /q/a\nworker:\n  command: [a]\n  concurrency: true\n",
+        4,
+        "worker.concurrency",
+        "expected an integer",
+    ),
+    (
+        "impossible concurrency",
+        "queue: /q/a\nworker:\n  command: [a]\n  concurrency: 0\n",
+        4,
+        "worker.concurrency",
+        "between 1 and 1024",
+    ),
+    (
+        "bad duration",
+        "queue: /q/a\nworker:\n  command: [a]\n  lease: 10 parsecs\n",
+        4,
+        "worker.lease",
+        "invalid duration",
+    ),
     ("lease too short", "queue: /q/a\nworker:\n  command: [a]\n  lease: 500ms\n", 4, "worker.lease", "between 1s"),
-    ("renew not shorter than lease", "queue: /q/a\nworker:\n  command: [a]\n  lease: 30s\n  renew_every: 30s\n", 5, "worker.renew_every", "shorter than the lease"),
-    ("bad input mode", "queue: /q/a\nworker:\n  command: [a]\n  input: pipe\n", 4, "worker.input", "one of stdin, file"),
-    ("exit status out of range", "queue: /q/a\nworker:\n  command: [a]\n  exit_status:\n    bury: [300]\n", 5, "worker.exit_status.bury[0]", "between 0 and 255"),
-    ("status in two lists", "queue: /q/a\nworker:\n  command: [a]\n  exit_status:\n    retry: [0]\n", 5, "worker.exit_status.retry", "both ack and retry"),
-    ("backoff max below base", "queue: /q/a\nworker:\n  command: [a]\n  retry:\n    backoff_base: 10s\n    backoff_max: 1s\n", 6, "worker.retry.backoff_max", "not be smaller"),
-    ("reserved env name", "queue: /q/a\nworker:\n  command: [a]\n  environment:\n    STEADQ_JOB_ID: x\n", 5, "worker.environment.STEADQ_JOB_ID", "set by the worker"),
-    ("bad env name", "queue: /q/a\nworker:\n  command: [a]\n  environment:\n    1BAD: x\n", 5, "worker.environment.1BAD", "letters, digits"),
-    ("relative working dir", "queue: /q/a\nworker:\n  command: [a]\n  working_directory: work\n", 4, "worker.working_directory", "absolute"),
+    (
+        "renew not shorter than lease",
+        "queue: /q/a\nworker:\n  command: [a]\n  lease: 30s\n  renew_every: 30s\n",
+        5,
+        "worker.renew_every",
+        "shorter than the lease",
+    ),
+    (
+        "bad input mode",
+        "queue: /q/a\nworker:\n  command: [a]\n  input: pipe\n",
+        4,
+        "worker.input",
+        "one of stdin, file",
+    ),
+    (
+        "exit status out of range",
+        "queue: /q/a\nworker:\n  command: [a]\n  exit_status:\n    bury: [300]\n",
+        5,
+        "worker.exit_status.bury[0]",
+        "between 0 and 255",
+    ),
+    (
+        "status in two lists",
+        "queue: /q/a\nworker:\n  command: [a]\n  exit_status:\n    retry: [0]\n",
+        5,
+        "worker.exit_status.retry",
+        "both ack and retry",
+    ),
+    (
+        "backoff max below base",
+        "queue: /q/a\nworker:\n  command: [a]\n  retry:\n    backoff_base: 10s\n    backoff_max: 1s\n",
+        6,
+        "worker.retry.backoff_max",
+        "not be smaller",
+    ),
+    (
+        "reserved env name",
+        "queue: /q/a\nworker:\n  command: [a]\n  environment:\n    STEADQ_JOB_ID: x\n",
+        5,
+        "worker.environment.STEADQ_JOB_ID",
+        "set by the worker",
+    ),
+    (
+        "bad env name",
+        "queue: /q/a\nworker:\n  command: [a]\n  environment:\n    1BAD: x\n",
+        5,
+        "worker.environment.1BAD",
+        "letters, digits",
+    ),
+    (
+        "relative working dir",
+        "queue: /q/a\nworker:\n  command: [a]\n  working_directory: work\n",
+        4,
+        "worker.working_directory",
+        "absolute",
+    ),
     ("duplicate key", "queue: /q/a\nqueue: /q/b\n", 2, "queue", "duplicate key"),
     ("section not a mapping", "queue: /q/a\nsweeper: 5\n", 2, "sweeper", "expected a mapping"),
     ("sweeper interval zero", "queue: /q/a\nsweeper:\n  interval: 0s\n", 3, "sweeper.interval", "between 0.1s"),
@@ -85,8 +169,20 @@ BAD = [
     ("custom tag", "queue: !!python/object:os.system /q/a\n", 1, None, "tags are not allowed"),
     ("broken yaml", "queue: [unclosed\n", 2, None, "not valid YAML"),
     ("empty file", "", 1, None, "file is empty"),
-    ("unsupported-fs switch not a boolean", "queue: /q/a\nallow_unsupported_fs: yes please\n", 2, "allow_unsupported_fs", "expected true or false"),
-    ("dead retention under an hour", "queue: /q/a\nsweeper:\n  interval: 30s\n  dead_retention: 59m\n", 4, "sweeper.dead_retention", "between 3600s"),
+    (
+        "unsupported-fs switch not a boolean",
+        "queue: /q/a\nallow_unsupported_fs: yes please\n",
+        2,
+        "allow_unsupported_fs",
+        "expected true or false",
+    ),
+    (
+        "dead retention under an hour",
+        "queue: /q/a\nsweeper:\n  interval: 30s\n  dead_retention: 59m\n",
+        4,
+        "sweeper.dead_retention",
+        "between 3600s",
+    ),
 ]
 
 
@@ -134,7 +230,9 @@ def test_exit_policy_other_bury():
     assert p.verdict(1) == "bury" and p.verdict(75) == "retry"
 
 
-@pytest.mark.parametrize("text,seconds", [("90s", 90), ("2h", 7200), ("1d12h", 129600), ("250ms", 0.25), ("1.5m", 90), (45, 45), ("10", 10)])
+@pytest.mark.parametrize(
+    "text,seconds", [("90s", 90), ("2h", 7200), ("1d12h", 129600), ("250ms", 0.25), ("1.5m", 90), (45, 45), ("10", 10)]
+)
 def test_durations(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from steadqd.fs import names
 from steadqd.constants import DOMAIN_NAME, QuarantineReason, State
 from steadqd.errors import CorruptObject, InvalidInput, StateExhausted
+from steadqd.fs import names
 from steadqd.fs.names import JobName
 
 # --- vectors.md "Fixed inputs" -------------------------------------------------------------

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from steadqd.fs import names
 from steadqd.constants import State
 from steadqd.errors import CorruptObject
+from steadqd.fs import names
 
 _FIELDS = {
     State.READY: (".sqj", [("g", 16), ("a", 8), ("m", 8)]),

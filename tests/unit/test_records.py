@@ -133,6 +133,7 @@ CURSOR_LINE = (
     b'"hierarchy_retry_overflow":[]}}'
 )
 
+
 def vector_format() -> FormatRecord:
     return FormatRecord(QUEUE_ID, CREATED, 64, 10**10, 10**10, TERMINAL_W, 2**40 - 1)
 

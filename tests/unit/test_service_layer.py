@@ -95,7 +95,10 @@ def test_log_lines_without_journal():
     log.info("job finished", job_id="ab" * 16, exit_status=0, duration_ms=12, skipped=None)
     log.warning("line\nwith newline", stream="stderr")
     lines = out.getvalue().splitlines()
-    assert lines[0] == f"<6>worker[render]: job finished STEADQ_DURATION_MS=12 STEADQ_EXIT_STATUS=0 STEADQ_JOB_ID={'ab' * 16}"
+    assert (
+        lines[0]
+        == f"<6>worker[render]: job finished STEADQ_DURATION_MS=12 STEADQ_EXIT_STATUS=0 STEADQ_JOB_ID={'ab' * 16}"
+    )
     assert lines[1].startswith("<4>worker[render]: line\\nwith newline")
     assert len(lines) == 2
 
@@ -107,7 +110,13 @@ def test_log_to_journal_uses_fields(monkeypatch):
     log.notice("pass", reaped=3)
     message, fields = sent[0]
     assert message == "pass"
-    assert fields == {"PRIORITY": "5", "SYSLOG_IDENTIFIER": "steadqd", "STEADQ_REAPED": "3", "STEADQ_QUEUE": "q1", "STEADQ_ROLE": "sweeper"}
+    assert fields == {
+        "PRIORITY": "5",
+        "SYSLOG_IDENTIFIER": "steadqd",
+        "STEADQ_REAPED": "3",
+        "STEADQ_QUEUE": "q1",
+        "STEADQ_ROLE": "sweeper",
+    }
 
 
 def test_journal_connected_detection(tmp_path):
