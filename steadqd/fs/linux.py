@@ -296,7 +296,7 @@ def _b(name: Name) -> bytes:
     return os.fsencode(name)
 
 
-def _s(name: Name) -> str:
+def _s(name: Name | os.PathLike[str] | os.PathLike[bytes]) -> str:
     """Names in trace details are str (surrogateescape keeps them lossless)."""
     return os.fsdecode(name)
 

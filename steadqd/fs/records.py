@@ -585,6 +585,7 @@ def _phase_position(value: object, phase: str) -> dict[str, bytes] | None:
 def _hierarchy_component_ok(phase: str, index: int, component: str) -> bool:
     # (boot, bucket, shard) for reaping, (boot, shard) for temp cleanup,
     # (bucket, shard) for the others -- the directories each phase walks.
+    kinds: tuple[str, ...]
     if phase == "reap_leases":
         kinds = ("boot", "bucket", "shard")
     elif phase == "cleanup_temp":
@@ -662,8 +663,8 @@ def _validate_cursor_doc(doc: object, queue_id: bytes) -> dict[str, Any]:
         _cursor_phase(v, f"cursor.hierarchy_retry_overflow[{i}]")
         for i, v in enumerate(_list_field(cur, "hierarchy_retry_overflow", len(CURSOR_PHASES)))
     ]
-    for a, b in zip(overflow, overflow[1:], strict=False):
-        if CURSOR_PHASES.index(a) >= CURSOR_PHASES.index(b):
+    for p, q in zip(overflow, overflow[1:], strict=False):
+        if CURSOR_PHASES.index(p) >= CURSOR_PHASES.index(q):
             raise _JsonReject("cursor.hierarchy_retry_overflow: phases not strictly ascending")
     out["hierarchy_retries"] = retries
     out["hierarchy_retry_frontiers"] = frontiers

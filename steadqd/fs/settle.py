@@ -235,6 +235,7 @@ def retry(ctx: Context, lease: Lease, *, delay: float | None = None, policy: Ret
     shard = _shard(ctx, lease)
     generation = next_generation(lease.generation)
     job = lease.job_id_bytes
+    destination: ReadyLocation | DelayedLocation
     if not_before <= wall:
         target = ready_name(job, generation, lease.attempt, lease.max_attempts)
         dest_rel = f"{READY_DIR}/{shard_dir(shard)}"

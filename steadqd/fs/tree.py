@@ -54,7 +54,10 @@ class SourceChanged(MoveError):
 class MoveFailed(MoveError):
     """A syscall failed before linearization (carries the errno)."""
 
-    def __init__(self, err: int, what: str) -> None:
+    def __init__(self, err: int | None, what: str) -> None:
+        # An OSError raised by a syscall always carries its errno; EIO stands in
+        # for the impossible None so that callers can classify by errno alone.
+        err = errno.EIO if err is None else err
         super().__init__(f"{what}: {os.strerror(err)}")
         self.errno = err
 
@@ -291,8 +294,9 @@ class Tree:
         if not (witness.matches(st) and is_single_regular(st)):
             raise SourceChanged(f"{src_name} no longer names the verified file")
         self._rename(src_fd, src_name, dst_fd, dst_name, witness)
+        dst_st: os.stat_result | None
         try:
-            st = linux.stat_at(dst_fd, dst_name)
+            dst_st = linux.stat_at(dst_fd, dst_name)
         except OSError as e:
             # A destination in ready/ (retry_now, named-temp enqueue) can be
             # claimed by another consumer between our successful rename and this
@@ -300,8 +304,8 @@ class Tree:
             # the move did linearize; only its barrier is still owed.
             if e.errno != errno.ENOENT or not _absent(src_fd, src_name):
                 raise Indeterminate("linearized", f"stat destination: {e.strerror}") from e
-            st = None
-        if st is not None and not (witness.matches(st) and is_single_regular(st)):
+            dst_st = None
+        if dst_st is not None and not (witness.matches(dst_st) and is_single_regular(dst_st)):
             raise Indeterminate("linearized", "destination does not name the moved file")
         if after is not None:
             try:
