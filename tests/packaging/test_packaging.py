@@ -260,7 +260,7 @@ def test_deb_contents(deb_build: DebBuild) -> None:
 
 
 def test_deb_ships_units_and_system_files_unchanged(deb_build: DebBuild) -> None:
-    """The package installs exactly what tests/units verified (no copy that can drift)."""
+    """The package installs exactly what tests/systemd_units verified (no copy that can drift)."""
     for unit in UNIT_FILES:
         assert (deb_build.tree / "lib/systemd/system" / unit).read_bytes() == (REPO / "units" / unit).read_bytes()
     assert (deb_build.tree / "usr/lib/sysusers.d/steadq.conf").read_bytes() == (
