@@ -14,6 +14,8 @@ import pytest
 
 from steadqd import Queue
 
+pytest_plugins = ("tests.prereq",)  # missing prerequisites fail under STEADQ_SYSTEM_TESTS=require
+
 SHARDS = 4  # >1 keeps shard placement meaningful, small keeps listings fast
 
 

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.prereq import opted_out
+
 from . import sysroot
 from .conftest import EXTRA_BINDS, _ns_inode, _processes_in, _unavailable, main_pid, queue_state, wait_for
 from .sysroot import SystemdRoot
@@ -92,9 +94,9 @@ def _build_unavailable(reason: str) -> None:
 def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
     """Both .deb versions and the bundle, built once for this module (what `make deb`/`make bundle` run)."""
     if os.environ.get("STEADQ_SYSTEM_TESTS") == "skip":
-        pytest.skip("system tests disabled (STEADQ_SYSTEM_TESTS=skip)")
+        opted_out("system tests disabled (STEADQ_SYSTEM_TESTS=skip)")
     if os.environ.get("STEADQ_PACKAGING_TESTS", "").strip() == "0":
-        pytest.skip("STEADQ_PACKAGING_TESTS=0")
+        opted_out("STEADQ_PACKAGING_TESTS=0")
     try:
         sysroot.check_prerequisites()
     except sysroot.Unavailable as e:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,8 +11,7 @@ from hypothesis import strategies as st
 from steadqd.constants import QuarantineReason
 from steadqd.errors import CorruptObject, InvalidInput
 from steadqd.fs.cbor import Extension, decode_extension, encode_extension
-
-SPEC_CBOR_TXT = Path("/work/shared/spec/reference/test-vectors/format/cbor.txt")
+from tests.prereq import spec_file
 
 # (extension, encoding) from vectors.md "CBOR extension examples" and "Extension and job envelope".
 VECTORS = [
@@ -103,9 +101,8 @@ def test_known_bad_spec_boolean_vector_is_rejected() -> None:
     rejects(h(KNOWN_BAD_BOOLEAN_VECTOR), "canonical order")
 
 
-@pytest.mark.skipif(not SPEC_CBOR_TXT.exists(), reason="spec checkout not available")
 def test_spec_file_vectors() -> None:
-    content = SPEC_CBOR_TXT.read_text()
+    content = spec_file("reference/test-vectors/format/cbor.txt").read_text()
     outputs = re.findall(r"^Output: ([0-9a-f]+)$", content, re.MULTILINE)
     assert outputs[:2] == [VECTORS[1][1], VECTORS[2][1]]
     assert outputs[2] == KNOWN_BAD_BOOLEAN_VECTOR  # the wrong line (open-questions.md A1)

@@ -6,7 +6,6 @@ import hashlib
 import json
 import re
 import struct
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,9 +41,8 @@ from steadqd.fs.records import (
     validate_cursor,
     validate_queue_config,
 )
+from tests.prereq import spec_file
 from tests.spec_vectors import CLAIM_TICKET_JSON
-
-SPEC_DIGESTS_TXT = Path("/work/shared/spec/reference/test-vectors/format/digests.txt")
 
 QUEUE_ID = bytes.fromhex("000102030405060708090a0b0c0d0e0f")
 JOB_ID = bytes.fromhex("f0e1d2c3b4a5968778695a4b3c2d1e0f")
@@ -198,9 +196,8 @@ def test_pinned_envelope_digests(minor: int, digest: str) -> None:
     check_envelope(decoded, raw, b"")
 
 
-@pytest.mark.skipif(not SPEC_DIGESTS_TXT.exists(), reason="spec checkout not available")
 def test_spec_digest_file_empty_payload() -> None:
-    m = re.search(r"SHA-256: ([0-9a-f]{64})", SPEC_DIGESTS_TXT.read_text())
+    m = re.search(r"SHA-256: ([0-9a-f]{64})", spec_file("reference/test-vectors/format/digests.txt").read_text())
     assert m and sha256(b"").hex() == m.group(1)
 
 
