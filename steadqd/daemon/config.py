@@ -52,22 +52,13 @@ _FORBIDDEN_QUEUE_ROOTS = {
 
 @dataclass(frozen=True)
 class ExitPolicy:
-    """How a command's exit status settles its job."""
+    """How a command's exit status settles its job (applied by steadqd.daemon.verdict)."""
 
     ack: frozenset[int] = frozenset({0})
     retry: frozenset[int] = frozenset({75})  # EX_TEMPFAIL
     bury: frozenset[int] = frozenset({100})
     other: str = "retry"  # any other status (and death by signal): "retry" or "bury"
     bury_reason: int = 0x0001  # consumer_rejected
-
-    def verdict(self, status: int) -> str:
-        if status in self.ack:
-            return "ack"
-        if status in self.bury:
-            return "bury"
-        if status in self.retry:
-            return "retry"
-        return self.other
 
 
 @dataclass(frozen=True)

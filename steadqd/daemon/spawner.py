@@ -81,6 +81,7 @@ from steadqd.daemon import payload_dirs
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.journal import INFO, WARNING, Log
 from steadqd.daemon.service import Loop, Timer, open_queue
+from steadqd.daemon.verdict import Verdict, verdict
 from steadqd.errors import ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError, kind_for_errno
 from steadqd.fs.handle import Queue
 from steadqd.fs.lease import Lease
@@ -226,7 +227,7 @@ class _Job:
     returncode: int | None = None
     lost: str | None = None  # why the lease is no longer ours
     timed_out: bool = False
-    verdict: str | None = None
+    verdict: Verdict | None = None
     settle_tries: int = 0
     output_deadline: float | None = None
     exit_check_delay: float = 0.01
@@ -563,12 +564,12 @@ class WorkerRole:
                 self.log.error(f"payload is corrupt; the job was quarantined: {e}", **fields)
                 return
             self.log.error(f"cannot prepare the job: {e}", **fields)
-            self._settle_simple(lease, cfg, "retry")
+            self._settle_simple(lease, cfg, Verdict.RETRY)
             return
         except (OSError, KeyError, ValueError) as e:
             self._rmtree(tmpdir)
             self.log.error(f"cannot prepare the job: {e!r}", **fields)
-            self._settle_simple(lease, cfg, "retry")
+            self._settle_simple(lease, cfg, Verdict.RETRY)
             return
 
         argv = ["/bin/sh", "-c", cfg.command[0]] if cfg.shell else list(cfg.command)
@@ -592,7 +593,7 @@ class WorkerRole:
         except (OSError, subprocess.SubprocessError, ValueError) as e:
             self._rmtree(tmpdir)
             self.log.error(f"cannot start the command {argv[0]!r}: {e}", **fields)
-            self._settle_simple(lease, cfg, "retry")
+            self._settle_simple(lease, cfg, Verdict.RETRY)
             return
         finally:
             if stdin_file is not None:
@@ -801,19 +802,19 @@ class WorkerRole:
         if code < 0:
             with contextlib.suppress(ValueError):
                 signame = signal.Signals(-code).name
-        verdict = job.verdict = self._verdict(job)
+        outcome = job.verdict = self._verdict(job)
         self.log.log(
-            INFO if verdict == "ack" else WARNING,
-            f"job finished: {verdict}" + (" (timed out)" if job.timed_out else ""),
+            INFO if outcome is Verdict.ACK else WARNING,
+            f"job finished: {outcome}" + (" (timed out)" if job.timed_out else ""),
             **job.fields,
             exit_status=code if code >= 0 else None,
             signal=signame,
-            verdict=verdict,
+            verdict=outcome,
             duration_ms=duration_ms,
             timed_out="true" if job.timed_out else None,
         )
         self._rmtree(job.tmpdir)
-        if verdict == "abandoned":
+        if outcome is Verdict.ABANDON:
             self._drop(job)
             return
         self._queue_settle(job)
@@ -866,16 +867,11 @@ class WorkerRole:
             self._reopen(why)
 
     @staticmethod
-    def _verdict(job: _Job) -> str:
-        code = job.returncode
-        assert code is not None
-        if job.lost is not None:
-            return "abandoned"
-        if job.timed_out:
-            return "retry"
-        if code < 0:  # death by a signal
-            return job.cfg.exit_status.other
-        return job.cfg.exit_status.verdict(code)
+    def _verdict(job: _Job) -> Verdict:
+        assert job.returncode is not None
+        return verdict(
+            job.returncode, timed_out=job.timed_out, lease_lost=job.lost is not None, policy=job.cfg.exit_status
+        )
 
     def _settle(self, job: _Job) -> None:
         """Apply ``job.verdict``; NotCommitted is retried (renewals go on meanwhile)."""
@@ -888,7 +884,7 @@ class WorkerRole:
         try:
             if self.q is None:
                 raise NotCommitted("queue is not open", ErrorKind.IO_FAILURE)
-            self._apply(job.lease, job.cfg, job.verdict or "retry")
+            self._apply(job.lease, job.cfg, job.verdict or Verdict.RETRY)
         except LeaseLost as e:
             self.log.error(f"settling failed: the lease was lost: {e}", **job.fields, verdict=job.verdict)
         except OutcomeUnknown as e:
@@ -915,13 +911,13 @@ class WorkerRole:
             self.log.error(f"settling failed: {e}", **job.fields, verdict=job.verdict)
         self._drop(job)
 
-    def _apply(self, lease: Lease, cfg: WorkerConfig, verdict: str) -> None:
+    def _apply(self, lease: Lease, cfg: WorkerConfig, outcome: Verdict) -> None:
         assert self.q is not None
         fields = {"job_id": lease.job_id, "attempt": lease.attempt}
-        if verdict == "ack":
+        if outcome is Verdict.ACK:
             self.q.ack(lease)
             self.done += 1
-        elif verdict == "bury":
+        elif outcome is Verdict.BURY:
             self.q.bury(lease, reason=cfg.exit_status.bury_reason)
             self.failed += 1
             self.log.warning("job buried", **fields, reason=f"0x{cfg.exit_status.bury_reason:04x}")
@@ -938,12 +934,12 @@ class WorkerRole:
                 self.retried += 1
                 self.log.info(f"job retried: {state}", **fields, state=state)
 
-    def _settle_simple(self, lease: Lease, cfg: WorkerConfig, verdict: str) -> None:
+    def _settle_simple(self, lease: Lease, cfg: WorkerConfig, outcome: Verdict) -> None:
         """Settle a lease whose command never ran (preparation or spawn failed)."""
         try:
             if self.q is None:
                 raise NotCommitted("queue is not open", ErrorKind.IO_FAILURE)
-            self._apply(lease, cfg, verdict)
+            self._apply(lease, cfg, outcome)
         except OutcomeUnknown as e:
             self.log.error(f"settling outcome unknown: {e}", job_id=lease.job_id, ticket=_ticket(e))
             self._reopen(str(e))
