@@ -38,9 +38,9 @@ from steadqd.daemon.journal import Log  # noqa: E402
 from steadqd.daemon.service import Loop  # noqa: E402
 from steadqd.daemon.sweeper import SweeperRole  # noqa: E402
 from steadqd.errors import InvalidInput  # noqa: E402
-from steadqd.fs import linux, recovery  # noqa: E402
+from steadqd.fs import linux  # noqa: E402
 from steadqd.fs.records import reset_cursor_json, validate_cursor  # noqa: E402
-from steadqd.fs.recovery import RecoveryReport, run_recovery  # noqa: E402
+from steadqd.fs.recovery import RecoveryReport, objects, run_recovery  # noqa: E402
 from tests.integration.test_recovery import (  # noqa: E402
     SEC,
     _ack_one,
@@ -239,7 +239,7 @@ def test_dead_job_swapped_between_verify_and_unlink_is_kept(
     path = os.path.join(qpath, rel)
     original_ino = os.stat(path).st_ino
     age_by(qpath, 10 * DAY, q.format.delayed_width_ns)
-    real = recovery.read_envelope
+    real = objects.read_envelope
     swapped: list[int] = []
 
     def read_then_swap(fd: int, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
@@ -254,7 +254,7 @@ def test_dead_job_swapped_between_verify_and_unlink_is_kept(
         return env
 
     with Queue.open(qpath, dead_retention=HOUR_S) as q2:
-        monkeypatch.setattr(recovery, "read_envelope", read_then_swap)
+        monkeypatch.setattr(objects, "read_envelope", read_then_swap)
         report = recover(q2)
         monkeypatch.undo()
         assert swapped and swapped[0] != original_ino

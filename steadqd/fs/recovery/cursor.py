@@ -1,0 +1,141 @@
+"""Where a pass starts: ``control/recovery-cursor.json`` and this process's memory.
+
+The cursor is read and validated at the start of each pass (an invalid
+cursor stops the pass, as in the reference) and a *reference-written* phase
+position is honoured. We only ever write the "reset" form (records.md
+recommendation): every phase position null, ``phase`` = the next phase to
+run. The fine-grained position of a pass that ran out of budget is kept
+**in-process only** (per queue id); a later pass of this process resumes
+after that entry, any other process restarts the interrupted phase from its
+beginning, which costs a rescan but never skips work. Keeping the position
+matters for liveness: without it, a pass with a tiny budget whose first entry
+keeps failing (a collision, an unlinkable file) would retry that entry
+forever. The file is rewritten only when its bytes change, so an idle queue
+costs no fsyncs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+
+from steadqd.constants import RECOVERY_CURSOR_FILE, TEMP_EXT
+from steadqd.errors import QueueCorrupt
+from steadqd.fs import linux
+from steadqd.fs.records import reset_cursor_json, validate_cursor
+from steadqd.fs.recovery.state import PHASES, Key, Pass
+from steadqd.fs.tree import is_single_regular
+
+_CURSOR_TMP_PREFIX = ".recovery-cursor."
+
+# Fine-grained resume positions of budget-limited passes, per queue id:
+# (phase, last fully processed entry key).
+_resume_lock = threading.Lock()
+_resume: dict[bytes, tuple[str, Key]] = {}
+
+Positions = dict[str, Key | None]
+
+
+def read_cursor(p: Pass) -> tuple[str, Positions] | None:
+    """(start phase, positions) or None when the cursor is invalid (error recorded)."""
+    qid = p.ctx.queue_id
+    try:
+        fd = linux.open_at(p.control, RECOVERY_CURSOR_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return _with_memory(qid, PHASES[0], {})
+        p.error("recovery_cursor", f"cannot open control/{RECOVERY_CURSOR_FILE}: {e.strerror}")
+        return None
+    try:
+        st = linux.fstat(fd)
+        if not is_single_regular(st):
+            raise QueueCorrupt("recovery cursor is not a singly linked regular file")
+        doc = validate_cursor(linux.pread(fd, 16_385, 0), qid)
+    except QueueCorrupt as e:
+        p.error("recovery_cursor", e.message)
+        return None
+    except OSError as e:
+        p.error("recovery_cursor", f"cannot read control/{RECOVERY_CURSOR_FILE}: {e.strerror}")
+        return None
+    finally:
+        linux.close(fd)
+    cur = doc["cursor"]
+    positions: Positions = {}
+    for phase in PHASES:
+        pos = cur[phase]
+        if pos is None:
+            continue
+        if phase == "reap_leases":  # legacy tree: (boot, bucket, shard, entry)
+            positions[phase] = (b"a", pos["first"], pos["second"], pos["third"], pos["resume_after"])
+        else:
+            positions[phase] = (pos["first"], pos["second"], pos["resume_after"])
+    return _with_memory(qid, cur["phase"], positions)
+
+
+def _with_memory(queue_id: bytes, start: str, positions: Positions) -> tuple[str, Positions]:
+    """Add this process's own resume position when the cursor still names its phase."""
+    with _resume_lock:
+        mem = _resume.pop(queue_id, None)
+    if mem is not None and mem[0] == start and positions.get(start) is None:
+        positions[start] = mem[1]
+    return start, positions
+
+
+def remember(queue_id: bytes, position: tuple[str, Key] | None) -> None:
+    """Keep (or forget) where this process's next pass resumes."""
+    with _resume_lock:
+        if position is not None:
+            _resume[queue_id] = position
+        else:
+            _resume.pop(queue_id, None)
+
+
+def write_cursor(p: Pass, phase: str) -> None:
+    """Persist the reset form naming ``phase`` (skipped when the bytes are already there)."""
+    data = reset_cursor_json(p.ctx.queue_id, phase)
+    control = p.control
+    try:
+        fd = linux.open_at(control, RECOVERY_CURSOR_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            if is_single_regular(linux.fstat(fd)) and linux.pread(fd, len(data) + 1, 0) == data:
+                p.report.next_phase = phase
+                return
+        finally:
+            linux.close(fd)
+    except OSError:
+        pass  # missing or unreadable: write it
+    try:
+        tmp = _CURSOR_TMP_PREFIX + p.ctx.random(16).hex() + TEMP_EXT
+    except OSError as e:
+        p.error("recovery_cursor", f"cannot persist the recovery cursor: getrandom: {e.strerror}")
+        return
+    try:
+        fd = linux.open_at(control, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, p.ctx.modes.file)
+    except OSError as e:
+        p.error("recovery_cursor", f"cannot create control/{tmp}: {e.strerror}")
+        if e.errno != errno.EEXIST:
+            # The create may have happened before the error (layout.md: the
+            # temp is unlinked on failure; nothing ever sweeps control/).
+            with contextlib.suppress(OSError):
+                linux.unlink_at(control, tmp)
+        return
+    renamed = False
+    try:
+        try:
+            p.ctx.new_file_mode(fd)
+            linux.write_all(fd, data)
+            linux.fsync(fd)
+        finally:
+            linux.close(fd)
+        linux.rename_replace(control, tmp, control, RECOVERY_CURSOR_FILE)
+        renamed = True
+        linux.fsync(control)
+        p.report.next_phase = phase
+    except OSError as e:
+        p.error("recovery_cursor", f"cannot persist the recovery cursor: {e.strerror}")
+    finally:
+        if not renamed:
+            with contextlib.suppress(OSError):
+                linux.unlink_at(control, tmp)

@@ -1,0 +1,796 @@
+"""One pass from start to end: arguments, the recovery lock, the clocks, the
+phases in cursor order, the cursor written back.
+
+``control/recovery.lock`` (an OFD lock) lets one pass run at a time; the
+no-replace renames of every phase would keep concurrent passes correct
+anyway, the lock only keeps them from doing each other's work.
+
+The phases not yet in modules of their own are here too, in cursor
+order, before the table that runs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Callable
+from typing import Any
+
+from steadqd.constants import (
+    CONTROL_DIR,
+    DEAD_DIR,
+    DELAYED_DIR,
+    JOB_EXT,
+    LEASED_DIR,
+    READY_DIR,
+    RECEIPT_EXT,
+    RECEIPTS_DIR,
+    RECOVERY_LOCK,
+    TEMP_EXT,
+    TMP_DIR,
+    U32_MAX,
+    DeadReason,
+    Modes,
+    QuarantineReason,
+    State,
+)
+from steadqd.errors import CorruptObject, InvalidInput, QueueCorrupt, SteadQError
+from steadqd.fs import linux
+from steadqd.fs.context import Context
+from steadqd.fs.names import (
+    JobName,
+    authenticate,
+    bucket_dir,
+    bucket_end,
+    bucket_start,
+    dead_name,
+    is_compact_temp_name,
+    make_compact_temp_name,
+    make_filename,
+    next_generation,
+    parse_bucket_dir,
+    parse_name,
+    parse_temp_name,
+    ready_name,
+    shard_dir,
+    shard_of,
+    terminal_bucket,
+)
+from steadqd.fs.receipt import verify_receipt
+from steadqd.fs.records import CompactReceipt
+from steadqd.fs.recovery.cursor import Positions, read_cursor, remember, write_cursor
+from steadqd.fs.recovery.objects import locked_receipt, move, quarantine_object, rename, valid, validate
+from steadqd.fs.recovery.state import PHASES, Exhausted, Key, Pass, RecoveryReport
+from steadqd.fs.recovery.walk import (
+    NOT_BOOT,
+    NOT_BUCKET,
+    Level,
+    ascii_name,
+    dirs,
+    entries,
+    leaf_name,
+    open_dir,
+    parse_boot,
+    shard_level,
+    walk,
+)
+from steadqd.fs.tree import Indeterminate, MoveFailed, SourceMissing, Witness, is_single_regular
+
+MAX_BUDGET_MS = 24 * 3600 * 1000
+_NS_PER_MS = 1_000_000
+
+
+# ----------------------------------------------------------------------------
+# Phase 1, reap leases (recovery.md): expired leases go back to ``ready/``,
+# or to ``dead/`` once their attempts are used up.
+#
+# Two trees hold leases: the legacy ``leased/<BOOT>/<B>/<S>/`` (1a) and the
+# current layout's colocated leases in ``ready/<S>/`` (1b). Position keys are
+# ``(b"a", boot, bucket, shard, entry)`` for the legacy tree and
+# ``(b"b", shard, entry)`` for colocated leases, so 1a sorts before 1b.
+#
+# Colocated leases that fail authentication or structural validation are
+# quarantined (0x0004 for a tag/shard-placement failure, 0x0001 otherwise)
+# instead of being skipped forever as the reference does (open-questions B12);
+# legacy leases are quarantined exactly as specified.
+
+
+def reap_leases(p: Pass) -> None:
+    _reap_legacy(p)
+    _reap_colocated(p)
+
+
+def _reap_legacy(p: Pass) -> None:
+    me = p.ctx.boot_raw
+    now_bucket = p.bt_now // p.fmt.lease_width_ns
+    levels = (
+        Level(parse_boot, NOT_BOOT),
+        # A current-boot bucket after now holds only running leases.
+        Level(parse_bucket_dir, NOT_BUCKET, lambda v: not (v[0] == me and v[1] > now_bucket)),
+        shard_level(p),
+    )
+    for (boot, bucket, shard), fd, rel, raw in walk(p, LEASED_DIR, levels, (b"a",)):
+        _legacy_entry(p, fd, rel, raw, boot, boot == me, bucket, shard)
+
+
+def _legacy_entry(
+    p: Pass, dir_fd: int, rel: str, raw: bytes, boot: bytes, current: bool, bucket: int, shard: int
+) -> None:
+    name = leaf_name(p, raw, rel, JOB_EXT)
+    if name is None:
+        return
+    try:
+        job = parse_name(State.LEASED, name)
+    except CorruptObject:
+        quarantine_object(p, dir_fd, rel, name, QuarantineReason.FILENAME_PARSE_FAILED)
+        return
+    assert job.boottime_deadline is not None
+    if current and job.boottime_deadline > p.bt_now:
+        return
+    if valid(p, dir_fd, rel, name, job, "reap_validate", shard=shard, bucket=bucket, path_boot=boot):
+        _reap(p, dir_fd, rel, name, job, shard, same_dir=False)
+
+
+def _reap_colocated(p: Pass) -> None:
+    for shard in range(p.fmt.shard_count):
+        sname = shard_dir(shard)
+        skey: Key = (b"b", sname.encode("ascii"))
+        if p.done_before(skey):
+            continue
+        p.check_budget()
+        rel = f"{READY_DIR}/{sname}"
+        try:
+            # Uncached: a pass may visit thousands of shards.
+            dir_fd = p.ctx.tree.open_transient(rel)
+        except OSError as e:
+            p.error("directory", f"cannot open {rel}: {e.strerror}")
+            continue
+        try:
+            _colocated_shard(p, dir_fd, rel, skey, shard)
+        finally:
+            with contextlib.suppress(OSError):
+                linux.close(dir_fd)
+
+
+def _colocated_shard(p: Pass, dir_fd: int, rel: str, skey: Key, shard: int) -> None:
+    fmt = p.fmt
+    for raw in entries(p, dir_fd, rel, skey):
+        name = leaf_name(p, raw, rel, JOB_EXT)
+        if name is None:
+            continue
+        try:
+            job = parse_name(State.LEASED, name)
+        except CorruptObject:
+            continue  # a ready job (or fsck's business)
+        if not authenticate(fmt.queue_id, job, shard=shard, lease_width_ns=fmt.lease_width_ns) or (
+            shard_of(fmt.queue_id, job.job_id, fmt.shard_count) != shard
+        ):
+            # No holder can own a name that does not authenticate here.
+            quarantine_object(p, dir_fd, rel, name, QuarantineReason.FILENAME_TAG_FAILED)
+            continue
+        assert job.boottime_deadline is not None
+        if job.boot_id == p.ctx.boot_raw and job.boottime_deadline > p.bt_now:
+            continue  # a running lease
+        if valid(p, dir_fd, rel, name, job, "reap_validate", shard=shard):
+            _reap(p, dir_fd, rel, name, job, shard, same_dir=True)
+
+
+def _reap(p: Pass, src_fd: int, src_rel: str, name: str, job: JobName, shard: int, *, same_dir: bool) -> None:
+    """An expired lease goes back to ready/<S> (same attempt), or to dead
+    with reason 0x0004 when its attempts are used up."""
+    try:
+        generation = next_generation(job.generation)
+    except SteadQError as e:
+        p.error("reap_state_exhausted", f"{src_rel}/{name}: {e}")
+        return
+    if job.attempt >= job.max_attempts:
+        _reap_to_dead(p, src_fd, src_rel, name, job, generation, shard)
+        return
+    fmt = p.fmt
+    target = ready_name(job.job_id, generation, job.attempt, job.max_attempts)
+    target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
+    if same_dir:
+        # Colocated lease: rename within ready/<S> (the directory is fsynced twice).
+        where = f"{src_rel}/{name} -> {target_file}"
+        if rename(p, "reap_to_ready", where, src_fd, name, src_fd, target_file):
+            p.report.leases_reaped += 1
+        return
+    dst_rel = f"{READY_DIR}/{shard_dir(shard)}"
+    if move(p, "reap_to_ready", src_fd, src_rel, name, dst_rel, target_file):
+        p.report.leases_reaped += 1
+
+
+def _reap_to_dead(p: Pass, src_fd: int, src_rel: str, name: str, job: JobName, generation: int, shard: int) -> None:
+    if p.wall is None:
+        p.error("reap_to_dead_no_wall_floor", f"{src_rel}/{name}: exhausted lease left in place")
+        return
+    fmt = p.fmt
+    tb = terminal_bucket(p.wall, fmt.terminal_width_ns)
+    target = dead_name(job.job_id, generation, job.attempt, job.max_attempts, reason=DeadReason.ATTEMPTS_EXHAUSTED)
+    target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=tb, lease_width_ns=fmt.lease_width_ns)
+    dst_rel = f"{DEAD_DIR}/{bucket_dir(tb)}/{shard_dir(shard)}"
+    if move(p, "reap_to_dead", src_fd, src_rel, name, dst_rel, target_file):
+        p.report.leases_to_dead += 1
+
+
+# ----------------------------------------------------------------------------
+# Phase 2, promote delayed (recovery.md): due delayed jobs become ready.
+#
+# Whether a bucket is due is a wall-clock decision, made against the
+# stabilized wall floor (clocks.md) so that it never goes backwards: without a
+# wall floor the phase does nothing. Later buckets are never opened, so a
+# corrupt delayed job is quarantined (0x0001, as specified) only once it is due.
+
+
+def promote_delayed(p: Pass) -> None:
+    if p.wall is None:
+        return
+    due = p.wall // p.fmt.delayed_width_ns
+    levels = (Level(parse_bucket_dir, NOT_BUCKET, lambda v: v[0] <= due), shard_level(p))
+    for (bucket, shard), fd, rel, raw in walk(p, DELAYED_DIR, levels):
+        _delayed_entry(p, fd, rel, raw, bucket, shard)
+
+
+def _delayed_entry(p: Pass, dir_fd: int, rel: str, raw: bytes, bucket: int, shard: int) -> None:
+    name = leaf_name(p, raw, rel, JOB_EXT)
+    if name is None:
+        return
+    try:
+        job = parse_name(State.DELAYED, name)
+    except CorruptObject:
+        return  # not a delayed name: skipped silently (recovery.md)
+    if not valid(p, dir_fd, rel, name, job, "promote_validate", shard=shard, bucket=bucket):
+        return
+    try:
+        generation = next_generation(job.generation)
+    except SteadQError as e:
+        p.error("promote_state_exhausted", f"{rel}/{name}: {e}")
+        return
+    fmt = p.fmt
+    target = ready_name(job.job_id, generation, job.attempt, job.max_attempts)
+    target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
+    dst_rel = f"{READY_DIR}/{shard_dir(shard)}"
+    if move(p, "promote", dir_fd, rel, name, dst_rel, target_file):
+        p.report.delayed_promoted += 1
+
+
+# ----------------------------------------------------------------------------
+# Phase 3, temp cleanup (recovery.md): abandoned temp files disappear.
+#
+# A temp of another boot belongs to no running writer and is deleted at once;
+# one of this boot only once it is older than the temp TTL (its name carries
+# its creation time; a name we cannot parse is not ours to judge).
+
+
+def cleanup_temp(p: Pass) -> None:
+    ttl = p.ctx.options.temp_ttl_ns
+    # Names that are not boot directories are skipped silently (doctor probes live directly in tmp/).
+    levels = (Level(parse_boot, None), shard_level(p))
+    for (boot, _), fd, rel, raw in walk(p, TMP_DIR, levels):
+        if not raw.endswith(TEMP_EXT.encode()):
+            continue
+        if boot == p.ctx.boot_raw:
+            parsed = parse_temp_name(raw)
+            if parsed is None or p.bt_now - parsed[0] <= ttl:
+                continue  # young, or not ours to judge
+        delete_temp(p, fd, rel, os.fsdecode(raw))
+
+
+def delete_temp(p: Pass, dir_fd: int, rel: str, name: str) -> None:
+    """Unlink + directory fsync; counted in ``temp_files_deleted``, as are
+    the stale ``.compact-*.tmp`` files receipt compaction leaves behind."""
+    p.op()
+    try:
+        p.ctx.tree.unlink(dir_fd, name)
+    except SourceMissing:
+        return
+    except MoveFailed as e:
+        p.error("temp_delete_failed", f"{rel}/{name}: {e}")
+        return
+    except Indeterminate as e:
+        p.error("temp_delete_outcome_unknown", f"{rel}/{name}: {e}")
+        return
+    p.report.temp_files_deleted += 1
+
+
+# ----------------------------------------------------------------------------
+# Phase 4, receipt compaction (recovery.md): every verified full receipt is
+# rewritten in place as its 128-byte compact record.
+#
+# There is no age condition; the receipt is locked (a busy one belongs to
+# another maintainer and is skipped) and re-verified, payload included, so
+# that only a receipt proved intact loses its payload. The compact record keeps
+# the receipt's name (same tag), so a duplicate ack still recognises it.
+
+
+def compact_receipts(p: Pass) -> None:
+    levels = (Level(parse_bucket_dir, NOT_BUCKET), shard_level(p))
+    for (bucket, shard), fd, rel, raw in walk(p, RECEIPTS_DIR, levels):
+        if is_compact_temp_name(raw):
+            delete_temp(p, fd, rel, raw.decode("ascii"))
+            continue
+        name = leaf_name(p, raw, rel, RECEIPT_EXT)
+        if name is not None:
+            _compact_one(p, fd, rel, name, bucket, shard)
+
+
+def _compact_one(p: Pass, dir_fd: int, rel: str, name: str, bucket: int, shard: int) -> None:
+    fmt = p.fmt
+    with locked_receipt(p, dir_fd, rel, name, "receipt_compact_failed") as fd:
+        if fd is None:
+            return
+        try:
+            info = verify_receipt(fmt, fd, name, bucket, shard)
+        except SteadQError as e:
+            p.error("receipt_compact_invalid", f"{rel}/{name}: {e}")
+            return
+        except OSError as e:
+            p.error("receipt_compact_failed", f"{rel}/{name}: {e.strerror}")
+            return
+        if info.compact:
+            return
+        assert info.name.lease_token is not None
+        p.op()
+        try:
+            record = CompactReceipt(
+                job_id=info.name.job_id,
+                envelope_digest=info.envelope_digest,
+                final_attempt=info.name.attempt,
+                lease_token=info.name.lease_token,
+                bucket_start_ns=bucket_start(bucket, fmt.terminal_width_ns),
+                payload_length=info.payload_length,
+            ).encode()
+        except SteadQError as e:
+            p.error("receipt_compact_failed", f"{rel}/{name}: {e}")
+            return
+        if _replace_receipt(p, dir_fd, rel, name, record, info.witness):
+            p.report.receipts_compacted += 1
+
+
+def _replace_receipt(p: Pass, dir_fd: int, rel: str, name: str, record: bytes, witness: Witness) -> bool:
+    """temp + fsync, identity re-check, plain rename over the receipt
+    (the linearization point), fsync of the shard directory."""
+    tmp = _write_temp(p, dir_fd, rel, name, record)
+    if tmp is None:
+        return False
+    if not _rename_over(p, dir_fd, rel, name, tmp, witness):
+        with contextlib.suppress(OSError):
+            linux.unlink_at(dir_fd, tmp)
+        return False
+    try:
+        linux.fsync(dir_fd)
+    except OSError as e:
+        # Either record is a valid receipt; only durability is in doubt.
+        p.error("receipt_compact_outcome_unknown", f"{rel}/{name}: fsync directory: {e.strerror}")
+        return False
+    return True
+
+
+def _write_temp(p: Pass, dir_fd: int, rel: str, name: str, record: bytes) -> str | None:
+    """The compact record, durable under a fresh temp name; None (temp gone) on failure."""
+    try:
+        tmp = make_compact_temp_name(p.ctx.random(16))
+    except OSError as e:
+        p.error("receipt_compact_failed", f"{rel}/{name}: getrandom: {e.strerror}")
+        return None
+    try:
+        tfd = linux.open_at(dir_fd, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, p.ctx.modes.file)
+    except OSError as e:
+        p.error("receipt_compact_failed", f"cannot create {rel}/{tmp}: {e.strerror}")
+        return None
+    try:
+        try:
+            p.ctx.new_file_mode(tfd)
+            linux.write_all(tfd, record)
+            linux.fsync(tfd)
+        finally:
+            linux.close(tfd)
+    except OSError as e:
+        p.error("receipt_compact_failed", f"{rel}/{name}: {e.strerror}")
+        with contextlib.suppress(OSError):
+            linux.unlink_at(dir_fd, tmp)
+        return None
+    return tmp
+
+
+def _rename_over(p: Pass, dir_fd: int, rel: str, name: str, tmp: str, witness: Witness) -> bool:
+    """Rename the temp over the receipt if the path still names the verified inode."""
+    try:
+        try:
+            st = linux.stat_at(dir_fd, name)
+        except FileNotFoundError:
+            return False  # deleted meanwhile: nothing to compact
+        if not (witness.matches(st) and is_single_regular(st)):
+            p.error("receipt_compact_failed", f"{rel}/{name}: destination changed")
+            return False
+        linux.rename_replace(dir_fd, tmp, dir_fd, name)
+    except OSError as e:
+        p.error("receipt_compact_failed", f"{rel}/{name}: {e.strerror}")
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------
+# Phase 5, retention (recovery.md): receipts past retention are deleted,
+# then, opt-in, dead letters past theirs; emptied directories are removed.
+#
+# Skipped without a wall floor (retention is a wall-clock decision). Bucket
+# ``B`` of ``receipts/`` is due once ``B × w + w + retention ≤ wall``
+# (``w`` = terminal width); only objects that verify for their very directory
+# are unlinked, after a re-stat that proves the path still names the verified
+# inode, so a file swapped in meanwhile is kept.
+#
+# Dead-letter retention (open-questions A7: the reference has none) is opt-in
+# per handle (``OpenOptions.dead_retention_ns``, default None = keep forever).
+# It runs inside this phase after the receipt buckets, because the cursor's
+# phase names are fixed by the spec, with the receipt rules: only names that
+# parse as dead, authenticate for their directory and pass structural
+# validation are unlinked; anything else is kept and reported. Its position
+# keys start with ``_DEAD_KEY``, which sorts after every receipt key, so a
+# resumed pass never repeats the receipt walk.
+
+
+# 0xff sorts after any bucket name, so the receipt walk's keys all come first.
+_DEAD_KEY: Key = (b"\xffdead",)
+
+# Empties one shard directory: (pass, fd, rel, key, bucket, shard) -> every entry seen is gone.
+ShardDeleter = Callable[[Pass, int, str, Key, int, int], bool]
+
+
+def delete_receipts(p: Pass) -> None:
+    if p.wall is None:
+        return
+    _expire_tree(p, RECEIPTS_DIR, (), p.ctx.options.receipt_retention_ns, _delete_receipts_in_shard)
+    dead_retention = p.ctx.options.dead_retention_ns
+    if dead_retention is not None:
+        _expire_tree(p, DEAD_DIR, _DEAD_KEY, dead_retention, _delete_dead_in_shard)
+
+
+def _expire_tree(p: Pass, top_rel: str, prefix: Key, retention: int, delete_in_shard: ShardDeleter) -> None:
+    """Empty every due ``top/<B>/<S>/`` through ``delete_in_shard`` and
+    remove the directories it emptied."""
+    assert p.wall is not None
+    wall = p.wall
+    width = p.fmt.terminal_width_ns
+
+    def expired(values: tuple[Any, ...]) -> bool:
+        try:
+            return bucket_end(values[0], width) + retention <= wall
+        except SteadQError:
+            return False
+
+    # Not the generic walk: directories are removed on the way back up.
+    # Bad names are compact_receipts' (or fsck's) to report.
+    buckets = Level(parse_bucket_dir, None, expired)
+    with open_dir(p, p.ctx.root_fd, top_rel, top_rel) as top:
+        if top is None:
+            return
+        with contextlib.closing(dirs(p, top, top_rel, prefix, buckets, ())) as bucket_dirs:
+            for (bucket,), kfd, krel, kname, kkey in bucket_dirs:
+                if _expire_bucket(p, kfd, krel, kkey, bucket, delete_in_shard):
+                    _remove_dir(p, top, top_rel, kname)
+
+
+def _expire_bucket(p: Pass, kfd: int, krel: str, kkey: Key, bucket: int, delete_in_shard: ShardDeleter) -> bool:
+    """Empty and remove every shard directory of one bucket; True if none is left."""
+    # A shard directory we did not enter keeps its bucket directory.
+    not_entered: list[bytes] = []
+    bucket_empty = True
+    with contextlib.closing(dirs(p, kfd, krel, kkey, shard_level(p, None), (bucket,), not_entered)) as shard_dirs:
+        for (_, shard), sfd, srel, sname, skey in shard_dirs:
+            if not (delete_in_shard(p, sfd, srel, skey, bucket, shard) and _remove_dir(p, kfd, krel, sname)):
+                bucket_empty = False
+    return bucket_empty and not not_entered
+
+
+def _delete_receipts_in_shard(p: Pass, dir_fd: int, rel: str, prefix: Key, bucket: int, shard: int) -> bool:
+    """Delete every verified receipt; True if every entry seen is gone."""
+    all_gone = True
+    for raw in entries(p, dir_fd, rel, prefix):
+        name = ascii_name(raw)
+        if name is None or not name.endswith(RECEIPT_EXT):
+            all_gone = False
+            continue
+        try:
+            parse_name(State.RECEIPT, name)
+        except CorruptObject:
+            p.error("receipt_parse", f"{rel}/{name}: not a receipt name")
+            all_gone = False
+            continue
+        if not _delete_receipt(p, dir_fd, rel, name, bucket, shard):
+            all_gone = False
+    return all_gone
+
+
+def _delete_receipt(p: Pass, dir_fd: int, rel: str, name: str, bucket: int, shard: int) -> bool:
+    """True when the receipt is gone (deleted now or by someone else)."""
+    with locked_receipt(p, dir_fd, rel, name, "receipt_delete_failed") as fd:
+        if fd is None:
+            return not _exists(dir_fd, name)
+        try:
+            info = verify_receipt(p.fmt, fd, name, bucket, shard)
+        except SteadQError as e:
+            p.error("receipt_delete_invalid", f"{rel}/{name}: {e}; kept")
+            return False
+        except OSError as e:
+            p.error("receipt_delete_failed", f"{rel}/{name}: {e.strerror}")
+            return False
+        gone, deleted = _unlink_verified(p, dir_fd, rel, name, info.witness, "receipt_delete")
+        p.report.receipts_deleted += deleted
+        return gone
+
+
+def _delete_dead_in_shard(p: Pass, dir_fd: int, rel: str, prefix: Key, bucket: int, shard: int) -> bool:
+    """Delete every verified dead job of an expired bucket; True if every entry seen is gone.
+
+    Only objects that prove to be this queue's dead jobs for this very
+    directory are deleted: a stray or corrupt file may be evidence somebody
+    needs, so it stays (fsck reports it) and keeps its directory.
+    """
+    all_gone = True
+    for raw in entries(p, dir_fd, rel, prefix):
+        name = ascii_name(raw)
+        if name is None or not name.endswith(JOB_EXT):
+            all_gone = False
+            continue
+        try:
+            job = parse_name(State.DEAD, name)
+        except CorruptObject:
+            p.error("dead_parse", f"{rel}/{name}: not a dead job name; kept")
+            all_gone = False
+            continue
+        if not _delete_dead(p, dir_fd, rel, name, job, bucket, shard):
+            all_gone = False
+    return all_gone
+
+
+def _delete_dead(p: Pass, dir_fd: int, rel: str, name: str, job: JobName, bucket: int, shard: int) -> bool:
+    """True when the dead job is gone (deleted now or by someone else, e.g.
+    an ``admin requeue``/``dead-remove`` that won the race)."""
+    try:
+        # Tag (dead/B/S context), shard placement, envelope, name vs header.
+        env = validate(p, dir_fd, name, job, shard=shard, bucket=bucket)
+    except FileNotFoundError:
+        return True
+    except (CorruptObject, QueueCorrupt) as e:
+        p.error("dead_delete_invalid", f"{rel}/{name}: {e}; kept")
+        return False
+    except (OSError, SteadQError) as e:
+        p.error("dead_delete_failed", f"{rel}/{name}: {e}")
+        return False
+    gone, deleted = _unlink_verified(p, dir_fd, rel, name, env.witness, "dead_delete")
+    p.report.dead_deleted += deleted
+    return gone
+
+
+def _unlink_verified(p: Pass, dir_fd: int, rel: str, name: str, witness: Witness, code: str) -> tuple[bool, bool]:
+    """Unlink an object only if the path still names the inode that was
+    verified; returns (gone, deleted by this call). A file swapped in
+    after verification is evidence and is kept."""
+    try:
+        st = linux.stat_at(dir_fd, name)
+    except FileNotFoundError:
+        return True, False
+    except OSError as e:
+        p.error(f"{code}_failed", f"{rel}/{name}: {e.strerror}")
+        return False, False
+    if not (witness.matches(st) and is_single_regular(st)):
+        p.error(f"{code}_failed", f"{rel}/{name}: replaced while being verified; kept")
+        return False, False
+    p.op()
+    try:
+        p.ctx.tree.unlink(dir_fd, name)
+    except SourceMissing:
+        return True, False
+    except MoveFailed as e:
+        p.error(f"{code}_failed", f"{rel}/{name}: {e}")
+        return False, False
+    except Indeterminate as e:
+        p.error(f"{code}_outcome_unknown", f"{rel}/{name}: {e}")
+        return True, False
+    return True, True
+
+
+def _remove_dir(p: Pass, parent_fd: int, parent_rel: str, name: str) -> bool:
+    """rmdir + fsync of the parent; "not empty" is a normal outcome (False)."""
+    p.check_budget()
+    p.op()
+    rel = f"{parent_rel}/{name}"
+    try:
+        linux.rmdir_at(parent_fd, name)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return True
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            p.error("rmdir_failed", f"{rel}: {e.strerror}")
+        return False
+    p.ctx.tree.forget(rel)
+    p.report.directories_removed += 1
+    try:
+        linux.fsync(parent_fd)
+    except OSError as e:
+        p.error("rmdir_outcome_unknown", f"{rel}: fsync {parent_rel}: {e.strerror}")
+    return True
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        linux.stat_at(dir_fd, name)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+_RUNNERS: dict[str, Callable[[Pass], None]] = {
+    "reap_leases": reap_leases,
+    "promote_delayed": promote_delayed,
+    "cleanup_temp": cleanup_temp,
+    "compact_receipts": compact_receipts,
+    "delete_receipts": delete_receipts,
+}
+
+
+def run_recovery(
+    ctx: Context,
+    *,
+    budget_ops: int = 1000,
+    budget_ms: int = 100,
+    now_boottime: int | None = None,
+    phases: tuple[str, ...] | None = None,
+) -> RecoveryReport:
+    """Run one recovery pass on an open queue context.
+
+    An invalid budget raises InvalidInput and a poisoned handle raises
+    QueuePoisoned before anything is touched; everything else that goes wrong
+    is recorded in the returned report. ``now_boottime`` replaces the
+    CLOCK_BOOTTIME reading (tests use it to age leases and temps without
+    sleeping).
+
+    ``phases`` (default: all) restricts the pass to the named phases, run in
+    the usual order, each from its beginning; such a pass neither reads nor
+    writes the recovery cursor and leaves this process's remembered position
+    alone, so a promoter's promote-only passes never disturb the progress of
+    full passes (and still run when the cursor names a later phase).
+    """
+    ops, ms = _check_args(budget_ops, budget_ms, now_boottime, phases)
+    ctx.check_usable()
+    report = RecoveryReport()
+    # Our own descriptor: the handle's directory cache may evict (close) its
+    # entries between operations, and a pass spans many operations.
+    try:
+        control = linux.open_beneath(ctx.root_fd, CONTROL_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        report.errors.append(("recovery_lock", f"cannot open control/: {e.strerror}"))
+        return report
+    try:
+        lock_fd = _open_lock(control, report, ctx.modes)
+        if lock_fd is None:
+            return report
+        try:
+            if not _try_lock(lock_fd, report):
+                return report
+            _run_pass(Pass(ctx, report, control, ops, phases), ms, now_boottime)
+        finally:
+            with contextlib.suppress(OSError):
+                linux.close(lock_fd)  # releases the OFD lock
+    finally:
+        with contextlib.suppress(OSError):
+            linux.close(control)
+    return report
+
+
+def _check_args(budget_ops: object, budget_ms: object, now_boottime: object, phases: object) -> tuple[int, int]:
+    if isinstance(budget_ops, bool) or not isinstance(budget_ops, int) or not 1 <= budget_ops <= U32_MAX:
+        raise InvalidInput(f"budget_ops must be an integer in 1..{U32_MAX}, got {budget_ops!r}")
+    if isinstance(budget_ms, bool) or not isinstance(budget_ms, int) or not 1 <= budget_ms <= MAX_BUDGET_MS:
+        raise InvalidInput(f"budget_ms must be an integer in 1..{MAX_BUDGET_MS}, got {budget_ms!r}")
+    if phases is not None and (not isinstance(phases, tuple) or not phases or any(p not in PHASES for p in phases)):
+        raise InvalidInput(f"phases must be a non-empty tuple of {', '.join(PHASES)}; got {phases!r}")
+    if now_boottime is not None and (
+        isinstance(now_boottime, bool) or not isinstance(now_boottime, int) or now_boottime < 0
+    ):
+        raise InvalidInput(f"now_boottime must be a non-negative integer, got {now_boottime!r}")
+    return budget_ops, budget_ms
+
+
+def _open_lock(control: int, report: RecoveryReport, modes: Modes) -> int | None:
+    """Open ``control/recovery.lock``, creating it durably if it is missing."""
+    for _ in range(2):
+        try:
+            return linux.open_at(control, RECOVERY_LOCK, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError as e:
+            if e.errno != errno.ENOENT:
+                report.errors.append(("recovery_lock", f"cannot open control/{RECOVERY_LOCK}: {e.strerror}"))
+                return None
+        try:
+            fd = linux.open_at(control, RECOVERY_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, modes.file)
+        except OSError as e:
+            if e.errno == errno.EEXIST:
+                continue  # created by a concurrent pass: open it
+            report.errors.append(("recovery_lock", f"cannot create control/{RECOVERY_LOCK}: {e.strerror}"))
+            return None
+        try:
+            if modes.enforce:
+                linux.fchmod(fd, modes.file)
+            linux.fsync(fd)
+            linux.fsync(control)
+        except OSError as e:
+            linux.close(fd)
+            report.errors.append(("recovery_lock", f"cannot make control/{RECOVERY_LOCK} durable: {e.strerror}"))
+            return None
+        return fd
+    report.errors.append(("recovery_lock", f"control/{RECOVERY_LOCK} keeps disappearing"))
+    return None
+
+
+def _try_lock(fd: int, report: RecoveryReport) -> bool:
+    try:
+        if linux.ofd_lock(fd, exclusive=True):
+            return True
+        report.errors.append(("recovery_lock", "another recovery pass holds control/recovery.lock"))
+    except OSError as e:
+        report.errors.append(("recovery_lock", f"cannot lock control/{RECOVERY_LOCK}: {e.strerror}"))
+    return False
+
+
+def _run_pass(p: Pass, budget_ms: int, now_bt: int | None) -> None:
+    if p.only is None:
+        cursor = read_cursor(p)
+        if cursor is None:
+            return
+        start, positions = cursor
+    else:
+        start, positions = PHASES[0], {}
+    if not _read_clocks(p, budget_ms, now_bt):
+        return
+    next_phase, remembered = _run_phases(p, start, positions)
+    if p.only is not None:
+        return  # a restricted pass leaves the cursor and the remembered position alone
+    remember(p.ctx.queue_id, remembered)
+    write_cursor(p, next_phase)
+
+
+def _read_clocks(p: Pass, budget_ms: int, now_bt: int | None) -> bool:
+    """Boottime, wall floor, then the budget's deadline; False if a clock failed."""
+    try:
+        p.bt_now = now_bt if now_bt is not None else linux.boottime_ns()
+    except OSError as e:
+        p.error("clock", f"cannot read CLOCK_BOOTTIME: {e.strerror}")
+        return False
+    try:
+        p.wall = p.ctx.wall.for_mutation()
+        p.report.wall_floor_available = True
+    except (SteadQError, OSError) as e:
+        p.wall = None
+        p.error("wall_floor", f"wall floor unavailable: {e}; skipping promotion, receipt deletion, reap-to-dead")
+    try:
+        p.deadline = linux.monotonic_ns() + budget_ms * _NS_PER_MS
+    except OSError as e:
+        p.error("clock", f"cannot read CLOCK_MONOTONIC: {e.strerror}")
+        return False
+    return True
+
+
+def _run_phases(p: Pass, start: str, positions: Positions) -> tuple[str, tuple[str, Key] | None]:
+    """Run the phases from ``start``; returns (the phase the next pass starts
+    with, the position to resume that phase at in this process)."""
+    for phase in PHASES[PHASES.index(start) :]:
+        if p.only is not None and phase not in p.only:
+            continue
+        p.pos = positions.get(phase)
+        try:
+            _RUNNERS[phase](p)
+        except Exhausted:
+            p.report.budget_exhausted = True
+            return phase, None if p.pos is None else (phase, p.pos)
+        except OSError as e:
+            # Not an on-disk problem (every file operation records its own
+            # errors): the clock or getrandom failed. Stop as if out of
+            # budget, but restart this phase from its beginning: the entry
+            # at the position may be half done.
+            p.error("recovery_aborted", f"{phase}: {e.strerror or e}")
+            return phase, None
+    return PHASES[0], None
