@@ -1192,12 +1192,11 @@ def cmd_watch(a: argparse.Namespace) -> int:
 
 def cmd_fsck(a: argparse.Namespace) -> int:
     from steadqd.fs.inspection import format_fsck_lines
-    from steadqd.fs.inspection import fsck as run_fsck
 
     q = open_queue(a.path)
     try:
         try:
-            r = run_fsck(q, deep=a.deep, repair=a.repair)
+            r = q.fsck(deep=a.deep, repair=a.repair)
         except Exception as e:  # noqa: BLE001
             raise CliError(f"fsck failed: {error_text(e)}", error_code(e)) from e
     finally:
@@ -1326,13 +1325,11 @@ def cmd_doctor(a: argparse.Namespace) -> int:
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
-    from steadqd.fs.inspection import inspect_job
-
     job_id = _job_id(a.job_id)
     q = open_queue(a.path)
     try:
         try:
-            objs = inspect_job(q, job_id)
+            objs = q.inspect_detailed(job_id)
         except Exception as e:  # noqa: BLE001
             raise CliError(f"inspect failed: {error_text(e)}", error_code(e)) from e
     finally:
@@ -1511,7 +1508,7 @@ def cmd_recover(a: argparse.Namespace) -> int:
 def cmd_resolve(a: argparse.Namespace) -> int:
     from steadqd.errors import SteadQError
     from steadqd.fs.records import TransitionTicket
-    from steadqd.fs.resolve import Resolution, resolve
+    from steadqd.fs.resolve import Resolution
 
     try:
         with open(a.result_file, "rb") as f:
@@ -1525,7 +1522,7 @@ def cmd_resolve(a: argparse.Namespace) -> int:
     q = open_queue(a.path, code=6)
     try:
         try:
-            r = resolve(q, ticket, stabilize=a.stabilize)
+            r = q.resolve(ticket, stabilize=a.stabilize)
         except SteadQError as e:
             raise CliError(f"ticket does not fit this queue: {e.message}", 1) from e
     finally:
@@ -1813,19 +1810,15 @@ def _admin_call(a: argparse.Namespace, fn: Callable[[Queue], Any]) -> Any:
 
 
 def cmd_admin_dead_export(a: argparse.Namespace) -> int:
-    from steadqd.fs import admin
-
     job_id = _admin_job_id(a.job_id)
-    n = _admin_call(a, lambda q: admin.export_dead(q, job_id, a.output))
+    n = _admin_call(a, lambda q: q.export_dead(job_id, a.output))
     err(f"exported {n} bytes")
     return 0
 
 
 def cmd_admin_dead_remove(a: argparse.Namespace) -> int:
-    from steadqd.fs import admin
-
     job_id = _admin_job_id(a.job_id)
-    _admin_call(a, lambda q: admin.remove_dead(q, job_id))
+    _admin_call(a, lambda q: q.remove_dead(job_id))
     err("removed")
     return 0
 
@@ -1833,12 +1826,11 @@ def cmd_admin_dead_remove(a: argparse.Namespace) -> int:
 def cmd_admin_requeue(a: argparse.Namespace) -> int:
     """Not in cli.md (an extra): not found -> 1, OutcomeUnknown -> 2, else the error kind's code."""
     from steadqd.errors import ErrorKind, OutcomeUnknown, SteadQError
-    from steadqd.fs import admin
 
     job_id = _admin_job_id(a.job_id)
     q = _open_admin(a)
     try:
-        path = admin.requeue_dead(q, job_id)
+        path = q.requeue_dead(job_id)
     except OutcomeUnknown as e:
         raise CliError([f"outcome unknown: {e.message}", f"job_id: {job_id}"], 2) from e
     except SteadQError as e:
@@ -1865,9 +1857,7 @@ def _quarantine_id(text: str) -> str:
 
 
 def cmd_admin_quarantine_list(a: argparse.Namespace) -> int:
-    from steadqd.fs import admin
-
-    items = [_quarantine_fields(o) for o in _admin_call(a, lambda q: list(admin.list_quarantine(q)))]
+    items = [_quarantine_fields(o) for o in _admin_call(a, lambda q: list(q.list_quarantine()))]
     if a.json:
         out_json(items)
     else:
@@ -1876,10 +1866,8 @@ def cmd_admin_quarantine_list(a: argparse.Namespace) -> int:
 
 
 def cmd_admin_quarantine_inspect(a: argparse.Namespace) -> int:
-    from steadqd.fs import admin
-
     qid = _quarantine_id(a.id)
-    i = _quarantine_fields(_admin_call(a, lambda q: admin.inspect_quarantine(q, qid)))
+    i = _quarantine_fields(_admin_call(a, lambda q: q.inspect_quarantine(qid)))
     if a.json:
         out_json(i)
     else:
@@ -1888,19 +1876,15 @@ def cmd_admin_quarantine_inspect(a: argparse.Namespace) -> int:
 
 
 def cmd_admin_quarantine_export(a: argparse.Namespace) -> int:
-    from steadqd.fs import admin
-
     qid = _quarantine_id(a.id)
-    n = _admin_call(a, lambda q: admin.export_quarantine(q, qid, a.output))
+    n = _admin_call(a, lambda q: q.export_quarantine(qid, a.output))
     err(f"exported {n} bytes")
     return 0
 
 
 def cmd_admin_quarantine_remove(a: argparse.Namespace) -> int:
-    from steadqd.fs import admin
-
     qid = _quarantine_id(a.id)
-    _admin_call(a, lambda q: admin.remove_quarantine(q, qid))
+    _admin_call(a, lambda q: q.remove_quarantine(qid))
     err("removed")
     return 0
 

@@ -297,9 +297,7 @@ def _pump(stream: TextIO, tag: str, out: queue_mod.Queue[tuple[str, str | None]]
 
 def _counts(q: Queue) -> dict[str, int]:
     """Objects per state, classified by name (colocated leases count as leased)."""
-    from steadqd.fs.inspection import detailed_stats
-
-    return {k: v.objects for k, v in detailed_stats(q).items()}
+    return {k: v.objects for k, v in q.stats().items()}
 
 
 # --- the demo ---------------------------------------------------------------------------

@@ -30,7 +30,6 @@ import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from steadqd.constants import DEAD_DIR, QUARANTINE_DIR, READY_DIR, QuarantineReason, State
 from steadqd.errors import (
@@ -61,9 +60,6 @@ from steadqd.fs.quarantine import quarantine
 from steadqd.fs.records import EnqueueTicket
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, MoveFailed, SourceChanged, SourceMissing, Witness
 from steadqd.fs.verify import CHUNK, check_name_matches, iter_payload, read_envelope, verify_payload
-
-if TYPE_CHECKING:
-    from steadqd.fs.handle import Queue
 
 __all__ = [
     "DeadJob",
@@ -107,11 +103,6 @@ class QuarantinedObject:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _ctx(q: Queue) -> Context:
-    q._check_open()
-    return q._ctx
 
 
 @contextlib.contextmanager
@@ -192,14 +183,13 @@ def _buckets(ctx: Context) -> list[tuple[int, str]]:
 # --------------------------------------------------------------------------- dead letters
 
 
-def list_dead(q: Queue) -> Iterator[DeadJob]:
+def list_dead(ctx: Context) -> Iterator[DeadJob]:
     """Every authenticated dead object, bucket by bucket, shard by shard, bytewise sorted.
 
     Streams: one shard directory is listed at a time, so a huge dead-letter
     backlog is never held in memory. Unparseable or unauthenticated names are
     skipped (fsck reports them); a missing ``dead/`` is an empty listing.
     """
-    ctx = _ctx(q)
     for bucket, bname in _buckets(ctx):
         shards = _list(ctx.root_fd, f"{DEAD_DIR}/{bname}") or []
         for sraw in shards:
@@ -213,13 +203,12 @@ def list_dead(q: Queue) -> Iterator[DeadJob]:
                     yield job
 
 
-def find_dead(q: Queue, job_id: str) -> DeadJob | None:
+def find_dead(ctx: Context, job_id: str) -> DeadJob | None:
     """The job's first dead object (oldest bucket first), or None.
 
     Only ``dead/*/<S>/`` of the job's own shard is searched. InvalidInput for
     a malformed job id.
     """
-    ctx = _ctx(q)
     job = parse_job_id(job_id)
     shard = shard_of(ctx.fmt.queue_id, job, ctx.fmt.shard_count)
     prefix = job_id.encode("ascii") + b"."
@@ -233,8 +222,8 @@ def find_dead(q: Queue, job_id: str) -> DeadJob | None:
     return None
 
 
-def _require_dead(q: Queue, job_id: str) -> DeadJob:
-    found = find_dead(q, job_id)
+def _require_dead(ctx: Context, job_id: str) -> DeadJob:
+    found = find_dead(ctx, job_id)
     if found is None:
         raise _not_found(f"no dead object for job {job_id}")
     return found
@@ -266,7 +255,7 @@ def _open_object(ctx: Context, path: str) -> int:
         _close(dir_fd)
 
 
-def export_dead(q: Queue, job_id: str, out_path: str, *, payload_only: bool = False) -> int:
+def export_dead(ctx: Context, job_id: str, out_path: str, *, payload_only: bool = False) -> int:
     """Copy a dead job to ``out_path``; returns the number of bytes written.
 
     By default the whole file (header, extension, payload) is copied as-is,
@@ -276,8 +265,7 @@ def export_dead(q: Queue, job_id: str, out_path: str, *, payload_only: bool = Fa
     otherwise, and no output appears). Either way the output appears
     atomically and durably (temp + fsync + rename + directory fsync).
     """
-    ctx = _ctx(q)
-    dead = _require_dead(q, job_id)
+    dead = _require_dead(ctx, job_id)
     fd = _open_object(ctx, dead.path)
     try:
         st = _fstat(fd, dead.path)
@@ -294,21 +282,20 @@ def export_dead(q: Queue, job_id: str, out_path: str, *, payload_only: bool = Fa
         _close(fd)
 
 
-def remove_dead(q: Queue, job_id: str) -> None:
+def remove_dead(ctx: Context, job_id: str) -> None:
     """Delete a dead job for good: unlink, then fsync its shard directory.
 
     NOT_FOUND when there is none. A failed directory fsync after the unlink
     is OutcomeUnknown (the handle is poisoned): the unlink may not survive
     a crash.
     """
-    ctx = _ctx(q)
     with _mutation(ctx, f"remove dead job {job_id}"):
         ctx.check_usable()
-        dead = _require_dead(q, job_id)
+        dead = _require_dead(ctx, job_id)
         _unlink_durably(ctx, dead.path, f"remove dead job {job_id}")
 
 
-def requeue_dead(q: Queue, job_id: str, *, max_attempts_reset: bool = True) -> str:
+def requeue_dead(ctx: Context, job_id: str, *, max_attempts_reset: bool = True) -> str:
     """Give a dead job another life: move it back to ``ready/`` and return the new path.
 
     The object keeps its job id and its header (so its bytes, digests and
@@ -326,16 +313,15 @@ def requeue_dead(q: Queue, job_id: str, *, max_attempts_reset: bool = True) -> s
     OutcomeUnknown with an :class:`~steadqd.fs.records.EnqueueTicket` describing
     the expected ready path when a barrier after the rename failed.
     """
-    ctx = _ctx(q)
     with _mutation(ctx, f"requeue {job_id}"):
-        return _requeue(ctx, q, job_id, max_attempts_reset)
+        return _requeue(ctx, job_id, max_attempts_reset)
     raise AssertionError("unreachable")  # pragma: no cover - _mutation never swallows
 
 
-def _requeue(ctx: Context, q: Queue, job_id: str, reset: bool) -> str:
+def _requeue(ctx: Context, job_id: str, reset: bool) -> str:
     ctx.check_usable()
     fmt = ctx.fmt
-    dead = find_dead(q, job_id)
+    dead = find_dead(ctx, job_id)
     if dead is None:
         raise NotCommitted(f"requeue: no dead object for job {job_id}", ErrorKind.NOT_FOUND, job_id=job_id)
     attempt = 0 if reset else dead.attempt
@@ -438,13 +424,12 @@ def _envelope_digest_of(ctx: Context, src_fd: int, src_name: str, dest_fd: int, 
 # --------------------------------------------------------------------------- quarantine
 
 
-def list_quarantine(q: Queue) -> Iterator[QuarantinedObject]:
+def list_quarantine(ctx: Context) -> Iterator[QuarantinedObject]:
     """Every ``q<id>.x<reason>.raw`` under ``quarantine/``, nested directories included.
 
     Entries are visited in bytewise order; directories are descended without
     following symlinks. Other names are skipped.
     """
-    ctx = _ctx(q)
     yield from _walk_quarantine(ctx, QUARANTINE_DIR, 0)
 
 
@@ -500,23 +485,22 @@ def _parse_quarantine_id(quarantine_id: str) -> str:
     return quarantine_id
 
 
-def inspect_quarantine(q: Queue, quarantine_id: str) -> QuarantinedObject:
+def inspect_quarantine(ctx: Context, quarantine_id: str) -> QuarantinedObject:
     """The quarantined object with this id (32 lowercase hex); NOT_FOUND if none."""
     qid = _parse_quarantine_id(quarantine_id)
-    for obj in list_quarantine(q):
+    for obj in list_quarantine(ctx):
         if obj.quarantine_id == qid:
             return obj
     raise _not_found(f"no quarantined object {qid}")
 
 
-def export_quarantine(q: Queue, quarantine_id: str, out_path: str) -> int:
+def export_quarantine(ctx: Context, quarantine_id: str, out_path: str) -> int:
     """Copy a quarantined object's raw bytes to ``out_path`` (atomically, durably).
 
     Refuses anything but a regular file: a quarantined symlink is never
     followed and a FIFO is never read.
     """
-    ctx = _ctx(q)
-    obj = inspect_quarantine(q, quarantine_id)
+    obj = inspect_quarantine(ctx, quarantine_id)
     fd = _open_object(ctx, obj.path)
     try:
         st = _fstat(fd, obj.path)
@@ -527,12 +511,11 @@ def export_quarantine(q: Queue, quarantine_id: str, out_path: str) -> int:
         _close(fd)
 
 
-def remove_quarantine(q: Queue, quarantine_id: str) -> None:
+def remove_quarantine(ctx: Context, quarantine_id: str) -> None:
     """Unlink a quarantined object and fsync its directory (the reference skips the fsync)."""
-    ctx = _ctx(q)
     with _mutation(ctx, f"remove quarantined object {quarantine_id}"):
         ctx.check_usable()
-        obj = inspect_quarantine(q, quarantine_id)
+        obj = inspect_quarantine(ctx, quarantine_id)
         _unlink_durably(ctx, obj.path, f"remove quarantined object {quarantine_id}")
 
 

@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO, TypeVar
+from typing import BinaryIO, TypeVar
 
 import inotify_simple
 
@@ -41,8 +41,22 @@ from steadqd.errors import (
     SteadQError,
 )
 from steadqd.fs import linux
+from steadqd.fs.admin import (
+    DeadJob,
+    QuarantinedObject,
+    export_dead,
+    export_quarantine,
+    find_dead,
+    inspect_quarantine,
+    list_dead,
+    list_quarantine,
+    remove_dead,
+    remove_quarantine,
+    requeue_dead,
+)
 from steadqd.fs.claim import ScanReport, claim
 from steadqd.fs.context import Context, not_committed
+from steadqd.fs.inspection import FsckResult, JobObject, StateStats, detailed_stats, fsck, inspect_job, stats
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
 from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
 from steadqd.fs.names import (
@@ -51,16 +65,12 @@ from steadqd.fs.names import (
 )
 from steadqd.fs.publish import Payload, enqueue, enqueue_many
 from steadqd.fs.quarantine import quarantine
-from steadqd.fs.records import Extension, FormatRecord
+from steadqd.fs.records import Extension, FormatRecord, TransitionTicket
 from steadqd.fs.recovery import RecoveryReport, run_recovery
+from steadqd.fs.resolve import ResolveResult, resolve, ticket_paths
 from steadqd.fs.settle import AckResult, ack, bury, retry
 from steadqd.fs.tree import Indeterminate, MoveError
 from steadqd.fs.verify import copy_payload, read_payload
-
-if TYPE_CHECKING:  # these modules build on Queue; imported lazily at run time
-    from steadqd.fs.inspection import FsckResult, StateStats
-    from steadqd.fs.records import TransitionTicket
-    from steadqd.fs.resolve import ResolveResult
 
 T = TypeVar("T")
 
@@ -419,13 +429,15 @@ class Queue:
 
     def inspect(self, job_id: str) -> list[JobInfo]:
         """Every authentic object of ``job_id`` in any state (steadqd.fs.inspection.inspect_job)."""
-        from steadqd.fs.inspection import inspect_job
-
-        self._check_open()
         return [
             JobInfo(State(o.state), o.generation, o.attempt, o.max_attempts, o.path, o.name)
-            for o in inspect_job(self, job_id)
+            for o in self.inspect_detailed(job_id)
         ]
+
+    def inspect_detailed(self, job_id: str) -> list[JobObject]:
+        """Like :meth:`inspect`, with each state's name fields (``steadq inspect --json``)."""
+        self._check_open()
+        return inspect_job(self._ctx, job_id)
 
     # -- waiting ------------------------------------------------------------
 
@@ -474,39 +486,85 @@ class Queue:
     def __repr__(self) -> str:
         return f"<Queue {self.path!r} id={self.queue_id} shards={self.shard_count}>"
 
-    # -- resolve and admin (steadqd.fs.resolve, steadqd.fs.admin) --------------------
+    # -- resolve (steadqd.fs.resolve) ------------------------------------------
 
     def resolve(self, ticket: TransitionTicket, stabilize: bool = False) -> ResolveResult:
         """Decide what an indeterminate transition did (errors.md "resolve").
         Read-only apart from the stabilising fsyncs, so a poisoned handle may ask."""
-        from steadqd.fs.resolve import resolve
+        self._check_open()
+        return resolve(self._ctx, ticket, stabilize=stabilize)
 
-        return resolve(self, ticket, stabilize=stabilize)
+    def ticket_paths(self, ticket: TransitionTicket) -> tuple[str, str]:
+        """(source path, destination path) the ticket predicts, relative to the queue root."""
+        self._check_open()
+        return ticket_paths(self._ctx, ticket)
+
+    # -- dead letters and quarantine (steadqd.fs.admin) ---------------------------
+
+    def list_dead(self) -> Iterator[DeadJob]:
+        """Every authenticated dead object, streamed (one shard directory at a time)."""
+        self._check_open()
+        return list_dead(self._ctx)
+
+    def find_dead(self, job_id: str) -> DeadJob | None:
+        """The job's first dead object (oldest bucket first), or None."""
+        self._check_open()
+        return find_dead(self._ctx, job_id)
+
+    def export_dead(self, job_id: str, out_path: str, *, payload_only: bool = False) -> int:
+        """Copy a dead job (or only its verified payload) to ``out_path``, atomically; returns the bytes written."""
+        self._check_open()
+        return export_dead(self._ctx, job_id, out_path, payload_only=payload_only)
+
+    def remove_dead(self, job_id: str) -> None:
+        """Delete a dead job for good."""
+        self._check_open()
+        remove_dead(self._ctx, job_id)
 
     def requeue_dead(self, job_id: str, *, max_attempts_reset: bool = True) -> str:
         """Move a dead job back to ready/ with a fresh set of attempts; returns its new path."""
-        from steadqd.fs.admin import requeue_dead
+        self._check_open()
+        return requeue_dead(self._ctx, job_id, max_attempts_reset=max_attempts_reset)
 
-        return requeue_dead(self, job_id, max_attempts_reset=max_attempts_reset)
+    def list_quarantine(self) -> Iterator[QuarantinedObject]:
+        """Every quarantined object, nested directories included, in bytewise order."""
+        self._check_open()
+        return list_quarantine(self._ctx)
+
+    def inspect_quarantine(self, quarantine_id: str) -> QuarantinedObject:
+        """The quarantined object with this id; NOT_FOUND if none."""
+        self._check_open()
+        return inspect_quarantine(self._ctx, quarantine_id)
+
+    def export_quarantine(self, quarantine_id: str, out_path: str) -> int:
+        """Copy a quarantined object's raw bytes to ``out_path``, atomically; returns the bytes written."""
+        self._check_open()
+        return export_quarantine(self._ctx, quarantine_id, out_path)
+
+    def remove_quarantine(self, quarantine_id: str) -> None:
+        """Unlink a quarantined object durably."""
+        self._check_open()
+        remove_quarantine(self._ctx, quarantine_id)
 
     # -- stats and fsck (steadqd.fs.inspection) ---------------------------------------
 
     def stats(self) -> dict[str, StateStats]:
         """Objects per state classified by name (colocated leases are "leased");
-        see steadqd.fs.inspection.stats for the reference CLI's raw-entry counts."""
-        from steadqd.fs.inspection import detailed_stats
-
+        :meth:`entry_stats` has the reference CLI's raw-entry counts."""
         self._check_open()
-        return detailed_stats(self)
+        return detailed_stats(self._ctx)
+
+    def entry_stats(self) -> dict[str, StateStats]:
+        """Entries per state directory, whatever their names: the reference CLI's ``stats``."""
+        self._check_open()
+        return stats(self.path)
 
     def fsck(self, deep: bool = False, repair: bool = False) -> FsckResult:
         """Check every object (recovery.md "fsck"); ``repair`` quarantines the bad ones."""
-        from steadqd.fs.inspection import fsck
-
         self._check_open()
         if repair:
             self._ctx.check_usable()  # repair mutates: a poisoned handle refuses
-        return fsck(self, deep=deep, repair=repair)
+        return fsck(self._ctx, deep=deep, repair=repair)
 
 
 class _mutation:

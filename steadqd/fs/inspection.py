@@ -44,7 +44,6 @@ import stat as stat_mod
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from steadqd.constants import (
     DEAD_DIR,
@@ -65,6 +64,7 @@ from steadqd.constants import (
 )
 from steadqd.errors import CorruptObject, SteadQError
 from steadqd.fs import linux
+from steadqd.fs.context import Context
 from steadqd.fs.names import (
     JobName,
     authenticate,
@@ -88,10 +88,6 @@ from steadqd.fs.receipt import verify_receipt
 from steadqd.fs.records import JobHeader, check_envelope
 from steadqd.fs.tree import Indeterminate, MoveError, Witness
 from steadqd.fs.verify import Envelope, iter_payload
-
-if TYPE_CHECKING:
-    from steadqd.fs.context import Context
-    from steadqd.fs.handle import Queue
 
 __all__ = [
     "STATS_STATES",
@@ -288,7 +284,7 @@ def _classify_quarantine(depth: int, name: str) -> str | None:
     return "quarantine" if depth == 1 and parse_quarantine_name(name) is not None else None
 
 
-def detailed_stats(q: Queue, *, now_ns: int | None = None) -> dict[str, StateStats]:
+def detailed_stats(ctx: Context, *, now_ns: int | None = None) -> dict[str, StateStats]:
     """Per-state counts of *objects*, classified by their parsed names.
 
     Keys (always all present): ready, leased (colocated in ``ready/<S>/``
@@ -310,7 +306,7 @@ def detailed_stats(q: Queue, *, now_ns: int | None = None) -> dict[str, StateSta
         (TMP_DIR, lambda _d, _n: "tmp"),
     ]
     for top, classify in walks:
-        path = os.path.join(q.path, top)
+        path = os.path.join(ctx.path, top)
         if not os.path.isdir(path) or os.path.islink(path):  # a symlinked state dir is never followed
             continue
         for depth, entry in _stream_files(path):
@@ -788,7 +784,7 @@ class _Fsck:
         self.r.payloads_deep_verified += 1
 
 
-def fsck(q: Queue, *, deep: bool = False, repair: bool = False) -> FsckResult:
+def fsck(ctx: Context, *, deep: bool = False, repair: bool = False) -> FsckResult:
     """Check every object in ready, legacy leased, delayed, dead, receipts.
 
     Read-only unless ``repair``: then each object whose first failing check
@@ -797,7 +793,6 @@ def fsck(q: Queue, *, deep: bool = False, repair: bool = False) -> FsckResult:
     ERROR (which stays, so the exit code is still 3). Receipts are always
     fully verified; job payloads only with ``deep``.
     """
-    ctx: Context = q._ctx  # noqa: SLF001 - inspection is part of the handle's package
     with ctx.tree.operation():
         return _Fsck(ctx, deep, repair).run()
 
@@ -859,7 +854,7 @@ def _details(jn: JobName, layout: str | None = None) -> dict[str, object]:
     return {}
 
 
-def inspect_job(q: Queue, job_id: str) -> list[JobObject]:
+def inspect_job(ctx: Context, job_id: str) -> list[JobObject]:
     """Every authentic object of ``job_id``, looking only in its shard.
 
     Order (cli.md): ``ready/<S>`` (ready and colocated leased names), legacy
@@ -871,7 +866,6 @@ def inspect_job(q: Queue, job_id: str) -> list[JobObject]:
     Raises InvalidInput for a job id that is not 32 lowercase hex digits.
     """
     job = parse_job_id(job_id)
-    ctx: Context = q._ctx  # noqa: SLF001
     fmt = ctx.fmt
     shard = shard_of(fmt.queue_id, job, fmt.shard_count)
     s = shard_dir(shard)

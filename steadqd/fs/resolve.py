@@ -25,11 +25,11 @@ import enum
 import errno
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from steadqd.constants import DEAD_DIR, DELAYED_DIR, HEADER_SIZE, JOB_EXT, READY_DIR, RECEIPT_EXT, RECEIPTS_DIR, State
 from steadqd.errors import CorruptObject, ErrorKind, InvalidInput, SteadQError
 from steadqd.fs import linux
+from steadqd.fs.context import Context
 from steadqd.fs.names import (
     JobName,
     authenticate,
@@ -59,9 +59,6 @@ from steadqd.fs.records import (
 )
 from steadqd.fs.tree import is_single_regular
 from steadqd.fs.verify import read_envelope, verify_payload
-
-if TYPE_CHECKING:
-    from steadqd.fs.handle import Queue
 
 __all__ = ["Resolution", "ResolveResult", "resolve", "ticket_paths"]
 
@@ -134,9 +131,9 @@ class _Expected:
 # --------------------------------------------------------------------------- path derivation
 
 
-def _expected(q: Queue, ticket: TransitionTicket, loc: Location, common: tuple[int, int]) -> _Expected:
+def _expected(ctx: Context, ticket: TransitionTicket, loc: Location, common: tuple[int, int]) -> _Expected:
     """The exact object the ticket predicts for ``loc`` (errors.md "From a ticket both paths...")."""
-    fmt = q.format
+    fmt = ctx.fmt
     job, mx, token = ticket.job_id, ticket.maximum_attempts, ticket.lease_token
     gen, att = common
     shard = shard_of(fmt.queue_id, job, fmt.shard_count)
@@ -176,19 +173,19 @@ def _expected(q: Queue, ticket: TransitionTicket, loc: Location, common: tuple[i
     return _Expected(state, rel, filename, shard, bucket, name)
 
 
-def _expected_pair(q: Queue, ticket: TransitionTicket) -> tuple[_Expected, _Expected]:
+def _expected_pair(ctx: Context, ticket: TransitionTicket) -> tuple[_Expected, _Expected]:
     if not isinstance(ticket, TransitionTicket):
         raise SteadQError(
             f"invalid transition ticket: expected a TransitionTicket, got {ticket!r}", ErrorKind.INVALID_TICKET
         )
     ticket.validate()  # InvalidTicket: hand-built tickets get the same checks as parsed ones
-    if ticket.queue_id != q.format.queue_id:
+    if ticket.queue_id != ctx.queue_id:
         raise InvalidInput(
-            f"ticket is for queue {ticket.queue_id.hex()}, this queue is {q.queue_id} (queue_id differs)"
+            f"ticket is for queue {ticket.queue_id.hex()}, this queue is {ctx.queue_id.hex()} (queue_id differs)"
         )
     try:
-        src = _expected(q, ticket, ticket.source, (ticket.generation, ticket.attempt))
-        dst = _expected(q, ticket, ticket.destination, ticket.destination_identity())
+        src = _expected(ctx, ticket, ticket.source, (ticket.generation, ticket.attempt))
+        dst = _expected(ctx, ticket, ticket.destination, ticket.destination_identity())
     except SteadQError as e:
         # e.g. a delayed bucket or deadline no name can hold: the ticket cannot
         # describe an object of this queue.
@@ -196,20 +193,20 @@ def _expected_pair(q: Queue, ticket: TransitionTicket) -> tuple[_Expected, _Expe
     return src, dst
 
 
-def ticket_paths(q: Queue, ticket: TransitionTicket) -> tuple[str, str]:
+def ticket_paths(ctx: Context, ticket: TransitionTicket) -> tuple[str, str]:
     """(source path, destination path) relative to the queue root.
 
     Raises InvalidTicket for a ticket that fails validation and InvalidInput
     for one that is valid but not for this queue (another queue id).
     """
-    src, dst = _expected_pair(q, ticket)
+    src, dst = _expected_pair(ctx, ticket)
     return src.path, dst.path
 
 
 # --------------------------------------------------------------------------- probing one path
 
 
-def _probe(q: Queue, ticket: TransitionTicket, exp: _Expected) -> _Probe:
+def _probe(ctx: Context, ticket: TransitionTicket, exp: _Expected) -> _Probe:
     """Judge one candidate path: Match, Absent, Conflict or Error."""
     # 1. The object kind must fit the state directory.
     top = exp.rel_dir.split("/", 1)[0]
@@ -219,7 +216,7 @@ def _probe(q: Queue, ticket: TransitionTicket, exp: _Expected) -> _Probe:
     if top != want_top or not exp.filename.endswith(want_ext):
         return _Probe(_Verdict.CONFLICT, f"{exp.path}: object kind does not fit its state directory")
     # 2. Directory, then the file, both beneath the root and without following links.
-    root_fd = q._ctx.root_fd
+    root_fd = ctx.root_fd
     try:
         dir_fd = linux.open_beneath(root_fd, exp.rel_dir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as e:
@@ -239,7 +236,7 @@ def _probe(q: Queue, ticket: TransitionTicket, exp: _Expected) -> _Probe:
                 probe.why = f"open {exp.path}: {e.strerror}"
             probe.close()
             return probe
-        verdict, why = _judge(q, ticket, exp, probe.file_fd)
+        verdict, why = _judge(ctx, ticket, exp, probe.file_fd)
         probe.verdict, probe.why = verdict, why
     except BaseException:
         probe.close()
@@ -249,9 +246,9 @@ def _probe(q: Queue, ticket: TransitionTicket, exp: _Expected) -> _Probe:
     return probe
 
 
-def _judge(q: Queue, ticket: TransitionTicket, exp: _Expected, fd: int) -> tuple[_Verdict, str | None]:
+def _judge(ctx: Context, ticket: TransitionTicket, exp: _Expected, fd: int) -> tuple[_Verdict, str | None]:
     """Steps 2 (file type, header length) to 4 of errors.md for an open candidate."""
-    fmt = q.format
+    fmt = ctx.fmt
     try:
         st = linux.fstat(fd)
         if not is_single_regular(st):
@@ -309,7 +306,7 @@ def _judge(q: Queue, ticket: TransitionTicket, exp: _Expected, fd: int) -> tuple
 # --------------------------------------------------------------------------- stabilising
 
 
-def _stabilize(q: Queue, exp: _Expected, probe: _Probe) -> tuple[Resolution | None, str | None]:
+def _stabilize(ctx: Context, exp: _Expected, probe: _Probe) -> tuple[Resolution | None, str | None]:
     """fsync file and directory, then prove the path still names the same objects.
 
     Returns (None, None) on success, else the failing outcome and why. An
@@ -328,7 +325,7 @@ def _stabilize(q: Queue, exp: _Expected, probe: _Probe) -> tuple[Resolution | No
     except OSError as e:
         return Resolution.RESOLUTION_FAILED, f"fstat {exp.path}: {e.strerror}"
     try:
-        again_fd = linux.open_beneath(q._ctx.root_fd, exp.rel_dir, os.O_RDONLY | os.O_DIRECTORY)
+        again_fd = linux.open_beneath(ctx.root_fd, exp.rel_dir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
             return Resolution.CONFLICTING_OBJECT, f"{exp.rel_dir} changed while stabilising"
@@ -358,22 +355,21 @@ def _stabilize(q: Queue, exp: _Expected, probe: _Probe) -> tuple[Resolution | No
 # --------------------------------------------------------------------------- resolve
 
 
-def resolve(q: Queue, ticket: TransitionTicket, *, stabilize: bool = False) -> ResolveResult:
+def resolve(ctx: Context, ticket: TransitionTicket, *, stabilize: bool = False) -> ResolveResult:
     """Decide what happened to an indeterminate transition (errors.md "resolve").
 
     Raises InvalidTicket / InvalidInput only for a ticket that cannot be
     resolved against this queue; every on-disk finding, including I/O
     errors, is reported in the result (RESOLUTION_FAILED), never raised.
     """
-    q._check_open()
-    src_exp, dst_exp = _expected_pair(q, ticket)
+    src_exp, dst_exp = _expected_pair(ctx, ticket)
 
     def result(outcome: Resolution, error: str | None = None) -> ResolveResult:
         return ResolveResult(outcome, src_exp.path, dst_exp.path, error)
 
-    src = _probe(q, ticket, src_exp)
+    src = _probe(ctx, ticket, src_exp)
     try:
-        dst = _probe(q, ticket, dst_exp)
+        dst = _probe(ctx, ticket, dst_exp)
         try:
             verdicts = (src.verdict, dst.verdict)
             conflicts = [p.why or "conflict" for p in (src, dst) if p.verdict is _Verdict.CONFLICT]
@@ -394,7 +390,7 @@ def resolve(q: Queue, ticket: TransitionTicket, *, stabilize: bool = False) -> R
                 )  # fmt: skip
             if not stabilize:
                 return result(observed)
-            failed, why = _stabilize(q, exp, side)
+            failed, why = _stabilize(ctx, exp, side)
             return result(stable) if failed is None else result(failed, why)
         finally:
             dst.close()

@@ -637,14 +637,12 @@ def _claim_ticket(qpath: str, job: str) -> TransitionTicket:
 
 
 def test_resolve_outcomes_and_errors(qpath: str, tmp_path: Path) -> None:
-    from steadqd.fs.resolve import ticket_paths
-
     job = put(qpath)
     t = _claim_ticket(qpath, job)
     tf = tmp_path / "t.json"
     tf.write_text(t.to_json())
     with Queue.open(qpath) as q:
-        src, dst = ticket_paths(q, t)
+        src, dst = q.ticket_paths(t)
     r = steadq("resolve", qpath, "--result-file", tf)
     assert (r.code, r.err_lines) == (0, [f"source observed: {src}"])
     r = steadq("resolve", qpath, "--result-file", tf, "--stabilize")

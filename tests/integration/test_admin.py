@@ -37,19 +37,7 @@ from steadqd import (  # noqa: E402
 )
 from steadqd.constants import HEADER_SIZE  # noqa: E402
 from steadqd.fs import linux  # noqa: E402
-from steadqd.fs.admin import (  # noqa: E402
-    DeadJob,
-    QuarantinedObject,
-    export_dead,
-    export_quarantine,
-    find_dead,
-    inspect_quarantine,
-    list_dead,
-    list_quarantine,
-    remove_dead,
-    remove_quarantine,
-    requeue_dead,
-)
+from steadqd.fs.admin import DeadJob, QuarantinedObject  # noqa: E402
 from steadqd.fs.names import make_quarantine_name, parse_name  # noqa: E402
 from steadqd.fs.records import EnqueueTicket, JobHeader  # noqa: E402
 from tests.invariants import check_tree  # noqa: E402
@@ -93,23 +81,23 @@ def _no_temps(directory: Path) -> None:
 def test_list_and_find_dead(queue: Queue) -> None:
     job, lease = _buried(queue, reason=7)
     other, _ = _buried(queue, payload=b"other", reason=DeadReason.ADMINISTRATIVE_BURY)
-    dead = list(list_dead(queue))
+    dead = list(queue.list_dead())
     assert {d.job_id for d in dead} == {job, other}
     assert dead == sorted(dead, key=lambda d: d.path)  # shard-by-shard bytewise order within one bucket
-    found = find_dead(queue, job)
+    found = queue.find_dead(job)
     assert found is not None and found in dead
     assert found == DeadJob(job, lease.generation + 1, lease.attempt, 3, 7, found.path)
     assert found.path.startswith("dead/") and os.path.isfile(_abs(queue, found.path))
     state = check_tree(queue.path)
     assert state.dead == {job, other} and state.get(job).path == found.path  # type: ignore[union-attr]
-    assert find_dead(queue, "0" * 32) is None
+    assert queue.find_dead("0" * 32) is None
     with pytest.raises(InvalidInput):
-        find_dead(queue, "NOT-A-JOB-ID")
+        queue.find_dead("NOT-A-JOB-ID")
 
 
 def test_list_dead_skips_strays_and_unauthenticated_names(queue: Queue) -> None:
     job, _ = _buried(queue)
-    found = find_dead(queue, job)
+    found = queue.find_dead(job)
     assert found is not None
     shard_dir_abs = os.path.dirname(_abs(queue, found.path))
     name = os.path.basename(found.path)
@@ -120,15 +108,15 @@ def test_list_dead_skips_strays_and_unauthenticated_names(queue: Queue) -> None:
     wrong_shard = next(d for d in os.listdir(os.path.dirname(shard_dir_abs)) if d != os.path.basename(shard_dir_abs))
     Path(os.path.dirname(shard_dir_abs), wrong_shard, name).write_bytes(_read(_abs(queue, found.path)))
     Path(queue.path, "dead", "not-a-bucket").mkdir()
-    assert [d.job_id for d in list_dead(queue)] == [job]
-    assert find_dead(queue, job) == found
+    assert [d.job_id for d in queue.list_dead()] == [job]
+    assert queue.find_dead(job) == found
 
 
 def test_list_dead_on_empty_and_missing_dead_dir(queue: Queue) -> None:
-    assert list(list_dead(queue)) == []
+    assert list(queue.list_dead()) == []
     os.rmdir(_abs(queue, "dead"))
-    assert list(list_dead(queue)) == []
-    assert find_dead(queue, "1" * 32) is None
+    assert list(queue.list_dead()) == []
+    assert queue.find_dead("1" * 32) is None
 
 
 # --------------------------------------------------------------------------- dead: export
@@ -136,12 +124,12 @@ def test_list_dead_on_empty_and_missing_dead_dir(queue: Queue) -> None:
 
 def test_export_dead_whole_file_and_payload_only(queue: Queue, tmp_path: Path) -> None:
     job, _ = _buried(queue)
-    found = find_dead(queue, job)
+    found = queue.find_dead(job)
     assert found is not None
     raw = _read(_abs(queue, found.path))
     out = tmp_path / "exported.sqj"
     with linux.trace() as events:
-        n = export_dead(queue, job, str(out))
+        n = queue.export_dead(job, str(out))
     assert n == len(raw) and out.read_bytes() == raw  # header + extension + payload, byte for byte
     header = JobHeader.decode(raw[:HEADER_SIZE])
     assert raw.endswith(PAYLOAD) and len(raw) == HEADER_SIZE + header.extension_length + len(PAYLOAD)
@@ -151,11 +139,11 @@ def test_export_dead_whole_file_and_payload_only(queue: Queue, tmp_path: Path) -
         "fsync"
     )
     pay = tmp_path / "payload.bin"
-    assert export_dead(queue, job, str(pay), payload_only=True) == len(PAYLOAD)
+    assert queue.export_dead(job, str(pay), payload_only=True) == len(PAYLOAD)
     assert pay.read_bytes() == PAYLOAD
     # An existing output is replaced whole, never appended to or left partial.
     pay.write_bytes(b"old content that is much longer than nothing" * 100)
-    assert export_dead(queue, job, str(pay), payload_only=True) == len(PAYLOAD)
+    assert queue.export_dead(job, str(pay), payload_only=True) == len(PAYLOAD)
     assert pay.read_bytes() == PAYLOAD
     _no_temps(tmp_path)
     assert _read(_abs(queue, found.path)) == raw  # export is read-only
@@ -163,36 +151,36 @@ def test_export_dead_whole_file_and_payload_only(queue: Queue, tmp_path: Path) -
 
 def test_export_dead_corrupt_payload(queue: Queue, tmp_path: Path) -> None:
     job, _ = _buried(queue)
-    found = find_dead(queue, job)
+    found = queue.find_dead(job)
     assert found is not None
     _flip_last_byte(_abs(queue, found.path))
     out = tmp_path / "p.bin"
     with pytest.raises(SteadQError) as ei:
-        export_dead(queue, job, str(out), payload_only=True)
+        queue.export_dead(job, str(out), payload_only=True)
     assert ei.value.kind is ErrorKind.PAYLOAD_CORRUPT
     assert not out.exists()
     _no_temps(tmp_path)
     # The whole-file export is evidence and copies the (corrupt) bytes as they are.
     whole = tmp_path / "whole.sqj"
-    assert export_dead(queue, job, str(whole)) == os.path.getsize(_abs(queue, found.path))
+    assert queue.export_dead(job, str(whole)) == os.path.getsize(_abs(queue, found.path))
     assert whole.read_bytes() == _read(_abs(queue, found.path))
 
 
 def test_export_dead_not_found_and_failures_leave_no_output(queue: Queue, tmp_path: Path) -> None:
     out = tmp_path / "x"
     with pytest.raises(SteadQError) as ei:
-        export_dead(queue, "2" * 32, str(out))
+        queue.export_dead("2" * 32, str(out))
     assert ei.value.kind is ErrorKind.NOT_FOUND
     job, _ = _buried(queue)
     with linux.inject(nth=1, errno=errno.EIO, op="fsync"), pytest.raises(SteadQError) as ei:
-        export_dead(queue, job, str(out))
+        queue.export_dead(job, str(out))
     assert ei.value.kind is ErrorKind.IO_FAILURE and not out.exists()
     with linux.inject(nth=1, errno=errno.ENOSPC, op="write"), pytest.raises(SteadQError) as ei:
-        export_dead(queue, job, str(out))
+        queue.export_dead(job, str(out))
     assert ei.value.kind is ErrorKind.RESOURCE_EXHAUSTED and not out.exists()
     _no_temps(tmp_path)
     with pytest.raises(SteadQError):
-        export_dead(queue, job, str(tmp_path / "missing-dir" / "x"))
+        queue.export_dead(job, str(tmp_path / "missing-dir" / "x"))
 
 
 # --------------------------------------------------------------------------- dead: remove
@@ -201,20 +189,20 @@ def test_export_dead_not_found_and_failures_leave_no_output(queue: Queue, tmp_pa
 def test_remove_dead(queue: Queue) -> None:
     job, _ = _buried(queue)
     keep, _ = _buried(queue, payload=b"keep")
-    found = find_dead(queue, job)
+    found = queue.find_dead(job)
     assert found is not None
     with linux.trace() as events:
-        remove_dead(queue, job)
+        queue.remove_dead(job)
     ops = [e.op for e in events]
     assert "unlink" in ops and "fsync" in ops[ops.index("unlink") :]
     assert not os.path.exists(_abs(queue, found.path))
-    assert find_dead(queue, job) is None
+    assert queue.find_dead(job) is None
     assert check_tree(queue.path).dead == {keep}
     with pytest.raises(NotCommitted) as ei:
-        remove_dead(queue, job)
+        queue.remove_dead(job)
     assert ei.value.kind is ErrorKind.NOT_FOUND
     with pytest.raises(NotCommitted) as ei:
-        remove_dead(queue, "bad")
+        queue.remove_dead("bad")
     assert ei.value.kind is ErrorKind.INVALID_INPUT
 
 
@@ -223,10 +211,10 @@ def test_remove_dead_barrier_failure_is_outcome_unknown(queue_path: str) -> None
     try:
         job, _ = _buried(q)
         with linux.inject(nth=1, errno=errno.EIO, op="fsync"), pytest.raises(OutcomeUnknown):
-            remove_dead(q, job)
+            q.remove_dead(job)
         assert q.poisoned is not None
         with pytest.raises(NotCommitted) as ei:
-            remove_dead(q, job)
+            q.remove_dead(job)
         assert ei.value.kind is ErrorKind.QUEUE_POISONED
     finally:
         q.close()
@@ -237,16 +225,16 @@ def test_remove_dead_barrier_failure_is_outcome_unknown(queue_path: str) -> None
 
 def test_requeue_dead_then_lease_and_ack(queue: Queue) -> None:
     job, lease = _buried(queue, reason=1)
-    dead = find_dead(queue, job)
+    dead = queue.find_dead(job)
     assert dead is not None
-    path = requeue_dead(queue, job)
+    path = queue.requeue_dead(job)
     name = parse_name(State.READY, os.path.basename(path))
     assert path.startswith("ready/") and (name.generation, name.attempt, name.max_attempts) == (
         dead.generation + 1, 0, 3,
     )  # fmt: skip
     state = check_tree(queue.path, allow_quarantine=False)
     assert state.ready == {job} and not state.dead and state.get(job).path == path  # type: ignore[union-attr]
-    assert find_dead(queue, job) is None
+    assert queue.find_dead(job) is None
     again = queue.lease(duration=60)
     assert again is not None and again.job_id == job
     assert (again.generation, again.attempt) == (dead.generation + 2, 1)
@@ -261,17 +249,17 @@ def test_requeue_exhausted_job_gets_a_fresh_attempt(queue: Queue) -> None:
     lease = queue.lease(duration=60)
     assert lease is not None
     assert queue.retry(lease) == "dead"  # no attempts left: buried with reason 4
-    dead = find_dead(queue, job)
+    dead = queue.find_dead(job)
     assert (
         dead is not None
         and dead.reason == DeadReason.ATTEMPTS_EXHAUSTED
         and (dead.attempt, dead.max_attempts) == (1, 1)
     )
     with pytest.raises(NotCommitted) as ei:  # keeping the used-up attempt would only bury it again
-        requeue_dead(queue, job, max_attempts_reset=False)
+        queue.requeue_dead(job, max_attempts_reset=False)
     assert ei.value.kind is ErrorKind.INVALID_INPUT
-    assert find_dead(queue, job) == dead
-    queue.requeue_dead(job)  # the Queue facade delegates
+    assert queue.find_dead(job) == dead
+    queue.requeue_dead(job)  # with the default reset the job gets a fresh set of attempts
     again = queue.lease(duration=60)
     assert again is not None and again.job_id == job and again.attempt == 1
     assert queue.ack(again) is AckResult.ACKED
@@ -280,7 +268,7 @@ def test_requeue_exhausted_job_gets_a_fresh_attempt(queue: Queue) -> None:
 
 def test_requeue_without_reset_keeps_the_attempt(queue: Queue) -> None:
     job, lease = _buried(queue, max_attempts=3)
-    path = requeue_dead(queue, job, max_attempts_reset=False)
+    path = queue.requeue_dead(job, max_attempts_reset=False)
     assert parse_name(State.READY, os.path.basename(path)).attempt == lease.attempt == 1
     again = queue.lease(duration=60)
     assert again is not None and again.attempt == 2
@@ -288,15 +276,15 @@ def test_requeue_without_reset_keeps_the_attempt(queue: Queue) -> None:
 
 def test_requeue_corrupt_dead_job_is_quarantined(queue: Queue) -> None:
     job, _ = _buried(queue)
-    dead = find_dead(queue, job)
+    dead = queue.find_dead(job)
     assert dead is not None
     raw_before = _read(_abs(queue, dead.path))
     _flip_last_byte(_abs(queue, dead.path))
     with pytest.raises(NotCommitted) as ei:
-        requeue_dead(queue, job)
+        queue.requeue_dead(job)
     assert ei.value.kind is ErrorKind.PAYLOAD_CORRUPT and "quarantined" in ei.value.message
-    assert find_dead(queue, job) is None
-    (obj,) = list_quarantine(queue)
+    assert queue.find_dead(job) is None
+    (obj,) = queue.list_quarantine()
     assert obj.reason == QuarantineReason.PAYLOAD_CORRUPT and obj.size == len(raw_before)
     state = check_tree(queue.path)
     assert job not in state.all_ids and not state.ready
@@ -307,10 +295,10 @@ def test_requeue_missing_and_poisoned(queue_path: str) -> None:
     q = Queue.init(queue_path, shards=4)
     try:
         with pytest.raises(NotCommitted) as ei:
-            requeue_dead(q, "3" * 32)
+            q.requeue_dead("3" * 32)
         assert ei.value.kind is ErrorKind.NOT_FOUND
         with pytest.raises(NotCommitted) as ei:
-            requeue_dead(q, "nope")
+            q.requeue_dead("nope")
         assert ei.value.kind is ErrorKind.INVALID_INPUT
         job, _ = _buried(q)
         q._ctx.ready_dir(0)  # ready shard dirs exist; the first fsync is the destination barrier
@@ -319,7 +307,7 @@ def test_requeue_missing_and_poisoned(queue_path: str) -> None:
             linux.inject(nth=1, errno=errno.EIO, op="fsync") as fault,
             pytest.raises(OutcomeUnknown) as ou,
         ):
-            requeue_dead(q, job)
+            q.requeue_dead(job)
         assert fault.fired
         ops = [e.op for e in events]
         assert ops.index("rename_noreplace") < ops.index("fsync")
@@ -330,7 +318,7 @@ def test_requeue_missing_and_poisoned(queue_path: str) -> None:
         assert ticket.envelope_digest == header.envelope_digest
         assert q.poisoned is not None
         with pytest.raises(NotCommitted) as ei:
-            requeue_dead(q, job)
+            q.requeue_dead(job)
         assert ei.value.kind is ErrorKind.QUEUE_POISONED
     finally:
         q.close()
@@ -344,15 +332,15 @@ def test_requeue_missing_and_poisoned(queue_path: str) -> None:
 def test_requeue_collision_is_not_committed(queue: Queue) -> None:
     """An object already at the ready name: nothing moves, the dead job stays."""
     job, _ = _buried(queue)
-    dead = find_dead(queue, job)
+    dead = queue.find_dead(job)
     assert dead is not None
-    path = requeue_dead(queue, job)
+    path = queue.requeue_dead(job)
     data = _read(_abs(queue, path))
     # Put the job back where it was (dead), and leave a copy at the ready name.
     with open(_abs(queue, dead.path), "xb") as f:
         f.write(data)
     with pytest.raises(NotCommitted) as ei:
-        requeue_dead(queue, job)
+        queue.requeue_dead(job)
     assert ei.value.kind is ErrorKind.QUEUE_CORRUPT
     assert os.path.isfile(_abs(queue, dead.path)) and os.path.isfile(_abs(queue, path))
 
@@ -377,26 +365,26 @@ def _quarantine_by_claim(q: Queue) -> tuple[str, int, bytes]:
 
 def test_quarantine_list_inspect_export_remove(queue: Queue, tmp_path: Path) -> None:
     qid, reason, raw = _quarantine_by_claim(queue)
-    (obj,) = list(list_quarantine(queue))
+    (obj,) = list(queue.list_quarantine())
     assert obj == QuarantinedObject(
         qid, reason, f"quarantine/{make_quarantine_name(bytes.fromhex(qid), reason)}", len(raw)
     )
     assert reason == QuarantineReason.ENVELOPE_CORRUPT
-    assert inspect_quarantine(queue, qid) == obj
+    assert queue.inspect_quarantine(qid) == obj
     out = tmp_path / "q.raw"
     with linux.trace() as events:
-        assert export_quarantine(queue, qid, str(out)) == len(raw)
+        assert queue.export_quarantine(qid, str(out)) == len(raw)
     assert out.read_bytes() == raw
     assert [e.op for e in events].count("fsync") == 2
     _no_temps(tmp_path)
     with linux.trace() as events:
-        remove_quarantine(queue, qid)
+        queue.remove_quarantine(qid)
     ops = [e.op for e in events]
     assert "unlink" in ops and "fsync" in ops[ops.index("unlink") :]  # unlike the reference, durable
-    assert list(list_quarantine(queue)) == []
+    assert list(queue.list_quarantine()) == []
     assert not os.path.lexists(_abs(queue, obj.path))
     with pytest.raises(NotCommitted) as ei:
-        remove_quarantine(queue, qid)
+        queue.remove_quarantine(qid)
     assert ei.value.kind is ErrorKind.NOT_FOUND
 
 
@@ -413,45 +401,45 @@ def test_quarantine_nested_strays_and_symlinks(queue: Queue, tmp_path: Path) -> 
     secret = tmp_path / "secret"
     secret.write_bytes(b"outside the queue")
     (qdir / make_quarantine_name(link_id, QuarantineReason.NON_REGULAR_FILE)).symlink_to(secret)
-    listed = {o.quarantine_id: o for o in list_quarantine(queue)}
+    listed = {o.quarantine_id: o for o in queue.list_quarantine()}
     assert set(listed) == {a.hex(), b.hex(), link_id.hex()}
     assert listed[b.hex()] == QuarantinedObject(
         b.hex(), 0x0103, f"quarantine/old-layout/deeper/{make_quarantine_name(b, 0x0103)}", 14
     )
     out = tmp_path / "nested.raw"
-    assert export_quarantine(queue, b.hex(), str(out)) == 14 and out.read_bytes() == b"nested object!"
+    assert queue.export_quarantine(b.hex(), str(out)) == 14 and out.read_bytes() == b"nested object!"
     # A quarantined symlink is listed but never followed.
     with pytest.raises(InvalidInput, match="symlink"):
-        export_quarantine(queue, link_id.hex(), str(tmp_path / "link.raw"))
+        queue.export_quarantine(link_id.hex(), str(tmp_path / "link.raw"))
     assert not (tmp_path / "link.raw").exists()
-    remove_quarantine(queue, link_id.hex())
+    queue.remove_quarantine(link_id.hex())
     assert secret.read_bytes() == b"outside the queue"  # the link target is never touched
     assert not os.path.lexists(qdir / make_quarantine_name(link_id, QuarantineReason.NON_REGULAR_FILE))
-    remove_quarantine(queue, b.hex())
-    assert {o.quarantine_id for o in list_quarantine(queue)} == {a.hex()}
+    queue.remove_quarantine(b.hex())
+    assert {o.quarantine_id for o in queue.list_quarantine()} == {a.hex()}
 
 
 @pytest.mark.parametrize("bad", ["", "xyz", "A" * 32, "q" + "a" * 32, "a" * 31, "a" * 33, "g" * 32])
 def test_quarantine_bad_ids(queue: Queue, bad: str, tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match="invalid quarantine_id"):
-        inspect_quarantine(queue, bad)
+        queue.inspect_quarantine(bad)
     with pytest.raises(InvalidInput, match="invalid quarantine_id"):
-        export_quarantine(queue, bad, str(tmp_path / "o"))
+        queue.export_quarantine(bad, str(tmp_path / "o"))
     with pytest.raises(NotCommitted) as ei:
-        remove_quarantine(queue, bad)
+        queue.remove_quarantine(bad)
     assert ei.value.kind is ErrorKind.INVALID_INPUT
 
 
 def test_quarantine_not_found_and_missing_dir(queue: Queue, tmp_path: Path) -> None:
     missing = "4" * 32
     with pytest.raises(SteadQError) as ei:
-        inspect_quarantine(queue, missing)
+        queue.inspect_quarantine(missing)
     assert ei.value.kind is ErrorKind.NOT_FOUND
     with pytest.raises(SteadQError) as ei:
-        export_quarantine(queue, missing, str(tmp_path / "o"))
+        queue.export_quarantine(missing, str(tmp_path / "o"))
     assert ei.value.kind is ErrorKind.NOT_FOUND
     os.rmdir(_abs(queue, "quarantine"))
-    assert list(list_quarantine(queue)) == []
+    assert list(queue.list_quarantine()) == []
     with pytest.raises(SteadQError) as ei:
-        inspect_quarantine(queue, missing)
+        queue.inspect_quarantine(missing)
     assert ei.value.kind is ErrorKind.NOT_FOUND

@@ -4,7 +4,7 @@ The demo is run exactly as a user runs it (the ``steadqd`` console script, a
 subprocess, its own daemon and producer subprocesses), on a small number of
 jobs. What is asserted is what the demo claims: its summary numbers, which
 must match the job plan *and* the tree read independently afterwards
-(``tests.invariants.check_tree`` and ``steadqd.fs.inspection``), and that the
+(``tests.invariants.check_tree`` and ``Queue.stats``), and that the
 daemon's own log lines reached the output and ``daemon.log``. A second run
 on the same directory must reuse the queue and report only what it added.
 """
@@ -23,7 +23,6 @@ import pytest
 from steadqd import Queue
 from steadqd.demo.job import EXIT_ACK, EXIT_BAD_INPUT, EXIT_BURY, EXIT_RETRY, run
 from steadqd.demo.run import LogLine, Tally, job_delay, job_kind, payload, plan_counts
-from steadqd.fs.inspection import detailed_stats
 from tests.invariants import check_tree
 
 STEADQD = os.path.join(os.path.dirname(sys.executable), "steadqd")
@@ -141,7 +140,7 @@ def test_demo_runs_the_daemon_and_settles_every_job(tmp_path):
         obj = state.get(job_id)
         assert obj is not None and obj.name.reason == 0x0100  # the demo's bury_reason
     with Queue.open(qpath) as q:
-        st = detailed_stats(q)
+        st = q.stats()
         assert st["receipts"].objects == s["acked"] and st["dead"].objects == s["buried"]
         assert st["ready"].objects == st["leased"].objects == st["delayed"].objects == 0
 

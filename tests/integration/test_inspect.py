@@ -221,7 +221,7 @@ def test_stats_age_is_floor_of_oldest_mtime_and_zero_in_the_future(q: Queue) -> 
     assert s["ready"] == insp.StateStats(2, 7)
     future = now - 50 * SEC  # both mtimes are after this "now"
     assert insp.stats(q.path, now_ns=future)["ready"] == insp.StateStats(2, 0)
-    assert insp.detailed_stats(q, now_ns=now)["ready"] == insp.StateStats(2, 7)
+    assert insp.detailed_stats(q._ctx, now_ns=now)["ready"] == insp.StateStats(2, 7)  # noqa: SLF001
     assert insp.format_stats_text(s).splitlines()[4] == "ready: 2 (oldest 7s)"
 
 
@@ -272,7 +272,7 @@ def test_stats_streams_100k_jobs_in_flat_memory(q: Queue) -> None:
             s = insp.stats(q.path)
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.reset_peak()
-            d = insp.detailed_stats(q)
+            d = q.stats()
             _, peak_detailed = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
@@ -319,20 +319,20 @@ def test_fsck_verifies_compact_receipts_and_flags_corrupt_ones(q: Queue) -> None
     lease = q.lease()
     assert lease is not None
     q.ack(lease)
-    [rct] = [o.path for o in insp.inspect_job(q, lease.job_id)]
+    [rct] = [o.path for o in q.inspect_detailed(lease.job_id)]
     assert os.path.getsize(os.path.join(q.path, rct)) > 128
     q.recover()
     assert os.path.getsize(os.path.join(q.path, rct)) == 128  # compacted
     r = q.fsck(deep=True)
     assert r.findings == [] and (r.total_objects, r.structurally_verified, r.payloads_deep_verified) == (1, 1, 0)
-    [obj] = insp.inspect_job(q, lease.job_id)
+    [obj] = q.inspect_detailed(lease.job_id)
     assert obj.details == {"token": lease.token.hex(), "compact": True}
 
     original = Path(q.path, rct).read_bytes()
     flip(q, rct, 60)
     r = q.fsck()
     assert kinds(r) == [("ERROR", rct, "receipt_verification_failed")] and r.exit_code == 3
-    assert insp.inspect_job(q, lease.job_id) == []  # an unverifiable receipt proves nothing
+    assert q.inspect_detailed(lease.job_id) == []  # an unverifiable receipt proves nothing
     fixed = q.fsck(repair=True)
     qname, reason = quarantine_of(fixed, rct)
     assert reason == 0x0001 and fixed.quarantined == 1 and fixed.exit_code == 3
@@ -346,7 +346,7 @@ def test_full_receipt_payload_corruption_is_found_without_deep_and_quarantined_a
     lease = q.lease()
     assert lease is not None
     q.ack(lease)
-    [rct] = [o.path for o in insp.inspect_job(q, lease.job_id)]
+    [rct] = [o.path for o in q.inspect_detailed(lease.job_id)]
     flip(q, rct, os.path.getsize(os.path.join(q.path, rct)) - 1)
     r = q.fsck()
     assert kinds(r) == [("ERROR", rct, "receipt_verification_failed")]
@@ -360,7 +360,7 @@ def test_locked_receipt_is_not_quarantined(q: Queue) -> None:
     lease = q.lease()
     assert lease is not None
     q.ack(lease)
-    [rct] = [o.path for o in insp.inspect_job(q, lease.job_id)]
+    [rct] = [o.path for o in q.inspect_detailed(lease.job_id)]
     flip(q, rct, 40)
     holder = os.open(os.path.join(q.path, rct), os.O_RDWR)
     try:
@@ -663,7 +663,7 @@ def test_fsck_reports_and_repairs_each_damage(kind: str, q: Queue, tmp_path: Pat
         if dmg.original is not None and not extra:  # the independent checker wants regular files in quarantine
             check_tree(q.path, allow_quarantine=True)
     assert Path(q.path, good_rel).read_bytes() == good_bytes  # the good job was never touched
-    [obj] = insp.inspect_job(q, good_job)
+    [obj] = q.inspect_detailed(good_job)
     assert obj.path == good_rel
 
 
@@ -719,13 +719,13 @@ def test_repair_refused_on_a_poisoned_handle(q: Queue) -> None:
 
 def test_inspect_every_state_and_exact_lines(q: Queue) -> None:
     job, rel = q.enqueue_detailed(b"x", max_attempts=4)
-    [obj] = insp.inspect_job(q, job)
+    [obj] = q.inspect_detailed(job)
     assert insp.format_inspect_line(obj) == f"ready gen=0 attempt=0/4 {rel}"
     assert obj.details == {}
 
     lease = q.lease()
     assert lease is not None and lease.job_id == job
-    [obj] = insp.inspect_job(q, job)
+    [obj] = q.inspect_detailed(job)
     assert insp.format_inspect_line(obj) == f"leased gen=1 attempt=1/4 {lease.path}"
     assert obj.details == {
         "layout": "colocated",
@@ -735,7 +735,7 @@ def test_inspect_every_state_and_exact_lines(q: Queue) -> None:
         "token": lease.token.hex(),
     }
     assert q.retry(lease, delay=3600) == "delayed"
-    [obj] = insp.inspect_job(q, job)
+    [obj] = q.inspect_detailed(job)
     assert obj.state == "delayed" and obj.path.startswith("delayed/") and (obj.generation, obj.attempt) == (2, 1)
     assert isinstance(obj.details["not_before_ns"], int)
 
@@ -743,7 +743,7 @@ def test_inspect_every_state_and_exact_lines(q: Queue) -> None:
     dl = q.lease()
     assert dl is not None and dl.job_id == dead_job
     q.bury(dl, reason=3)
-    [obj] = insp.inspect_job(q, dead_job)
+    [obj] = q.inspect_detailed(dead_job)
     assert obj.state == "dead" and obj.details == {"reason": 3}
     assert insp.format_inspect_line(obj) == f"dead gen=2 attempt=1/3 {obj.path}"
 
@@ -751,13 +751,13 @@ def test_inspect_every_state_and_exact_lines(q: Queue) -> None:
     al = q.lease()
     assert al is not None and al.job_id == ack_job
     q.ack(al)
-    [obj] = insp.inspect_job(q, ack_job)
+    [obj] = q.inspect_detailed(ack_job)
     assert obj.state == "receipt" and obj.details == {"token": al.token.hex(), "compact": False}
     assert insp.format_inspect_line(obj).startswith("receipt gen=2 attempt=1/3 receipts/")
 
-    assert insp.inspect_job(q, os.urandom(16).hex()) == []
+    assert q.inspect_detailed(os.urandom(16).hex()) == []
     with pytest.raises(InvalidInput):
-        insp.inspect_job(q, job.upper())
+        q.inspect_detailed(job.upper())
 
 
 def test_inspect_legacy_leases_only_where_they_authenticate(q: Queue) -> None:
@@ -770,7 +770,7 @@ def test_inspect_legacy_leases_only_where_they_authenticate(q: Queue) -> None:
     for rel in (good, misplaced):
         os.makedirs(os.path.join(q.path, os.path.dirname(rel)))
         Path(q.path, rel).write_bytes(job_bytes(job, b"legacy"))
-    objs = insp.inspect_job(q, job.hex())
+    objs = q.inspect_detailed(job.hex())
     assert [(o.state, o.path, o.details["layout"]) for o in objs] == [("leased", good, "legacy")]
     r = q.fsck(deep=True)  # the context comes from the path: only the misplaced copy fails
     assert kinds(r) == [("ERROR", misplaced, "name_tag_mismatch")]

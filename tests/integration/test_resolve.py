@@ -9,7 +9,7 @@ never happened (source observed), neither, both (a separate copy at the
 source path, not a hard link), conflicts of many shapes at either path,
 I/O errors, conflict-over-error precedence, and stabilisation.
 
-Path derivation is checked byte for byte against vectors.md (a stub handle
+Path derivation is checked byte for byte against vectors.md (a stub context
 with the vector FORMAT: queue ids of real queues are random) and against
 names built with steadqd.fs.names for a real queue.
 """
@@ -63,7 +63,7 @@ from steadqd.fs.records import (  # noqa: E402
     ReceiptLocation,
     TransitionTicket,
 )
-from steadqd.fs.resolve import Resolution, ResolveResult, resolve, ticket_paths  # noqa: E402
+from steadqd.fs.resolve import Resolution, ResolveResult, ticket_paths  # noqa: E402
 from tests.invariants import check_tree  # noqa: E402
 from tests.spec_vectors import CLAIM_TICKET_JSON as VECTOR_CLAIM_TICKET  # noqa: E402
 
@@ -212,17 +212,17 @@ def test_real_ticket_resolves_to_destination(queue_path: str, key: str) -> None:
         parsed = TransitionTicket.from_json(ticket.to_json())  # what lease --ticket-out / resolve do
         assert parsed == ticket
         # The poisoned handle that raised it may still ask (resolve does not mutate).
-        assert resolve(q, parsed).outcome is Resolution.DESTINATION_OBSERVED
+        assert q.resolve(parsed).outcome is Resolution.DESTINATION_OBSERVED
     finally:
         q.close()
     with Queue.open(queue_path) as fresh:
-        src, dst = ticket_paths(fresh, parsed)
+        src, dst = fresh.ticket_paths(parsed)
         state = check_tree(queue_path, allow_quarantine=False)
         obj = state.get(job)
         assert obj is not None and obj.state.value == OPS[key][2]
         assert obj.path == dst, (obj.path, dst)
         assert not os.path.lexists(_abs(fresh, src))
-        assert resolve(fresh, parsed) == ResolveResult(Resolution.DESTINATION_OBSERVED, src, dst, None)
+        assert fresh.resolve(parsed) == ResolveResult(Resolution.DESTINATION_OBSERVED, src, dst, None)
         with linux.trace() as events:
             r = fresh.resolve(parsed, stabilize=True)
         assert r == ResolveResult(Resolution.DESTINATION_STABILIZED, src, dst, None)
@@ -242,7 +242,7 @@ def test_source_directory_barrier_failure_resolves_to_destination(queue_path: st
     finally:
         q.close()
     with Queue.open(queue_path) as fresh:
-        assert resolve(fresh, ticket).outcome is Resolution.DESTINATION_OBSERVED
+        assert fresh.resolve(ticket).outcome is Resolution.DESTINATION_OBSERVED
 
 
 # --------------------------------------------------------------------------- hand-built tickets
@@ -251,15 +251,15 @@ def test_source_directory_barrier_failure_resolves_to_destination(queue_path: st
 def test_transition_that_never_happened_is_source_observed(queue: Queue) -> None:
     job, lease = _leased(queue)
     ticket = _lease_ticket(queue, lease, "acknowledge", ReceiptLocation(_now_bucket(queue)))
-    src, dst = ticket_paths(queue, ticket)
+    src, dst = queue.ticket_paths(ticket)
     assert src == lease.path
-    assert resolve(queue, ticket) == ResolveResult(Resolution.SOURCE_OBSERVED, src, dst, None)
+    assert queue.resolve(ticket) == ResolveResult(Resolution.SOURCE_OBSERVED, src, dst, None)
     with linux.trace() as events:
-        assert resolve(queue, ticket, stabilize=True).outcome is Resolution.SOURCE_STABILIZED
+        assert queue.resolve(ticket, stabilize=True).outcome is Resolution.SOURCE_STABILIZED
     assert [e.op for e in events].count("fsync") == 2
     # The lease is untouched and still works.
     assert queue.ack(lease).value == "acked"
-    assert resolve(queue, ticket).outcome is Resolution.DESTINATION_OBSERVED
+    assert queue.resolve(ticket).outcome is Resolution.DESTINATION_OBSERVED
 
 
 def test_claim_ticket_for_a_ready_job_is_source_observed(queue: Queue) -> None:
@@ -278,10 +278,10 @@ def test_claim_ticket_for_a_ready_job_is_source_observed(queue: Queue) -> None:
         source=ReadyLocation(),
         destination=LeasedLocation(queue.boot_id, 10**12, 1_700_000_000 * 10**9),
     )
-    src, dst = ticket_paths(queue, ticket)
+    src, dst = queue.ticket_paths(ticket)
     assert src == info.path
-    assert resolve(queue, ticket).outcome is Resolution.SOURCE_OBSERVED
-    assert resolve(queue, ticket, stabilize=True).outcome is Resolution.SOURCE_STABILIZED
+    assert queue.resolve(ticket).outcome is Resolution.SOURCE_OBSERVED
+    assert queue.resolve(ticket, stabilize=True).outcome is Resolution.SOURCE_STABILIZED
 
 
 def test_neither_observed(queue: Queue) -> None:
@@ -293,13 +293,13 @@ def test_neither_observed(queue: Queue) -> None:
                    max_attempts=lease.max_attempts, token=lease.token, header=header,
                    source=LeasedLocation(lease.boot_id, lease.boottime_deadline_ns, lease.wall_deadline_ns),
                    destination=ReceiptLocation(bucket))  # fmt: skip
-    assert resolve(queue, good).outcome is Resolution.DESTINATION_OBSERVED  # hand-built receipt ticket matches
+    assert queue.resolve(good).outcome is Resolution.DESTINATION_OBSERVED  # hand-built receipt ticket matches
     # Only the single receipt path of the ticket's bucket is probed (open-questions 5).
     other_bucket = TransitionTicket(**{**good.__dict__, "destination": ReceiptLocation(bucket + 7)})
-    r = resolve(queue, other_bucket)
+    r = queue.resolve(other_bucket)
     assert r.outcome is Resolution.NEITHER_OBSERVED and r.error is None
     with linux.trace() as events:
-        assert resolve(queue, other_bucket, stabilize=True).outcome is Resolution.NEITHER_OBSERVED
+        assert queue.resolve(other_bucket, stabilize=True).outcome is Resolution.NEITHER_OBSERVED
     assert "fsync" not in [e.op for e in events]
 
 
@@ -316,20 +316,20 @@ def test_both_observed_with_a_separate_copy_at_the_source(queue_path: str) -> No
     finally:
         q.close()
     with Queue.open(queue_path) as fresh:
-        src, dst = ticket_paths(fresh, ticket)
+        src, dst = fresh.ticket_paths(ticket)
         assert os.path.exists(_abs(fresh, dst))
         with open(_abs(fresh, src), "xb") as f:  # a distinct inode with the same bytes
             f.write(original)
-        r = resolve(fresh, ticket)
+        r = fresh.resolve(ticket)
         assert r.outcome is Resolution.BOTH_OBSERVED, r
-        assert resolve(fresh, ticket, stabilize=True).outcome is Resolution.BOTH_OBSERVED
+        assert fresh.resolve(ticket, stabilize=True).outcome is Resolution.BOTH_OBSERVED
         with pytest.raises(AssertionError):  # the independent checker agrees: one job, two places
             check_tree(queue_path)
         # A hard link instead of a copy is a different violation: neither path is a
         # singly linked file any more, so both are conflicts.
         os.unlink(_abs(fresh, src))
         os.link(_abs(fresh, dst), _abs(fresh, src))
-        r = resolve(fresh, ticket)
+        r = fresh.resolve(ticket)
         assert r.outcome is Resolution.CONFLICTING_OBJECT and r.error and "singly linked" in r.error
 
 
@@ -370,9 +370,9 @@ def test_conflicting_object_at_destination(queue: Queue, shape: str, dest_kind: 
         ticket = _lease_ticket(queue, lease, "bury", DeadLocation(bucket, 1))
     else:
         ticket = _lease_ticket(queue, lease, "acknowledge", ReceiptLocation(bucket))
-    src, dst = ticket_paths(queue, ticket)
+    src, dst = queue.ticket_paths(ticket)
     CONFLICTS[shape](queue, src, dst)
-    r = resolve(queue, ticket)
+    r = queue.resolve(ticket)
     if shape == "same_job_bytes":
         # A separate copy of the very job at the expected name authenticates (a full
         # receipt is the job file itself): both paths hold the job, which is
@@ -381,7 +381,7 @@ def test_conflicting_object_at_destination(queue: Queue, shape: str, dest_kind: 
         return
     assert r.outcome is Resolution.CONFLICTING_OBJECT, r
     assert r.error and dst in r.error
-    assert resolve(queue, ticket, stabilize=True).outcome is Resolution.CONFLICTING_OBJECT
+    assert queue.resolve(ticket, stabilize=True).outcome is Resolution.CONFLICTING_OBJECT
 
 
 def test_corrupt_source_is_a_conflict(queue: Queue) -> None:
@@ -393,25 +393,25 @@ def test_corrupt_source_is_a_conflict(queue: Queue) -> None:
         last = f.read(1)
         f.seek(-1, os.SEEK_END)
         f.write(bytes([last[0] ^ 1]))
-    r = resolve(queue, ticket)
+    r = queue.resolve(ticket)
     assert r.outcome is Resolution.CONFLICTING_OBJECT and "digest" in (r.error or "")
 
 
 def test_io_error_is_resolution_failed_and_conflict_wins(queue: Queue) -> None:
     _, lease = _leased(queue)
     ticket = _lease_ticket(queue, lease, "bury", DeadLocation(_now_bucket(queue), 1))
-    src, dst = ticket_paths(queue, ticket)
+    src, dst = queue.ticket_paths(ticket)
     with linux.inject(nth=1, errno=errno.EIO, op="openat2"):  # the source directory
-        r = resolve(queue, ticket)
+        r = queue.resolve(ticket)
     assert r.outcome is Resolution.RESOLUTION_FAILED and r.error and "open" in r.error
     with linux.inject(nth=1, errno=errno.EIO, op="read"):  # reading the source header
-        assert resolve(queue, ticket).outcome is Resolution.RESOLUTION_FAILED
+        assert queue.resolve(ticket).outcome is Resolution.RESOLUTION_FAILED
     _write(_abs(queue, dst), b"junk" * 40)
     with linux.inject(nth=1, errno=errno.EIO, op="openat2"):
-        r = resolve(queue, ticket)
+        r = queue.resolve(ticket)
     assert r.outcome is Resolution.CONFLICTING_OBJECT, r  # conflict takes precedence over error
     os.unlink(_abs(queue, dst))
-    assert resolve(queue, ticket).outcome is Resolution.SOURCE_OBSERVED
+    assert queue.resolve(ticket).outcome is Resolution.SOURCE_OBSERVED
 
 
 def test_stabilize_fsync_failure_is_resolution_failed(queue: Queue) -> None:
@@ -419,10 +419,10 @@ def test_stabilize_fsync_failure_is_resolution_failed(queue: Queue) -> None:
     ticket = _lease_ticket(queue, lease, "renew", LeasedLocation(lease.boot_id, 10**13, 10**18))
     for nth in (1, 2):  # the file fsync, then the directory fsync
         with linux.inject(nth=nth, errno=errno.EIO, op="fsync") as fault:
-            r = resolve(queue, ticket, stabilize=True)
+            r = queue.resolve(ticket, stabilize=True)
         assert fault.fired
         assert r.outcome is Resolution.RESOLUTION_FAILED and "fsync" in (r.error or "")
-    assert resolve(queue, ticket, stabilize=True).outcome is Resolution.SOURCE_STABILIZED
+    assert queue.resolve(ticket, stabilize=True).outcome is Resolution.SOURCE_STABILIZED
 
 
 def test_tickets_of_another_queue_or_invalid_are_refused(queue: Queue, tmp_path: Any) -> None:
@@ -430,16 +430,16 @@ def test_tickets_of_another_queue_or_invalid_are_refused(queue: Queue, tmp_path:
     ticket = _lease_ticket(queue, lease, "retry_now", ReadyLocation())
     with Queue.init(str(tmp_path / "other"), shards=SHARDS) as other:
         with pytest.raises(InvalidInput, match="queue_id differs"):
-            ticket_paths(other, ticket)
+            other.ticket_paths(ticket)
         with pytest.raises(InvalidInput):
-            resolve(other, ticket)
+            other.resolve(ticket)
     bad = TransitionTicket(**{**ticket.__dict__, "attempt": 4})  # attempt > maximum_attempts
     with pytest.raises(SteadQError) as ei:
-        resolve(queue, bad)
+        queue.resolve(bad)
     assert ei.value.kind is ErrorKind.INVALID_TICKET
     wrong_states = TransitionTicket(**{**ticket.__dict__, "operation": "bury"})  # bury must go to dead
     with pytest.raises(SteadQError) as ei:
-        ticket_paths(queue, wrong_states)
+        queue.ticket_paths(wrong_states)
     assert ei.value.kind is ErrorKind.INVALID_TICKET
 
 
@@ -463,8 +463,8 @@ VECTOR_PATHS = {
 }
 
 
-def _vector_handle() -> Any:
-    """ticket_paths needs only the FORMAT facts; real queue ids are random."""
+def _vector_context() -> Any:
+    """ticket_paths needs only the FORMAT facts of the handle's context; real queue ids are random."""
     fmt = FormatRecord(
         queue_id=bytes.fromhex("000102030405060708090a0b0c0d0e0f"),
         created_at_ns=1_700_000_000_000_000_000,
@@ -474,13 +474,13 @@ def _vector_handle() -> Any:
         terminal_width_ns=3_600_000_000_000,
         max_payload_length=(1 << 40) - 1,
     )
-    return SimpleNamespace(format=fmt, queue_id=fmt.queue_id.hex())
+    return SimpleNamespace(fmt=fmt, queue_id=fmt.queue_id)
 
 
 def test_ticket_paths_match_vectors_byte_for_byte() -> None:
-    q = _vector_handle()
+    ctx = _vector_context()
     claim = TransitionTicket.from_json(VECTOR_CLAIM_TICKET)
-    assert ticket_paths(q, claim) == (VECTOR_PATHS["ready"], VECTOR_PATHS["claimed"])
+    assert ticket_paths(ctx, claim) == (VECTOR_PATHS["ready"], VECTOR_PATHS["claimed"])
     step2 = LeasedLocation("12345678-1234-1234-1234-123456789abc", 1_030_000_000_000, 1_700_000_035_000_000_000)
     step3 = LeasedLocation("12345678-1234-1234-1234-123456789abc", 1_050_000_000_000, 1_700_000_055_000_000_000)
     base = {**claim.__dict__, "generation": 1, "attempt": 1, "source": step2}
@@ -494,7 +494,7 @@ def test_ticket_paths_match_vectors_byte_for_byte() -> None:
     for change, src, dst in cases:
         t = TransitionTicket(**{**base, **change})
         t.validate()
-        assert ticket_paths(q, t) == (VECTOR_PATHS[src], VECTOR_PATHS[dst]), change["operation"]
+        assert ticket_paths(ctx, t) == (VECTOR_PATHS[src], VECTOR_PATHS[dst]), change["operation"]
 
 
 def test_ticket_paths_match_steadqd_names_for_a_real_queue(queue: Queue) -> None:
@@ -531,7 +531,7 @@ def test_ticket_paths_match_steadqd_names_for_a_real_queue(queue: Queue) -> None
     for operation, (dest, path) in expected.items():
         t = _ticket(queue, operation, job_id=job.hex(), generation=7, attempt=2, max_attempts=5, token=token,
                     header=header, source=leased, destination=dest)  # fmt: skip
-        assert ticket_paths(queue, t) == (src_leased, path), operation
+        assert queue.ticket_paths(t) == (src_leased, path), operation
     claim = _ticket(queue, "claim", job_id=job.hex(), generation=6, attempt=1, max_attempts=5, token=token,
                     header=header, source=ReadyLocation(), destination=leased)  # fmt: skip
-    assert ticket_paths(queue, claim) == (f"{READY_DIR}/{s}/" + fn(ready_name(job, 6, 1, 5)), src_leased)
+    assert queue.ticket_paths(claim) == (f"{READY_DIR}/{s}/" + fn(ready_name(job, 6, 1, 5)), src_leased)

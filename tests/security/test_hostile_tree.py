@@ -23,7 +23,7 @@ import hashlib
 import os
 import stat
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +37,7 @@ from steadqd import (
     SteadQError,
 )
 from steadqd.constants import ENVELOPE_READ_BYTES, QuarantineReason
-from steadqd.fs import admin, linux, names
+from steadqd.fs import linux, names
 from steadqd.fs.records import build_header
 
 OLD_ATIME_NS = 1_000_000_000 * 10**9  # 2001: before any mtime we set, so relatime updates it on access
@@ -367,29 +367,29 @@ def exercise(q: Queue, plan: Plan, leases: list[Lease], tmp: Path) -> None:
     _swallow(q.stats)
     for job in outside_jobs:
         assert _refused_or(_swallow(lambda job=job: q.inspect(job)), [])
-        assert _refused_or(_swallow(lambda job=job: admin.find_dead(q, job)), None)
-        assert isinstance(_swallow(lambda job=job: admin.export_dead(q, job, str(tmp / "export"))), SteadQError)
-        assert isinstance(_swallow(lambda job=job: admin.remove_dead(q, job)), SteadQError)
+        assert _refused_or(_swallow(lambda job=job: q.find_dead(job)), None)
+        assert isinstance(_swallow(lambda job=job: q.export_dead(job, str(tmp / "export"))), SteadQError)
+        assert isinstance(_swallow(lambda job=job: q.remove_dead(job)), SteadQError)
         assert isinstance(_swallow(lambda job=job: q.requeue_dead(job)), SteadQError)
-    listed = _swallow(lambda: [j.job_id for j in admin.list_dead(q)])
+    listed = _swallow(lambda: [j.job_id for j in q.list_dead()])
     assert not (isinstance(listed, list) and set(listed) & outside_jobs)
     for qid in plan.quarantine_ids:
-        assert isinstance(_swallow(lambda qid=qid: admin.export_quarantine(q, qid, str(tmp / "qexport"))), SteadQError)
-        assert isinstance(_swallow(lambda qid=qid: admin.remove_quarantine(q, qid)), SteadQError)
-    listed_q = _swallow(lambda: [o.quarantine_id for o in admin.list_quarantine(q)])
+        assert isinstance(_swallow(lambda qid=qid: q.export_quarantine(qid, str(tmp / "qexport"))), SteadQError)
+        assert isinstance(_swallow(lambda qid=qid: q.remove_quarantine(qid)), SteadQError)
+    listed_q = _swallow(lambda: [o.quarantine_id for o in q.list_quarantine()])
     assert not (isinstance(listed_q, list) and set(listed_q) & plan.quarantine_ids)
     assert not (tmp / "export").exists() and not (tmp / "qexport").exists()
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
-    qpath = str(tmp_path / "q")
+def world(tmp_path: Path, make_queue: Callable[..., Queue], queue_path: str) -> tuple[str, Path, Path]:
+    """A queue with no handle open, a directory outside it, and a scratch directory."""
     outside = tmp_path / "outside"
     outside.mkdir()
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    Queue.init(qpath, shards=SHARDS).close()
-    yield qpath, outside, scratch
+    make_queue(shards=SHARDS).close()
+    return queue_path, outside, scratch
 
 
 @pytest.mark.parametrize("plan_name", sorted(PLANS))
@@ -507,13 +507,9 @@ def test_handle_path_with_dotdot_is_refused_before_any_open(world: tuple[str, Pa
 
 
 @pytest.fixture
-def one_shard(tmp_path: Path) -> Iterator[tuple[Queue, str]]:
-    qpath = str(tmp_path / "q1")
-    q = Queue.init(qpath, shards=1)
-    try:
-        yield q, qpath
-    finally:
-        q.close()
+def one_shard(make_queue: Callable[..., Queue], queue_path: str) -> tuple[Queue, str]:
+    """One shard: the file a test plants or swaps is in the directory the claim scans."""
+    return make_queue(shards=1), queue_path
 
 
 class Swapper:
