@@ -170,10 +170,12 @@ class TmpfileLinkUnsupported(Exception):
 
 
 class TraceEvent(NamedTuple):
-    """One syscall attempt: the op name and a small tuple of its interesting arguments."""
+    """One syscall attempt: the op name, a small tuple of its interesting arguments,
+    and the errno the real call failed with (0: it succeeded, or was never made)."""
 
     op: str
     detail: tuple[Any, ...]
+    failed: int = 0
 
 
 @dataclass
@@ -224,6 +226,9 @@ def _call(
     # Names travel raw and are decoded only here, for the trace (str, lossless).
     detail = tuple(_s(x) if isinstance(x, (bytes, os.PathLike)) else x for x in detail)
     with _lock:
+        # Appended before the call, under the lock, so that the trace keeps the
+        # order in which threads made their calls; a real failure is noted below.
+        recorded = [(events, len(events)) for events in _traces]
         for events in _traces:
             events.append(TraceEvent(op, detail))
         fault = _armed
@@ -235,7 +240,14 @@ def _call(
                     fault.fired, fault.fired_op = True, op
     if fire and not after:
         raise OSError(code, os.strerror(code))
-    result = fn(*args)
+    try:
+        result = fn(*args)
+    except OSError as e:
+        if recorded:
+            with _lock:
+                for events, i in recorded:
+                    events[i] = events[i]._replace(failed=e.errno or _errno.EIO)
+        raise
     if fire:
         with _lock:
             assert fault is not None
