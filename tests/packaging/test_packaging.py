@@ -245,7 +245,10 @@ def test_deb_contents(deb_build: DebBuild) -> None:
         "/usr/share/man/man1/steadqd.1.gz",
         "/usr/share/steadqd/vendor/inotify_simple.py",
         "/usr/lib/python3/dist-packages/steadqd-vendor.pth",
-        "/usr/lib/python3/dist-packages/steadqd/queue.py",
+        "/usr/lib/python3/dist-packages/steadqd/backend.py",
+        "/usr/lib/python3/dist-packages/steadqd/fs/handle.py",
+        "/usr/lib/python3/dist-packages/steadqd/cli/main.py",
+        "/usr/lib/python3/dist-packages/steadqd/daemon/main.py",
     }
     assert expected <= paths, sorted(expected - paths)
     # The spool is created by tmpfiles.d, never shipped: dpkg would otherwise own (and on removal
