@@ -1099,13 +1099,44 @@ def cmd_work(a: argparse.Namespace) -> int:
 # =========================================================================== stats / watch
 
 
-def cmd_stats(a: argparse.Namespace) -> int:
-    from steadqd.fs.inspection import format_stats_json, format_stats_prometheus, format_stats_text, stats
+def format_stats_text(s: dict[str, Any]) -> str:
+    """cli.md plain output, including the final newline: ``ready: 1 (oldest 0s)`` / ``dead: 0``."""
+    lines = []
+    for state in sorted(s):
+        st = s[state]
+        if st.objects and st.oldest_age_seconds is not None:
+            lines.append(f"{state}: {st.objects} (oldest {st.oldest_age_seconds}s)")
+        else:
+            lines.append(f"{state}: {st.objects}")
+    return "".join(line + "\n" for line in lines)
 
+
+def format_stats_json(s: dict[str, Any]) -> str:
+    """cli.md ``--json``: 2-space pretty JSON, keys sorted, final newline included."""
+    doc = {k: {"objects": v.objects, "oldest_age_seconds": v.oldest_age_seconds} for k, v in s.items()}
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def format_stats_prometheus(s: dict[str, Any]) -> str:
+    """cli.md ``--prometheus``: object gauges for every state, then age gauges
+    for states with objects; no HELP, labels or timestamps; final newline included."""
+    lines: list[str] = []
+    for state in sorted(s):
+        lines.append(f"# TYPE steadq_{state}_objects gauge")
+        lines.append(f"steadq_{state}_objects {s[state].objects}")
+    for state in sorted(s):
+        st = s[state]
+        if st.objects and st.oldest_age_seconds is not None:
+            lines.append(f"# TYPE steadq_{state}_oldest_age_seconds gauge")
+            lines.append(f"steadq_{state}_oldest_age_seconds {st.oldest_age_seconds}")
+    return "".join(line + "\n" for line in lines)
+
+
+def cmd_stats(a: argparse.Namespace) -> int:
     q = open_queue(a.path)
     try:
         try:
-            s = stats(a.path)
+            s = q.entry_stats()
         except OSError as e:
             raise CliError(f"stats: {e.filename}: {e.strerror}", os_exit_code(e)) from e
     finally:
@@ -1150,8 +1181,6 @@ def _render_watch(path: str, s: dict[str, Any], prev: dict[str, Any] | None, dt:
 
 def cmd_watch(a: argparse.Namespace) -> int:
     """Refresh counts every interval; ANSI home+clear on a terminal, plain frames otherwise; ^C exits 0."""
-    from steadqd.fs.inspection import stats
-
     q = open_queue(a.path)
     tty = sys.stdout.isatty()
     prev: dict[str, Any] | None = None
@@ -1163,7 +1192,7 @@ def cmd_watch(a: argparse.Namespace) -> int:
         while True:
             t = time.monotonic()
             try:
-                s = stats(a.path)
+                s = q.entry_stats()
             except OSError as e:
                 raise CliError(f"watch: {e.filename}: {e.strerror}", os_exit_code(e)) from e
             lines = _render_watch(a.path, s, prev, t - prev_t)
@@ -1190,9 +1219,20 @@ def cmd_watch(a: argparse.Namespace) -> int:
 # =========================================================================== fsck / doctor / inspect
 
 
-def cmd_fsck(a: argparse.Namespace) -> int:
-    from steadqd.fs.inspection import format_fsck_lines
+def format_fsck_summary(r: Any) -> str:
+    """The stderr first line of ``steadq fsck`` (no newline)."""
+    return (
+        f"objects: {r.total_objects}, structurally verified: {r.structurally_verified}, "
+        f"payload verified: {r.payloads_deep_verified}"
+    )
 
+
+def format_fsck_lines(r: Any) -> list[str]:
+    """stdout lines: ``<SEVERITY> <relative path>: <finding_type> (<details>)``."""
+    return [f"{f.severity} {f.path}: {f.finding_type} ({f.details})" for f in r.findings]
+
+
+def cmd_fsck(a: argparse.Namespace) -> int:
     q = open_queue(a.path)
     try:
         try:
@@ -1202,10 +1242,7 @@ def cmd_fsck(a: argparse.Namespace) -> int:
     finally:
         with contextlib.suppress(Exception):
             q.close()
-    err(
-        f"objects: {r.total_objects}, structurally verified: {r.structurally_verified}, "
-        f"payload verified: {r.payloads_deep_verified}"
-    )
+    err(format_fsck_summary(r))
     if a.json:
         out_json(
             {
@@ -1339,8 +1376,13 @@ def cmd_inspect(a: argparse.Namespace) -> int:
         return 0 if objs else 1
     if not objs:
         raise CliError("not found", 1)
-    out(*(f"{_state_name(o.state)} gen={o.generation} attempt={o.attempt}/{o.max_attempts} {o.path}" for o in objs))
+    out(*(format_inspect_line(o) for o in objs))
     return 0
+
+
+def format_inspect_line(o: Any) -> str:
+    """``<state> gen=<g> attempt=<a>/<max> <relative path>`` (cli.md)."""
+    return f"{_state_name(o.state)} gen={o.generation} attempt={o.attempt}/{o.max_attempts} {o.path}"
 
 
 def _job_object_json(o: Any) -> dict[str, Any]:

@@ -56,7 +56,8 @@ from steadqd.fs.admin import (
 )
 from steadqd.fs.claim import ScanReport, claim
 from steadqd.fs.context import Context, not_committed
-from steadqd.fs.inspection import FsckResult, JobObject, StateStats, detailed_stats, fsck, inspect_job, stats
+from steadqd.fs.fsck import FsckResult, fsck
+from steadqd.fs.inspection import JobObject, StateStats, detailed_stats, inspect_job, stats
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
 from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
 from steadqd.fs.names import (
@@ -546,7 +547,7 @@ class Queue:
         self._check_open()
         remove_quarantine(self._ctx, quarantine_id)
 
-    # -- stats and fsck (steadqd.fs.inspection) ---------------------------------------
+    # -- stats and fsck (steadqd.fs.inspection, steadqd.fs.fsck) ----------------------
 
     def stats(self) -> dict[str, StateStats]:
         """Objects per state classified by name (colocated leases are "leased");
