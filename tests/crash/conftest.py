@@ -1,6 +1,6 @@
 """Print the crash lab's per-workload report at the end of the pytest run.
 
-The crash-state tests append their :class:`tests.crash.lab.Result` to
+The crash-state tests append their :class:`tests.lab.lab.Result` to
 :data:`RESULTS`; the terminal summary shows how many states each workload
 checked, so every CI log carries the numbers issue 8 asks for (nothing is
 written to the repository).
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from .lab import Result, format_table
-from .lazyfs import available
+from tests.lab.lab import Result, format_table
+from tests.lab.lazyfs import available
 
 RESULTS: list[Result] = []  # lane 1
 ORACLE_RESULTS: list[Result] = []  # lane 2

@@ -21,10 +21,9 @@ import pytest
 
 from steadqd import NotCommitted, Queue
 from steadqd.errors import ErrorKind
-from steadqd.fs.inspection import fsck
 from steadqd.fs.settle import AckResult
-from tests.crash.lanereport import emit
 from tests.invariants import check_tree
+from tests.lab.lanereport import emit
 from tests.loopfs import loop_filesystem
 
 PAYLOAD = 16 * 1024
@@ -146,7 +145,7 @@ def test_enospc_lane(tiny: str, request: pytest.FixtureRequest) -> None:
         ts = check_tree(root, allow_temps=False, allow_quarantine=False)
         assert set(committed) | {after, held_ack.job_id} <= ts.receipts
         assert ts.state_of(held_retry.job_id).value == "delayed"
-        assert not fsck(q).errors
+        assert not q.fsck().errors
     finally:
         q.close()
     emit(

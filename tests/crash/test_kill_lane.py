@@ -6,7 +6,7 @@ exactly what the kernel has (open O_TMPFILEs vanish, renames are atomic,
 leases of a dead worker must expire and be reaped). Every committed enqueue
 must end as exactly one receipt or dead entry, nothing partial or duplicated,
 fsck clean, no temps, and the queue must still work. The rig and the gates
-live in :mod:`tests.crash.killrig`; ``python -m tests.crash.killrig kill``
+live in :mod:`tests.lab.killrig`; ``python -m tests.lab.killrig kill``
 runs the long version (docs/crash-lab.md).
 """
 
@@ -16,8 +16,8 @@ import os
 
 import pytest
 
-from tests.crash.killrig import kill_lane, rig
-from tests.crash.lanereport import emit
+from tests.lab.killrig import kill_lane, rig
+from tests.lab.lanereport import emit
 
 SEED = int(os.environ.get("STEADQ_CRASH_SEED", "8"))
 
@@ -36,7 +36,7 @@ def test_gates_catch_a_lost_and_a_duplicated_job() -> None:
     """The gates can fail: a receipt removed after settling is reported lost; a second
     enqueue of a serial (what a producer retrying an in-flight enqueue would do) is a duplicate."""
     from steadqd import Queue
-    from tests.crash.killrig import make_payload
+    from tests.lab.killrig import make_payload
 
     with rig("ext4", producers=2, concurrency=2, seed=SEED) as r:
         r.run("5", rounds=0)

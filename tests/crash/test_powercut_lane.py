@@ -2,7 +2,7 @@
 
 Producers and ``steadqd run`` (spawner, sweeper, promoter) are real, separate,
 uninstrumented processes; the crash states come from LazyFS's journal of what
-the kernel did for them (:mod:`tests.crash.powercut`). Also: the lane can fail
+the kernel did for them (:mod:`tests.lab.powercut`). Also: the lane can fail
 (a lying fsync injected into every one of those processes through
 ``sitecustomize``), and the daemons refuse a FUSE queue unless the config says
 ``allow_unsupported_fs: true``.
@@ -20,11 +20,11 @@ import yaml
 
 from steadqd import Queue
 from steadqd.errors import ErrorKind
-from tests.crash.killrig import STEADQD
-from tests.crash.lab import format_report
-from tests.crash.lanereport import emit
-from tests.crash.lazyfs import mounted
-from tests.crash.powercut import powercut_lane
+from tests.lab.killrig import STEADQD
+from tests.lab.lab import format_report
+from tests.lab.lanereport import emit
+from tests.lab.lazyfs import mounted
+from tests.lab.powercut import powercut_lane
 
 pytestmark = pytest.mark.usefixtures("need_lazyfs")
 

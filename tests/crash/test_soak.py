@@ -8,7 +8,7 @@ receipt or one dead entry), nothing quarantined, no stray temps, fsck clean.
 
 ``STEADQ_SOAK_SECONDS`` sets the killing phase (default 20 s in CI);
 ``STEADQ_SOAK_FS`` the filesystem (default ext4). For hours use the lab
-command ``python -m tests.crash.killrig soak --seconds 14400`` (docs/crash-lab.md).
+command ``python -m tests.lab.killrig soak --seconds 14400`` (docs/crash-lab.md).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import os
 
 import pytest
 
-from tests.crash.killrig import soak
-from tests.crash.lanereport import emit
+from tests.lab.killrig import soak
+from tests.lab.lanereport import emit
 
 SECONDS = float(os.environ.get("STEADQ_SOAK_SECONDS", "20"))
 FS = os.environ.get("STEADQ_SOAK_FS", "ext4")

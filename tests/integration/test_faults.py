@@ -68,9 +68,9 @@ from steadqd.fs.names import delayed_bucket, shard_of  # noqa: E402
 from steadqd.fs.records import EnqueueTicket, TransitionTicket, Watermark  # noqa: E402
 from steadqd.fs.verify import read_envelope, read_payload  # noqa: E402
 from steadqd.fs.watermark import publish_watermark, read_watermark  # noqa: E402
-from tests.crash.gates import Expectation, JobView, after_recovery, check_state, remove_tree  # noqa: E402
-from tests.crash.lanereport import emit  # noqa: E402
 from tests.invariants import TreeState, check_tree, job_states  # noqa: E402
+from tests.lab.gates import Expectation, JobView, after_recovery, check_state, remove_tree  # noqa: E402
+from tests.lab.lanereport import emit  # noqa: E402
 
 SHARDS = 4
 HOUR_NS = 3600 * 1_000_000_000
@@ -824,7 +824,7 @@ def test_gates_after_recovery_catch_a_recovery_that_loses_a_job(
 ) -> None:
     """The lane-4 gate check is not vacuous: a healthy queue passes it, and a recovery
     that deletes a ready job fails it, naming the job."""
-    import tests.crash.gates as gates
+    import tests.lab.gates as gates
 
     jid = queue.enqueue(PAYLOAD)
     _gates_after_recovery(queue_path, "clean")

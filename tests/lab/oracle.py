@@ -1,17 +1,17 @@
 """Crash lane 2, the oracle: crash states produced below the VFS, not by steadqd.
 
-Each workload of lane 1 runs on a :class:`tests.crash.lazyfs.LazyFS` mount.
+Each workload of lane 1 runs on a :class:`tests.lab.lazyfs.LazyFS` mount.
 The file system journals every change the kernel made (named and ``O_TMPFILE``
 creates, links, renames, unlinks, writes, chmods, fsyncs), whatever code made
-it; :mod:`tests.crash.lazystates` turns the journal into crash states under its
+it; :mod:`tests.lab.lazystates` turns the journal into crash states under its
 own persistence model; each state is materialised and checked with the same
-gates as lane 1 (:mod:`tests.crash.gates`). Commit marks index the journal: a
+gates as lane 1 (:mod:`tests.lab.gates`). Commit marks index the journal: a
 call is committed at every crash point at or after the journal length when
 it returned.
 
 Command line (docs/crash-lab.md)::
 
-    .venv/bin/python -m tests.crash.lab oracle [--workload NAME ...] [--max-states N] [--samples S] [--json PATH]
+    .venv/bin/python -m tests.lab oracle [--workload NAME ...] [--max-states N] [--samples S] [--json PATH]
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def run_oracle(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.crash.lab oracle", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.lab oracle", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS), help="repeatable; default: all")
     ap.add_argument("--max-states", type=int, default=None, help="per workload")
     ap.add_argument("--samples", type=int, default=8, help="random subsets of undurable changes per crash point")

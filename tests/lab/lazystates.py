@@ -1,7 +1,7 @@
 """Crash states from a LazyFS journal: the oracle lane's own persistence model.
 
 This is deliberately a second, separately written model (it shares no code
-with :mod:`tests.crash.model`, which works on lane 1's syscall log): the
+with :mod:`tests.lab.model`, which works on lane 1's syscall log): the
 journal it reads was produced by the file system, not by steadqd.
 
 Rules (a crash at point ``k`` means journal ops ``[0, k)`` were applied):

@@ -1,12 +1,12 @@
 """Crash lane 2 for the deployed processes: a power cut under ``steadqd run``.
 
 Lane 3 kills the real daemons, but a SIGKILL loses nothing the kernel already
-has. Here the same rig (:class:`tests.crash.killrig.Rig`: two producer
+has. Here the same rig (:class:`tests.lab.killrig.Rig`: two producer
 processes, ``steadqd run`` with its worker spawner, sweeper and promoter, a
 shell job command) runs on a LazyFS mount, to completion. Afterwards the
 journal of everything the kernel did on the queue's behalf — from five or more
 processes, none of them instrumented — is cut at sampled points and turned
-into crash states by :mod:`tests.crash.lazystates`, each recovered and checked
+into crash states by :mod:`tests.lab.lazystates`, each recovered and checked
 with the crash lab's gates:
 
 * an enqueue is committed once its producer's mark is in the journal (the
@@ -22,7 +22,7 @@ with the crash lab's gates:
 
 Command line::
 
-    .venv/bin/python -m tests.crash.lab powercut [--jobs N] [--points P] [--seed S] [--concurrency C]
+    .venv/bin/python -m tests.lab powercut [--jobs N] [--points P] [--seed S] [--concurrency C]
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def powercut_lane(*, jobs: int, points: int, seed: int, concurrency: int = 4, sa
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.crash.lab powercut", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.lab powercut", description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=40, help="jobs per producer (2 producers)")
     ap.add_argument("--points", type=int, default=400, help="crash points sampled from the journal")
     ap.add_argument("--samples", type=int, default=4, help="random subsets of undurable changes per point")

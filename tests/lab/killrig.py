@@ -13,10 +13,10 @@ learn its serial.
 
 Command line (docs/crash-lab.md)::
 
-    .venv/bin/python -m tests.crash.killrig kill [--fs ext4 --fs xfs --fs btrfs]
+    .venv/bin/python -m tests.lab.killrig kill [--fs ext4 --fs xfs --fs btrfs]
         [--rounds 60] [--jobs 200] [--seed N]
-    .venv/bin/python -m tests.crash.killrig soak [--fs ext4] [--seconds 3600]
-    .venv/bin/python -m tests.crash.killrig producer ROOT JOURNAL FIRST STEP COUNT|until:STOPFILE   (internal)
+    .venv/bin/python -m tests.lab.killrig soak [--fs ext4] [--seconds 3600]
+    .venv/bin/python -m tests.lab.killrig producer ROOT JOURNAL FIRST STEP COUNT|until:STOPFILE   (internal)
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ if REPO not in sys.path:  # producer mode runs this file in a fresh interpreter
     sys.path.insert(0, REPO)
 
 from steadqd import NotCommitted, OutcomeUnknown, Queue  # noqa: E402
-from tests.crash.lazyfs import mark  # noqa: E402
+from tests.lab.lazyfs import mark  # noqa: E402
 
 STEADQD = os.path.join(os.path.dirname(sys.executable), "steadqd")
 LAZYFS_ENV = "STEADQ_RIG_LAZYFS"  # producers: the LazyFS mountpoint to mark committed enqueues in
@@ -220,7 +220,7 @@ class Rig:
         argv = [
             sys.executable,
             "-m",
-            "tests.crash.killrig",
+            "tests.lab.killrig",
             "producer",
             self.root,
             str(self.journal(i)),
@@ -386,7 +386,6 @@ class Rig:
     def check(self) -> Report:
         """Recover, then check every gate; raises AssertionError naming what broke."""
         from steadqd.constants import State  # noqa: PLC0415
-        from steadqd.fs.inspection import fsck  # noqa: PLC0415
         from tests.invariants import check_tree  # noqa: PLC0415
 
         with Queue.open(self.root, allow_unsupported_fs=self.lazyfs) as q:
@@ -398,7 +397,7 @@ class Rig:
                     break
             if rep.temp_files_deleted or rep.quarantined or rep.leases_reaped:
                 pass  # counted by the walker below: temps/quarantine/active leases left would fail it
-            result = fsck(q)
+            result = q.fsck()
             if result.errors:
                 raise AssertionError("fsck ERROR findings:\n" + "\n".join(map(str, result.errors)))
         ts = check_tree(self.root, allow_temps=False, allow_quarantine=False)  # no duplicates, no temps
@@ -521,7 +520,7 @@ def soak(fs: str, *, seconds: float, seed: int, size_mb: int | None = None, pace
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.crash.killrig", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.lab.killrig", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     k = sub.add_parser("kill", help="lane 3: SIGKILL runs on loop-device filesystems")
     k.add_argument("--fs", action="append", choices=["ext4", "xfs", "btrfs"])

@@ -2,7 +2,7 @@
 
 Command line (docs/crash-lab.md)::
 
-    .venv/bin/python -m tests.crash.lab run [--workload NAME ...] [--max-states N]
+    .venv/bin/python -m tests.lab run [--workload NAME ...] [--max-states N]
         [--exhaustive-bits B] [--samples S] [--repeat N] [--json PATH]
 
 prints one line per workload (ops recorded, crash points, distinct states
@@ -231,7 +231,7 @@ def iter_failures(results: list[Result]) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.crash.lab", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.lab", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="record workloads and check their crash states")
     run.add_argument("--workload", action="append", choices=sorted(WORKLOADS), help="repeatable; default: all")
@@ -264,7 +264,3 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             progress(r)
     return finish(results, args.json)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

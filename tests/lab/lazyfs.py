@@ -5,7 +5,7 @@ lane does not trust that layer: the queue runs on a real mount whose server
 (this module) sits behind the kernel's VFS, so every change the kernel makes on
 the queue's behalf — whatever code path asked for it — arrives here as a FUSE
 request and is appended to :attr:`LazyFS.journal` in the order the server
-applied it. :mod:`tests.crash.lazystates` turns that journal into crash states.
+applied it. :mod:`tests.lab.lazystates` turns that journal into crash states.
 
 The server speaks the FUSE wire protocol on ``/dev/fuse`` directly (no libfuse:
 the Debian fuse bindings cannot express ``RENAME_NOREPLACE`` or ``O_TMPFILE``),
