@@ -27,8 +27,6 @@ from steadqd.constants import (
     RECEIPT_EXT,
     RECEIPTS_DIR,
     RECOVERY_LOCK,
-    TEMP_EXT,
-    TMP_DIR,
     U32_MAX,
     DeadReason,
     Modes,
@@ -51,7 +49,6 @@ from steadqd.fs.names import (
     next_generation,
     parse_bucket_dir,
     parse_name,
-    parse_temp_name,
     ready_name,
     shard_dir,
     shard_of,
@@ -62,6 +59,7 @@ from steadqd.fs.records import CompactReceipt
 from steadqd.fs.recovery.cursor import Positions, read_cursor, remember, write_cursor
 from steadqd.fs.recovery.objects import locked_receipt, move, quarantine_object, rename, valid, validate
 from steadqd.fs.recovery.state import PHASES, Exhausted, Key, Pass, RecoveryReport
+from steadqd.fs.recovery.temp import cleanup_temp, delete_temp
 from steadqd.fs.recovery.walk import (
     NOT_BOOT,
     NOT_BUCKET,
@@ -253,45 +251,6 @@ def _delayed_entry(p: Pass, dir_fd: int, rel: str, raw: bytes, bucket: int, shar
     dst_rel = f"{READY_DIR}/{shard_dir(shard)}"
     if move(p, "promote", dir_fd, rel, name, dst_rel, target_file):
         p.report.delayed_promoted += 1
-
-
-# ----------------------------------------------------------------------------
-# Phase 3, temp cleanup (recovery.md): abandoned temp files disappear.
-#
-# A temp of another boot belongs to no running writer and is deleted at once;
-# one of this boot only once it is older than the temp TTL (its name carries
-# its creation time; a name we cannot parse is not ours to judge).
-
-
-def cleanup_temp(p: Pass) -> None:
-    ttl = p.ctx.options.temp_ttl_ns
-    # Names that are not boot directories are skipped silently (doctor probes live directly in tmp/).
-    levels = (Level(parse_boot, None), shard_level(p))
-    for (boot, _), fd, rel, raw in walk(p, TMP_DIR, levels):
-        if not raw.endswith(TEMP_EXT.encode()):
-            continue
-        if boot == p.ctx.boot_raw:
-            parsed = parse_temp_name(raw)
-            if parsed is None or p.bt_now - parsed[0] <= ttl:
-                continue  # young, or not ours to judge
-        delete_temp(p, fd, rel, os.fsdecode(raw))
-
-
-def delete_temp(p: Pass, dir_fd: int, rel: str, name: str) -> None:
-    """Unlink + directory fsync; counted in ``temp_files_deleted``, as are
-    the stale ``.compact-*.tmp`` files receipt compaction leaves behind."""
-    p.op()
-    try:
-        p.ctx.tree.unlink(dir_fd, name)
-    except SourceMissing:
-        return
-    except MoveFailed as e:
-        p.error("temp_delete_failed", f"{rel}/{name}: {e}")
-        return
-    except Indeterminate as e:
-        p.error("temp_delete_outcome_unknown", f"{rel}/{name}: {e}")
-        return
-    p.report.temp_files_deleted += 1
 
 
 # ----------------------------------------------------------------------------
