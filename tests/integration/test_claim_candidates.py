@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -24,10 +23,10 @@ from tests.fabricate import write_ready_jobs
 
 
 @pytest.fixture
-def qpath(tmp_path: Path) -> Iterator[str]:
-    path = str(tmp_path / "q")
-    Queue.init(path, shards=1).close()
-    yield path
+def qpath(make_queue: Callable[..., Queue], queue_path: str) -> str:
+    """A one-shard queue with no handle open: each test opens its own, some under a trace."""
+    make_queue(shards=1).close()
+    return queue_path
 
 
 def _ops(events: list[linux.TraceEvent], op: str) -> int:

@@ -37,18 +37,9 @@ GOOD_PAYLOAD = b"good job payload"
 
 
 @pytest.fixture
-def qpath(tmp_path: Path) -> str:
-    return str(tmp_path / "q")
-
-
-@pytest.fixture
-def q(qpath: str) -> Iterator[Queue]:
+def queue(make_queue: Callable[..., Queue]) -> Queue:
     """One shard, so every planted object shares the good job's directory."""
-    queue = Queue.init(qpath, shards=1)
-    try:
-        yield queue
-    finally:
-        queue.close()
+    return make_queue(shards=1)
 
 
 @dataclass
@@ -226,28 +217,28 @@ def plant_huge_declared_payload(queue: Queue, qpath: str) -> Planted:
     ],
 )
 def test_corrupt_file_is_quarantined_and_good_job_leased(
-    q: Queue, qpath: str, plant: Callable[[Queue, str], Planted]
+    queue: Queue, queue_path: str, plant: Callable[[Queue, str], Planted]
 ) -> None:
-    planted = plant(q, qpath)
-    good = q.enqueue(GOOD_PAYLOAD)
+    planted = plant(queue, queue_path)
+    good = queue.enqueue(GOOD_PAYLOAD)
     tracemalloc.start()
     try:
-        check_good_leased_bad_quarantined(q, qpath, good, planted)
+        check_good_leased_bad_quarantined(queue, queue_path, good, planted)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert peak < 64 * 1024 * 1024  # nothing sized from a hostile header was allocated
 
 
-def test_file_in_wrong_shard_with_recomputed_tag(qpath: str) -> None:
+def test_file_in_wrong_shard_with_recomputed_tag(queue_path: str) -> None:
     """A job moved into another shard dir, re-tagged for that dir: the shard check catches it (0x0004)."""
-    with Queue.init(qpath, shards=2) as queue:
+    with Queue.init(queue_path, shards=2) as queue:
         by_shard: dict[int, tuple[str, str]] = {}
         while len(by_shard) < 2:
             job, rel = queue.enqueue_detailed(GOOD_PAYLOAD)
             shard = names.shard_of(queue.format.queue_id, bytes.fromhex(job), 2)
             if shard in by_shard:
-                os.unlink(os.path.join(qpath, rel))  # keep exactly one job per shard
+                os.unlink(os.path.join(queue_path, rel))  # keep exactly one job per shard
             else:
                 by_shard[shard] = (job, rel)
         misplaced_job, misplaced_rel = by_shard[0]
@@ -257,122 +248,122 @@ def test_file_in_wrong_shard_with_recomputed_tag(qpath: str) -> None:
         assert names.authenticate(
             fmt.queue_id, names.parse_name(State.READY, retagged), shard=1, lease_width_ns=fmt.lease_width_ns
         )
-        src = Path(qpath, misplaced_rel)
+        src = Path(queue_path, misplaced_rel)
         original = src.read_bytes()
-        os.rename(src, Path(qpath, shard_rel(1), retagged))
+        os.rename(src, Path(queue_path, shard_rel(1), retagged))
         leases, reports = drain(queue)
         assert [lease.job_id for lease in leases] == [good_job]
-        assert_quarantined(qpath, reports, Planted(retagged, 0x0004, original))
-        assert os.listdir(os.path.join(qpath, shard_rel(0))) == []
+        assert_quarantined(queue_path, reports, Planted(retagged, 0x0004, original))
+        assert os.listdir(os.path.join(queue_path, shard_rel(0))) == []
 
 
 # --------------------------------------------------------------------------- non-regular objects
 
 
-def test_fifo_with_job_name_does_not_block(q: Queue, qpath: str, alarm: Callable[[float], None]) -> None:
-    name = valid_ready_name(q, os.urandom(16))
-    os.mkfifo(os.path.join(qpath, shard_rel(), name))
-    good = q.enqueue(GOOD_PAYLOAD)
+def test_fifo_with_job_name_does_not_block(queue: Queue, queue_path: str, alarm: Callable[[float], None]) -> None:
+    name = valid_ready_name(queue, os.urandom(16))
+    os.mkfifo(os.path.join(queue_path, shard_rel(), name))
+    good = queue.enqueue(GOOD_PAYLOAD)
     alarm(10.0)
-    qfile = check_good_leased_bad_quarantined(q, qpath, good, Planted(name, 0x0008, None))
+    qfile = check_good_leased_bad_quarantined(queue, queue_path, good, Planted(name, 0x0008, None))
     alarm(0)
     assert stat.S_ISFIFO(os.lstat(qfile).st_mode)  # the very object, moved, not copied
 
 
-def test_symlink_with_job_name_is_never_followed(q: Queue, qpath: str, tmp_path: Path) -> None:
+def test_symlink_with_job_name_is_never_followed(queue: Queue, queue_path: str, tmp_path: Path) -> None:
     # A real, valid job file outside the queue: following the link would yield a "job".
-    victim, path = enqueue_file(q, qpath)
+    victim, path = enqueue_file(queue, queue_path)
     outside = tmp_path / "outside.sqj"
     shutil.copyfile(path, outside)
     os.unlink(path)
     before = outside.read_bytes()
     ino = outside.stat().st_ino
     os.symlink(outside, path)
-    good = q.enqueue(GOOD_PAYLOAD)
-    qfile = check_good_leased_bad_quarantined(q, qpath, good, Planted(path.name, 0x0008, None))
+    good = queue.enqueue(GOOD_PAYLOAD)
+    qfile = check_good_leased_bad_quarantined(queue, queue_path, good, Planted(path.name, 0x0008, None))
     assert os.path.islink(qfile) and os.readlink(qfile) == str(outside)
     assert outside.read_bytes() == before and outside.stat().st_ino == ino and outside.stat().st_nlink == 1
-    assert q.inspect(victim) == []
+    assert queue.inspect(victim) == []
 
 
-def test_extra_hard_link_is_quarantined(q: Queue, qpath: str, tmp_path: Path) -> None:
-    _, path = enqueue_file(q, qpath)
+def test_extra_hard_link_is_quarantined(queue: Queue, queue_path: str, tmp_path: Path) -> None:
+    _, path = enqueue_file(queue, queue_path)
     other = tmp_path / "second-link"
     os.link(path, other)
     planted = Planted(path.name, 0x0009, path.read_bytes())
-    good = q.enqueue(GOOD_PAYLOAD)
-    qfile = check_good_leased_bad_quarantined(q, qpath, good, planted)
+    good = queue.enqueue(GOOD_PAYLOAD)
+    qfile = check_good_leased_bad_quarantined(queue, queue_path, good, planted)
     assert os.stat(qfile).st_ino == other.stat().st_ino  # moved, not copied; the outside link is untouched
 
 
-def test_directory_with_job_name(q: Queue, qpath: str) -> None:
+def test_directory_with_job_name(queue: Queue, queue_path: str) -> None:
     """Defined behaviour: a directory wearing a job name is quarantined as non-regular (0x0008)."""
-    name = valid_ready_name(q, os.urandom(16))
-    os.mkdir(os.path.join(qpath, shard_rel(), name))
-    Path(qpath, shard_rel(), name, "inside").write_bytes(b"kept")
-    good = q.enqueue(GOOD_PAYLOAD)
-    qfile = check_good_leased_bad_quarantined(q, qpath, good, Planted(name, 0x0008, None))
+    name = valid_ready_name(queue, os.urandom(16))
+    os.mkdir(os.path.join(queue_path, shard_rel(), name))
+    Path(queue_path, shard_rel(), name, "inside").write_bytes(b"kept")
+    good = queue.enqueue(GOOD_PAYLOAD)
+    qfile = check_good_leased_bad_quarantined(queue, queue_path, good, Planted(name, 0x0008, None))
     assert os.path.isdir(qfile) and Path(qfile, "inside").read_bytes() == b"kept"
-    assert q.lease() is None  # no lingering scan error
+    assert queue.lease() is None  # no lingering scan error
 
 
 # --------------------------------------------------------------------------- stray names
 
 
-def test_non_ascii_stray_name_is_ignored_and_noted(q: Queue, qpath: str) -> None:
+def test_non_ascii_stray_name_is_ignored_and_noted(queue: Queue, queue_path: str) -> None:
     """A non-ASCII entry can never be a job: it is skipped and noted in the scan
     report (fsck flags it), never touched, and it does not turn an empty queue
     into a failing one. Deliberately stricter for users than the reference,
     which fails every empty scan while such a file exists."""
-    shard = os.path.join(qpath, shard_rel()).encode()
+    shard = os.path.join(queue_path, shard_rel()).encode()
     stray = os.path.join(shard, b"\xff\xfe-stray.sqj")
     with open(stray, "wb") as f:
         f.write(b"not a job")
-    good = q.enqueue(GOOD_PAYLOAD)
-    lease = q.lease()
+    good = queue.enqueue(GOOD_PAYLOAD)
+    lease = queue.lease()
     assert lease is not None and lease.job_id == good
-    assert q.lease() is None
-    assert q.last_scan is not None and q.last_scan.errors == []
-    assert len(q.last_scan.ignored) == 1 and "xff" in q.last_scan.ignored[0]
-    assert q.poisoned is None
+    assert queue.lease() is None
+    assert queue.last_scan is not None and queue.last_scan.errors == []
+    assert len(queue.last_scan.ignored) == 1 and "xff" in queue.last_scan.ignored[0]
+    assert queue.poisoned is None
     with open(stray, "rb") as f:
         assert f.read() == b"not a job"
-    assert quarantine_entries(qpath) == []
+    assert quarantine_entries(queue_path) == []
 
 
-def test_stray_txt_file_is_ignored(q: Queue, qpath: str) -> None:
-    stray = Path(qpath, shard_rel(), "foo.txt")
+def test_stray_txt_file_is_ignored(queue: Queue, queue_path: str) -> None:
+    stray = Path(queue_path, shard_rel(), "foo.txt")
     stray.write_bytes(b"notes")
-    good = q.enqueue(GOOD_PAYLOAD)
-    leases, reports = drain(q)
+    good = queue.enqueue(GOOD_PAYLOAD)
+    leases, reports = drain(queue)
     assert [lease.job_id for lease in leases] == [good]
     assert all(not r.errors and not r.quarantined for r in reports)
     assert stray.read_bytes() == b"notes"
-    assert quarantine_entries(qpath) == []
+    assert quarantine_entries(queue_path) == []
 
 
 # --------------------------------------------------------------------------- missing directories
 
 
-def test_deleted_ready_shard_dir_is_recreated_by_enqueue_fresh_handle(qpath: str) -> None:
-    Queue.init(qpath, shards=1).close()
-    os.rmdir(os.path.join(qpath, shard_rel()))
-    with Queue.open(qpath) as queue:
+def test_deleted_ready_shard_dir_is_recreated_by_enqueue_fresh_handle(queue_path: str) -> None:
+    Queue.init(queue_path, shards=1).close()
+    os.rmdir(os.path.join(queue_path, shard_rel()))
+    with Queue.open(queue_path) as queue:
         job, rel = queue.enqueue_detailed(GOOD_PAYLOAD)
-        assert rel.startswith(shard_rel() + "/") and os.path.isfile(os.path.join(qpath, rel))
+        assert rel.startswith(shard_rel() + "/") and os.path.isfile(os.path.join(queue_path, rel))
         lease = queue.lease()
         assert lease is not None and lease.job_id == job
 
 
-def test_deleted_ready_shard_dir_is_recreated_by_enqueue_same_handle(q: Queue, qpath: str) -> None:
+def test_deleted_ready_shard_dir_is_recreated_by_enqueue_same_handle(queue: Queue, queue_path: str) -> None:
     """A long-lived handle has the shard directory cached; deleting it must not break the producer."""
-    q.enqueue(b"first")
-    lease = q.lease()
+    queue.enqueue(b"first")
+    lease = queue.lease()
     assert lease is not None
-    q.ack(lease)
-    os.rmdir(os.path.join(qpath, shard_rel()))
-    job, rel = q.enqueue_detailed(GOOD_PAYLOAD)
-    assert os.path.isfile(os.path.join(qpath, rel))
-    assert q.publication_mode != "named"  # a deleted directory is not "O_TMPFILE unsupported"
-    lease = q.lease()
+    queue.ack(lease)
+    os.rmdir(os.path.join(queue_path, shard_rel()))
+    job, rel = queue.enqueue_detailed(GOOD_PAYLOAD)
+    assert os.path.isfile(os.path.join(queue_path, rel))
+    assert queue.publication_mode != "named"  # a deleted directory is not "O_TMPFILE unsupported"
+    lease = queue.lease()
     assert lease is not None and lease.job_id == job

@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -73,77 +73,69 @@ def _split_fsyncs(events: list[linux.TraceEvent]) -> tuple[list[int], list[int]]
 HOUR_NS = 3600 * 1_000_000_000
 
 
-def _warm_queue(path: str, shards: int) -> Queue:
+def _warm_queue(make_queue: Callable[..., Queue], shards: int) -> Queue:
     """A queue whose syscall counts are stable for a test: bucket widths of an hour
     (no watermark advance mid-test) and one enqueue already done, so the link form
     is known (one link call per job) and the wall floor is cached. The warm-up job
     is removed again: the tree starts empty."""
-    q = Queue.init(path, shards=shards, delayed_width_ns=HOUR_NS, terminal_width_ns=HOUR_NS)
+    q = make_queue(shards=shards, delayed_width_ns=HOUR_NS, terminal_width_ns=HOUR_NS)
     _job, rel = q.enqueue_detailed(b"warm-up")
-    os.unlink(os.path.join(path, rel))
+    os.unlink(os.path.join(q.path, rel))
     for shard in range(shards):  # every ready directory cached: the fd count is stable
         q._ctx.ready_dir(shard)
     return q
 
 
 @pytest.fixture
-def q(tmp_path: Path) -> Iterator[Queue]:
-    queue = _warm_queue(str(tmp_path / "q"), 4)
-    try:
-        yield queue
-    finally:
-        queue.close()
+def queue(make_queue: Callable[..., Queue]) -> Queue:
+    return _warm_queue(make_queue, 4)
 
 
 @pytest.fixture
-def one_shard(tmp_path: Path) -> Iterator[Queue]:
+def one_shard(make_queue: Callable[..., Queue]) -> Queue:
     """A queue with a single ready directory: the number of directory fsyncs is known."""
-    queue = _warm_queue(str(tmp_path / "q1"), 1)
-    try:
-        yield queue
-    finally:
-        queue.close()
+    return _warm_queue(make_queue, 1)
 
 
 # --------------------------------------------------------------------------- the happy path
 
 
-def test_round_trip_in_order_with_options(q: Queue) -> None:
-    ids = q.enqueue_many(PAYLOADS, max_attempts=5, content_type="text/plain", metadata={"k": "v"})
+def test_round_trip_in_order_with_options(queue: Queue) -> None:
+    ids = queue.enqueue_many(PAYLOADS, max_attempts=5, content_type="text/plain", metadata={"k": "v"})
     assert len(ids) == len(set(ids)) == len(PAYLOADS)
-    ts = check_tree(q.path, allow_quarantine=False)
+    ts = check_tree(queue.path, allow_quarantine=False)
     assert ts.ready == frozenset(ids)
     for job in ids:
         obj = ts.get(job)
         assert obj is not None and obj.name.max_attempts == 5 and (obj.generation, obj.attempt) == (0, 0)
-    lease = q.lease(duration=60)
+    lease = queue.lease(duration=60)
     assert lease is not None and lease.content_type == "text/plain"
-    ext = q.read_extension(lease)
+    ext = queue.read_extension(lease)
     assert ext is not None and ext.metadata == {"k": "v"}
-    q.retry(lease)
-    got = _drain(q)
+    queue.retry(lease)
+    got = _drain(queue)
     assert [got[j] for j in ids] == PAYLOADS  # ids are in input order
 
 
-def test_empty_input_does_nothing(q: Queue) -> None:
-    before = check_tree(q.path).paths()
+def test_empty_input_does_nothing(queue: Queue) -> None:
+    before = check_tree(queue.path).paths()
     with linux.trace() as events:
-        assert q.enqueue_many([]) == []
-        assert q.enqueue_many(iter(())) == []
+        assert queue.enqueue_many([]) == []
+        assert queue.enqueue_many(iter(())) == []
     assert events == []
-    assert check_tree(q.path).paths() == before
+    assert check_tree(queue.path).paths() == before
 
 
-def test_options_are_validated_even_for_empty_input(q: Queue) -> None:
+def test_options_are_validated_even_for_empty_input(queue: Queue) -> None:
     with pytest.raises(NotCommitted) as info:
-        q.enqueue_many([], max_attempts=0)
+        queue.enqueue_many([], max_attempts=0)
     assert info.value.kind is ErrorKind.INVALID_INPUT
     with pytest.raises(NotCommitted) as info:
-        q.enqueue_many([b"x"], delay=5, not_before_ns=1)
+        queue.enqueue_many([b"x"], delay=5, not_before_ns=1)
     assert info.value.kind is ErrorKind.INVALID_INPUT
 
 
-def test_streamed_payloads_are_written_before_the_next_is_pulled(q: Queue, tmp_path: Path) -> None:
+def test_streamed_payloads_are_written_before_the_next_is_pulled(queue: Queue, tmp_path: Path) -> None:
     """A generator may close each stream when asked for the next one (what the CLI does)."""
     bodies = [b"streamed %d " % i * (200 * i + 1) for i in range(4)]
     files = []
@@ -160,30 +152,30 @@ def test_streamed_payloads_are_written_before_the_next_is_pulled(q: Queue, tmp_p
                 assert f.tell() == len(body)  # written whole before the next pull
             closed.append(f.closed)
 
-    ids = q.enqueue_many(streams())
+    ids = queue.enqueue_many(streams())
     assert closed == [True] * 4  # the end of the input is found by resuming the generator
-    ids += q.enqueue_many([io.BytesIO(b"in memory"), b"bytes too"])
-    got = _drain(q)
+    ids += queue.enqueue_many([io.BytesIO(b"in memory"), b"bytes too"])
+    got = _drain(queue)
     assert [got[j] for j in ids] == [*bodies, b"in memory", b"bytes too"]
 
 
-def test_delayed_jobs_land_in_delayed(q: Queue) -> None:
-    ids = q.enqueue_many([b"later 1", b"later 2", b"later 3"], delay=3600)
-    ts = check_tree(q.path, allow_quarantine=False)
+def test_delayed_jobs_land_in_delayed(queue: Queue) -> None:
+    ids = queue.enqueue_many([b"later 1", b"later 2", b"later 3"], delay=3600)
+    ts = check_tree(queue.path, allow_quarantine=False)
     assert ts.delayed == frozenset(ids) and ts.ready == frozenset()
     nb = {ts.get(j).name.not_before for j in ids}  # type: ignore[union-attr]
     assert all(n is not None and n > 0 for n in nb)
-    assert q.lease() is None
-    at = q.enqueue_many([b"absolute"], not_before_ns=2**62)
-    assert check_tree(q.path).state_of(at[0]) is State.DELAYED
+    assert queue.lease() is None
+    at = queue.enqueue_many([b"absolute"], not_before_ns=2**62)
+    assert check_tree(queue.path).state_of(at[0]) is State.DELAYED
 
 
 # --------------------------------------------------------------------------- syscall order
 
 
-def test_every_file_is_fsynced_before_the_first_link(q: Queue) -> None:
+def test_every_file_is_fsynced_before_the_first_link(queue: Queue) -> None:
     with linux.trace() as events:
-        ids = q.enqueue_many(PAYLOADS)
+        ids = queue.enqueue_many(PAYLOADS)
     ops = _ops(events)
     n = len(PAYLOADS)
     assert ops.count("tmpfile") == ops.count("sync_file_range") == ops.count("link") == n
@@ -195,7 +187,7 @@ def test_every_file_is_fsynced_before_the_first_link(q: Queue) -> None:
     assert last_write < min(writebacks) and max(writebacks) < min(file_syncs)  # (a), then (b), then (c)
     assert max(file_syncs) < min(links)  # no name before every file of the group is durable
     # (e): each distinct destination directory fsynced exactly once, after the last link.
-    ts = check_tree(q.path)
+    ts = check_tree(queue.path)
     dirs = {os.path.dirname(ts.get(j).path) for j in ids}  # type: ignore[union-attr]
     assert len(dir_syncs) == len(dirs) and min(dir_syncs) > max(links)
     assert len({events[i].detail[0] for i in dir_syncs}) == len(dir_syncs)
@@ -238,17 +230,17 @@ def test_deferred_mode_defers_the_directory_fsyncs(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- groups
 
 
-def test_groups_are_bounded_and_published_in_order(q: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_groups_are_bounded_and_published_in_order(queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(publish, "ENQUEUE_MANY_GROUP", 3)
     seen: list[tuple[int, int]] = []  # (visible jobs, open anonymous files) at every pull
 
     def payloads() -> Iterator[bytes]:
         for i in range(8):
-            seen.append((len(check_tree(q.path).all_ids), _anonymous_fds(q.path)))
+            seen.append((len(check_tree(queue.path).all_ids), _anonymous_fds(queue.path)))
             yield b"job %d" % i
 
     with linux.trace() as events:
-        ids = q.enqueue_many(payloads())
+        ids = queue.enqueue_many(payloads())
     # A group's files are open only while it is written; the next group starts with none open
     # and with every job of the earlier groups already published.
     assert seen == [(0, 0), (0, 1), (0, 2), (3, 0), (3, 1), (3, 2), (6, 0), (6, 1)]
@@ -264,7 +256,7 @@ def test_groups_are_bounded_and_published_in_order(q: Queue, monkeypatch: pytest
         ("sync_file_range", 2),
         ("link", 2),
     ]
-    got = _drain(q)
+    got = _drain(queue)
     assert [got[j] for j in ids] == [b"job %d" % i for i in range(8)]
 
 
@@ -289,60 +281,60 @@ def test_a_failure_in_a_later_group_keeps_the_earlier_groups(one_shard: Queue, m
 
 @pytest.mark.parametrize("op", ["tmpfile", "write", "fstat", "sync_file_range", "fsync"])
 @pytest.mark.parametrize("nth", [1, 3])
-def test_a_failure_before_the_links_publishes_nothing(op: str, nth: int, q: Queue) -> None:
-    before = check_tree(q.path).paths()
+def test_a_failure_before_the_links_publishes_nothing(op: str, nth: int, queue: Queue) -> None:
+    before = check_tree(queue.path).paths()
     fds = _fd_count()
     with linux.inject(nth=nth, errno=errno.EIO, op=op) as fault, pytest.raises(NotCommitted) as info:
-        q.enqueue_many(PAYLOADS)
+        queue.enqueue_many(PAYLOADS)
     assert fault.fired and not isinstance(info.value, EnqueueIncomplete)
     assert info.value.kind is ErrorKind.IO_FAILURE
-    assert check_tree(q.path, allow_quarantine=False).paths() == before
-    assert _fd_count() == fds and _anonymous_fds(q.path) == 0  # every file of the group was closed
-    assert q.poisoned is None
-    assert len(q.enqueue_many(PAYLOADS)) == len(PAYLOADS)  # safe to retry
+    assert check_tree(queue.path, allow_quarantine=False).paths() == before
+    assert _fd_count() == fds and _anonymous_fds(queue.path) == 0  # every file of the group was closed
+    assert queue.poisoned is None
+    assert len(queue.enqueue_many(PAYLOADS)) == len(PAYLOADS)  # safe to retry
 
 
 @pytest.mark.parametrize("code", [errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE])
-def test_writeback_hint_unsupported_is_ignored(code: int, q: Queue) -> None:
+def test_writeback_hint_unsupported_is_ignored(code: int, queue: Queue) -> None:
     with linux.inject(nth=2, errno=code, op="sync_file_range") as fault:
-        ids = q.enqueue_many([b"a", b"b", b"c"])
+        ids = queue.enqueue_many([b"a", b"b", b"c"])
     assert fault.fired
-    assert check_tree(q.path).ready == frozenset(ids)
+    assert check_tree(queue.path).ready == frozenset(ids)
 
 
-def test_an_invalid_payload_fails_its_group_only(q: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_invalid_payload_fails_its_group_only(queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(publish, "ENQUEUE_MANY_GROUP", 2)
     with pytest.raises(NotCommitted) as first:
-        q.enqueue_many([b"ok", 42])  # type: ignore[list-item]
+        queue.enqueue_many([b"ok", 42])  # type: ignore[list-item]
     assert first.value.kind is ErrorKind.INVALID_INPUT
-    assert check_tree(q.path).all_ids == frozenset()
+    assert check_tree(queue.path).all_ids == frozenset()
     with pytest.raises(EnqueueIncomplete) as info:
-        q.enqueue_many([b"a", b"b", b"c", "not bytes"])  # type: ignore[list-item]
+        queue.enqueue_many([b"a", b"b", b"c", "not bytes"])  # type: ignore[list-item]
     assert len(info.value.published) == 2 and info.value.kind is ErrorKind.INVALID_INPUT
-    assert check_tree(q.path).all_ids == frozenset(info.value.published)
+    assert check_tree(queue.path).all_ids == frozenset(info.value.published)
 
 
 @pytest.mark.parametrize(
     ("code", "kind"), [(errno.EIO, ErrorKind.IO_FAILURE), (errno.EEXIST, ErrorKind.IDENTITY_COLLISION)]
 )
-def test_a_failed_kth_link_publishes_the_jobs_before_it(code: int, kind: ErrorKind, q: Queue) -> None:
+def test_a_failed_kth_link_publishes_the_jobs_before_it(code: int, kind: ErrorKind, queue: Queue) -> None:
     fds = _fd_count()
     with linux.trace() as events:
         with linux.inject(nth=3, errno=code, op="link"), pytest.raises(EnqueueIncomplete) as info:
-            q.enqueue_many(PAYLOADS)
+            queue.enqueue_many(PAYLOADS)
     e = info.value
     assert isinstance(e.cause, NotCommitted) and e.cause.kind is kind and e.kind is kind
     assert e.cause.job_id is not None and e.cause.job_id not in e.published
     names = [ev.detail[3][:32] for ev in events if ev.op == "link"]
     assert e.published == names[:2]  # the first two payloads, in order
-    ts = check_tree(q.path, allow_quarantine=False)
+    ts = check_tree(queue.path, allow_quarantine=False)
     assert ts.all_ids == frozenset(e.published)
     # The two published jobs got their directory barrier after the failed link.
     _, dir_syncs = _split_fsyncs(events)
     assert len(dir_syncs) == len({os.path.dirname(ts.get(j).path) for j in e.published})  # type: ignore[union-attr]
-    assert _fd_count() == fds and _anonymous_fds(q.path) == 0
-    assert q.poisoned is None
-    got = _drain(q)
+    assert _fd_count() == fds and _anonymous_fds(queue.path) == 0
+    assert queue.poisoned is None
+    got = _drain(queue)
     assert set(got) == set(e.published) and [got[j] for j in e.published] == PAYLOADS[:2]
 
 
@@ -389,48 +381,48 @@ def test_a_failed_barrier_of_a_later_group_is_incomplete_with_unknown_cause(
 # --------------------------------------------------------------------------- fallbacks
 
 
-def test_named_temp_fallback_publishes_one_at_a_time(q: Queue) -> None:
-    q._ctx.publication = "named"  # what ZFS gets
+def test_named_temp_fallback_publishes_one_at_a_time(queue: Queue) -> None:
+    queue._ctx.publication = "named"  # what ZFS gets
     with linux.trace() as events:
-        ids = q.enqueue_many([b"a", io.BytesIO(b"streamed" * 100), b"c"])
+        ids = queue.enqueue_many([b"a", io.BytesIO(b"streamed" * 100), b"c"])
     ops = _ops(events)
     assert "tmpfile" not in ops and "sync_file_range" not in ops
     assert ops.count("rename_noreplace") == 3
     renames = [i for i, op in enumerate(ops) if op == "rename_noreplace"]
     file_syncs = [i for i, e in enumerate(events) if e.op == "fsync"]
     assert any(renames[0] < i < renames[1] for i in file_syncs)  # one job at a time
-    ts = check_tree(q.path, allow_quarantine=False)
+    ts = check_tree(queue.path, allow_quarantine=False)
     assert ts.ready == frozenset(ids) and ts.temps == []
-    got = _drain(q)
+    got = _drain(queue)
     assert [got[j] for j in ids] == [b"a", b"streamed" * 100, b"c"]
 
 
-def test_named_temp_fallback_partial_failure(q: Queue) -> None:
-    q._ctx.publication = "named"
+def test_named_temp_fallback_partial_failure(queue: Queue) -> None:
+    queue._ctx.publication = "named"
     with linux.inject(nth=2, errno=errno.EIO, op="rename_noreplace"), pytest.raises(EnqueueIncomplete) as info:
-        q.enqueue_many([b"a", b"b", b"c"])
+        queue.enqueue_many([b"a", b"b", b"c"])
     assert len(info.value.published) == 1 and isinstance(info.value.cause, NotCommitted)
-    ts = check_tree(q.path, allow_quarantine=False)
+    ts = check_tree(queue.path, allow_quarantine=False)
     assert ts.all_ids == frozenset(info.value.published) and ts.temps == []
 
 
-def test_tmpfile_unsupported_switches_to_named_temps(q: Queue) -> None:
+def test_tmpfile_unsupported_switches_to_named_temps(queue: Queue) -> None:
     with linux.inject(nth=1, errno=errno.EOPNOTSUPP, op="tmpfile"):
-        ids = q.enqueue_many([b"a", b"b", b"c"])
-    assert q.publication_mode == "named"
-    assert check_tree(q.path, allow_quarantine=False).ready == frozenset(ids)
-    got = _drain(q)
+        ids = queue.enqueue_many([b"a", b"b", b"c"])
+    assert queue.publication_mode == "named"
+    assert check_tree(queue.path, allow_quarantine=False).ready == frozenset(ids)
+    got = _drain(queue)
     assert [got[j] for j in ids] == [b"a", b"b", b"c"]
 
 
-def test_tmpfile_unsupported_mid_group_finishes_the_group_first(q: Queue) -> None:
+def test_tmpfile_unsupported_mid_group_finishes_the_group_first(queue: Queue) -> None:
     with linux.trace() as events:
         with linux.inject(nth=3, errno=errno.EOPNOTSUPP, op="tmpfile"):
-            ids = q.enqueue_many([b"a", b"b", b"c", b"d"])
+            ids = queue.enqueue_many([b"a", b"b", b"c", b"d"])
     ops = _ops(events)
     assert ops.count("link") == 2 and ops.count("rename_noreplace") == 2
     assert max(i for i, op in enumerate(ops) if op == "link") < ops.index("rename_noreplace")
-    got = _drain(q)
+    got = _drain(queue)
     assert [got[j] for j in ids] == [b"a", b"b", b"c", b"d"]
 
 

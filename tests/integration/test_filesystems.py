@@ -15,7 +15,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -248,10 +248,10 @@ def _with_major(data: bytes, major: int) -> bytes:
 
 
 @pytest.fixture
-def queue_root(tmp_path: str) -> str:
-    root = os.path.join(tmp_path, "q")
-    Queue.init(root, shards=2).close()
-    return root
+def queue_root(make_queue: Callable[..., Queue], queue_path: str) -> str:
+    """A queue with no handle open: the tests rewrite its FORMAT, then open it."""
+    make_queue(shards=2).close()
+    return queue_path
 
 
 def test_format_major_2_refused(queue_root: str) -> None:
