@@ -1,0 +1,48 @@
+"""Phase 2, promote delayed (recovery.md): due delayed jobs become ready.
+
+Whether a bucket is due is a wall-clock decision, made against the
+stabilized wall floor (clocks.md) so that it never goes backwards: without a
+wall floor the phase does nothing. Later buckets are never opened, so a
+corrupt delayed job is quarantined (0x0001, as specified) only once it is due.
+"""
+
+from __future__ import annotations
+
+from steadqd.constants import DELAYED_DIR, JOB_EXT, READY_DIR, State
+from steadqd.errors import CorruptObject, SteadQError
+from steadqd.fs.names import make_filename, next_generation, parse_bucket_dir, parse_name, ready_name, shard_dir
+from steadqd.fs.recovery.objects import move, valid
+from steadqd.fs.recovery.state import Pass
+from steadqd.fs.recovery.walk import NOT_BUCKET, Level, leaf_name, shard_level, walk
+
+
+def promote_delayed(p: Pass) -> None:
+    if p.wall is None:
+        return
+    due = p.wall // p.fmt.delayed_width_ns
+    levels = (Level(parse_bucket_dir, NOT_BUCKET, lambda v: v[0] <= due), shard_level(p))
+    for (bucket, shard), fd, rel, raw in walk(p, DELAYED_DIR, levels):
+        _delayed_entry(p, fd, rel, raw, bucket, shard)
+
+
+def _delayed_entry(p: Pass, dir_fd: int, rel: str, raw: bytes, bucket: int, shard: int) -> None:
+    name = leaf_name(p, raw, rel, JOB_EXT)
+    if name is None:
+        return
+    try:
+        job = parse_name(State.DELAYED, name)
+    except CorruptObject:
+        return  # not a delayed name: skipped silently (recovery.md)
+    if not valid(p, dir_fd, rel, name, job, "promote_validate", shard=shard, bucket=bucket):
+        return
+    try:
+        generation = next_generation(job.generation)
+    except SteadQError as e:
+        p.error("promote_state_exhausted", f"{rel}/{name}: {e}")
+        return
+    fmt = p.fmt
+    target = ready_name(job.job_id, generation, job.attempt, job.max_attempts)
+    target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
+    dst_rel = f"{READY_DIR}/{shard_dir(shard)}"
+    if move(p, "promote", dir_fd, rel, name, dst_rel, target_file):
+        p.report.delayed_promoted += 1
