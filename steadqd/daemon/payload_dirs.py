@@ -12,11 +12,14 @@ and vanishes with it; this is for ``steadqd run`` in containers and shells.)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
+from typing import BinaryIO
 
 from steadqd.fs import linux
 
@@ -35,6 +38,36 @@ def _pid_namespace() -> int:
 def make(job_id: str) -> str:
     """A fresh private directory (0700) for one job's payload copy."""
     return tempfile.mkdtemp(prefix=f"steadqd-{_pid_namespace()}-{os.getpid()}-{job_id[:12]}-")
+
+
+def write_copy(directory: str, copy: Callable[[BinaryIO], object], owner: tuple[int, int] | None = None) -> str:
+    """Fill ``<directory>/payload`` through ``copy`` and make it read-only; returns its path.
+
+    ``copy`` is the backend's verified copy: a corrupt payload raises (after
+    the backend quarantined it) and never reaches a command. ``owner``
+    (uid, gid) hands file and directory to a command that runs as another
+    user and opens the file itself; the directory stays unwritable to it.
+    """
+    path = os.path.join(directory, "payload")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        copy(f)
+        os.fchmod(f.fileno(), 0o400)
+        if owner is not None:
+            os.fchown(f.fileno(), *owner)
+    if owner is not None:
+        os.chown(directory, *owner)
+        os.chmod(directory, 0o500)
+    return path
+
+
+def remove(directory: str) -> None:
+    """Remove a job's payload directory, read-only as it may be; never raises."""
+    if not directory:
+        return
+    with contextlib.suppress(OSError):
+        os.chmod(directory, 0o700)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def remove_stale(directory: str | None = None) -> list[str]:

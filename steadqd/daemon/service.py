@@ -50,6 +50,35 @@ class Timer:
         self.cancelled = True
 
 
+class Timers:
+    """The named one-shot timers of one thing (a job): setting a name again replaces its timer.
+
+    Each callback runs through ``guard``, which the owner uses to turn an
+    exception into a log line instead of a dead service loop.
+    """
+
+    def __init__(self, loop: Loop, guard: Callable[[Callable[[], None]], Callable[[], None]]) -> None:
+        self._loop = loop
+        self._guard = guard
+        self._timers: dict[str, Timer] = {}
+
+    def set(self, key: str, delay: float, fn: Callable[[], None]) -> None:
+        self.cancel(key)
+        self._timers[key] = self._loop.call_later(delay, self._guard(fn))
+
+    def cancel(self, key: str) -> None:
+        t = self._timers.pop(key, None)
+        if t is not None:
+            t.cancel()
+
+    def cancel_all(self) -> None:
+        for key in list(self._timers):
+            self.cancel(key)
+
+    def __bool__(self) -> bool:
+        return bool(self._timers)
+
+
 class Loop:
     """A minimal event loop: readers, timers, and a self-pipe for signals."""
 

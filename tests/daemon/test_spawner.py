@@ -23,7 +23,8 @@ import pytest
 from steadqd import Queue
 from steadqd.constants import State
 from steadqd.daemon.config import WorkerConfig
-from steadqd.daemon.spawner import SAFETY_RESCAN, build_environment, is_ready_name, meta_env_name, meta_env_value
+from steadqd.daemon.environment import build_environment, meta_env_name, meta_env_value
+from steadqd.daemon.worker import SAFETY_RESCAN, is_ready_name
 from tests.daemon.conftest import DEADLINE, Env, job_spec, kill_group, live_group_members, wait_for
 from tests.invariants import check_tree, live_tree
 

@@ -21,7 +21,7 @@ from steadqd import Queue
 from steadqd.daemon.config import parse_config
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop
-from steadqd.daemon.spawner import WorkerRole, _Job
+from steadqd.daemon.worker import WorkerRole, _Job
 from steadqd.fs import linux
 
 
@@ -54,15 +54,8 @@ def _finished_job(role: WorkerRole, loop: Loop, tmp: Path) -> _Job:
     assert lease is not None
     proc = subprocess.Popen(["true"])
     proc.wait()
-    job = _Job(
-        lease=lease,
-        cfg=role.settings.worker,
-        proc=proc,
-        tmpdir=tempfile.mkdtemp(dir=tmp),
-        started=loop.now(),
-        streams={},
-        returncode=0,
-    )
+    job = _Job(role, lease, role.settings.worker, proc, tempfile.mkdtemp(dir=tmp))
+    job.child.returncode = 0
     role.jobs[proc.pid] = job
     return job
 

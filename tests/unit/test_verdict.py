@@ -99,7 +99,7 @@ def test_the_journal_shows_the_verdict_as_a_word() -> None:
 def test_the_worker_applies_a_verdict(
     tmp_path: Path, applied: Verdict, max_attempts: int, states: set[str], reason: int | None
 ) -> None:
-    from steadqd.daemon.spawner import WorkerRole
+    from steadqd.daemon.worker import WorkerRole
 
     qpath = str(tmp_path / "q")
     Queue.init(qpath, shards=1).close()

@@ -1,4 +1,4 @@
-"""The worker spawner role: lease jobs and run the configured command for each.
+"""The worker role: lease jobs and run the configured command for each.
 
 Wake-ups, never polling
     The role sleeps in the service loop. It is woken by an inotify watch on
@@ -17,39 +17,24 @@ Wake-ups, never polling
     directories every few seconds; the count is redone at each safety rescan
     and after an inotify overflow (and not at all beyond 256 shards: "?").
 
-Children without SIGCHLD
-    Each job is its command in its own process group (``start_new_session``),
-    with stdout and stderr on pipes registered as loop readers. When both
-    pipes reach EOF the child is almost always exiting; it is then reaped with
-    ``Popen.poll()``. A per-job safety timer covers a command that exits while
-    something else (a background grandchild) still holds the pipes, and one
-    that closes its output but keeps running. Before the leader is reaped we
-    check it with ``waitid(WNOWAIT)`` and SIGKILL whatever is left in its
-    process group: the job *is* its group, like a systemd unit's cgroup, and
-    while the leader is an unreaped zombie its pid (the group id) cannot be
-    reused, so signalling the group can never hit an unrelated process.
-
 The payload
-    Before the command starts, the payload is copied with
-    ``Lease.copy_payload_to`` into a private per-job temporary directory and
-    made read-only (0400). The copy is verified against the payload digest,
-    so a corrupt payload is quarantined by the library and never reaches a
+    Before the command starts, the payload is copied with the backend's
+    ``copy_payload`` into a private per-job temporary directory and made
+    read-only (0400). The copy is verified against the payload digest, so a
+    corrupt payload is quarantined by the backend and never reaches a
     command. ``input: file`` passes the copy's path in STEADQ_PAYLOAD_FILE;
-    ``input: stdin`` opens the same copy read-only as the command's stdin.
-    A regular file on stdin cannot deadlock (no writer thread, no pipe buffer
-    to fill while the command is busy writing its own output), a command may
-    even seek in it, and no other thread ever touches the queue handle.
+    ``input: stdin`` opens the same copy read-only as the command's stdin
+    (steadqd.daemon.child). No other thread ever touches the queue handle.
     The directory is removed when the job ends. The copy runs in the loop
     thread, so a very large payload holds up the other jobs' timers while it
     is copied; the first renewal is scheduled from the claim, not the spawn.
 
 Settling
-    By exit status through ``worker.exit_status`` (death by a signal is
-    "other"); by timeout (SIGTERM to the group, SIGKILL after ``kill_grace``,
-    then retry). A lease whose renewal failed with LeaseLost or
-    OutcomeUnknown belongs to whoever claims the job next: it is logged
-    loudly and never acknowledged or retried by us. A handle poisoned by an
-    OutcomeUnknown is closed and the queue reopened (the tree is the truth).
+    By the exit policy (steadqd.daemon.verdict), applied here. A lease whose
+    renewal failed with LeaseLost or OutcomeUnknown belongs to whoever claims
+    the job next: it is logged loudly and never acknowledged or retried by
+    us. A handle poisoned by an OutcomeUnknown is closed and the queue
+    reopened (the tree is the truth).
 
 Attempts
     SteadQ/1 counts an attempt when a job is *claimed*. When the daemon is
@@ -62,15 +47,11 @@ Attempts
 from __future__ import annotations
 
 import contextlib
-import grp
 import os
-import pwd
-import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import inotify_simple
@@ -78,21 +59,20 @@ import inotify_simple
 from steadqd.backoff import RetryPolicy
 from steadqd.constants import READY_DIR, State
 from steadqd.daemon import payload_dirs
+from steadqd.daemon.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, spawn
 from steadqd.daemon.config import QueueSettings, WorkerConfig
+from steadqd.daemon.environment import build_environment
 from steadqd.daemon.journal import INFO, WARNING, Log
-from steadqd.daemon.service import Loop, Timer, open_queue
+from steadqd.daemon.service import Loop, Timer, Timers, open_queue
 from steadqd.daemon.verdict import Verdict, verdict
 from steadqd.errors import ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError, kind_for_errno
 from steadqd.fs.handle import Queue
 from steadqd.fs.lease import Lease
 from steadqd.fs.names import looks_ready, parse_name, shard_dir
 
+__all__ = ["SAFETY_RESCAN", "WorkerRole", "is_ready_name", "retry_policy"]
+
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
-MAX_LINE = 16 * 1024  # bytes of one forwarded output line; the rest of the line is dropped
-READ_CHUNK = 64 * 1024
-EXIT_CHECK_RUNNING = 2.0  # s; safety check of a job whose output is still open
-EXIT_CHECK_MAX = 2.0  # s; slowest re-check of a job that closed its output but runs on
-OUTPUT_GRACE = 2.0  # s; how long output may stay open after the command exited
 SETTLE_TRIES = 5  # attempts to settle a job after NotCommitted, one second apart
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
@@ -107,68 +87,6 @@ _WATCH_FLAGS = (  # DONT_FOLLOW/ONLYDIR: a symlink planted as a shard is never w
 )
 _APPEAR = inotify_simple.flags.CREATE | inotify_simple.flags.MOVED_TO
 _VANISH = inotify_simple.flags.MOVED_FROM | inotify_simple.flags.DELETE
-
-
-# --- pure helpers (unit-tested) -------------------------------------------------
-
-
-def meta_env_name(key: str) -> str:
-    """STEADQ_META_<KEY>: metadata keys are ``[a-z0-9][a-z0-9._-]*`` (records.md)."""
-    return "STEADQ_META_" + key.upper().replace(".", "_").replace("-", "_")
-
-
-def meta_env_value(value: object) -> str | None:
-    """The environment form of a metadata value, or None if it cannot be one (NUL)."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, int):
-        text = str(value)
-    elif isinstance(value, bytes):
-        text = value.hex()
-    elif isinstance(value, str):
-        text = value
-    else:
-        return None
-    return None if "\0" in text else text
-
-
-def build_environment(
-    cfg: WorkerConfig,
-    lease: Lease,
-    *,
-    queue_name: str,
-    queue_path: str,
-    parent_env: Mapping[str, str],
-    payload_file: str | None = None,
-) -> dict[str, str]:
-    """The command's whole environment, from the configuration only.
-
-    Nothing of the daemon's environment leaks except the names listed in
-    ``pass_environment``; job facts are data in variables, never command
-    text, so metadata cannot become shell syntax or argv.
-    """
-    env: dict[str, str] = {}
-    for name in cfg.pass_environment:
-        if name in parent_env:
-            env[name] = parent_env[name]
-    env.update(cfg.environment)
-    env["STEADQ_QUEUE"] = queue_name
-    env["STEADQ_QUEUE_PATH"] = queue_path
-    env["STEADQ_JOB_ID"] = lease.job_id
-    env["STEADQ_ATTEMPT"] = str(lease.attempt)
-    env["STEADQ_MAX_ATTEMPTS"] = str(lease.max_attempts)
-    env["STEADQ_CONTENT_TYPE"] = lease.content_type
-    metadata = lease.metadata  # loads the extension, which also carries the producer id
-    producer = lease.producer_id
-    if producer and "\0" not in producer:
-        env["STEADQ_PRODUCER_ID"] = producer
-    for key in sorted(metadata):
-        name, value = meta_env_name(key), meta_env_value(metadata[key])
-        if value is not None and name not in env:  # "a.b" and "a-b" collide: the first (sorted) wins
-            env[name] = value
-    if payload_file is not None:
-        env["STEADQ_PAYLOAD_FILE"] = payload_file
-    return env
 
 
 def retry_policy(cfg: WorkerConfig) -> RetryPolicy:
@@ -188,58 +106,33 @@ def is_ready_name(name: str) -> bool:
     return True
 
 
-def _identity(cfg: WorkerConfig) -> dict[str, Any]:
-    """Popen user/group/extra_groups for ``user:``/``group:`` (KeyError if unknown)."""
-    kw: dict[str, Any] = {}
-    gid: int | None = None
-    if cfg.group:
-        gid = int(cfg.group) if cfg.group.isdigit() else grp.getgrnam(cfg.group).gr_gid
-        kw["group"] = gid
-    if cfg.user:
-        pw = pwd.getpwuid(int(cfg.user)) if cfg.user.isdigit() else pwd.getpwnam(cfg.user)
-        if gid is None:
-            gid = pw.pw_gid  # without this the command would keep the daemon's group
-            kw["group"] = gid
-        kw["user"] = pw.pw_uid
-        kw["extra_groups"] = os.getgrouplist(pw.pw_name, gid)
-    return kw
-
-
-# --- one running job --------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class _Stream:
-    name: str  # "stdout" | "stderr"
-    fd: int
-    buf: bytearray = field(default_factory=bytearray)
-    dropping: bool = False  # inside an over-long line: discard until its newline
-
-
-@dataclass(eq=False)
 class _Job:
-    lease: Lease
-    cfg: WorkerConfig
-    proc: subprocess.Popen[bytes]
-    tmpdir: str
-    started: float
-    streams: dict[int, _Stream]
-    returncode: int | None = None
-    lost: str | None = None  # why the lease is no longer ours
-    timed_out: bool = False
-    verdict: Verdict | None = None
-    settle_tries: int = 0
-    output_deadline: float | None = None
-    exit_check_delay: float = 0.01
-    timers: dict[str, Timer] = field(default_factory=dict)
+    """A leased job whose command was started: the lease's side of a :class:`Child`."""
+
+    def __init__(
+        self, role: WorkerRole, lease: Lease, cfg: WorkerConfig, proc: subprocess.Popen[bytes], tmpdir: str
+    ) -> None:
+        assert role.loop is not None
+        self.lease = lease
+        self.cfg = cfg  # the configuration it started with: a reload does not change a running job
+        self.tmpdir = tmpdir
+        self.started = role.loop.now()
+        self.lost: str | None = None  # why the lease is no longer ours
+        self.verdict: Verdict | None = None
+        self.settle_tries = 0
+        self.fields: dict[str, object] = {"job_id": lease.job_id, "attempt": lease.attempt}
+
+        def guard(fn: Callable[[], None]) -> Callable[[], None]:
+            return role._guarded(fn, self)
+
+        self.timers = Timers(role.loop, guard)  # "renew", "settle"
+        self.child = Child(
+            proc, cfg, loop=role.loop, log=role.log, fields=self.fields, guard=guard, on_exit=lambda: role._finish(self)
+        )
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def fields(self) -> dict[str, object]:
-        return {"job_id": self.lease.job_id, "attempt": self.lease.attempt}
+        return self.child.pid
 
 
 class WorkerRole:
@@ -346,37 +239,35 @@ class WorkerRole:
         self._to_settle.clear()  # still in self.jobs with their verdicts: settled below
         jobs = list(self.jobs.values())
         for j in jobs:  # already exited (not yet noticed): settle by exit status, not as interrupted
-            if j.returncode is None and self._exited(j):
-                self._reap(j)
-        finished = {j.pid for j in jobs if j.returncode is not None}
-        running = [j for j in jobs if j.returncode is None]
-        for j in running:
-            self.log.warning("stopping: terminating a running job", **j.fields, pid=j.pid)
-            self._signal_group(j, signal.SIGTERM)
-        grace = max((j.cfg.kill_grace for j in running), default=0.0)
-        deadline = time.monotonic() + grace
-        while running and time.monotonic() < deadline:
-            running = [j for j in running if not self._exited(j)]
-            if running:
-                time.sleep(0.05)
-        for j in running:
-            self._signal_group(j, signal.SIGKILL)
+            if j.child.returncode is None and j.child.exited():
+                j.child.reap()
+        finished = {j.pid for j in jobs if j.child.returncode is not None}
+        self._terminate([j for j in jobs if j.child.returncode is None])
         for j in jobs:
             try:
                 self._shutdown_job(j, interrupted=j.pid not in finished)
             except Exception as e:  # one job must not keep the others' leases
                 self.log.error(f"handing back job failed: {e!r}", **j.fields)
         self.jobs.clear()
-        if self._inotify is not None:
-            if self.loop is not None:
-                self.loop.remove_reader(self._inotify.fileno())
-            with contextlib.suppress(OSError):
-                self._inotify.close()
-            self._inotify = None
+        self._close_watch()
         if self.q is not None:
             with contextlib.suppress(SteadQError, OSError):
                 self.q.close()
             self.q = None
+
+    def _terminate(self, running: list[_Job]) -> None:
+        """SIGTERM to every running group, SIGKILL to those still there after the longest kill grace."""
+        for j in running:
+            self.log.warning("stopping: terminating a running job", **j.fields, pid=j.pid)
+            j.child.signal_group(signal.SIGTERM)
+        grace = max((j.cfg.kill_grace for j in running), default=0.0)
+        deadline = time.monotonic() + grace
+        while running and time.monotonic() < deadline:
+            running = [j for j in running if not j.child.exited()]
+            if running:
+                time.sleep(0.05)
+        for j in running:
+            j.child.signal_group(signal.SIGKILL)
 
     # -- plumbing -------------------------------------------------------------
 
@@ -393,18 +284,6 @@ class WorkerRole:
                     self._abandon(job, f"internal error: {e!r}")
 
         return run
-
-    def _later(self, job: _Job, key: str, delay: float, fn: Callable[[], None]) -> None:
-        assert self.loop is not None
-        old = job.timers.pop(key, None)
-        if old is not None:
-            old.cancel()
-        job.timers[key] = self.loop.call_later(delay, self._guarded(fn, job))
-
-    def _cancel(self, job: _Job, key: str) -> None:
-        t = job.timers.pop(key, None)
-        if t is not None:
-            t.cancel()
 
     def _schedule_fill(self, delay: float) -> None:
         if self.loop is None or self.draining:
@@ -429,6 +308,14 @@ class WorkerRole:
                 self.log.warning(f"cannot watch {path}: {e.strerror}; the safety rescan retries")
                 continue
             self._watched[wd] = path
+
+    def _close_watch(self) -> None:
+        if self._inotify is not None:
+            if self.loop is not None:
+                self.loop.remove_reader(self._inotify.fileno())
+            with contextlib.suppress(OSError):
+                self._inotify.close()
+            self._inotify = None
 
     def _on_inotify(self) -> None:
         assert self._inotify is not None
@@ -488,21 +375,8 @@ class WorkerRole:
                 return
             try:
                 lease = self.q.lease(wait=0.0, duration=cfg.lease)
-            except OutcomeUnknown as e:
-                self._reopen(f"lease: {e}")
-                return
-            except NotCommitted as e:
-                if e.kind is ErrorKind.QUEUE_POISONED:
-                    self._reopen(f"lease: {e}")
-                elif e.kind is ErrorKind.MAINTENANCE_BUSY:
-                    self._schedule_fill(BUSY_RETRY)
-                else:
-                    self.log.error(f"lease failed: {e}", error=e.kind.label)
-                    self._schedule_fill(ERROR_RETRY)
-                return
             except SteadQError as e:
-                self.log.error(f"lease failed: {e}", error=e.kind.label)
-                self._schedule_fill(ERROR_RETRY)
+                self._lease_failed(e)
                 return
             self._report_scan()
             if lease is None:
@@ -511,6 +385,15 @@ class WorkerRole:
                 self._start_job(lease, cfg)
             except Exception as e:
                 self.log.error(f"starting the job failed: {e!r}", job_id=lease.job_id, attempt=lease.attempt)
+
+    def _lease_failed(self, e: SteadQError) -> None:
+        if isinstance(e, OutcomeUnknown) or (isinstance(e, NotCommitted) and e.kind is ErrorKind.QUEUE_POISONED):
+            self._reopen(f"lease: {e}")
+        elif isinstance(e, NotCommitted) and e.kind is ErrorKind.MAINTENANCE_BUSY:
+            self._schedule_fill(BUSY_RETRY)
+        else:
+            self.log.error(f"lease failed: {e}", error=e.kind.label)
+            self._schedule_fill(ERROR_RETRY)
 
     def _report_scan(self) -> None:
         report = self.q.last_scan if self.q is not None else None
@@ -527,22 +410,40 @@ class WorkerRole:
 
     def _start_job(self, lease: Lease, cfg: WorkerConfig) -> None:
         assert self.loop is not None
-        fields = {"job_id": lease.job_id, "attempt": lease.attempt}
         claimed = self.loop.now()
+        prepared = self._prepare(lease, cfg)
+        if prepared is None:
+            return
+        tmpdir, payload_path, env, credentials = prepared
+        try:
+            proc = spawn(cfg, env, payload_path, credentials)
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            payload_dirs.remove(tmpdir)
+            self.log.error(
+                f"cannot start the command {command_argv(cfg)[0]!r}: {e}", job_id=lease.job_id, attempt=lease.attempt
+            )
+            self._settle_simple(lease, cfg, Verdict.RETRY)
+            return
+        job = _Job(self, lease, cfg, proc, tmpdir)
+        self.jobs[job.pid] = job
+        job.child.start()
+        # The copy ran in this thread; count it against the first renewal.
+        job.timers.set("renew", max(0.0, cfg.renew_interval - (self.loop.now() - claimed)), lambda: self._renew(job))
+        self.log.info("job started", **job.fields, pid=job.pid, max_attempts=lease.max_attempts)
+
+    def _prepare(self, lease: Lease, cfg: WorkerConfig) -> tuple[str, str, dict[str, str], dict[str, Any]] | None:
+        """The payload copy and the environment, or None when the job was dealt with here."""
+        fields = {"job_id": lease.job_id, "attempt": lease.attempt}
         tmpdir = ""
         try:
             tmpdir = payload_dirs.make(lease.job_id)
-            identity = _identity(cfg)
-            payload_path = os.path.join(tmpdir, "payload")
-            fd = os.open(payload_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                lease.copy_payload_to(f)  # verified: a corrupt payload raises (and is quarantined)
-                os.fchmod(f.fileno(), 0o400)
-                if "user" in identity and cfg.input == "file":
-                    os.fchown(f.fileno(), identity["user"], identity["group"])
-            if "user" in identity and cfg.input == "file":
-                os.chown(tmpdir, identity["user"], identity["group"])
-                os.chmod(tmpdir, 0o500)
+            credentials = identity(cfg)
+            owner = (
+                (credentials["user"], credentials["group"]) if "user" in credentials and cfg.input == "file" else None
+            )
+            assert self.q is not None
+            q = self.q
+            payload_path = payload_dirs.write_copy(tmpdir, lambda f: q.copy_payload(lease, f), owner)
             env = build_environment(
                 cfg,
                 lease,
@@ -552,213 +453,31 @@ class WorkerRole:
                 payload_file=payload_path if cfg.input == "file" else None,
             )
         except (LeaseLost, OutcomeUnknown) as e:
-            self._rmtree(tmpdir)
+            payload_dirs.remove(tmpdir)
             self.log.error(f"lost the job while preparing it: {e}", **fields)
             if isinstance(e, OutcomeUnknown):
                 self._reopen(str(e))
-            return
+            return None
         except SteadQError as e:
-            self._rmtree(tmpdir)
+            payload_dirs.remove(tmpdir)
             if getattr(e, "payload", False) or e.kind is ErrorKind.PAYLOAD_CORRUPT:
                 self.failed += 1
                 self.log.error(f"payload is corrupt; the job was quarantined: {e}", **fields)
-                return
+                return None
             self.log.error(f"cannot prepare the job: {e}", **fields)
             self._settle_simple(lease, cfg, Verdict.RETRY)
-            return
+            return None
         except (OSError, KeyError, ValueError) as e:
-            self._rmtree(tmpdir)
+            payload_dirs.remove(tmpdir)
             self.log.error(f"cannot prepare the job: {e!r}", **fields)
             self._settle_simple(lease, cfg, Verdict.RETRY)
-            return
-
-        argv = ["/bin/sh", "-c", cfg.command[0]] if cfg.shell else list(cfg.command)
-        stdin: Any = subprocess.DEVNULL
-        stdin_file = None
-        try:
-            if cfg.input == "stdin":
-                stdin_file = open(payload_path, "rb")  # noqa: SIM115 - closed right after the spawn
-                stdin = stdin_file
-            proc = subprocess.Popen(
-                argv,
-                stdin=stdin,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                cwd=cfg.working_directory,
-                start_new_session=True,
-                close_fds=True,
-                **identity,
-            )
-        except (OSError, subprocess.SubprocessError, ValueError) as e:
-            self._rmtree(tmpdir)
-            self.log.error(f"cannot start the command {argv[0]!r}: {e}", **fields)
-            self._settle_simple(lease, cfg, Verdict.RETRY)
-            return
-        finally:
-            if stdin_file is not None:
-                stdin_file.close()
-        assert proc.stdout is not None and proc.stderr is not None
-        streams: dict[int, _Stream] = {}
-        for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-            fd = pipe.fileno()
-            os.set_blocking(fd, False)
-            streams[fd] = _Stream(name, fd)
-        job = _Job(lease=lease, cfg=cfg, proc=proc, tmpdir=tmpdir, started=self.loop.now(), streams=streams)
-        self.jobs[proc.pid] = job
-        for fd, st in streams.items():
-            self.loop.add_reader(fd, self._guarded(lambda j=job, s=st: self._on_output(j, s), job))
-        # The copy above ran in this thread; count it against the first renewal.
-        self._later(job, "renew", max(0.0, cfg.renew_interval - (self.loop.now() - claimed)), lambda: self._renew(job))
-        self._later(job, "exit", EXIT_CHECK_RUNNING, lambda: self._check_exit(job))
-        if cfg.timeout is not None:
-            self._later(job, "timeout", cfg.timeout, lambda: self._on_timeout(job))
-        self.log.info("job started", **fields, pid=proc.pid, max_attempts=lease.max_attempts)
-
-    # -- output -------------------------------------------------------------------
-
-    def _on_output(self, job: _Job, st: _Stream) -> None:
-        try:
-            data = os.read(st.fd, READ_CHUNK)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if data:
-            self._feed(job, st, data)
-            return
-        self._close_stream(job, st)
-        if not job.streams:
-            job.exit_check_delay = 0.01
-            self._check_exit(job)
-
-    def _feed(self, job: _Job, st: _Stream, data: bytes) -> None:
-        start = 0
-        while True:
-            nl = data.find(b"\n", start)
-            chunk = data[start:] if nl < 0 else data[start:nl]
-            if not st.dropping:
-                room = MAX_LINE - len(st.buf)
-                st.buf += chunk[:room]
-                if len(chunk) > room:
-                    self._emit(job, st, truncated=True)
-                    st.dropping = True
-            if nl < 0:
-                return
-            if st.dropping:
-                st.dropping = False
-            else:
-                self._emit(job, st)
-            start = nl + 1
-
-    def _emit(self, job: _Job, st: _Stream, *, truncated: bool = False) -> None:
-        line = bytes(st.buf).decode("utf-8", "replace").rstrip("\r")
-        st.buf.clear()
-        self.log.log(
-            INFO if st.name == "stdout" else WARNING,
-            line,
-            **job.fields,
-            stream=st.name,
-            truncated="true" if truncated else None,
-        )
-
-    def _close_stream(self, job: _Job, st: _Stream) -> None:
-        if self.loop is not None:
-            self.loop.remove_reader(st.fd)
-        if st.buf and not st.dropping:
-            self._emit(job, st)
-        job.streams.pop(st.fd, None)
-        pipe = job.proc.stdout if st.name == "stdout" else job.proc.stderr
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                pipe.close()
-
-    # -- exit -------------------------------------------------------------------
-
-    def _exited(self, job: _Job) -> bool:
-        """Has the leader exited? Leaves it unreaped, so its pid still names the group."""
-        if job.returncode is not None:
-            return True
-        try:
-            info = os.waitid(os.P_PID, job.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return True
-        return info is not None
-
-    def _signal_group(self, job: _Job, sig: int) -> None:
-        """Signal the job's process group; only while the leader is unreaped (pid reuse)."""
-        if job.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(job.pid, sig)
-
-    def _reap(self, job: _Job) -> None:
-        """Kill leftovers of the group while the zombie pins its id, then reap."""
-        self._signal_group(job, signal.SIGKILL)
-        code = job.proc.poll()
-        if code is None:  # cannot be: waitid saw it exit; wait for real rather than guess
-            code = job.proc.wait()
-        job.returncode = code
-        self._cancel(job, "timeout")
-        self._cancel(job, "kill")
-
-    def _check_exit(self, job: _Job) -> None:
-        assert self.loop is not None
-        if job.proc.pid not in self.jobs:
-            return
-        if job.returncode is None:
-            if not self._exited(job):
-                if job.streams:
-                    self._later(job, "exit", EXIT_CHECK_RUNNING, lambda: self._check_exit(job))
-                else:  # output closed: the exit is normally a moment away
-                    self._later(job, "exit", job.exit_check_delay, lambda: self._check_exit(job))
-                    job.exit_check_delay = min(EXIT_CHECK_MAX, job.exit_check_delay * 2)
-                return
-            self._reap(job)
-        if job.streams:  # exited, but something (an escaped process) still holds the pipes
-            now = self.loop.now()
-            if job.output_deadline is None:
-                job.output_deadline = now + OUTPUT_GRACE
-            if now < job.output_deadline:
-                self._later(job, "exit", job.output_deadline - now, lambda: self._check_exit(job))
-                return
-            self.log.warning("command exited but its output stays open; closing it", **job.fields)
-            for st in list(job.streams.values()):
-                with contextlib.suppress(OSError):
-                    while data := os.read(st.fd, READ_CHUNK):
-                        self._feed(job, st, data)
-                self._close_stream(job, st)
-        self._cancel(job, "exit")
-        self._finish(job)
-
-    def _on_timeout(self, job: _Job) -> None:
-        if job.returncode is not None or job.timed_out:
-            return
-        if self._exited(job):  # it finished in time; only its output is still held open
-            self._check_exit(job)
-            return
-        job.timed_out = True
-        self.log.warning(
-            f"job timed out after {job.cfg.timeout:g}s; sending SIGTERM to its process group",
-            **job.fields,
-            pid=job.pid,
-        )
-        self._signal_group(job, signal.SIGTERM)
-        self._later(job, "kill", job.cfg.kill_grace, lambda: self._on_kill(job))
-
-    def _on_kill(self, job: _Job) -> None:
-        if job.returncode is not None or self._exited(job):
-            self._check_exit(job)
-            return
-        self.log.warning("job still running after the kill grace; sending SIGKILL", **job.fields, pid=job.pid)
-        self._signal_group(job, signal.SIGKILL)
-        job.exit_check_delay = 0.01
-        self._later(job, "exit", 0.01, lambda: self._check_exit(job))
+            return None
+        return tmpdir, payload_path, env, credentials
 
     # -- renewing -------------------------------------------------------------------
 
     def _renew(self, job: _Job) -> None:
-        if job.lost is not None or job.proc.pid not in self.jobs:
+        if job.lost is not None or job.pid not in self.jobs:
             return
         if self.q is None:
             self._schedule_reopen()
@@ -778,11 +497,11 @@ class WorkerRole:
                 )
                 if e.kind is ErrorKind.QUEUE_POISONED:
                     self._reopen(f"renew: {e}")
-        self._later(job, "renew", job.cfg.renew_interval, lambda: self._renew(job))
+        job.timers.set("renew", job.cfg.renew_interval, lambda: self._renew(job))
 
     def _lose(self, job: _Job, reason: str) -> None:
         job.lost = reason
-        self._cancel(job, "renew")
+        job.timers.cancel("renew")
         self.log.error(
             "LEASE LOST while the command runs: the job may run again elsewhere; this run will not be settled",
             **job.fields,
@@ -792,32 +511,38 @@ class WorkerRole:
     # -- settling -----------------------------------------------------------------
 
     def _finish(self, job: _Job) -> None:
+        """The command has ended: judge the run, then settle it with this loop pass's others."""
         assert self.loop is not None
-        self._cancel(job, "timeout")
-        self._cancel(job, "kill")
-        code = job.returncode
+        job.child.timers.cancel("timeout")
+        job.child.timers.cancel("kill")
+        code = job.child.returncode
         assert code is not None
-        duration_ms = round((self.loop.now() - job.started) * 1000)
-        signame = None
-        if code < 0:
-            with contextlib.suppress(ValueError):
-                signame = signal.Signals(-code).name
         outcome = job.verdict = self._verdict(job)
         self.log.log(
             INFO if outcome is Verdict.ACK else WARNING,
-            f"job finished: {outcome}" + (" (timed out)" if job.timed_out else ""),
+            f"job finished: {outcome}" + (" (timed out)" if job.child.timed_out else ""),
             **job.fields,
             exit_status=code if code >= 0 else None,
-            signal=signame,
+            signal=job.child.signal_name,
             verdict=outcome,
-            duration_ms=duration_ms,
-            timed_out="true" if job.timed_out else None,
+            duration_ms=round((self.loop.now() - job.started) * 1000),
+            timed_out="true" if job.child.timed_out else None,
         )
-        self._rmtree(job.tmpdir)
+        payload_dirs.remove(job.tmpdir)
         if outcome is Verdict.ABANDON:
             self._drop(job)
             return
         self._queue_settle(job)
+
+    @staticmethod
+    def _verdict(job: _Job) -> Verdict:
+        assert job.child.returncode is not None
+        return verdict(
+            job.child.returncode,
+            timed_out=job.child.timed_out,
+            lease_lost=job.lost is not None,
+            policy=job.cfg.exit_status,
+        )
 
     def _queue_settle(self, job: _Job) -> None:
         """Settle at the end of this loop pass, with every other job that finished in it."""
@@ -866,13 +591,6 @@ class WorkerRole:
         if why is not None:
             self._reopen(why)
 
-    @staticmethod
-    def _verdict(job: _Job) -> Verdict:
-        assert job.returncode is not None
-        return verdict(
-            job.returncode, timed_out=job.timed_out, lease_lost=job.lost is not None, policy=job.cfg.exit_status
-        )
-
     def _settle(self, job: _Job) -> None:
         """Apply ``job.verdict``; NotCommitted is retried (renewals go on meanwhile)."""
         if job.lost is not None:
@@ -900,7 +618,7 @@ class WorkerRole:
                 self._reopen(f"settle: {e}")
             if job.settle_tries < SETTLE_TRIES:
                 self.log.warning(f"settling not committed, retrying: {e}", **job.fields, verdict=job.verdict)
-                self._later(job, "settle", 1.0, lambda: self._settle(job))
+                job.timers.set("settle", 1.0, lambda: self._settle(job))
                 return
             self.log.error(
                 f"giving up settling; the lease expires and recovery returns the job: {e}",
@@ -947,10 +665,8 @@ class WorkerRole:
             self.log.error(f"settling failed; the lease expires and recovery returns the job: {e}", job_id=lease.job_id)
 
     def _drop(self, job: _Job) -> None:
-        for key in list(job.timers):
-            self._cancel(job, key)
-        for st in list(job.streams.values()):
-            self._close_stream(job, st)
+        job.timers.cancel_all()
+        job.child.release()
         self.jobs.pop(job.pid, None)
         self._schedule_fill(0.0)
 
@@ -958,30 +674,26 @@ class WorkerRole:
         """After an internal error: make sure the job cannot hang the role forever."""
         if job.pid not in self.jobs:
             return
+        child = job.child
         with contextlib.suppress(Exception):
-            if job.returncode is None and self._exited(job):
-                self._reap(job)
-        if job.returncode is not None and job.verdict is None:
+            if child.returncode is None and child.exited():
+                child.reap()
+        if child.returncode is not None and job.verdict is None:
             with contextlib.suppress(Exception):
                 self._finish(job)
                 return
-        if job.returncode is None:  # still running: keep it; its timers and pipes still drive it
-            if not job.timers:
-                self._later(job, "exit", EXIT_CHECK_RUNNING, lambda: self._check_exit(job))
+        if child.returncode is None:  # still running: keep it; its timers and pipes still drive it
+            if not child.timers and not job.timers:
+                child.timers.set("exit", EXIT_CHECK_RUNNING, child.check_exit)
             return
         self.log.error(f"dropping the job after an internal error ({why}); the lease will expire", **job.fields)
         self._drop(job)
 
     def _shutdown_job(self, job: _Job, *, interrupted: bool) -> None:
         """close(): reap, then hand an interrupted job's lease back; settle a finished one."""
-        for key in list(job.timers):
-            self._cancel(job, key)
-        if job.returncode is None:
-            self._signal_group(job, signal.SIGKILL)
-            job.returncode = job.proc.wait()
-        for st in list(job.streams.values()):
-            self._close_stream(job, st)
-        self._rmtree(job.tmpdir)
+        job.timers.cancel_all()
+        job.child.kill()
+        payload_dirs.remove(job.tmpdir)
         if job.lost is not None:
             return
         if self.q is None:
@@ -1033,14 +745,6 @@ class WorkerRole:
 
         self._reopen_timer = self.loop.call_later(ERROR_RETRY, self._guarded(again))
 
-    @staticmethod
-    def _rmtree(path: str) -> None:
-        if not path:
-            return
-        with contextlib.suppress(OSError):
-            os.chmod(path, 0o700)
-        shutil.rmtree(path, ignore_errors=True)
-
 
 def _ticket(e: OutcomeUnknown) -> str | None:
     t = getattr(e, "ticket", None)
@@ -1053,6 +757,3 @@ def _ticket(e: OutcomeUnknown) -> str | None:
                 out = fn()
                 return out.hex() if isinstance(out, bytes) else str(out)
     return repr(t)
-
-
-__all__ = ["WorkerRole", "build_environment", "meta_env_name", "meta_env_value", "is_ready_name", "SAFETY_RESCAN"]

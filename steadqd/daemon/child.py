@@ -1,0 +1,339 @@
+"""One job's command: its process group, its output, its end and its timeout.
+
+Children without SIGCHLD
+    Each job is its command in its own process group (``start_new_session``),
+    with stdout and stderr on pipes registered as loop readers. When both
+    pipes reach EOF the child is almost always exiting; it is then reaped with
+    ``Popen.poll()``. A per-job safety timer covers a command that exits while
+    something else (a background grandchild) still holds the pipes, and one
+    that closes its output but keeps running. Before the leader is reaped we
+    check it with ``waitid(WNOWAIT)`` and SIGKILL whatever is left in its
+    process group: the job *is* its group, like a systemd unit's cgroup, and
+    while the leader is an unreaped zombie its pid (the group id) cannot be
+    reused, so signalling the group can never hit an unrelated process.
+
+Output
+    Each line of output is one journal entry (stdout at INFO, stderr at
+    WARNING) with the job's fields; a line longer than :data:`MAX_LINE` is
+    cut there and the rest of it dropped, so a command cannot make the
+    daemon hold an unbounded line in memory.
+
+Timeout
+    SIGTERM to the group, SIGKILL after ``kill_grace``; what the run then
+    counts as is the exit policy's business (steadqd.daemon.verdict).
+
+A :class:`Child` knows nothing of leases or queues: it tells its owner
+once, through ``on_exit``, that the command has ended and its output is
+closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import grp
+import os
+import pwd
+import signal
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from steadqd.daemon.config import WorkerConfig
+from steadqd.daemon.journal import INFO, WARNING, Log
+from steadqd.daemon.service import Loop, Timers
+
+__all__ = ["Child", "command_argv", "identity", "spawn"]
+
+MAX_LINE = 16 * 1024  # bytes of one forwarded output line; the rest of the line is dropped
+READ_CHUNK = 64 * 1024
+EXIT_CHECK_RUNNING = 2.0  # s; safety check of a job whose output is still open
+EXIT_CHECK_MAX = 2.0  # s; slowest re-check of a job that closed its output but runs on
+OUTPUT_GRACE = 2.0  # s; how long output may stay open after the command exited
+
+Guard = Callable[[Callable[[], None]], Callable[[], None]]
+
+
+# --- starting the command -----------------------------------------------------------
+
+
+def identity(cfg: WorkerConfig) -> dict[str, Any]:
+    """Popen user/group/extra_groups for ``user:``/``group:`` (KeyError if unknown)."""
+    kw: dict[str, Any] = {}
+    gid: int | None = None
+    if cfg.group:
+        gid = int(cfg.group) if cfg.group.isdigit() else grp.getgrnam(cfg.group).gr_gid
+        kw["group"] = gid
+    if cfg.user:
+        pw = pwd.getpwuid(int(cfg.user)) if cfg.user.isdigit() else pwd.getpwnam(cfg.user)
+        if gid is None:
+            gid = pw.pw_gid  # without this the command would keep the daemon's group
+            kw["group"] = gid
+        kw["user"] = pw.pw_uid
+        kw["extra_groups"] = os.getgrouplist(pw.pw_name, gid)
+    return kw
+
+
+def command_argv(cfg: WorkerConfig) -> list[str]:
+    return ["/bin/sh", "-c", cfg.command[0]] if cfg.shell else list(cfg.command)
+
+
+def spawn(
+    cfg: WorkerConfig, env: Mapping[str, str], payload_path: str, credentials: Mapping[str, Any]
+) -> subprocess.Popen[bytes]:
+    """Start the command in a session of its own, output on pipes.
+
+    With ``input: stdin`` its stdin is the read-only payload copy itself: a
+    regular file cannot deadlock the loop the way a pipe it must feed could.
+    """
+    stdin: Any = subprocess.DEVNULL
+    stdin_file = None
+    try:
+        if cfg.input == "stdin":
+            stdin_file = open(payload_path, "rb")  # noqa: SIM115 - closed right after the spawn
+            stdin = stdin_file
+        return subprocess.Popen(
+            command_argv(cfg),
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cfg.working_directory,
+            start_new_session=True,
+            close_fds=True,
+            **credentials,
+        )
+    finally:
+        if stdin_file is not None:
+            stdin_file.close()
+
+
+# --- the running command -------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Stream:
+    name: str  # "stdout" | "stderr"
+    fd: int
+    buf: bytearray = field(default_factory=bytearray)
+    dropping: bool = False  # inside an over-long line: discard until its newline
+
+
+class Child:
+    """A started command, driven by the loop until it has exited and its output is closed."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        cfg: WorkerConfig,
+        *,
+        loop: Loop,
+        log: Log,
+        fields: dict[str, object],
+        guard: Guard,
+        on_exit: Callable[[], None],
+    ) -> None:
+        self.proc = proc
+        self.cfg = cfg
+        self.loop = loop
+        self.log = log
+        self.fields = fields
+        self.timers = Timers(loop, guard)  # "exit", "timeout", "kill"
+        self._guard = guard
+        self._on_exit = on_exit
+        self.returncode: int | None = None
+        self.timed_out = False
+        self.released = False
+        self.output_deadline: float | None = None
+        self.exit_check_delay = 0.01
+        self.streams: dict[int, Stream] = {}
+        for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            if pipe is not None:
+                os.set_blocking(pipe.fileno(), False)
+                self.streams[pipe.fileno()] = Stream(name, pipe.fileno())
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def signal_name(self) -> str | None:
+        """The signal that killed the command, if one did."""
+        code = self.returncode
+        if code is None or code >= 0:
+            return None
+        with contextlib.suppress(ValueError):
+            return signal.Signals(-code).name
+        return None
+
+    def start(self) -> None:
+        """Read its output and watch for its end (and its timeout)."""
+        for st in self.streams.values():
+            self.loop.add_reader(st.fd, self._guard(functools.partial(self._on_output, st)))
+        self.timers.set("exit", EXIT_CHECK_RUNNING, self.check_exit)
+        if self.cfg.timeout is not None:
+            self.timers.set("timeout", self.cfg.timeout, self._on_timeout)
+
+    def release(self) -> None:
+        """Its owner is done with it: no more callbacks, no more output."""
+        self.released = True
+        self.timers.cancel_all()
+        self.close_streams()
+
+    def kill(self) -> None:
+        """Forced stop: SIGKILL what is left of the group, reap the leader, close the pipes."""
+        self.timers.cancel_all()
+        if self.returncode is None:
+            self.signal_group(signal.SIGKILL)
+            self.returncode = self.proc.wait()
+        self.close_streams()
+
+    # -- output -------------------------------------------------------------------
+
+    def _on_output(self, st: Stream) -> None:
+        try:
+            data = os.read(st.fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._feed(st, data)
+            return
+        self.close_stream(st)
+        if not self.streams:
+            self.exit_check_delay = 0.01
+            self.check_exit()
+
+    def _feed(self, st: Stream, data: bytes) -> None:
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            chunk = data[start:] if nl < 0 else data[start:nl]
+            if not st.dropping:
+                room = MAX_LINE - len(st.buf)
+                st.buf += chunk[:room]
+                if len(chunk) > room:
+                    self._emit(st, truncated=True)
+                    st.dropping = True
+            if nl < 0:
+                return
+            if st.dropping:
+                st.dropping = False
+            else:
+                self._emit(st)
+            start = nl + 1
+
+    def _emit(self, st: Stream, *, truncated: bool = False) -> None:
+        line = bytes(st.buf).decode("utf-8", "replace").rstrip("\r")
+        st.buf.clear()
+        self.log.log(
+            INFO if st.name == "stdout" else WARNING,
+            line,
+            **self.fields,
+            stream=st.name,
+            truncated="true" if truncated else None,
+        )
+
+    def close_stream(self, st: Stream) -> None:
+        self.loop.remove_reader(st.fd)
+        if st.buf and not st.dropping:
+            self._emit(st)
+        self.streams.pop(st.fd, None)
+        pipe = self.proc.stdout if st.name == "stdout" else self.proc.stderr
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+    def close_streams(self) -> None:
+        for st in list(self.streams.values()):
+            self.close_stream(st)
+
+    # -- the process group --------------------------------------------------------------
+
+    def exited(self) -> bool:
+        """Has the leader exited? Leaves it unreaped, so its pid still names the group."""
+        if self.returncode is not None:
+            return True
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return info is not None
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the job's process group; only while the leader is unreaped (pid reuse)."""
+        if self.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def reap(self) -> None:
+        """Kill leftovers of the group while the zombie pins its id, then reap."""
+        self.signal_group(signal.SIGKILL)
+        code = self.proc.poll()
+        if code is None:  # cannot be: waitid saw it exit; wait for real rather than guess
+            code = self.proc.wait()
+        self.returncode = code
+        self.timers.cancel("timeout")
+        self.timers.cancel("kill")
+
+    # -- the end ------------------------------------------------------------------------
+
+    def check_exit(self) -> None:
+        if self.released:
+            return
+        if self.returncode is None:
+            if not self.exited():
+                if self.streams:
+                    self.timers.set("exit", EXIT_CHECK_RUNNING, self.check_exit)
+                else:  # output closed: the exit is normally a moment away
+                    self.timers.set("exit", self.exit_check_delay, self.check_exit)
+                    self.exit_check_delay = min(EXIT_CHECK_MAX, self.exit_check_delay * 2)
+                return
+            self.reap()
+        if self.streams and not self._output_grace_over():
+            return
+        self.timers.cancel("exit")
+        self._on_exit()
+
+    def _output_grace_over(self) -> bool:
+        """Exited, but something (an escaped process) still holds the pipes: wait a little, then close them."""
+        now = self.loop.now()
+        if self.output_deadline is None:
+            self.output_deadline = now + OUTPUT_GRACE
+        if now < self.output_deadline:
+            self.timers.set("exit", self.output_deadline - now, self.check_exit)
+            return False
+        self.log.warning("command exited but its output stays open; closing it", **self.fields)
+        for st in list(self.streams.values()):
+            with contextlib.suppress(OSError):
+                while data := os.read(st.fd, READ_CHUNK):
+                    self._feed(st, data)
+            self.close_stream(st)
+        return True
+
+    def _on_timeout(self) -> None:
+        if self.returncode is not None or self.timed_out:
+            return
+        if self.exited():  # it finished in time; only its output is still held open
+            self.check_exit()
+            return
+        self.timed_out = True
+        self.log.warning(
+            f"job timed out after {self.cfg.timeout:g}s; sending SIGTERM to its process group",
+            **self.fields,
+            pid=self.pid,
+        )
+        self.signal_group(signal.SIGTERM)
+        self.timers.set("kill", self.cfg.kill_grace, self._on_kill)
+
+    def _on_kill(self) -> None:
+        if self.returncode is not None or self.exited():
+            self.check_exit()
+            return
+        self.log.warning("job still running after the kill grace; sending SIGKILL", **self.fields, pid=self.pid)
+        self.signal_group(signal.SIGKILL)
+        self.exit_check_delay = 0.01
+        self.timers.set("exit", 0.01, self.check_exit)
