@@ -14,8 +14,8 @@ is safe to interrupt after any syscall, and the cursor
 Recovery never poisons the handle and never raises for on-disk problems: each
 one is recorded in the :class:`RecoveryReport` and the pass goes on with the
 next entry. The phases with modules of their own: ``reap``, ``promote``,
-``temp``; the others are in ``driver``, which runs them all; ``state``,
-``walk``, ``objects`` and ``cursor`` are what they share.
+``temp``, ``compact``; the others are in ``driver``, which runs them all;
+``state``, ``walk``, ``objects`` and ``cursor`` are what they share.
 """
 
 from steadqd.fs.recovery.driver import run_recovery

@@ -31,155 +31,20 @@ from steadqd.constants import (
 from steadqd.errors import CorruptObject, InvalidInput, QueueCorrupt, SteadQError
 from steadqd.fs import linux
 from steadqd.fs.context import Context
-from steadqd.fs.names import (
-    JobName,
-    bucket_end,
-    bucket_start,
-    is_compact_temp_name,
-    make_compact_temp_name,
-    parse_bucket_dir,
-    parse_name,
-)
+from steadqd.fs.names import JobName, bucket_end, parse_bucket_dir, parse_name
 from steadqd.fs.receipt import verify_receipt
-from steadqd.fs.records import CompactReceipt
+from steadqd.fs.recovery.compact import compact_receipts
 from steadqd.fs.recovery.cursor import Positions, read_cursor, remember, write_cursor
 from steadqd.fs.recovery.objects import locked_receipt, validate
 from steadqd.fs.recovery.promote import promote_delayed
 from steadqd.fs.recovery.reap import reap_leases
 from steadqd.fs.recovery.state import PHASES, Exhausted, Key, Pass, RecoveryReport
-from steadqd.fs.recovery.temp import cleanup_temp, delete_temp
-from steadqd.fs.recovery.walk import (
-    NOT_BUCKET,
-    Level,
-    ascii_name,
-    dirs,
-    entries,
-    leaf_name,
-    open_dir,
-    shard_level,
-    walk,
-)
+from steadqd.fs.recovery.temp import cleanup_temp
+from steadqd.fs.recovery.walk import Level, ascii_name, dirs, entries, open_dir, shard_level
 from steadqd.fs.tree import Indeterminate, MoveFailed, SourceMissing, Witness, is_single_regular
 
 MAX_BUDGET_MS = 24 * 3600 * 1000
 _NS_PER_MS = 1_000_000
-
-
-# ----------------------------------------------------------------------------
-# Phase 4, receipt compaction (recovery.md): every verified full receipt is
-# rewritten in place as its 128-byte compact record.
-#
-# There is no age condition; the receipt is locked (a busy one belongs to
-# another maintainer and is skipped) and re-verified, payload included, so
-# that only a receipt proved intact loses its payload. The compact record keeps
-# the receipt's name (same tag), so a duplicate ack still recognises it.
-
-
-def compact_receipts(p: Pass) -> None:
-    levels = (Level(parse_bucket_dir, NOT_BUCKET), shard_level(p))
-    for (bucket, shard), fd, rel, raw in walk(p, RECEIPTS_DIR, levels):
-        if is_compact_temp_name(raw):
-            delete_temp(p, fd, rel, raw.decode("ascii"))
-            continue
-        name = leaf_name(p, raw, rel, RECEIPT_EXT)
-        if name is not None:
-            _compact_one(p, fd, rel, name, bucket, shard)
-
-
-def _compact_one(p: Pass, dir_fd: int, rel: str, name: str, bucket: int, shard: int) -> None:
-    fmt = p.fmt
-    with locked_receipt(p, dir_fd, rel, name, "receipt_compact_failed") as fd:
-        if fd is None:
-            return
-        try:
-            info = verify_receipt(fmt, fd, name, bucket, shard)
-        except SteadQError as e:
-            p.error("receipt_compact_invalid", f"{rel}/{name}: {e}")
-            return
-        except OSError as e:
-            p.error("receipt_compact_failed", f"{rel}/{name}: {e.strerror}")
-            return
-        if info.compact:
-            return
-        assert info.name.lease_token is not None
-        p.op()
-        try:
-            record = CompactReceipt(
-                job_id=info.name.job_id,
-                envelope_digest=info.envelope_digest,
-                final_attempt=info.name.attempt,
-                lease_token=info.name.lease_token,
-                bucket_start_ns=bucket_start(bucket, fmt.terminal_width_ns),
-                payload_length=info.payload_length,
-            ).encode()
-        except SteadQError as e:
-            p.error("receipt_compact_failed", f"{rel}/{name}: {e}")
-            return
-        if _replace_receipt(p, dir_fd, rel, name, record, info.witness):
-            p.report.receipts_compacted += 1
-
-
-def _replace_receipt(p: Pass, dir_fd: int, rel: str, name: str, record: bytes, witness: Witness) -> bool:
-    """temp + fsync, identity re-check, plain rename over the receipt
-    (the linearization point), fsync of the shard directory."""
-    tmp = _write_temp(p, dir_fd, rel, name, record)
-    if tmp is None:
-        return False
-    if not _rename_over(p, dir_fd, rel, name, tmp, witness):
-        with contextlib.suppress(OSError):
-            linux.unlink_at(dir_fd, tmp)
-        return False
-    try:
-        linux.fsync(dir_fd)
-    except OSError as e:
-        # Either record is a valid receipt; only durability is in doubt.
-        p.error("receipt_compact_outcome_unknown", f"{rel}/{name}: fsync directory: {e.strerror}")
-        return False
-    return True
-
-
-def _write_temp(p: Pass, dir_fd: int, rel: str, name: str, record: bytes) -> str | None:
-    """The compact record, durable under a fresh temp name; None (temp gone) on failure."""
-    try:
-        tmp = make_compact_temp_name(p.ctx.random(16))
-    except OSError as e:
-        p.error("receipt_compact_failed", f"{rel}/{name}: getrandom: {e.strerror}")
-        return None
-    try:
-        tfd = linux.open_at(dir_fd, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, p.ctx.modes.file)
-    except OSError as e:
-        p.error("receipt_compact_failed", f"cannot create {rel}/{tmp}: {e.strerror}")
-        return None
-    try:
-        try:
-            p.ctx.new_file_mode(tfd)
-            linux.write_all(tfd, record)
-            linux.fsync(tfd)
-        finally:
-            linux.close(tfd)
-    except OSError as e:
-        p.error("receipt_compact_failed", f"{rel}/{name}: {e.strerror}")
-        with contextlib.suppress(OSError):
-            linux.unlink_at(dir_fd, tmp)
-        return None
-    return tmp
-
-
-def _rename_over(p: Pass, dir_fd: int, rel: str, name: str, tmp: str, witness: Witness) -> bool:
-    """Rename the temp over the receipt if the path still names the verified inode."""
-    try:
-        try:
-            st = linux.stat_at(dir_fd, name)
-        except FileNotFoundError:
-            return False  # deleted meanwhile: nothing to compact
-        if not (witness.matches(st) and is_single_regular(st)):
-            p.error("receipt_compact_failed", f"{rel}/{name}: destination changed")
-            return False
-        linux.rename_replace(dir_fd, tmp, dir_fd, name)
-    except OSError as e:
-        p.error("receipt_compact_failed", f"{rel}/{name}: {e.strerror}")
-        return False
-    return True
 
 
 # ----------------------------------------------------------------------------
