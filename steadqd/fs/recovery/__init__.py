@@ -13,9 +13,9 @@ is safe to interrupt after any syscall, and the cursor
 (``control/recovery-cursor.json``) names the phase the next pass starts with.
 Recovery never poisons the handle and never raises for on-disk problems: each
 one is recorded in the :class:`RecoveryReport` and the pass goes on with the
-next entry. The phases with modules of their own: ``reap``, ``promote``,
-``temp``, ``compact``; the others are in ``driver``, which runs them all;
-``state``, ``walk``, ``objects`` and ``cursor`` are what they share.
+next entry. One module per phase, in cursor order: ``reap``, ``promote``,
+``temp``, ``compact``, ``retention``; ``driver`` runs them; ``state``,
+``walk``, ``objects`` and ``cursor`` are what they share.
 """
 
 from steadqd.fs.recovery.driver import run_recovery
