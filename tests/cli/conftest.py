@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -10,8 +10,7 @@ from steadqd import Queue
 
 
 @pytest.fixture
-def qpath(tmp_path: Path) -> str:
-    """An initialised 4-shard queue (made by the library: faster than a subprocess)."""
-    path = str(tmp_path / "q")
-    Queue.init(path, shards=4).close()
-    return path
+def qpath(make_queue: Callable[..., Queue], queue_path: str) -> str:
+    """An initialised 4-shard queue with no handle open (made by the library: faster than a subprocess)."""
+    make_queue().close()
+    return queue_path

@@ -227,7 +227,7 @@ def test_lease_writes_the_handle_file_exactly(qpath: str, tmp_path: Path) -> Non
     assert doc["expected_dev"] and doc["expected_inode"]
     st = os.stat(os.path.join(qpath, doc["exact_source_path"]))
     assert (st.st_dev, st.st_ino) == (doc["expected_dev"], doc["expected_inode"])
-    assert files_in(tmp_path) == ["h.json", "q"]  # no temp left behind
+    assert files_in(tmp_path) == ["h.json", os.path.basename(qpath)]  # no temp left behind
     # interop: the library reads it and settles the lease
     le, qid = Lease.from_handle(handle.read_text())
     with Queue.open(qpath) as q:

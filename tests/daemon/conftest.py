@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
+from steadqd import Queue
+
 STEADQD = os.path.join(os.path.dirname(sys.executable), "steadqd")
 DEADLINE = 30.0  # generous: a 2-core CI box under load
 
@@ -97,9 +99,9 @@ def job_spec(**spec: Any) -> bytes:
 class Env:
     """One test's world: a queue, a config dir, a results dir, the job script."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, queue_path: str) -> None:
         self.tmp = tmp
-        self.queue_path = str(tmp / "queue")
+        self.queue_path = queue_path
         self.config_dir = tmp / "config"
         self.results = tmp / "results"
         self.jobtmp = tmp / "jobtmp"
@@ -251,13 +253,10 @@ def kill_group(pgid: int) -> None:
 
 
 @pytest.fixture
-def denv(tmp_path: Path) -> Env:
-    from steadqd import Queue
-
-    env = Env(tmp_path)
+def denv(tmp_path: Path, make_queue: Callable[..., Queue], queue_path: str) -> Env:
     # 1 s delayed buckets: recovery promotes a backed-off retry within ~1 s, not ~10 s
-    Queue.init(env.queue_path, shards=4, delayed_width_ns=10**9).close()
-    return env
+    make_queue(delayed_width_ns=10**9).close()
+    return Env(tmp_path, queue_path)
 
 
 @pytest.fixture

@@ -183,10 +183,10 @@ CTIME_SLACK_NS = 50_000_000
 
 
 @pytest.fixture
-def qpath(tmp_path: Path) -> str:
-    path = str(tmp_path / "q")
-    Queue.init(path, shards=4, delayed_width_ns=WIDTH_1S).close()
-    return path
+def qpath(make_queue: Callable[..., Queue], queue_path: str) -> str:
+    """A queue with 1 s delayed buckets and no handle open: the daemons under test open their own."""
+    make_queue(delayed_width_ns=WIDTH_1S).close()
+    return queue_path
 
 
 # -- sweeper ---------------------------------------------------------------------

@@ -23,7 +23,6 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,18 +58,15 @@ DAY = 86_400 * SEC
 HOUR_S = 3600
 
 
+# The root queue_path and queue (tests/conftest.py), under this module's short names.
 @pytest.fixture
-def qpath(tmp_path: Path) -> str:
-    return str(tmp_path / "q")
+def qpath(queue_path: str) -> str:
+    return queue_path
 
 
 @pytest.fixture
-def q(qpath: str) -> Iterator[Queue]:
-    queue = Queue.init(qpath, shards=SHARDS)
-    try:
-        yield queue
-    finally:
-        queue.close()
+def q(queue: Queue) -> Queue:
+    return queue
 
 
 def bury_one(queue: Queue, payload: bytes) -> tuple[str, str]:

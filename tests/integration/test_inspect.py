@@ -25,7 +25,7 @@ import re
 import shutil
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,12 +55,9 @@ STATES6 = ("dead", "delayed", "leased", "quarantine", "ready", "receipts")
 
 
 @pytest.fixture
-def q(tmp_path: Path) -> Iterator[Queue]:
-    queue = Queue.init(str(tmp_path / "q"), shards=4)
-    try:
-        yield queue
-    finally:
-        queue.close()
+def q(queue: Queue) -> Queue:
+    """The root queue (tests/conftest.py), under this module's short name."""
+    return queue
 
 
 def job_bytes(job: bytes, payload: bytes, max_attempts: int = 3) -> bytes:

@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,18 +45,15 @@ BIG_BUDGET = {"budget_ops": 100_000, "budget_ms": 60_000}
 # --------------------------------------------------------------------------- fixtures and helpers
 
 
+# The root queue_path and queue (tests/conftest.py), under this module's short names.
 @pytest.fixture
-def qpath(tmp_path: Path) -> str:
-    return str(tmp_path / "q")
+def qpath(queue_path: str) -> str:
+    return queue_path
 
 
 @pytest.fixture
-def q(qpath: str) -> Iterator[Queue]:
-    queue = Queue.init(qpath, shards=SHARDS)
-    try:
-        yield queue
-    finally:
-        queue.close()
+def q(queue: Queue) -> Queue:
+    return queue
 
 
 def recover(queue: Queue, **kwargs: int) -> RecoveryReport:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,18 +32,15 @@ _PRODUCER = textwrap.dedent(
 
 
 @pytest.fixture
-def qpath(tmp_path: Path) -> str:
-    return str(tmp_path / "q")
+def qpath(queue_path: str) -> str:
+    """The root queue_path (tests/conftest.py), under this module's short name."""
+    return queue_path
 
 
 @pytest.fixture
-def q(qpath: str) -> Iterator[Queue]:
+def q(make_queue: Callable[..., Queue]) -> Queue:
     # Several shards: the producer's job lands in a shard the consumer has not just scanned.
-    queue = Queue.init(qpath, shards=8)
-    try:
-        yield queue
-    finally:
-        queue.close()
+    return make_queue(shards=8)
 
 
 def test_wait_wakes_on_enqueue_by_another_process(q: Queue, qpath: str) -> None:
