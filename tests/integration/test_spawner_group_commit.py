@@ -12,7 +12,7 @@ import errno
 import io
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,14 +26,12 @@ from steadqd.fs import linux
 
 
 @pytest.fixture
-def worker(tmp_path: Path) -> Iterator[tuple[WorkerRole, Loop, str, io.StringIO]]:
-    qpath = str(tmp_path / "q")
-    Queue.init(qpath, shards=1).close()
-    with Queue.open(qpath) as q:
+def worker(make_queue: Callable[..., Queue], queue_path: str) -> Iterator[tuple[WorkerRole, Loop, str, io.StringIO]]:
+    with make_queue(shards=1) as q:
         for i in range(6):
             q.enqueue(f"job {i}".encode())
     settings = parse_config(
-        f"queue: {qpath}\nworker:\n  command: ['true']\n  concurrency: 8\n", path="t.yaml", name="t"
+        f"queue: {queue_path}\nworker:\n  command: ['true']\n  concurrency: 8\n", path="t.yaml", name="t"
     )
     out = io.StringIO()
     loop = Loop()
@@ -41,7 +39,7 @@ def worker(tmp_path: Path) -> Iterator[tuple[WorkerRole, Loop, str, io.StringIO]
     role.start(loop)
     role.drain()  # no leasing of its own: the test hands it finished jobs
     try:
-        yield role, loop, qpath, out
+        yield role, loop, queue_path, out
     finally:
         role.close()
         loop.close()
