@@ -160,7 +160,7 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, step:
 
 
 def state_of(qpath: str, job_id: str) -> State | None:
-    return live_tree(qpath).state_of(job_id)
+    return None if (s := live_tree(qpath).state_of(job_id)) is None else State(s)
 
 
 def not_before_of(q: Queue, job_id: str) -> int:
@@ -173,7 +173,7 @@ def not_before_of(q: Queue, job_id: str) -> int:
 def ready_file_ctime(qpath: str, job_id: str) -> int:
     """When the job's ready name came into being: the promotion rename sets the inode's ctime."""
     obj = live_tree(qpath).get(job_id)
-    assert obj is not None and obj.state is State.READY, obj
+    assert obj is not None and obj.state == State.READY, obj
     return os.stat(os.path.join(qpath, obj.path)).st_ctime_ns
 
 
@@ -204,8 +204,8 @@ def test_sweeper_reaps_expired_lease_and_compacts_receipts(tmp_path: Path, qpath
         # The crashed worker's lease: renewed to the 1 s minimum, never again.
         q.renew(held, duration=1.0)
         before = check_tree(qpath)
-        assert before.state_of(lost_id) is State.LEASED
-        assert before.state_of(done_id) is State.RECEIPT and not before.get(done_id).compact
+        assert before.state_of(lost_id) == State.LEASED
+        assert before.state_of(done_id) == State.RECEIPT and not before.get(done_id).compact
 
         cfg = tmp_path / "cfg"
         write_config(cfg, "t", f"queue: {qpath}\nsweeper:\n  interval: 1s\n")

@@ -167,7 +167,7 @@ def test_delayed_jobs_land_in_delayed(queue: Queue) -> None:
     assert all(n is not None and n > 0 for n in nb)
     assert queue.lease() is None
     at = queue.enqueue_many([b"absolute"], not_before_ns=2**62)
-    assert check_tree(queue.path).state_of(at[0]) is State.DELAYED
+    assert check_tree(queue.path).state_of(at[0]) == State.DELAYED
 
 
 # --------------------------------------------------------------------------- syscall order

@@ -426,7 +426,7 @@ class Rig:
         seen: dict[int, str] = {}
         for j, o in ts.objects.items():
             if j in self.probe_jobs:  # check_works()'s own job of an earlier check
-                if o.state is not State.RECEIPT:
+                if o.state != State.RECEIPT:
                     raise AssertionError(f"probe job {j} is {o.state.value}, not a receipt")
                 continue
             if o.compact:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steadqd import Lease, Queue
-from steadqd.constants import NS_PER_SECOND
+from steadqd.constants import NS_PER_SECOND, State
 from steadqd.fs import linux, publish
 from steadqd.fs.recovery import run_recovery
 from tests.invariants import check_tree
@@ -63,7 +63,7 @@ def expectation_at(calls: list[Call], initial: dict[str, JobView], payloads: dic
 def job_states(root: str) -> dict[str, JobView]:
     """Job id -> what it is now, from the independent checker (temps allowed mid-run)."""
     return {
-        j: JobView(o.state, o.name.attempt, o.name.max_attempts, o.name.not_before)
+        j: JobView(State(o.state), o.name.attempt, o.name.max_attempts, o.name.not_before)
         for j, o in check_tree(root, allow_temps=True).objects.items()
     }
 
