@@ -18,7 +18,7 @@ protocol only promises what a caller may read from one (``LeaseHandle``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, BinaryIO, Protocol
 
@@ -28,8 +28,14 @@ from steadqd.fs.handle import Queue as FsQueue
 
 __all__ = [
     "Backend",
+    "DelayedNews",
+    "DelayedWatch",
     "LeaseHandle",
     "Payload",
+    "ReadyNews",
+    "ReadyWatch",
+    "RecoveryReport",
+    "ScanReport",
     "URL_SCHEMES",
     "init_queue",
     "open_queue",
@@ -62,6 +68,159 @@ class LeaseHandle(Protocol):
     def metadata(self) -> Mapping[str, bool | int | str | bytes]: ...
     @property
     def producer_id(self) -> str | None: ...
+
+
+# -- waking the daemons ---------------------------------------------------------
+#
+# A daemon sleeps until the store says there is work: a job became ready (the
+# worker), a delayed job is due sooner than it thought (the promoter). How the
+# store says so is the backend's: the filesystem has inotify, so its watches
+# are file descriptors that wake the service loop the moment a name appears; a
+# bucket backend has no such events and polls behind the same methods. The
+# roles keep what is theirs whatever the store: the timers, the safety
+# rescans, the budgets, the back-off and every log line.
+
+
+class ReadyNews(Protocol):
+    """What one read of a :class:`ReadyWatch` found."""
+
+    @property
+    def appeared(self) -> bool:
+        """A job became ready: a claim may succeed now."""
+        ...
+
+    @property
+    def overflowed(self) -> bool:
+        """Events were lost: anything may have happened (the estimate was redone)."""
+        ...
+
+
+class ReadyWatch(Protocol):
+    """Wakes a consumer when a job becomes ready; the caller closes it."""
+
+    @property
+    def ready_estimate(self) -> int | None:
+        """Ready jobs as of the last :meth:`recount`, kept current by events; None if not counted."""
+        ...
+
+    def fileno(self) -> int:
+        """Readable when there is news: register it with the service loop."""
+        ...
+
+    def watch_missing(self) -> list[str]:
+        """Watch what is not watched yet (all of it the first time); returns why each failure failed."""
+        ...
+
+    def recount(self) -> None: ...
+    def read(self) -> ReadyNews:
+        """The news waiting, without blocking."""
+        ...
+
+    def wait(self, seconds: float) -> bool:
+        """Block until a job may be ready, at most ``seconds``; False if the time ran out."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class DelayedNews(Protocol):
+    """What one read of a :class:`DelayedWatch` found."""
+
+    @property
+    def rescan(self) -> bool:
+        """Events were lost or could not be followed: scan again."""
+        ...
+
+    @property
+    def earlier(self) -> bool:
+        """A job arrived that is due before the earliest one known."""
+        ...
+
+
+class DelayedWatch(Protocol):
+    """Knows when the earliest delayed job is due, and wakes a promoter when that changes."""
+
+    @property
+    def next_due_ns(self) -> int | None:
+        """The wall time (ns) at which the earliest delayed job known becomes due; None if none is."""
+        ...
+
+    @property
+    def count(self) -> int:
+        """Delayed jobs as of the last scan, adjusted by events since."""
+        ...
+
+    @property
+    def earliest(self) -> str | None:
+        """Where the earliest delayed jobs are, for log lines."""
+        ...
+
+    def fileno(self) -> int: ...
+    def scan(self, wall_floor_ns: int) -> None:
+        """Look at the store again (raises OSError or SteadQError if it cannot be read)."""
+        ...
+
+    def read(self) -> DelayedNews: ...
+    def forget(self) -> None:
+        """A scan failed or its answer is stale: nothing is known to be due until the next."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ScanReport(Protocol):
+    """What the last lease's scan ran into besides jobs; the worker logs each."""
+
+    @property
+    def errors(self) -> Sequence[str]: ...
+    @property
+    def quarantined(self) -> Sequence[tuple[str, int, str]]:
+        """(original path, reason code, quarantine name) of each corrupt object moved away."""
+        ...
+
+    @property
+    def dead_lettered(self) -> Sequence[str]:
+        """Paths of jobs with no attempts left that the scan dead-lettered."""
+        ...
+
+
+class RecoveryReport(Protocol):
+    """What one recovery pass did, as the sweeper, the promoter and ``steadq recover`` report it."""
+
+    @property
+    def leases_reaped(self) -> int: ...
+    @property
+    def leases_to_dead(self) -> int: ...
+    @property
+    def delayed_promoted(self) -> int: ...
+    @property
+    def temp_files_deleted(self) -> int: ...
+    @property
+    def receipts_compacted(self) -> int: ...
+    @property
+    def receipts_deleted(self) -> int: ...
+    @property
+    def dead_deleted(self) -> int: ...
+    @property
+    def quarantined(self) -> int: ...
+    @property
+    def directories_removed(self) -> int: ...
+    @property
+    def operations_attempted(self) -> int: ...
+    @property
+    def budget_exhausted(self) -> bool:
+        """The pass stopped at its budget: more work is waiting."""
+        ...
+
+    @property
+    def changed(self) -> int:
+        """Objects moved, deleted or rewritten."""
+        ...
+
+    @property
+    def errors(self) -> Sequence[tuple[str, str]]:
+        """(code, message) of each problem met; problems are reported, never raised."""
+        ...
 
 
 class Backend(Protocol):
@@ -130,13 +289,28 @@ class Backend(Protocol):
         ...
 
     def sync(self) -> None: ...
-    def recover(self, budget_ops: int = 1000, budget_ms: int = 100, *, phases: tuple[str, ...] | None = None) -> Any:
+    def recover(
+        self, budget_ops: int = 1000, budget_ms: int = 100, *, phases: tuple[str, ...] | None = None
+    ) -> RecoveryReport:
         """One bounded recovery pass; store problems are reported, never raised."""
         ...
 
     def close(self) -> None: ...
 
     # -- waking the daemons (owned by the daemon restructure) ------------------
+    @property
+    def last_scan(self) -> ScanReport | None:
+        """What the last ``lease()`` scan ran into besides jobs; None before the first."""
+        ...
+
+    def ready_watch(self) -> ReadyWatch:
+        """A new watch for jobs becoming ready (not watching yet: call ``watch_missing()``)."""
+        ...
+
+    def delayed_watch(self, report: Callable[[str, str], None]) -> DelayedWatch:
+        """A new watch on the delayed jobs; problems met later go to ``report(code, message)``,
+        code ``watch_limit`` when the store's event limit is reached (the next scan still sees all)."""
+        ...
 
     # -- operator views and tools (owned by the CLI restructure) ---------------
 

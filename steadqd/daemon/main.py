@@ -58,6 +58,15 @@ def _serve(queue: str, directory: str | None, roles: tuple[str, ...], role_name:
     return service.run()
 
 
+def _demo(argv: list[str]) -> int:
+    """``steadqd demo``: the demo starts these daemons and drives the CLI, so it sits above
+    both; its entry point is looked up by name when asked for, never imported by the daemons."""
+    from importlib import import_module
+
+    main: Callable[[list[str]], int] = import_module("steadqd.demo.run").main
+    return main(argv)
+
+
 def check_config(names: list[str], directory: str | None, *, open_queues: bool) -> int:
     """Validate configs without starting anything; prints one line per file."""
     d = config_dir(directory)
@@ -75,9 +84,9 @@ def check_config(names: list[str], directory: str | None, *, open_queues: bool) 
         try:
             settings = load_config(name, directory)
             if open_queues:
-                from steadqd.fs.handle import Queue
+                from steadqd.backend import open_queue
 
-                Queue.open(settings.queue).close()
+                open_queue(settings.queue).close()
         except (ConfigError, SteadQError) as e:
             print(f"{name}: {e}", file=sys.stderr)
             failed += 1
@@ -89,9 +98,7 @@ def check_config(names: list[str], directory: str | None, *, open_queues: bool) 
 def daemon_main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["demo"]:
-        from steadqd.demo.run import main
-
-        return main(args[1:])
+        return _demo(args[1:])
     ap = argparse.ArgumentParser(prog="steadqd", description="SteadQ/1 queue daemons.")
     ap.add_argument(
         "--config-dir", help="directory of <queue>.yaml files (default $STEADQ_CONFIG_DIR or /etc/steadq/queues)"

@@ -21,8 +21,6 @@ import tempfile
 from collections.abc import Callable
 from typing import BinaryIO
 
-from steadqd.fs import linux
-
 _NAME = re.compile(r"steadqd-(\d+)-(\d+)-[0-9a-f]{12}-")
 
 
@@ -33,6 +31,18 @@ def _pid_namespace() -> int:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return 0
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists in this pid namespace (``kill(pid, 0)``);
+    a process of another user counts as alive: its directory is not ours to judge."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def make(job_id: str) -> str:
@@ -84,7 +94,7 @@ def remove_stale(directory: str | None = None) -> list[str]:
         if m is None or int(m.group(1)) != ns or not entry.is_dir(follow_symlinks=False):
             continue
         pid = int(m.group(2))
-        if pid == os.getpid() or linux.pid_alive(pid):
+        if pid == os.getpid() or _alive(pid):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         if not os.path.lexists(entry.path):

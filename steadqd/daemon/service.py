@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from steadqd import backend
 from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import Log
 from steadqd.daemon.notify import Notifier
 from steadqd.errors import ConfigError, SteadQError
-from steadqd.fs.handle import Queue
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -32,10 +32,10 @@ EXIT_CONFIG = 78  # EX_CONFIG: the unit uses RestartPreventExitStatus=78
 STATUS_EVERY = 5.0
 
 
-def open_queue(settings: QueueSettings, **options: Any) -> Queue:
+def open_queue(settings: QueueSettings, **options: Any) -> backend.Backend:
     """Open the configured queue the way every role does: one place for the
     file-system switch (``allow_unsupported_fs``), so no role can forget it."""
-    return Queue.open(settings.queue, allow_unsupported_fs=settings.allow_unsupported_fs, **options)
+    return backend.open_queue(settings.queue, allow_unsupported_fs=settings.allow_unsupported_fs, **options)
 
 
 class Timer:

@@ -23,12 +23,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+from steadqd.backend import Backend, RecoveryReport
 from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop, Timer, open_queue
 from steadqd.errors import SteadQError
-from steadqd.fs.handle import Queue
-from steadqd.fs.recovery import RecoveryReport
 
 __all__ = ["ERROR_LOG_WINDOW", "ErrorDigest", "SweeperRole"]
 
@@ -83,7 +82,7 @@ class ErrorDigest:
             self._last[code] = now
 
 
-def _open(settings: QueueSettings) -> Queue:
+def _open(settings: QueueSettings) -> Backend:
     sw = settings.sweeper
     return open_queue(
         settings,
@@ -119,7 +118,7 @@ class SweeperRole:
     def __init__(self, settings: QueueSettings, log: Log) -> None:
         self.settings = settings
         self.log = log
-        self.queue: Queue | None = None
+        self.queue: Backend | None = None
         self._opened_with: _OpenKey | None = None
         self.loop: Loop | None = None
         self._timer: Timer | None = None
@@ -213,7 +212,7 @@ class SweeperRole:
             except (SteadQError, OSError) as e:
                 self.log.warning(f"closing the queue handle failed: {e}")
 
-    def _usable_queue(self) -> Queue | None:
+    def _usable_queue(self) -> Backend | None:
         """The handle, reopened if an indeterminate failure poisoned it."""
         if self.queue is not None and self.queue.poisoned is None:
             return self.queue

@@ -1,21 +1,20 @@
 """The worker role: lease jobs and run the configured command for each.
 
 Wake-ups, never polling
-    The role sleeps in the service loop. It is woken by an inotify watch on
-    every ``ready/<S>/`` shard directory (a ready name appearing: IN_CREATE
-    for a published link, IN_MOVED_TO for a rename), by its own jobs (output,
-    end of output, exit, renew and timeout timers) and by one *safety rescan*
-    timer every :data:`SAFETY_RESCAN` seconds. The rescan exists only to
-    catch what inotify cannot report: a shard directory that was removed and
-    recreated (its watch is gone), an event-queue overflow we handled badly,
-    or a lease the last scan skipped because of a transient error. It is the
-    only periodic queue scan an idle worker makes. Only a *ready* name wakes
-    the role; the leased names our own claims and renewals create in the same
-    directories are recognised and ignored, so a claim never triggers a scan.
-    The watch also reports ready names leaving (IN_MOVED_FROM, IN_DELETE),
-    only to keep the ready count of STATUS= current without listing
-    directories every few seconds; the count is redone at each safety rescan
-    and after an inotify overflow (and not at all beyond 256 shards: "?").
+    The role sleeps in the service loop. It is woken by the backend's ready
+    watch (``Backend.ready_watch()``: on the filesystem an inotify watch on
+    every ``ready/<S>/`` shard, fs/ready_watch.py), by its own jobs
+    (output, end of output, exit, renew and timeout timers) and by one
+    *safety rescan* timer every :data:`SAFETY_RESCAN` seconds. The rescan
+    exists only to catch what the watch cannot report: a shard directory
+    that was removed and recreated (its watch is gone), an event-queue
+    overflow we handled badly, or a lease the last scan skipped because of a
+    transient error. It is the only periodic queue scan an idle worker
+    makes. Only a job becoming *ready* wakes the role, so its own claims and
+    renewals never trigger a scan. The watch also keeps the ready count of
+    STATUS= current without listing directories every few seconds; the
+    count is redone at each safety rescan and after an overflow (and not at
+    all beyond 256 shards: "?").
 
 The payload
     Before the command starts, the payload is copied with the backend's
@@ -54,10 +53,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import inotify_simple
-
+from steadqd.backend import Backend, LeaseHandle, ReadyWatch
 from steadqd.backoff import RetryPolicy
-from steadqd.constants import READY_DIR, State
 from steadqd.daemon import payload_dirs
 from steadqd.daemon.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, spawn
 from steadqd.daemon.config import QueueSettings, WorkerConfig
@@ -65,28 +62,14 @@ from steadqd.daemon.environment import build_environment
 from steadqd.daemon.journal import INFO, WARNING, Log
 from steadqd.daemon.service import Loop, Timer, Timers, open_queue
 from steadqd.daemon.verdict import Verdict, verdict
-from steadqd.errors import ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError, kind_for_errno
-from steadqd.fs.handle import Queue
-from steadqd.fs.lease import Lease
-from steadqd.fs.names import looks_ready, parse_name, shard_dir
+from steadqd.errors import ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
 
-__all__ = ["SAFETY_RESCAN", "WorkerRole", "is_ready_name", "retry_policy"]
+__all__ = ["SAFETY_RESCAN", "WorkerRole", "retry_policy"]
 
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
 SETTLE_TRIES = 5  # attempts to settle a job after NotCommitted, one second apart
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
-READY_COUNT_SHARDS = 256  # count ready names by listing only up to this many shards
-_WATCH_FLAGS = (  # DONT_FOLLOW/ONLYDIR: a symlink planted as a shard is never watched through
-    inotify_simple.flags.CREATE
-    | inotify_simple.flags.MOVED_TO
-    | inotify_simple.flags.MOVED_FROM
-    | inotify_simple.flags.DELETE
-    | inotify_simple.flags.ONLYDIR
-    | inotify_simple.flags.DONT_FOLLOW
-)
-_APPEAR = inotify_simple.flags.CREATE | inotify_simple.flags.MOVED_TO
-_VANISH = inotify_simple.flags.MOVED_FROM | inotify_simple.flags.DELETE
 
 
 def retry_policy(cfg: WorkerConfig) -> RetryPolicy:
@@ -95,22 +78,11 @@ def retry_policy(cfg: WorkerConfig) -> RetryPolicy:
     return RetryPolicy(base_ms=base, cap_ms=max(base, round(r.backoff_max * 1000)), use_jitter=r.jitter)
 
 
-def is_ready_name(name: str) -> bool:
-    """A ready job name (not a colocated leased name, not a stray file)."""
-    if not looks_ready(name):
-        return False
-    try:
-        parse_name(State.READY, name)
-    except SteadQError:
-        return False
-    return True
-
-
 class _Job:
     """A leased job whose command was started: the lease's side of a :class:`Child`."""
 
     def __init__(
-        self, role: WorkerRole, lease: Lease, cfg: WorkerConfig, proc: subprocess.Popen[bytes], tmpdir: str
+        self, role: WorkerRole, lease: LeaseHandle, cfg: WorkerConfig, proc: subprocess.Popen[bytes], tmpdir: str
     ) -> None:
         assert role.loop is not None
         self.lease = lease
@@ -146,16 +118,14 @@ class WorkerRole:
         self.settings = settings
         self.log = log
         self.loop: Loop | None = None
-        self.q: Queue | None = None
+        self.q: Backend | None = None
         self.jobs: dict[int, _Job] = {}  # by pid
         self.draining = False
         self.closed = False
         self.done = 0
         self.failed = 0
         self.retried = 0
-        self.ready_estimate: int | None = None
-        self._inotify: inotify_simple.INotify | None = None
-        self._watched: dict[int, str] = {}  # wd -> shard path
+        self._ready: ReadyWatch | None = None
         self._fill_timer: Timer | None = None
         self._rescan_timer: Timer | None = None
         self._reopen_timer: Timer | None = None
@@ -176,16 +146,21 @@ class WorkerRole:
         if stale:
             self.log.notice(f"removed {len(stale)} payload copies left by a worker that was killed", count=len(stale))
         try:
-            self._inotify = inotify_simple.INotify(nonblocking=True)
-        except OSError as e:  # e.g. fs.inotify.max_user_instances reached
+            self._ready = self.q.ready_watch()
+        except SteadQError:  # e.g. fs.inotify.max_user_instances reached
             self.q.close()
             self.q = None
-            raise SteadQError(f"cannot create an inotify instance: {e.strerror}", kind_for_errno(e.errno or 0)) from e
+            raise
         self._watch_shards()
-        loop.add_reader(self._inotify.fileno(), self._guarded(self._on_inotify))
-        self._count_ready()
+        loop.add_reader(self._ready.fileno(), self._guarded(self._on_ready))
+        self._ready.recount()
         self._rescan_timer = loop.call_later(SAFETY_RESCAN, self._guarded(self._safety_rescan))
         self._schedule_fill(0.0)  # the first scan runs once the service loop is up (after READY=1)
+
+    @property
+    def ready_estimate(self) -> int | None:
+        """Ready jobs for STATUS=: listed at each safety rescan, kept current by the watch in between."""
+        return None if self._ready is None else self._ready.ready_estimate
 
     def status(self) -> str:
         ready = "?" if self.ready_estimate is None else f"{self.ready_estimate:,}"
@@ -298,70 +273,32 @@ class WorkerRole:
     # -- wake-ups ---------------------------------------------------------------
 
     def _watch_shards(self) -> None:
-        assert self._inotify is not None and self.q is not None
-        base = os.path.join(self.settings.queue, READY_DIR)
-        for s in range(self.q.shard_count):
-            path = os.path.join(base, shard_dir(s))
-            try:
-                wd = self._inotify.add_watch(path, _WATCH_FLAGS)
-            except OSError as e:
-                self.log.warning(f"cannot watch {path}: {e.strerror}; the safety rescan retries")
-                continue
-            self._watched[wd] = path
+        assert self._ready is not None
+        for failure in self._ready.watch_missing():
+            self.log.warning(f"{failure}; the safety rescan retries")
 
     def _close_watch(self) -> None:
-        if self._inotify is not None:
+        if self._ready is not None:
             if self.loop is not None:
-                self.loop.remove_reader(self._inotify.fileno())
-            with contextlib.suppress(OSError):
-                self._inotify.close()
-            self._inotify = None
+                self.loop.remove_reader(self._ready.fileno())
+            self._ready.close()
+            self._ready = None
 
-    def _on_inotify(self) -> None:
-        assert self._inotify is not None
-        wake = False
-        for ev in self._inotify.read(timeout=0):
-            if ev.mask & inotify_simple.flags.Q_OVERFLOW:
-                self.log.warning("inotify queue overflowed; rescanning")
-                self._count_ready()
-                wake = True
-                continue
-            if ev.mask & inotify_simple.flags.IGNORED:  # the shard dir went away
-                self._watched.pop(ev.wd, None)
-                continue
-            if not ev.name or not is_ready_name(ev.name):
-                continue  # leased names (our claims and renewals), temps, strays
-            if ev.mask & _APPEAR:
-                wake = True
-                if self.ready_estimate is not None:
-                    self.ready_estimate += 1
-            elif ev.mask & _VANISH and self.ready_estimate is not None:
-                self.ready_estimate = max(0, self.ready_estimate - 1)
-        if wake:
+    def _on_ready(self) -> None:
+        assert self._ready is not None
+        news = self._ready.read()
+        if news.overflowed:
+            self.log.warning("inotify queue overflowed; rescanning")
+        if news.appeared or news.overflowed:
             self._schedule_fill(0.0)
 
     def _safety_rescan(self) -> None:
         assert self.loop is not None
         self._rescan_timer = self.loop.call_later(SAFETY_RESCAN, self._guarded(self._safety_rescan))
-        if self.q is not None and self._inotify is not None and len(self._watched) < self.q.shard_count:
+        if self._ready is not None:
             self._watch_shards()
-        self._count_ready()
+            self._ready.recount()
         self._schedule_fill(0.0)
-
-    def _count_ready(self) -> None:
-        """Ready names by listing the shards, for STATUS=; inotify keeps it current in between."""
-        if self.q is None or self.q.shard_count > READY_COUNT_SHARDS:
-            self.ready_estimate = None
-            return
-        base = os.path.join(self.settings.queue, READY_DIR)
-        n = 0
-        for s in range(self.q.shard_count):
-            try:
-                with os.scandir(os.path.join(base, shard_dir(s))) as it:
-                    n += sum(1 for e in it if looks_ready(e.name))
-            except OSError:
-                continue
-        self.ready_estimate = n
 
     # -- leasing ------------------------------------------------------------------
 
@@ -408,7 +345,7 @@ class WorkerRole:
 
     # -- starting a job -------------------------------------------------------------
 
-    def _start_job(self, lease: Lease, cfg: WorkerConfig) -> None:
+    def _start_job(self, lease: LeaseHandle, cfg: WorkerConfig) -> None:
         assert self.loop is not None
         claimed = self.loop.now()
         prepared = self._prepare(lease, cfg)
@@ -431,7 +368,7 @@ class WorkerRole:
         job.timers.set("renew", max(0.0, cfg.renew_interval - (self.loop.now() - claimed)), lambda: self._renew(job))
         self.log.info("job started", **job.fields, pid=job.pid, max_attempts=lease.max_attempts)
 
-    def _prepare(self, lease: Lease, cfg: WorkerConfig) -> tuple[str, str, dict[str, str], dict[str, Any]] | None:
+    def _prepare(self, lease: LeaseHandle, cfg: WorkerConfig) -> tuple[str, str, dict[str, str], dict[str, Any]] | None:
         """The payload copy and the environment, or None when the job was dealt with here."""
         fields = {"job_id": lease.job_id, "attempt": lease.attempt}
         tmpdir = ""
@@ -629,7 +566,7 @@ class WorkerRole:
             self.log.error(f"settling failed: {e}", **job.fields, verdict=job.verdict)
         self._drop(job)
 
-    def _apply(self, lease: Lease, cfg: WorkerConfig, outcome: Verdict) -> None:
+    def _apply(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict) -> None:
         assert self.q is not None
         fields = {"job_id": lease.job_id, "attempt": lease.attempt}
         if outcome is Verdict.ACK:
@@ -652,7 +589,7 @@ class WorkerRole:
                 self.retried += 1
                 self.log.info(f"job retried: {state}", **fields, state=state)
 
-    def _settle_simple(self, lease: Lease, cfg: WorkerConfig, outcome: Verdict) -> None:
+    def _settle_simple(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict) -> None:
         """Settle a lease whose command never ran (preparation or spawn failed)."""
         try:
             if self.q is None:

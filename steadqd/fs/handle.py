@@ -17,15 +17,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO, TypeVar
 
-import inotify_simple
-
 from steadqd.backoff import RetryPolicy
 from steadqd.constants import (
     DEFAULT_RECEIPT_RETENTION_NS,
     DEFAULT_TEMP_TTL_NS,
     MAX_PAYLOAD_LENGTH,
     NS_PER_SECOND,
-    READY_DIR,
     U64_MAX,
     QuarantineReason,
     State,
@@ -56,16 +53,15 @@ from steadqd.fs.admin import (
 )
 from steadqd.fs.claim import ScanReport, claim
 from steadqd.fs.context import Context, not_committed
+from steadqd.fs.delayed_watch import DelayedWatch
 from steadqd.fs.fsck import FsckResult, fsck
 from steadqd.fs.inspection import JobObject, StateStats, detailed_stats, inspect_job, stats
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
 from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
-from steadqd.fs.names import (
-    JobName,
-    shard_dir,
-)
+from steadqd.fs.names import JobName
 from steadqd.fs.publish import Payload, enqueue, enqueue_many
 from steadqd.fs.quarantine import quarantine
+from steadqd.fs.ready_watch import ReadyWatch
 from steadqd.fs.records import Extension, FormatRecord, TransitionTicket
 from steadqd.fs.recovery import RecoveryReport, run_recovery
 from steadqd.fs.resolve import ResolveResult, resolve, ticket_paths
@@ -109,7 +105,7 @@ class Queue:
     def __init__(self, ctx: Context, maintenance_fd: int) -> None:
         self._ctx = ctx
         self._maintenance_fd = maintenance_fd
-        self._inotify: inotify_simple.INotify | None = None
+        self._inotify: ReadyWatch | None = None  # lease(wait=...)'s, made at its first wait
         self.last_scan: ScanReport | None = None
         self._closed = False
 
@@ -305,8 +301,7 @@ class Queue:
             duration_ns = lease_duration_ns(duration)
         with _mutation("lease", self._ctx):  # a clock failure is NotCommitted too, never a bare OSError
             deadline = linux.monotonic_ns() + round(max(0.0, wait) * NS_PER_SECOND)
-        if wait > 0:
-            self._watch_ready()
+        watch = self._ready_wait() if wait > 0 else None
         while True:
             try:
                 with _mutation("lease", self._ctx):
@@ -319,9 +314,9 @@ class Queue:
                     raise
             with _mutation("lease", self._ctx):
                 remaining = (deadline - linux.monotonic_ns()) / NS_PER_SECOND
-            if remaining <= 0:
+            if remaining <= 0 or watch is None:
                 return None
-            self._wait_for_ready(min(remaining, _WAIT_RESCAN_S))
+            watch.wait(min(remaining, _WAIT_RESCAN_S))
 
     def renew(self, lease: Lease, duration: float = 30.0) -> Lease:
         """Extend the lease; updates and returns the same object."""
@@ -440,27 +435,29 @@ class Queue:
         self._check_open()
         return inspect_job(self._ctx, job_id)
 
-    # -- waiting ------------------------------------------------------------
+    # -- waking the daemons (steadqd.fs.ready_watch, steadqd.fs.delayed_watch) ---
 
-    def _watch_ready(self) -> None:
-        if self._inotify is not None:
-            return
-        ino = inotify_simple.INotify()
-        flags = (  # a symlink planted as a shard is never watched through
-            inotify_simple.flags.CREATE
-            | inotify_simple.flags.MOVED_TO
-            | inotify_simple.flags.ONLYDIR
-            | inotify_simple.flags.DONT_FOLLOW
-        )
-        base = os.path.join(self.path, READY_DIR)
-        for s in range(self.shard_count):
-            with contextlib.suppress(OSError):
-                ino.add_watch(os.path.join(base, shard_dir(s)), flags)
-        self._inotify = ino
+    def _ready_wait(self) -> ReadyWatch:
+        """lease(wait=...)'s watch: made at its first wait, kept until close()."""
+        if self._inotify is None:
+            with _mutation("lease", self._ctx):  # no inotify instance left is NotCommitted too
+                self._inotify = ReadyWatch(self.path, self.shard_count)
+            self._inotify.watch_missing()  # a shard it cannot watch is still scanned, and rescanned
+        return self._inotify
 
-    def _wait_for_ready(self, seconds: float) -> None:
-        assert self._inotify is not None
-        self._inotify.read(timeout=max(1, round(seconds * 1000)))
+    def ready_watch(self) -> ReadyWatch:
+        """A new inotify watch on the ready shards, the caller's to close (the worker's wake-up).
+
+        No shard is watched yet: ``watch_missing()`` adds them and says which failed."""
+        self._check_open()
+        return ReadyWatch(self.path, self.shard_count)
+
+    def delayed_watch(self, report: Callable[[str, str], None]) -> DelayedWatch:
+        """A new inotify watch on ``delayed/``, the caller's to close (the promoter's wake-up).
+
+        OSError if ``delayed/`` cannot be watched; later problems go to ``report(code, message)``."""
+        self._check_open()
+        return DelayedWatch(self.path, self.shard_count, self._ctx.fmt.delayed_width_ns, report)
 
     # -- lifetime -----------------------------------------------------------
 

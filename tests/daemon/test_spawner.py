@@ -24,7 +24,8 @@ from steadqd import Queue
 from steadqd.constants import State
 from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.environment import build_environment, meta_env_name, meta_env_value
-from steadqd.daemon.worker import SAFETY_RESCAN, is_ready_name
+from steadqd.daemon.worker import SAFETY_RESCAN
+from steadqd.fs.ready_watch import is_ready_name
 from tests.daemon.conftest import DEADLINE, Env, job_spec, kill_group, live_group_members, wait_for
 from tests.invariants import check_tree, live_tree
 
@@ -86,6 +87,23 @@ def test_ready_names_are_told_from_leased_names(queue: Queue) -> None:
     leased = [n for s in os.listdir(f"{queue.path}/ready") for n in os.listdir(f"{queue.path}/ready/{s}")]
     assert len(leased) == 1 and not is_ready_name(leased[0])
     assert not is_ready_name("stray.txt")
+
+
+def test_ready_watch_wakes_for_ready_names_only(queue: Queue) -> None:
+    watch = queue.ready_watch()
+    try:
+        assert watch.watch_missing() == []
+        watch.recount()
+        assert watch.ready_estimate == 0 and not watch.wait(0.05)
+        queue.enqueue(b"x")
+        news = watch.read()
+        assert news.appeared and not news.overflowed and watch.ready_estimate == 1
+        assert queue.lease() is not None  # the ready name leaves, a leased name appears
+        assert not watch.read().appeared and watch.ready_estimate == 0
+        queue.enqueue(b"y")
+        assert watch.wait(5.0) and watch.ready_estimate == 1
+    finally:
+        watch.close()
 
 
 # --- the daemon -------------------------------------------------------------------

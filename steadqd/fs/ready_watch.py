@@ -1,0 +1,145 @@
+"""Waking a consumer when a job becomes ready: inotify on every ``ready/<S>/`` shard.
+
+A job becomes ready by a name appearing in its shard directory (IN_CREATE
+for a published link, IN_MOVED_TO for a rename: a retry, a promotion, a
+reaped lease), so a watch on the shards lets a consumer sleep until there
+is something to claim instead of listing directories on a timer. This is
+the filesystem's way to wake a consumer; a backend without such events
+polls behind the same interface (steadqd.backend.ReadyWatch).
+
+Only a *ready* name counts: the leased names that claims and renewals
+create in the same directories are recognised and ignored, so a claim
+never wakes its own consumer. Ready names leaving (IN_MOVED_FROM,
+IN_DELETE) only keep the ready count current between listings. The
+watches are IN_ONLYDIR | IN_DONT_FOLLOW: a symlink planted as a shard is
+never watched through. A shard directory that is removed and recreated
+loses its watch; :meth:`ReadyWatch.watch_missing` puts it back, which is
+why every user of a watch also rescans now and then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+
+import inotify_simple
+
+from steadqd.constants import READY_DIR, State
+from steadqd.errors import SteadQError, kind_for_errno
+from steadqd.fs.names import looks_ready, parse_name, shard_dir
+
+__all__ = ["READY_COUNT_SHARDS", "ReadyNews", "ReadyWatch", "is_ready_name"]
+
+READY_COUNT_SHARDS = 256  # count ready names by listing only up to this many shards
+_F = inotify_simple.flags
+_FLAGS = _F.CREATE | _F.MOVED_TO | _F.MOVED_FROM | _F.DELETE | _F.ONLYDIR | _F.DONT_FOLLOW
+_APPEAR = _F.CREATE | _F.MOVED_TO
+_VANISH = _F.MOVED_FROM | _F.DELETE
+
+
+def is_ready_name(name: str) -> bool:
+    """A ready job name (not a colocated leased name, not a stray file)."""
+    if not looks_ready(name):
+        return False
+    try:
+        parse_name(State.READY, name)
+    except SteadQError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ReadyNews:
+    """What one read of the watch found."""
+
+    appeared: bool  # a ready name appeared: a claim may succeed now
+    overflowed: bool  # the kernel dropped events: anything may have happened
+
+
+class ReadyWatch:
+    """The inotify watch on one queue's ready shards, and its estimate of the ready jobs."""
+
+    def __init__(self, root: str, shard_count: int) -> None:
+        try:
+            self._ino = inotify_simple.INotify(nonblocking=True)
+        except OSError as e:  # e.g. fs.inotify.max_user_instances reached
+            raise SteadQError(f"cannot create an inotify instance: {e.strerror}", kind_for_errno(e.errno or 0)) from e
+        self._base = os.path.join(root, READY_DIR)
+        self._shard_count = shard_count
+        self._watched: dict[int, str] = {}  # wd -> shard path
+        self._counting = False
+        # Ready names as of the last listing, kept current by the events since;
+        # None until recount() and beyond READY_COUNT_SHARDS shards.
+        self.ready_estimate: int | None = None
+
+    def fileno(self) -> int:
+        return self._ino.fileno()
+
+    def watch_missing(self) -> list[str]:
+        """Watch every shard not watched yet; returns why each one that could not be failed."""
+        if len(self._watched) >= self._shard_count:
+            return []
+        failures: list[str] = []
+        for s in range(self._shard_count):
+            path = os.path.join(self._base, shard_dir(s))
+            try:
+                wd = self._ino.add_watch(path, _FLAGS)
+            except OSError as e:
+                failures.append(f"cannot watch {path}: {e.strerror}")
+                continue
+            self._watched[wd] = path
+        return failures
+
+    def recount(self) -> None:
+        """List the shards for :attr:`ready_estimate` (and keep it current from now on)."""
+        self._counting = True
+        if self._shard_count > READY_COUNT_SHARDS:
+            self.ready_estimate = None
+            return
+        n = 0
+        for s in range(self._shard_count):
+            try:
+                with os.scandir(os.path.join(self._base, shard_dir(s))) as it:
+                    n += sum(1 for e in it if looks_ready(e.name))
+            except OSError:
+                continue
+        self.ready_estimate = n
+
+    def read(self, timeout_ms: int = 0) -> ReadyNews:
+        """The events waiting (or arriving within ``timeout_ms``), applied to the estimate in order."""
+        appeared = overflowed = False
+        for ev in self._ino.read(timeout=timeout_ms):
+            if ev.mask & _F.Q_OVERFLOW:
+                overflowed = True
+                if self._counting:
+                    self.recount()
+                continue
+            if ev.mask & _F.IGNORED:  # the shard dir went away
+                self._watched.pop(ev.wd, None)
+                continue
+            if not ev.name or not is_ready_name(ev.name):
+                continue  # leased names (claims and renewals), temps, strays
+            if ev.mask & _APPEAR:
+                appeared = True
+                if self.ready_estimate is not None:
+                    self.ready_estimate += 1
+            elif ev.mask & _VANISH and self.ready_estimate is not None:
+                self.ready_estimate = max(0, self.ready_estimate - 1)
+        return ReadyNews(appeared, overflowed)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep until a ready name appears or events were lost, at most ``seconds``; True if so."""
+        deadline = time.monotonic() + seconds
+        while True:
+            news = self.read(max(1, round((deadline - time.monotonic()) * 1000)))
+            if news.appeared or news.overflowed:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._ino.close()
+        self._watched.clear()
