@@ -1,11 +1,13 @@
 """An independent checker of the SteadQ/1 tree invariants, for tests.
 
-Why independent: a checker that reused the protocol modules (claim, settle,
-lease, receipt, tree) would share their bugs and could not catch them. This
-walks the directory tree with plain ``os`` calls and judges every entry
-against the spec (layout.md, names.md, records.md) using only the *pure*
-parsing helpers of ``steadqd.fs.names`` / ``steadqd.fs.records`` and the
-descriptor-based verification of ``steadqd.fs.verify``.
+Why independent: a checker that reused the library's name parser, tag and
+shard functions, record decoders or digest checks would share their bugs, and
+a check switched off in the library would go unseen here too. So this module
+imports nothing from ``steadqd``: it walks the tree with plain ``os`` calls
+and judges every entry with tests/spec_oracle.py and tests/spec_cbor.py,
+which read the format from the shared spec alone (layout.md, names.md,
+records.md, clocks.md). tests/unit/test_spec_oracle.py holds them to the
+spec's vectors and proves the independence.
 
 What :func:`check_tree` enforces (every violation is collected, then one
 AssertionError lists them all with exact paths):
@@ -20,8 +22,9 @@ AssertionError lists them all with exact paths):
   placement holds (``shard_of(job) == S``); bucket placement holds where the
   bucket is derived from the name (delayed, legacy leased);
 * every job file is a singly linked regular file whose envelope and payload
-  digest verify and whose header matches its name; receipts may be full job
-  files or verified 128-byte compact records;
+  digest verify (the payload is hashed here), whose extension decodes and
+  whose header matches its name; receipts may be full job files or verified
+  128-byte compact records;
 * a job id appears in **at most one** live-or-terminal place (ready, leased,
   delayed, dead, receipt);
 * no file is left under ``tmp/`` (unless ``allow_temps``), quarantine
@@ -38,50 +41,46 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from steadqd.constants import (
-    CONTROL_DIR,
+from tests.spec_cbor import decode_extension
+from tests.spec_oracle import (
+    COMPACT_RECEIPT_SIZE,
+    COMPACT_TEMP_NAME,
     CONTROL_LOCKS,
-    DEAD_DIR,
-    DELAYED_DIR,
+    CONTROL_TEMP_NAME,
     FORMAT_FILE,
-    HEADER_SIZE,
-    JOB_EXT,
-    LEASED_DIR,
-    QUARANTINE_DIR,
-    READY_DIR,
-    RECEIPT_EXT,
-    RECEIPTS_DIR,
     RECOVERY_CURSOR_FILE,
     STATE_DIRS,
-    TMP_DIR,
-    WATERMARK_ADVANCE_TMP_PREFIX,
+    TEMP_NAME,
     WATERMARK_FILE,
-    WATERMARK_INIT_TMP_PREFIX,
+    Format,
+    Name,
+    SpecViolation,
     State,
-)
-from steadqd.errors import SteadQError
-from steadqd.fs.names import (
-    JobName,
-    authenticate,
     boot_dashed,
     bucket_start,
+    decode_compact_receipt,
+    decode_format,
+    decode_watermark,
     delayed_bucket,
-    is_compact_temp_name,
+    is_compact_receipt,
     lease_bucket,
+    name_tag,
     parse_bucket_dir,
     parse_name,
     parse_quarantine_name,
-    parse_ready_dir_entry,
+    parse_ready_entry,
     parse_shard_dir,
-    parse_temp_name,
     shard_of,
+    tag_context,
+    verify_job,
 )
-from steadqd.fs.records import CompactReceipt, FormatRecord, Watermark, is_compact_receipt
-from steadqd.fs.verify import check_name_matches, read_envelope, verify_payload
 
 __all__ = ["JobObject", "TreeState", "check_tree", "job_states", "live_tree"]
 
 _JOB_STATES = (State.READY, State.LEASED, State.DELAYED, State.DEAD, State.RECEIPT)
+# layout.md "Which state lives where": the top directory of each bucketed state.
+_BUCKETED = (("delayed", State.DELAYED), ("dead", State.DEAD), ("receipts", State.RECEIPT))
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ class JobObject:
     state: State
     job_id: str  # 32 hex
     path: str  # relative to the queue root
-    name: JobName
+    name: Name
     shard: int
     bucket: int | None  # directory bucket (None for ready/ and current-layout leases)
     compact: bool = False  # a compact 128-byte receipt
@@ -107,15 +106,20 @@ class JobObject:
 
 @dataclass
 class TreeState:
-    """What :func:`check_tree` saw: every job object by id, plus scratch and quarantine."""
+    """What :func:`check_tree` saw: every job object by id, plus scratch and quarantine.
 
-    fmt: FormatRecord
+    States are :class:`tests.spec_oracle.State` members; they equal the
+    library's ``State`` members of the same value (both are ``StrEnum``), but
+    are not the same objects: compare with ``==``, never ``is``.
+    """
+
+    fmt: Format
     objects: dict[str, JobObject] = field(default_factory=dict)
     quarantine: list[tuple[str, int]] = field(default_factory=list)  # (file name, reason)
     temps: list[str] = field(default_factory=list)  # relative paths of files under tmp/ (and compaction temps)
 
-    def ids(self, state: State | str) -> frozenset[str]:
-        """Job ids currently in ``state``."""
+    def ids(self, state: str) -> frozenset[str]:
+        """Job ids currently in ``state`` (a state word, or either module's State member)."""
         st = State(state)
         return frozenset(j for j, o in self.objects.items() if o.state is st)
 
@@ -170,7 +174,7 @@ class _Walk:
         self.allow_temps = allow_temps
         self.allow_quarantine = allow_quarantine
         self.problems: list[str] = []
-        self.fmt: FormatRecord | None = None
+        self.fmt: Format | None = None
         self.state: TreeState | None = None
 
     # -- helpers ----------------------------------------------------------------
@@ -199,6 +203,29 @@ class _Walk:
                 self.bad(f"{rel}/{e.name}", "unexpected non-directory at a directory level")
         return out
 
+    def shard_dirs(self, rel: str) -> list[tuple[str, int]]:
+        """(relative path, shard) of every canonical shard directory under ``rel``."""
+        assert self.fmt is not None
+        out = []
+        for sd in self.subdirs_only(rel, self.entries(rel)):
+            shard = parse_shard_dir(sd.name, self.fmt.shard_count)
+            if shard is None:
+                self.bad(f"{rel}/{sd.name}", "not a canonical shard directory below shard_count")
+            else:
+                out.append((f"{rel}/{sd.name}", shard))
+        return out
+
+    def bucket_dirs(self, rel: str) -> list[tuple[str, int]]:
+        """(relative path, bucket) of every canonical 16-hex bucket directory under ``rel``."""
+        out = []
+        for bd in self.subdirs_only(rel, self.entries(rel)):
+            bucket = parse_bucket_dir(bd.name)
+            if bucket is None:
+                self.bad(f"{rel}/{bd.name}", "not a canonical 16-hex bucket directory")
+            else:
+                out.append((f"{rel}/{bd.name}", bucket))
+        return out
+
     # -- the walk ---------------------------------------------------------------
 
     def run(self) -> TreeState:
@@ -207,7 +234,7 @@ class _Walk:
         self.state = TreeState(self.fmt)
         self.check_control()
         self.check_ready()
-        for top, st in ((DELAYED_DIR, State.DELAYED), (DEAD_DIR, State.DEAD), (RECEIPTS_DIR, State.RECEIPT)):
+        for top, st in _BUCKETED:
             self.check_bucketed(top, st)
         self.check_legacy_leased()
         self.check_quarantine()
@@ -222,12 +249,12 @@ class _Walk:
         try:
             with open(self.abs(FORMAT_FILE), "rb") as f:
                 data = f.read()
-        except OSError as e:
-            raise AssertionError(f"{self.root}/FORMAT unreadable: {e}") from None
+        except OSError as err:
+            raise AssertionError(f"{self.root}/FORMAT unreadable: {err}") from None
         try:
-            self.fmt = FormatRecord.decode(data)
-        except SteadQError as e:
-            raise AssertionError(f"{self.root}/FORMAT does not decode: {e}") from None
+            self.fmt = decode_format(data)
+        except SpecViolation as err:
+            raise AssertionError(f"{self.root}/FORMAT does not decode: {err}") from None
         root_dev = os.stat(self.root).st_dev
         names = {e.name: e for e in self.entries("")}
         for d in STATE_DIRS:
@@ -241,102 +268,82 @@ class _Walk:
             self.bad(extra, "unexpected entry at the queue root (interrupted init or foreign file)")
 
     def check_control(self) -> None:
-        names = {e.name: e for e in self.entries(CONTROL_DIR)}
+        names = {e.name: e for e in self.entries("control")}
         for lock in CONTROL_LOCKS:
             e = names.pop(lock, None)
             if e is None or not e.is_file(follow_symlinks=False):
-                self.bad(f"{CONTROL_DIR}/{lock}", "lock file missing or not a regular file")
+                self.bad(f"control/{lock}", "lock file missing or not a regular file")
         e = names.pop(WATERMARK_FILE, None)
         if e is None or not e.is_file(follow_symlinks=False):
-            self.bad(f"{CONTROL_DIR}/{WATERMARK_FILE}", "watermark missing or not a regular file")
+            self.bad(f"control/{WATERMARK_FILE}", "watermark missing or not a regular file")
         else:
-            with open(e.path, "rb") as f:
-                data = f.read()
-            try:
-                Watermark.decode(data)
-            except SteadQError as err:
-                self.bad(f"{CONTROL_DIR}/{WATERMARK_FILE}", f"does not authenticate: {err}")
+            self.check_watermark(f"control/{WATERMARK_FILE}")
         names.pop(RECOVERY_CURSOR_FILE, None)
         for n in sorted(names):
-            # layout.md "Other hidden/internal names": never swept, so tolerated.
-            if n.startswith((WATERMARK_ADVANCE_TMP_PREFIX, WATERMARK_INIT_TMP_PREFIX, ".recovery-cursor.")):
-                continue
-            self.bad(f"{CONTROL_DIR}/{n}", "unexpected entry in control/")
+            if CONTROL_TEMP_NAME.fullmatch(n) is None:  # never swept, so tolerated
+                self.bad(f"control/{n}", "unexpected entry in control/")
+
+    def check_watermark(self, rel: str) -> None:
+        """records.md "Wall watermark record", read rules: one link, and the record authenticates."""
+        try:
+            fd = os.open(self.abs(rel), _OPEN_FLAGS)
+        except OSError as e:
+            self.bad(rel, f"cannot open: {e.strerror}")
+            return
+        try:
+            if os.fstat(fd).st_nlink > 1:
+                self.bad(rel, "watermark has more than one hard link")
+            decode_watermark(os.pread(fd, 65, 0))
+        except SpecViolation as err:
+            self.bad(rel, f"does not authenticate: {err}")
+        except OSError as err:
+            self.bad(rel, f"I/O error reading the watermark: {err.strerror}")
+        finally:
+            os.close(fd)
 
     def check_ready(self) -> None:
-        assert self.fmt is not None
-        for sd in self.subdirs_only(READY_DIR, self.entries(READY_DIR)):
-            rel = f"{READY_DIR}/{sd.name}"
-            shard = parse_shard_dir(sd.name, self.fmt.shard_count)
-            if shard is None:
-                self.bad(rel, "not a canonical shard directory below shard_count")
-                continue
+        for rel, shard in self.shard_dirs("ready"):
             for e in self.entries(rel):
                 path = f"{rel}/{e.name}"
-                try:
-                    name = parse_ready_dir_entry(e.name)
-                except SteadQError as err:
-                    self.bad(path, f"neither a ready nor a leased name ({err})")
-                    continue
-                self.job(path, e, name, shard=shard, bucket=None)
+                name = parse_ready_entry(e.name)
+                if name is None:
+                    self.bad(path, "neither a ready nor a leased name (names.md grammar)")
+                else:
+                    self.job(path, e, name, shard=shard, bucket=None)
 
     def check_bucketed(self, top: str, state: State) -> None:
-        assert self.fmt is not None
-        for bd in self.subdirs_only(top, self.entries(top)):
-            brel = f"{top}/{bd.name}"
-            bucket = parse_bucket_dir(bd.name)
-            if bucket is None:
-                self.bad(brel, "not a canonical 16-hex bucket directory")
-                continue
-            for sd in self.subdirs_only(brel, self.entries(brel)):
-                rel = f"{brel}/{sd.name}"
-                shard = parse_shard_dir(sd.name, self.fmt.shard_count)
-                if shard is None:
-                    self.bad(rel, "not a canonical shard directory below shard_count")
-                    continue
+        for brel, bucket in self.bucket_dirs(top):
+            for rel, shard in self.shard_dirs(brel):
                 for e in self.entries(rel):
                     path = f"{rel}/{e.name}"
-                    if state is State.RECEIPT and is_compact_temp_name(e.name):
+                    if state is State.RECEIPT and COMPACT_TEMP_NAME.fullmatch(e.name):
                         self.temp(path)
                         continue
-                    try:
-                        name = parse_name(state, e.name)
-                    except SteadQError as err:
-                        self.bad(path, f"not a {state.value} name ({err})")
-                        continue
-                    self.job(path, e, name, shard=shard, bucket=bucket)
+                    name = parse_name(state, e.name)
+                    if name is None:
+                        self.bad(path, f"not a {state.value} name (names.md grammar)")
+                    else:
+                        self.job(path, e, name, shard=shard, bucket=bucket)
 
     def check_legacy_leased(self) -> None:
-        assert self.fmt is not None
-        for boot in self.subdirs_only(LEASED_DIR, self.entries(LEASED_DIR)):
-            boot_rel = f"{LEASED_DIR}/{boot.name}"
-            for bd in self.subdirs_only(boot_rel, self.entries(boot_rel)):
-                brel = f"{boot_rel}/{bd.name}"
-                bucket = parse_bucket_dir(bd.name)
-                if bucket is None:
-                    self.bad(brel, "not a canonical 16-hex bucket directory")
-                    continue
-                for sd in self.subdirs_only(brel, self.entries(brel)):
-                    rel = f"{brel}/{sd.name}"
-                    shard = parse_shard_dir(sd.name, self.fmt.shard_count)
-                    if shard is None:
-                        self.bad(rel, "not a canonical shard directory below shard_count")
-                        continue
+        for boot in self.subdirs_only("leased", self.entries("leased")):
+            for brel, bucket in self.bucket_dirs(f"leased/{boot.name}"):
+                for rel, shard in self.shard_dirs(brel):
                     for e in self.entries(rel):
                         path = f"{rel}/{e.name}"
-                        try:
-                            name = parse_name(State.LEASED, e.name)
-                        except SteadQError as err:
-                            self.bad(path, f"not a leased name ({err})")
+                        name = parse_name(State.LEASED, e.name)
+                        if name is None:
+                            self.bad(path, "not a leased name (names.md grammar)")
                             continue
-                        if boot_dashed(name.boot_id or b"") != boot.name:
+                        assert name.boot_id is not None
+                        if boot_dashed(name.boot_id) != boot.name:
                             self.bad(path, "legacy lease boot directory differs from the name's boot id")
                         self.job(path, e, name, shard=shard, bucket=bucket)
 
     def check_quarantine(self) -> None:
         assert self.state is not None
-        for e in self.entries(QUARANTINE_DIR):
-            path = f"{QUARANTINE_DIR}/{e.name}"
+        for e in self.entries("quarantine"):
+            path = f"quarantine/{e.name}"
             parsed = parse_quarantine_name(e.name)
             if parsed is None or not e.is_file(follow_symlinks=False):
                 self.bad(path, "not a canonical quarantine file")
@@ -346,7 +353,7 @@ class _Walk:
                 self.bad(path, f"object quarantined (reason 0x{parsed[1]:04x}) where none was expected")
 
     def check_tmp(self) -> None:
-        for dirpath, dirs, files in os.walk(self.abs(TMP_DIR)):
+        for dirpath, dirs, files in os.walk(self.abs("tmp")):
             rel_dir = os.path.relpath(dirpath, self.root)
             for n in sorted(files):
                 self.temp(f"{rel_dir}/{n}")
@@ -359,20 +366,18 @@ class _Walk:
         assert self.state is not None
         self.state.temps.append(path)
         if not self.allow_temps:
-            kind = "named temp" if parse_temp_name(os.path.basename(path)) else "file"
+            kind = "named temp" if TEMP_NAME.fullmatch(os.path.basename(path)) else "file"
             self.bad(path, f"leftover {kind} (orphan temp)")
 
     # -- one object -------------------------------------------------------------
 
-    def job(self, path: str, entry: os.DirEntry[str], name: JobName, *, shard: int, bucket: int | None) -> None:
+    def job(self, path: str, entry: os.DirEntry[str], name: Name, *, shard: int, bucket: int | None) -> None:
         fmt, ts = self.fmt, self.state
         assert fmt is not None and ts is not None
-        ext = RECEIPT_EXT if name.state is State.RECEIPT else JOB_EXT
-        if not entry.name.endswith(ext):
-            self.bad(path, f"extension is not {ext}")
-            return
+        # names.md "Name tag": the context comes from where the file was found.
         auth_bucket = None if name.state in (State.READY, State.LEASED) else bucket
-        if not authenticate(fmt.queue_id, name, shard=shard, bucket=auth_bucket, lease_width_ns=fmt.lease_width_ns):
+        context = tag_context(name, shard=shard, bucket=auth_bucket, lease_width_ns=fmt.lease_width_ns)
+        if name_tag(fmt.queue_id, context) != name.tag:
             self.bad(path, "name tag does not authenticate for this directory")
             return
         if shard_of(fmt.queue_id, name.job_id, fmt.shard_count) != shard:
@@ -399,12 +404,12 @@ class _Walk:
             return
         ts.objects[job] = JobObject(name.state, job, path, name, shard, bucket, compact)
 
-    def verify_file(self, path: str, name: JobName, bucket: int | None) -> bool | None:
+    def verify_file(self, path: str, name: Name, bucket: int | None) -> bool | None:
         """Verify the bytes; True for a compact receipt, False for a full job file, None if bad."""
         fmt = self.fmt
         assert fmt is not None
         try:
-            fd = os.open(self.abs(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(self.abs(path), _OPEN_FLAGS)
         except OSError as e:
             self.bad(path, f"cannot open object: {e.strerror}")
             return None
@@ -414,14 +419,17 @@ class _Walk:
                 self.bad(path, f"not a singly linked regular file (mode {st.st_mode:o}, links {st.st_nlink})")
                 return None
             if name.state is State.RECEIPT:
-                prefix = os.pread(fd, HEADER_SIZE, 0)
+                prefix = os.pread(fd, COMPACT_RECEIPT_SIZE, 0)
                 if is_compact_receipt(prefix, st.st_size):
                     return self.verify_compact(path, name, bucket, prefix)
-            env = read_envelope(fd, fmt.max_payload_length, st)
-            check_name_matches(env.header, name)
-            verify_payload(fd, env)
+            header, extension = verify_job(lambda off, n: os.pread(fd, n, off), st.st_size, fmt.max_payload_length)
+            if (header.job_id, header.max_attempts) != (name.job_id, name.max_attempts):
+                self.bad(path, "name does not match the header (job id or maximum attempts)")
+                return None
+            if extension:  # records.md: a length of 0 is accepted (content type reported as empty)
+                decode_extension(extension)
             return False
-        except SteadQError as e:
+        except SpecViolation as e:
             self.bad(path, f"object does not verify: {e}")
             return None
         except OSError as e:
@@ -430,12 +438,13 @@ class _Walk:
         finally:
             os.close(fd)
 
-    def verify_compact(self, path: str, name: JobName, bucket: int | None, data: bytes) -> bool | None:
+    def verify_compact(self, path: str, name: Name, bucket: int | None, data: bytes) -> bool | None:
+        """records.md "Receipt verification" step 5, compact form."""
         fmt = self.fmt
         assert fmt is not None and bucket is not None
         try:
-            rec = CompactReceipt.decode(data)
-        except SteadQError as e:
+            rec = decode_compact_receipt(data)
+        except SpecViolation as e:
             self.bad(path, f"compact receipt does not verify: {e}")
             return None
         if (rec.job_id, rec.lease_token, rec.final_attempt) != (name.job_id, name.lease_token, name.attempt):
@@ -443,6 +452,9 @@ class _Walk:
             return None
         if rec.bucket_start_ns != bucket_start(bucket, fmt.terminal_width_ns):
             self.bad(path, "compact receipt bucket start does not match its directory")
+            return None
+        if rec.payload_length > fmt.max_payload_length:
+            self.bad(path, "compact receipt payload length exceeds the queue maximum")
             return None
         return True
 
