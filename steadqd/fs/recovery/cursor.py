@@ -95,22 +95,29 @@ def remember(queue_id: bytes, position: tuple[str, Key] | None) -> None:
 def write_cursor(p: Pass, phase: str) -> None:
     """Persist the reset form naming ``phase`` (skipped when the bytes are already there)."""
     data = reset_cursor_json(p.ctx.queue_id, phase)
-    control = p.control
+    if _holds(p.control, data) or _replace(p, data):
+        p.report.next_phase = phase
+
+
+def _holds(control: int, data: bytes) -> bool:
     try:
         fd = linux.open_at(control, RECOVERY_CURSOR_FILE, os.O_RDONLY | os.O_NOFOLLOW)
         try:
-            if is_single_regular(linux.fstat(fd)) and linux.pread(fd, len(data) + 1, 0) == data:
-                p.report.next_phase = phase
-                return
+            return is_single_regular(linux.fstat(fd)) and linux.pread(fd, len(data) + 1, 0) == data
         finally:
             linux.close(fd)
     except OSError:
-        pass  # missing or unreadable: write it
+        return False  # missing or unreadable: write it
+
+
+def _replace(p: Pass, data: bytes) -> bool:
+    """Temp file, fsync, rename over the cursor, fsync ``control/``; False (error recorded) on failure."""
+    control = p.control
     try:
         tmp = _CURSOR_TMP_PREFIX + p.ctx.random(16).hex() + TEMP_EXT
     except OSError as e:
         p.error("recovery_cursor", f"cannot persist the recovery cursor: getrandom: {e.strerror}")
-        return
+        return False
     try:
         fd = linux.open_at(control, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, p.ctx.modes.file)
     except OSError as e:
@@ -120,7 +127,7 @@ def write_cursor(p: Pass, phase: str) -> None:
             # temp is unlinked on failure; nothing ever sweeps control/).
             with contextlib.suppress(OSError):
                 linux.unlink_at(control, tmp)
-        return
+        return False
     renamed = False
     try:
         try:
@@ -132,10 +139,11 @@ def write_cursor(p: Pass, phase: str) -> None:
         linux.rename_replace(control, tmp, control, RECOVERY_CURSOR_FILE)
         renamed = True
         linux.fsync(control)
-        p.report.next_phase = phase
     except OSError as e:
         p.error("recovery_cursor", f"cannot persist the recovery cursor: {e.strerror}")
+        return False
     finally:
         if not renamed:
             with contextlib.suppress(OSError):
                 linux.unlink_at(control, tmp)
+    return True
