@@ -5,6 +5,8 @@ fields a call passes (``job_id=...`` becomes ``STEADQ_JOB_ID=...``), so
 ``journalctl STEADQ_QUEUE=render STEADQ_JOB_ID=<id>`` finds one job's story.
 Without journald (``steadqd run`` in a container or a shell) the same entry
 is one stderr line with a ``<N>`` priority prefix and ``KEY=value`` pairs.
+A problem that recurs on every pass is reported through an :class:`ErrorDigest`,
+so that it cannot flood the journal.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
+from collections.abc import Callable, Iterable
 from typing import TextIO
 
 EMERG, ALERT, CRIT, ERR, WARNING, NOTICE, INFO, DEBUG = range(8)
 IDENTIFIER = "steadqd"
+ERROR_LOG_WINDOW = 600.0  # seconds between two warnings with the same error code
 
 
 def journal_connected(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
@@ -89,6 +94,42 @@ class Log:
 
     def error(self, message: str, **fields: object) -> None:
         self.log(ERR, message, **fields)
+
+
+class ErrorDigest:
+    """Rate-limited warnings per error code.
+
+    The first occurrence of a code is logged at once; later ones within the
+    window are only counted and reported (with the count) by the first
+    occurrence after the window has passed. Why: recovery records the same
+    benign error (another process holds the recovery lock) on every pass for
+    as long as the condition lasts.
+    """
+
+    def __init__(
+        self, log: Log, what: str, window: float = ERROR_LOG_WINDOW, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.log = log
+        self.what = what
+        self.window = window
+        self.clock = clock
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def record(self, errors: Iterable[tuple[str, str]]) -> None:
+        grouped: dict[str, list[str]] = {}
+        for code, message in errors:
+            grouped.setdefault(code, []).append(message)
+        now = self.clock()
+        for code, messages in grouped.items():
+            last = self._last.get(code)
+            if last is not None and now - last < self.window:
+                self._suppressed[code] = self._suppressed.get(code, 0) + len(messages)
+                continue
+            count = len(messages) + self._suppressed.pop(code, 0)
+            more = f" ({count} occurrences since the last report)" if count > 1 else ""
+            self.log.warning(f"{self.what}: {code}: {messages[0]}{more}", error=code, count=count)
+            self._last[code] = now
 
 
 def _quote(v: str) -> str:

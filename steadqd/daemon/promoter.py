@@ -22,12 +22,11 @@ later, which also bounds the cost of a missed event.
 
 from __future__ import annotations
 
-from steadqd.backend import Backend, DelayedWatch
+from steadqd.backend import DelayedWatch
 from steadqd.constants import DELAYED_DIR
 from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import Log
-from steadqd.daemon.service import Loop, Timer, open_queue
-from steadqd.daemon.sweeper import ErrorDigest
+from steadqd.daemon.service import Loop, PassRole, open_queue
 from steadqd.errors import SteadQError
 
 __all__ = ["PromoterRole"]
@@ -35,25 +34,18 @@ __all__ = ["PromoterRole"]
 _STUCK_BACKOFF_MIN = 1.0
 
 
-class PromoterRole:
+class PromoterRole(PassRole):
     """Sleeps until the earliest delayed job is due, then promotes it."""
 
     name = "promoter"
 
     def __init__(self, settings: QueueSettings, log: Log) -> None:
-        self.settings = settings
-        self.log = log
-        self.queue: Backend | None = None
-        self.loop: Loop | None = None
+        super().__init__(settings, log, "promotion")
         self._watch: DelayedWatch | None = None
         self._watch_limit_logged = False
-        self._timer: Timer | None = None
         self._due_at: float | None = None  # loop time the earliest job is expected to be due
         self._stuck = 0.0  # back-off while a due job cannot be promoted
-        self._draining = False
         self.promoted = 0
-        self.passes = 0
-        self._errors = ErrorDigest(log, "promotion")
 
     # -- Role protocol -------------------------------------------------------
 
@@ -93,23 +85,10 @@ class PromoterRole:
         if settings.promoter != old.promoter or settings.queue != old.queue:
             self._rescan_and_arm()
 
-    def drain(self) -> None:
-        # A promotion pass is short and every move in it is atomic.
-        self._draining = True
-        self._cancel()
-
-    def drained(self) -> bool:
-        return True
-
     def close(self) -> None:
         self._cancel()
         self._close_watch()
-        if self.queue is not None:
-            q, self.queue = self.queue, None
-            try:
-                q.close()
-            except (SteadQError, OSError) as e:
-                self.log.warning(f"closing the queue handle failed: {e}")
+        self._close_queue()
 
     # -- queue and watch -------------------------------------------------------
 
@@ -186,11 +165,6 @@ class PromoterRole:
             self._due_at = Loop.now() + max(0.0, due_in)
             delay = self._stuck if due_in <= 0 else due_in
         self._timer = self.loop.call_later(min(max(0.0, delay), max_sleep), self._on_timer)
-
-    def _cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     # -- events -------------------------------------------------------------------
 

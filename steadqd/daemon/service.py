@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from steadqd import backend
 from steadqd.daemon.config import QueueSettings
-from steadqd.daemon.journal import Log
+from steadqd.daemon.journal import ErrorDigest, Log
 from steadqd.daemon.notify import Notifier
 from steadqd.errors import ConfigError, SteadQError
 
@@ -171,6 +171,48 @@ class Role(Protocol):
 
     def close(self) -> None:
         """Hand back anything unfinished and release resources."""
+
+
+class PassRole:
+    """What the sweeper and the promoter share: one queue handle, one pending timer.
+
+    Draining only stops the timer: a pass is short and every step in it is
+    atomic, so there is never anything to wait for. Problems are reported
+    through an :class:`ErrorDigest`, never once per pass.
+    """
+
+    name: str
+
+    def __init__(self, settings: QueueSettings, log: Log, what: str) -> None:
+        self.settings = settings
+        self.log = log
+        self.queue: backend.Backend | None = None
+        self.loop: Loop | None = None
+        self._timer: Timer | None = None
+        self._draining = False
+        self.passes = 0
+        self._errors = ErrorDigest(log, what)
+
+    def drain(self) -> None:
+        self._draining = True
+        self._cancel()
+
+    def drained(self) -> bool:
+        return True
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _close_queue(self) -> None:
+        """Give the handle up; a failure to close it is logged, not raised: there is nothing left to save."""
+        if self.queue is not None:
+            q, self.queue = self.queue, None
+            try:
+                q.close()
+            except (SteadQError, OSError) as e:
+                self.log.warning(f"closing the queue handle failed: {e}")
 
 
 class Service:

@@ -13,25 +13,20 @@ SIGTERM is still seen between two passes).
 
 Logging is deliberately quiet: an idle queue writes nothing, a pass that
 changed something writes one NOTICE with the counts, and each recorded error
-code is a WARNING at most once per :data:`ERROR_LOG_WINDOW` with the number of
-occurrences, so a persistent problem (a busy lock, an unreadable directory)
+code is a WARNING at most once per ``ERROR_LOG_WINDOW`` with the number of
+occurrences (``journal.ErrorDigest``), so a persistent problem (a busy lock, an unreadable directory)
 cannot flood the journal every 30 seconds.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
-
 from steadqd.backend import Backend, RecoveryReport
 from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import Log
-from steadqd.daemon.service import Loop, Timer, open_queue
+from steadqd.daemon.service import Loop, PassRole, open_queue
 from steadqd.errors import SteadQError
 
-__all__ = ["ERROR_LOG_WINDOW", "ErrorDigest", "SweeperRole"]
-
-ERROR_LOG_WINDOW = 600.0  # seconds between two warnings with the same error code
+__all__ = ["SweeperRole", "summarize"]
 
 # (report attribute, log field, status word) in the order a person reads them.
 _COUNTS = (
@@ -44,42 +39,6 @@ _COUNTS = (
     ("dead_deleted", "dead_deleted", "dead letters deleted"),
     ("quarantined", "quarantined", "quarantined"),
 )
-
-
-class ErrorDigest:
-    """Rate-limited warnings per error code.
-
-    The first occurrence of a code is logged at once; later ones within the
-    window are only counted and reported (with the count) by the first
-    occurrence after the window has passed. Why: recovery records the same
-    benign error (another process holds the recovery lock) on every pass for
-    as long as the condition lasts.
-    """
-
-    def __init__(
-        self, log: Log, what: str, window: float = ERROR_LOG_WINDOW, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.log = log
-        self.what = what
-        self.window = window
-        self.clock = clock
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def record(self, errors: Iterable[tuple[str, str]]) -> None:
-        grouped: dict[str, list[str]] = {}
-        for code, message in errors:
-            grouped.setdefault(code, []).append(message)
-        now = self.clock()
-        for code, messages in grouped.items():
-            last = self._last.get(code)
-            if last is not None and now - last < self.window:
-                self._suppressed[code] = self._suppressed.get(code, 0) + len(messages)
-                continue
-            count = len(messages) + self._suppressed.pop(code, 0)
-            more = f" ({count} occurrences since the last report)" if count > 1 else ""
-            self.log.warning(f"{self.what}: {code}: {messages[0]}{more}", error=code, count=count)
-            self._last[code] = now
 
 
 def _open(settings: QueueSettings) -> Backend:
@@ -110,24 +69,17 @@ def summarize(report: RecoveryReport) -> str:
     return ", ".join(parts) if parts else "nothing to do"
 
 
-class SweeperRole:
+class SweeperRole(PassRole):
     """Periodic, budgeted recovery passes over one queue."""
 
     name = "sweeper"
 
     def __init__(self, settings: QueueSettings, log: Log) -> None:
-        self.settings = settings
-        self.log = log
-        self.queue: Backend | None = None
+        super().__init__(settings, log, "recovery")
         self._opened_with: _OpenKey | None = None
-        self.loop: Loop | None = None
-        self._timer: Timer | None = None
         self._timer_soon = False  # the pending timer is a "more to do" pass, not an interval one
-        self._draining = False
         self._last_pass_end: float | None = None
         self.last_report: RecoveryReport | None = None
-        self.passes = 0
-        self._errors = ErrorDigest(log, "recovery")
 
     # -- Role protocol -------------------------------------------------------
 
@@ -178,24 +130,11 @@ class SweeperRole:
             since = Loop.now() - (self._last_pass_end or Loop.now())
             self._schedule(max(0.0, settings.sweeper.interval - since))
 
-    def drain(self) -> None:
-        # A pass is short and every step in it is atomic: nothing to wait for.
-        self._draining = True
-        self._cancel()
-
-    def drained(self) -> bool:
-        return True
-
     def close(self) -> None:
         self._cancel()
         self._close_queue()
 
     # -- passes --------------------------------------------------------------
-
-    def _cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     def _schedule(self, delay: float, *, soon: bool = False) -> None:
         self._cancel()
@@ -203,14 +142,6 @@ class SweeperRole:
             return
         self._timer_soon = soon
         self._timer = self.loop.call_later(delay, self._run_pass)
-
-    def _close_queue(self) -> None:
-        if self.queue is not None:
-            q, self.queue = self.queue, None
-            try:
-                q.close()
-            except (SteadQError, OSError) as e:
-                self.log.warning(f"closing the queue handle failed: {e}")
 
     def _usable_queue(self) -> Backend | None:
         """The handle, reopened if an indeterminate failure poisoned it."""

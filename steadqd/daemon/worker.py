@@ -225,10 +225,7 @@ class WorkerRole:
                 self.log.error(f"handing back job failed: {e!r}", **j.fields)
         self.jobs.clear()
         self._close_watch()
-        if self.q is not None:
-            with contextlib.suppress(SteadQError, OSError):
-                self.q.close()
-            self.q = None
+        self._close_queue()
 
     def _terminate(self, running: list[_Job]) -> None:
         """SIGTERM to every running group, SIGKILL to those still there after the longest kill grace."""
@@ -654,11 +651,15 @@ class WorkerRole:
             self._reopen_after_group = self._reopen_after_group or why
             return
         self.log.error(f"queue handle poisoned ({why}); reopening the queue")
+        self._close_queue()
+        self._reopen_now()
+
+    def _close_queue(self) -> None:
+        """Drop the handle; closing a poisoned or failing one may fail too, and nothing depends on it."""
         if self.q is not None:
             with contextlib.suppress(SteadQError, OSError):
                 self.q.close()
             self.q = None
-        self._reopen_now()
 
     def _reopen_now(self) -> None:
         if self.q is not None or self.closed:

@@ -28,8 +28,7 @@ import pytest
 
 from steadqd import LeaseLost, Queue
 from steadqd.constants import State
-from steadqd.daemon.journal import Log
-from steadqd.daemon.sweeper import ErrorDigest
+from steadqd.daemon.journal import ErrorDigest, Log
 from steadqd.errors import InvalidInput
 from steadqd.fs.recovery import run_recovery
 from tests.invariants import check_tree, live_tree
