@@ -10,7 +10,7 @@ with Queue.open("/var/lib/steadq/render") as q:
 """
 
 from steadqd.backoff import RetryPolicy
-from steadqd.constants import DeadReason, QuarantineReason, State
+from steadqd.constants import AckResult, DeadReason, QuarantineReason, State
 from steadqd.errors import (
     AlreadyExists,
     ConfigError,
@@ -30,7 +30,6 @@ from steadqd.errors import (
 )
 from steadqd.fs.handle import JobInfo, Queue
 from steadqd.fs.lease import Lease
-from steadqd.fs.settle import AckResult
 
 __all__ = [
     "AckResult",

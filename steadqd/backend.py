@@ -18,13 +18,18 @@ protocol only promises what a caller may read from one (``LeaseHandle``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, BinaryIO, Protocol
 
 from steadqd.backoff import RetryPolicy
 from steadqd.errors import InvalidInput
+from steadqd.fs.admin import list_dead_files as fs_list_dead_files
+from steadqd.fs.doctor import doctor_checks
 from steadqd.fs.handle import Queue as FsQueue
+from steadqd.fs.objects import dump_file as fs_dump_file
+from steadqd.fs.objects import verify_file as fs_verify_file
+from steadqd.fs.records import TransitionTicket
 
 __all__ = [
     "Backend",
@@ -37,8 +42,13 @@ __all__ = [
     "RecoveryReport",
     "ScanReport",
     "URL_SCHEMES",
+    "doctor",
+    "dump_file",
     "init_queue",
+    "list_dead_files",
     "open_queue",
+    "parse_ticket",
+    "verify_file",
 ]
 
 # Schemes of queue URLs this version knows of; a target with any other
@@ -313,6 +323,67 @@ class Backend(Protocol):
         ...
 
     # -- operator views and tools (owned by the CLI restructure) ---------------
+    # What ``steadq`` shows and repairs. Results are the backend's own records;
+    # the command reads from them the attributes its output (cli.md) names.
+
+    def enqueue_detailed(self, payload: Payload, **options: Any) -> tuple[str, str]:
+        """Like ``enqueue``; returns ``(job id, where the job is stored)``, both of which ``put`` prints."""
+        ...
+
+    def handle_text(self, lease: Any) -> str:
+        """A handle file for ``lease``: what a later process reads back with ``lease_from_handle``."""
+        ...
+
+    def lease_from_handle(self, text: str) -> tuple[Any, str | None]:
+        """The lease a handle file describes, and the queue id it names (None if it names none)."""
+        ...
+
+    def quarantined_in_last_scan(self) -> list[tuple[str, int, str]]:
+        """(path, reason, quarantine name) of each corrupt object the last ``lease`` isolated.
+
+        ``lease`` goes on past a corrupt job; the command still reports it."""
+        ...
+
+    def open_leased_payload(self, lease: Any) -> tuple[int, int]:
+        """An fd of exactly the leased job and its payload's offset there, valid across renewals;
+        the caller closes it (``work`` streams the payload to a child from it)."""
+        ...
+
+    def stats(self) -> Mapping[str, Any]:
+        """Objects per state, classified by name; each has ``objects`` and ``oldest_age_seconds``."""
+        ...
+
+    def entry_stats(self) -> Mapping[str, Any]:
+        """Like ``stats`` with the reference's counting (every entry of a state's directory)."""
+        ...
+
+    def list_jobs(self, states: Collection[str]) -> Iterator[Any]:
+        """Every job in ``states`` (state words), streamed, as its name describes it (not verified)."""
+        ...
+
+    def inspect(self, job_id: str) -> list[Any]:
+        """Every authentic object of one job, in any state."""
+        ...
+
+    def inspect_detailed(self, job_id: str) -> list[Any]:
+        """Like ``inspect``, with each state's own fields in ``details``."""
+        ...
+
+    def fsck(self, deep: bool = False, repair: bool = False) -> Any:
+        """Check every object; ``repair`` quarantines the ones that fail."""
+        ...
+
+    def resolve(self, ticket: Any, stabilize: bool = False) -> Any:
+        """What an indeterminate transition did; ``outcome`` is a :class:`~steadqd.constants.Resolution`."""
+        ...
+
+    def export_dead(self, job_id: str, out_path: str, *, payload_only: bool = False) -> int: ...
+    def remove_dead(self, job_id: str) -> None: ...
+    def requeue_dead(self, job_id: str, *, max_attempts_reset: bool = True) -> str: ...
+    def list_quarantine(self) -> Iterator[Any]: ...
+    def inspect_quarantine(self, quarantine_id: str) -> Any: ...
+    def export_quarantine(self, quarantine_id: str, out_path: str) -> int: ...
+    def remove_quarantine(self, quarantine_id: str) -> None: ...
 
 
 def _check_target(target: str) -> None:
@@ -333,6 +404,39 @@ def init_queue(target: str, **options: Any) -> Backend:
     """Create a queue at ``target`` (refused if one is there) and open it."""
     _check_target(target)
     return FsQueue.init(target, **options)
+
+
+# -- tools that act on a path, not on an open queue ------------------------------
+# A damaged tree must still be diagnosable, and a job file may be an export
+# far from any queue, so these open nothing but what they are given.
+
+
+def doctor(target: str) -> list[tuple[str, bool, str | BaseException]]:
+    """The machine and filesystem checks for a queue at ``target`` (which need not exist yet):
+    (name, passed, what was found or the error that made the probe fail)."""
+    return list(doctor_checks(target))
+
+
+def verify_file(path: str, *, deep: bool = False) -> Iterator[tuple[str, object]]:
+    """Check one job or FORMAT file, yielding each fact as it is established; QueueCorrupt when a
+    check fails, UnsupportedFormat when the file is neither, OSError when it cannot be read."""
+    return fs_verify_file(path, deep=deep)
+
+
+def dump_file(path: str) -> dict[str, object]:
+    """The header fields of a job file or the record of a FORMAT file (errors as ``verify_file``)."""
+    return fs_dump_file(path)
+
+
+def parse_ticket(raw: bytes) -> Any:
+    """The transition ticket an OutcomeUnknown wrote (its ``to_json``), for ``Backend.resolve``."""
+    return TransitionTicket.from_json(raw)
+
+
+def list_dead_files(target: str) -> list[Any] | None:
+    """Every entry of the dead letters by a plain walk, parsed where the name parses; None if the
+    queue has no dead letters directory. Opens no queue: it must work on a tree that cannot open."""
+    return fs_list_dead_files(target)
 
 
 def _fs_conforms(q: FsQueue) -> Backend:

@@ -197,6 +197,30 @@ class DeadReason(enum.IntEnum):
     ATTEMPTS_EXHAUSTED = 0x0004
 
 
+# The outcomes below are part of what every backend promises (its callers
+# branch on them), so they live here rather than beside one implementation.
+
+
+class AckResult(enum.Enum):
+    """What an acknowledgement found: it settled the job now, or a receipt says it already was."""
+
+    ACKED = "acked"
+    ALREADY_ACKED = "already_acked"
+
+
+class Resolution(enum.Enum):
+    """What resolving an indeterminate transition concluded (errors.md combination table)."""
+
+    SOURCE_OBSERVED = "source_observed"
+    SOURCE_STABILIZED = "source_stabilized"
+    DESTINATION_OBSERVED = "destination_observed"
+    DESTINATION_STABILIZED = "destination_stabilized"
+    NEITHER_OBSERVED = "neither_observed"
+    BOTH_OBSERVED = "both_observed"
+    CONFLICTING_OBJECT = "conflicting_object"
+    RESOLUTION_FAILED = "resolution_failed"
+
+
 # statfs f_type magics (layout.md), compared as unsigned 32-bit values.
 SUPPORTED_FILESYSTEMS = {
     0xEF53: "ext4",

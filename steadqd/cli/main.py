@@ -1550,7 +1550,7 @@ def cmd_recover(a: argparse.Namespace) -> int:
 def cmd_resolve(a: argparse.Namespace) -> int:
     from steadqd.errors import SteadQError
     from steadqd.fs.records import TransitionTicket
-    from steadqd.fs.resolve import Resolution
+    from steadqd.constants import Resolution
 
     try:
         with open(a.result_file, "rb") as f:

@@ -62,6 +62,7 @@ from steadqd.fs.tree import Collision, Indeterminate, MoveError, MoveFailed, Sou
 from steadqd.fs.verify import CHUNK, check_name_matches, iter_payload, read_envelope, verify_payload
 
 __all__ = [
+    "DeadFile",
     "DeadJob",
     "QuarantinedObject",
     "export_dead",
@@ -69,6 +70,7 @@ __all__ = [
     "find_dead",
     "inspect_quarantine",
     "list_dead",
+    "list_dead_files",
     "list_quarantine",
     "remove_dead",
     "remove_quarantine",
@@ -90,6 +92,22 @@ class DeadJob:
     max_attempts: int
     reason: int
     path: str
+
+
+@dataclass(frozen=True)
+class DeadFile:
+    """One entry of ``dead/<bucket>/<shard>/`` found by a plain walk (raw bytes, nothing authenticated).
+
+    The name's fields are set when it parses as a dead job's name, else None.
+    """
+
+    name: bytes
+    path: bytes
+    job_id: str | None = None
+    generation: int | None = None
+    attempt: int | None = None
+    max_attempts: int | None = None
+    reason: int | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +219,41 @@ def list_dead(ctx: Context) -> Iterator[DeadJob]:
                 job = _dead_in(ctx, bucket, shard, rel, raw)
                 if job is not None:
                     yield job
+
+
+def list_dead_files(queue_root: str) -> list[DeadFile] | None:
+    """Every entry under ``dead/*/*/``, sorted, by a plain walk that opens no queue (cli.md ``admin dead-list``).
+
+    Why no queue: dead-list must work on a tree too damaged to open, so it
+    shows raw names (unparseable ones too) rather than authenticated jobs.
+    None when there is no ``dead/`` directory; any other failure to read
+    raises the OSError.
+    """
+    dead = os.path.join(os.fsencode(queue_root), DEAD_DIR.encode())
+    try:
+        buckets = sorted(os.listdir(dead))
+    except FileNotFoundError:
+        return None
+    found: list[DeadFile] = []
+    for b in buckets:
+        bdir = os.path.join(dead, b)
+        if not os.path.isdir(bdir):
+            continue
+        for s in sorted(os.listdir(bdir)):
+            sdir = os.path.join(bdir, s)
+            if not os.path.isdir(sdir):
+                continue
+            for name in sorted(os.listdir(sdir)):
+                found.append(_dead_file(name, b"/".join((DEAD_DIR.encode(), b, s, name))))
+    return found
+
+
+def _dead_file(name: bytes, path: bytes) -> DeadFile:
+    try:
+        jn = parse_name(State.DEAD, name)
+    except SteadQError:
+        return DeadFile(name, path)
+    return DeadFile(name, path, jn.job_hex, jn.generation, jn.attempt, jn.max_attempts, jn.reason)
 
 
 def find_dead(ctx: Context, job_id: str) -> DeadJob | None:

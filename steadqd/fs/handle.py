@@ -13,7 +13,7 @@ import contextlib
 import errno
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO, TypeVar
 
@@ -24,6 +24,7 @@ from steadqd.constants import (
     MAX_PAYLOAD_LENGTH,
     NS_PER_SECOND,
     U64_MAX,
+    AckResult,
     QuarantineReason,
     State,
 )
@@ -55,17 +56,18 @@ from steadqd.fs.claim import ScanReport, claim
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.delayed_watch import DelayedWatch
 from steadqd.fs.fsck import FsckResult, fsck
-from steadqd.fs.inspection import JobObject, StateStats, detailed_stats, inspect_job, stats
+from steadqd.fs.inspection import JobEntry, JobObject, StateStats, detailed_stats, inspect_job, list_jobs, stats
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
 from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
 from steadqd.fs.names import JobName
+from steadqd.fs.objects import open_leased
 from steadqd.fs.publish import Payload, enqueue, enqueue_many
 from steadqd.fs.quarantine import quarantine
 from steadqd.fs.ready_watch import ReadyWatch
 from steadqd.fs.records import Extension, FormatRecord, TransitionTicket
 from steadqd.fs.recovery import RecoveryReport, run_recovery
 from steadqd.fs.resolve import ResolveResult, resolve, ticket_paths
-from steadqd.fs.settle import AckResult, ack, bury, retry
+from steadqd.fs.settle import ack, bury, retry
 from steadqd.fs.tree import Indeterminate, MoveError
 from steadqd.fs.verify import copy_payload, read_payload
 
@@ -364,6 +366,26 @@ class Queue:
         with self._validated(lease) as src:
             return extension_of(src)
 
+    def open_leased_payload(self, lease: Lease) -> tuple[int, int]:
+        """An fd of exactly the leased file and its payload offset, for streaming the payload
+        to a worker across renewals (``steadq work``); the caller closes the fd."""
+        self._check_open()
+        return open_leased(self._ctx, lease)
+
+    # -- handle files and the last scan (``steadq lease``) ------------------------
+
+    def handle_text(self, lease: Lease) -> str:
+        """The handle file for ``lease`` (JSON), naming this queue: what a later ``steadq ack`` reads."""
+        return lease.to_handle(self.path)
+
+    def lease_from_handle(self, text: str) -> tuple[Lease, str | None]:
+        """The lease a handle file describes and the queue id it names (None if it names none)."""
+        return Lease.from_handle(text)
+
+    def quarantined_in_last_scan(self) -> list[tuple[str, int, str]]:
+        """(path, reason, quarantine name) of every corrupt object the last :meth:`lease` isolated."""
+        return [] if self.last_scan is None else list(self.last_scan.quarantined)
+
     def _check_open(self) -> None:
         """Descriptor numbers of a closed handle may belong to another queue now."""
         if self._closed:
@@ -556,6 +578,11 @@ class Queue:
         """Entries per state directory, whatever their names: the reference CLI's ``stats``."""
         self._check_open()
         return stats(self.path)
+
+    def list_jobs(self, states: Collection[str]) -> Iterator[JobEntry]:
+        """Every job object in ``states`` (state words), streamed, by name only (``steadq ls``)."""
+        self._check_open()
+        return list_jobs(self.path, states)
 
     def fsck(self, deep: bool = False, repair: bool = False) -> FsckResult:
         """Check every object (recovery.md "fsck"); ``repair`` quarantines the bad ones."""

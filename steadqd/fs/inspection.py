@@ -1,4 +1,4 @@
-"""Read-only views of a queue tree: ``stats`` (objects per state) and ``inspect`` (one job).
+"""Read-only views of a queue tree: ``stats`` (objects per state), ``inspect`` (one job), ``ls`` (every job).
 
 Spec: ``cli.md`` (``stats``, ``inspect``), ``open-questions.md`` item 17.
 ``fsck`` (steadqd.fs.fsck) is the verifier; nothing here authenticates more
@@ -20,10 +20,11 @@ never a list of names), so memory stays flat for millions of jobs.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 
 from steadqd.constants import (
@@ -39,7 +40,7 @@ from steadqd.constants import (
     TMP_DIR,
     State,
 )
-from steadqd.errors import CorruptObject
+from steadqd.errors import CorruptObject, SteadQError
 from steadqd.fs import linux
 from steadqd.fs.context import Context
 from steadqd.fs.names import (
@@ -66,6 +67,8 @@ __all__ = [
     "detailed_stats",
     "JobObject",
     "inspect_job",
+    "JobEntry",
+    "list_jobs",
 ]
 
 # =========================================================================== stats
@@ -430,3 +433,76 @@ def _verified_receipt(ctx: Context, rel: str, name: str, bucket: int, shard: int
     assert jn.lease_token is not None
     details: dict[str, object] = {"token": jn.lease_token.hex(), "compact": info.compact}
     return JobObject("receipt", jn.generation, jn.attempt, jn.max_attempts, f"{rel}/{name}", jn, details)
+
+
+# =========================================================================== ls
+
+
+@dataclass(frozen=True)
+class JobEntry:
+    """One job object as ``steadq ls`` lists it: what its name says, not verified (``fsck`` verifies).
+
+    ``mtime_ns`` is None when the entry vanished before it could be stat'ed;
+    ``deadline_ns`` is a lease's wall deadline or a delayed job's not-before;
+    ``reason`` is a dead job's.
+    """
+
+    state: str
+    job_id: str
+    generation: int
+    attempt: int
+    max_attempts: int
+    path: str
+    mtime_ns: int | None
+    deadline_ns: int | None
+    reason: int | None
+
+
+def list_jobs(queue_root: str, states: Collection[str]) -> Iterator[JobEntry]:
+    """Every job object in ``states`` (state words: ready, leased, delayed, dead, receipt), streamed.
+
+    A plain directory walk in sorted order, one directory listed at a time
+    so memory stays flat; no tag authentication (``fsck`` is the verifier).
+    Entries whose names do not parse for their directory are skipped, and an
+    unreadable directory lists as empty.
+    """
+
+    def listdir(rel: str) -> list[str]:
+        try:
+            return sorted(os.listdir(os.path.join(queue_root, rel)))
+        except OSError:
+            return []
+
+    def entries(rel: str, parse: Callable[[str], JobName]) -> Iterator[JobEntry]:
+        for name in listdir(rel):
+            try:
+                jn = parse(name)
+            except SteadQError:
+                continue
+            state = jn.state.value
+            if state not in states:
+                continue
+            try:
+                mtime_ns: int | None = os.lstat(os.path.join(queue_root, rel, name)).st_mtime_ns
+            except OSError:
+                mtime_ns = None
+            deadline = jn.wall_deadline if jn.state is State.LEASED else jn.not_before
+            yield JobEntry(state, jn.job_hex, jn.generation, jn.attempt, jn.max_attempts, f"{rel}/{name}", mtime_ns,
+                           deadline, jn.reason)  # fmt: skip
+
+    if {State.READY.value, State.LEASED.value} & set(states):
+        for shard in listdir(READY_DIR):
+            yield from entries(f"{READY_DIR}/{shard}", parse_ready_dir_entry)
+    for top, state in ((DELAYED_DIR, State.DELAYED), (DEAD_DIR, State.DEAD), (RECEIPTS_DIR, State.RECEIPT)):
+        if state.value not in states:
+            continue
+        for bucket in listdir(top):
+            for shard in listdir(f"{top}/{bucket}"):
+                yield from entries(f"{top}/{bucket}/{shard}", functools.partial(parse_name, state))
+    if State.LEASED.value in states:
+        for boot in listdir(LEASED_DIR):
+            for bucket in listdir(f"{LEASED_DIR}/{boot}"):
+                for shard in listdir(f"{LEASED_DIR}/{boot}/{bucket}"):
+                    yield from entries(
+                        f"{LEASED_DIR}/{boot}/{bucket}/{shard}", functools.partial(parse_name, State.LEASED)
+                    )

@@ -26,7 +26,17 @@ import errno
 import os
 from dataclasses import dataclass
 
-from steadqd.constants import DEAD_DIR, DELAYED_DIR, HEADER_SIZE, JOB_EXT, READY_DIR, RECEIPT_EXT, RECEIPTS_DIR, State
+from steadqd.constants import (
+    DEAD_DIR,
+    DELAYED_DIR,
+    HEADER_SIZE,
+    JOB_EXT,
+    READY_DIR,
+    RECEIPT_EXT,
+    RECEIPTS_DIR,
+    Resolution,
+    State,
+)
 from steadqd.errors import CorruptObject, ErrorKind, InvalidInput, SteadQError
 from steadqd.fs import linux
 from steadqd.fs.context import Context
@@ -60,20 +70,7 @@ from steadqd.fs.records import (
 from steadqd.fs.tree import is_single_regular
 from steadqd.fs.verify import read_envelope, verify_payload
 
-__all__ = ["Resolution", "ResolveResult", "resolve", "ticket_paths"]
-
-
-class Resolution(enum.Enum):
-    """What resolve concluded (errors.md combination table)."""
-
-    SOURCE_OBSERVED = "source_observed"
-    SOURCE_STABILIZED = "source_stabilized"
-    DESTINATION_OBSERVED = "destination_observed"
-    DESTINATION_STABILIZED = "destination_stabilized"
-    NEITHER_OBSERVED = "neither_observed"
-    BOTH_OBSERVED = "both_observed"
-    CONFLICTING_OBJECT = "conflicting_object"
-    RESOLUTION_FAILED = "resolution_failed"
+__all__ = ["ResolveResult", "resolve", "ticket_paths"]
 
 
 @dataclass(frozen=True)

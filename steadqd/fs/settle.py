@@ -8,7 +8,6 @@ never acknowledged on the strength of bytes that no longer verify.
 
 from __future__ import annotations
 
-import enum
 import errno
 import os
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from steadqd.constants import (
     READY_DIR,
     RECEIPTS_DIR,
     U16_MAX,
+    AckResult,
     DeadReason,
 )
 from steadqd.errors import (
@@ -54,11 +54,6 @@ from steadqd.fs.receipt import ExpectedReceipt, verify_receipt
 from steadqd.fs.records import DeadLocation, DelayedLocation, Location, ReadyLocation, ReceiptLocation
 from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing
 from steadqd.fs.verify import verify_payload
-
-
-class AckResult(enum.Enum):
-    ACKED = "acked"
-    ALREADY_ACKED = "already_acked"
 
 
 def _shard(ctx: Context, lease: Lease) -> int:

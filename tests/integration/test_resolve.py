@@ -37,7 +37,7 @@ from steadqd import (  # noqa: E402
     Queue,
     SteadQError,
 )
-from steadqd.constants import DEAD_DIR, DELAYED_DIR, HEADER_SIZE, READY_DIR, RECEIPTS_DIR  # noqa: E402
+from steadqd.constants import DEAD_DIR, DELAYED_DIR, HEADER_SIZE, READY_DIR, RECEIPTS_DIR, Resolution  # noqa: E402
 from steadqd.fs import linux  # noqa: E402
 from steadqd.fs.names import (  # noqa: E402
     bucket_dir,
@@ -63,7 +63,7 @@ from steadqd.fs.records import (  # noqa: E402
     ReceiptLocation,
     TransitionTicket,
 )
-from steadqd.fs.resolve import Resolution, ResolveResult, ticket_paths  # noqa: E402
+from steadqd.fs.resolve import ResolveResult, ticket_paths  # noqa: E402
 from tests.invariants import check_tree  # noqa: E402
 from tests.spec_vectors import CLAIM_TICKET_JSON as VECTOR_CLAIM_TICKET  # noqa: E402
 
