@@ -196,10 +196,15 @@ class _Doc:
             raise self.error(f"must be between {lo} and {hi}, got {v}")
         return v
 
-    def duration(self, lo: float = 0.0, hi: float = 365 * 86400.0, *, nullable: bool = False) -> float | None:
+    def duration(self, lo: float = 0.0, hi: float = 365 * 86400.0) -> float:
+        return self._seconds(self.scalar(), lo, hi)
+
+    def optional_duration(self, lo: float = 0.0, hi: float = 365 * 86400.0) -> float | None:
+        """A duration, or ``null`` for "none" (no timeout, keep forever)."""
         v = self.scalar()
-        if v is None and nullable:
-            return None
+        return None if v is None else self._seconds(v, lo, hi)
+
+    def _seconds(self, v: object, lo: float, hi: float) -> float:
         try:
             seconds = parse_duration(v if isinstance(v, str | int | float) else repr(v))
         except ValueError as e:
@@ -223,7 +228,7 @@ def _compose(text: str, path: str) -> yaml.Node:
     depth = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            line = event.start_mark.line + 1
+            line = event.start_mark.line + 1 if event.start_mark is not None else None
             # yaml.compose recurses once per nesting level: refuse deep nesting
             # here (the schema needs < 10 levels) instead of hitting RecursionError.
             if isinstance(event, yaml.CollectionStartEvent):
@@ -299,8 +304,8 @@ def _retry(d: _Doc) -> RetrySettings:
     m = d.mapping({"backoff_base", "backoff_max", "jitter"})
     base = RetrySettings()
     out = RetrySettings(
-        backoff_base=m["backoff_base"].duration(0.001) if "backoff_base" in m else base.backoff_base,  # type: ignore[arg-type]
-        backoff_max=m["backoff_max"].duration(0.001) if "backoff_max" in m else base.backoff_max,  # type: ignore[arg-type]
+        backoff_base=m["backoff_base"].duration(0.001) if "backoff_base" in m else base.backoff_base,
+        backoff_max=m["backoff_max"].duration(0.001) if "backoff_max" in m else base.backoff_max,
         jitter=m["jitter"].boolean() if "jitter" in m else base.jitter,
     )
     if out.backoff_max < out.backoff_base:
@@ -350,7 +355,7 @@ def _worker(d: _Doc) -> WorkerConfig:
     shell = m["shell"].boolean() if "shell" in m else False
     lease = m["lease"].duration(1.0, 7 * 86400.0) if "lease" in m else WorkerConfig.lease
     renew = m["renew_every"].duration(0.1, 7 * 86400.0) if "renew_every" in m else None
-    if renew is not None and renew >= lease:  # type: ignore[operator]
+    if renew is not None and renew >= lease:
         raise m["renew_every"].error(
             f"must be shorter than the lease ({lease:g}s), or the lease expires between renewals"
         )
@@ -369,10 +374,10 @@ def _worker(d: _Doc) -> WorkerConfig:
         command=_command(m["command"], shell),
         shell=shell,
         concurrency=m["concurrency"].integer(1, 1024) if "concurrency" in m else 1,
-        lease=lease,  # type: ignore[arg-type]
+        lease=lease,
         renew_every=renew,
-        timeout=m["timeout"].duration(0.001, nullable=True) if "timeout" in m else None,
-        kill_grace=m["kill_grace"].duration(0.0, 3600.0) if "kill_grace" in m else WorkerConfig.kill_grace,  # type: ignore[arg-type]
+        timeout=m["timeout"].optional_duration(0.001) if "timeout" in m else None,
+        kill_grace=m["kill_grace"].duration(0.0, 3600.0) if "kill_grace" in m else WorkerConfig.kill_grace,
         input=m["input"].choice(("stdin", "file")) if "input" in m else "stdin",
         environment=_environment(m["environment"]) if "environment" in m else {},
         pass_environment=passed,
@@ -388,12 +393,12 @@ def _sweeper(d: _Doc) -> SweeperConfig:
     m = d.mapping({"interval", "receipt_retention", "temp_ttl", "dead_retention", "budget_ops", "budget_ms"})
     base = SweeperConfig()
     return SweeperConfig(
-        interval=m["interval"].duration(0.1, 86400.0) if "interval" in m else base.interval,  # type: ignore[arg-type]
-        receipt_retention=m["receipt_retention"].duration(60.0) if "receipt_retention" in m else base.receipt_retention,  # type: ignore[arg-type]
-        temp_ttl=m["temp_ttl"].duration(60.0) if "temp_ttl" in m else base.temp_ttl,  # type: ignore[arg-type]
+        interval=m["interval"].duration(0.1, 86400.0) if "interval" in m else base.interval,
+        receipt_retention=m["receipt_retention"].duration(60.0) if "receipt_retention" in m else base.receipt_retention,
+        temp_ttl=m["temp_ttl"].duration(60.0) if "temp_ttl" in m else base.temp_ttl,
         # At least an hour: a dead letter is evidence an operator may still
         # need, and a seconds-long retention is almost certainly a typo.
-        dead_retention=m["dead_retention"].duration(DEAD_RETENTION_MIN, nullable=True)
+        dead_retention=m["dead_retention"].optional_duration(DEAD_RETENTION_MIN)
         if "dead_retention" in m
         else base.dead_retention,
         budget_ops=m["budget_ops"].integer(1, 10_000_000) if "budget_ops" in m else base.budget_ops,
@@ -405,7 +410,7 @@ def _promoter(d: _Doc) -> PromoterConfig:
     m = d.mapping({"enabled", "max_sleep"})
     return PromoterConfig(
         enabled=m["enabled"].boolean() if "enabled" in m else True,
-        max_sleep=m["max_sleep"].duration(0.1, 86400.0) if "max_sleep" in m else PromoterConfig.max_sleep,  # type: ignore[arg-type]
+        max_sleep=m["max_sleep"].duration(0.1, 86400.0) if "max_sleep" in m else PromoterConfig.max_sleep,
     )
 
 
