@@ -227,8 +227,10 @@ def _call(
     detail = tuple(_s(x) if isinstance(x, (bytes, os.PathLike)) else x for x in detail)
     with _lock:
         # Appended before the call, under the lock, so that the trace keeps the
-        # order in which threads made their calls; a real failure is noted below.
-        recorded = [(events, len(events)) for events in _traces]
+        # order in which threads made their calls; a real failure is noted below
+        # in the plain lists of trace() (other hooks, such as the crash lab's
+        # recorder, only receive appends).
+        recorded = [(events, len(events)) for events in _traces if type(events) is list]
         for events in _traces:
             events.append(TraceEvent(op, detail))
         fault = _armed

@@ -254,6 +254,30 @@ def test_trace_records_ops_and_details(tmp_path: Path, dfd: int) -> None:
     assert len(outer) == 6  # inactive after exit
 
 
+def test_trace_notes_the_errno_of_a_call_that_really_failed(dfd: int) -> None:
+    """The fault matrix relies on it to know where an after-fault can fire."""
+    appended: list[L.TraceEvent] = []
+
+    class AppendOnly:  # a hook that only receives appends, as the crash lab's recorder does
+        def append(self, event: L.TraceEvent) -> None:
+            appended.append(event)
+
+    hook = AppendOnly()
+    with L.trace() as events:
+        with L._lock:
+            L._traces.append(hook)  # type: ignore[arg-type]
+        try:
+            assert L.mkdir_at(dfd, "d")
+            assert not L.mkdir_at(dfd, "d")  # EEXIST: the directory was there already
+            with L.inject(nth=1, errno=errno.EIO, op="fsync"), pytest.raises(OSError):
+                L.fsync(dfd)
+        finally:
+            with L._lock:
+                L._traces.remove(hook)  # type: ignore[arg-type]
+    assert [(e.op, e.failed) for e in events] == [("mkdir", 0), ("mkdir", errno.EEXIST), ("fsync", 0)]
+    assert [e.op for e in appended] == ["mkdir", "mkdir", "fsync"]  # the hook got every event, unchanged
+
+
 def test_unfired_fault_counts_positions(dfd: int) -> None:
     with L.inject(nth=10**9, errno=errno.EIO) as fault, L.trace() as events:
         L.mkdir_at(dfd, "d")
