@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from steadqd import Lease, Queue
-from steadqd.cli.main import main, temp_sibling, write_atomic
+from steadqd.cli.common import temp_sibling, write_atomic
+from steadqd.cli.main import main
 from steadqd.constants import State
 from steadqd.fs import linux
 from steadqd.fs.records import JobHeader, LeasedLocation, ReadyLocation, TransitionTicket

@@ -37,7 +37,7 @@ from steadqd import (
     Queue,
     State,
 )
-from steadqd.cli import main as cli
+from steadqd.cli import maintenance_cmd, view_cmd
 from steadqd.fs import inspection as insp
 from steadqd.fs import names
 from steadqd.fs.fsck import FsckResult
@@ -130,12 +130,12 @@ def quarantine_of(r: FsckResult, rel: str) -> tuple[str, int]:
 def test_empty_queue_stats_exact_outputs(q: Queue) -> None:
     s = insp.stats(q.path)
     assert list(s) == ["ready", "leased", "delayed", "receipts", "dead", "quarantine"]
-    assert cli.format_stats_text(s) == "".join(f"{k}: 0\n" for k in STATES6)
+    assert view_cmd.format_stats_text(s) == "".join(f"{k}: 0\n" for k in STATES6)
     expected_json = "{\n" + ",\n".join(
         f'  "{k}": {{\n    "objects": 0,\n    "oldest_age_seconds": null\n  }}' for k in STATES6
     )
-    assert cli.format_stats_json(s) == expected_json + "\n}\n"
-    assert cli.format_stats_prometheus(s) == "".join(
+    assert view_cmd.format_stats_json(s) == expected_json + "\n}\n"
+    assert view_cmd.format_stats_prometheus(s) == "".join(
         f"# TYPE steadq_{k}_objects gauge\nsteadq_{k}_objects 0\n" for k in STATES6
     )
     detailed = q.stats()
@@ -149,14 +149,14 @@ def test_nonempty_formats_exact() -> None:
         "dead": insp.StateStats(0, None),
         "leased": insp.StateStats(1, 0),
     }
-    assert cli.format_stats_text(s) == "dead: 0\nleased: 1 (oldest 0s)\nready: 2 (oldest 5s)\n"
-    assert json.loads(cli.format_stats_json(s)) == {
+    assert view_cmd.format_stats_text(s) == "dead: 0\nleased: 1 (oldest 0s)\nready: 2 (oldest 5s)\n"
+    assert json.loads(view_cmd.format_stats_json(s)) == {
         "dead": {"objects": 0, "oldest_age_seconds": None},
         "leased": {"objects": 1, "oldest_age_seconds": 0},
         "ready": {"objects": 2, "oldest_age_seconds": 5},
     }
-    assert cli.format_stats_json(s).startswith('{\n  "dead": {\n    "objects": 0,\n')
-    assert cli.format_stats_prometheus(s) == (
+    assert view_cmd.format_stats_json(s).startswith('{\n  "dead": {\n    "objects": 0,\n')
+    assert view_cmd.format_stats_prometheus(s) == (
         "# TYPE steadq_dead_objects gauge\nsteadq_dead_objects 0\n"
         "# TYPE steadq_leased_objects gauge\nsteadq_leased_objects 1\n"
         "# TYPE steadq_ready_objects gauge\nsteadq_ready_objects 2\n"
@@ -221,7 +221,7 @@ def test_stats_age_is_floor_of_oldest_mtime_and_zero_in_the_future(q: Queue) -> 
     future = now - 50 * SEC  # both mtimes are after this "now"
     assert insp.stats(q.path, now_ns=future)["ready"] == insp.StateStats(2, 0)
     assert insp.detailed_stats(q._ctx, now_ns=now)["ready"] == insp.StateStats(2, 7)  # noqa: SLF001
-    assert cli.format_stats_text(s).splitlines()[4] == "ready: 2 (oldest 7s)"
+    assert view_cmd.format_stats_text(s).splitlines()[4] == "ready: 2 (oldest 7s)"
 
 
 def _sample_names(q: Queue) -> dict[State, str]:
@@ -309,8 +309,8 @@ def test_fsck_clean_queue_in_every_state(q: Queue) -> None:
     assert r.payloads_deep_verified == 1  # the full receipt is always hashed
     deep = q.fsck(deep=True)
     assert deep.findings == [] and deep.payloads_deep_verified == 5
-    assert cli.format_fsck_summary(deep) == "objects: 5, structurally verified: 5, payload verified: 5"
-    assert cli.format_fsck_lines(deep) == []
+    assert maintenance_cmd.format_fsck_summary(deep) == "objects: 5, structurally verified: 5, payload verified: 5"
+    assert maintenance_cmd.format_fsck_lines(deep) == []
 
 
 def test_fsck_verifies_compact_receipts_and_flags_corrupt_ones(q: Queue) -> None:
@@ -635,12 +635,12 @@ def test_fsck_reports_and_repairs_each_damage(kind: str, q: Queue, tmp_path: Pat
     before = q.fsck(deep=True)
     expected_total = 1 + dmg.counted
     extra = [("WARN", os.path.dirname(os.path.dirname(dmg.rel)), "unexpected_entry")] if "bogus" in kind else []
-    assert kinds(before) == extra + [(dmg.severity, dmg.rel, dmg.finding)], cli.format_fsck_lines(before)
+    assert kinds(before) == extra + [(dmg.severity, dmg.rel, dmg.finding)], maintenance_cmd.format_fsck_lines(before)
     assert before.total_objects == expected_total
     assert before.structurally_verified == 1 and before.payloads_deep_verified == 1  # only the good job
     assert before.exit_code == (3 if dmg.severity == "ERROR" else 0)
     assert before.quarantined == 0 and os.listdir(os.path.join(q.path, "quarantine")) == []
-    line = cli.format_fsck_lines(before)[-1]
+    line = maintenance_cmd.format_fsck_lines(before)[-1]
     assert line.startswith(f"{dmg.severity} {dmg.rel}: {dmg.finding} (") and line.endswith(")")
 
     repaired = q.fsck(repair=True)
@@ -719,13 +719,13 @@ def test_repair_refused_on_a_poisoned_handle(q: Queue) -> None:
 def test_inspect_every_state_and_exact_lines(q: Queue) -> None:
     job, rel = q.enqueue_detailed(b"x", max_attempts=4)
     [obj] = q.inspect_detailed(job)
-    assert cli.format_inspect_line(obj) == f"ready gen=0 attempt=0/4 {rel}"
+    assert view_cmd.format_inspect_line(obj) == f"ready gen=0 attempt=0/4 {rel}"
     assert obj.details == {}
 
     lease = q.lease()
     assert lease is not None and lease.job_id == job
     [obj] = q.inspect_detailed(job)
-    assert cli.format_inspect_line(obj) == f"leased gen=1 attempt=1/4 {lease.path}"
+    assert view_cmd.format_inspect_line(obj) == f"leased gen=1 attempt=1/4 {lease.path}"
     assert obj.details == {
         "layout": "colocated",
         "boot_id": read_boot_id(),
@@ -744,7 +744,7 @@ def test_inspect_every_state_and_exact_lines(q: Queue) -> None:
     q.bury(dl, reason=3)
     [obj] = q.inspect_detailed(dead_job)
     assert obj.state == "dead" and obj.details == {"reason": 3}
-    assert cli.format_inspect_line(obj) == f"dead gen=2 attempt=1/3 {obj.path}"
+    assert view_cmd.format_inspect_line(obj) == f"dead gen=2 attempt=1/3 {obj.path}"
 
     ack_job = q.enqueue(b"z")
     al = q.lease()
@@ -752,7 +752,7 @@ def test_inspect_every_state_and_exact_lines(q: Queue) -> None:
     q.ack(al)
     [obj] = q.inspect_detailed(ack_job)
     assert obj.state == "receipt" and obj.details == {"token": al.token.hex(), "compact": False}
-    assert cli.format_inspect_line(obj).startswith("receipt gen=2 attempt=1/3 receipts/")
+    assert view_cmd.format_inspect_line(obj).startswith("receipt gen=2 attempt=1/3 receipts/")
 
     assert q.inspect_detailed(os.urandom(16).hex()) == []
     with pytest.raises(InvalidInput):

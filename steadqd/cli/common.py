@@ -1,0 +1,254 @@
+"""What every ``steadq`` command group shares: failures and exit codes, output, files it
+writes for the user, argument types, the parser class, and opening a queue.
+
+Conventions that hold for every subcommand:
+
+* A failure is raised as :class:`CliError` (message lines for stderr plus an
+  exit code) and printed once by ``main``; nothing else calls ``sys.exit``.
+  Exit codes follow cli.md: library errors map through their
+  :class:`~steadqd.errors.ErrorKind`, raw OS errors through
+  :func:`os_exit_code`, OutcomeUnknown is always 2.
+* Usage errors (unknown flag, malformed number or duration, bad metadata
+  key) exit **1** ("invalid input") with one line naming the bad value; the
+  reference's argument parser would exit 2, which scripts must read as
+  "outcome unknown", so we deliberately do not copy that.
+* Files the CLI writes for the user (handle files, tickets) are written
+  atomically: temp name, fsync, rename, fsync of the parent directory, so a
+  crash never leaves a half-written handle that a later ``ack`` would trust.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeAlias
+
+from steadqd.backend import Backend
+from steadqd.backend import open_queue as open_backend
+from steadqd.durations import parse_duration
+from steadqd.errors import OutcomeUnknown, SteadQError
+
+PROG = "steadq"
+HEX32 = re.compile(r"[0-9a-f]{32}")
+
+
+# =========================================================================== errors and output
+
+
+class CliError(Exception):
+    """A failure to report: ``lines`` go to stderr, ``code`` is the exit status."""
+
+    def __init__(self, lines: str | Sequence[str], code: int) -> None:
+        self.lines = [lines] if isinstance(lines, str) else list(lines)
+        super().__init__("; ".join(self.lines))
+        self.code = code
+
+
+def os_exit_code(e: OSError) -> int:
+    """cli.md's mapping of raw OS errors (Rust io::ErrorKind) to exit codes."""
+    n = e.errno
+    if n in (errno.ENOSYS, errno.EOPNOTSUPP):
+        return 64  # Unsupported
+    if n in (errno.EACCES, errno.EPERM):
+        return 5  # PermissionDenied
+    if n in (errno.EEXIST, errno.EINVAL, errno.EAGAIN, errno.EILSEQ):
+        return 1  # AlreadyExists / InvalidInput / WouldBlock / InvalidData
+    return 6
+
+
+def error_code(e: BaseException) -> int:
+    """Exit code of any error a subcommand may see."""
+    if isinstance(e, OutcomeUnknown):
+        return 2
+    if isinstance(e, SteadQError):
+        return e.exit_code
+    if isinstance(e, OSError):
+        return os_exit_code(e)
+    return 6
+
+
+def error_text(e: BaseException) -> str:
+    """One-line description of an error (library message or strerror with the file)."""
+    if isinstance(e, SteadQError):
+        return e.message
+    if isinstance(e, OSError):
+        where = f"{e.filename}: " if e.filename is not None else ""
+        return f"{where}{e.strerror or e}"
+    return str(e)
+
+
+def err(*lines: str) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)
+    sys.stderr.flush()
+
+
+def out(*lines: str) -> None:
+    for line in lines:
+        print(line)
+    sys.stdout.flush()
+
+
+def out_json(doc: Any) -> None:
+    """2-space pretty JSON on stdout, keys in the order given (documented shapes)."""
+    print(json.dumps(doc, indent=2, default=str))
+    sys.stdout.flush()
+
+
+def escape(raw: bytes) -> str:
+    """Non-UTF-8 bytes as ``\\xNN`` (cli.md admin dead-list)."""
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def state_name(state: Any) -> str:
+    """A state enum or word as its word."""
+    return str(getattr(state, "value", state))
+
+
+def job_object_json(o: Any) -> dict[str, Any]:
+    """The documented JSON shape of one object of a job (``inspect``, ``admin dead-inspect``)."""
+    doc = {
+        "state": state_name(o.state),
+        "generation": o.generation,
+        "attempt": o.attempt,
+        "max_attempts": o.max_attempts,
+        "path": o.path,
+    }
+    details = getattr(o, "details", None)
+    if details is not None:
+        doc["details"] = details
+    return doc
+
+
+# =========================================================================== atomic files
+
+
+def temp_sibling(path: str, rand_hex: str) -> str:
+    """``<path with its extension replaced by "tmp.<hex>">`` like Rust's ``Path::with_extension``.
+
+    ``h.json`` -> ``h.tmp.<hex>``; ``h`` -> ``h.tmp.<hex>``; ``.h`` -> ``.h.tmp.<hex>``.
+    Why this exact name: an operator cleaning up after a crash sees the same
+    stray names the reference would leave.
+    """
+    head, name = os.path.split(path)
+    dot = name.rfind(".")
+    stem = name[:dot] if dot > 0 else name
+    return os.path.join(head, f"{stem}.tmp.{rand_hex}")
+
+
+def write_atomic(path: str, text: str) -> None:
+    """O_EXCL temp (0600), write, fsync, rename over ``path``, fsync the parent (best effort).
+
+    On any failure the temp is removed, so nothing half-written is left and
+    an existing file at ``path`` is untouched.
+    """
+    tmp = temp_sibling(path, os.urandom(16).hex())
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            data = text.encode("utf-8")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+# =========================================================================== argument types
+
+
+def int_in(lo: int, hi: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a decimal integer in ``lo..hi``; ``what`` names it in the error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected an integer") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: must be in {lo}..{hi}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+def seconds_number(text: str) -> float:
+    """An argparse type: a finite, non-negative number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    if value != value or value < 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}")
+    return value
+
+
+def duration(text: str) -> float:
+    """An argparse type: human durations (90s, 2h, 1d, 1h30m, 250ms; a bare number is seconds)."""
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def job_id(text: str) -> str:
+    """A job id argument, checked where the command runs (its error is the command's, exit 1)."""
+    if not HEX32.fullmatch(text):
+        raise CliError("invalid job_id: expected 32 lowercase hex chars", 1)
+    return text
+
+
+# =========================================================================== parser
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with clap-like failure: one line, exit 1 (invalid input)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{self.prog}: {message} (see '{self.prog} --help')", 1)
+
+
+Subcommands: TypeAlias = "argparse._SubParsersAction[Parser]"
+
+
+def add_command(sub: Subcommands, name: str, help_text: str, example: str = "") -> Parser:
+    """A subcommand's parser, with its help as description and ``example`` as epilog."""
+    epilog = f"example:\n  {example}" if example else None
+    return sub.add_parser(
+        name,
+        help=help_text,
+        description=help_text,
+        epilog=epilog,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+# =========================================================================== queues
+
+
+def open_queue(path: str, *, code: int | None = None, **options: Any) -> Backend:
+    """Open with default options; failure -> one line and the error's code (or ``code``)."""
+    try:
+        return open_backend(path, **options)
+    except Exception as e:  # noqa: BLE001 - every failure must become one line and an exit code
+        raise CliError(f"cannot open queue {path}: {error_text(e)}", code if code is not None else error_code(e)) from e

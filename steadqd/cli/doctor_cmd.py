@@ -1,0 +1,26 @@
+"""``steadq doctor``: can this machine and filesystem hold a queue? Exit 6 if any check fails."""
+
+from __future__ import annotations
+
+import argparse
+
+from steadqd.backend import doctor
+from steadqd.cli.common import Subcommands, add_command, err, error_text, out_json
+
+
+def add_doctor(sub: Subcommands) -> None:
+    s = add_command(sub, "doctor", "check the machine and filesystem", "steadq doctor /srv/q")
+    s.add_argument("path", metavar="PATH")
+    s.set_defaults(run=cmd_doctor)
+
+
+def cmd_doctor(a: argparse.Namespace) -> int:
+    checks = [(name, ok, value if isinstance(value, str) else error_text(value)) for name, ok, value in doctor(a.path)]
+    if a.json:
+        out_json({name: {"ok": ok, "value": value} for name, ok, value in sorted(checks)})
+    else:
+        err(f"steadq doctor {a.path}", *(f"  {n}: {v}{'' if ok else ' [FAIL]'}" for n, ok, v in checks))
+    return 0 if all(ok for _, ok, _ in checks) else 6
+
+
+COMMANDS = {"doctor": add_doctor}

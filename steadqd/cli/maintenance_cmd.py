@@ -1,0 +1,238 @@
+"""``steadq fsck``, ``verify``, ``format-dump``, ``recover`` and ``resolve``: checking and repair.
+
+``fsck`` checks a whole queue and ``verify``/``format-dump`` a single file
+(an export, a copy: no queue is opened); ``recover`` runs the bounded
+recovery pass the sweeper runs; ``resolve`` decides, from a ticket, what an
+indeterminate transition did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from typing import Any
+
+from steadqd.backend import Backend, dump_file, parse_ticket, verify_file
+from steadqd.cli.common import (
+    CliError,
+    Subcommands,
+    add_command,
+    err,
+    error_code,
+    error_text,
+    int_in,
+    open_queue,
+    os_exit_code,
+    out,
+    out_json,
+)
+from steadqd.constants import U64_MAX, Resolution
+from steadqd.errors import QueueCorrupt, SteadQError, UnsupportedFormat
+
+
+def add_fsck(sub: Subcommands) -> None:
+    s = add_command(sub, "fsck", "check (and optionally repair) the whole tree", "steadq fsck /srv/q --deep")
+    s.add_argument("path", metavar="PATH")
+    s.add_argument("--deep", action="store_true")
+    s.add_argument("--repair", action="store_true")
+    s.set_defaults(run=cmd_fsck)
+
+
+def add_verify(sub: Subcommands) -> None:
+    s = add_command(sub, "verify", "verify one job or FORMAT file", "steadq verify job.sqj --deep")
+    s.add_argument("file", metavar="FILE")
+    s.add_argument("--deep", action="store_true")
+    s.set_defaults(run=cmd_verify)
+
+
+def add_format_dump(sub: Subcommands) -> None:
+    s = add_command(
+        sub, "format-dump", "print the header fields of a job or FORMAT file", "steadq format-dump /srv/q/FORMAT"
+    )
+    s.add_argument("file", metavar="FILE")
+    s.set_defaults(run=cmd_format_dump)
+
+
+def add_recover(sub: Subcommands) -> None:
+    s = add_command(
+        sub, "recover", "run a recovery pass (reap, promote, clean up)", "steadq recover /srv/q --budget-ops 5000"
+    )
+    s.add_argument("path", metavar="PATH")
+    s.add_argument("--watch", action="store_true")
+    s.add_argument("--budget-ops", type=int_in(0, U64_MAX, "budget"), default=1000, metavar="N")
+    s.add_argument("--budget-ms", type=int_in(0, U64_MAX, "budget"), default=100, metavar="MS")
+    s.set_defaults(run=cmd_recover)
+
+
+def add_resolve(sub: Subcommands) -> None:
+    s = add_command(
+        sub,
+        "resolve",
+        "decide an indeterminate transition from its ticket",
+        "steadq resolve /srv/q --result-file t.json",
+    )
+    s.add_argument("path", metavar="PATH")
+    s.add_argument("--result-file", required=True, metavar="TICKET.json")
+    s.add_argument("--stabilize", action="store_true")
+    s.set_defaults(run=cmd_resolve)
+
+
+# =========================================================================== fsck
+
+
+def format_fsck_summary(r: Any) -> str:
+    """The stderr first line of ``steadq fsck`` (no newline)."""
+    return (
+        f"objects: {r.total_objects}, structurally verified: {r.structurally_verified}, "
+        f"payload verified: {r.payloads_deep_verified}"
+    )
+
+
+def format_fsck_lines(r: Any) -> list[str]:
+    """stdout lines: ``<SEVERITY> <relative path>: <finding_type> (<details>)``."""
+    return [f"{f.severity} {f.path}: {f.finding_type} ({f.details})" for f in r.findings]
+
+
+def cmd_fsck(a: argparse.Namespace) -> int:
+    q = open_queue(a.path)
+    try:
+        try:
+            r = q.fsck(deep=a.deep, repair=a.repair)
+        except Exception as e:  # noqa: BLE001
+            raise CliError(f"fsck failed: {error_text(e)}", error_code(e)) from e
+    finally:
+        with contextlib.suppress(Exception):
+            q.close()
+    err(format_fsck_summary(r))
+    if a.json:
+        out_json(
+            {
+                "total_objects": r.total_objects,
+                "structurally_verified": r.structurally_verified,
+                "payloads_deep_verified": r.payloads_deep_verified,
+                "quarantined": r.quarantined,
+                "findings": [
+                    {"severity": f.severity, "path": f.path, "finding_type": f.finding_type, "details": f.details}
+                    for f in r.findings
+                ],
+            }
+        )
+    else:
+        out(*format_fsck_lines(r))
+    if r.quarantined:
+        err(f"quarantined: {r.quarantined}")
+    return int(r.exit_code)
+
+
+# =========================================================================== verify / format-dump
+
+
+def cmd_verify(a: argparse.Namespace) -> int:
+    """Streams the file (flat memory); each fact is printed before the check that may fail."""
+    try:
+        for name, value in verify_file(a.file, deep=a.deep):
+            err(f"{name}: {value}")
+    except QueueCorrupt as e:
+        raise CliError(f"CORRUPT: {e.message}", 3) from e
+    except UnsupportedFormat as e:
+        raise CliError("unknown format", 1) from e
+    except OSError as e:
+        raise CliError(f"cannot read {a.file}: {e.strerror}", os_exit_code(e)) from e
+    err("valid")
+    return 0
+
+
+def cmd_format_dump(a: argparse.Namespace) -> int:
+    try:
+        fields = dump_file(a.file)
+    except QueueCorrupt as e:
+        raise CliError(f"parse error: {e.message}", 1) from e
+    except UnsupportedFormat as e:
+        raise CliError("unrecognized format", 1) from e
+    except OSError as e:
+        raise CliError(f"cannot read {a.file}: {e.strerror}", os_exit_code(e)) from e
+    if a.json:
+        out_json(fields)
+    else:
+        out(*(f"{k}: {v}" for k, v in fields.items()))
+    return 0
+
+
+# =========================================================================== recover / resolve
+
+
+def _recover_once(q: Backend, budget_ops: int, budget_ms: int) -> int:
+    try:
+        r = q.recover(budget_ops=budget_ops, budget_ms=budget_ms)
+    except Exception as e:  # noqa: BLE001
+        err(f"recovery failed: {error_text(e)}")
+        return error_code(e) or 6
+    err(
+        f"reaped:{r.leases_reaped} promoted:{r.delayed_promoted} temp_deleted:{r.temp_files_deleted} "
+        f"dead:{r.leases_to_dead} ops:{r.operations_attempted}{' (budget exhausted)' if r.budget_exhausted else ''}"
+    )
+    if r.errors:
+        err(f"{len(r.errors)} recovery errors")
+        return 6
+    return 0
+
+
+def cmd_recover(a: argparse.Namespace) -> int:
+    q = open_queue(a.path)
+    try:
+        if not a.watch:
+            return _recover_once(q, a.budget_ops, a.budget_ms)
+        try:
+            while True:
+                _recover_once(q, a.budget_ops, a.budget_ms)
+                time.sleep(5)
+        except KeyboardInterrupt:
+            return 0
+    finally:
+        with contextlib.suppress(Exception):
+            q.close()
+
+
+def cmd_resolve(a: argparse.Namespace) -> int:
+    try:
+        with open(a.result_file, "rb") as f:
+            raw = f.read(1 << 20)
+    except OSError as e:
+        raise CliError(f"cannot read ticket {a.result_file}: {e.strerror}", 1) from e
+    try:
+        ticket = parse_ticket(raw)
+    except SteadQError as e:
+        raise CliError(f"invalid transition ticket: {e.message}", 1) from e
+    q = open_queue(a.path, code=6)
+    try:
+        try:
+            r = q.resolve(ticket, stabilize=a.stabilize)
+        except SteadQError as e:
+            raise CliError(f"ticket does not fit this queue: {e.message}", 1) from e
+    finally:
+        with contextlib.suppress(Exception):
+            q.close()
+    o = r.outcome
+    if o in (Resolution.DESTINATION_OBSERVED, Resolution.DESTINATION_STABILIZED):
+        err(f"destination observed: {r.destination_path}")
+        return 0
+    if o in (Resolution.SOURCE_OBSERVED, Resolution.SOURCE_STABILIZED):
+        err(f"source observed: {r.source_path}")
+        return 0
+    if o is Resolution.BOTH_OBSERVED:
+        raise CliError("both source and destination observed (corruption)", 3)
+    if o is Resolution.NEITHER_OBSERVED:
+        raise CliError("neither source nor destination observed", 1)
+    if o is Resolution.CONFLICTING_OBJECT:
+        raise CliError("conflicting object at expected path", 3)
+    raise CliError(f"resolution failed: {r.error}", 6)
+
+
+COMMANDS = {
+    "fsck": add_fsck,
+    "verify": add_verify,
+    "format-dump": add_format_dump,
+    "recover": add_recover,
+    "resolve": add_resolve,
+}

@@ -1,0 +1,359 @@
+"""``steadq put``: enqueue one job, or many from a directory or a JSON-lines file.
+
+A single put streams its payload (never held in memory whole). A bulk put
+(``--dir``, ``--jsonl``) goes through ``enqueue_many`` group by group, shows a
+progress bar on a terminal, and always ends with one summary line that says
+how many jobs are durable, so a script can tell what to resubmit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from typing import IO, Any, BinaryIO
+
+from steadqd.cli.common import (
+    CliError,
+    Subcommands,
+    add_command,
+    duration,
+    err,
+    int_in,
+    open_queue,
+    os_exit_code,
+    out,
+    out_json,
+)
+from steadqd.constants import ENQUEUE_MANY_GROUP, U32_MAX, U64_MAX
+from steadqd.errors import EnqueueIncomplete, NotCommitted, OutcomeUnknown
+
+_METADATA_KEY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+
+def add_put(sub: Subcommands) -> None:
+    s = add_command(
+        sub, "put", "enqueue a job (or many with --dir / --jsonl)", "echo hello | steadq put /srv/q --meta user=ann"
+    )
+    s.add_argument("path", metavar="PATH")
+    s.add_argument("file", metavar="FILE", nargs="?", default="-", help="payload file; '-' or omitted: stdin")
+    s.add_argument(
+        "--content-type", default=None, help="default application/octet-stream (application/json for --jsonl)"
+    )
+    s.add_argument("--max-attempts", type=int_in(0, U32_MAX, "max attempts"), default=3)
+    s.add_argument("--not-before", type=int_in(0, U64_MAX, "unix ns"), default=None, metavar="UNIX_NS")
+    s.add_argument("--producer-id", default=None, metavar="ID")
+    s.add_argument("--delay", type=duration, default=None, metavar="DURATION", help="e.g. 90s, 15m, 2h, 1d")
+    s.add_argument("--meta", type=_meta, action="append", default=[], metavar="KEY=VALUE", help="repeatable")
+    s.add_argument("--dir", default=None, metavar="DIR", help="bulk: one job per regular file of DIR")
+    s.add_argument("--jsonl", default=None, metavar="FILE", help="bulk: one job per JSON line of FILE ('-' = stdin)")
+    s.add_argument("--print-ids", action="store_true", help="bulk: print '<job_id> <source>' per job on stdout")
+    s.set_defaults(run=cmd_put)
+
+
+def _meta(text: str) -> tuple[str, str]:
+    """``key=value``; the key must satisfy the spec's metadata key grammar."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"invalid --meta {text!r}: expected key=value")
+    if not _METADATA_KEY.fullmatch(key):
+        raise argparse.ArgumentTypeError(
+            f"invalid metadata key {key!r}: must match [a-z0-9][a-z0-9._-]{{0,63}} "
+            "(lowercase letters, digits, '.', '_', '-'; 1-64 characters)"
+        )
+    return key, value
+
+
+@dataclass
+class PutOptions:
+    """Everything of ``put`` that applies to each job of a (bulk) put."""
+
+    content_type: str
+    max_attempts: int
+    not_before: int | None
+    delay: float | None
+    producer_id: str | None
+    metadata: dict[str, str] | None
+
+    def kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {
+            "content_type": self.content_type,
+            "max_attempts": self.max_attempts,
+            "metadata": self.metadata,
+            "producer_id": self.producer_id,
+        }
+        if self.not_before is not None:
+            kw["not_before_ns"] = self.not_before
+        if self.delay:
+            kw["delay"] = self.delay
+        return kw
+
+
+def cmd_put(a: argparse.Namespace) -> int:
+    if a.delay is not None and a.not_before is not None:
+        raise CliError("put: give either --delay or --not-before, not both", 1)
+    if a.dir is not None and a.jsonl is not None:
+        raise CliError("put: give either --dir or --jsonl, not both", 1)
+    if (a.dir is not None or a.jsonl is not None) and a.file != "-":
+        raise CliError(f"put: unexpected FILE {a.file!r} with --dir/--jsonl", 1)
+    metadata = dict(a.meta) if a.meta else None
+    default_type = "application/json" if a.jsonl is not None else "application/octet-stream"
+    opts = PutOptions(a.content_type or default_type, a.max_attempts, a.not_before, a.delay, a.producer_id, metadata)
+    if a.dir is not None:
+        return bulk_put(a, opts, _dir_source(a.dir))
+    if a.jsonl is not None:
+        return bulk_put(a, opts, _jsonl_source(a.jsonl))
+    return single_put(a, opts)
+
+
+def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
+    """One job; the payload is streamed (never held in memory whole)."""
+    if a.file == "-":
+        stream: BinaryIO = sys.stdin.buffer
+        owned = False
+    else:
+        try:
+            stream = open(a.file, "rb")  # noqa: SIM115 - closed below
+        except OSError as e:  # read failure -> OS mapping, before the queue is opened
+            raise CliError(f"cannot read {a.file}: {e.strerror}", os_exit_code(e)) from e
+        owned = True
+    try:
+        q = open_queue(a.path)
+        try:
+            job_id, path = q.enqueue_detailed(stream, **opts.kwargs())
+        except OutcomeUnknown as e:
+            t = e.ticket
+            lines = [f"outcome unknown: {e.message}"]
+            if t is not None:
+                lines += [f"job_id: {t.job_id.hex()}", f"path: {t.path}"]
+            raise CliError(lines, 2) from e
+        except NotCommitted as e:
+            lines = [f"not committed: {e.message}"]
+            if e.job_id:
+                lines.append(f"job_id: {e.job_id}")
+            raise CliError(lines, e.exit_code) from e
+        finally:
+            q.close()
+    finally:
+        if owned:
+            stream.close()
+    out(f"job_id: {job_id}", f"path: {path}")
+    return 0
+
+
+@dataclass
+class BulkSource:
+    """A bulk payload source: ``total`` if known up front, and an iterator of
+    ``(label, opener)`` where ``opener()`` returns a binary stream for one job."""
+
+    describe: str
+    total: int | None
+    items: Callable[[], Iterator[tuple[str, Callable[[], BinaryIO]]]]
+    cleanup: Callable[[], None] = lambda: None
+
+
+def _dir_source(directory: str) -> BulkSource:
+    """Every regular file of ``directory`` (not recursive, symlinks not followed), by name.
+
+    Only the names are held in memory; each file is opened when its turn comes.
+    """
+    try:
+        with os.scandir(directory) as it:
+            names = sorted(e.name for e in it if e.is_file(follow_symlinks=False))
+    except OSError as e:
+        raise CliError(f"cannot read directory {directory}: {e.strerror}", os_exit_code(e)) from e
+
+    def items() -> Iterator[tuple[str, Callable[[], BinaryIO]]]:
+        for name in names:
+            full = os.path.join(directory, name)
+            yield name, (lambda full=full: open(full, "rb"))  # type: ignore[misc]
+
+    return BulkSource(f"files of {directory}", len(names), items)
+
+
+def _jsonl_source(path: str) -> BulkSource:
+    """One job per non-blank line, each a JSON document (validated *before* anything is enqueued).
+
+    Why validate first: a malformed line 5000 must not leave 4999 jobs
+    enqueued ("nothing half-written"). stdin is spooled to an anonymous temp
+    file during validation, so memory stays flat for any input size.
+    """
+    if path == "-":
+        spool: IO[bytes] = tempfile.TemporaryFile()
+        src: IO[bytes] = sys.stdin.buffer
+        label = "stdin"
+    else:
+        try:
+            src = open(path, "rb")  # noqa: SIM115 - closed below
+        except OSError as e:
+            raise CliError(f"cannot read {path}: {e.strerror}", os_exit_code(e)) from e
+        spool = src
+        label = path
+    count = 0
+    try:
+        for lineno, line in enumerate(src, 1):
+            if path == "-":
+                spool.write(line)
+            body = line.strip()
+            if not body:
+                continue
+            try:
+                json.loads(body)
+            except ValueError as e:
+                raise CliError(f"{label}:{lineno}: invalid JSON: {e}", 1) from None
+            count += 1
+    except OSError as e:
+        spool.close()
+        raise CliError(f"cannot read {label}: {e.strerror}", os_exit_code(e)) from e
+    except BaseException:
+        spool.close()
+        raise
+
+    def items() -> Iterator[tuple[str, Callable[[], BinaryIO]]]:
+        spool.seek(0)
+        for lineno, line in enumerate(spool, 1):
+            body = line.strip()
+            if body:
+                yield f"{label}:{lineno}", (lambda body=body: io.BytesIO(body))  # type: ignore[misc]
+
+    return BulkSource(f"lines of {label}", count, items, spool.close)
+
+
+class Progress:
+    """A progress bar on a terminal (stderr, ``\\r`` updates at most 10/s); silent otherwise."""
+
+    def __init__(self, total: int | None, enabled: bool, stream: IO[str] | None = None) -> None:
+        self.total = total
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.start = time.monotonic()
+        self._last = 0.0
+        self.done = 0
+
+    def update(self, done: int, *, force: bool = False) -> None:
+        self.done = done
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < 0.1:
+            return
+        self._last = now
+        rate = done / max(now - self.start, 1e-9)
+        if self.total:
+            width = 30
+            filled = width * done // self.total
+            pct = 100 * done // self.total
+            line = f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {pct:3d}% {rate:8.0f}/s"
+        else:
+            line = f"\r{done} jobs {rate:8.0f}/s"
+        self.stream.write(line)
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self.enabled:
+            self.update(self.done, force=True)
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource) -> int:
+    """Enqueue every item of ``source``; progress on a TTY, one summary line always.
+
+    Jobs go through ``Queue.enqueue_many`` one group (ENQUEUE_MANY_GROUP jobs)
+    per call: the group's files are written, fsynced together, linked, then
+    each directory is fsynced once, and a group's jobs count as enqueued only
+    after that. Sources are opened one at a time and each is closed once it
+    is written. On a failure the summary says how many jobs are durable (a
+    prefix of the input), so a script can tell what to resubmit.
+    """
+    try:
+        q = open_queue(a.path)
+    except CliError:
+        source.cleanup()
+        raise
+    progress = Progress(source.total, sys.stderr.isatty())
+    start = time.monotonic()
+    durable = 0
+    nbytes = 0
+    kwargs = opts.kwargs()
+    failure: CliError | None = None
+    items = source.items()
+    exhausted = False
+
+    def group(labels: list[str], sizes: list[int]) -> Generator[BinaryIO, None, None]:
+        """The next group's payload streams; each is closed when the next is asked for."""
+        nonlocal exhausted, failure
+        for _ in range(ENQUEUE_MANY_GROUP):
+            try:
+                label, opener = next(items)
+            except StopIteration:
+                exhausted = True
+                return
+            try:
+                stream = opener()
+            except OSError as e:
+                failure = CliError(f"cannot read {label}: {e.strerror}", os_exit_code(e))
+                return
+            with stream:
+                labels.append(label)
+                try:
+                    yield stream
+                finally:
+                    sizes.append(stream.tell())
+
+    try:
+        while not exhausted and failure is None:
+            labels: list[str] = []
+            sizes: list[int] = []
+            payloads = group(labels, sizes)
+            ids: list[str] = []
+            error: CliError | None = None
+            try:
+                ids = q.enqueue_many(payloads, **kwargs)
+            except EnqueueIncomplete as e:
+                ids = e.published
+                kind = "outcome unknown" if isinstance(e.cause, OutcomeUnknown) else "not committed"
+                error = CliError(f"{kind}: {e.cause.message}", e.exit_code)
+            except OutcomeUnknown as e:
+                error = CliError(f"outcome unknown: {e.message}", 2)
+            except NotCommitted as e:
+                error = CliError(f"not committed: {e.message}", e.exit_code)
+            finally:
+                payloads.close()
+            if error is not None:  # after an unreadable source, if any: both are reported
+                failure = error if failure is None else CliError([*failure.lines, *error.lines], error.code)
+            durable += len(ids)
+            nbytes += sum(sizes[: len(ids)])
+            if a.print_ids:
+                for job_id, label in zip(ids, labels, strict=False):
+                    out(f"{job_id} {label}")
+            progress.update(durable)
+    except KeyboardInterrupt:
+        failure = CliError("interrupted", 130)
+    finally:
+        progress.update(durable)
+        progress.finish()
+        try:
+            q.close()
+        except OutcomeUnknown as e:
+            failure = CliError(f"outcome unknown: {e.message}", 2)
+        source.cleanup()
+    elapsed = time.monotonic() - start
+    rate = durable / elapsed if elapsed > 0 else 0.0
+    if a.json:
+        out_json({"enqueued": durable, "bytes": nbytes, "seconds": round(elapsed, 3), "failed": failure is not None})
+    summary = f"enqueued {durable} jobs ({nbytes} bytes) from {source.describe} in {elapsed:.1f}s ({rate:.0f}/s)"
+    if failure is not None:
+        raise CliError([*failure.lines, summary], failure.code)
+    err(summary)
+    return 0
+
+
+COMMANDS = {"put": add_put}
