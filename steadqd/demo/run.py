@@ -26,6 +26,7 @@ was acknowledged or buried as its kind says and the daemon stopped cleanly.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue as queue_mod
@@ -39,10 +40,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from steadqd.backend import Backend, init_queue, open_queue
 from steadqd.errors import SteadQError
-from steadqd.fs.handle import Queue
 
 QUEUE_NAME = "demo"
+SHARDS = 16  # of a queue the demo creates (one it reuses keeps its own)
 DELAY_SECONDS = 2.0
 CLI_JOBS = 5  # jobs the producer enqueues with `steadq put`, before its library batch
 BURY_REASON = 0x0100  # the first application reason code: "the job itself is bad"
@@ -155,7 +157,7 @@ def _produce_jobs(path: str, jobs: int) -> int:
     time.sleep(0.5)
     t0 = time.monotonic()
     kinds: Counter[str] = Counter()
-    with Queue.open(path) as q, q.batch():
+    with contextlib.closing(open_queue(path)) as q, q.batch():
         for i in range(first, jobs):
             kind = job_kind(i)
             q.enqueue(
@@ -295,7 +297,7 @@ def _pump(stream: TextIO, tag: str, out: queue_mod.Queue[tuple[str, str | None]]
 # --- the tree -------------------------------------------------------------------------
 
 
-def _counts(q: Queue) -> dict[str, int]:
+def _counts(q: Backend) -> dict[str, int]:
     """Objects per state, classified by name (colocated leases count as leased)."""
     return {k: v.objects for k, v in q.stats().items()}
 
@@ -386,13 +388,13 @@ class Demo:
 
     # -- setup ---------------------------------------------------------------
 
-    def open_queue(self) -> tuple[Queue, bool]:
+    def open_or_create_queue(self) -> tuple[Backend, bool]:
         os.makedirs(self.base, exist_ok=True)
         if os.path.exists(os.path.join(self.queue_path, "FORMAT")):
-            return Queue.open(self.queue_path), False
-        q = Queue.init(
+            return open_queue(self.queue_path), False
+        q = init_queue(
             self.queue_path,
-            shards=16,
+            shards=SHARDS,
             delayed_width_ns=1_000_000_000,
             terminal_width_ns=3_600_000_000_000,
             shared=False,
@@ -476,17 +478,17 @@ class Demo:
 
     def run(self) -> int:
         try:
-            q, created = self.open_queue()
+            q, created = self.open_or_create_queue()
         except SteadQError as e:
             self.say(f"demo: cannot create the queue in {self.queue_path}: {e}")
             return e.exit_code
-        with q:
+        with contextlib.closing(q):
             return self._run(q, created)
 
-    def _run(self, q: Queue, created: bool) -> int:
+    def _run(self, q: Backend, created: bool) -> int:
         qshown = os.path.join(self.shown_base, "queue")
         if created:
-            self.say(f"created queue {qshown} (id {q.queue_id}, {q.shard_count} shards, 1 s delayed buckets)")
+            self.say(f"created queue {qshown} (id {q.queue_id}, {SHARDS} shards, 1 s delayed buckets)")
         else:
             self.say(f"reusing queue {qshown} (id {q.queue_id}); the numbers below are what this run adds")
         before = _counts(q)
@@ -544,7 +546,7 @@ class Demo:
             finally:
                 self.cleanup()
 
-    def _drive(self, q: Queue, before: dict[str, int]) -> int:
+    def _drive(self, q: Backend, before: dict[str, int]) -> int:
         assert self.daemon is not None
         if not self.wait_started():
             code = self.daemon.poll()
