@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 
 from steadqd.daemon.config import QueueSettings, config_dir, load_config
+from steadqd.demo.run import main as demo_main
 from steadqd.errors import ConfigError, SteadQError
 
 ROLES = ("worker", "sweeper", "promoter")
@@ -58,15 +59,6 @@ def _serve(queue: str, directory: str | None, roles: tuple[str, ...], role_name:
     return service.run()
 
 
-def _demo(argv: list[str]) -> int:
-    """``steadqd demo``: the demo starts these daemons and drives the CLI, so it sits above
-    both; its entry point is looked up by name when asked for, never imported by the daemons."""
-    from importlib import import_module
-
-    main: Callable[[list[str]], int] = import_module("steadqd.demo.run").main
-    return main(argv)
-
-
 def check_config(names: list[str], directory: str | None, *, open_queues: bool) -> int:
     """Validate configs without starting anything; prints one line per file."""
     d = config_dir(directory)
@@ -98,7 +90,7 @@ def check_config(names: list[str], directory: str | None, *, open_queues: bool) 
 def daemon_main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["demo"]:
-        return _demo(args[1:])
+        return demo_main(args[1:])
     ap = argparse.ArgumentParser(prog="steadqd", description="SteadQ/1 queue daemons.")
     ap.add_argument(
         "--config-dir", help="directory of <queue>.yaml files (default $STEADQ_CONFIG_DIR or /etc/steadq/queues)"

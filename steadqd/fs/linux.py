@@ -787,21 +787,6 @@ def getrandom(n: int) -> bytes:
     return out
 
 
-# --- Processes. ---
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists in this pid namespace (``kill(pid, 0)``);
-    a process of another user counts as alive."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # --- Boot id. ---
 
 _BOOT_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
