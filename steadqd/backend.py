@@ -27,9 +27,9 @@ from steadqd.errors import InvalidInput
 from steadqd.fs.admin import list_dead_files as fs_list_dead_files
 from steadqd.fs.doctor import doctor_checks
 from steadqd.fs.handle import Queue as FsQueue
+from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.objects import dump_file as fs_dump_file
 from steadqd.fs.objects import verify_file as fs_verify_file
-from steadqd.fs.records import TransitionTicket
 
 __all__ = [
     "Backend",

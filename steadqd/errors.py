@@ -156,8 +156,8 @@ class NotCommitted(SteadQError):
 class OutcomeUnknown(SteadQError):
     """The transition may have happened; a barrier after it failed.
 
-    ``ticket`` is a :class:`steadqd.fs.records.TransitionTicket` for lease
-    transitions, or an :class:`steadqd.fs.records.EnqueueTicket` for enqueue.
+    ``ticket`` is a :class:`steadqd.fs.json_records.TransitionTicket` for lease
+    transitions, or an :class:`steadqd.fs.json_records.EnqueueTicket` for enqueue.
     The handle that raised this is poisoned.
     """
 

@@ -43,6 +43,7 @@ from steadqd.errors import (
 )
 from steadqd.fs import linux
 from steadqd.fs.context import Context, not_committed
+from steadqd.fs.json_records import EnqueueTicket
 from steadqd.fs.names import (
     authenticate,
     make_filename,
@@ -57,7 +58,6 @@ from steadqd.fs.names import (
     shard_of,
 )
 from steadqd.fs.quarantine import quarantine
-from steadqd.fs.records import EnqueueTicket
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, MoveFailed, SourceChanged, SourceMissing, Witness
 from steadqd.fs.verify import CHUNK, check_name_matches, iter_payload, read_envelope, verify_payload
 
@@ -363,7 +363,7 @@ def requeue_dead(ctx: Context, job_id: str, *, max_attempts_reset: bool = True) 
     dead directory. Outcomes: the path on success; NotCommitted (NOT_FOUND
     when no dead object exists or it vanished, QUEUE_CORRUPT on a collision
     or a changed file, RESOURCE_EXHAUSTED/IO_FAILURE for errnos);
-    OutcomeUnknown with an :class:`~steadqd.fs.records.EnqueueTicket` describing
+    OutcomeUnknown with an :class:`~steadqd.fs.json_records.EnqueueTicket` describing
     the expected ready path when a barrier after the rename failed.
     """
     with _mutation(ctx, f"requeue {job_id}"):

@@ -29,6 +29,7 @@ from steadqd.constants import (
 from steadqd.errors import CorruptObject, ErrorKind, MaintenanceBusy, NotCommitted, OutcomeUnknown, SteadQError
 from steadqd.fs import linux
 from steadqd.fs.context import Context
+from steadqd.fs.json_records import LeasedLocation, ReadyLocation
 from steadqd.fs.lease import Lease, lease_from_claim, make_ticket, remember_own_lease_path
 from steadqd.fs.names import (
     JobName,
@@ -48,7 +49,7 @@ from steadqd.fs.names import (
     terminal_bucket,
 )
 from steadqd.fs.quarantine import quarantine
-from steadqd.fs.records import LeasedLocation, ReadyLocation, decode_extension
+from steadqd.fs.records import decode_extension
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, SourceMissing, Witness
 from steadqd.fs.verify import Envelope, check_name_matches, read_envelope, verify_payload
 

@@ -57,6 +57,7 @@ from steadqd.fs.context import Context, not_committed
 from steadqd.fs.delayed_watch import DelayedWatch
 from steadqd.fs.fsck import FsckResult, fsck
 from steadqd.fs.inspection import JobEntry, JobObject, StateStats, detailed_stats, inspect_job, list_jobs, stats
+from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
 from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
 from steadqd.fs.names import JobName
@@ -64,7 +65,7 @@ from steadqd.fs.objects import open_leased
 from steadqd.fs.publish import Payload, enqueue, enqueue_many
 from steadqd.fs.quarantine import quarantine
 from steadqd.fs.ready_watch import ReadyWatch
-from steadqd.fs.records import Extension, FormatRecord, TransitionTicket
+from steadqd.fs.records import Extension, FormatRecord
 from steadqd.fs.recovery import RecoveryReport, run_recovery
 from steadqd.fs.resolve import ResolveResult, resolve, ticket_paths
 from steadqd.fs.settle import ack, bury, retry

@@ -53,8 +53,9 @@ from steadqd.errors import (
     UnsupportedFilesystem,
 )
 from steadqd.fs import linux
+from steadqd.fs.json_records import validate_cursor
 from steadqd.fs.names import shard_dir, watermark_bucket
-from steadqd.fs.records import FormatRecord, Watermark, validate_cursor, validate_queue_config
+from steadqd.fs.records import FormatRecord, Watermark, validate_queue_config
 from steadqd.fs.tree import enforce_dir_mode
 from steadqd.fs.watermark import publish_watermark
 

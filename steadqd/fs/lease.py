@@ -28,6 +28,7 @@ from steadqd.errors import (
 )
 from steadqd.fs import linux
 from steadqd.fs.context import Context, not_committed
+from steadqd.fs.json_records import LeasedLocation, Location, TransitionTicket
 from steadqd.fs.names import (
     JobName,
     authenticate,
@@ -44,7 +45,7 @@ from steadqd.fs.names import (
     shard_dir,
     shard_of,
 )
-from steadqd.fs.records import Extension, LeasedLocation, Location, TransitionTicket, decode_extension
+from steadqd.fs.records import Extension, decode_extension
 from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
 from steadqd.fs.verify import Envelope, read_envelope
 

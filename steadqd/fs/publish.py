@@ -42,6 +42,7 @@ from steadqd.errors import (
 )
 from steadqd.fs import linux
 from steadqd.fs.context import Context, not_committed
+from steadqd.fs.json_records import EnqueueTicket
 from steadqd.fs.names import (
     bucket_dir,
     delayed_bucket,
@@ -52,7 +53,7 @@ from steadqd.fs.names import (
     shard_dir,
     shard_of,
 )
-from steadqd.fs.records import EnqueueTicket, Extension, JobHeader, build_header, encode_extension
+from steadqd.fs.records import Extension, JobHeader, build_header, encode_extension
 from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
 
 _CHUNK = 1 << 20

@@ -1,6 +1,6 @@
 """Resolving an indeterminate transition from its ticket (errors.md "resolve").
 
-After an OutcomeUnknown the caller holds a :class:`~steadqd.fs.records.TransitionTicket`
+After an OutcomeUnknown the caller holds a :class:`~steadqd.fs.json_records.TransitionTicket`
 and does not know whether the rename happened. Both candidate paths follow
 deterministically from the ticket, and each is judged independently by
 *authenticating* whatever is there -- never by mere existence, because a file
@@ -40,6 +40,15 @@ from steadqd.constants import (
 from steadqd.errors import CorruptObject, ErrorKind, InvalidInput, SteadQError
 from steadqd.fs import linux
 from steadqd.fs.context import Context
+from steadqd.fs.json_records import (
+    DeadLocation,
+    DelayedLocation,
+    LeasedLocation,
+    Location,
+    ReadyLocation,
+    ReceiptLocation,
+    TransitionTicket,
+)
 from steadqd.fs.names import (
     JobName,
     authenticate,
@@ -58,15 +67,6 @@ from steadqd.fs.names import (
     shard_of,
 )
 from steadqd.fs.receipt import ExpectedReceipt, verify_receipt
-from steadqd.fs.records import (
-    DeadLocation,
-    DelayedLocation,
-    LeasedLocation,
-    Location,
-    ReadyLocation,
-    ReceiptLocation,
-    TransitionTicket,
-)
 from steadqd.fs.tree import is_single_regular
 from steadqd.fs.verify import read_envelope, verify_payload
 

@@ -36,6 +36,7 @@ from steadqd.errors import (
 )
 from steadqd.fs import linux
 from steadqd.fs.context import Context, not_committed
+from steadqd.fs.json_records import DeadLocation, DelayedLocation, Location, ReadyLocation, ReceiptLocation
 from steadqd.fs.lease import Lease, Source, indeterminate, validate_source
 from steadqd.fs.names import (
     bucket_dir,
@@ -51,7 +52,6 @@ from steadqd.fs.names import (
     terminal_bucket,
 )
 from steadqd.fs.receipt import ExpectedReceipt, verify_receipt
-from steadqd.fs.records import DeadLocation, DelayedLocation, Location, ReadyLocation, ReceiptLocation
 from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing
 from steadqd.fs.verify import verify_payload
 

@@ -21,7 +21,8 @@ from steadqd.cli.common import temp_sibling, write_atomic
 from steadqd.cli.main import main
 from steadqd.constants import State
 from steadqd.fs import linux
-from steadqd.fs.records import JobHeader, LeasedLocation, ReadyLocation, TransitionTicket
+from steadqd.fs.json_records import LeasedLocation, ReadyLocation, TransitionTicket
+from steadqd.fs.records import JobHeader
 from tests.invariants import check_tree
 
 from .helpers import steadq

@@ -25,16 +25,9 @@ from steadqd.durations import parse_duration
 from steadqd.errors import ConfigError, CorruptObject, InvalidInput, QueueCorrupt, SteadQError, UnsupportedFormat
 from steadqd.fs import names
 from steadqd.fs.cbor import Extension, decode_extension, encode_extension
+from steadqd.fs.json_records import TransitionTicket, reset_cursor_json, validate_cursor
 from steadqd.fs.lease import Lease
-from steadqd.fs.records import (
-    CompactReceipt,
-    FormatRecord,
-    JobHeader,
-    TransitionTicket,
-    Watermark,
-    reset_cursor_json,
-    validate_cursor,
-)
+from steadqd.fs.records import CompactReceipt, FormatRecord, JobHeader, Watermark
 from tests.spec_vectors import CLAIM_TICKET_JSON as _TICKET_SEED
 
 QUEUE_ID = bytes(range(16))

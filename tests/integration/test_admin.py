@@ -38,8 +38,9 @@ from steadqd import (  # noqa: E402
 from steadqd.constants import HEADER_SIZE  # noqa: E402
 from steadqd.fs import linux  # noqa: E402
 from steadqd.fs.admin import DeadJob, QuarantinedObject  # noqa: E402
+from steadqd.fs.json_records import EnqueueTicket  # noqa: E402
 from steadqd.fs.names import make_quarantine_name, parse_name  # noqa: E402
-from steadqd.fs.records import EnqueueTicket, JobHeader  # noqa: E402
+from steadqd.fs.records import JobHeader  # noqa: E402
 from tests.invariants import check_tree  # noqa: E402
 
 PAYLOAD = b"dead letter payload \x00\x01\xfe" * 11

@@ -38,7 +38,7 @@ from steadqd.daemon.service import Loop  # noqa: E402
 from steadqd.daemon.sweeper import SweeperRole  # noqa: E402
 from steadqd.errors import InvalidInput  # noqa: E402
 from steadqd.fs import linux  # noqa: E402
-from steadqd.fs.records import reset_cursor_json, validate_cursor  # noqa: E402
+from steadqd.fs.json_records import reset_cursor_json, validate_cursor  # noqa: E402
 from steadqd.fs.recovery import RecoveryReport, objects, run_recovery  # noqa: E402
 from tests.integration.test_recovery import (  # noqa: E402
     SEC,

@@ -28,7 +28,7 @@ from steadqd import (
 )
 from steadqd.errors import EnqueueIncomplete
 from steadqd.fs import linux, publish
-from steadqd.fs.records import EnqueueTicket
+from steadqd.fs.json_records import EnqueueTicket
 from tests.invariants import check_tree
 
 PAYLOADS = [b"first", bytes(range(256)) * 8, b"", b"fourth" * 100, b"fifth"]

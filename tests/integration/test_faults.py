@@ -70,8 +70,9 @@ from steadqd import (  # noqa: E402
 from steadqd.constants import WATERMARK_ADVANCE_TMP_PREFIX  # noqa: E402
 from steadqd.errors import EnqueueIncomplete  # noqa: E402
 from steadqd.fs import linux  # noqa: E402
+from steadqd.fs.json_records import EnqueueTicket, TransitionTicket  # noqa: E402
 from steadqd.fs.names import delayed_bucket, shard_of  # noqa: E402
-from steadqd.fs.records import EnqueueTicket, TransitionTicket, Watermark  # noqa: E402
+from steadqd.fs.records import Watermark  # noqa: E402
 from steadqd.fs.verify import read_envelope, read_payload  # noqa: E402
 from steadqd.fs.watermark import publish_watermark, read_watermark  # noqa: E402
 from tests.invariants import TreeState, check_tree, job_states  # noqa: E402

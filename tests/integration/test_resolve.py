@@ -39,6 +39,15 @@ from steadqd import (  # noqa: E402
 )
 from steadqd.constants import DEAD_DIR, DELAYED_DIR, HEADER_SIZE, READY_DIR, RECEIPTS_DIR, Resolution  # noqa: E402
 from steadqd.fs import linux  # noqa: E402
+from steadqd.fs.json_records import (  # noqa: E402
+    DeadLocation,
+    DelayedLocation,
+    LeasedLocation,
+    Location,
+    ReadyLocation,
+    ReceiptLocation,
+    TransitionTicket,
+)
 from steadqd.fs.names import (  # noqa: E402
     bucket_dir,
     dead_name,
@@ -52,17 +61,7 @@ from steadqd.fs.names import (  # noqa: E402
     shard_of,
     terminal_bucket,
 )
-from steadqd.fs.records import (  # noqa: E402
-    DeadLocation,
-    DelayedLocation,
-    FormatRecord,
-    JobHeader,
-    LeasedLocation,
-    Location,
-    ReadyLocation,
-    ReceiptLocation,
-    TransitionTicket,
-)
+from steadqd.fs.records import FormatRecord, JobHeader  # noqa: E402
 from steadqd.fs.resolve import ResolveResult, ticket_paths  # noqa: E402
 from tests.invariants import check_tree  # noqa: E402
 from tests.spec_vectors import CLAIM_TICKET_JSON as VECTOR_CLAIM_TICKET  # noqa: E402

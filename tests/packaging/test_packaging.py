@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.prereq import opted_out
+
 pytestmark = pytest.mark.packaging
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,27 +18,29 @@ from steadqd.constants import (
     QuarantineReason,
 )
 from steadqd.errors import CorruptObject, ErrorKind, InvalidInput, QueueCorrupt, SteadQError, UnsupportedFormat
-from steadqd.fs.records import (
-    CompactReceipt,
+from steadqd.fs.json_records import (
     DeadLocation,
     DelayedLocation,
     EnqueueTicket,
-    Extension,
-    FormatRecord,
-    JobHeader,
     LeasedLocation,
     ReadyLocation,
     ReceiptLocation,
     TransitionTicket,
+    reset_cursor_json,
+    validate_cursor,
+)
+from steadqd.fs.records import (
+    CompactReceipt,
+    Extension,
+    FormatRecord,
+    JobHeader,
     Watermark,
     build_header,
     check_envelope,
     encode_extension,
     envelope_digest,
     is_compact_receipt,
-    reset_cursor_json,
     sha256,
-    validate_cursor,
     validate_queue_config,
 )
 from tests.prereq import spec_file

@@ -24,7 +24,7 @@ import threading
 from steadqd.constants import RECOVERY_CURSOR_FILE, TEMP_EXT
 from steadqd.errors import QueueCorrupt
 from steadqd.fs import linux
-from steadqd.fs.records import reset_cursor_json, validate_cursor
+from steadqd.fs.json_records import reset_cursor_json, validate_cursor
 from steadqd.fs.recovery.state import PHASES, Key, Pass
 from steadqd.fs.tree import is_single_regular
 

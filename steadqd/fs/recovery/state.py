@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from steadqd.fs import linux
 from steadqd.fs.context import Context
-from steadqd.fs.records import CURSOR_PHASES, FormatRecord
+from steadqd.fs.json_records import CURSOR_PHASES
+from steadqd.fs.records import FormatRecord
 
 PHASES = CURSOR_PHASES  # reap_leases, promote_delayed, cleanup_temp, compact_receipts, delete_receipts
 
