@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One entry point for people and CI.
 #   ./dev.sh demo   install everything, then run the demo queue under ./var/
-#   ./dev.sh test   install everything, then run the test suite
+#   ./dev.sh test   install everything, run the static checks, then the test suite
+#   ./dev.sh check  the static checks alone: ruff check, ruff format --check, mypy, lint-imports
 # Installs Debian packages only when missing (needs root for that), then a
 # project virtualenv in .venv with the package in editable mode.
 set -euo pipefail
@@ -26,6 +27,19 @@ setup() {
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 }
 
+# The static checks CI enforces: lint, formatting, types, and the import layers
+# (pyproject.toml's import-linter contracts; docs/architecture.md draws them).
+static_checks() {
+    local failed=0
+    .venv/bin/ruff check --quiet . || failed=1
+    .venv/bin/ruff format --check --quiet . || { echo "dev.sh: run '.venv/bin/ruff format .'" >&2; failed=1; }
+    .venv/bin/mypy || failed=1
+    local layers
+    layers=$(.venv/bin/lint-imports --no-cache 2>&1) || { printf '%s\n' "$layers" >&2; failed=1; }
+    [ "$failed" = 0 ] || { echo "dev.sh: static checks failed (see above)" >&2; return 1; }
+    echo "static checks: ruff, ruff format, mypy, import layers: all passed"
+}
+
 case "${1:-}" in
     demo)
         shift
@@ -35,13 +49,19 @@ case "${1:-}" in
     test)
         shift
         setup
+        static_checks
         exec .venv/bin/python -m pytest -q "$@"
+        ;;
+    check)
+        shift
+        setup
+        static_checks
         ;;
     setup)
         setup
         ;;
     *)
-        echo "usage: ./dev.sh demo|test|setup [args]" >&2
+        echo "usage: ./dev.sh demo|test|check|setup [args]" >&2
         exit 2
         ;;
 esac
