@@ -10,6 +10,9 @@ whose test queue differs overrides ``queue`` or builds its fixture on
 from __future__ import annotations
 
 import contextlib
+import os
+import random
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,22 @@ from steadqd import Queue
 pytest_plugins = ("tests.prereq",)  # missing prerequisites fail under STEADQ_SYSTEM_TESTS=require
 
 SHARDS = 4  # >1 keeps shard placement meaningful, small keeps listings fast
+
+
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis' own pytest_configure reads the option
+def pytest_configure(config: pytest.Config) -> None:
+    """Every run draws new Hypothesis examples from one seed, which the summary prints.
+
+    Replay a run with ``STEADQ_HYPOTHESIS_SEED=<n>`` (or ``--hypothesis-seed=<n>``).
+    """
+    if config.getoption("hypothesis_seed", None) is None:
+        config.option.hypothesis_seed = os.environ.get("STEADQ_HYPOTHESIS_SEED") or str(random.getrandbits(32))
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if "hypothesis" in sys.modules:
+        seed = config.getoption("hypothesis_seed")
+        terminalreporter.write_line(f"hypothesis seed {seed}: replay with STEADQ_HYPOTHESIS_SEED={seed}")
 
 
 @pytest.fixture

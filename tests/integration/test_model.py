@@ -456,7 +456,6 @@ QueueVsModel.TestCase.settings = settings(
     max_examples=100,
     stateful_step_count=50,
     deadline=None,
-    derandomize=True,  # the same sequences on every run: deterministic CI
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestQueueVsModel = QueueVsModel.TestCase
