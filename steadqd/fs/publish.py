@@ -287,6 +287,12 @@ def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
     shard = shard_of(fmt.queue_id, job_id, fmt.shard_count)
     if not_before_ns is not None and not_before_ns > wall:
         bucket = delayed_bucket(not_before_ns, fmt.delayed_width_ns)
+        # clocks.md: the eligibility instant bucket × width is a checked multiply. A job
+        # whose instant does not fit u64 could never become due; the reference refuses it.
+        if bucket * fmt.delayed_width_ns > U64_MAX:
+            raise InvalidInput(
+                f"not_before_ns {not_before_ns} is too far ahead: its delayed bucket would start after 2^64-1 ns"
+            )
         name = make_filename(
             fmt.queue_id,
             delayed_name(job_id=job_id, generation=0, attempt=0, max_attempts=max_attempts, not_before=not_before_ns),
