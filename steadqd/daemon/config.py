@@ -263,7 +263,9 @@ def _queue_path(d: _Doc) -> str:
     p = d.string()
     if not os.path.isabs(p):
         raise d.error(f"must be an absolute path, got {p!r}")
-    norm = os.path.normpath(p)
+    # normpath keeps exactly two leading slashes (POSIX leaves their meaning to the
+    # system; Linux reads them as one), so //etc would slip past the check below.
+    norm = "/" + os.path.normpath(p).lstrip("/")
     if norm in _FORBIDDEN_QUEUE_ROOTS:
         raise d.error(f"refusing {norm} as a queue directory; use a dedicated directory such as /var/lib/steadq/<name>")
     return norm

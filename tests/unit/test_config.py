@@ -68,6 +68,10 @@ BAD = [
     ("relative queue path", "queue: var/q\n", 1, "queue", "absolute path"),
     ("system directory as queue", "queue: /etc\n", 1, "queue", "refusing /etc"),
     ("root as queue", "queue: /\n", 1, "queue", "refusing /"),
+    # POSIX keeps exactly two leading slashes through normpath: //etc is /etc all the same.
+    ("system directory behind //", "queue: //etc\n", 1, "queue", "refusing /etc"),
+    ("root as //", "queue: //\n", 1, "queue", "refusing /"),
+    ("system directory behind ///", "queue: ///usr/\n", 1, "queue", "refusing /usr"),
     ("missing command", "queue: /q/a\nworker:\n  concurrency: 2\n", 3, "worker", "missing required key `command`"),
     (
         "string command without shell",
