@@ -83,15 +83,33 @@ def error_text(e: BaseException) -> str:
     return str(e)
 
 
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators: a file
+# name or a job's text containing them could forge lines or drive the terminal.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as ``\\xNN`` / ``\\uNNNN``.
+
+    Every line ``out`` and ``err`` print passes through here, because names in
+    the tree and details of findings come from whoever can write the queue."""
+    return _UNPRINTABLE.sub(_escape_char, text)
+
+
 def err(*lines: str) -> None:
     for line in lines:
-        print(line, file=sys.stderr)
+        print(printable(line), file=sys.stderr)
     sys.stderr.flush()
 
 
 def out(*lines: str) -> None:
     for line in lines:
-        print(line)
+        print(printable(line))
     sys.stdout.flush()
 
 

@@ -1,0 +1,33 @@
+"""Names from the tree never reach the terminal raw (issue 15, item 7).
+
+A group member of a shared queue can create any file name in ``ready/``;
+``steadq fsck`` used to print it as it was, so ESC sequences reached the
+terminal and a newline forged an extra output line.
+"""
+
+from __future__ import annotations
+
+import os
+
+from steadqd import Queue
+from tests.cli.helpers import steadq
+
+HOSTILE = "x\nOK\x1b[2J\r.sqj"  # ASCII: a non-ASCII name is shown as <bytes:hex> already
+
+
+def test_fsck_escapes_a_hostile_name(queue: Queue, queue_path: str) -> None:
+    with open(os.path.join(queue_path, "ready", "0000", HOSTILE), "w"):
+        pass
+    res = steadq("fsck", queue_path)
+    for stream in (res.out, res.err):
+        assert "\x1b" not in stream and "\r" not in stream
+    assert not any(line.startswith("OK") for line in res.out_lines)  # no forged line
+    (line,) = [ln for ln in res.out_lines if ln.startswith("ERROR ")]
+    assert "x\\x0aOK\\x1b[2J\\x0d.sqj" in line
+
+
+def test_printable_keeps_ordinary_text() -> None:
+    from steadqd.cli.common import printable
+
+    assert printable("ready/0000/ab.sqj: état ok, 3 jobs") == "ready/0000/ab.sqj: état ok, 3 jobs"
+    assert printable("\x00\x7f\x9b\u2028") == "\\x00\\x7f\\x9b\\u2028"
