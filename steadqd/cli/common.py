@@ -33,6 +33,7 @@ from steadqd.backend import Backend
 from steadqd.backend import open_queue as open_backend
 from steadqd.durations import parse_duration
 from steadqd.errors import OutcomeUnknown, SteadQError
+from steadqd.text import printable
 
 PROG = "steadq"
 HEX32 = re.compile(r"[0-9a-f]{32}")
@@ -81,24 +82,6 @@ def error_text(e: BaseException) -> str:
         where = f"{e.filename}: " if e.filename is not None else ""
         return f"{where}{e.strerror or e}"
     return str(e)
-
-
-# C0 and C1 controls, DEL, and the Unicode line and paragraph separators: a file
-# name or a job's text containing them could forge lines or drive the terminal.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def _escape_char(m: re.Match[str]) -> str:
-    c = ord(m.group())
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
-
-
-def printable(text: str) -> str:
-    """``text`` with every control character written as ``\\xNN`` / ``\\uNNNN``.
-
-    Every line ``out`` and ``err`` print passes through here, because names in
-    the tree and details of findings come from whoever can write the queue."""
-    return _UNPRINTABLE.sub(_escape_char, text)
 
 
 def err(*lines: str) -> None:

@@ -12,11 +12,14 @@ so that it cannot flood the journal.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import TextIO
+
+from steadqd.text import printable
 
 EMERG, ALERT, CRIT, ERR, WARNING, NOTICE, INFO, DEBUG = range(8)
 IDENTIFIER = "steadqd"
@@ -32,6 +35,19 @@ def journal_connected(env: dict[str, str] | os._Environ[str] = os.environ) -> bo
     except (ValueError, OSError):
         return False
     return (st.st_dev, st.st_ino) == (dev, ino)
+
+
+# A word that reads as a field of the text line (KEY=value).
+_LOOKS_LIKE_FIELD = re.compile(r"(?:^|\s)[A-Z][A-Z0-9_]*=")
+
+
+def _message_text(message: str) -> str:
+    """The MESSAGE as the text line shows it: one line, no control characters, and
+    quoted when it contains a KEY= word, so that a job printing ``STEADQ_JOB_ID=x``
+    cannot pass for a field of the entry."""
+    if _LOOKS_LIKE_FIELD.search(message):
+        return repr(message)
+    return printable(message)
 
 
 def _field_name(key: str) -> str:
@@ -72,10 +88,10 @@ class Log:
         extra = " ".join(
             f"{k}={_quote(v)}" for k, v in sorted(pairs.items()) if k not in ("STEADQ_QUEUE", "STEADQ_ROLE")
         )
-        line = f"<{priority}>{self.role}[{self.queue}]: {message}" + (f" {extra}" if extra else "")
+        line = f"<{priority}>{self.role}[{self.queue}]: {_message_text(message)}" + (f" {extra}" if extra else "")
         with self._lock:
             try:
-                self._stream.write(line.replace("\n", "\\n") + "\n")
+                self._stream.write(line + "\n")
                 self._stream.flush()
             except (OSError, ValueError):
                 pass

@@ -23,11 +23,11 @@ def test_fsck_escapes_a_hostile_name(queue: Queue, queue_path: str) -> None:
         assert "\x1b" not in stream and "\r" not in stream
     assert not any(line.startswith("OK") for line in res.out_lines)  # no forged line
     (line,) = [ln for ln in res.out_lines if ln.startswith("ERROR ")]
-    assert "x\\x0aOK\\x1b[2J\\x0d.sqj" in line
+    assert "x\\nOK\\x1b[2J\\r.sqj" in line
 
 
 def test_printable_keeps_ordinary_text() -> None:
-    from steadqd.cli.common import printable
+    from steadqd.text import printable
 
     assert printable("ready/0000/ab.sqj: état ok, 3 jobs") == "ready/0000/ab.sqj: état ok, 3 jobs"
     assert printable("\x00\x7f\x9b\u2028") == "\\x00\\x7f\\x9b\\u2028"

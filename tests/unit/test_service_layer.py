@@ -124,3 +124,23 @@ def test_journal_connected_detection(tmp_path):
     assert journal_connected({"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
     assert not journal_connected({"JOURNAL_STREAM": "1:2"})
     assert not journal_connected({})
+
+
+def test_stderr_log_lines_escape_what_a_job_prints() -> None:
+    """Issue 15, item 7: in stderr mode a job's output cannot forge a line, drive the
+    terminal or pass for a field of the entry."""
+    import io
+
+    from steadqd.daemon.journal import Log
+
+    s = io.StringIO()
+    log = Log("worker", "q", journal=False, stream=s)
+    log.info("x\rOK\x1b[2J\u2028\x00 y", job_id="ab")
+    log.info("done STEADQ_JOB_ID=forged", job_id="real")
+    log.info("multi\nline", detail="v\nw")
+    lines = s.getvalue().splitlines()
+    assert lines == [
+        "<6>worker[q]: x\\rOK\\x1b[2J\\u2028\\x00 y STEADQ_JOB_ID=ab",
+        "<6>worker[q]: 'done STEADQ_JOB_ID=forged' STEADQ_JOB_ID=real",
+        "<6>worker[q]: multi\\nline STEADQ_DETAIL='v\\nw'",
+    ]

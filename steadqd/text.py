@@ -1,0 +1,33 @@
+"""Text that came from a queue or a job, made safe for a terminal or a text log.
+
+File names in a tree are chosen by whoever can write the queue, and a job's
+output by whatever the job runs. Printed raw, a control character can drive
+the terminal (ESC sequences), and a newline, CR or U+2028 can forge a line of
+output or of a log. Both the ``steadq`` command and the daemons' stderr log
+print through :func:`printable`; JSON output is escaped by the encoder.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["printable"]
+
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    ch = m.group()
+    if ch in _SHORT:
+        return _SHORT[ch]
+    c = ord(ch)
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character escaped as Python would (``\\n``, ``\\x1b``, ``\\u2028``)."""
+    return _UNPRINTABLE.sub(_escape_char, text)
