@@ -13,7 +13,7 @@ import contextlib
 import time
 from typing import Any
 
-from steadqd.backend import Backend, dump_file, parse_ticket, verify_file
+from steadqd.backend import Backend, RecoveryReport, dump_file, parse_ticket, verify_file
 from steadqd.cli.common import (
     CliError,
     Subcommands,
@@ -162,7 +162,7 @@ def cmd_format_dump(a: argparse.Namespace) -> int:
 # =========================================================================== recover / resolve
 
 
-def _recover_once(q: Backend, budget_ops: int, budget_ms: int) -> int:
+def _recover_once(q: Backend, budget_ops: int, budget_ms: int, *, as_json: bool) -> int:
     try:
         r = q.recover(budget_ops=budget_ops, budget_ms=budget_ms)
     except Exception as e:  # noqa: BLE001
@@ -172,20 +172,41 @@ def _recover_once(q: Backend, budget_ops: int, budget_ms: int) -> int:
         f"reaped:{r.leases_reaped} promoted:{r.delayed_promoted} temp_deleted:{r.temp_files_deleted} "
         f"dead:{r.leases_to_dead} ops:{r.operations_attempted}{' (budget exhausted)' if r.budget_exhausted else ''}"
     )
+    if as_json:
+        out_json(_recovery_json(r))
     if r.errors:
-        err(f"{len(r.errors)} recovery errors")
+        # The count line is the reference's; each error follows it, so an
+        # operator sees what failed without rerunning with --json.
+        err(f"{len(r.errors)} recovery errors", *(f"  {code}: {detail}" for code, detail in r.errors))
         return 6
     return 0
+
+
+def _recovery_json(r: RecoveryReport) -> dict[str, Any]:
+    return {
+        "leases_reaped": r.leases_reaped,
+        "leases_to_dead": r.leases_to_dead,
+        "delayed_promoted": r.delayed_promoted,
+        "temp_files_deleted": r.temp_files_deleted,
+        "receipts_compacted": r.receipts_compacted,
+        "receipts_deleted": r.receipts_deleted,
+        "dead_deleted": r.dead_deleted,
+        "quarantined": r.quarantined,
+        "directories_removed": r.directories_removed,
+        "operations_attempted": r.operations_attempted,
+        "budget_exhausted": r.budget_exhausted,
+        "errors": [{"code": code, "detail": detail} for code, detail in r.errors],
+    }
 
 
 def cmd_recover(a: argparse.Namespace) -> int:
     q = open_queue(a.path)
     try:
         if not a.watch:
-            return _recover_once(q, a.budget_ops, a.budget_ms)
+            return _recover_once(q, a.budget_ops, a.budget_ms, as_json=a.json)
         try:
             while True:
-                _recover_once(q, a.budget_ops, a.budget_ms)
+                _recover_once(q, a.budget_ops, a.budget_ms, as_json=a.json)
                 time.sleep(5)
         except KeyboardInterrupt:
             return 0
