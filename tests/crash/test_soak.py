@@ -4,7 +4,8 @@ Why: the kill lane runs a fixed, small number of rounds; the soak keeps the
 mix going for a configurable time so that rarer interleavings (a kill during
 compaction, during a reap, while a producer's bucket directory is new) get
 their chance. It ends with every enqueued job accounted for exactly once (one
-receipt or one dead entry), nothing quarantined, no stray temps, fsck clean.
+receipt or one dead entry) in the final state its script, the exit policy and
+the kills allow, nothing quarantined, no stray temps, fsck clean.
 
 ``STEADQ_SOAK_SECONDS`` sets the killing phase (default 20 s in CI);
 ``STEADQ_SOAK_FS`` the filesystem (default ext4). For hours use the lab

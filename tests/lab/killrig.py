@@ -6,10 +6,13 @@ library, ``steadqd run`` with its worker spawner, sweeper and promoter, and
 the job commands it spawns) survives SIGKILL of any of them at any moment on
 ext4, XFS and btrfs. Nothing is trusted: producers journal (outside the queue,
 line-buffered, so a SIGKILL loses nothing already written) which serial they
-*began* and which enqueue *returned*; the job command appends
-``job serial attempt`` lines; the final tree is read by the independent walker
-in ``tests/invariants.py`` and the payload of every object is read back to
-learn its serial.
+*began* and which enqueue *returned*; every job is *scripted* (its payload says
+what its command does at each attempt: an exit status, or killing itself), and
+the command appends a line when a run starts and another just before it ends;
+the rig records every run it kills; the final tree is read by the independent
+walker in ``tests/invariants.py`` and the payload of every object is read back
+to learn its serial. Then every job's final state must be one that its script,
+the exit policy of the rig's YAML and the kills allow (:func:`judge`).
 
 Command line (docs/crash-lab.md)::
 
@@ -36,6 +39,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -48,28 +52,70 @@ from tests.lab.lazyfs import mark  # noqa: E402
 
 STEADQD = os.path.join(os.path.dirname(sys.executable), "steadqd")
 LAZYFS_ENV = "STEADQ_RIG_LAZYFS"  # producers: the LazyFS mountpoint to mark committed enqueues in
+DAEMON_ENV = "RIG_DAEMON"  # the incarnation of `steadqd run` (1, 2, ...), passed through to job commands
 SETTLE_TIMEOUT = 60.0  # seconds for the queue to drain after the last kill; a hang fails
+STOP_TIMEOUT = 2.0  # seconds for a job command to stop on SIGSTOP before the rig gives up killing it
 
-# The job command: record "job serial attempt", stay alive briefly so that it
-# can be killed, exit 0. printf is a shell builtin and one short O_APPEND
-# write is atomic, so concurrent jobs never interleave their lines.
+# The rig worker's exit policy (its YAML's ``worker.exit_status``). The rig reads
+# it itself, by docs/configuration.md, never through steadqd.daemon.verdict: the
+# check must not inherit a bug of the code it checks.
+EXIT_POLICY: dict[str, Any] = {"ack": [0], "retry": [75], "bury": [100], "other": "retry", "bury_reason": 300}
+UNSETTLED = "unsettled"  # a possible end of a claim: its daemon died first, the lease expired and was reaped
+
+# Scripts: what a job's command does at attempt 1, 2, ... (the last step
+# repeats): an exit status, K (kill itself with SIGKILL) or T (SIGTERM); and
+# the job's max_attempts. A job's script is a function of its serial.
+Script = tuple[tuple[str, ...], int]
+SCRIPTS: tuple[Script, ...] = (
+    (("0",), 1),  # one attempt: a kill of its run (or of its daemon) leaves it dead, attempts exhausted
+    (("75", "0"), 6),  # the retry status once, then success
+    (("100",), 6),  # the bury status: dead with bury_reason at once
+    (("K", "0"), 6),  # killed by a signal once: retried, never acked
+    (("T", "0"), 6),  # the same with SIGTERM
+    (("75",), 2),  # the retry status every time: attempts exhausted
+    (("75", "3", "0", "75"), 4),  # success only at attempt 3 (3 is in no list: "other")
+    (("K",), 2),  # killed every time: attempts exhausted
+) + ((("0",), 6),) * 12  # most jobs simply succeed, so the kills land on a busy worker
+
+# The job command. It reads its script from the payload (stdin) and logs
+# "S job serial attempt daemon" when it starts and "E job attempt step" just
+# before it acts, stays alive briefly so that it can be killed, then exits or
+# kills itself. printf is a shell builtin and one short O_APPEND write is
+# atomic, so concurrent runs never interleave their lines and a kill loses
+# nothing already written. Nothing but sleep forks.
 JOB_SHELL = (
-    'printf "%s %s %s\\n" "$STEADQ_JOB_ID" "$STEADQ_META_SERIAL" "$STEADQ_ATTEMPT" >> {log}; exec /bin/sleep {pause}'
+    'read -r p; s=${{p#*;script=}}; s=${{s%%;*}}; i=1; while [ "$i" -lt "$STEADQ_ATTEMPT" ]'
+    ' && [ "${{s#*,}}" != "$s" ]; do s=${{s#*,}}; i=$((i+1)); done; a=${{s%%,*}};'
+    ' printf "S %s %s %s %s\\n" "$STEADQ_JOB_ID" "$STEADQ_META_SERIAL" "$STEADQ_ATTEMPT" "${daemon}" >> {log};'
+    ' /bin/sleep {pause}; printf "E %s %s %s\\n" "$STEADQ_JOB_ID" "$STEADQ_ATTEMPT" "$a" >> {log};'
+    ' case $a in K) kill -KILL $$;; T) kill -TERM $$;; *) exit "$a";; esac'
 )
 
 
-# --------------------------------------------------------------------------- payloads
+# --------------------------------------------------------------------------- payloads and scripts
+
+
+def script_of(serial: int) -> Script:
+    """The script of the job carrying ``serial``: its steps and max_attempts."""
+    return SCRIPTS[serial % len(SCRIPTS)]
+
+
+def step(script: Script, attempt: int) -> str:
+    """What the command does at ``attempt`` (1-based; the last step repeats)."""
+    steps = script[0]
+    return steps[min(attempt, len(steps)) - 1]
 
 
 def make_payload(serial: int) -> bytes:
-    """A payload that proves its own integrity: the serial plus a hash of it."""
-    check = hashlib.sha256(b"steadq-kill:%d" % serial).hexdigest()[:16]
-    return b"serial=%07d;check=%s" % (serial, check.encode())
+    """A payload that proves its own integrity: the serial, its script, and a hash of both."""
+    steps = ",".join(script_of(serial)[0]).encode()
+    check = hashlib.sha256(b"steadq-kill:%d:%s" % (serial, steps)).hexdigest()[:16]
+    return b"serial=%07d;script=%s;check=%s" % (serial, steps, check.encode())
 
 
 def parse_payload(data: bytes) -> int:
     """The serial of a payload made by :func:`make_payload`; raises ValueError on anything else."""
-    m = re.fullmatch(rb"serial=(\d{7});check=[0-9a-f]{16}", data)
+    m = re.fullmatch(rb"serial=(\d{7});script=[0-9KT,]+;check=[0-9a-f]{16}", data)
     if m is None or make_payload(int(m.group(1))) != data:
         raise ValueError(f"not a rig payload: {data[:80]!r}")
     return int(m.group(1))
@@ -114,10 +160,7 @@ def run_producer(root: str, journal: str, first: int, step: int, count: str, pac
         while (limit is None or serial < limit) and not (stop and os.path.exists(stop)):
             j.write(f"B {serial}\n")
             j.flush()
-            # Every fifth job has a single attempt: a kill of its command or of the
-            # daemon holding its lease sends it to dead/, so both terminal states occur.
-            attempts = 1 if serial % 5 == 0 else 6
-            job = q.enqueue(make_payload(serial), max_attempts=attempts, metadata={"serial": serial})
+            job = q.enqueue(make_payload(serial), max_attempts=script_of(serial)[1], metadata={"serial": serial})
             j.write(f"C {serial} {job}\n")
             j.flush()
             if lazyfs:
@@ -125,6 +168,102 @@ def run_producer(root: str, journal: str, first: int, step: int, count: str, pac
             serial += step
             if pace:
                 time.sleep(pace)
+
+
+# --------------------------------------------------------------------------- the final-state check
+
+
+@dataclasses.dataclass
+class Run:
+    """What the job log and the rig's kills say about one claim (job, attempt)."""
+
+    daemon: int | None = None  # the `steadqd run` incarnation whose worker ran it
+    started: bool = False  # its "S" line is in the log
+    did: str | None = None  # its "E" line: the step it took just before it ended
+    killed: bool = False  # the rig stopped it while it still ran, then SIGKILLed it
+
+
+def policy_outcome(did: str) -> str:
+    """The verdict the exit policy (:data:`EXIT_POLICY`, docs/configuration.md) gives a run that did ``did``."""
+    if did in ("K", "T"):  # death by a signal
+        return str(EXIT_POLICY["other"])
+    for outcome in ("ack", "bury", "retry"):
+        if int(did) in EXIT_POLICY[outcome]:
+            return outcome
+    return str(EXIT_POLICY["other"])
+
+
+def run_outcomes(run: Run | None, killed_daemons: set[int], daemon_kills: int) -> set[str]:
+    """How this claim may have ended, as the protocol allows: set of verdicts and/or UNSETTLED.
+
+    No run at all (no "S" line, no kill by the rig) is a claim whose daemon
+    died before the command started. A run whose daemon the rig killed may
+    have been settled or not (the kill may have come at any moment). Empty:
+    nothing could explain what the log shows.
+    """
+    if run is None:
+        return {UNSETTLED} if daemon_kills else set()
+    if run.killed:  # stopped before it could end: whatever it logged, it died by SIGKILL
+        ways = {policy_outcome("K")}
+    elif run.did is not None:
+        ways = {policy_outcome(run.did)}
+    else:  # started, never reached its end, and the rig did not kill it: impossible
+        return set()
+    if run.daemon in killed_daemons:
+        ways.add(UNSETTLED)
+    return ways
+
+
+def judge(
+    state: str,
+    attempt: int,
+    reason: int | None,
+    script: Script,
+    runs: dict[int, Run],
+    killed_daemons: set[int],
+    daemon_kills: int,
+) -> str | None:
+    """Why a job's final state (``receipt``/``dead``, its attempt, dead reason) cannot follow
+    from its script, the exit policy, its logged runs and the rig's kills; None if it can.
+
+    Every claim before the final one must have ended without finishing the job
+    (retry, or unsettled); the final one must have produced the final state:
+    a receipt only from a run that exited with an ack status and was not
+    killed; dead with ``bury_reason`` only from a run that exited with a bury
+    status; dead with attempts-exhausted only at the last attempt, from a run
+    that was retried or never settled.
+    """
+    from steadqd.constants import DeadReason  # noqa: PLC0415
+
+    later = [a for a in runs if a > attempt]
+    if later:
+        return f"{state} at attempt {attempt}, but attempt {max(later)} ran (or was killed) after that"
+    for a in range(1, attempt + 1):
+        run = runs.get(a)
+        if run is not None and run.did is not None and run.did != step(script, a):
+            return f"attempt {a} did {run.did!r}, its script says {step(script, a)!r}"
+        ways = run_outcomes(run, killed_daemons, daemon_kills)
+        if not ways:
+            if run is None:
+                return f"attempt {a} was claimed but never ran, and no daemon was killed"
+            return f"attempt {a} started and never ended, and the rig did not kill it"
+        if a < attempt and not ways & {"retry", UNSETTLED}:
+            return f"attempt {a} could only end the job ({'/'.join(sorted(ways))}), yet attempt {attempt} followed"
+    ways = run_outcomes(runs.get(attempt), killed_daemons, daemon_kills)
+    if state == "receipt":
+        ok = "ack" in ways
+    elif reason == EXIT_POLICY["bury_reason"]:
+        ok = "bury" in ways
+    elif reason == DeadReason.ATTEMPTS_EXHAUSTED:
+        ok = attempt == script[1] and bool(ways & {"retry", UNSETTLED})
+    else:
+        ok = False
+    if ok:
+        return None
+    run = runs.get(attempt)
+    seen = "no run" if run is None else ("killed by the rig" if run.killed else f"did {run.did!r}")
+    final = state if reason is None else f"{state} (reason 0x{reason:04x})"
+    return f"{final} at attempt {attempt}, but that attempt ({seen}) could only end as {'/'.join(sorted(ways))}"
 
 
 # --------------------------------------------------------------------------- the rig
@@ -141,16 +280,20 @@ class Report:
     inflight_kept: int = 0  # killed mid-enqueue, in the tree (allowed)
     receipts: int = 0
     dead: int = 0
+    buried: int = 0  # dead with bury_reason (of those dead)
+    exhausted: int = 0  # dead with attempts exhausted (of those dead)
     executions: int = 0  # job-command starts recorded
+    self_killed: int = 0  # runs that killed themselves (SIGKILL or SIGTERM), as scripted
     seconds: float = 0.0
 
     def line(self) -> str:
         k = self.kills
         return (
             f"{self.fs:6} kills: {sum(k.values()):3} (producer {k['producer']}, daemon {k['daemon']}, job {k['job']})"
-            f"  jobs committed {self.committed}, receipts {self.receipts}, dead {self.dead},"
+            f"  jobs committed {self.committed}, receipts {self.receipts},"
+            f" dead {self.dead} (buried {self.buried}, exhausted {self.exhausted}),"
             f" in-flight kept/lost {self.inflight_kept}/{self.inflight_lost}, executions {self.executions}"
-            f"  {self.seconds:.1f}s  gates OK"
+            f" (self-killed {self.self_killed})  {self.seconds:.1f}s  gates OK"
         )
 
 
@@ -189,14 +332,20 @@ class Rig:
         self.producer_weight = 2
         self.producers: dict[int, subprocess.Popen[bytes] | None] = {}
         self.daemon: subprocess.Popen[bytes] | None = None
+        self.daemon_number = 0  # incarnations of `steadqd run` started so far; job commands log theirs
+        self.killed_daemons: set[int] = set()
+        self.killed_runs: dict[tuple[str, int], int] = {}  # (job, attempt) the rig killed -> its daemon
+        self.concurrency = concurrency
         self._logs: list[object] = []
         Queue.init(self.root, shards=8, delayed_width_ns=10**9, allow_unsupported_fs=lazyfs).close()
-        cfg = {
+        cfg: dict[str, Any] = {
             "queue": self.root,
             "worker": {
-                "command": JOB_SHELL.format(log=self.joblog, pause="0.05"),
+                "command": JOB_SHELL.format(log=self.joblog, pause="0.05", daemon=DAEMON_ENV),
                 "shell": True,
                 "concurrency": concurrency,
+                "pass_environment": ["PATH", "LANG", DAEMON_ENV],
+                "exit_status": EXIT_POLICY,
                 "lease": "3s",
                 "renew_every": "1s",
                 "kill_grace": "1s",
@@ -235,7 +384,9 @@ class Rig:
     def start_daemon(self) -> None:
         log = open(self.work / "daemon.log", "ab")  # noqa: SIM115 - closed in close()
         self._logs.append(log)
+        self.daemon_number += 1
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "TMPDIR": str(self.work)}
+        env[DAEMON_ENV] = str(self.daemon_number)
         if "PYTHONPATH" in os.environ:
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         self.daemon = subprocess.Popen(
@@ -248,17 +399,48 @@ class Rig:
 
     def job_pids(self) -> list[int]:
         """Live job commands of *this* queue: their environment names our queue path."""
-        mark = f"STEADQ_QUEUE_PATH={self.root}".encode()
-        out = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                if mark in Path(f"/proc/{d}/environ").read_bytes().split(b"\0"):
-                    out.append(int(d))
-            except OSError:
-                continue
-        return out
+        return [int(d) for d in os.listdir("/proc") if d.isdigit() and self.job_env(int(d)) is not None]
+
+    def job_env(self, pid: int) -> dict[str, str] | None:
+        """The environment of ``pid`` if it is a job command of this queue (or its child), else None."""
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return None
+        env = dict(v.decode(errors="replace").partition("=")[::2] for v in raw.split(b"\0") if v)
+        return env if env.get("STEADQ_QUEUE_PATH") == self.root else None
+
+    def kill_job(self) -> bool:
+        """SIGKILL one running job command (with its process group); False if none could be.
+
+        The command is stopped first and killed only once it is stopped, so the
+        run certainly dies by SIGKILL whatever its log shows (it may have
+        written its "E" line and not yet exited) and a command that had already
+        exited is not counted as killed. The pidfd pins the process, so a reused
+        pid is never signalled.
+        """
+        leaders = [p for p in self.job_pids() if _group_leader(p)]
+        if not leaders:
+            return False
+        pid = self.rng.choice(leaders)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return False
+        try:
+            env = self.job_env(pid)
+            if env is None:
+                return False
+            signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+            if not _stopped(pid, pidfd):
+                return False
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        finally:
+            os.close(pidfd)
+        self.killed_runs[(env["STEADQ_JOB_ID"], int(env["STEADQ_ATTEMPT"]))] = int(env[DAEMON_ENV])
+        return True
 
     def kill_one(self) -> str:
         """SIGKILL one random live process (producer, daemon or job command); restart it if it is ours."""
@@ -281,13 +463,10 @@ class Rig:
             assert self.daemon is not None
             self.daemon.kill()
             self.daemon.wait()
+            self.killed_daemons.add(self.daemon_number)
             self.start_daemon()
-        else:
-            pids = self.job_pids()
-            if not pids:
-                return "none"
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.rng.choice(pids), signal.SIGKILL)
+        elif not self.kill_job():
+            return "none"
         self.report.kills[what] += 1
         return what
 
@@ -385,8 +564,8 @@ class Rig:
 
     def check(self) -> Report:
         """Recover, then check every gate; raises AssertionError naming what broke."""
-        from steadqd.constants import State  # noqa: PLC0415
         from tests.invariants import check_tree  # noqa: PLC0415
+        from tests.spec_oracle import State  # noqa: PLC0415
 
         with Queue.open(self.root, allow_unsupported_fs=self.lazyfs) as q:
             for _ in range(5):  # until a pass finds nothing to do (budget generous: one pass suffices)
@@ -417,11 +596,7 @@ class Rig:
         # Serial of every object: read from its payload, or for a compact receipt
         # (the sweeper compacts receipts: no payload left) from the job command's
         # record, which came from the job's metadata.
-        runs = [ln.split() for ln in self.joblog.read_text().splitlines() if ln.strip()]
-        ran: dict[str, int] = {}
-        for parts in runs:
-            if len(parts) != 3 or ran.setdefault(parts[0], int(parts[1])) != int(parts[1]):
-                raise AssertionError(f"malformed or inconsistent job-command record: {parts}")
+        ran, runs = self.read_runs()
         serial_of: dict[str, int] = {}
         seen: dict[int, str] = {}
         for j, o in ts.objects.items():
@@ -452,10 +627,7 @@ class Rig:
         for j, s in ran.items():
             if serial_of.get(j) != s:
                 raise AssertionError(f"job command ran job {j} (serial {s}) that is not in the tree as that serial")
-        acked_runs = set(ran)
-        no_run = [j for j in ts.receipts if j not in acked_runs and j not in self.probe_jobs]
-        if no_run:
-            raise AssertionError(f"receipts for jobs whose command never ran: {no_run[:10]}")
+        self.check_final_states(ts, serial_of, runs)
 
         self.check_works()
         r = self.report
@@ -464,8 +636,77 @@ class Rig:
         r.inflight_lost = len(inflight - set(seen))
         r.receipts = len(ts.receipts - self.probe_jobs)
         r.dead = len(ts.dead)
-        r.executions = len(runs)
+        r.buried = sum(1 for j in ts.dead if ts.objects[j].name.reason == EXIT_POLICY["bury_reason"])
+        r.exhausted = r.dead - r.buried  # check_final_states() allows no third reason
+        r.executions = sum(run.started for by_attempt in runs.values() for run in by_attempt.values())
+        r.self_killed = sum(
+            run.did in ("K", "T") and not run.killed for by_attempt in runs.values() for run in by_attempt.values()
+        )
         return r
+
+    def read_runs(self) -> tuple[dict[str, int], dict[str, dict[int, Run]]]:
+        """The job log and the rig's kills: ``{job: serial}`` and ``{job: {attempt: Run}}``."""
+        ran: dict[str, int] = {}
+        runs: dict[str, dict[int, Run]] = {}
+        for line in self.joblog.read_text().splitlines():
+            parts = line.split()
+            try:
+                if parts[0] == "S" and len(parts) == 5:
+                    job, serial, attempt, daemon = parts[1], int(parts[2]), int(parts[3]), int(parts[4])
+                    if ran.setdefault(job, serial) != serial:
+                        raise ValueError("a second serial")
+                    run = runs.setdefault(job, {}).setdefault(attempt, Run())
+                    if run.started:
+                        raise ValueError("a second run of the same attempt")
+                    run.daemon, run.started = daemon, True
+                elif parts[0] == "E" and len(parts) == 4:
+                    run = runs.get(parts[1], {}).get(int(parts[2])) or Run()
+                    if not run.started or run.did is not None:
+                        raise ValueError("an end without its start")
+                    run.did = parts[3]
+                else:
+                    raise ValueError("not a record")
+            except (ValueError, IndexError) as e:
+                raise AssertionError(f"malformed or inconsistent job-command record ({e}): {line!r}") from None
+        for (job, attempt), daemon in self.killed_runs.items():
+            run = runs.setdefault(job, {}).setdefault(attempt, Run(daemon=daemon))
+            run.killed = True
+        return ran, runs
+
+    def check_final_states(self, ts: Any, serial_of: dict[str, int], runs: dict[str, dict[int, Run]]) -> None:
+        """Every job ended as its script, the exit policy, its runs and the kills allow (:func:`judge`).
+
+        A claim whose run never started is allowed only to a killed daemon, and
+        each can have held at most ``concurrency`` leases when it died.
+        """
+        bad: list[str] = []
+        unstarted = 0
+        for j, s in sorted(serial_of.items(), key=lambda item: item[1]):
+            o = ts.objects[j]
+            script = script_of(s)
+            mine = runs.get(j, {})
+            unstarted += sum(1 for a in range(1, o.attempt + 1) if a not in mine)
+            if o.name.max_attempts != script[1]:
+                why: str | None = f"max_attempts {o.name.max_attempts}, its script says {script[1]}"
+            else:
+                why = judge(
+                    o.state.value,
+                    o.attempt,
+                    o.name.reason,
+                    script,
+                    mine,
+                    self.killed_daemons,
+                    self.report.kills["daemon"],
+                )
+            if why is not None:
+                bad.append(f"job {j} (serial {s}, script {','.join(script[0])} x{script[1]}): {why}")
+        if bad:
+            raise AssertionError(f"{len(bad)} jobs in a final state their runs do not allow:\n" + "\n".join(bad[:20]))
+        if unstarted > self.concurrency * self.report.kills["daemon"]:
+            raise AssertionError(
+                f"{unstarted} claims never ran, more than {self.concurrency} for each of the"
+                f" {self.report.kills['daemon']} daemons killed"
+            )
 
     def check_works(self) -> None:
         """The queue works afterwards: enqueue, lease, ack, and the tree is still clean."""
@@ -481,6 +722,35 @@ class Rig:
             if q.ack(lease) is not AckResult.ACKED:
                 raise AssertionError("ack after recovery did not ack")
         check_tree(self.root, allow_temps=False, allow_quarantine=False)
+
+
+def _group_leader(pid: int) -> bool:
+    """A job command's own process (the worker starts each in a session of its own), not its child."""
+    try:
+        return os.getpgid(pid) == pid
+    except OSError:
+        return False
+
+
+def _stopped(pid: int, pidfd: int) -> bool:
+    """Wait until ``pid`` is stopped (True) or has exited (False); on a timeout let it go on (False)."""
+    import select  # noqa: PLC0415
+
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while time.monotonic() < deadline:
+        if select.select([pidfd], [], [], 0)[0]:  # readable: it exited
+            return False
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            return False
+        if state in ("T", "t"):
+            return True
+        if state in ("Z", "X"):
+            return False
+        time.sleep(0.001)
+    signal.pidfd_send_signal(pidfd, signal.SIGCONT)
+    return False
 
 
 @contextlib.contextmanager
