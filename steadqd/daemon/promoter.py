@@ -74,15 +74,8 @@ class PromoterRole(PassRole):
 
     def reload(self, settings: QueueSettings) -> None:
         old = self.settings
-        self.settings = settings
-        if settings.queue != old.queue:
-            try:
-                self._open(settings)
-            except (SteadQError, OSError) as e:
-                self.log.error(f"cannot open the new queue path, keeping the old one: {e}", path=settings.queue)
-                self.settings = old
-                return
-        if settings.promoter != old.promoter or settings.queue != old.queue:
+        self.settings = settings  # never a new queue: the service refuses such a reload
+        if settings.promoter != old.promoter:
             self._rescan_and_arm()
 
     def close(self) -> None:

@@ -233,6 +233,7 @@ class Service:
         self._reload = False
         self._stop = 0  # number of stop signals seen
         self.roles: list[Role] = []
+        self.settings: QueueSettings | None = None  # the running configuration, once started
         self._last_status = ""
 
     # -- signals -------------------------------------------------------------
@@ -273,6 +274,7 @@ class Service:
         except ConfigError as e:
             self.log.error(f"configuration error: {e}", config=getattr(e, "path", None))
             return EXIT_CONFIG
+        self.settings = settings
         self._install_signals()
         try:
             self.roles = self.make_roles(settings, self.log)
@@ -319,8 +321,21 @@ class Service:
             self.log.error(f"reload refused, keeping the running configuration: {e}")
             self.notifier.ready(self.status_line())
             return
+        running = self.settings
+        assert running is not None  # reloads are served only after run() started the roles
+        if settings.queue != running.queue:
+            # Decided here, once, for every role: a role that moved while another
+            # stayed would split one service across two queues.
+            self.log.error(
+                f"reload refused, keeping the running configuration: `queue:` changed from {running.queue} "
+                f"to {settings.queue}, and a running service keeps its queue; restart the service to serve the new one",
+                config=settings.source,
+            )
+            self.notifier.ready(self.status_line())
+            return
         for r in self.roles:
             r.reload(settings)
+        self.settings = settings
         self.log.notice("reloaded configuration")
         self.notifier.ready(self.status_line())
 

@@ -172,12 +172,6 @@ class WorkerRole:
         return text
 
     def reload(self, settings: QueueSettings) -> None:
-        if os.path.normpath(settings.queue) != os.path.normpath(self.settings.queue):
-            self.log.error(
-                "reload refused for the worker: the queue path cannot change while running; restart the service",
-                path=settings.queue,
-            )
-            return
         if settings.worker is None:
             self.log.error("reload refused for the worker: the new configuration has no `worker:` section")
             return

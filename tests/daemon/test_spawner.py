@@ -313,7 +313,7 @@ def test_sighup_applies_a_new_concurrency(denv: Env, daemons) -> None:
         # a reload that moves the queue is refused; the worker keeps serving this one
         denv.write_config(queue=denv.queue_path + "-elsewhere", concurrency=3)
         d.signal(signal.SIGHUP)
-        d.wait_log(r"reload refused for the worker: the queue path cannot change")
+        d.wait_log(r"reload refused, keeping the running configuration: `queue:` changed from ")
         after = q.enqueue(job_spec(exit=0))
         denv.result(after, 1)
         wait_for(lambda: live_tree(denv.queue_path).receipts >= {*pre, *post, after}, what="all acked")

@@ -144,3 +144,60 @@ def test_stderr_log_lines_escape_what_a_job_prints() -> None:
         "<6>worker[q]: 'done STEADQ_JOB_ID=forged' STEADQ_JOB_ID=real",
         "<6>worker[q]: multi\\nline STEADQ_DETAIL='v\\nw'",
     ]
+
+
+class _RecordingRole:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.reloaded: list[str] = []
+
+    def start(self, loop: object) -> None: ...
+    def status(self) -> str:
+        return "ok"
+
+    def reload(self, settings: object) -> None:
+        self.reloaded.append(settings.queue)  # type: ignore[attr-defined]
+
+    def drain(self) -> None: ...
+    def drained(self) -> bool:
+        return True
+
+    def close(self) -> None: ...
+
+
+def _service_with(configs: list[str]) -> tuple[object, _RecordingRole, io.StringIO]:
+    from steadqd.daemon.config import parse_config
+    from steadqd.daemon.journal import Log
+    from steadqd.daemon.service import Service
+
+    texts = iter(configs)
+    role = _RecordingRole()
+    stream = io.StringIO()
+    service = Service(
+        lambda: parse_config(next(texts), path="/etc/steadq/queues/q.yaml", name="q"),
+        lambda settings, log: [role],
+        Log("run", "q", journal=False, stream=stream),
+    )
+    service.settings = service.load_settings()
+    service.roles = [role]
+    return service, role, stream
+
+
+def test_a_reload_that_changes_the_queue_is_refused_for_every_role() -> None:
+    """Issue 15, item 6: the worker refused, the sweeper and promoter moved, and the log
+    said 'reloaded configuration'. Now no role sees the new settings at all."""
+    service, role, stream = _service_with(["queue: /srv/a\n", "queue: /srv/b\n"])
+    service._do_reload()  # type: ignore[attr-defined]
+    assert role.reloaded == []
+    assert service.settings.queue == "/srv/a"  # type: ignore[attr-defined]
+    text = stream.getvalue()
+    assert "reload refused" in text and "/srv/a" in text and "/srv/b" in text
+    assert "reloaded configuration" not in text
+
+
+def test_a_reload_that_keeps_the_queue_reaches_every_role() -> None:
+    service, role, stream = _service_with(["queue: /srv/a\n", "queue: /srv/a/\nsweeper:\n  interval: 7s\n"])
+    service._do_reload()  # type: ignore[attr-defined]
+    assert role.reloaded == ["/srv/a"]
+    assert "reloaded configuration" in stream.getvalue()
