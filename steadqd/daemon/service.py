@@ -24,11 +24,25 @@ from steadqd import backend
 from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import ErrorDigest, Log
 from steadqd.daemon.notify import Notifier
-from steadqd.errors import ConfigError, SteadQError
+from steadqd.errors import ConfigError, ErrorKind, SteadQError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 78  # EX_CONFIG: the unit uses RestartPreventExitStatus=78
+# Start failures that no restart can cure: the configured queue is missing, not a
+# queue, a symlink, corrupt or not ours to open. systemd must not loop on them.
+_NEEDS_AN_OPERATOR = frozenset(
+    {ErrorKind.INVALID_INPUT, ErrorKind.NOT_FOUND, ErrorKind.PERMISSION_DENIED, ErrorKind.QUEUE_CORRUPT}
+)
+
+
+def start_failure_status(e: SteadQError) -> int:
+    """The exit status of a role that could not start (the one home of that rule)."""
+    if isinstance(e, ConfigError) or e.kind in _NEEDS_AN_OPERATOR:
+        return EXIT_CONFIG
+    return e.exit_code  # transient (I/O, busy, full disk) or already a no-restart status (64)
+
+
 STATUS_EVERY = 5.0
 
 
@@ -281,9 +295,10 @@ class Service:
             for r in self.roles:
                 r.start(self.loop)
         except SteadQError as e:
-            self.log.error(f"cannot start: {e}", exit_status=e.exit_code)
+            status = start_failure_status(e)
+            self.log.error(f"cannot start: {e}", exit_status=status)
             self._close_roles()
-            return EXIT_CONFIG if isinstance(e, ConfigError) else e.exit_code
+            return status
         self.notifier.ready(self.status_line())
         self.log.notice("started", roles=",".join(r.name for r in self.roles), path=settings.queue)
         if self.notifier.watchdog_interval:

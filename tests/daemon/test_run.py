@@ -13,6 +13,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from steadqd import Queue
 from tests.daemon.test_sweeper_promoter import (
     CTIME_SLACK_NS,
@@ -44,6 +46,33 @@ def test_run_without_worker_section_exits_78(tmp_path: Path) -> None:
     )
     assert r.returncode == 78, (r.stdout, r.stderr)
     assert "no `worker:` section" in r.stderr and "t.yaml" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("case", ["symlinked", "missing", "not a queue"])
+def test_a_queue_that_cannot_be_opened_is_a_configuration_failure(tmp_path: Path, case: str) -> None:
+    """Issue 15, item 11: a symlinked queue exited 1, which the units restart on, forever.
+    Whatever makes the configured queue unusable needs an operator: one line, exit 78."""
+    real = tmp_path / "real"
+    Queue.init(str(real), shards=4).close()
+    qpath = {"symlinked": tmp_path / "link", "missing": tmp_path / "nope", "not a queue": tmp_path / "empty"}[case]
+    if case == "symlinked":
+        qpath.symlink_to(real)
+    elif case == "not a queue":
+        qpath.mkdir()
+    cfg = tmp_path / "cfg"
+    write_config(cfg, "t", f'queue: {qpath}\nworker:\n  command: ["/bin/true"]\n')
+    r = subprocess.run(
+        [STEADQD, "--config-dir", str(cfg), "run", "t"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=daemon_env(),
+        cwd=str(REPO),
+    )
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot start: " in lines[0] and str(qpath) in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_run_reaps_promotes_and_runs_each_job_once(tmp_path: Path, spawn) -> None:  # noqa: F811
