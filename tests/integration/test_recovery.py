@@ -690,28 +690,53 @@ def test_poisoned_handle_refuses_recovery(q: Queue) -> None:
     assert info.value.kind is ErrorKind.QUEUE_POISONED
 
 
+# One recovery process of the two-process test. Passes take the recovery lock,
+# so they never run at once: what the test must prove is that the two loops
+# did, taking turns. After its first pass that moved something, each process
+# waits (BARRIER_S at most) at a barrier file until the other has moved
+# something too, and records every pass as [start_ns, end_ns, moved, busy]
+# on CLOCK_MONOTONIC, which all processes share.
+BARRIER_S = 10
 _WORKER = r"""
 import json, os, sys, time
 from steadqd import Queue
-path, go = sys.argv[1], sys.argv[2]
+path, go, me, other = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 while not os.path.exists(go):
     time.sleep(0.001)
-totals = {"reaped": 0, "promoted": 0, "busy": 0, "other_errors": []}
+totals = {"reaped": 0, "promoted": 0, "busy": 0, "other_errors": [], "passes": [], "met": False}
+met_by = None
 deadline = time.monotonic() + 25
 with Queue.open(path) as q:
     while time.monotonic() < deadline:
+        start = time.monotonic_ns()
         r = q.recover(budget_ops=2, budget_ms=60000)
+        codes = [c for c, _ in r.errors]
+        moved = r.leases_reaped + r.delayed_promoted
+        totals["passes"].append([start, time.monotonic_ns(), moved, "recovery_lock" in codes])
         totals["reaped"] += r.leases_reaped
         totals["promoted"] += r.delayed_promoted
-        codes = [c for c, _ in r.errors]
         totals["busy"] += codes.count("recovery_lock")
         totals["other_errors"] += [e for e in r.errors if e[0] != "recovery_lock"]
+        if moved and met_by is None:
+            open(go + "." + me, "w").close()
+            met_by = time.monotonic() + float(sys.argv[5])
+            while not os.path.exists(go + "." + other) and time.monotonic() < met_by:
+                time.sleep(0.001)
+            totals["met"] = os.path.exists(go + "." + other)
         if not codes and not r.budget_exhausted:
             break
         if codes:
             time.sleep(0.001)  # the other process holds the lock
 print(json.dumps(totals))
 """
+
+
+def assert_overlapped(results: list[dict]) -> None:
+    """Both processes moved jobs, and each moved its first while the other's loop was still running."""
+    assert all(r["met"] for r in results), f"the processes never both moved a job within {BARRIER_S} s of each other"
+    for mine, theirs in (results, results[::-1]):
+        first_move = next(start for start, _end, moved, _busy in mine["passes"] if moved)
+        assert first_move < theirs["passes"][-1][1], "a process started moving after the other had finished"
 
 
 def test_two_concurrent_processes_never_double_move(q: Queue, qpath: str, tmp_path: Path) -> None:
@@ -721,8 +746,10 @@ def test_two_concurrent_processes_never_double_move(q: Queue, qpath: str, tmp_pa
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     procs = [
-        subprocess.Popen([sys.executable, "-c", _WORKER, qpath, str(go)], stdout=subprocess.PIPE, env=env)
-        for _ in range(2)
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, qpath, str(go), me, other, str(BARRIER_S)], stdout=subprocess.PIPE, env=env
+        )
+        for me, other in (("0", "1"), ("1", "0"))
     ]
     time.sleep(0.3)
     go.write_text("go")
@@ -732,6 +759,7 @@ def test_two_concurrent_processes_never_double_move(q: Queue, qpath: str, tmp_pa
         assert p.returncode == 0
         results.append(json.loads(out))
     assert all(r["other_errors"] == [] for r in results), results
+    assert_overlapped(results)
     assert sum(r["reaped"] for r in results) == 24
     assert sum(r["promoted"] for r in results) == 8
     for job, _rel, old in crafted:
