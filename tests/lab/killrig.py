@@ -54,6 +54,7 @@ STEADQD = os.path.join(os.path.dirname(sys.executable), "steadqd")
 LAZYFS_ENV = "STEADQ_RIG_LAZYFS"  # producers: the LazyFS mountpoint to mark committed enqueues in
 DAEMON_ENV = "RIG_DAEMON"  # the incarnation of `steadqd run` (1, 2, ...), passed through to job commands
 SETTLE_TIMEOUT = 60.0  # seconds for the queue to drain after the last kill; a hang fails
+SETTLED_WALKS = 3  # consecutive walks that find no active job before the daemon is stopped
 STOP_TIMEOUT = 2.0  # seconds for a job command to stop on SIGSTOP before the rig gives up killing it
 
 # The rig worker's exit policy (its YAML's ``worker.exit_status``). The rig reads
@@ -529,10 +530,15 @@ class Rig:
         """Keep ``steadqd run`` going until nothing is ready, leased or delayed; then stop it."""
         assert self.daemon is not None
         deadline = time.monotonic() + SETTLE_TIMEOUT
-        while self.active_files():
+        # A walk is not a snapshot: a job renamed between delayed/ and ready/ while
+        # they are walked (a promotion, a retry) is seen in neither. Settled means
+        # empty on several walks in a row, not on one.
+        empty_walks = 0
+        while empty_walks < SETTLED_WALKS:
             self.check_alive()
             if time.monotonic() > deadline:
                 raise AssertionError(f"queue did not drain in {SETTLE_TIMEOUT:g}s:\n{self.daemon_log()}")
+            empty_walks = 0 if self.active_files() else empty_walks + 1
             time.sleep(0.2)
         self.daemon.send_signal(signal.SIGTERM)
         try:
