@@ -9,6 +9,8 @@ expects the exact message.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +31,7 @@ from steadqd.constants import (
 from steadqd.errors import CorruptObject, InvalidInput, QueueCorrupt, StateExhausted, SteadQError
 from steadqd.fs import names
 from steadqd.fs.cbor import Extension, decode_extension
+from steadqd.fs.json_records import TransitionTicket, reset_cursor_json, validate_cursor
 from steadqd.fs.records import (
     CompactReceipt,
     FormatRecord,
@@ -38,6 +41,7 @@ from steadqd.fs.records import (
     envelope_digest,
     validate_queue_config,
 )
+from tests.spec_vectors import CLAIM_TICKET_JSON
 
 ID = bytes(16)
 SHORT = b"\x01" * 15
@@ -508,3 +512,82 @@ def test_a_dead_reason_is_stored_as_a_plain_int() -> None:
     """An IntEnum reason would change the name's repr and equality with parsed names."""
     name = names.dead_name(ID, 0, 0, 1, reason=DeadReason.ATTEMPTS_EXHAUSTED)
     assert type(name.reason) is int and name.reason == 4
+
+
+def cursor_with(**top: Any) -> bytes:
+    doc = json.loads(reset_cursor_json(ID))
+    doc.update(top)
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"[]", "cursor file: expected an object"),
+        (cursor_with(queue_id="00" * 15), "queue_id: expected 32 lowercase hex digits"),
+        (cursor_with(queue_id="11" * 16), "queue_id does not match the queue"),
+        (cursor_with(cursor={"phase": "nap"}), "cursor.phase: unknown phase 'nap'"),
+        (
+            cursor_with(cursor={"phase": "reap_leases", "hierarchy_retries": [5]}),
+            "cursor.hierarchy_retries[0]: expected an object",
+        ),
+    ],
+    ids=["not an object", "queue_id hex", "queue_id mismatch", "phase", "hierarchy entry"],
+)
+def test_a_bad_recovery_cursor_says_what_is_wrong(data: bytes, message: str) -> None:
+    with pytest.raises(QueueCorrupt) as info:
+        validate_cursor(data, ID)
+    assert info.value.message == f"recovery cursor: {message}"
+
+
+def test_a_valid_cursor_comes_back_whole() -> None:
+    doc = validate_cursor(reset_cursor_json(ID), ID)
+    assert (doc["schema"], doc["version"], doc["queue_id"]) == ("steadq-recovery-cursor", 1, ID.hex())
+    assert doc["cursor"]["phase"] == "reap_leases"
+
+
+def test_reset_cursor_names_a_bad_queue_id() -> None:
+    with pytest.raises(InvalidInput) as info:
+        reset_cursor_json(SHORT)
+    assert info.value.message == "queue_id: must be 16 bytes"
+
+
+def test_a_ticket_that_is_not_an_object() -> None:
+    with pytest.raises(SteadQError) as info:
+        TransitionTicket.from_json("[]")
+    assert info.value.message == "invalid transition ticket: ticket: expected an object"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"job_id": SHORT}, "job_id: must be 16 bytes"),
+        ({"operation": "steal"}, "unknown operation 'steal'"),
+        ({"attempt": -1}, f"attempt: must be an integer in 0..{U32_MAX}"),
+    ],
+    ids=["job_id", "operation", "attempt"],
+)
+def test_a_ticket_read_back_names_its_bad_field(change: dict[str, Any], message: str) -> None:
+    ticket = dataclasses.replace(TransitionTicket.from_json(CLAIM_TICKET_JSON), **change)
+    with pytest.raises(SteadQError) as info:
+        ticket.validate()
+    assert info.value.message == f"invalid transition ticket: {message}"
+
+
+@pytest.mark.parametrize(
+    ("destination", "message"),
+    [
+        (5, "destination_derivation: expected an object"),
+        (
+            {"state": "receipt", "terminal_bucket": -1},
+            f"destination_derivation.terminal_bucket: expected an integer in 0..{U64_MAX}",
+        ),
+    ],
+    ids=["not an object", "receipt bucket"],
+)
+def test_a_ticket_names_its_bad_destination(destination: object, message: str) -> None:
+    doc = json.loads(CLAIM_TICKET_JSON)
+    doc["destination_derivation"] = destination
+    with pytest.raises(SteadQError) as info:
+        TransitionTicket.from_json(json.dumps(doc))
+    assert info.value.message == f"invalid transition ticket: {message}"
