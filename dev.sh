@@ -3,6 +3,7 @@
 #   ./dev.sh demo   install everything, then run the demo queue under ./var/
 #   ./dev.sh test   install everything, run the static checks, then the test suite
 #   ./dev.sh check  the static checks alone: ruff check, ruff format --check, mypy, lint-imports
+#   ./dev.sh mutate the mutation run (mutmut, niced; --sample 5 ~8 min; docs/testing.md), not part of test
 # Installs Debian packages only when missing (needs root for that), then a
 # project virtualenv in .venv with the package in editable mode.
 set -euo pipefail
@@ -57,11 +58,16 @@ case "${1:-}" in
         setup
         static_checks
         ;;
+    mutate)
+        shift
+        setup
+        exec nice -n 19 .venv/bin/python -m tests.mutation "$@"
+        ;;
     setup)
         setup
         ;;
     *)
-        echo "usage: ./dev.sh demo|test|check|setup [args]" >&2
+        echo "usage: ./dev.sh demo|test|check|mutate|setup [args]" >&2
         exit 2
         ;;
 esac
