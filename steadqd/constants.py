@@ -123,12 +123,14 @@ PARENT_DIR_MODE = 0o755  # parents `init` creates above the queue root, like mkd
 class Modes:
     """Permission bits for what the library creates inside one queue.
 
-    A queue whose root directory grants its group any access is *shared*:
-    producers and daemons in that group must be able to write into every
-    directory and read every file, so group bits are set on everything the
-    library creates. Otherwise the reference's owner-only modes are used
-    (subject to the umask, like the reference). The mode of the root is the only switch, so every process agrees
-    without configuration, and the reference reads either kind.
+    A queue whose root is setgid and group-writable (what ``init --shared``
+    makes) is *shared*: producers and daemons in that group must be able to
+    write into every directory and read every file, so group bits are set on
+    everything the library creates. Otherwise the reference's owner-only modes
+    are used (subject to the umask, like the reference): a root the group may
+    merely read is how a umask-022 ``mkdir`` leaves any directory, not a
+    decision to share. The mode of the root is the only switch, so every
+    process agrees without configuration, and the reference reads either kind.
     """
 
     dir: int
@@ -144,8 +146,11 @@ SHARED_MODES = Modes(0o2770, 0o660, 0o440, enforce=True)
 SHARED_ROOT_MODE = 0o2770  # setgid: everything created inside keeps the queue's group
 
 
+_SHARED_ROOT_BITS = 0o2020  # S_ISGID | S_IWGRP: both, or the queue is private
+
+
 def modes_for_root(st_mode: int) -> Modes:
-    return SHARED_MODES if st_mode & 0o070 else PRIVATE_MODES
+    return SHARED_MODES if st_mode & _SHARED_ROOT_BITS == _SHARED_ROOT_BITS else PRIVATE_MODES
 
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
