@@ -104,6 +104,24 @@ class StateExhausted(SteadQError):
     default_kind = ErrorKind.STATE_EXHAUSTED
 
 
+class InvalidKey(SteadQError):
+    """An object key is not one of the StowQ/1 key shapes (keys.abnf).
+
+    ``key`` is the offending key (escape it before printing) and ``error_class``
+    names the first rule it broke, spelled as the reference parser's error
+    classes are: ``unknown_prefix``, ``segment_count``, ``field:<name>`` or
+    ``terminal_kind``. A key listed from a bucket that fails here is a
+    quarantine candidate (key_parse_failed); the scan that found it decides.
+    """
+
+    default_kind = ErrorKind.QUEUE_CORRUPT
+
+    def __init__(self, message: str, *, key: str, error_class: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.error_class = error_class
+
+
 class CorruptObject(SteadQError):
     """An on-disk object failed parsing or verification.
 
