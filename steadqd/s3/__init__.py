@@ -1,0 +1,33 @@
+"""StowQ/1: the same job queue on an S3-compatible object store (issue 19).
+
+A queue is a key prefix in a bucket. A job is an immutable object whose key
+carries its identity; taking it is creating the next numbered claim object
+with a conditional create (``If-None-Match: *``), so the store picks the one
+winner and the claim number is the fencing token; ack, retry and bury are
+conditional creates too, and the only overwrite is the watermark (CAS with
+``If-Match``). Time is the store's: every deadline is measured against
+timestamps the store assigned, never a worker's clock. The format is the
+reference's StowQ/1, byte for byte, so a queue written by either is usable
+by the other; ``docs/stowq.md`` says what works today.
+
+Module map, lowest layer first (``lint-imports`` holds the format modules
+apart from the store layer, and this package apart from ``steadqd.fs``):
+
+* format (pure code, no I/O; ``../shared/spec-stowq/vectors`` replays it):
+
+  - ``timemath``: buckets, floors, bounded deadlines, lease expiry,
+    admissibility, attempt accounting, the watermark advance;
+  - ``retry``: the nack backoff with its deterministic jitter;
+  - ``keys``: every key shape, shards, key tags, quarantine ids, index keys,
+    tail hints, the LIST order;
+  - ``records`` (with its canonical CBOR codec): the record envelope, the
+    eight record types, digests, feature bits, strict decoding;
+
+* ``store``: the object-store interface, an in-memory store with a fault
+  injector, and the S3 client; ``certify``: the store-profile conformance
+  suite (P1-P8) that ``init`` and ``open`` run.
+
+The protocol (enqueue, claim chain, renew, ack, nack, bury, recovery, GC)
+lands on these next; programs will reach it through ``steadqd.backend``,
+never by importing this package.
+"""
