@@ -40,6 +40,7 @@ class ErrorKind(enum.Enum):
     IO_FAILURE = ("io_failure", 6)
     UNSUPPORTED_FILESYSTEM = ("unsupported_filesystem", 64)
     UNSUPPORTED_FORMAT = ("unsupported_format", 64)
+    UNSUPPORTED_STORE = ("unsupported_store", 64)
 
     @property
     def label(self) -> str:
@@ -138,6 +139,27 @@ class CorruptObject(SteadQError):
         self.payload = payload
 
 
+class CorruptRecord(CorruptObject):
+    """A canonical-CBOR item or a StowQ/1 record failed one of the decoder's checks.
+
+    ``error_class`` names the check that failed first ("cbor:non_minimal_integer",
+    "digest", "binding", "field:uint", ...: the classes of the spec's reject
+    vectors), so a repair scan and the tests can tell why without parsing the
+    message. ``reason`` is a StowQ/1 quarantine reason (``steadqd.s3.records``);
+    its codes 0x0001-0x0007 mean the same as SteadQ/1's. ``kind`` overrides the
+    default when the record is well formed but asks for what this version
+    cannot do (an unknown required feature bit is UNSUPPORTED_FORMAT).
+    """
+
+    def __init__(
+        self, message: str, reason: int, *, error_class: str, payload: bool = False, kind: ErrorKind | None = None
+    ) -> None:
+        super().__init__(message, reason, payload=payload)
+        self.error_class = error_class
+        if kind is not None:
+            self.kind = kind
+
+
 class ConfigError(SteadQError):
     """A configuration file is invalid; names the file, line and key."""
 
@@ -194,6 +216,42 @@ class LeaseLost(SteadQError):
     """The exact leased file is gone: the lease no longer authorises anything."""
 
     default_kind = ErrorKind.NOT_FOUND
+
+
+# --- What an object store answers (steadqd.s3.store). ---
+
+
+class NotFound(SteadQError):
+    """The store has no object at the key (or no such byte range of it, or no such bucket)."""
+
+    default_kind = ErrorKind.NOT_FOUND
+
+
+class PreconditionFailed(SteadQError):
+    """A compare-and-swap lost: the object is not at the version the caller named (or is gone).
+
+    Nothing was written; re-read the object and decide again.
+    """
+
+    default_kind = ErrorKind.NOT_COMMITTED
+
+
+class ChecksumMismatch(NotCommitted):
+    """The store refused a body whose SHA-256 is not the one sent with it: nothing was written."""
+
+
+class StoreProfileViolation(SteadQError):
+    """A store lacks, or broke, a primitive StowQ/1 relies on (store-profiles.md P1-P8).
+
+    ``primitive`` names it ("P1 put-if-absent", "ranged GET", ...) so the refusal
+    says which promise the endpoint does not keep.
+    """
+
+    default_kind = ErrorKind.UNSUPPORTED_STORE
+
+    def __init__(self, message: str, *, primitive: str) -> None:
+        super().__init__(f"{primitive}: {message}")
+        self.primitive = primitive
 
 
 class EnqueueIncomplete(SteadQError):

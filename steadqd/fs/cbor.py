@@ -6,7 +6,9 @@ strict as the reference's: a job this decoder accepts but the reference
 rejects would be leased by one implementation and fail on every claim by the
 other (open-questions.md E45). That is why this is a hand-written codec for
 exactly five keys instead of a general CBOR library, which would accept (or
-emit) forms the reference refuses.
+emit) forms the reference refuses. The canonical rules themselves (shortest
+arguments, the major types) have one home, ``steadqd/cbor.py``, shared with
+StowQ/1; its docstring says how the value sets of the two formats differ.
 """
 
 from __future__ import annotations
@@ -17,6 +19,18 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from steadqd.cbor import ARRAY as _ARRAY
+from steadqd.cbor import BYTES as _BYTES
+from steadqd.cbor import FALSE as _FALSE
+from steadqd.cbor import MAP as _MAP
+from steadqd.cbor import NEGINT as _NEGINT
+from steadqd.cbor import SIMPLE as _SIMPLE
+from steadqd.cbor import TAG as _TAG
+from steadqd.cbor import TEXT as _TEXT
+from steadqd.cbor import TRUE as _TRUE
+from steadqd.cbor import UINT as _UINT
+from steadqd.cbor import encode_head as _head
+from steadqd.cbor import shortest
 from steadqd.constants import (
     MAX_CBOR_MAP_DECLARED,
     MAX_CONTENT_TYPE,
@@ -42,18 +56,6 @@ KEY_METADATA = 3
 KEY_PRODUCER_ID = 4
 KEY_TRACE_CONTEXT = 5
 
-# CBOR major types used here.
-_UINT = 0
-_NEGINT = 1
-_BYTES = 2
-_TEXT = 3
-_ARRAY = 4
-_MAP = 5
-_TAG = 6
-_SIMPLE = 7
-
-_FALSE = 0xF4
-_TRUE = 0xF5
 _I64_MIN = -(1 << 63)
 _NEG_ARG_MAX = (1 << 63) - 1  # -1 - n must fit i64
 
@@ -91,20 +93,6 @@ class Extension:
 # --------------------------------------------------------------------------
 # Encoding
 # --------------------------------------------------------------------------
-
-
-def _head(major: int, arg: int) -> bytes:
-    """Shortest-form initial byte plus argument; the only form the reference accepts."""
-    top = major << 5
-    if arg < 24:
-        return bytes((top | arg,))
-    if arg < 0x100:
-        return bytes((top | 24, arg))
-    if arg < 0x1_0000:
-        return bytes((top | 25,)) + arg.to_bytes(2, "big")
-    if arg < 0x1_0000_0000:
-        return bytes((top | 26,)) + arg.to_bytes(4, "big")
-    return bytes((top | 27,)) + arg.to_bytes(8, "big")
 
 
 def _utf8(value: str, field: str) -> bytes:
@@ -267,10 +255,8 @@ class _Reader:
             raise _corrupt(f"{what}: reserved additional information {info}")
         if info < 24:
             return major, info
-        width = 1 << (info - 24)
-        arg = int.from_bytes(self.take(width, what), "big")
-        minimum = 24 if width == 1 else 1 << (4 * width)  # 1→24, 2→256, 4→65536, 8→2^32
-        if arg < minimum:
+        arg = int.from_bytes(self.take(1 << (info - 24), what), "big")
+        if not shortest(info, arg):
             raise _corrupt(f"{what}: non-shortest encoding of {arg}")
         return major, arg
 
