@@ -12,6 +12,10 @@ Children without SIGCHLD
     while the leader is an unreaped zombie its pid (the group id) cannot be
     reused, so signalling the group can never hit an unrelated process.
 
+The worker's own death
+    A SIGKILLed worker cannot clean up: each leader has a parent-death signal
+    and a guard process kills the groups left behind (steadqd.daemon.guard).
+
 Output
     Each line of output is one journal entry (stdout at INFO, stderr at
     WARNING) with the job's fields; a line longer than :data:`MAX_LINE` is
@@ -41,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steadqd.daemon.config import WorkerConfig
+from steadqd.daemon.guard import die_with_parent, process_guard
 from steadqd.daemon.journal import INFO, WARNING, Log
 from steadqd.daemon.service import Loop, Timers
 
@@ -93,7 +98,7 @@ def spawn(
         if cfg.input == "stdin":
             stdin_file = open(payload_path, "rb")  # noqa: SIM115 - closed right after the spawn
             stdin = stdin_file
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             command_argv(cfg),
             stdin=stdin,
             stdout=subprocess.PIPE,
@@ -102,8 +107,11 @@ def spawn(
             cwd=cfg.working_directory,
             start_new_session=True,
             close_fds=True,
+            preexec_fn=die_with_parent(),
             **credentials,
         )
+        process_guard(env.get("STEADQ_QUEUE", "")).watch(proc.pid)
+        return proc
     finally:
         if stdin_file is not None:
             stdin_file.close()
@@ -186,6 +194,7 @@ class Child:
         self.timers.cancel_all()
         if self.returncode is None:
             self.signal_group(signal.SIGKILL)
+            process_guard().forget(self.pid)
             self.returncode = self.proc.wait()
         self.close_streams()
 
@@ -272,6 +281,7 @@ class Child:
     def reap(self) -> None:
         """Kill leftovers of the group while the zombie pins its id, then reap."""
         self.signal_group(signal.SIGKILL)
+        process_guard().forget(self.pid)  # while the zombie still pins the group id
         code = self.proc.poll()
         if code is None:  # cannot be: waitid saw it exit; wait for real rather than guess
             code = self.proc.wait()

@@ -205,7 +205,7 @@ class Daemon:
             raise AssertionError(f"{e}\n--- daemon log ---\n{self.log()}") from None
 
     def ready(self) -> None:
-        self.wait_log(r"^<5>worker\[.*\]: started")
+        self.wait_log(r"^<5>(?:worker|run)\[.*\]: started")
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)

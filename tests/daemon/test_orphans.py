@@ -1,0 +1,160 @@
+"""A SIGKILLed worker leaves no job command running (issue: 168 orphans over 40 kills).
+
+Reproduced as reported: ``kill -9`` of ``steadqd worker`` and of ``steadqd run``
+while a job runs that has a grandchild in its process group. Before the fix
+both lived on under PID 1, and recovery later ran the job again beside them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from steadqd import Queue
+from steadqd.daemon import guard
+from steadqd.daemon.child import spawn
+from steadqd.daemon.config import WorkerConfig
+
+from .conftest import DEADLINE, Env, job_spec, kill_group, live_group_members, wait_for
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize("role", ["worker", "run"])
+def test_sigkill_of_the_daemon_kills_its_job_groups(denv: Env, daemons, role: str) -> None:
+    denv.write_config(lease="30s")
+    d = daemons(denv, role)
+    pgid = None
+    try:
+        with Queue.open(denv.queue_path) as q:
+            job = q.enqueue(job_spec(sleep=1000, grandchild=True))
+        d.ready()
+        info = denv.started(job, 1)
+        pgid, grandchild = info["pgid"], info["grandchild"]
+        wait_for(lambda: _alive(grandchild), DEADLINE, "the grandchild to start")
+        d.proc.kill()
+        d.wait()
+        wait_for(lambda: not live_group_members(pgid), DEADLINE, "the job's process group to die")
+        assert not _alive(info["pid"]) and not _alive(grandchild)
+        wait_for(lambda: "died with 1 job command still running" in d.log(), DEADLINE, "the guard's journal line")
+    finally:
+        if pgid is not None:
+            kill_group(pgid)
+
+
+def test_a_clean_stop_leaves_the_guard_nothing_to_kill(denv: Env, daemons) -> None:
+    denv.write_config()
+    d = daemons(denv)
+    with Queue.open(denv.queue_path) as q:
+        job = q.enqueue(job_spec(exit=0))
+        d.ready()
+        denv.result(job, 1)
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 0
+    time.sleep(0.2)  # the guard writes its line, if any, right after the worker's EOF
+    assert "still running" not in d.log()
+
+
+_PDEATHSIG_PROBE = (
+    "import ctypes, signal\n"
+    "v = ctypes.c_int()\n"
+    "ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0)\n"  # PR_GET_PDEATHSIG
+    "print(v.value)\n"
+)
+
+
+@pytest.mark.parametrize("as_nobody", [False, True])
+def test_the_command_leader_has_a_parent_death_signal_after_the_user_change(tmp_path: Path, as_nobody: bool) -> None:
+    """setuid() clears PR_SET_PDEATHSIG: it must be set after Popen's user change."""
+    if as_nobody and os.geteuid() != 0:
+        pytest.fail("needs root to run the command as another user")
+    cfg = WorkerConfig(command=("/usr/bin/python3", "-c", _PDEATHSIG_PROBE))  # not the venv: nobody may not read it
+    payload = tmp_path / "payload"
+    payload.write_bytes(b"")
+    creds = {"user": 65534, "group": 65534, "extra_groups": []} if as_nobody else {}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    proc = spawn(cfg, env, str(payload), creds)
+    try:
+        out, _ = proc.communicate(timeout=DEADLINE)
+    finally:
+        guard.process_guard().forget(proc.pid)
+    assert proc.returncode == 0
+    assert int(out) == signal.SIGKILL
+
+
+def _ignores(pid: int, sig: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+def _guard_pids(g: guard.GroupGuard) -> int:
+    assert g._proc is not None
+    return g._proc.pid
+
+
+def test_a_dead_guard_is_replaced_with_the_whole_list(tmp_path: Path) -> None:
+    """The guard itself may be killed; the next message starts a new one that knows every group."""
+    sleepers = [subprocess.Popen(["sleep", "1000"], start_new_session=True) for _ in range(2)]
+    g = guard.GroupGuard("t")
+    try:
+        g.watch(sleepers[0].pid)
+        first = _guard_pids(g)
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: not g.running(), DEADLINE, "the first guard to die")
+        g.watch(sleepers[1].pid)  # EPIPE on the dead one: a new guard gets both groups
+        assert g.running() and _guard_pids(g) != first
+        g.close()  # EOF: as if the worker died with both still running
+        for p in sleepers:
+            assert p.wait(timeout=DEADLINE) == -signal.SIGKILL
+    finally:
+        for p in sleepers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_a_forgotten_group_is_not_killed(tmp_path: Path) -> None:
+    """``-PGID`` goes out before the reap: after it, the guard must leave that id alone."""
+    p = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    g = guard.GroupGuard("t")
+    try:
+        g.watch(p.pid)
+        g.forget(p.pid)
+        g.close()
+        time.sleep(0.2)
+        assert p.poll() is None
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_the_guard_survives_the_stop_signals(tmp_path: Path) -> None:
+    """SIGTERM/SIGINT to the worker's process group (a terminal's Ctrl-C) must not take the guard first."""
+    p = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    g = guard.GroupGuard("t")
+    try:
+        g.watch(p.pid)
+        wait_for(lambda: _ignores(_guard_pids(g), signal.SIGTERM), DEADLINE, "the guard to set up its signals")
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            os.kill(_guard_pids(g), sig)
+        time.sleep(0.2)
+        assert g.running()
+        g.close()
+        assert p.wait(timeout=DEADLINE) == -signal.SIGKILL
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
