@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from steadqd.constants import I63_MAX, U32_MAX, U64_MAX
+from steadqd.constants import I63_MAX, U32_MAX, U64_MAX, DeadReason
 from steadqd.errors import InvalidInput, StateExhausted
 
 __all__ = [
@@ -203,10 +203,11 @@ class ClaimPlan:
 
 @dataclass(frozen=True)
 class AttemptsExhausted:
-    """No takeover may be written: the job is buried with attempts_exhausted at the tail's numbers."""
+    """No takeover may be written: the job is buried, with this dead reason, at the tail's numbers."""
 
     generation: int
     attempt: int
+    reason: DeadReason = DeadReason.ATTEMPTS_EXHAUSTED
 
 
 def _next_generation(tail_generation: int) -> int:
