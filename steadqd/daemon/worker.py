@@ -67,9 +67,12 @@ from steadqd.errors import ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, S
 __all__ = ["SAFETY_RESCAN", "WorkerRole", "retry_policy"]
 
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
-SETTLE_TRIES = 5  # attempts to settle a job after NotCommitted, one second apart
+SETTLE_RETRY = 1.0  # s; first wait before settling again after NotCommitted (then doubling)
+SETTLE_RETRY_MAX = 30.0  # s; the longest wait between two tries while the lease is still renewed
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
+
+_FollowUp = tuple[int, str, dict[str, object]] | None  # (priority, message, fields) of a line to log
 
 
 def retry_policy(cfg: WorkerConfig) -> RetryPolicy:
@@ -82,17 +85,26 @@ class _Job:
     """A leased job whose command was started: the lease's side of a :class:`Child`."""
 
     def __init__(
-        self, role: WorkerRole, lease: LeaseHandle, cfg: WorkerConfig, proc: subprocess.Popen[bytes], tmpdir: str
+        self,
+        role: WorkerRole,
+        lease: LeaseHandle,
+        cfg: WorkerConfig,
+        proc: subprocess.Popen[bytes],
+        tmpdir: str,
+        *,
+        renewed: float | None = None,
     ) -> None:
         assert role.loop is not None
         self.lease = lease
         self.cfg = cfg  # the configuration it started with: a reload does not change a running job
         self.tmpdir = tmpdir
         self.started = role.loop.now()
+        self.renewed = self.started if renewed is None else renewed  # loop time of the last claim or renewal
         self.lost: str | None = None  # why the lease is no longer ours
         self.verdict: Verdict | None = None
         self.settle_tries = 0
         self.fields: dict[str, object] = {"job_id": lease.job_id, "attempt": lease.attempt}
+        self.run_fields: dict[str, object] = {}  # how the command ended, for the `job finished` line
 
         def guard(fn: Callable[[], None]) -> Callable[[], None]:
             return role._guarded(fn, self)
@@ -133,6 +145,7 @@ class WorkerRole:
         self._settle_timer: Timer | None = None
         self._grouping = False  # inside a group settle: reopening waits for its barriers
         self._reopen_after_group: str | None = None
+        self._group_settled: list[tuple[_Job, _FollowUp]] = []  # reported once the group's barriers are done
 
     # -- Role protocol ------------------------------------------------------------
 
@@ -352,7 +365,7 @@ class WorkerRole:
             )
             self._settle_simple(lease, cfg, Verdict.RETRY)
             return
-        job = _Job(self, lease, cfg, proc, tmpdir)
+        job = _Job(self, lease, cfg, proc, tmpdir, renewed=claimed)
         self.jobs[job.pid] = job
         job.child.start()
         # The copy ran in this thread; count it against the first renewal.
@@ -410,8 +423,10 @@ class WorkerRole:
         if self.q is None:
             self._schedule_reopen()
         else:
+            asked = self.loop.now() if self.loop is not None else job.renewed
             try:
                 self.q.renew(job.lease, duration=job.cfg.lease)
+                job.renewed = asked
             except LeaseLost as e:
                 self._lose(job, f"renewal: lease lost: {e}")
                 return
@@ -430,8 +445,9 @@ class WorkerRole:
     def _lose(self, job: _Job, reason: str) -> None:
         job.lost = reason
         job.timers.cancel("renew")
+        when = "while the command runs" if job.child.returncode is None else "before the run was settled"
         self.log.error(
-            "LEASE LOST while the command runs: the job may run again elsewhere; this run will not be settled",
+            f"LEASE LOST {when}: the job may run again elsewhere; this run will not be settled",
             **job.fields,
             reason=reason,
         )
@@ -446,21 +462,35 @@ class WorkerRole:
         code = job.child.returncode
         assert code is not None
         outcome = job.verdict = self._verdict(job)
-        self.log.log(
-            INFO if outcome is Verdict.ACK else WARNING,
-            f"job finished: {outcome}" + (" (timed out)" if job.child.timed_out else ""),
-            **job.fields,
-            exit_status=code if code >= 0 else None,
-            signal=job.child.signal_name,
-            verdict=outcome,
-            duration_ms=round((self.loop.now() - job.started) * 1000),
-            timed_out="true" if job.child.timed_out else None,
-        )
+        job.run_fields = {
+            "exit_status": code if code >= 0 else None,
+            "signal": job.child.signal_name,
+            "verdict": outcome,
+            "duration_ms": round((self.loop.now() - job.started) * 1000),
+            "timed_out": "true" if job.child.timed_out else None,
+        }
         payload_dirs.remove(job.tmpdir)
         if outcome is Verdict.ABANDON:
+            self._report_finished(job, None)
             self._drop(job)
             return
         self._queue_settle(job)
+
+    def _report_finished(self, job: _Job, follow: _FollowUp) -> None:
+        """``job finished: <verdict>``, logged once the verdict took effect, then what followed from it."""
+        outcome = job.verdict
+        timed_out = " (timed out)" if job.child.timed_out else ""
+        self.log.log(
+            INFO if outcome is Verdict.ACK else WARNING,
+            f"job finished: {outcome}{timed_out}",
+            **job.fields,
+            **job.run_fields,
+        )
+        self._log_follow_up(job.lease, follow)
+
+    def _report_unsettled(self, job: _Job, why: str, **extra: object) -> None:
+        """The run ended but its verdict did not take effect: never logged as ``job finished: <verdict>``."""
+        self.log.error(f"job finished, but its {job.verdict} {why}", **job.fields, **job.run_fields, **extra)
 
     @staticmethod
     def _verdict(job: _Job) -> Verdict:
@@ -511,17 +541,30 @@ class WorkerRole:
                 f"settling outcome unknown for {len(jobs)} jobs settled together (recovery decides): {e}",
                 job_ids=",".join(j.lease.job_id for j in jobs),
             )
+            for job, _ in self._group_settled:
+                self._report_unsettled(job, "may or may not have taken effect (recovery decides)")
+            self._group_settled.clear()
             why = f"settle: {e}"
         finally:
             self._grouping = False
             why = self._reopen_after_group or why
             self._reopen_after_group = None
+        settled, self._group_settled = self._group_settled, []
+        for job, follow in settled:  # the batch's barriers are done: now each verdict took effect
+            self._report_finished(job, follow)
         if why is not None:
             self._reopen(why)
 
     def _settle(self, job: _Job) -> None:
-        """Apply ``job.verdict``; NotCommitted is retried (renewals go on meanwhile)."""
+        """Apply ``job.verdict``, and keep trying after NotCommitted for as long as the lease is ours.
+
+        A full disk must not throw a finished run away: the renewals go on
+        while the verdict waits, so the run is given up only when the lease
+        is lost or has expired unrenewed (then recovery returns the job).
+        """
         if job.lost is not None:
+            if job.verdict is not Verdict.ABANDON:
+                self._report_unsettled(job, f"failed: the lease was lost ({job.lost}); the job may run again")
             self._drop(job)
             return
         job.settle_tries += 1
@@ -530,62 +573,69 @@ class WorkerRole:
         try:
             if self.q is None:
                 raise NotCommitted("queue is not open", ErrorKind.IO_FAILURE)
-            self._apply(job.lease, job.cfg, job.verdict or Verdict.RETRY)
+            follow = self._apply(job.lease, job.cfg, job.verdict or Verdict.RETRY)
         except LeaseLost as e:
-            self.log.error(f"settling failed: the lease was lost: {e}", **job.fields, verdict=job.verdict)
+            self._report_unsettled(job, f"failed: the lease was lost ({e}); the job may run again")
         except OutcomeUnknown as e:
-            self.log.error(
-                f"settling outcome unknown (recovery decides): {e}",
-                **job.fields,
-                verdict=job.verdict,
-                ticket=_ticket(e),
-            )
+            self._report_unsettled(job, f"may or may not have taken effect (recovery decides): {e}", ticket=_ticket(e))
             self._reopen(f"settle: {e}")
         except NotCommitted as e:
             if e.kind is ErrorKind.QUEUE_POISONED:
                 self._reopen(f"settle: {e}")
-            if job.settle_tries < SETTLE_TRIES:
-                self.log.warning(f"settling not committed, retrying: {e}", **job.fields, verdict=job.verdict)
-                job.timers.set("settle", 1.0, lambda: self._settle(job))
+            if self._still_leased(job):
+                delay = min(SETTLE_RETRY * 2 ** min(job.settle_tries - 1, 16), SETTLE_RETRY_MAX)
+                self.log.warning(
+                    f"settling not committed, retrying in {delay:g}s (try {job.settle_tries}): {e}",
+                    **job.fields,
+                    verdict=job.verdict,
+                )
+                job.timers.set("settle", delay, lambda: self._settle(job))
                 return
-            self.log.error(
-                f"giving up settling; the lease expires and recovery returns the job: {e}",
-                **job.fields,
-                verdict=job.verdict,
-            )
+            self._report_unsettled(job, f"was given up, the lease expired unrenewed; recovery returns the job: {e}")
         except SteadQError as e:
-            self.log.error(f"settling failed: {e}", **job.fields, verdict=job.verdict)
+            self._report_unsettled(job, f"failed: {e}")
+        else:
+            if self._grouping:
+                self._group_settled.append((job, follow))
+            else:
+                self._report_finished(job, follow)
         self._drop(job)
 
-    def _apply(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict) -> None:
+    def _still_leased(self, job: _Job) -> bool:
+        """Whether the lease can still be renewed: not lost, and not past its deadline unrenewed."""
+        assert self.loop is not None
+        return job.lost is None and self.loop.now() < job.renewed + job.cfg.lease
+
+    def _apply(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict) -> _FollowUp:
+        """Apply a verdict; returns the line that tells what followed (logged after `job finished`)."""
         assert self.q is not None
-        fields = {"job_id": lease.job_id, "attempt": lease.attempt}
         if outcome is Verdict.ACK:
             self.q.ack(lease)
             self.done += 1
-        elif outcome is Verdict.BURY:
+            return None
+        if outcome is Verdict.BURY:
             self.q.bury(lease, reason=cfg.exit_status.bury_reason)
             self.failed += 1
-            self.log.warning("job buried", **fields, reason=f"0x{cfg.exit_status.bury_reason:04x}")
-        else:
-            state = self.q.retry(lease, policy=retry_policy(cfg))
-            if state == "dead":
-                self.failed += 1
-                self.log.warning(
-                    f"no attempts left ({lease.attempt}/{lease.max_attempts}); job buried with reason 0x0004",
-                    **fields,
-                    reason="0x0004",
-                )
-            else:
-                self.retried += 1
-                self.log.info(f"job retried: {state}", **fields, state=state)
+            return WARNING, "job buried", {"reason": f"0x{cfg.exit_status.bury_reason:04x}"}
+        state = self.q.retry(lease, policy=retry_policy(cfg))
+        if state == "dead":
+            self.failed += 1
+            text = f"no attempts left ({lease.attempt}/{lease.max_attempts}); job buried with reason 0x0004"
+            return WARNING, text, {"reason": "0x0004"}
+        self.retried += 1
+        return INFO, f"job retried: {state}", {"state": state}
+
+    def _log_follow_up(self, lease: LeaseHandle, follow: _FollowUp) -> None:
+        if follow is not None:
+            priority, message, fields = follow
+            self.log.log(priority, message, job_id=lease.job_id, attempt=lease.attempt, **fields)
 
     def _settle_simple(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict) -> None:
         """Settle a lease whose command never ran (preparation or spawn failed)."""
         try:
             if self.q is None:
                 raise NotCommitted("queue is not open", ErrorKind.IO_FAILURE)
-            self._apply(lease, cfg, outcome)
+            self._log_follow_up(lease, self._apply(lease, cfg, outcome))
         except OutcomeUnknown as e:
             self.log.error(f"settling outcome unknown: {e}", job_id=lease.job_id, ticket=_ticket(e))
             self._reopen(str(e))
@@ -632,7 +682,11 @@ class WorkerRole:
         if not interrupted:
             if job.verdict is None:
                 job.verdict = self._verdict(job)
-            self._apply(job.lease, job.cfg, job.verdict)
+            follow = self._apply(job.lease, job.cfg, job.verdict)
+            if job.run_fields:
+                self._report_finished(job, follow)
+            else:
+                self._log_follow_up(job.lease, follow)
             return
         state = self.q.retry(job.lease)
         self.log.warning(f"job handed back on stop: {state} (its attempt is counted)", **job.fields, state=state)
