@@ -21,6 +21,7 @@ import pytest
 from steadqd import Queue
 from steadqd.constants import State
 from steadqd.fs import linux
+from steadqd.fs.json_records import reset_cursor_json
 from tests.crash.conftest import RESULTS
 from tests.lab import bugs
 from tests.lab.gates import Expectation, check_state
@@ -130,6 +131,21 @@ def test_gates_report_a_corrupt_committed_payload(tmp_path: Path) -> None:
     msgs = "\n".join(check_state(root, exp))
     assert "violates invariants" in msgs
     assert f"committed job {job} quarantined" in msgs or f"job {job} delivered with a payload" in msgs, msgs
+
+
+def test_gates_recover_a_tree_whose_cursor_names_a_later_phase(tmp_path: Path) -> None:
+    """A crashed sweeper's cursor may say "compact_receipts next": the pass it
+    resumes runs no reap, changes nothing, and the gates must keep going."""
+    root, job, payload = _one_job_queue(tmp_path)
+    with Queue.open(root) as q:
+        assert q.lease(duration=300.0) is not None
+        qid = q._ctx.queue_id
+    cursor = os.path.join(root, "control", "recovery-cursor.json")
+    with open(cursor, "wb") as f:
+        f.write(reset_cursor_json(qid, "delete_receipts"))
+    os.chmod(cursor, 0o600)
+    exp = Expectation({job: frozenset({State.READY})}, {job}, {job: payload})
+    assert check_state(root, exp) == []
 
 
 # -- the recorder and the model ----------------------------------------------------------------

@@ -117,13 +117,19 @@ def _after_open(q: Queue, root: str, expect: Expectation, fails: list[str]) -> N
     quarantined: dict[str, str] = {}  # job -> where it was found
     ctx = q._ctx  # recovery with an injected boottime is not public API
     now = linux.boottime_ns() + REBOOT_AHEAD_NS
+    # A pass resumes at the phase the crashed tree's cursor names and runs the
+    # phases after it, so one pass that changed nothing may not have reaped:
+    # recovered means two passes in a row changed nothing (the second one
+    # began at the first phase, as the first ran to the end of the list).
+    unchanged = 0
     for n in range(_MAX_PASSES):
         with ctx.tree.operation():
             rep = run_recovery(ctx, budget_ops=1_000_000, budget_ms=600_000, now_boottime=now)
         fails.extend(f"recovery pass {n}: {code}: {msg}" for code, msg in rep.errors)
         for path, reason, _qname in rep.quarantined_objects:
             quarantined[_job_of(path) or path] = f"recovery (reason 0x{reason:04x}) {path}"
-        if rep.errors or not rep.changed:
+        unchanged = 0 if rep.changed else unchanged + 1
+        if rep.errors or unchanged == 2:
             break
     else:
         fails.append(f"recovery still changing the tree after {_MAX_PASSES} passes")
