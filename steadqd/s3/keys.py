@@ -26,6 +26,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from steadqd.constants import ID_BYTES, U16_MAX, U32_MAX, U64_MAX
 from steadqd.errors import InvalidInput, InvalidKey
@@ -41,7 +42,9 @@ __all__ = [
     "KEY_TAG_BYTES",
     "MAX_GENERATION",
     "MAX_SHARD_COUNT",
+    "NONCE_BYTES",
     "OUTPUTS_PREFIX",
+    "QID_BYTES",
     "TAIL_HINT_BYTES",
     "WATERMARK_KEY",
     "KeyKind",
@@ -282,8 +285,8 @@ def _parse_shape(key: str, parts: list[str], shape: _Shape) -> ParsedKey:
                 key, "field:lease suffix", f"the last segment must be <job-id>.<generation> ({shape.template})"
             )
         texts = texts[:-1] + [job, generation]
-    values = {f.attr: _decode_field(key, f, t) for f, t in zip(shape.fields, texts, strict=True)}
-    return ParsedKey(shape.kind, **values)  # type: ignore[arg-type]
+    values: dict[str, Any] = {f.attr: _decode_field(key, f, t) for f, t in zip(shape.fields, texts, strict=True)}
+    return ParsedKey(shape.kind, **values)
 
 
 def parse_key(key: str | bytes) -> ParsedKey:

@@ -172,8 +172,9 @@ def takeover_admissible(
 
     The basis must name the predecessor exactly (its store time and lease
     duration, as read from the store), and the claimant's floor must have
-    reached the predecessor's expiry. No skew guard: the claimant applied it
-    before writing, and the auditor checks only what the basis claims.
+    reached the predecessor's expiry. The skew guard is not part of this
+    check (records.md states it without one, and the vectors pin that): it
+    belongs to the claimant's own expiry test, which is stricter.
     """
     if (prev_store_time_ns, prev_duration_ns) != (predecessor_store_time_ns, predecessor_lease_duration_ns):
         return False
