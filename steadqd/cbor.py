@@ -68,8 +68,8 @@ SIMPLE = 7
 
 FALSE = 0xF4
 TRUE = 0xF5
-_SIMPLE_FALSE = 20
-_SIMPLE_TRUE = 21
+SIMPLE_FALSE = 20  # the simple values of false and true (0xf4, 0xf5)
+SIMPLE_TRUE = 21
 
 # A record nests three levels (envelope, fields, claim basis); the bound keeps
 # hostile nesting from reaching Python's recursion limit.
@@ -263,9 +263,9 @@ class Reader:
         elif major == MAP:
             result = self._map(arg)
         elif major == SIMPLE:
-            if arg == _SIMPLE_FALSE:
+            if arg == SIMPLE_FALSE:
                 result = False
-            elif arg == _SIMPLE_TRUE:
+            elif arg == SIMPLE_TRUE:
                 result = True
             else:
                 raise corrupt(UNSUPPORTED_SIMPLE, f"simple value or float 0x{self.data[start]:02x} at offset {start}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 import pytest
@@ -55,3 +56,34 @@ def cases(name: str, key: str, *, expected: int | None = None) -> list[dict[str,
 def queue_id(name: str) -> bytes:
     """The default queue id of a vector file's conventions."""
     return bytes.fromhex(_read(name)["conventions"]["queue_id_default"])
+
+
+def cbor_error_class(reference_error: str) -> str:
+    """Our ``error_class`` for a reference CBOR error: ``UnsupportedMajorType(6)`` is ``cbor:unsupported_major_type``.
+
+    The record vectors spell CBOR classes ``cbor:NonMinimalInteger``; both forms are accepted.
+    """
+    name = reference_error.removeprefix("cbor:").split("(")[0]
+    return "cbor:" + re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def record_from_fields(record_type: int, fields: dict[str, Any]) -> Any:
+    """The ``steadqd.s3.records`` record a vector's ``fields`` describe (hex strings become bytes)."""
+    from steadqd.s3 import records  # here, so the key and math tests do not depend on the record code
+
+    schema = records.SCHEMAS[records.RecordType(record_type)]
+    values: dict[str, Any] = {}
+    for field in schema.wire:
+        if field.name not in fields:
+            continue
+        value = fields[field.name]
+        if field.kind is records.Kind.BYTES:
+            value = bytes.fromhex(value)
+        elif field.kind is records.Kind.BASIS:
+            value = records.ClaimBasis(**value)
+        elif field.kind is records.Kind.DIGESTS:
+            value = tuple(bytes.fromhex(d) for d in value)
+        values[field.name] = value
+    unknown = set(fields) - set(values)
+    assert not unknown, f"vector fields {sorted(unknown)} are not {schema.record_type.label} fields"
+    return schema.cls(**values)
