@@ -1,0 +1,49 @@
+"""The store layer of StowQ/1: one object-store interface and its implementations.
+
+* ``base``: the :class:`ObjectStore` protocol, its result types, the store
+  profiles (what each engine promises) and the outcome classes every answer
+  is sorted into;
+* ``memory``: a linearizable in-memory store with its own store clock, for
+  the model and fault tests;
+* ``faults``: a wrapper around any store that fails chosen calls the ways a
+  network does (before transmit, after it with or without the write applied,
+  5xx, slow answers, stale listings where a profile allows them);
+* ``s3``: the S3 client over botocore, with conditional writes, SHA-256
+  checksums, bounded retries and timeouts, and settings from the standard
+  AWS environment only.
+
+The format modules (``keys``, ``timemath``, ``retry``, ``records``) never
+import this package; the protocol sits above both.
+"""
+
+from steadqd.s3.store.base import (
+    CEPH_RGW,
+    LIST_PAGE_MAX,
+    MEMORY,
+    OPERATIONS,
+    S3_GENERIC,
+    SEAWEEDFS,
+    Committed,
+    ListPage,
+    ObjectMeta,
+    ObjectStore,
+    PendingWrite,
+    StoredObject,
+    StoreProfile,
+)
+
+__all__ = [
+    "CEPH_RGW",
+    "Committed",
+    "LIST_PAGE_MAX",
+    "ListPage",
+    "MEMORY",
+    "OPERATIONS",
+    "ObjectMeta",
+    "ObjectStore",
+    "PendingWrite",
+    "S3_GENERIC",
+    "SEAWEEDFS",
+    "StoreProfile",
+    "StoredObject",
+]
