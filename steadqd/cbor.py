@@ -222,7 +222,10 @@ class Reader:
         unsupported simple value otherwise.
         """
         start = self.pos
-        initial = self.take(1)[0]
+        if start >= len(self.data):
+            self.take(1)  # raises: the input ends where an item should start
+        initial = self.data[start]
+        self.pos = start + 1
         major, info = initial >> 5, initial & 0x1F
         if info < 24:
             return major, info
