@@ -16,12 +16,15 @@ apart from the store layer, and this package apart from ``steadqd.fs``):
 * format (pure code, no I/O; ``../shared/spec-stowq/vectors`` replays it):
 
   - ``timemath``: buckets, floors, bounded deadlines, lease expiry,
-    admissibility, attempt accounting, the watermark advance;
+    admissibility, the watermark advance;
   - ``retry``: the nack backoff with its deterministic jitter;
   - ``keys``: every key shape, shards, key tags, quarantine ids, index keys,
     tail hints, the LIST order;
-  - ``records`` (with its canonical CBOR codec): the record envelope, the
-    eight record types, digests, feature bits, strict decoding;
+  - ``chain``: attempt accounting, the claim that follows a chain's tail;
+  - ``records``: the record envelope, the eight record types, digests,
+    feature bits, strict decoding (canonical CBOR is the shared
+    ``steadqd.cbor``); ``verify``: the checks a decoded record must still
+    pass before it is believed;
 
 * ``store``: the object-store interface, an in-memory store with a fault
   injector, and the S3 client; ``certify``: the store-profile conformance

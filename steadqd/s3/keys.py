@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from steadqd.constants import ID_BYTES, U16_MAX, U32_MAX, U64_MAX
+from steadqd.constants import ID_BYTES, U16_MAX, U64_MAX
 from steadqd.errors import InvalidInput, InvalidKey
 from steadqd.s3.timemath import bucket_number, check_uint, expiry_ns
 from steadqd.text import printable
@@ -40,8 +40,11 @@ __all__ = [
     "DOMAIN_SHARD",
     "FORMAT_KEY",
     "KEY_TAG_BYTES",
+    "BUCKET_DIGITS",
+    "GENERATION_DIGITS",
     "MAX_GENERATION",
     "MAX_SHARD_COUNT",
+    "SHARD_DIGITS",
     "NONCE_BYTES",
     "OUTPUTS_PREFIX",
     "QID_BYTES",
@@ -90,8 +93,11 @@ DIGEST_BYTES = 32  # SHA-256, the payload digest in payloads/ keys
 QID_BYTES = 16
 NONCE_BYTES = 16
 TAIL_HINT_BYTES = 8  # body of tails/<shard>/<job-id>: the tail generation, big-endian
-MAX_SHARD_COUNT = 1 << 16  # shard fields are 4 hex digits
-MAX_GENERATION = U32_MAX  # generation fields are 8 hex digits
+SHARD_DIGITS = 4
+GENERATION_DIGITS = 8
+BUCKET_DIGITS = 16
+MAX_SHARD_COUNT = 1 << (4 * SHARD_DIGITS)
+MAX_GENERATION = (1 << (4 * GENERATION_DIGITS)) - 1  # a chain ends there: no claim key can go further
 
 FORMAT_KEY = "meta/FORMAT"
 WATERMARK_KEY = "meta/watermark"
@@ -175,10 +181,10 @@ class _Field:
     integer: bool  # big-endian number (else raw bytes)
 
 
-_SHARD = _Field("shard", "shard", 4, True)
+_SHARD = _Field("shard", "shard", SHARD_DIGITS, True)
 _JOB = _Field("job_id", "job-id", 2 * ID_BYTES, False)
-_GENERATION = _Field("generation", "generation", 8, True)
-_BUCKET = _Field("bucket", "bucket", 16, True)
+_GENERATION = _Field("generation", "generation", GENERATION_DIGITS, True)
+_BUCKET = _Field("bucket", "bucket", BUCKET_DIGITS, True)
 _DIGEST = _Field("digest", "digest", 2 * DIGEST_BYTES, False)
 _QID = _Field("qid", "qid", 2 * QID_BYTES, False)
 _NONCE = _Field("nonce", "nonce", 2 * NONCE_BYTES, False)

@@ -1,8 +1,8 @@
-"""StowQ/1 time arithmetic: buckets, floors, deadlines, expiry, admissibility, attempts.
+"""StowQ/1 time arithmetic: buckets, floors, deadlines, lease expiry, admissibility, the watermark.
 
-Spec: ``time.md`` and ``records.md`` (Claim, Admissibility, Renewal, retry,
-bury); the reference's ``stowq-math`` crate pins the edges, and
-``vectors/math.json`` replays them.
+Spec: ``time.md`` and ``records.md`` (Claim, Admissibility); the
+reference's ``stowq-math`` crate pins the edges, and ``vectors/math.json``
+replays them.
 
 Every number here is store time in nanoseconds as an unsigned 64-bit
 integer: the store is the only clock, so there are no seconds, no floats
@@ -22,12 +22,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from steadqd.constants import I63_MAX, U32_MAX, U64_MAX, DeadReason
+from steadqd.constants import I63_MAX, U64_MAX
 from steadqd.errors import InvalidInput, StateExhausted
 
 __all__ = [
-    "AttemptsExhausted",
-    "ClaimPlan",
     "WatermarkAdvance",
     "WatermarkWrite",
     "advance_watermark",
@@ -41,8 +39,6 @@ __all__ = [
     "eligibility",
     "expiry_ns",
     "is_expired",
-    "next_claim",
-    "renewal",
     "retry_not_before",
     "saturating_add",
     "takeover_admissible",
@@ -188,62 +184,6 @@ def continuation_admissible(
 ) -> bool:
     """Whether a continuation proves custody: same worker, and the predecessor's secret token."""
     return worker_id == predecessor_worker_id and bytes(prev_token) == bytes(predecessor_worker_token)
-
-
-# --- Attempt accounting (records.md, Renewal, retry, bury) ---
-
-
-@dataclass(frozen=True)
-class ClaimPlan:
-    """The next claim to write: its generation (the fencing token), attempt and type."""
-
-    generation: int
-    attempt: int
-    continuation: bool
-
-
-@dataclass(frozen=True)
-class AttemptsExhausted:
-    """No takeover may be written: the job is buried, with this dead reason, at the tail's numbers."""
-
-    generation: int
-    attempt: int
-    reason: DeadReason = DeadReason.ATTEMPTS_EXHAUSTED
-
-
-def _next_generation(tail_generation: int) -> int:
-    generation = check_uint("tail generation", tail_generation, U32_MAX) + 1
-    if generation > U32_MAX:
-        raise StateExhausted(f"claim generation would pass 2^32-1 (tail is {tail_generation}): keys hold 8 hex digits")
-    return generation
-
-
-def next_claim(maximum_attempts: int, tail_generation: int, tail_attempt: int) -> ClaimPlan | AttemptsExhausted:
-    """What a takeover after the tail claim writes.
-
-    ``maximum_attempts`` bounds the committed non-continuation claims: a
-    takeover at ``tail_attempt == maximum_attempts`` is not written; the actor
-    buries the job instead. Renewals (continuations) never spend an attempt,
-    so the tail generation may be far above the tail attempt.
-    """
-    check_uint("maximum_attempts", maximum_attempts, U32_MAX)
-    check_uint("tail attempt", tail_attempt, U32_MAX)
-    if tail_attempt >= maximum_attempts:
-        return AttemptsExhausted(
-            generation=check_uint("tail generation", tail_generation, U32_MAX), attempt=tail_attempt
-        )
-    return ClaimPlan(generation=_next_generation(tail_generation), attempt=tail_attempt + 1, continuation=False)
-
-
-def renewal(tail_generation: int, tail_attempt: int) -> ClaimPlan:
-    """The continuation claim that renews the tail: next generation, same attempt."""
-    if check_uint("tail generation", tail_generation, U32_MAX) == 0:
-        raise InvalidInput("there is no claim to renew: the claim chain is empty (tail generation 0)")
-    return ClaimPlan(
-        generation=_next_generation(tail_generation),
-        attempt=check_uint("tail attempt", tail_attempt, U32_MAX),
-        continuation=True,
-    )
 
 
 # --- Watermark (time.md, Watermark) ---

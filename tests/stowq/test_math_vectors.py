@@ -1,4 +1,4 @@
-"""steadqd.s3.timemath and steadqd.s3.retry against vectors/math.json, case by case.
+"""steadqd.s3.timemath, chain and retry against vectors/math.json, case by case.
 
 A ``null`` in the vectors is a value the reference refuses to produce (a zero
 width or a u64 overflow): here that is InvalidInput for the zero width and
@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from steadqd.errors import InvalidInput, StateExhausted
-from steadqd.s3 import retry, timemath
-from steadqd.s3.timemath import AttemptsExhausted, ClaimPlan, WatermarkWrite
+from steadqd.s3 import chain, retry, timemath
+from steadqd.s3.chain import AttemptsExhausted, ClaimPlan
+from steadqd.s3.timemath import WatermarkWrite
 from tests.stowq.vectors import cases, load
 
 _REFUSED = "refused"
@@ -196,7 +197,7 @@ def test_takeover_and_continuation_admissibility() -> None:
 def test_attempt_accounting() -> None:
     bad = []
     for c in cases("math", "attempt_accounting", expected=8):
-        plan = timemath.next_claim(c["maximum_attempts"], c["tail_generation"], c["tail_attempt"])
+        plan = chain.next_claim(c["maximum_attempts"], c["tail_generation"], c["tail_attempt"])
         if c["takeover_written"]:
             want: object = ClaimPlan(**c["claim"])
         else:
@@ -205,11 +206,16 @@ def test_attempt_accounting() -> None:
         renewal = c.get("renewal_would_be")
         if plan != want:
             bad.append((c, plan))
-        elif renewal is not None and timemath.renewal(c["tail_generation"], c["tail_attempt"]) != ClaimPlan(**renewal):
+        elif renewal is not None and chain.renewal(c["tail_generation"], c["tail_attempt"]) != ClaimPlan(**renewal):
             bad.append((c, "renewal"))
         elif "renewal_would_be" in c and renewal is None and c["tail_generation"] != 0:
             bad.append((c, "renewal of a non-empty chain"))
     assert not bad
+
+
+def test_a_job_may_allow_any_u64_number_of_attempts() -> None:
+    # maximum_attempts is a u64 in the job record; only the attempt itself is 32-bit.
+    assert chain.next_claim((1 << 64) - 1, 0, 0) == ClaimPlan(generation=1, attempt=1, continuation=False)
 
 
 def test_watermark_advance() -> None:
@@ -300,12 +306,13 @@ def test_bucket_arithmetic_fuzz_seeds() -> None:
         (lambda: timemath.bucket_number(5, 0), InvalidInput, r"bucket width_ns must be at least 1 ns"),
         (lambda: timemath.bucket_start_ns(1 << 63, 2), StateExhausted, r"start of bucket 9223372036854775808"),
         (
-            lambda: timemath.next_claim(3, 1 << 32, 0),
+            lambda: chain.next_claim(3, 1 << 32, 0),
             InvalidInput,
             r"tail generation must be an integer in 0..4294967295",
         ),
-        (lambda: timemath.next_claim(3, (1 << 32) - 1, 0), StateExhausted, r"claim generation would pass 2\^32-1"),
-        (lambda: timemath.renewal(0, 0), InvalidInput, r"the claim chain is empty"),
+        (lambda: chain.next_claim(3, (1 << 32) - 1, 0), StateExhausted, r"generation 4294967295 is the last"),
+        (lambda: chain.next_claim((1 << 64) - 1, 7, (1 << 32) - 1), StateExhausted, r"attempt would pass 2\^32-1"),
+        (lambda: chain.renewal(0, 0), InvalidInput, r"the claim chain is empty"),
         (lambda: timemath.advance_watermark(10, 10, 0, (0, (1 << 64) - 1)), StateExhausted, r"watermark sequence"),
         (lambda: retry.jitter_sample(bytes(15), bytes(16), 1, 0), InvalidInput, r"queue_id must be 16 bytes"),
         (lambda: retry.retry_delay_ms(None, bytes(16), bytes(16), 1), InvalidInput, r"policy must be a RetryPolicy"),  # type: ignore[arg-type]
