@@ -70,6 +70,11 @@ DEFAULT_TERMINAL_WIDTH_NS = 3600 * NS_PER_SECOND
 # --- Per-handle defaults (clocks.md), not stored on disk. ---
 DEFAULT_RECEIPT_RETENTION_NS = 7 * 24 * 3600 * NS_PER_SECOND
 DEFAULT_TEMP_TTL_NS = 24 * 3600 * NS_PER_SECOND
+# How far recovery trusts a wall watermark that is ahead of this host's
+# CLOCK_REALTIME (fs/clock.py): promotion, retention and reap-to-dead go by
+# at most local time + this, so one process with a clock set ahead cannot
+# delete or deliver anything early.
+DEFAULT_MAX_CLOCK_SKEW_NS = 5 * 60 * NS_PER_SECOND
 # Claim scans read a ready shard this many bytes of directory entries at a
 # time (claim.py): a few hundred names, whatever the depth of the queue.
 CLAIM_SCAN_CHUNK_BYTES = 32 * 1024
@@ -154,6 +159,8 @@ def modes_for_root(st_mode: int) -> Modes:
 
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+# This process's time-namespace clock offsets (Linux >= 5.6; absent means none).
+TIMENS_OFFSETS_PATH = "/proc/self/timens_offsets"
 
 
 class State(enum.StrEnum):

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from steadqd.constants import DEFAULT_MAX_CLOCK_SKEW_NS, NS_PER_SECOND
 from steadqd.durations import parse_duration
 from steadqd.errors import ConfigError
 
@@ -99,6 +100,8 @@ class SweeperConfig:
     # None (the default, and the reference's behaviour): dead jobs are kept
     # until an operator removes them. Deletion is permanent, hence opt-in.
     dead_retention: float | None = None
+    # How far recovery trusts a wall watermark ahead of this host's clock.
+    max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW_NS / NS_PER_SECOND
     budget_ops: int = 1000
     budget_ms: int = 100
 
@@ -392,7 +395,8 @@ def _worker(d: _Doc) -> WorkerConfig:
 
 
 def _sweeper(d: _Doc) -> SweeperConfig:
-    m = d.mapping({"interval", "receipt_retention", "temp_ttl", "dead_retention", "budget_ops", "budget_ms"})
+    keys = {"interval", "receipt_retention", "temp_ttl", "dead_retention", "max_clock_skew", "budget_ops", "budget_ms"}
+    m = d.mapping(keys)
     base = SweeperConfig()
     return SweeperConfig(
         interval=m["interval"].duration(0.1, 86400.0) if "interval" in m else base.interval,
@@ -403,6 +407,9 @@ def _sweeper(d: _Doc) -> SweeperConfig:
         dead_retention=m["dead_retention"].optional_duration(DEAD_RETENTION_MIN)
         if "dead_retention" in m
         else base.dead_retention,
+        max_clock_skew=m["max_clock_skew"].duration(1.0, 365 * 86400.0)
+        if "max_clock_skew" in m
+        else base.max_clock_skew,
         budget_ops=m["budget_ops"].integer(1, 10_000_000) if "budget_ops" in m else base.budget_ops,
         budget_ms=m["budget_ms"].integer(1, 3_600_000) if "budget_ms" in m else base.budget_ms,
     )

@@ -48,17 +48,25 @@ def _open(settings: QueueSettings) -> Backend:
         receipt_retention=sw.receipt_retention,
         temp_ttl=sw.temp_ttl,
         dead_retention=sw.dead_retention,
+        max_clock_skew=sw.max_clock_skew,
     )
 
 
-_OpenKey = tuple[str, bool, float, float, float | None]
+_OpenKey = tuple[str, bool, float, float, float | None, float]
 
 
 def _open_key(settings: QueueSettings) -> _OpenKey:
     """What the open handle depends on: a reload that changes it reopens
     (retentions are per-handle options, fixed at open)."""
     sw = settings.sweeper
-    return (settings.queue, settings.allow_unsupported_fs, sw.receipt_retention, sw.temp_ttl, sw.dead_retention)
+    return (
+        settings.queue,
+        settings.allow_unsupported_fs,
+        sw.receipt_retention,
+        sw.temp_ttl,
+        sw.dead_retention,
+        sw.max_clock_skew,
+    )
 
 
 def summarize(report: RecoveryReport) -> str:

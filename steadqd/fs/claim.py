@@ -28,6 +28,7 @@ from steadqd.constants import (
 )
 from steadqd.errors import CorruptObject, ErrorKind, MaintenanceBusy, NotCommitted, OutcomeUnknown, SteadQError
 from steadqd.fs import linux
+from steadqd.fs.clock import refuse_boottime
 from steadqd.fs.context import Context
 from steadqd.fs.json_records import LeasedLocation, ReadyLocation
 from steadqd.fs.lease import Lease, lease_from_claim, make_ticket, remember_own_lease_path
@@ -364,6 +365,7 @@ def claim(ctx: Context, duration_ns: int, reader: Any) -> tuple[Lease | None, Sc
     """One scan. Returns (lease or None, report); raises NotCommitted when the
     scan found nothing and hit errors, so "empty" is never claimed falsely."""
     ctx.check_usable()
+    refuse_boottime(ctx.boottime_problem, "lease")
     scan = _Scan(ctx, duration_ns, reader)
     try:
         lease = scan.run()

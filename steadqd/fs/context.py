@@ -14,9 +14,17 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from steadqd.constants import CONTROL_DIR, QUARANTINE_DIR, READY_DIR, ZFS_MAGIC, Modes, modes_for_root
+from steadqd.constants import (
+    CONTROL_DIR,
+    DEFAULT_MAX_CLOCK_SKEW_NS,
+    QUARANTINE_DIR,
+    READY_DIR,
+    ZFS_MAGIC,
+    Modes,
+    modes_for_root,
+)
 from steadqd.errors import ErrorKind, MaintenanceBusy, NotCommitted, QueuePoisoned, SteadQError, kind_for_errno
-from steadqd.fs import linux
+from steadqd.fs import clock, linux
 from steadqd.fs.layout import OpenOptions
 from steadqd.fs.names import boot_raw, shard_dir
 from steadqd.fs.records import FormatRecord
@@ -46,12 +54,16 @@ class Context:
     boot_id: str
     options: OpenOptions
     fs_magic: int
+    # How far recovery trusts a wall watermark ahead of CLOCK_REALTIME (fs/clock.py).
+    max_clock_skew_ns: int = DEFAULT_MAX_CLOCK_SKEW_NS
     modes: Modes = field(init=False)
     tree: Tree = field(init=False)
     control_fd: int = field(init=False)
     wall: WallFloor = field(init=False)
     boot_raw: bytes = field(init=False)
     nonce: bytes = field(init=False)
+    # Why this process may not write or judge boottime deadlines (a time namespace), or None.
+    boottime_problem: str | None = field(init=False)
     scan_round: int = 0
     last_enqueued_shard: int | None = None
     claim_candidates: dict[int, ShardCandidates] = field(default_factory=dict)
@@ -69,6 +81,7 @@ class Context:
         self.wall = WallFloor(self.control_fd, self.fmt.delayed_width_ns, modes=self.modes)
         self.boot_raw = boot_raw(self.boot_id)
         self.nonce = linux.getrandom(16)
+        self.boottime_problem = clock.boottime_problem()
         if self.fs_magic == ZFS_MAGIC:
             self.publication = "named"
 

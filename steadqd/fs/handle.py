@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import math
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -19,11 +18,11 @@ from typing import BinaryIO, TypeVar
 
 from steadqd.backoff import RetryPolicy
 from steadqd.constants import (
+    DEFAULT_MAX_CLOCK_SKEW_NS,
     DEFAULT_RECEIPT_RETENTION_NS,
     DEFAULT_TEMP_TTL_NS,
     MAX_PAYLOAD_LENGTH,
     NS_PER_SECOND,
-    U64_MAX,
     AckResult,
     QuarantineReason,
     State,
@@ -53,6 +52,7 @@ from steadqd.fs.admin import (
     requeue_dead,
 )
 from steadqd.fs.claim import ScanReport, claim
+from steadqd.fs.clock import checked_seconds_ns
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.delayed_watch import DelayedWatch
 from steadqd.fs.fsck import FsckResult, fsck
@@ -92,14 +92,7 @@ class JobInfo:
 def _dead_retention_ns(seconds: object) -> int | None:
     """Validate ``dead_retention`` here, not in recovery: a typo must fail at
     open rather than turn into a pass that deletes dead letters too early."""
-    if seconds is None:
-        return None
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < 0:
-        raise InvalidInput(f"dead_retention must be None or a non-negative number of seconds, got {seconds!r}")
-    ns = round(seconds * NS_PER_SECOND)
-    if ns > U64_MAX:
-        raise InvalidInput(f"dead_retention {seconds!r} s does not fit in a u64 of nanoseconds")
-    return ns
+    return None if seconds is None else checked_seconds_ns("dead_retention", seconds)
 
 
 class Queue:
@@ -147,6 +140,7 @@ class Queue:
         temp_ttl: float = DEFAULT_TEMP_TTL_NS / NS_PER_SECOND,
         allow_unsupported_fs: bool = False,
         dead_retention: float | None = None,
+        max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW_NS / NS_PER_SECOND,
     ) -> Queue:
         """Open an existing queue.
 
@@ -156,10 +150,13 @@ class Queue:
         forever like the reference) lets this handle's recovery passes delete
         verified dead jobs whose terminal bucket ended that long before the
         wall floor. The deletion is permanent.
+        ``max_clock_skew`` (seconds) bounds how far this handle's recovery
+        passes trust a wall watermark ahead of the local clock (fs/clock.py).
         """
+        skew_ns = checked_seconds_ns("max_clock_skew", max_clock_skew)
         options = OpenOptions(
-            receipt_retention_ns=round(receipt_retention * NS_PER_SECOND),
-            temp_ttl_ns=round(temp_ttl * NS_PER_SECOND),
+            receipt_retention_ns=checked_seconds_ns("receipt_retention", receipt_retention),
+            temp_ttl_ns=checked_seconds_ns("temp_ttl", temp_ttl),
             dead_retention_ns=_dead_retention_ns(dead_retention),
             deferred=deferred,
             allow_unsupported_fs=allow_unsupported_fs,
@@ -167,7 +164,9 @@ class Queue:
         p = os.fspath(path)
         opened = open_queue_root(p, options)
         try:
-            ctx = Context(p, opened.root_fd, opened.format, opened.boot_id, options, opened.fs_magic)
+            ctx = Context(
+                p, opened.root_fd, opened.format, opened.boot_id, options, opened.fs_magic, max_clock_skew_ns=skew_ns
+            )
         except BaseException:
             linux.close(opened.maintenance_fd)
             linux.close(opened.root_fd)
@@ -303,7 +302,7 @@ class Queue:
         with _mutation("lease", self._ctx):  # a bad duration is NotCommitted(INVALID_INPUT) too
             duration_ns = lease_duration_ns(duration)
         with _mutation("lease", self._ctx):  # a clock failure is NotCommitted too, never a bare OSError
-            deadline = linux.monotonic_ns() + round(max(0.0, wait) * NS_PER_SECOND)
+            deadline = linux.monotonic_ns() + checked_seconds_ns("wait", max(0.0, wait))
         watch = self._ready_wait() if wait > 0 else None
         while True:
             try:

@@ -27,6 +27,7 @@ from steadqd.errors import (
     kind_for_errno,
 )
 from steadqd.fs import linux
+from steadqd.fs.clock import refuse_boottime
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import LeasedLocation, Location, TransitionTicket
 from steadqd.fs.names import (
@@ -437,6 +438,7 @@ def validate_source(ctx: Context, lease: Lease, *, poison: bool = True) -> Sourc
 def renew(ctx: Context, lease: Lease, duration_ns: int) -> Lease:
     """Extend a lease: rename to a name with new deadlines (protocol.md "Renew")."""
     ctx.check_usable()
+    refuse_boottime(ctx.boottime_problem, "renew")
     fmt = ctx.fmt
     bt = linux.boottime_ns()
     wall = ctx.wall_floor()

@@ -11,7 +11,9 @@ are removed.
 
 Determinism: buckets are aged by publishing a watermark far ahead of the
 clock (the wall floor of a fresh handle is then exactly ``watermark bucket ×
-delayed width``), never by sleeping. Every test here checks the tree itself,
+delayed width``), never by sleeping. The host clock this process reads moves
+with it, to a minute before the watermark: recovery trusts a watermark only
+``max_clock_skew`` ahead of the local clock (issue 15, point 4). Every test here checks the tree itself,
 so a pass that deleted the wrong thing or nothing at all fails.
 """
 
@@ -23,6 +25,7 @@ import math
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,6 +59,18 @@ from tests.invariants import check_tree  # noqa: E402
 SHARDS = 4
 DAY = 86_400 * SEC
 HOUR_S = 3600
+_REAL_CLOCK = linux.realtime_ns
+_clock_ahead_ns = 0  # how far age_by moved this process's CLOCK_REALTIME
+
+
+@pytest.fixture(autouse=True)
+def _host_clock() -> Iterator[None]:
+    """Its own MonkeyPatch: a test's ``monkeypatch.undo()`` must not stop the clock."""
+    global _clock_ahead_ns
+    _clock_ahead_ns = 0
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(linux, "realtime_ns", lambda: _REAL_CLOCK() + _clock_ahead_ns)
+        yield
 
 
 # The root queue_path and queue (tests/conftest.py), under this module's short names.
@@ -83,8 +98,11 @@ def bury_one(queue: Queue, payload: bytes) -> tuple[str, str]:
 def age_by(root: str, ahead_ns: int, delayed_width_ns: int) -> int:
     """Publish a watermark ``ahead_ns`` past the clock; returns the exact wall
     floor a fresh handle will use (the watermark bucket start)."""
+    global _clock_ahead_ns
     bucket = (linux.realtime_ns() + ahead_ns) // delayed_width_ns
     advance_watermark_to(root, bucket)
+    # Time passed on the host too; a minute short, so the floor is still the watermark's.
+    _clock_ahead_ns = bucket * delayed_width_ns - 60 * SEC - _REAL_CLOCK()
     return bucket * delayed_width_ns
 
 

@@ -124,8 +124,9 @@ class Outcome:
 
 
 def open_queue(root: str) -> Queue:
-    """Every handle of the test uses the same per-handle options (retention, temp TTL)."""
-    return Queue.open(root, receipt_retention=RETENTION_S, temp_ttl=TEMP_TTL_S)
+    """Every handle of the test uses the same per-handle options (retention, temp TTL),
+    and trusts the watermark the scenario pins a day ahead of the clock."""
+    return Queue.open(root, receipt_retention=RETENTION_S, temp_ttl=TEMP_TTL_S, max_clock_skew=2 * DAY / SEC)
 
 
 def one_pass(q: Queue, now_boottime: int) -> RecoveryReport:

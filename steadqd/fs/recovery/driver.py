@@ -16,6 +16,7 @@ from collections.abc import Callable
 from steadqd.constants import CONTROL_DIR, RECOVERY_LOCK, U32_MAX, Modes
 from steadqd.errors import InvalidInput, SteadQError
 from steadqd.fs import linux
+from steadqd.fs.clock import trusted_wall
 from steadqd.fs.context import Context
 from steadqd.fs.recovery.compact import compact_receipts
 from steadqd.fs.recovery.cursor import Positions, read_cursor, remember, write_cursor
@@ -35,6 +36,8 @@ _RUNNERS: dict[str, Callable[[Pass], None]] = {
     "compact_receipts": compact_receipts,
     "delete_receipts": delete_receipts,
 }
+# The phases that compare CLOCK_BOOTTIME readings: lease expiry and temp age.
+_BOOTTIME_PHASES = frozenset({"reap_leases", "cleanup_temp"})
 
 
 def run_recovery(
@@ -158,15 +161,21 @@ def _run_pass(p: Pass, budget_ms: int, now_bt: int | None) -> None:
 
 
 def _read_clocks(p: Pass, budget_ms: int, now_bt: int | None) -> bool:
-    """Boottime, wall floor, then the budget's deadline; False if a clock failed."""
+    """Boottime, wall floor, then the budget's deadline; False if a clock failed
+    or this process may not judge boottimes (fs/clock.py)."""
+    if p.ctx.boottime_problem is not None and (p.only is None or not _BOOTTIME_PHASES.isdisjoint(p.only)):
+        p.error("time_namespace", f"recovery refused: {p.ctx.boottime_problem}")
+        return False
     try:
         p.bt_now = now_bt if now_bt is not None else linux.boottime_ns()
     except OSError as e:
         p.error("clock", f"cannot read CLOCK_BOOTTIME: {e.strerror}")
         return False
     try:
-        p.wall = p.ctx.wall.for_mutation()
+        p.wall, skew = trusted_wall(p.ctx.wall.for_mutation(), linux.realtime_ns(), p.ctx.max_clock_skew_ns)
         p.report.wall_floor_available = True
+        if skew is not None:
+            p.error("clock_skew", skew)
     except (SteadQError, OSError) as e:
         p.wall = None
         p.error("wall_floor", f"wall floor unavailable: {e}; skipping promotion, receipt deletion, reap-to-dead")
