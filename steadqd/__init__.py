@@ -7,6 +7,13 @@ with Queue.open("/var/lib/steadq/render") as q:
     if lease:
         do_work(lease.payload())
         q.ack(lease)
+
+or let the worker API lease, renew and settle (steadqd.tasks):
+
+@steadqd.task("/var/lib/steadq/render")
+def render(frame: int) -> None: ...
+render.enqueue(42)           # a producer
+render.work(concurrency=4)   # a consumer, until SIGTERM
 """
 
 from steadqd.backoff import RetryPolicy
@@ -55,4 +62,17 @@ __all__ = [
     "SteadQError",
     "UnsupportedFilesystem",
     "UnsupportedFormat",
+    *("Bury", "Job", "Retry", "Task", "Worker", "WorkStats", "task", "work", "work_async"),
 ]
+
+# The worker API (steadqd.tasks) is loaded on first use: it needs asyncio, and
+# the CLI and the daemons, which import this package on every start, do not.
+_TASKS_API = frozenset({"Bury", "Job", "Retry", "Task", "Worker", "WorkStats", "task", "work", "work_async"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _TASKS_API:
+        from steadqd import tasks
+
+        return getattr(tasks, name)
+    raise AttributeError(f"module 'steadqd' has no attribute {name!r}")

@@ -249,3 +249,8 @@ REFUSED_FILESYSTEMS = {
     0x65735546: "fuse",
     0x794C7630: "overlayfs",
 }
+
+# The retry backoff when nobody configured one: the daemon's `retry:` defaults and the
+# Python worker API's (steadqd.tasks) are this one policy.
+DEFAULT_BACKOFF_BASE_S = 1.0
+DEFAULT_BACKOFF_MAX_S = 300.0

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from steadqd.constants import DEFAULT_MAX_CLOCK_SKEW_NS, NS_PER_SECOND
+from steadqd.constants import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DEFAULT_MAX_CLOCK_SKEW_NS, NS_PER_SECOND
 from steadqd.durations import parse_duration
 from steadqd.errors import ConfigError
 
@@ -64,8 +64,8 @@ class ExitPolicy:
 
 @dataclass(frozen=True)
 class RetrySettings:
-    backoff_base: float = 1.0
-    backoff_max: float = 300.0
+    backoff_base: float = DEFAULT_BACKOFF_BASE_S
+    backoff_max: float = DEFAULT_BACKOFF_MAX_S
     jitter: bool = True
 
 

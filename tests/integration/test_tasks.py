@@ -1,0 +1,398 @@
+"""The Python worker API (steadqd.tasks) on a real queue: outcomes, renewals, stops.
+
+In-process tests drive :class:`Worker` from the test thread; the signal tests
+run a worker script as a real process and send it SIGTERM, as systemd would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from steadqd import Queue
+from steadqd.backoff import RetryPolicy
+from steadqd.constants import DeadReason
+from steadqd.errors import InvalidInput
+from steadqd.fs import linux
+from steadqd.fs.recovery.driver import run_recovery
+from steadqd.tasks import Bury, Job, Retry, Task, Worker, task
+from tests.invariants import check_tree, live_tree
+
+DEADLINE = 30.0
+FAST = RetryPolicy(base_ms=1, cap_ms=1, use_jitter=False)
+
+
+def wait_for(pred: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def serve(w: Worker, until: Callable[[], bool], what: str) -> None:
+    """Run ``w`` in a thread until ``until()``; then stop it and wait for the drain."""
+    t = threading.Thread(target=w._serve, args=(w._call_sync,), daemon=True)
+    t.start()
+    try:
+        wait_for(until, what)
+    finally:
+        w.stop()
+        t.join(DEADLINE)
+    assert not t.is_alive(), "the worker did not stop"
+
+
+def dead_reason(queue: Queue, job: str) -> int:
+    (obj,) = [o for o in queue.inspect_detailed(job) if o.state == "dead"]
+    return int(obj.details["reason"])
+
+
+def promote_now(queue: Queue) -> None:
+    """Delayed retries (1 ms backoff) go back to ready: what the promoter does."""
+    queue.recover(phases=("promote_delayed",))
+
+
+# -- outcomes -----------------------------------------------------------------------------
+
+
+def test_a_returning_handler_acks_with_the_verified_payload(queue: Queue, queue_path: str) -> None:
+    job = queue.enqueue(b"hello", content_type="text/plain", metadata={"k": "v"})
+    seen: list[Job] = []
+    w = Worker(queue_path, seen.append, poll=0.1)
+    serve(w, lambda: w.stats.acked == 1, "the ack")
+    (got,) = seen
+    assert (got.id, got.payload, got.text(), got.content_type, dict(got.metadata)) == (
+        job,
+        b"hello",
+        "hello",
+        "text/plain",
+        {"k": "v"},
+    )
+    assert (got.attempt, got.max_attempts) == (1, 3)
+    assert check_tree(queue_path).receipts == {job}
+
+
+def test_an_exception_retries_with_backoff_then_dead_letters(queue: Queue, queue_path: str) -> None:
+    job = queue.enqueue(b"x", max_attempts=2)
+    attempts: list[int] = []
+
+    def fail(j: Job) -> None:
+        attempts.append(j.attempt)
+        raise ValueError("boom")
+
+    w = Worker(queue_path, fail, poll=0.1, retry=FAST)
+
+    def done() -> bool:
+        promote_now(queue)
+        return job in check_tree(queue_path).dead
+
+    serve(w, done, "attempts to run out")
+    assert attempts == [1, 2]
+    assert (w.stats.retried, w.stats.buried) == (1, 1)
+    assert dead_reason(queue, job) == DeadReason.ATTEMPTS_EXHAUSTED
+
+
+def test_the_backoff_is_the_policy_given(queue: Queue, queue_path: str) -> None:
+    job = queue.enqueue(b"x")
+    w = Worker(queue_path, lambda j: 1 / 0, poll=0.1, retry=RetryPolicy(base_ms=3_600_000, cap_ms=3_600_000))
+    serve(w, lambda: w.stats.retried == 1, "the retry")
+    (obj,) = queue.inspect_detailed(job)
+    assert obj.state == "delayed"
+    assert obj.details["not_before_ns"] - queue.wall_floor_ns() > 1800 * 10**9  # the upper half of an hour
+
+
+def test_bury_dead_letters_with_the_application_reason(queue: Queue, queue_path: str) -> None:
+    job = queue.enqueue(b"x")
+
+    def reject(j: Job) -> None:
+        raise Bury("not for us", reason=0x0100)
+
+    w = Worker(queue_path, reject, poll=0.1)
+    serve(w, lambda: w.stats.buried == 1, "the bury")
+    assert job in check_tree(queue_path).dead
+    assert dead_reason(queue, job) == 0x0100
+
+
+def test_retry_with_a_delay_of_zero_runs_the_job_again_at_once(queue: Queue, queue_path: str) -> None:
+    job = queue.enqueue(b"x")
+    attempts: list[int] = []
+
+    def once(j: Job) -> None:
+        attempts.append(j.attempt)
+        if j.attempt == 1:
+            raise Retry("not yet", delay=0)
+
+    w = Worker(queue_path, once, poll=0.1)
+    serve(w, lambda: w.stats.acked == 1, "the second attempt's ack")
+    assert attempts == [1, 2] and check_tree(queue_path).receipts == {job}
+
+
+def test_a_corrupt_payload_never_reaches_the_handler(queue: Queue, queue_path: str) -> None:
+    job = queue.enqueue(b"precious payload")
+    (path,) = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(queue_path, "ready")) for f in fs]
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        f.write(b"X")
+    called: list[Job] = []
+    w = Worker(queue_path, called.append, poll=0.1)
+    serve(w, lambda: w.stats.quarantined == 1, "the payload check")
+    assert not called
+    assert job not in check_tree(queue_path).all_ids  # quarantined, not delivered
+
+
+# -- renewals ------------------------------------------------------------------------------
+
+
+def test_a_handler_longer_than_its_lease_keeps_it(queue: Queue, queue_path: str) -> None:
+    """Renewed in the background: recovery, run all along, never takes the job away."""
+    job = queue.enqueue(b"x")
+    ran: list[int] = []
+    release = threading.Event()
+
+    def slow(j: Job) -> None:
+        ran.append(j.attempt)
+        release.wait(DEADLINE)
+
+    w = Worker(queue_path, slow, lease=1.0, renew_every=0.2, poll=0.1)
+    t = threading.Thread(target=w._serve, args=(w._call_sync,), daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: ran, "the handler to start")
+        end = time.monotonic() + 3.0  # three lease lengths
+        while time.monotonic() < end:
+            rep = queue.recover()
+            assert rep.leases_reaped == 0 and rep.leases_to_dead == 0
+            time.sleep(0.1)
+        release.set()
+        wait_for(lambda: w.stats.acked == 1, "the ack")
+    finally:
+        release.set()
+        w.stop()
+        t.join(DEADLINE)
+    assert ran == [1] and check_tree(queue_path).receipts == {job}
+
+
+def test_a_lease_lost_meanwhile_is_not_settled(queue: Queue, queue_path: str) -> None:
+    """The machine slept (recovery saw the lease expire): the handler's late success is dropped."""
+    job = queue.enqueue(b"x")
+    started, release = threading.Event(), threading.Event()
+    lost: list[bool] = []
+
+    def slow(j: Job) -> None:
+        started.set()
+        release.wait(DEADLINE)
+        lost.append(j.lease_lost)
+
+    w = Worker(queue_path, slow, lease=30.0, poll=0.1)
+    t = threading.Thread(target=w._serve, args=(w._call_sync,), daemon=True)
+    t.start()
+    try:
+        started.wait(DEADLINE)
+        ctx = queue._ctx  # recovery with an injected clock is not public API
+        with ctx.tree.operation():
+            rep = run_recovery(ctx, now_boottime=linux.boottime_ns() + 3600 * 10**9)
+        assert rep.leases_reaped == 1
+        w._wake_renewer.set()
+        for r in list(w._running.values()):
+            r.next_renew = 0.0  # renew now: it finds the lease gone
+        wait_for(lambda: all(r.job.lease_lost for r in list(w._running.values())), "the renewer to notice")
+        w.stop()  # before the job is back in ready: this worker must not take it again
+        release.set()
+        t.join(DEADLINE)
+    finally:
+        release.set()
+        w.stop()
+    assert lost == [True] and w.stats.lost == 1 and w.stats.acked == 0
+    assert check_tree(queue_path).ready == {job}  # attempt 2 is its next owner's
+
+
+# -- the decorator ----------------------------------------------------------------------------
+
+
+def test_task_enqueue_makes_a_json_job_and_work_calls_the_function(queue: Queue, queue_path: str) -> None:
+    calls: list[tuple[str, int]] = []
+
+    @task(queue_path, name="resize")
+    def resize(path: str, size: int = 256) -> None:
+        calls.append((path, size))
+
+    assert isinstance(resize, Task) and resize.__name__ == "resize"
+    job = resize.enqueue("/srv/a.jpg", size=128)
+    (obj,) = queue.inspect_detailed(job)
+    lease = queue.lease()
+    assert lease is not None
+    assert json.loads(queue.read_payload(lease)) == {"task": "resize", "args": ["/srv/a.jpg"], "kwargs": {"size": 128}}
+    assert lease.content_type == "application/json" and dict(lease.metadata) == {"task": "resize"}
+    queue.retry(lease, 0.0)
+    w = resize.worker(poll=0.1)
+    serve(w, lambda: w.stats.acked == 1, "the task's ack")
+    resize.close()
+    assert calls == [("/srv/a.jpg", 128)]
+    resize("/direct", 1)  # a plain call still runs here
+    assert calls[-1] == ("/direct", 1)
+
+
+def test_task_schedule_delays_and_adds_metadata(queue: Queue, queue_path: str) -> None:
+    @task(queue_path, name="later")
+    def later() -> None:
+        pass
+
+    job = later.schedule(delay=3600, metadata={"user": "ana"}, max_attempts=5)
+    later.close()
+    (obj,) = queue.inspect_detailed(job)
+    assert obj.state == "delayed" and obj.max_attempts == 5
+
+
+def test_a_worker_buries_a_job_of_another_task_or_not_a_task_call(queue: Queue, queue_path: str) -> None:
+    @task(queue_path, name="mine")
+    def mine() -> None:
+        raise AssertionError("must not run")
+
+    other = queue.enqueue(json.dumps({"task": "theirs", "args": [], "kwargs": {}}).encode())
+    garbage = queue.enqueue(b"\xff not json")
+    w = mine.worker(poll=0.1)
+    serve(w, lambda: w.stats.buried == 2, "both buried")
+    assert dead_reason(queue, other) == DeadReason.CONSUMER_REJECTED
+    assert dead_reason(queue, garbage) == DeadReason.UNSUPPORTED_CONTENT_TYPE
+
+
+def test_task_arguments_must_be_json(queue_path: str, queue: Queue) -> None:
+    @task(queue_path, name="t")
+    def t(x: object) -> None:
+        pass
+
+    with pytest.raises(InvalidInput, match="arguments of task t are not JSON"):
+        t.enqueue(object())
+    t.close()
+
+
+def test_async_handlers_run_on_the_event_loop(queue: Queue, queue_path: str) -> None:
+    jobs = {queue.enqueue(str(i).encode()) for i in range(6)}
+    seen: list[str] = []
+
+    async def handler(j: Job) -> None:
+        await asyncio.sleep(0.01)
+        seen.append(j.id)
+
+    async def main() -> None:
+        w = Worker(queue_path, handler, concurrency=3, poll=0.1)
+        run = asyncio.create_task(w.run_async())
+        while w.stats.acked < len(jobs):
+            await asyncio.sleep(0.02)
+        w.stop()
+        await asyncio.wait_for(run, DEADLINE)
+
+    asyncio.run(main())
+    assert set(seen) == jobs and check_tree(queue_path).receipts == jobs
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"concurrency": 0}, "concurrency"),
+        ({"lease": 0}, "lease"),
+        ({"lease": 10, "renew_every": 10}, "renew_every"),
+    ],
+)
+def test_bad_worker_options_are_refused(queue_path: str, options: dict[str, Any], words: str) -> None:
+    with pytest.raises(InvalidInput, match=words):
+        Worker(queue_path, lambda j: None, **options)
+
+
+def test_bury_refuses_a_reason_that_is_not_a_u16() -> None:
+    with pytest.raises(InvalidInput, match="u16"):
+        Bury("x", reason=0x10000)
+
+
+# -- stopping, as a process ---------------------------------------------------------------------
+
+WORKER_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from steadqd import tasks
+    queue, marks, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+
+    def handler(job):
+        open(os.path.join(marks, job.id + ".start"), "w").close()
+        time.sleep(2)
+        open(os.path.join(marks, job.id + ".end"), "w").close()
+
+    async def ahandler(job):
+        import asyncio
+        open(os.path.join(marks, job.id + ".start"), "w").close()
+        await asyncio.sleep(2)
+        open(os.path.join(marks, job.id + ".end"), "w").close()
+
+    if mode == "async":
+        import asyncio
+        stats = asyncio.run(tasks.work_async(queue, ahandler, poll=0.1))
+    else:
+        stats = tasks.work(queue, handler, poll=0.1)
+    print(stats.acked, stats.handed_back, flush=True)
+    """
+)
+
+
+def _start_worker(tmp_path: Path, queue_path: str, mode: str) -> tuple[subprocess.Popen[str], Path]:
+    script, marks = tmp_path / "w.py", tmp_path / "marks"
+    script.write_text(WORKER_SCRIPT)
+    marks.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, str(script), queue_path, str(marks), mode], stdout=subprocess.PIPE, text=True
+    )
+    return proc, marks
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sigterm_drains_the_running_handler_and_takes_no_new_job(
+    tmp_path: Path, queue: Queue, queue_path: str, mode: str
+) -> None:
+    first = queue.enqueue(b"1")
+    proc, marks = _start_worker(tmp_path, queue_path, mode)
+    try:
+        wait_for(lambda: (marks / f"{first}.start").exists(), "the handler to start")
+        second = queue.enqueue(b"2")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and out.split() == ["1", "0"]
+    assert (marks / f"{first}.end").exists() and not (marks / f"{second}.start").exists()
+    tree = check_tree(queue_path)
+    assert tree.receipts == {first} and tree.ready == {second}
+
+
+def test_a_second_sigterm_hands_the_running_job_back(tmp_path: Path, queue: Queue, queue_path: str) -> None:
+    job = queue.enqueue(b"1")
+    proc, marks = _start_worker(tmp_path, queue_path, "sync")
+    try:
+        wait_for(lambda: (marks / f"{job}.start").exists(), "the handler to start")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and out.split() == ["0", "1"]
+    assert not (marks / f"{job}.end").exists()
+    assert live_tree(queue_path).ready == {job}
