@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,8 +194,9 @@ def lease_duration_ns(seconds: float) -> int:
     """Lease durations are 1 s .. 7 days inclusive (clocks.md)."""
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds != seconds:
         raise InvalidInput(f"lease duration must be a number of seconds, got {seconds!r}")
-    ns = round(seconds * NS_PER_SECOND)
-    if not MIN_LEASE_NS <= ns <= MAX_LEASE_NS:
+    # round() of an infinite product (inf, or 1e300 s) would raise OverflowError.
+    ns = round(seconds * NS_PER_SECOND) if math.isfinite(seconds * NS_PER_SECOND) else None
+    if ns is None or not MIN_LEASE_NS <= ns <= MAX_LEASE_NS:
         raise InvalidInput(f"lease duration {seconds} s is outside 1 s .. 604800 s (7 days)")
     return ns
 
