@@ -12,6 +12,8 @@ basis and its predecessor, in ``timemath``. Pure code: no clocks, no I/O.
 
 from __future__ import annotations
 
+from typing import cast
+
 from steadqd.errors import CorruptRecord, ErrorKind, InvalidInput
 from steadqd.s3 import keys
 from steadqd.s3.keys import KeyKind, ParsedKey
@@ -24,11 +26,20 @@ from steadqd.s3.records import (
     QuarantineRecord,
     Record,
     RecordType,
+    decode_record,
     payload_digest,
     record_type,
 )
 
-__all__ = ["RECORD_AT", "check_feature_gate", "check_key_binding", "validate_format", "verify_payload"]
+__all__ = [
+    "RECORD_AT",
+    "check_feature_gate",
+    "check_key_binding",
+    "read_format",
+    "read_record",
+    "validate_format",
+    "verify_payload",
+]
 
 # The record type each authoritative or meta key holds; other keys hold no record.
 RECORD_AT: dict[KeyKind, RecordType] = {
@@ -131,3 +142,23 @@ def verify_payload(job: JobRecord, payload: bytes) -> bytes:
             payload=True,
         )
     return payload
+
+
+def read_format(data: bytes, queue_id: bytes) -> FormatRecord:
+    """The FORMAT of a queue from the bytes of its ``meta/FORMAT``, refused unless it may be opened."""
+    record = read_record(data, queue_id, keys.FORMAT_KEY, required_feature_bits=0)
+    return validate_format(cast(FormatRecord, record))  # check_key_binding allows nothing else at meta/FORMAT
+
+
+def read_record(data: bytes, queue_id: bytes, key: str | ParsedKey, *, required_feature_bits: int) -> Record:
+    """The record stored at ``key`` (relative to the queue's prefix), with every check that needs only the key.
+
+    Decodes with the key's own tag, then refuses a record that contradicts the
+    key or that its queue's FORMAT (``required_feature_bits``) does not allow.
+    A key that is no key shape raises InvalidKey.
+    """
+    parsed = key if isinstance(key, ParsedKey) else keys.parse_key(key)
+    record = decode_record(data, queue_id, keys.key_tag(queue_id, str(parsed)))
+    check_key_binding(record, parsed)
+    check_feature_gate(record, required_feature_bits)
+    return record

@@ -75,6 +75,22 @@ def test_every_record_has_its_digest_checksum_and_key_tag() -> None:
             assert keys.key_tag(bytes.fromhex(case["queue_id"]), case["key"]).hex() == case["key_tag"], case["name"]
 
 
+def test_every_record_at_its_own_key_reads_back_with_every_check() -> None:
+    at_keys = [case for case in _records() if case["key_tag_is_derived_from_key"]]
+    assert len(at_keys) == 85
+    for case in at_keys:
+        queue_id, encoding = bytes.fromhex(case["queue_id"]), bytes.fromhex(case["encoding"])
+        record = record_from_fields(case["record_type"], case["fields"])
+        assert verify.read_record(encoding, queue_id, case["key"], required_feature_bits=3) == record
+        assert verify.read_record(encoding, queue_id, keys.parse_key(case["key"]), required_feature_bits=3) == record
+        if case["type_name"] == "format":
+            assert verify.read_format(encoding, queue_id) == record
+        else:
+            with pytest.raises(CorruptRecord) as info:
+                verify.read_format(encoding, queue_id)  # bound to its own key, not to meta/FORMAT
+            assert info.value.error_class == "binding"
+
+
 def test_the_wire_order_of_every_record_is_canonical() -> None:
     for case in _records():
         envelope = cbor.decode(bytes.fromhex(case["encoding"])[:-34])

@@ -53,6 +53,23 @@ def test_every_reject_is_refused_at_the_references_first_failing_check() -> None
     assert dict(seen) == load("rejects")["counts"]["by_class"]
 
 
+def test_every_reject_is_refused_when_read_from_its_key() -> None:
+    # read_record derives the tag from the key, as a reader that listed the key does. The
+    # cases that hand the decoder some other tag test the binding check itself.
+    other_tag = 0
+    for case in cases("rejects", "record_decode_rejects"):
+        where = case["decode_with"]
+        queue_id = bytes.fromhex(where["queue_id"])
+        if keys.key_tag(queue_id, where["key"]).hex() != where["key_tag"]:
+            assert case["class"] == "binding", case["name"]
+            other_tag += 1
+            continue
+        with pytest.raises(CorruptRecord) as info:
+            verify.read_record(bytes.fromhex(case["encoding"]), queue_id, where["key"], required_feature_bits=3)
+        assert info.value.error_class == _expected_class(case["class"]), case["name"]
+    assert 0 < other_tag < load("rejects")["counts"]["by_class"]["binding"]
+
+
 def test_every_reject_names_what_is_wrong() -> None:
     # A message is a sentence about the record, never a bare class name.
     for case in cases("rejects", "record_decode_rejects"):
@@ -99,6 +116,9 @@ def test_a_record_that_contradicts_its_key_is_refused() -> None:
             verify.check_key_binding(record, key)
         assert info.value.reason == case["quarantine_reason"] == QuarantineReason.KEY_RECORD_MISMATCH
         assert case["key"] in info.value.message
+        queue_id = bytes.fromhex(case["decode_with"]["queue_id"])
+        with pytest.raises(CorruptRecord, match="in the key|key$"):
+            verify.read_record(bytes.fromhex(case["encoding"]), queue_id, case["key"], required_feature_bits=3)
 
 
 def test_a_record_that_agrees_with_its_key_passes() -> None:
@@ -127,6 +147,10 @@ def test_a_quarantine_record_in_a_v1_queue_is_a_finding() -> None:
         verify.check_feature_gate(record, case["format_required_feature_bits"])
     assert info.value.error_class == "feature_gate"
     verify.check_feature_gate(record, records.FeatureBit.QUARANTINE)
+    queue_id, stored = bytes.fromhex(case["decode_with"]["queue_id"]), bytes.fromhex(case["encoding"])
+    with pytest.raises(CorruptRecord, match="feature bit 1"):
+        verify.read_record(stored, queue_id, case["key"], required_feature_bits=0)
+    assert verify.read_record(stored, queue_id, case["key"], required_feature_bits=1) == record
 
 
 def test_inadmissible_claims_are_found_by_the_audit() -> None:
