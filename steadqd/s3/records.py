@@ -38,6 +38,7 @@ from steadqd.constants import ID_BYTES, U64_MAX, DeadReason
 from steadqd.errors import CorruptRecord, InvalidInput
 from steadqd.s3 import keys
 from steadqd.s3.keys import DIGEST_BYTES, KEY_TAG_BYTES, MAX_SHARD_COUNT, QID_BYTES
+from steadqd.text import printable
 
 __all__ = [
     "BASIS_WIRE",
@@ -542,6 +543,10 @@ def encode_record(record: Record, queue_id: bytes, key_tag: bytes) -> bytes:
 # --------------------------------------------------------------------------
 
 
+# An unknown field name comes from the stored bytes: at most this much of it goes into a message.
+_SHOWN = 64
+
+
 def _corrupt(error_class: str, message: str, reason: int = QuarantineReason.ENVELOPE_CORRUPT) -> CorruptRecord:
     return CorruptRecord(f"StowQ/1 record: {message}", reason, error_class=error_class)
 
@@ -597,7 +602,8 @@ class _Fields:
                 position = table.index(name)
             except ValueError:
                 label = where or (self.rt.label if self.rt else "record")
-                raise _corrupt("unknown_field", f"unknown {label} field {name!r}") from None
+                shown = printable(name[:_SHOWN]) + ("..." if len(name) > _SHOWN else "")
+                raise _corrupt("unknown_field", f"unknown {label} field '{shown}'") from None
             if position == previous:
                 raise _corrupt(cbor.DUPLICATE_MAP_KEY, f"{self.where(name)} appears twice")
             if position < previous:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import collections
+import hashlib
 from typing import Any
 
 import pytest
@@ -192,3 +193,15 @@ def test_generic_canonical_cbor_cases() -> None:
         elif case["reencodes_identically"] and cbor.encode(value) != data:
             bad.append((case["name"], "re-encodes differently", cbor.encode(value).hex()))
     assert not bad
+
+
+def test_an_unknown_field_name_from_the_store_is_escaped_and_cut_short_in_the_message() -> None:
+    queue_id, tag = bytes(16), bytes(8)
+    name = "\x1b[31m" + "x" * 100
+    body = cbor.encode((records.MAGIC, records.MAJOR, records.MINOR, queue_id, tag, 6, cbor.CborMap(((name, 1),))))
+    data = body + records.DIGEST_HEAD + hashlib.sha256(records.digest_domain(records.RecordType.DEAD) + body).digest()
+    with pytest.raises(CorruptRecord) as info:
+        decode_record(data, queue_id, tag)
+    assert info.value.error_class == "unknown_field"
+    assert "\x1b" not in info.value.message and "\\x1b[31m" in info.value.message
+    assert "x" * 50 + "..." in info.value.message and "x" * 100 not in info.value.message
