@@ -1,0 +1,468 @@
+"""The S3 implementation of :class:`~steadqd.s3.store.base.ObjectStore`, over botocore.
+
+Why botocore and not boto3: boto3's client is botocore's with a session
+wrapper, and its resource layer adds objects per call and nothing the
+protocol needs; ``benchmarks/s3_store.py`` measures the per-operation cost
+(docs/stowq.md quotes it).
+
+Why retries are ours: botocore's retry handler would re-send a conditional
+PUT after a timeout, and the second attempt's 412 would then report a write
+we won as one we lost. So botocore makes exactly one attempt, and this
+module retries only what is safe to repeat: reads, and writes that provably
+never left (the connection was refused or never opened). A write that left
+and got no verdict is ``OutcomeUnknown`` with a :class:`PendingWrite`
+ticket, and the protocol resolves it by reading the key.
+
+Settings come from the standard AWS places only, never from a queue's YAML:
+``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``), ``AWS_REGION``,
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, the shared
+credentials and config files, or a credentials file the caller names. The
+instance-metadata, container, SSO and process credential providers are
+switched off: each would reach for a host the operator did not name.
+"""
+
+from __future__ import annotations
+
+import base64
+import calendar
+import functools
+import os
+import random
+import re
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+try:
+    import botocore.handlers
+    import botocore.loaders
+    import botocore.session
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+except ModuleNotFoundError as missing:  # an extra, not a dependency (pyproject.toml)
+    raise ModuleNotFoundError(
+        "queues on an object store need botocore 1.36 or later: pip install 'steadqd[s3]'", name=missing.name
+    ) from missing
+
+from steadqd.errors import (
+    AlreadyExists,
+    ChecksumMismatch,
+    ErrorKind,
+    InvalidInput,
+    NotCommitted,
+    NotFound,
+    OutcomeUnknown,
+    PreconditionFailed,
+    SteadQError,
+    StoreProfileViolation,
+)
+from steadqd.s3.store.base import (
+    LIST_PAGE_MAX,
+    S3_GENERIC,
+    Committed,
+    ListPage,
+    ObjectMeta,
+    PendingWrite,
+    StoredObject,
+    StoreProfile,
+    check_list_limit,
+    check_sha256,
+    quantize,
+)
+
+__all__ = ["S3Settings", "S3Store"]
+
+T = TypeVar("T")
+
+# Credential sources kept: the environment and the two shared files. The rest
+# of botocore's chain (IMDS at 169.254.169.254, ECS, SSO, credential_process,
+# STS role assumption) would contact hosts nobody configured.
+_CREDENTIAL_SOURCES = ("env", "shared-credentials-file", "config-file")
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_CHECKSUM_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "InvalidChecksum"})
+
+
+@dataclass(frozen=True, slots=True)
+class S3Settings:
+    """Where the bucket is and how patiently to talk to it; no field ever holds a secret.
+
+    ``endpoint_url`` and ``region`` left as None come from the AWS
+    environment (``AWS_ENDPOINT_URL``, ``AWS_REGION``, the config file).
+    ``credentials_file`` is a shared-credentials file (INI, as ``aws
+    configure`` writes) and ``aws_profile`` the section of it to use.
+    ``attempts`` bounds the retries of reads and of writes that never left.
+    """
+
+    bucket: str
+    endpoint_url: str | None = None
+    region: str | None = None
+    credentials_file: str | None = None
+    aws_profile: str | None = None
+    addressing_style: str = "path"
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+    attempts: int = 3
+    max_connections: int = 16
+
+    def __post_init__(self) -> None:
+        if not _BUCKET_NAME.fullmatch(self.bucket) or ".." in self.bucket:
+            raise InvalidInput(
+                f"bucket name {self.bucket!r} is not a valid S3 bucket name: use 3-63 lowercase letters, "
+                "digits, dots and hyphens, starting and ending with a letter or digit"
+            )
+        if self.addressing_style not in ("path", "virtual", "auto"):
+            raise InvalidInput(f"addressing_style {self.addressing_style!r}: give 'path', 'virtual' or 'auto'")
+        if self.attempts < 1:
+            raise InvalidInput(f"attempts {self.attempts}: at least one attempt is needed")
+        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
+            raise InvalidInput("S3 timeouts must be positive seconds")
+
+
+def _check_credentials_file(path: str) -> str:
+    """A credentials file must be a regular file that other users cannot read (it holds a secret)."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise InvalidInput(f"credentials file {path}: {exc.strerror}; name an existing file") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise InvalidInput(f"credentials file {path} is not a regular file")
+    if info.st_mode & stat.S_IROTH:
+        raise InvalidInput(
+            f"credentials file {path} is readable by every user (mode {stat.S_IMODE(info.st_mode):04o}): "
+            f"run chmod o-r {path}"
+        )
+    return path
+
+
+@functools.cache
+def _data_loader() -> Any:
+    """One loader per process: parsing botocore's S3 model costs ~0.3 s, and every store would redo it."""
+    return botocore.loaders.create_loader()
+
+
+def _session(settings: S3Settings) -> Any:
+    session = botocore.session.Session(profile=settings.aws_profile)
+    session.register_component("data_loader", _data_loader())
+    if settings.credentials_file is not None:
+        session.set_config_variable("credentials_file", _check_credentials_file(settings.credentials_file))
+    resolver = session.get_component("credential_provider")
+    for provider in [p.METHOD for p in resolver.providers]:
+        if provider not in _CREDENTIAL_SOURCES:
+            resolver.remove(provider)
+    return session
+
+
+def _etag(raw: str | None) -> str:
+    return (raw or "").strip('"')
+
+
+def _store_time_ns(value: datetime | None, granularity_ns: int) -> int:
+    if value is None:
+        return 0
+    ns = calendar.timegm(value.utctimetuple()) * 1_000_000_000 + value.microsecond * 1000
+    return quantize(ns, granularity_ns)
+
+
+def _status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+class _Retry(Exception):
+    """A failure that is safe to repeat; ``error`` is what the caller gets once the attempts run out."""
+
+    def __init__(self, error: SteadQError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class S3Store:
+    """One bucket behind an S3 endpoint. Thread-safe: botocore clients are, and this holds nothing else mutable."""
+
+    def __init__(self, settings: S3Settings, *, profile: StoreProfile = S3_GENERIC) -> None:
+        self._settings = settings
+        self._profile = profile
+        session = _session(settings)
+        if session.get_credentials() is None:
+            raise InvalidInput(
+                "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, "
+                "or name a credentials file (never put the secret in a queue's configuration)"
+            )
+        region = settings.region or session.get_config_variable("region") or "us-east-1"
+        config = Config(
+            connect_timeout=settings.connect_timeout_s,
+            read_timeout=settings.read_timeout_s,
+            retries={"mode": "standard", "total_max_attempts": 1},
+            s3={"addressing_style": settings.addressing_style},
+            max_pool_connections=settings.max_connections,
+            # A ranged GET of a checksummed object returns the whole object's
+            # checksum beside part of it; automatic validation would fail it.
+            # The per-PUT SHA-256 below is explicit, and reads are re-hashed
+            # by the protocol (every record carries its digest).
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            user_agent_extra="steadqd",
+        )
+        self._client = session.create_client(
+            "s3", region_name=region, endpoint_url=settings.endpoint_url, config=config
+        )
+        # botocore asks for "100 Continue" before every PUT body: a round trip
+        # per write that a record of a few hundred bytes does not need.
+        self._client.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
+        self._bucket = settings.bucket
+        self._location = f"s3://{settings.bucket} at {self._client.meta.endpoint_url}"
+
+    @property
+    def profile(self) -> StoreProfile:
+        return self._profile
+
+    @property
+    def location(self) -> str:
+        return self._location
+
+    @property
+    def bucket(self) -> str:
+        return self._bucket
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- one request, classified --------------------------------------------------------
+
+    def _attempts(self, call: Callable[[], T]) -> T:
+        """Run ``call`` until it succeeds or fails in a way that is not safe to repeat, at most ``attempts`` times."""
+        for attempt in range(self._settings.attempts):
+            try:
+                return call()
+            except _Retry as retry:
+                if attempt + 1 == self._settings.attempts:
+                    raise retry.error from retry.__cause__
+                time.sleep(min(1.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _write_error(self, exc: Exception, ticket: PendingWrite) -> Exception:
+        """Sort a failed write into the outcome classes; a ``_Retry`` when it provably never left."""
+        what = ticket.describe()
+        if isinstance(exc, ClientError):
+            status, code = _status(exc), _code(exc)
+            if status == 412:
+                if ticket.op == "put_if_absent":
+                    return AlreadyExists(f"{ticket.key}: an object is already there")
+                return PreconditionFailed(f"{ticket.key}: not at version {ticket.if_match} (or gone)")
+            if status == 404 and code == "NoSuchBucket":
+                return NotFound(f"bucket {self._bucket} does not exist at {self._client.meta.endpoint_url}")
+            if status == 404 and ticket.op == "put_if_match":
+                return PreconditionFailed(f"{ticket.key}: no object to replace (expected version {ticket.if_match})")
+            if status == 409:
+                return _Retry(NotCommitted(f"{what}: a conflicting write was in progress (HTTP 409); nothing written"))
+            if code in _CHECKSUM_CODES:
+                return ChecksumMismatch(f"{what}: the store refused the body's SHA-256 ({code}); nothing written")
+            if status == 403:
+                return NotCommitted(
+                    f"{what}: access denied ({code}); check the credentials' rights on the bucket",
+                    ErrorKind.PERMISSION_DENIED,
+                )
+            if status == 501:
+                return StoreProfileViolation(
+                    f"the store at {self._location} does not implement {what} ({code})", primitive="conditional write"
+                )
+            if status >= 500:
+                return OutcomeUnknown(
+                    f"{what}: HTTP {status} {code} after the request was sent; re-read the key", ticket
+                )
+            return NotCommitted(f"{what}: refused with HTTP {status} {code}")
+        if isinstance(exc, BotoConnectionError):
+            return _Retry(NotCommitted(f"{what}: could not connect ({exc}); nothing was sent"))
+        if isinstance(exc, HTTPClientError):
+            return OutcomeUnknown(f"{what}: {exc} after the request was sent; re-read the key", ticket)
+        return NotCommitted(f"{what}: {exc}")
+
+    def _read_error(self, exc: Exception, what: str) -> Exception:
+        if isinstance(exc, ClientError):
+            status, code = _status(exc), _code(exc)
+            if status == 404 and code == "NoSuchBucket":
+                return NotFound(f"bucket {self._bucket} does not exist at {self._client.meta.endpoint_url}")
+            if status in (404, 416):
+                return NotFound(f"{what}: no such object (HTTP {status})")
+            if status == 403:
+                return NotCommitted(
+                    f"{what}: access denied ({code}); check the credentials' rights on the bucket",
+                    ErrorKind.PERMISSION_DENIED,
+                )
+            if status >= 500:
+                return _Retry(NotCommitted(f"{what}: HTTP {status} {code}"))
+            return NotCommitted(f"{what}: refused with HTTP {status} {code}")
+        if isinstance(exc, BotoCoreError):
+            return _Retry(NotCommitted(f"{what}: {exc}"))
+        return NotCommitted(f"{what}: {exc}")
+
+    def _write(self, ticket: PendingWrite, request: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        def once() -> dict[str, Any]:
+            try:
+                return request()
+            except (ClientError, BotoCoreError) as exc:
+                raise self._write_error(exc, ticket) from exc
+
+        return self._attempts(once)
+
+    def _read(self, what: str, request: Callable[[], T]) -> T:
+        def once() -> T:
+            try:
+                return request()
+            except (ClientError, BotoCoreError) as exc:
+                raise self._read_error(exc, what) from exc
+
+        return self._attempts(once)
+
+    # -- writes ----------------------------------------------------------------------
+
+    def _put(
+        self, key: str, body: bytes, sha256: bytes | None, condition: dict[str, str], ticket: PendingWrite
+    ) -> Committed:
+        checksum = base64.b64encode(check_sha256(sha256, body)).decode("ascii")
+        answer = self._write(
+            ticket,
+            lambda: self._client.put_object(
+                Bucket=self._bucket, Key=key, Body=body, ChecksumSHA256=checksum, **condition
+            ),
+        )
+        return Committed(key, _etag(answer.get("ETag")))
+
+    def put_if_absent(self, key: str, body: bytes, *, sha256: bytes | None = None) -> Committed:
+        body = bytes(body)
+        ticket = PendingWrite("put_if_absent", key, check_sha256(sha256, body))
+        return self._put(key, body, sha256, {"IfNoneMatch": "*"}, ticket)
+
+    def put_if_match(self, key: str, body: bytes, etag: str, *, sha256: bytes | None = None) -> Committed:
+        body = bytes(body)
+        ticket = PendingWrite("put_if_match", key, check_sha256(sha256, body), etag)
+        return self._put(key, body, sha256, {"IfMatch": self._if_match(etag)}, ticket)
+
+    def delete(self, key: str) -> None:
+        def request() -> dict[str, Any]:
+            try:
+                return self._client.delete_object(Bucket=self._bucket, Key=key)
+            except ClientError as exc:
+                if _status(exc) == 404 and _code(exc) != "NoSuchBucket":
+                    return {}  # S3 answers 204 for an absent key; some engines 404
+                raise
+
+        self._write(PendingWrite("delete", key, None), request)
+
+    def _if_match(self, etag: str) -> str:
+        return f'"{etag}"' if self._profile.if_match_quoted else etag
+
+    # -- reads -----------------------------------------------------------------------
+
+    def _meta(self, key: str, answer: dict[str, Any], size: int) -> ObjectMeta:
+        return ObjectMeta(
+            key,
+            _etag(answer.get("ETag")),
+            size,
+            _store_time_ns(answer.get("LastModified"), self._profile.granularity_ns),
+        )
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> StoredObject:
+        if byte_range is not None:
+            start, end = byte_range
+            if start < 0:
+                raise InvalidInput(f"byte range of {key}: start {start} is negative")
+            if start >= end:
+                raise NotFound(f"{key}: the range [{start}, {end}) is empty")
+        return self._read(f"get {key}", lambda: self._get_once(key, byte_range))
+
+    def _get_once(self, key: str, byte_range: tuple[int, int] | None, **condition: str) -> StoredObject:
+        extra = dict(condition)
+        if byte_range is not None:
+            extra["Range"] = f"bytes={byte_range[0]}-{byte_range[1] - 1}"
+        answer = self._client.get_object(Bucket=self._bucket, Key=key, **extra)
+        stream = answer["Body"]
+        try:
+            body = stream.read()
+        finally:
+            stream.close()
+        if byte_range is None:
+            return StoredObject(self._meta(key, answer, len(body)), body)
+        return StoredObject(self._meta(key, answer, self._ranged_size(key, answer, byte_range, body)), body)
+
+    def _ranged_size(self, key: str, answer: dict[str, Any], byte_range: tuple[int, int], body: bytes) -> int:
+        """The whole object's size from Content-Range; a clamped slice is absence, an ignored Range a violation."""
+        start, end = byte_range
+        content_range = answer.get("ContentRange")
+        if content_range is None:
+            if start == 0 and len(body) == end:
+                return len(body)
+            raise StoreProfileViolation(
+                f"{self._location} answered a GET of bytes [{start}, {end}) of {key} with the whole object",
+                primitive="ranged GET",
+            )
+        total = content_range.rpartition("/")[2]
+        if not total.isdigit():
+            raise StoreProfileViolation(
+                f"{self._location} sent Content-Range {content_range!r} for {key}", primitive="ranged GET"
+            )
+        if len(body) != end - start:
+            raise NotFound(f"{key}: no bytes [{start}, {end}) in an object of {total} bytes")
+        return int(total)
+
+    def get_if_none_match(self, key: str, etag: str) -> StoredObject | None:
+        def once() -> StoredObject | None:
+            try:
+                return self._get_once(key, None, IfNoneMatch=f'"{etag}"')
+            except ClientError as exc:
+                if _status(exc) == 304:
+                    return None
+                raise
+
+        return self._read(f"get {key}", once)
+
+    def head(self, key: str) -> ObjectMeta:
+        def once() -> ObjectMeta:
+            answer = self._client.head_object(Bucket=self._bucket, Key=key)
+            return self._meta(key, answer, int(answer.get("ContentLength", 0)))
+
+        return self._read(f"head {key}", once)
+
+    def list_page(self, prefix: str, *, start_after: str | None = None, limit: int = LIST_PAGE_MAX) -> ListPage:
+        limit = check_list_limit(limit)
+        if limit == 0:
+            return ListPage((), None)
+        request: dict[str, Any] = {"Bucket": self._bucket, "Prefix": prefix, "MaxKeys": limit}
+        if start_after is not None:
+            request["StartAfter"] = start_after
+        answer = self._read(f"list {prefix}", lambda: self._client.list_objects_v2(**request))
+        items: list[ObjectMeta] = []
+        last = None
+        for entry in answer.get("Contents", ()):
+            last = entry["Key"]
+            if start_after is not None and last <= start_after:
+                continue  # some engines treat StartAfter as inclusive; the contract is strictly after
+            items.append(self._meta(last, entry, int(entry.get("Size", 0))))
+        more = bool(answer.get("IsTruncated")) and last is not None
+        return ListPage(tuple(items), last if more else None)
+
+    # -- for tests and the demo ------------------------------------------------------------
+
+    def create_bucket(self) -> None:
+        """Create the bucket unless this account already owns it (tests, the demo; never the protocol)."""
+        request_args: dict[str, Any] = {"Bucket": self._bucket}
+        region = self._client.meta.region_name
+        if region and region != "us-east-1":
+            request_args["CreateBucketConfiguration"] = {"LocationConstraint": region}
+
+        def request() -> dict[str, Any]:
+            try:
+                return self._client.create_bucket(**request_args)
+            except ClientError as exc:
+                if _code(exc) == "BucketAlreadyOwnedByYou":
+                    return {}
+                raise
+
+        self._write(PendingWrite("create_bucket", self._bucket, None), request)
