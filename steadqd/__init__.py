@@ -16,6 +16,8 @@ render.enqueue(42)           # a producer
 render.work(concurrency=4)   # a consumer, until SIGTERM
 """
 
+from typing import TYPE_CHECKING
+
 from steadqd.backoff import RetryPolicy
 from steadqd.constants import AckResult, DeadReason, QuarantineReason, State
 from steadqd.errors import (
@@ -62,11 +64,22 @@ __all__ = [
     "SteadQError",
     "UnsupportedFilesystem",
     "UnsupportedFormat",
-    *("Bury", "Job", "Retry", "Task", "Worker", "WorkStats", "task", "work", "work_async"),
+    "Bury",
+    "Job",
+    "Retry",
+    "Task",
+    "Worker",
+    "WorkStats",
+    "task",
+    "work",
+    "work_async",
 ]
 
 # The worker API (steadqd.tasks) is loaded on first use: it needs asyncio, and
 # the CLI and the daemons, which import this package on every start, do not.
+# Type checkers see the real names.
+if TYPE_CHECKING:
+    from steadqd.tasks import Bury, Job, Retry, Task, Worker, WorkStats, task, work, work_async
 _TASKS_API = frozenset({"Bury", "Job", "Retry", "Task", "Worker", "WorkStats", "task", "work", "work_async"})
 
 
