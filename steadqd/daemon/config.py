@@ -10,8 +10,10 @@ cap, so a config file can never make the daemon do something it does not say.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -456,12 +458,37 @@ def config_path(name: str, directory: str | None = None) -> str:
     return os.path.join(config_dir(directory), f"{name}.yaml")
 
 
+def _read_regular(path: str, limit: int) -> bytes:
+    """Up to ``limit`` bytes of a regular file (a symlink to one is fine), never waiting.
+
+    A plain open() of a FIFO blocks until a writer appears, so the daemon and
+    check-config would hang; a FIFO, socket or directory is refused instead.
+    """
+    refusal = ConfigError("is not a regular file; it must be the queue's YAML configuration", path=path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        with contextlib.suppress(OSError):
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                raise refusal from None  # ENXIO: a socket, EISDIR: a directory, ...
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise refusal
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        return f.read(limit)
+
+
 def load_config(name: str, directory: str | None = None) -> QueueSettings:
     """Read and validate ``<config dir>/<name>.yaml``."""
     path = config_path(name, directory)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        raw = _read_regular(path, MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"no configuration for queue {name!r} (expected {path})", path=path) from None
     except OSError as e:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,7 @@ from steadqd.fs.names import (
     shard_of,
     terminal_bucket,
 )
-from steadqd.fs.quarantine import quarantine
+from steadqd.fs.quarantine import quarantine, quarantine_special
 from steadqd.fs.records import decode_extension
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, SourceMissing, Witness
 from steadqd.fs.verify import Envelope, check_name_matches, read_envelope, verify_payload
@@ -189,8 +190,12 @@ class _Scan:
                 # The witnessed move insists on a singly linked regular file, which
                 # this object is by definition not (it would fail as SourceChanged
                 # and block every scan): check the identity here, move unwitnessed.
-                if not witness.matches(linux.stat_at(dir_fd, name)):
+                st = linux.stat_at(dir_fd, name)
+                if not witness.matches(st):
                     self.report.errors.append(f"{rel}/{name} was replaced before quarantine")
+                    return
+                if not stat.S_ISREG(st.st_mode):
+                    self.isolate_special(dir_fd, rel, name, st)
                     return
                 witness = None
             qname = quarantine(self.ctx, dir_fd, name, reason, witness)
@@ -200,6 +205,20 @@ class _Scan:
         except (MoveError, Indeterminate, OSError) as e:
             # The object is in ready/ or in quarantine; either is safe, no lease exists.
             self.report.errors.append(f"quarantine {rel}/{name}: {e}")
+
+    def isolate_special(self, dir_fd: int, rel: str, name: str, st: os.stat_result) -> None:
+        """A FIFO, socket or directory wearing a job's name: quarantined, or reported once if it cannot be."""
+        try:
+            qname = quarantine_special(self.ctx, dir_fd, name, QuarantineReason.NON_REGULAR_FILE, st)
+        except SourceMissing:
+            return
+        except (MoveError, Indeterminate, OSError) as e:
+            self.report.errors.append(f"quarantine {rel}/{name} ({linux.file_kind(st.st_mode)}): {e}")
+            return
+        if qname is None:
+            self.report.ignored.append(f"{rel}/{name}")  # reported by an earlier scan of this process
+        else:
+            self.report.quarantined.append((f"{rel}/{name}", QuarantineReason.NON_REGULAR_FILE, qname))
 
     def consider(self, shard: int, dir_fd: int, rel: str, name: str, job: JobName) -> Lease | None:
         fmt = self.ctx.fmt
@@ -219,6 +238,10 @@ class _Scan:
                 return None
             if e.errno == errno.ELOOP:  # a symlink wearing a job name: never followed
                 self.isolate(dir_fd, rel, name, QuarantineReason.NON_REGULAR_FILE)
+                return None
+            special = linux.not_regular(dir_fd, name)  # ENXIO: a socket; EACCES: maybe a directory
+            if special is not None:
+                self.isolate_special(dir_fd, rel, name, special)
                 return None
             self.report.errors.append(f"open {rel}/{name}: {e.strerror}")
             return None

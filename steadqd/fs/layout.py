@@ -42,6 +42,7 @@ from steadqd.constants import (
     SUPPORTED_FILESYSTEMS,
     WATERMARK_FILE,
     WATERMARK_INIT_TMP_PREFIX,
+    WATERMARK_LOCK,
     Modes,
     modes_for_root,
 )
@@ -162,9 +163,19 @@ def _create_or_open(dir_fd: int, name: str, modes: Modes) -> int:
     except OSError as e:
         if e.errno != errno.EEXIST:
             raise
-        return linux.open_at(dir_fd, name, os.O_RDWR | os.O_NOFOLLOW)
+        return _open_fixed(dir_fd, name, os.O_RDWR, f"{CONTROL_DIR}/{name}")
     if modes.enforce:
         linux.fchmod(fd, modes.file)
+    return fd
+
+
+def _open_fixed(dir_fd: int, name: str, flags: int, label: str) -> int:
+    """Open a file the layout names (FORMAT, control/*): never blocks, never anything but a
+    regular file; QueueCorrupt naming ``label`` otherwise, ENOENT passed on."""
+    try:
+        fd, _st = linux.open_regular(dir_fd, name, flags, label=label)
+    except linux.NotRegularFile as e:
+        raise QueueCorrupt(str(e)) from e
     return fd
 
 
@@ -319,7 +330,7 @@ def open_queue_root(path: str, options: OpenOptions) -> OpenedRoot:
     maintenance = -1
     try:
         try:
-            ffd = linux.open_at(root, FORMAT_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+            ffd = _open_fixed(root, FORMAT_FILE, os.O_RDONLY, FORMAT_FILE)
         except OSError as e:
             if e.errno != errno.ENOENT:
                 raise QueueCorrupt(f"cannot open FORMAT: {e.strerror}") from e
@@ -329,9 +340,6 @@ def open_queue_root(path: str, options: OpenOptions) -> OpenedRoot:
                 raise QueueCorrupt(f"{path} is not a queue: FORMAT file is missing") from None
             raise QueueCorrupt("initialization was interrupted; remove .initializing and retry init") from None
         try:
-            st = linux.fstat(ffd)
-            if not stat.S_ISREG(st.st_mode):
-                raise QueueCorrupt("FORMAT is not a regular file")
             data = linux.pread(ffd, FORMAT_SIZE + 1, 0)
         finally:
             linux.close(ffd)
@@ -356,16 +364,20 @@ def open_queue_root(path: str, options: OpenOptions) -> OpenedRoot:
         control = linux.open_dir(root, CONTROL_DIR)
         try:
             try:
-                maintenance = linux.open_at(control, MAINTENANCE_LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+                maintenance = _open_fixed(control, MAINTENANCE_LOCK, os.O_RDONLY, f"{CONTROL_DIR}/{MAINTENANCE_LOCK}")
             except OSError as e:
                 raise QueueCorrupt(f"cannot open control/{MAINTENANCE_LOCK}: {e.strerror}") from e
             if not linux.ofd_lock(maintenance, exclusive=False):
                 raise MaintenanceBusy("queue is being initialised or maintained (maintenance lock held)")
             _check_cursor(control, fmt.queue_id)
             try:
-                linux.stat_at(control, WATERMARK_FILE)
+                watermark = linux.stat_at(control, WATERMARK_FILE)
             except OSError as e:
                 raise QueueCorrupt("wall watermark missing (control/wall-watermark)") from e
+            _refuse_special(WATERMARK_FILE, watermark)
+            # A FIFO there opens (O_NONBLOCK) and locks like a file at every
+            # watermark advance, so this is the one place that names it.
+            _refuse_special(WATERMARK_LOCK, linux.not_regular(control, WATERMARK_LOCK))
         finally:
             linux.close(control)
         return OpenedRoot(root, maintenance, fmt, magic, boot_id)
@@ -376,10 +388,17 @@ def open_queue_root(path: str, options: OpenOptions) -> OpenedRoot:
         raise
 
 
+def _refuse_special(name: str, st: os.stat_result | None) -> None:
+    """QueueCorrupt when the lstat of ``control/<name>`` shows anything but a regular file."""
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        e = linux.NotRegularFile(f"{CONTROL_DIR}/{name}", st.st_mode)
+        raise QueueCorrupt(str(e)) from e
+
+
 def _check_cursor(control: int, queue_id: bytes) -> None:
     """A malformed cursor makes the reference refuse the queue; say so early."""
     try:
-        fd = linux.open_at(control, RECOVERY_CURSOR_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = _open_fixed(control, RECOVERY_CURSOR_FILE, os.O_RDONLY, f"{CONTROL_DIR}/{RECOVERY_CURSOR_FILE}")
     except OSError as e:
         if e.errno == errno.ENOENT:
             return

@@ -22,6 +22,7 @@ import fcntl
 import os
 import platform
 import re
+import stat
 import struct
 import threading
 import time
@@ -43,6 +44,7 @@ __all__ = [
     "RESOLVE_NO_SYMLINKS",
     "SYNC_FILE_RANGE_WRITE",
     "Fault",
+    "NotRegularFile",
     "ShortRead",
     "TmpfileLinkUnsupported",
     "TraceEvent",
@@ -52,6 +54,7 @@ __all__ = [
     "close",
     "dup",
     "fchmod",
+    "file_kind",
     "fstat",
     "fstatfs_type",
     "fsync",
@@ -61,10 +64,12 @@ __all__ = [
     "list_dir",
     "mkdir_at",
     "monotonic_ns",
+    "not_regular",
     "ofd_lock",
     "open_at",
     "open_beneath",
     "open_dir",
+    "open_regular",
     "open_tmpfile",
     "pread",
     "pwrite_all",
@@ -155,6 +160,32 @@ class ShortRead(Exception):
         super().__init__(f"short read: expected {expected} bytes, got {got}")
         self.expected = expected
         self.got = got
+
+
+class NotRegularFile(Exception):
+    """A name that must hold a regular file holds a FIFO, socket, directory, device or symlink.
+
+    Raised instead of waiting: ``open()`` of a FIFO without O_NONBLOCK blocks
+    until a writer appears, which anyone able to write the directory can
+    arrange forever. ``label`` is the path as the caller names it.
+    """
+
+    def __init__(self, label: str, mode: int) -> None:
+        self.label = label
+        self.mode = mode
+        self.kind = file_kind(mode)
+        super().__init__(f'{label} is {self.kind}, not a regular file (see docs/security.md, "Special files")')
+
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link",
+    stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFREG: "a regular file",
+}  # fmt: skip
+
+
+def file_kind(mode: int) -> str:
+    """``st_mode``'s file type in words, for messages."""
+    return _KINDS.get(stat.S_IFMT(mode), f"a file of type 0o{stat.S_IFMT(mode):o}")
 
 
 class TmpfileLinkUnsupported(Exception):
@@ -339,6 +370,47 @@ def open_at(dirfd: int, name: Name, flags: int, mode: int = 0o600) -> int:
 
 def _open(dirfd: int, name: Name, flags: int, mode: int) -> int:
     return os.open(name, flags, mode, dir_fd=dirfd)
+
+
+def open_regular(
+    dirfd: int, name: Name, flags: int, mode: int = 0o600, *, label: str | None = None
+) -> tuple[int, os.stat_result]:
+    """Open a name that must be a regular file, without ever blocking; returns (fd, its fstat).
+
+    O_NONBLOCK makes the open of a FIFO return at once, and the fstat then
+    refuses it; O_NOFOLLOW refuses a symlink. When the open itself fails
+    (ENXIO for a socket, EISDIR or EACCES for a directory, ELOOP for a
+    symlink), an lstat says what is there, so the caller can report "a
+    socket" rather than a misleading errno. ENOENT and EEXIST pass through
+    unchanged. Failures are :class:`NotRegularFile` naming ``label`` (default:
+    ``name``), or the open's OSError.
+    """
+    where = label if label is not None else _s(name)
+    try:
+        fd = open_at(dirfd, name, flags | os.O_NONBLOCK | os.O_NOFOLLOW, mode)
+    except OSError as e:
+        if e.errno not in (_errno.ENOENT, _errno.EEXIST):
+            st = not_regular(dirfd, name)
+            if st is not None:
+                raise NotRegularFile(where, st.st_mode) from e
+        raise
+    try:
+        st = fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(where, st.st_mode)
+    except BaseException:
+        _close_quietly(fd)
+        raise
+    return fd, st
+
+
+def not_regular(dirfd: int, name: Name) -> os.stat_result | None:
+    """The lstat of ``name`` if it exists and is not a regular file, else None (an lstat error too)."""
+    try:
+        st = stat_at(dirfd, name)
+    except OSError:
+        return None
+    return None if stat.S_ISREG(st.st_mode) else st
 
 
 def open_dir(dirfd: int, name: Name) -> int:

@@ -8,11 +8,21 @@ where it was or in quarantine after a crash, never gone.
 
 from __future__ import annotations
 
+import errno
+import os
+import threading
+from collections import OrderedDict
+
 from steadqd.fs.context import Context
 from steadqd.fs.names import make_quarantine_name
-from steadqd.fs.tree import Collision, Witness
+from steadqd.fs.tree import Collision, MoveFailed, Witness
 
 _ATTEMPTS = 8
+# Special files this process failed to quarantine for lack of permission, by
+# (st_dev, st_ino); bounded, since each planted entry adds one.
+_UNMOVABLE_MAX = 4096
+_unmovable: OrderedDict[tuple[int, int], None] = OrderedDict()
+_unmovable_lock = threading.Lock()
 
 
 def quarantine(ctx: Context, src_fd: int, src_name: str, reason: int, witness: Witness | None = None) -> str:
@@ -36,3 +46,29 @@ def quarantine(ctx: Context, src_fd: int, src_name: str, reason: int, witness: W
             last = e
     assert last is not None
     raise last
+
+
+def quarantine_special(ctx: Context, src_fd: int, src_name: str, reason: int, st: os.stat_result) -> str | None:
+    """Quarantine a FIFO, socket, directory or symlink found at an object's name (``st``: its lstat).
+
+    A directory that another user owns cannot be moved to another parent
+    without write access to it (the kernel must rewrite its ``..``), so a
+    daemon that is not root may never be able to isolate one. Such a failure
+    is raised once, for the caller to report; afterwards this returns None
+    for the same entry, and the caller steps over it instead of reporting the
+    same error on every scan. fsck keeps reporting it until someone who may
+    remove it does.
+    """
+    key = (st.st_dev, st.st_ino)
+    with _unmovable_lock:
+        if key in _unmovable:
+            return None
+    try:
+        return quarantine(ctx, src_fd, src_name, reason)
+    except MoveFailed as e:
+        if e.errno in (errno.EACCES, errno.EPERM):
+            with _unmovable_lock:
+                _unmovable[key] = None
+                while len(_unmovable) > _UNMOVABLE_MAX:
+                    _unmovable.popitem(last=False)
+        raise

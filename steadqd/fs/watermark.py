@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import threading
 import time
 
@@ -43,17 +42,14 @@ def read_watermark(control_fd: int) -> Watermark:
     """Read and authenticate the record, retrying while it is being replaced."""
     for _ in range(_READ_ATTEMPTS):
         try:
-            fd = linux.open_at(control_fd, WATERMARK_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+            fd, st = linux.open_regular(control_fd, WATERMARK_FILE, os.O_RDONLY, label=f"control/{WATERMARK_FILE}")
+        except linux.NotRegularFile as e:
+            raise QueueCorrupt(str(e)) from e
         except OSError as e:
             if e.errno == errno.ENOENT:
                 raise QueueCorrupt("wall watermark missing (control/wall-watermark)") from e
-            if e.errno == errno.ELOOP:
-                raise QueueCorrupt("control/wall-watermark is a symlink") from e
             raise
         try:
-            st = linux.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise QueueCorrupt("control/wall-watermark is not a regular file")
             if st.st_nlink == 0:
                 continue  # replaced between open and fstat
             if st.st_nlink > 1:
@@ -148,8 +144,13 @@ class WallFloor:
 
     def _advance(self, wanted: int) -> None:
         try:
-            lock_fd = linux.open_at(self._control_fd, WATERMARK_LOCK, os.O_RDWR | os.O_NOFOLLOW)
+            # No fstat here: a FIFO opens at once (O_NONBLOCK) and locks like a
+            # file, and Queue.open refuses one; other non-files fail the open.
+            lock_fd = linux.open_at(self._control_fd, WATERMARK_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as e:
+            special = linux.not_regular(self._control_fd, WATERMARK_LOCK)
+            if special is not None:
+                raise QueueCorrupt(str(linux.NotRegularFile(f"control/{WATERMARK_LOCK}", special.st_mode))) from e
             if e.errno not in (errno.ENOENT, errno.ELOOP):
                 raise  # an I/O error is IoFailure/ResourceExhausted, not corruption (errors.md)
             raise QueueCorrupt(f"cannot open control/{WATERMARK_LOCK}: {e.strerror}") from e

@@ -42,14 +42,18 @@ def read_cursor(p: Pass) -> tuple[str, Positions] | None:
     """(start phase, positions) or None when the cursor is invalid (error recorded)."""
     qid = p.ctx.queue_id
     try:
-        fd = linux.open_at(p.control, RECOVERY_CURSOR_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+        fd, st = linux.open_regular(
+            p.control, RECOVERY_CURSOR_FILE, os.O_RDONLY, label=f"control/{RECOVERY_CURSOR_FILE}"
+        )
+    except linux.NotRegularFile as e:
+        p.error("recovery_cursor", str(e))
+        return None
     except OSError as e:
         if e.errno == errno.ENOENT:
             return _with_memory(qid, PHASES[0], {})
         p.error("recovery_cursor", f"cannot open control/{RECOVERY_CURSOR_FILE}: {e.strerror}")
         return None
     try:
-        st = linux.fstat(fd)
         if not is_single_regular(st):
             raise QueueCorrupt("recovery cursor is not a singly linked regular file")
         doc = validate_cursor(linux.pread(fd, 16_385, 0), qid)
@@ -101,13 +105,13 @@ def write_cursor(p: Pass, phase: str) -> None:
 
 def _holds(control: int, data: bytes) -> bool:
     try:
-        fd = linux.open_at(control, RECOVERY_CURSOR_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+        fd, st = linux.open_regular(control, RECOVERY_CURSOR_FILE, os.O_RDONLY)
         try:
-            return is_single_regular(linux.fstat(fd)) and linux.pread(fd, len(data) + 1, 0) == data
+            return is_single_regular(st) and linux.pread(fd, len(data) + 1, 0) == data
         finally:
             linux.close(fd)
-    except OSError:
-        return False  # missing or unreadable: write it
+    except (OSError, linux.NotRegularFile):
+        return False  # missing, unreadable or not a file: write it
 
 
 def _replace(p: Pass, data: bytes) -> bool:

@@ -107,7 +107,10 @@ def _open_lock(control: int, report: RecoveryReport, modes: Modes) -> int | None
     """Open ``control/recovery.lock``, creating it durably if it is missing."""
     for _ in range(2):
         try:
-            return linux.open_at(control, RECOVERY_LOCK, os.O_RDWR | os.O_NOFOLLOW)
+            return linux.open_regular(control, RECOVERY_LOCK, os.O_RDWR, label=f"control/{RECOVERY_LOCK}")[0]
+        except linux.NotRegularFile as e:
+            report.errors.append(("recovery_lock", str(e)))
+            return None
         except OSError as e:
             if e.errno != errno.ENOENT:
                 report.errors.append(("recovery_lock", f"cannot open control/{RECOVERY_LOCK}: {e.strerror}"))

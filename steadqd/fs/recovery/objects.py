@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Iterator
 
 from steadqd.constants import QuarantineReason, State
 from steadqd.errors import CorruptObject, QueueCorrupt, SteadQError
 from steadqd.fs import linux
 from steadqd.fs.names import JobName, authenticate, delayed_bucket, lease_bucket, shard_of
-from steadqd.fs.quarantine import quarantine
+from steadqd.fs.quarantine import quarantine, quarantine_special
 from steadqd.fs.recovery.state import Pass
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, MoveFailed, SourceMissing, Witness
 from steadqd.fs.verify import Envelope, check_name_matches, check_object_stat, read_envelope
@@ -26,14 +27,22 @@ from steadqd.fs.verify import Envelope, check_name_matches, check_object_stat, r
 
 def quarantine_object(p: Pass, dir_fd: int, rel: str, name: str, reason: int) -> None:
     p.op()
+    kind = ""
     try:
+        st = linux.stat_at(dir_fd, name)
         with p.ctx.tree.operation():  # pins the cached quarantine/ fd
-            qname = quarantine(p.ctx, dir_fd, name, reason)
-    except SourceMissing:
+            if stat.S_ISREG(st.st_mode):
+                qname: str | None = quarantine(p.ctx, dir_fd, name, reason)
+            else:
+                kind = f", {linux.file_kind(st.st_mode)}"
+                qname = quarantine_special(p.ctx, dir_fd, name, reason, st)
+    except (SourceMissing, FileNotFoundError):
         return  # someone else moved it: nothing left to isolate
     except (MoveError, Indeterminate, SteadQError, OSError) as e:
-        p.error("quarantine_failed", f"{rel}/{name} (reason 0x{reason:04x}): {e}")
+        p.error("quarantine_failed", f"{rel}/{name} (reason 0x{reason:04x}{kind}): {e}")
         return
+    if qname is None:
+        return  # a special file this process could not move: reported by an earlier pass
     p.report.quarantined += 1
     p.report.quarantined_objects.append((f"{rel}/{name}", int(reason), qname))
 
