@@ -70,3 +70,30 @@ def test_the_conversion_is_exact_up_to_its_maximum() -> None:
     assert checked_seconds_ns("d", U64_MAX // 10**9) <= U64_MAX
     with pytest.raises(InvalidInput, match="too large"):
         checked_seconds_ns("d", U64_MAX)
+
+
+# Found by the same audit in modules other engineers own (publish.py, settle.py): the
+# delay in seconds is converted with a bare round(delay * 1e9). Strict xfails, so the
+# fix (checked_seconds_ns("delay", delay)) turns them into failures that ask to drop the mark.
+_UNCHECKED = "round(delay * 1e9) escapes as OverflowError; convert with fs.clock.checked_seconds_ns"
+
+
+@pytest.mark.xfail(strict=True, raises=OverflowError, reason="publish.py: " + _UNCHECKED)
+@pytest.mark.parametrize("delay", [math.inf, 1e300])
+def test_enqueue_refuses_an_unrepresentable_delay(queue: Queue, queue_path: str, delay: float) -> None:
+    with pytest.raises(NotCommitted) as info:
+        queue.enqueue(b"x", delay=delay)
+    assert info.value.kind is ErrorKind.INVALID_INPUT and "delay" in str(info.value), info.value
+    assert files_under(queue_path, "delayed") == files_under(queue_path, "ready") == []
+
+
+@pytest.mark.xfail(strict=True, raises=OverflowError, reason="settle.py retry: " + _UNCHECKED)
+@pytest.mark.parametrize("delay", [math.inf, 1e300])
+def test_retry_refuses_an_unrepresentable_delay(queue: Queue, delay: float) -> None:
+    queue.enqueue(b"x")
+    lease = queue.lease(duration=30)
+    assert lease is not None
+    with pytest.raises(NotCommitted) as info:
+        queue.retry(lease, delay)
+    assert info.value.kind is ErrorKind.INVALID_INPUT and "delay" in str(info.value), info.value
+    queue.renew(lease, 30)  # nothing moved: the lease is intact
