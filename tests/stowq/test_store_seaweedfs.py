@@ -167,3 +167,13 @@ def test_seaweedfs_is_certified(seaweed: Seaweed) -> None:
     assert not slash[0].passed and not slash[0].required  # directory-tree order (docs/stowq.md)
     assert result.measured["P7 mode"] == "the store verifies SHA-256"
     assert store.list_page("").items == ()  # it cleaned up after itself
+
+
+def test_the_store_benchmark_runs_end_to_end(seaweed: Seaweed) -> None:
+    """benchmarks/s3_store.py on a tiny budget: every row measured, the table rendered (no speed asserted)."""
+    from benchmarks.s3_store import markdown, measure
+
+    result = measure(seaweed, ops=3, seconds=5.0)
+    assert {"put_if_absent (create)", "put_if_absent (losing: 412)", "head", "list (100 keys)"} <= set(result["rows"])
+    assert all(row["ops"] >= 1 for row in result["rows"].values())
+    assert "| head |" in markdown(result)
