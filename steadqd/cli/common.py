@@ -25,6 +25,7 @@ import errno
 import json
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeAlias
@@ -171,6 +172,37 @@ def write_atomic(path: str, text: str) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def read_user_file(path: str, limit: int = 1 << 20) -> bytes:
+    """Up to ``limit`` bytes of a file the user named (a handle file, a ticket), never waiting.
+
+    A plain open() of a FIFO blocks until a writer appears, so ``steadq ack
+    FIFO`` would hang. A symlink to a regular file is fine (it is the user's
+    own path). A FIFO, socket or directory raises OSError(EINVAL, "not a
+    regular file"), which callers report like any unreadable file (exit 1).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno != errno.ENOENT and not _regular(path):
+            raise OSError(errno.EINVAL, "not a regular file", path) from e  # ENXIO: a socket
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        return f.read(limit)
+
+
+def _regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return True  # nothing to say beyond the open's own error
 
 
 # =========================================================================== argument types

@@ -17,6 +17,7 @@ it), and reports what happened as one JSON line.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -31,6 +32,7 @@ from typing import Any
 import pytest
 
 from steadqd import Queue
+from steadqd.cli.common import read_user_file
 from steadqd.constants import QuarantineReason
 from steadqd.daemon.config import load_config
 from steadqd.errors import ConfigError
@@ -263,6 +265,42 @@ def test_load_config_follows_a_symlink_to_a_regular_file(tmp_path: Path) -> None
     (tmp_path / "real.yaml").write_text(f"queue: {tmp_path / 'q'}\nworker:\n  command: [/bin/true]\n")
     (tmp_path / "jobs.yaml").symlink_to(tmp_path / "real.yaml")
     assert load_config("jobs", str(tmp_path)).queue == str(tmp_path / "q")
+
+
+# --------------------------------------------------------------------------- files the user names to steadq
+
+
+def test_read_user_file_refuses_a_fifo_instead_of_waiting(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "handle.json", 0o600)
+    got = in_child(
+        """
+        import json, sys
+        from steadqd.cli.common import read_user_file, os_exit_code, error_text
+        try:
+            read_user_file(sys.argv[1])
+            print(json.dumps({"outcome": "ok"}))
+        except OSError as e:
+            print(json.dumps({"outcome": "OSError", "code": os_exit_code(e), "text": error_text(e)}))
+        """,
+        str(tmp_path / "handle.json"),
+    )
+    assert got == {"outcome": "OSError", "code": 1, "text": f"{tmp_path / 'handle.json'}: not a regular file"}
+
+
+@pytest.mark.parametrize("kind", ["directory", "socket"])
+def test_read_user_file_says_not_a_regular_file(tmp_path: Path, kind: str) -> None:
+    plant(tmp_path / "ticket.json", kind)
+    with pytest.raises(OSError, match="not a regular file") as info:
+        read_user_file(str(tmp_path / "ticket.json"))
+    assert info.value.errno == errno.EINVAL and info.value.filename == str(tmp_path / "ticket.json")
+
+
+def test_read_user_file_reads_a_file_or_a_link_to_one(tmp_path: Path) -> None:
+    (tmp_path / "real.json").write_bytes(b"x" * 10)
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    assert read_user_file(str(tmp_path / "link.json"), limit=4) == b"xxxx"
+    with pytest.raises(FileNotFoundError):
+        read_user_file(str(tmp_path / "missing.json"))
 
 
 # --------------------------------------------------------------------------- special files wearing a job's name
