@@ -1,25 +1,49 @@
-"""Per-job payload copies in the temp directory, and the ones a killed worker left behind.
+"""Per-job payload copies: made off the service loop, removed when the job ends or its worker is gone.
 
-Each job's verified payload is copied to ``<tmp>/steadqd-<pidns>-<pid>-<job>-XXXX/payload``
-before its command starts (the command reads it on stdin or from STEADQ_PAYLOAD_FILE), and
-the directory is removed when the job is settled. A worker that is SIGKILLed cannot remove
-its copies, and payloads may be sensitive, so a starting worker removes the directories
-whose creating process is gone. The pid namespace in the name matters: in a /tmp shared
-between pid namespaces a process number means nothing, so only directories made in this
-worker's own namespace are judged. (Under the systemd units /tmp is private to the service
-and vanishes with it; this is for ``steadqd run`` in containers and shells.)
+Off the loop
+    Claiming a job hashes its whole payload (protocol.md, "Claim"), and the
+    copy a command reads is hashed again as it is written. For a payload of
+    gigabytes that is seconds to minutes of reading, and the service loop
+    must meanwhile renew the leases of the jobs already running: a late
+    renewal lets recovery hand a running job to someone else. So the claim
+    and the copy run in one :class:`Preparer` thread, with a queue handle of
+    its own that no other thread touches, and the loop only learns the
+    outcome (through a pipe it watches). A corrupt payload is found by the
+    claim's hash, quarantined there and never read a second time. While a
+    copy is being written, the thread renews that job's lease itself; the
+    lease becomes the loop's once the outcome is handed over.
+
+Copies
+    Each job's verified payload is copied to ``<tmp>/steadqd-<pidns>-<pid>-<job>-XXXX/payload``
+    before its command starts (the command reads it on stdin or from STEADQ_PAYLOAD_FILE), and
+    the directory is removed when the job is settled. A worker that is SIGKILLed cannot remove
+    its copies, and payloads may be sensitive, so a starting worker removes the directories
+    whose creating process is gone. The pid namespace in the name matters: in a /tmp shared
+    between pid namespaces a process number means nothing, so only directories made in this
+    worker's own namespace are judged. (Under the systemd units /tmp is private to the service
+    and vanishes with it; this is for ``steadqd run`` in containers and shells.)
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
+import queue
 import re
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable
-from typing import BinaryIO
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, cast
+
+from steadqd.backend import Backend, LeaseHandle, ScanReport
+from steadqd.daemon.config import QueueSettings, WorkerConfig
+from steadqd.daemon.environment import build_environment
+from steadqd.errors import NotCommitted, SteadQError
 
 _NAME = re.compile(r"steadqd-(\d+)-(\d+)-[0-9a-f]{12}-")
 
@@ -100,3 +124,182 @@ def remove_stale(directory: str | None = None) -> list[str]:
         if not os.path.lexists(entry.path):
             removed.append(entry.path)
     return removed
+
+
+# --- claiming and copying off the loop --------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """What the :class:`Preparer` hands the loop for one request: a job ready to start, or why not.
+
+    ``lease`` is None when the queue was empty or the claim failed
+    (``lease_error``). With a lease and an ``error`` the job could not be
+    prepared; its copy is already removed and the lease is the loop's to settle.
+    """
+
+    cfg: WorkerConfig
+    credentials: dict[str, Any]
+    lease: LeaseHandle | None = None
+    renewed: float = 0.0  # time.monotonic() of the claim or of the thread's last renewal
+    scan: ScanReport | None = None
+    lease_error: SteadQError | None = None
+    error: BaseException | None = None
+    poisoned: str | None = None  # the thread's handle was poisoned; it opens a new one for the next claim
+    tmpdir: str = ""
+    payload_path: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Stopped(Exception):
+    """The worker is stopping: the copy in progress is abandoned (never leaves this module's callers)."""
+
+
+class _RenewingWriter:
+    """The copy's file, renewing the lease between chunks while a long copy is written."""
+
+    def __init__(self, out: BinaryIO, q: Backend, job: Prepared, stop: threading.Event) -> None:
+        self._out, self._q, self._job, self._stop = out, q, job, stop
+
+    def write(self, chunk: bytes) -> int:
+        if self._stop.is_set():
+            raise Stopped("the worker is stopping")
+        job = self._job
+        now = time.monotonic()
+        if job.lease is not None and now - job.renewed >= job.cfg.renew_interval:
+            try:
+                self._q.renew(job.lease, duration=job.cfg.lease)
+            except NotCommitted:
+                pass  # tried again one interval later; the lease still has two thirds of its time
+            job.renewed = now
+        return self._out.write(chunk)
+
+
+class Preparer:
+    """One thread that claims a job and writes its payload copy, one request at a time.
+
+    The loop calls :meth:`submit`, watches :meth:`fileno` and calls
+    :meth:`collect` when it is readable. Nothing but this thread touches its
+    queue handle while it runs; a lease and its :class:`Prepared` belong to
+    the loop from the moment :meth:`collect` returns them.
+    """
+
+    def __init__(self, q: Backend, reopen: Callable[[], Backend]) -> None:
+        self._q: Backend | None = q
+        self._reopen = reopen
+        self._requests: queue.SimpleQueue[tuple[WorkerConfig, QueueSettings, dict[str, Any]] | None]
+        self._requests = queue.SimpleQueue()
+        self._results: collections.deque[Prepared] = collections.deque()
+        self._stop = threading.Event()
+        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.busy = False  # a request is in flight (loop side only)
+        self._thread = threading.Thread(target=self._run, name="steadqd-prepare", daemon=True)
+        self._thread.start()
+
+    def fileno(self) -> int:
+        return self._r
+
+    def submit(self, cfg: WorkerConfig, settings: QueueSettings, credentials: dict[str, Any]) -> None:
+        assert not self.busy, "one request at a time"
+        self.busy = True
+        self._requests.put((cfg, settings, credentials))
+
+    def collect(self) -> list[Prepared]:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._r, 64):
+                pass
+        done: list[Prepared] = []
+        while self._results:
+            done.append(self._results.popleft())
+        if done:
+            self.busy = False
+        return done
+
+    def close(self, wait: float) -> list[Prepared]:
+        """Stop the thread (a copy stops at its next chunk) and return what it finished meanwhile.
+
+        A claim cannot be interrupted while it hashes; if it outlasts
+        ``wait``, the thread is left to the process's exit and recovery
+        returns its lease when it expires.
+        """
+        self._stop.set()
+        self._requests.put(None)
+        self._thread.join(wait)
+        done = self.collect()
+        if not self._thread.is_alive():
+            if self._q is not None:
+                with contextlib.suppress(SteadQError, OSError):
+                    self._q.close()
+                self._q = None
+            os.close(self._r)
+            os.close(self._w)
+        return done
+
+    @property
+    def stuck(self) -> bool:
+        """Still claiming after :meth:`close` gave up waiting."""
+        return self._stop.is_set() and self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            request = self._requests.get()
+            if request is None:
+                return
+            cfg, settings, credentials = request
+            job = Prepared(cfg, credentials)
+            try:
+                self._prepare(job, settings)
+            except BaseException as e:  # handed to the loop, which logs it: the thread must go on
+                job.error = e
+                if job.tmpdir:
+                    remove(job.tmpdir)
+                    job.tmpdir = ""
+            self._results.append(job)
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._w, b"\0")
+
+    def _prepare(self, job: Prepared, settings: QueueSettings) -> None:
+        if self._q is None:
+            try:
+                self._q = self._reopen()
+            except SteadQError as e:
+                job.lease_error = e
+                return
+        q = self._q
+        try:
+            job.renewed = time.monotonic()
+            try:
+                job.lease = q.lease(wait=0.0, duration=job.cfg.lease)
+            except SteadQError as e:
+                job.lease_error = e
+                return
+            job.scan = q.last_scan
+            if job.lease is not None and not self._stop.is_set():
+                self._copy(q, job, settings)
+        finally:
+            if q.poisoned is not None:
+                job.poisoned = q.poisoned
+                with contextlib.suppress(SteadQError, OSError):
+                    q.close()
+                self._q = None
+
+    def _copy(self, q: Backend, job: Prepared, settings: QueueSettings) -> None:
+        lease, cfg = job.lease, job.cfg
+        assert lease is not None
+        owner = None
+        if "user" in job.credentials and cfg.input == "file":
+            owner = (job.credentials["user"], job.credentials["group"])
+        job.tmpdir = make(lease.job_id)
+
+        def copy(f: BinaryIO) -> object:
+            return q.copy_payload(lease, cast(BinaryIO, _RenewingWriter(f, q, job, self._stop)))
+
+        job.payload_path = write_copy(job.tmpdir, copy, owner)
+        job.env = build_environment(
+            cfg,
+            lease,
+            queue_name=settings.name,
+            queue_path=settings.queue,
+            parent_env=os.environ,
+            payload_file=job.payload_path if cfg.input == "file" else None,
+        )

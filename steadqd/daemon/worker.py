@@ -23,10 +23,14 @@ The payload
     corrupt payload is quarantined by the backend and never reaches a
     command. ``input: file`` passes the copy's path in STEADQ_PAYLOAD_FILE;
     ``input: stdin`` opens the same copy read-only as the command's stdin
-    (steadqd.daemon.child). No other thread ever touches the queue handle.
-    The directory is removed when the job ends. The copy runs in the loop
-    thread, so a very large payload holds up the other jobs' timers while it
-    is copied; the first renewal is scheduled from the claim, not the spawn.
+    (steadqd.daemon.child). The directory is removed when the job ends.
+    The claim (which hashes the payload) and the copy run in the
+    :class:`~steadqd.daemon.payload_dirs.Preparer` thread with a queue
+    handle of its own, so a payload of gigabytes never delays the renewals
+    and output of the jobs already running; the loop's handle is touched by
+    the loop's thread only. The command is still spawned from the loop's
+    thread (its death signal follows that thread), and its first renewal is
+    scheduled from the claim or the copy's last renewal, not the spawn.
 
 Settling
     By the exit policy (steadqd.daemon.verdict), applied here. A lease whose
@@ -46,19 +50,16 @@ Attempts
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import time
 from collections.abc import Callable
-from typing import Any
 
-from steadqd.backend import Backend, LeaseHandle, ReadyWatch
+from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
 from steadqd.backoff import RetryPolicy
 from steadqd.daemon import payload_dirs
 from steadqd.daemon.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, spawn
 from steadqd.daemon.config import QueueSettings, WorkerConfig
-from steadqd.daemon.environment import build_environment
 from steadqd.daemon.journal import INFO, WARNING, Log
 from steadqd.daemon.service import Loop, Timer, Timers, open_queue
 from steadqd.daemon.verdict import Verdict, verdict
@@ -71,6 +72,7 @@ SETTLE_RETRY = 1.0  # s; first wait before settling again after NotCommitted (th
 SETTLE_RETRY_MAX = 30.0  # s; the longest wait between two tries while the lease is still renewed
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
+PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in flight
 
 _FollowUp = tuple[int, str, dict[str, object]] | None  # (priority, message, fields) of a line to log
 
@@ -138,6 +140,8 @@ class WorkerRole:
         self.failed = 0
         self.retried = 0
         self._ready: ReadyWatch | None = None
+        self._prep: payload_dirs.Preparer | None = None
+        self._fill_again = False  # a fill was asked for while a claim was in flight
         self._fill_timer: Timer | None = None
         self._rescan_timer: Timer | None = None
         self._reopen_timer: Timer | None = None
@@ -155,15 +159,18 @@ class WorkerRole:
         # itself, and exit statuses (hence acks) would be lost. No handler: default.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         self.q = open_queue(self.settings)  # a SteadQError refuses the start with its exit code
+        try:
+            self._ready = self.q.ready_watch()
+            # The claims and the payload copies have a handle of their own, in their own thread.
+            self._prep = payload_dirs.Preparer(open_queue(self.settings), lambda: open_queue(self.settings))
+        except SteadQError:  # e.g. fs.inotify.max_user_instances reached
+            self._close_watch()
+            self._close_queue()
+            raise
+        loop.add_reader(self._prep.fileno(), self._guarded(self._on_prepared))
         stale = payload_dirs.remove_stale()
         if stale:
             self.log.notice(f"removed {len(stale)} payload copies left by a worker that was killed", count=len(stale))
-        try:
-            self._ready = self.q.ready_watch()
-        except SteadQError:  # e.g. fs.inotify.max_user_instances reached
-            self.q.close()
-            self.q = None
-            raise
         self._watch_shards()
         loop.add_reader(self._ready.fileno(), self._guarded(self._on_ready))
         self._ready.recount()
@@ -207,7 +214,7 @@ class WorkerRole:
             self._fill_timer = None
 
     def drained(self) -> bool:
-        return not self.jobs
+        return not self.jobs and (self._prep is None or not self._prep.busy)
 
     def close(self) -> None:
         """Forced stop: kill what still runs and give its leases back right away."""
@@ -219,6 +226,7 @@ class WorkerRole:
             if t is not None:
                 t.cancel()
         self._to_settle.clear()  # still in self.jobs with their verdicts: settled below
+        self._close_preparer()
         jobs = list(self.jobs.values())
         for j in jobs:  # already exited (not yet noticed): settle by exit status, not as interrupted
             if j.child.returncode is None and j.child.exited():
@@ -233,6 +241,23 @@ class WorkerRole:
         self.jobs.clear()
         self._close_watch()
         self._close_queue()
+
+    def _close_preparer(self) -> None:
+        if self._prep is None:
+            return
+        if self.loop is not None:
+            self.loop.remove_reader(self._prep.fileno())
+        for done in self._prep.close(PREPARE_GRACE):
+            try:
+                self._hand_back(done)
+            except Exception as e:  # one job must not keep the others' leases
+                self.log.error(f"handing back job failed: {e!r}")
+        if self._prep.stuck:
+            self.log.warning(
+                f"a claim still hashing a payload after {PREPARE_GRACE:g}s is abandoned; its lease expires"
+                " and recovery returns the job"
+            )
+        self._prep = None
 
     def _terminate(self, running: list[_Job]) -> None:
         """SIGTERM to every running group, SIGKILL to those still there after the longest kill grace."""
@@ -307,37 +332,60 @@ class WorkerRole:
     # -- leasing ------------------------------------------------------------------
 
     def _fill(self) -> None:
+        """Ask the preparing thread for the next job; its answer arrives in :meth:`_on_prepared`."""
         self._fill_timer = None
         cfg = self.settings.worker
         assert cfg is not None
-        while not self.draining and not self.closed and len(self.jobs) < cfg.concurrency:
-            if self.q is None:
-                self._schedule_reopen()
-                return
-            try:
-                lease = self.q.lease(wait=0.0, duration=cfg.lease)
-            except SteadQError as e:
-                self._lease_failed(e)
-                return
-            self._report_scan()
-            if lease is None:
-                return
-            try:
-                self._start_job(lease, cfg)
-            except Exception as e:
-                self.log.error(f"starting the job failed: {e!r}", job_id=lease.job_id, attempt=lease.attempt)
+        if self.draining or self.closed or self._prep is None or len(self.jobs) >= cfg.concurrency:
+            return
+        if self._prep.busy:
+            self._fill_again = True  # news that arrived during a claim: look again after it
+            return
+        self._fill_again = False
+        try:
+            credentials = identity(cfg)
+        except (KeyError, ValueError) as e:  # a user or group that vanished since the config was read
+            self.log.error(f"cannot run jobs as the configured user or group: {e!r}")
+            self._schedule_fill(ERROR_RETRY)
+            return
+        self._prep.submit(cfg, self.settings, credentials)
+
+    def _on_prepared(self) -> None:
+        assert self._prep is not None
+        for done in self._prep.collect():
+            self._take(done)
+        if self._fill_again:
+            self._schedule_fill(0.0)
+
+    def _take(self, p: payload_dirs.Prepared) -> None:
+        if p.poisoned is not None:
+            self.log.error(f"queue handle poisoned ({p.poisoned}); a new one claims the next job")
+        if p.lease_error is not None:
+            self._fill_again = False  # the retry waits as _lease_failed says, whatever arrived
+            self._lease_failed(p.lease_error)
+            return
+        self._report_scan(p.scan)
+        lease = p.lease
+        if lease is None:
+            if p.error is not None:
+                self._fill_again = False
+                self.log.error(f"internal error claiming a job: {p.error!r}")
+                self._schedule_fill(ERROR_RETRY)
+            return
+        self._fill_again = True  # there was a job: there may be more
+        if p.error is not None:
+            self._prepare_failed(lease, p.cfg, p.error)
+        else:
+            self._start_job(p)
 
     def _lease_failed(self, e: SteadQError) -> None:
-        if isinstance(e, OutcomeUnknown) or (isinstance(e, NotCommitted) and e.kind is ErrorKind.QUEUE_POISONED):
-            self._reopen(f"lease: {e}")
-        elif isinstance(e, NotCommitted) and e.kind is ErrorKind.MAINTENANCE_BUSY:
+        if isinstance(e, NotCommitted) and e.kind is ErrorKind.MAINTENANCE_BUSY:
             self._schedule_fill(BUSY_RETRY)
-        else:
-            self.log.error(f"lease failed: {e}", error=e.kind.label)
-            self._schedule_fill(ERROR_RETRY)
+            return
+        self.log.error(f"lease failed: {e}", error=e.kind.label)
+        self._schedule_fill(BUSY_RETRY if isinstance(e, OutcomeUnknown) else ERROR_RETRY)
 
-    def _report_scan(self) -> None:
-        report = self.q.last_scan if self.q is not None else None
+    def _report_scan(self, report: ScanReport | None) -> None:
         if report is None:
             return
         for path, reason, qname in report.quarantined:
@@ -349,71 +397,48 @@ class WorkerRole:
 
     # -- starting a job -------------------------------------------------------------
 
-    def _start_job(self, lease: LeaseHandle, cfg: WorkerConfig) -> None:
-        assert self.loop is not None
-        claimed = self.loop.now()
-        prepared = self._prepare(lease, cfg)
-        if prepared is None:
-            return
-        tmpdir, payload_path, env, credentials = prepared
+    def _start_job(self, p: payload_dirs.Prepared) -> None:
+        assert self.loop is not None and p.lease is not None
+        lease, cfg = p.lease, p.cfg
         try:
-            proc = spawn(cfg, env, payload_path, credentials)
+            proc = spawn(cfg, p.env, p.payload_path, p.credentials)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
-            payload_dirs.remove(tmpdir)
+            payload_dirs.remove(p.tmpdir)
             self.log.error(
                 f"cannot start the command {command_argv(cfg)[0]!r}: {e}", job_id=lease.job_id, attempt=lease.attempt
             )
             self._settle_simple(lease, cfg, Verdict.RETRY)
             return
-        job = _Job(self, lease, cfg, proc, tmpdir, renewed=claimed)
+        job = _Job(self, lease, cfg, proc, p.tmpdir, renewed=p.renewed)
         self.jobs[job.pid] = job
         job.child.start()
-        # The copy ran in this thread; count it against the first renewal.
-        job.timers.set("renew", max(0.0, cfg.renew_interval - (self.loop.now() - claimed)), lambda: self._renew(job))
+        # The claim and the copy took time: count it against the first renewal.
+        job.timers.set("renew", max(0.0, cfg.renew_interval - (self.loop.now() - p.renewed)), lambda: self._renew(job))
         self.log.info("job started", **job.fields, pid=job.pid, max_attempts=lease.max_attempts)
 
-    def _prepare(self, lease: LeaseHandle, cfg: WorkerConfig) -> tuple[str, str, dict[str, str], dict[str, Any]] | None:
-        """The payload copy and the environment, or None when the job was dealt with here."""
+    def _prepare_failed(self, lease: LeaseHandle, cfg: WorkerConfig, e: BaseException) -> None:
+        """The claimed job could not be made ready to run (its copy is already gone)."""
         fields = {"job_id": lease.job_id, "attempt": lease.attempt}
-        tmpdir = ""
-        try:
-            tmpdir = payload_dirs.make(lease.job_id)
-            credentials = identity(cfg)
-            owner = (
-                (credentials["user"], credentials["group"]) if "user" in credentials and cfg.input == "file" else None
-            )
-            assert self.q is not None
-            q = self.q
-            payload_path = payload_dirs.write_copy(tmpdir, lambda f: q.copy_payload(lease, f), owner)
-            env = build_environment(
-                cfg,
-                lease,
-                queue_name=self.settings.name,
-                queue_path=self.settings.queue,
-                parent_env=os.environ,
-                payload_file=payload_path if cfg.input == "file" else None,
-            )
-        except (LeaseLost, OutcomeUnknown) as e:
-            payload_dirs.remove(tmpdir)
+        if isinstance(e, (LeaseLost, OutcomeUnknown)):
             self.log.error(f"lost the job while preparing it: {e}", **fields)
-            if isinstance(e, OutcomeUnknown):
-                self._reopen(str(e))
-            return None
-        except SteadQError as e:
-            payload_dirs.remove(tmpdir)
-            if getattr(e, "payload", False) or e.kind is ErrorKind.PAYLOAD_CORRUPT:
-                self.failed += 1
-                self.log.error(f"payload is corrupt; the job was quarantined: {e}", **fields)
-                return None
-            self.log.error(f"cannot prepare the job: {e}", **fields)
+        elif isinstance(e, SteadQError) and (getattr(e, "payload", False) or e.kind is ErrorKind.PAYLOAD_CORRUPT):
+            self.failed += 1
+            # The claim verified it: it changed since, and is quarantined now or at its next claim.
+            self.log.error(f"payload changed after its claim and is corrupt; the job is quarantined: {e}", **fields)
+        else:
+            self.log.error(f"cannot prepare the job: {e if isinstance(e, SteadQError) else repr(e)}", **fields)
             self._settle_simple(lease, cfg, Verdict.RETRY)
-            return None
-        except (OSError, KeyError, ValueError) as e:
-            payload_dirs.remove(tmpdir)
-            self.log.error(f"cannot prepare the job: {e!r}", **fields)
-            self._settle_simple(lease, cfg, Verdict.RETRY)
-            return None
-        return tmpdir, payload_path, env, credentials
+
+    def _hand_back(self, p: payload_dirs.Prepared) -> None:
+        """close(): a job claimed but never started goes back at once (its attempt is counted)."""
+        payload_dirs.remove(p.tmpdir)
+        if p.lease is None:
+            return
+        if p.error is not None and not isinstance(p.error, payload_dirs.Stopped):
+            self._prepare_failed(p.lease, p.cfg, p.error)
+            return
+        self.log.warning("job handed back on stop before its command started", job_id=p.lease.job_id)
+        self._settle_simple(p.lease, p.cfg, Verdict.RETRY)
 
     # -- renewing -------------------------------------------------------------------
 
