@@ -115,7 +115,7 @@ for u in "$HERE"/units/*; do
     name=$(basename "$u")
     # The units are written for the Debian package (/usr/bin/steadqd, docs in
     # /usr/share/doc/steadqd); point them at this prefix instead.
-    sed -e "/^ExecStart=/s#/usr/bin/steadqd#$PREFIX/bin/steadqd#" \
+    sed -e "/^Exec\(Start\|Reload\)=/s#/usr/bin/steadqd#$PREFIX/bin/steadqd#" \
         -e "/^Documentation=/s#file:/usr/share/doc/steadqd/#file:$PREFIX/share/doc/steadqd/#g" \
         "$u" >"$UNITDIR/$name.tmp"
     chmod 0644 "$UNITDIR/$name.tmp"

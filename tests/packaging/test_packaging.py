@@ -450,6 +450,8 @@ def test_bundle_install_run_uninstall(bundle: Bundle, fake_root: Path, tmp_path:
         for line in text.splitlines():
             if line.startswith("ExecStart="):
                 assert line.startswith("ExecStart=/opt/steadq/bin/steadqd "), line
+            if line.startswith("ExecReload=") and "steadqd" in line:
+                assert line.startswith("ExecReload=/opt/steadq/bin/steadqd check-config "), line
         assert "file:/usr/share/doc" not in text
     wants = {p.relative_to(units).as_posix() for p in units.glob("*.wants/*")}
     assert wants == {"multi-user.target.wants/steadq.target"}, wants

@@ -212,6 +212,28 @@ def test_reload_applies_a_changed_concurrency(demo: SystemdRoot, blocker: Callab
     root.run("systemctl", "reload", "steadq-worker@demo")
 
 
+def test_a_reload_with_an_invalid_file_fails_and_keeps_the_running_configuration(demo: SystemdRoot) -> None:
+    """Like `nginx -t`: the reload itself fails, the error is in `systemctl status`, nothing is signalled."""
+    root = demo
+    units = ("steadq-worker@demo.service", "steadq-sweeper@demo.service", "steadq-promoter@demo.service")
+    pids = {u: main_pid(root, u) for u in units}
+    write_config(root, "demo", queue_yaml("demo").replace("concurrency: 2", "concurrency: [2"))
+    try:
+        r = root.run("systemctl", "reload", "steadq-worker@demo", check=False)
+        assert r.returncode != 0, r
+        status = root.run("systemctl", "status", "--no-pager", "-l", "-n", "20", "steadq-worker@demo", check=False)
+        assert "demo.yaml" in status.stdout and "check-config" in status.stdout, status.stdout
+        for u in units:
+            assert active(root, u) == "active" and main_pid(root, u) == pids[u], u
+        # no SIGHUP reached the daemon: it never logged a refused reload, and it still runs jobs
+        said = " ".join(str(e["MESSAGE"]) for e in journal(root, "STEADQ_QUEUE=demo", "STEADQ_ROLE=worker"))
+        assert "reload refused" not in said
+        done_once(root, "demo", [put(root, "demo", "ok:after-bad-reload")])
+    finally:
+        write_config(root, "demo", queue_yaml("demo"))
+        root.run("systemctl", "reload", "steadq-worker@demo")
+
+
 def test_stop_drains_the_running_job(demo: SystemdRoot, blocker: Callable[[str], str]) -> None:
     root = demo
     name = blocker("st")

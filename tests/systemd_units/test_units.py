@@ -221,7 +221,8 @@ def test_service_contract(units: dict, role: str) -> None:
     assert single(u, "Service", "ExecStart") == f"/usr/bin/steadqd {role} %i"
     assert single(u, "Service", "Type") == "notify"
     assert single(u, "Service", "NotifyAccess") == "main"
-    assert single(u, "Service", "ExecReload") == "/bin/kill -HUP $MAINPID"
+    # A reload validates the file first (a failure sends no signal and fails the reload), then signals.
+    assert values(u, "Service", "ExecReload") == ["/usr/bin/steadqd check-config %i", "/bin/kill -HUP $MAINPID"]
     assert timespan(single(u, "Service", "WatchdogSec")) >= 10
     assert single(u, "Service", "Restart") == "on-failure"
     assert timespan(single(u, "Service", "RestartSec")) > 0
