@@ -12,9 +12,12 @@ its deadline.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
+import select
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from steadqd import Queue
+from steadqd import Queue, backend
 from steadqd.constants import HEADER_SIZE, State
-from steadqd.daemon.config import parse_config
+from steadqd.daemon import payload_dirs
+from steadqd.daemon.config import QueueSettings, parse_config
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop
 from steadqd.daemon.worker import WorkerRole
@@ -58,13 +62,23 @@ def _hash_rate(directory: str) -> float:
         os.unlink(path)
 
 
-def plant_giant_job(queue: str, size: int) -> str:
-    """A ready job of ``size`` payload bytes (a hole) whose header is valid but whose digest is wrong."""
+def _zeros_digest(size: int) -> bytes:
+    h = hashlib.sha256()
+    block = bytes(CHUNK)
+    for offset in range(0, size, CHUNK):
+        h.update(block[: min(CHUNK, size - offset)])
+    return h.digest()
+
+
+def plant_giant_job(queue: str, size: int, *, valid: bool = False) -> str:
+    """A ready job of ``size`` zero payload bytes (a hole) with a valid header; its digest is wrong
+    unless ``valid``."""
     with Queue.open(queue) as q:
         fmt = q.format
     job = os.urandom(16)
+    digest = _zeros_digest(size) if valid else b"\x5a" * 32
     header = build_header(
-        job_id=job, max_attempts=3, created_at_ns=1, extension=b"", payload_length=size, payload_digest=b"\x5a" * 32
+        job_id=job, max_attempts=3, created_at_ns=1, extension=b"", payload_length=size, payload_digest=digest
     )
     shard = names.shard_of(fmt.queue_id, job, fmt.shard_count)
     name = names.make_filename(
@@ -177,3 +191,74 @@ def test_a_corrupt_payload_is_read_once_before_quarantine(make_queue: Callable[.
     assert size // CHUNK <= reads < 2 * (size // CHUNK), reads
     assert "payload changed" not in out.getvalue()  # the copy never read it again
     assert wait_for(lambda: list(Path(queue_path, "quarantine").iterdir()))
+
+
+# --- the preparing thread on its own ------------------------------------------------
+
+
+def _worker_settings(queue_path: str, **worker: str) -> QueueSettings:
+    extra = "".join(f"\n  {k}: {v}" for k, v in worker.items())
+    return parse_config(f"queue: {queue_path}\nworker:\n  command: ['true']{extra}\n", path="t.yaml", name="t")
+
+
+def _one(prep: payload_dirs.Preparer) -> payload_dirs.Prepared:
+    """Wait (as the loop would, on the pipe) for the answer to the one request in flight."""
+    ready, _, _ = select.select([prep.fileno()], [], [], DEADLINE)
+    assert ready, "the preparing thread never answered"
+    (done,) = prep.collect()
+    return done
+
+
+def test_a_long_copy_renews_its_own_lease(make_queue: Callable[..., Queue], queue_path: str, tmp_path: Path) -> None:
+    make_queue(shards=1).close()
+    # Hashing takes about half a second here, five renewal intervals.
+    size = min(max(int(_hash_rate(str(tmp_path)) * 0.5), 16 << 20), 2 << 30)
+    job = plant_giant_job(queue_path, size, valid=True)
+    settings = _worker_settings(queue_path, lease="2s", renew_every="0.1s")
+    assert settings.worker is not None
+    prep = payload_dirs.Preparer(Queue.open(queue_path), lambda: Queue.open(queue_path))
+    try:
+        prep.submit(settings.worker, settings, {})
+        done = _one(prep)
+        assert done.error is None and done.lease is not None, done
+        assert done.lease.job_id == job
+        assert done.lease.generation > 1, "the claim's hash outlasted a renewal interval: the copy renewed"
+        assert os.path.getsize(done.payload_path) == size
+        assert done.env["STEADQ_JOB_ID"] == job and done.env["STEADQ_QUEUE"] == "t"
+        with contextlib.closing(backend.open_queue(queue_path)) as q:  # the lease handed over is current
+            q.ack(done.lease)
+        payload_dirs.remove(done.tmpdir)
+    finally:
+        prep.close(DEADLINE)
+    assert check_tree(queue_path).receipts == {job}
+
+
+def test_a_stop_abandons_a_copy_in_progress_and_keeps_the_lease(
+    make_queue: Callable[..., Queue], queue_path: str, tmp_path: Path
+) -> None:
+    make_queue(shards=1).close()
+    # A copy of a few seconds; it is stopped in its first chunks.
+    size = min(max(int(_hash_rate(str(tmp_path)) * 4), 64 << 20), 8 << 30)
+    job = plant_giant_job(queue_path, size, valid=True)
+    settings = _worker_settings(queue_path, lease="60s")
+    assert settings.worker is not None
+    base = tempfile.gettempdir()
+
+    def copies() -> list[str]:  # this job's payload directories (the temp directory is shared)
+        return [d for d in os.listdir(base) if d.startswith("steadqd-") and f"-{os.getpid()}-{job[:12]}-" in d]
+
+    prep = payload_dirs.Preparer(Queue.open(queue_path), lambda: Queue.open(queue_path))
+    try:
+        prep.submit(settings.worker, settings, {})
+
+        def copying() -> bool:
+            return any(os.path.exists(os.path.join(base, d, "payload")) for d in copies())
+
+        wait_for(copying, DEADLINE + 10 * size / 1e8, "the copy to start")
+    finally:
+        (done,) = prep.close(DEADLINE)
+    assert isinstance(done.error, payload_dirs.Stopped), done
+    assert done.lease is not None and done.lease.job_id == job
+    assert not done.tmpdir and not copies()  # the partial copy is gone
+    with contextlib.closing(backend.open_queue(queue_path)) as q:  # still ours: WorkerRole.close hands it back
+        assert q.retry(done.lease) == "ready"
