@@ -20,12 +20,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -483,3 +485,35 @@ def test_open_regular_opens_a_regular_file_nonblocking(tmp_path: Path) -> None:
             linux.open_regular(dfd, "missing", os.O_RDONLY)
     finally:
         os.close(dfd)
+
+
+# --------------------------------------------------------------------------- the running daemon
+
+
+def test_worker_names_a_fifo_watermark_and_still_stops_on_sigterm(tmp_path: Path) -> None:
+    """The attack as it was run: ``mkfifo control/wall-watermark`` under a running worker.
+
+    It used to block in open() at the next claim: no job ran and SIGTERM was never
+    handled. Now the claim fails naming the file, and the worker stops when told.
+    """
+    from tests.daemon.conftest import Daemon, Env, wait_for
+
+    qpath = tmp_path / "q"
+    with Queue.init(str(qpath), shards=1) as q:
+        _job, rel = q.enqueue_detailed(b"{}")
+    parked = tmp_path / "parked.sqj"
+    (qpath / rel).rename(parked)  # out of sight until the FIFO is in place
+    env = Env(tmp_path, str(qpath))
+    env.write_config()
+    daemon = Daemon(env)
+    try:
+        daemon.ready()
+        plant(qpath / "control" / "wall-watermark", "fifo")
+        time.sleep(1.5)  # past the handle's 1 s watermark cache: the claim must read the file
+        parked.rename(qpath / rel)
+        wait_for(lambda: "control/wall-watermark is a FIFO" in daemon.log(), DEADLINE_S, "the FIFO named in the log")
+        daemon.signal(signal.SIGTERM)
+        daemon.wait(DEADLINE_S)
+        assert not list(env.results.iterdir()), "no job ran on a queue whose watermark is unreadable"
+    finally:
+        daemon.stop()
