@@ -119,7 +119,7 @@ def _command(weed: str, root: Path, ports: dict[str, int], identities: Path) -> 
         "-master.volumeSizeLimitMB=64",
         f"-volume.port={ports['volume']}",
         f"-volume.port.grpc={ports['volume_grpc']}",
-        "-volume.max=8",
+        "-volume.max=100",  # each bucket is a collection that grows several volumes of its own
         "-volume.preStopSeconds=0",
         "-filer",
         f"-filer.port={ports['filer']}",

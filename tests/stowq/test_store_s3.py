@@ -22,7 +22,7 @@ import pytest
 
 from steadqd.errors import AlreadyExists, ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, PreconditionFailed
 from steadqd.s3.store import PendingWrite
-from steadqd.s3.store.s3 import _CREDENTIAL_SOURCES, S3Settings, S3Store, _session
+from steadqd.s3.store.s3 import _CREDENTIAL_SOURCES, S3Settings, S3Store, _session, _store_time_ns, _timestamp
 
 HEADERS: list[dict[str, str]] = []  # every request's headers, newest last
 KEY_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
@@ -226,3 +226,12 @@ def test_a_put_sends_its_sha256_and_no_100_continue_round_trip(credentials: Path
     sent = {k.lower(): v for k, v in HEADERS[-1].items()}
     assert sent["if-none-match"] == "*" and "expect" not in sent
     assert sent["x-amz-checksum-sha256"] == base64.b64encode(hashlib.sha256(b"body").digest()).decode()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["2026-12-01T13:06:36Z", "2026-12-01T13:06:36.000Z", "Tue, 01 Dec 2026 13:06:36 GMT", "1796130396"],
+)
+def test_both_timestamp_forms_s3_sends_give_the_same_store_time(text: str) -> None:
+    """LIST's ISO 8601 and a header's RFC 1123 must land on one nanosecond count (P6: one time per object)."""
+    assert _store_time_ns(_timestamp(text), 10**9) == 1_796_130_396 * 10**9

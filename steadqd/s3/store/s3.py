@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import calendar
+import email.utils
 import functools
 import os
 import random
@@ -40,6 +41,7 @@ try:
     import botocore.handlers
     import botocore.loaders
     import botocore.session
+    import botocore.utils
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
     from botocore.exceptions import ConnectionError as BotoConnectionError
@@ -144,9 +146,27 @@ def _data_loader() -> Any:
     return botocore.loaders.create_loader()
 
 
+def _timestamp(value: str) -> datetime:
+    """Parse Last-Modified (ISO 8601 in LIST, RFC 1123 in headers) without dateutil's general parser.
+
+    botocore's default parser costs ~50 µs a timestamp, half the CPU of a
+    100-key LIST page; these two forms are all S3 sends.
+    """
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        pass
+    try:
+        return email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        parsed: datetime = botocore.utils.parse_timestamp(value)
+        return parsed
+
+
 def _session(settings: S3Settings) -> Any:
     session = botocore.session.Session(profile=settings.aws_profile)
     session.register_component("data_loader", _data_loader())
+    session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=_timestamp)
     if settings.credentials_file is not None:
         session.set_config_variable("credentials_file", _check_credentials_file(settings.credentials_file))
     resolver = session.get_component("credential_provider")
