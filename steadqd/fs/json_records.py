@@ -30,6 +30,7 @@ __all__ = [
     "TICKET_OPERATIONS",
     "TICKET_PHASES",
     "TransitionTicket",
+    "cursor_json",
     "reset_cursor_json",
     "validate_cursor",
 ]
@@ -110,20 +111,50 @@ _HEX4_RE = re.compile(r"[0-9a-f]{4}")
 
 
 def reset_cursor_json(queue_id: bytes, phase: str = "reap_leases") -> bytes:
-    """The only cursor shape a port should write: all positions null, lists empty.
+    """The shape records.md recommends a port write: all positions null, lists empty."""
+    return cursor_json(queue_id, phase)
+
+
+def cursor_json(queue_id: bytes, phase: str = "reap_leases", position: tuple[bytes, ...] | None = None) -> bytes:
+    """A cursor naming ``phase`` and, optionally, that phase's position (its
+    last fully processed entry); every other position null, lists empty.
 
     Produced as a literal rather than through json.dumps so the bytes match
-    the reference's compact serde output exactly (single line, no newline).
+    the reference's compact serde output exactly (single line, no newline,
+    fields in declaration order).
     """
     need_bytes(queue_id, ID_BYTES, "queue_id")
     if phase not in CURSOR_PHASES:
         raise InvalidInput(f"phase: must be one of {', '.join(CURSOR_PHASES)}, got {phase!r}")
+    slots = dict.fromkeys(CURSOR_PHASES, "null")
+    if position is not None:
+        slots[phase] = _position_text(phase, position)
     return (
         f'{{"schema":"{CURSOR_SCHEMA}","version":{CURSOR_VERSION},"queue_id":"{queue_id.hex()}",'
-        f'"cursor":{{"phase":"{phase}","reap_leases":null,"promote_delayed":null,"cleanup_temp":null,'
-        f'"compact_receipts":null,"delete_receipts":null,"hierarchy_retries":[],'
-        f'"hierarchy_retry_frontiers":[],"hierarchy_retry_overflow":[]}}}}'
+        f'"cursor":{{"phase":"{phase}",'
+        + "".join(f'"{name}":{slots[name]},' for name in CURSOR_PHASES)
+        + '"hierarchy_retries":[],"hierarchy_retry_frontiers":[],"hierarchy_retry_overflow":[]}}'
     ).encode("ascii")
+
+
+def _position_fields(phase: str) -> tuple[str, ...]:
+    # (boot, bucket, shard, entry) for legacy reaping; (bucket or boot, shard, entry) for the others.
+    return (
+        ("first", "second", "third", "resume_after") if phase == "reap_leases" else ("first", "second", "resume_after")
+    )
+
+
+def _position_text(phase: str, position: tuple[bytes, ...]) -> str:
+    fields = _position_fields(phase)
+    if len(position) != len(fields):
+        raise InvalidInput(f"position of {phase}: {len(position)} components, expected {len(fields)}")
+    for i, raw in enumerate(position):
+        try:
+            _byte_component(list(raw), f"position of {phase}[{i}]")
+        except _JsonReject as exc:
+            raise InvalidInput(str(exc)) from None
+    parts = (f'"{name}":[{",".join(str(b) for b in raw)}]' for name, raw in zip(fields, position, strict=True))
+    return "{" + ",".join(parts) + "}"
 
 
 def _cursor_phase(value: object, what: str) -> str:
@@ -147,9 +178,7 @@ def _byte_component(value: object, what: str) -> bytes:
 def _phase_position(value: object, phase: str) -> dict[str, bytes] | None:
     if value is None:
         return None
-    names = (
-        ("first", "second", "third", "resume_after") if phase == "reap_leases" else ("first", "second", "resume_after")
-    )
+    names = _position_fields(phase)
     obj = _exact_keys(value, names, (), f"cursor.{phase}")
     return {name: _byte_component(obj[name], f"cursor.{phase}.{name}") for name in names}
 

@@ -2,16 +2,23 @@
 
 The cursor is read and validated at the start of each pass (an invalid
 cursor stops the pass, as in the reference) and a *reference-written* phase
-position is honoured. We only ever write the "reset" form (records.md
-recommendation): every phase position null, ``phase`` = the next phase to
-run. The fine-grained position of a pass that ran out of budget is kept
-**in-process only** (per queue id); a later pass of this process resumes
-after that entry, any other process restarts the interrupted phase from its
-beginning, which costs a rescan but never skips work. Keeping the position
-matters for liveness: without it, a pass with a tiny budget whose first entry
-keeps failing (a collision, an unlinkable file) would retry that entry
-forever. The file is rewritten only when its bytes change, so an idle queue
-costs no fsyncs.
+position is honoured. We write the phase the next pass starts with and, for
+the phases whose trees only grow with the backlog (``PERSISTED``: temp
+cleanup, compaction, retention), that phase's position, in the shape
+records.md defines: a one-shot ``steadq recover`` then continues where the
+previous process stopped instead of rescanning a million receipts it has
+already compacted (the restart made such runs spend their whole budget
+re-verifying the same prefix and report ``ops:0``). Reaping and promotion
+positions are not written: what they name has moved away when it succeeded,
+so a restart costs little, and colocated leases have no cursor shape at all.
+
+Every position is also kept **in-process** (per queue id), including the
+ones that cannot be written (colocated leases, dead-letter retention); a
+later pass of this process resumes after that entry when the cursor still
+names its phase. That matters for liveness: without it, a pass with a tiny
+budget whose first entry keeps failing (a collision, an unlinkable file)
+would retry that entry forever. The file is rewritten only when its bytes
+change, so an idle queue costs no fsyncs.
 """
 
 from __future__ import annotations
@@ -24,18 +31,24 @@ import threading
 from steadqd.constants import RECOVERY_CURSOR_FILE, TEMP_EXT
 from steadqd.errors import QueueCorrupt
 from steadqd.fs import linux
-from steadqd.fs.json_records import reset_cursor_json, validate_cursor
+from steadqd.fs.json_records import cursor_json, validate_cursor
 from steadqd.fs.recovery.state import PHASES, Key, Pass
 from steadqd.fs.tree import is_single_regular
 
 _CURSOR_TMP_PREFIX = ".recovery-cursor."
 
-# Fine-grained resume positions of budget-limited passes, per queue id:
-# (phase, last fully processed entry key).
+# Fine-grained resume positions of budget-limited passes, per (queue id,
+# step): (phase, last fully processed entry key). The steps are the cyclic
+# phases ("cycle") and the due phases a pass runs first ("due", driver.py).
 _resume_lock = threading.Lock()
-_resume: dict[bytes, tuple[str, Key]] = {}
+_resume: dict[tuple[bytes, str], tuple[str, Key]] = {}
 
 Positions = dict[str, Key | None]
+
+# Phases whose position is written to the file (see the module docstring);
+# their positions are (bucket or boot, shard, entry), the shape records.md gives them.
+PERSISTED = ("cleanup_temp", "compact_receipts", "delete_receipts")
+_PERSISTED_DEPTH = 3
 
 
 def read_cursor(p: Pass) -> tuple[str, Positions] | None:
@@ -80,27 +93,42 @@ def read_cursor(p: Pass) -> tuple[str, Positions] | None:
 
 def _with_memory(queue_id: bytes, start: str, positions: Positions) -> tuple[str, Positions]:
     """Add this process's own resume position when the cursor still names its phase."""
-    with _resume_lock:
-        mem = _resume.pop(queue_id, None)
+    mem = recall(queue_id, "cycle")
     if mem is not None and mem[0] == start and positions.get(start) is None:
         positions[start] = mem[1]
     return start, positions
 
 
-def remember(queue_id: bytes, position: tuple[str, Key] | None) -> None:
-    """Keep (or forget) where this process's next pass resumes."""
+def recall(queue_id: bytes, step: str) -> tuple[str, Key] | None:
+    """Where this process's last pass left ``step`` (forgotten once asked)."""
+    with _resume_lock:
+        return _resume.pop((queue_id, step), None)
+
+
+def remember(queue_id: bytes, step: str, position: tuple[str, Key] | None) -> None:
+    """Keep (or forget) where this process's next pass resumes ``step``."""
     with _resume_lock:
         if position is not None:
-            _resume[queue_id] = position
+            _resume[(queue_id, step)] = position
         else:
-            _resume.pop(queue_id, None)
+            _resume.pop((queue_id, step), None)
 
 
-def write_cursor(p: Pass, phase: str) -> None:
-    """Persist the reset form naming ``phase`` (skipped when the bytes are already there)."""
-    data = reset_cursor_json(p.ctx.queue_id, phase)
+def write_cursor(p: Pass, phase: str, position: Key | None = None) -> None:
+    """Persist ``phase`` and, where it has a written shape, its position
+    (skipped when the bytes are already there)."""
+    data = cursor_json(p.ctx.queue_id, phase, persisted_position(phase, position))
     if _holds(p.control, data) or _replace(p, data):
         p.report.next_phase = phase
+
+
+def persisted_position(phase: str, position: Key | None) -> Key | None:
+    """The part of a position the file keeps: None for the phases it does not
+    keep and for positions of another shape (the dead letters retention walks
+    after the receipts)."""
+    if phase not in PERSISTED or position is None or len(position) != _PERSISTED_DEPTH:
+        return None
+    return position
 
 
 def _holds(control: int, data: bytes) -> bool:

@@ -1,9 +1,16 @@
 """One pass from start to end: arguments, the recovery lock, the clocks, the
-phases in cursor order, the cursor written back.
+due phases, the phases in cursor order, the cursor written back.
 
 ``control/recovery.lock`` (an OFD lock) lets one pass run at a time; the
 no-replace renames of every phase would keep concurrent passes correct
 anyway, the lock only keeps them from doing each other's work.
+
+A pass that resumes at a maintenance phase (temp cleanup, compaction,
+retention) first runs the due phases the cursor has not reached yet, reaping
+and promotion, with at most half of its budget: a backlog of a million
+receipts to compact takes thousands of passes to get round to reaping, and
+expired leases and due delayed jobs are the work somebody is waiting for. The
+other half keeps the maintenance phases moving however many leases expire.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from steadqd.fs import linux
 from steadqd.fs.clock import trusted_wall
 from steadqd.fs.context import Context
 from steadqd.fs.recovery.compact import compact_receipts
-from steadqd.fs.recovery.cursor import Positions, read_cursor, remember, write_cursor
+from steadqd.fs.recovery.cursor import Positions, read_cursor, recall, remember, write_cursor
 from steadqd.fs.recovery.promote import promote_delayed
 from steadqd.fs.recovery.reap import reap_leases
 from steadqd.fs.recovery.retention import delete_receipts
@@ -79,7 +86,7 @@ def run_recovery(
         try:
             if not _try_lock(lock_fd, report):
                 return report
-            _run_pass(Pass(ctx, report, control, ops, phases), ms, now_boottime)
+            _run_pass(Pass(ctx, report, control, ops, ms * _NS_PER_MS, phases), now_boottime)
         finally:
             with contextlib.suppress(OSError):
                 linux.close(lock_fd)  # releases the OFD lock
@@ -146,7 +153,7 @@ def _try_lock(fd: int, report: RecoveryReport) -> bool:
     return False
 
 
-def _run_pass(p: Pass, budget_ms: int, now_bt: int | None) -> None:
+def _run_pass(p: Pass, now_bt: int | None) -> None:
     if p.only is None:
         cursor = read_cursor(p)
         if cursor is None:
@@ -154,18 +161,21 @@ def _run_pass(p: Pass, budget_ms: int, now_bt: int | None) -> None:
         start, positions = cursor
     else:
         start, positions = PHASES[0], {}
-    if not _read_clocks(p, budget_ms, now_bt):
+    if not _read_clocks(p, now_bt):
         return
+    if p.only is None:
+        _run_due(p, tuple(phase for phase in _DUE_PHASES if PHASES.index(phase) < PHASES.index(start)))
     next_phase, remembered = _run_phases(p, start, positions)
     if p.only is not None:
         return  # a restricted pass leaves the cursor and the remembered position alone
-    remember(p.ctx.queue_id, remembered)
-    write_cursor(p, next_phase)
+    remember(p.ctx.queue_id, "cycle", remembered)
+    write_cursor(p, next_phase, None if remembered is None else remembered[1])
 
 
-def _read_clocks(p: Pass, budget_ms: int, now_bt: int | None) -> bool:
-    """Boottime, wall floor, then the budget's deadline; False if a clock failed
-    or this process may not judge boottimes (fs/clock.py)."""
+def _read_clocks(p: Pass, now_bt: int | None) -> bool:
+    """Boottime, then the wall floor; False if boottime failed. (The budget's
+    clock starts with the first piece of work, state.py.) Also False in a
+    process that may not judge boottimes (fs/clock.py)."""
     if p.ctx.boottime_problem is not None and (p.only is None or not _BOOTTIME_PHASES.isdisjoint(p.only)):
         p.error("time_namespace", f"recovery refused: {p.ctx.boottime_problem}")
         return False
@@ -182,12 +192,40 @@ def _read_clocks(p: Pass, budget_ms: int, now_bt: int | None) -> bool:
     except (SteadQError, OSError) as e:
         p.wall = None
         p.error("wall_floor", f"wall floor unavailable: {e}; skipping promotion, receipt deletion, reap-to-dead")
-    try:
-        p.deadline = linux.monotonic_ns() + budget_ms * _NS_PER_MS
-    except OSError as e:
-        p.error("clock", f"cannot read CLOCK_MONOTONIC: {e.strerror}")
-        return False
     return True
+
+
+# The phases whose work somebody waits for (a job to run), in cursor order.
+_DUE_PHASES = ("reap_leases", "promote_delayed")
+
+
+def _run_due(p: Pass, due: tuple[str, ...]) -> None:
+    """Run ``due`` with half the budget, resuming where this process's last
+    pass left them. A budget of one operation cannot be split: it goes to the
+    cursor's phase, whose progress is what the budget guarantees."""
+    share = p.max_ops // 2
+    if not due or not share:
+        return
+    qid = p.ctx.queue_id
+    mem = recall(qid, "due")
+    left: tuple[str, Key] | None = None
+    p.ops_limit, p.time_limit_ns = share, p.budget_ns // 2
+    try:
+        for phase in due:
+            p.pos = mem[1] if mem is not None and mem[0] == phase else None
+            try:
+                _RUNNERS[phase](p)
+            except Exhausted:
+                p.report.budget_exhausted = True
+                left = None if p.pos is None else (phase, p.pos)
+                return
+            except OSError as e:
+                # As in _run_phases; the cursor's phase still gets its turn.
+                p.error("recovery_aborted", f"{phase}: {e.strerror or e}")
+                return
+    finally:
+        remember(qid, "due", left)
+        p.ops_limit, p.time_limit_ns = p.max_ops, p.budget_ns
 
 
 def _run_phases(p: Pass, start: str, positions: Positions) -> tuple[str, tuple[str, Key] | None]:

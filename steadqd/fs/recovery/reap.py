@@ -24,6 +24,8 @@ from steadqd.fs.names import (
     authenticate,
     bucket_dir,
     dead_name,
+    format_name,
+    leased_name,
     make_filename,
     next_generation,
     parse_bucket_dir,
@@ -36,6 +38,14 @@ from steadqd.fs.names import (
 from steadqd.fs.recovery.objects import move, quarantine_object, rename, valid
 from steadqd.fs.recovery.state import Key, Pass
 from steadqd.fs.recovery.walk import NOT_BOOT, NOT_BUCKET, Level, entries, leaf_name, parse_boot, shard_level, walk
+
+# Leased names have one fixed length (names.md); measured on one rather than restated.
+_LEASED_NAME_LENGTH = len(
+    format_name(
+        leased_name(bytes(16), 0, 0, 1, boot_id=bytes(16), boottime_deadline=0, wall_deadline=0, lease_token=bytes(16)),
+        bytes(8),
+    ).encode("ascii")
+)
 
 
 def reap_leases(p: Pass) -> None:
@@ -97,14 +107,16 @@ def _reap_colocated(p: Pass) -> None:
 
 def _colocated_shard(p: Pass, dir_fd: int, rel: str, skey: Key, shard: int) -> None:
     fmt = p.fmt
-    for raw in entries(p, dir_fd, rel, skey):
+    # Every pass scans these shards first, and most of their entries are
+    # ready jobs: only names of a lease's length cost a budget check or a parse.
+    for raw in entries(p, dir_fd, rel, skey, keep=lambda raw: len(raw) == _LEASED_NAME_LENGTH):
         name = leaf_name(p, raw, rel, JOB_EXT)
         if name is None:
             continue
         try:
             job = parse_name(State.LEASED, name)
         except CorruptObject:
-            continue  # a ready job (or fsck's business)
+            continue  # fsck's business
         if not authenticate(fmt.queue_id, job, shard=shard, lease_width_ns=fmt.lease_width_ns) or (
             shard_of(fmt.queue_id, job.job_id, fmt.shard_count) != shard
         ):

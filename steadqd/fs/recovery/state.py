@@ -4,6 +4,15 @@ A pass is a sequence of phases that all spend one work budget, record every
 problem instead of raising it, and move one position forward through their
 tree; keeping those three in one small object lets each phase be a plain
 function of it.
+
+The time budget runs from the pass's first piece of work (the first entry a
+phase looks at, or the first operation), not from its start: taking the
+lock, reading the cursor, stabilizing the wall floor and listing the
+directory where the pass resumes are not work, and charging them let a pass
+on a slow disk stop before it did anything, every time. And the clock can
+only stop a pass once it has handed a phase one entry, so every pass moves
+its position forward. A pass that finds no entry at all (only directories)
+starts its clock after ``FREE_CHECKS`` budget checks, which keeps it bounded.
 """
 
 from __future__ import annotations
@@ -70,24 +79,39 @@ class Exhausted(Exception):
     """The work budget ran out; unwinds the phase, keeping its position."""
 
 
+# Budget checks a pass may make before its first entry without starting its
+# clock: the directories of a tree with no entries in them are work too.
+FREE_CHECKS = 1024
+
+
 @dataclass
 class Pass:
     """One pass: the clocks read at its start, its budget and its position.
 
     The clocks are read once, after the cursor (recovery.md "Pass
     structure"), so every phase judges expiry against the same instant.
+    ``ops_limit`` and ``time_limit_ns`` are the limits of the current step
+    (the driver gives the due phases only a share of the pass's budget).
     """
 
     ctx: Context
     report: RecoveryReport
     control: int  # our own control/ descriptor (the handle's cache may close its own)
     max_ops: int
+    budget_ns: int
     only: tuple[str, ...] | None = None  # restricted pass: these phases only, cursor untouched
     bt_now: int = 0
     wall: int | None = None  # None: no wall floor, the wall-sensitive actions are skipped
-    deadline: int = 0  # CLOCK_MONOTONIC
+    ops_limit: int = 0
+    time_limit_ns: int = 0
+    started_ns: int | None = None  # CLOCK_MONOTONIC at the first piece of work
+    checks: int = 0
     # The current phase's position: the last entry it began to process.
     pos: Key | None = None
+
+    def __post_init__(self) -> None:
+        self.ops_limit = self.max_ops
+        self.time_limit_ns = self.budget_ns
 
     @property
     def fmt(self) -> FormatRecord:
@@ -99,9 +123,26 @@ class Pass:
     def op(self) -> None:
         """Count one attempted move, unlink, rmdir, compaction or quarantine."""
         self.report.operations_attempted += 1
+        self._start_clock()
+
+    def enter(self, key: Key) -> None:
+        """The position moves to an entry a phase is about to process."""
+        self.pos = key
+        self._start_clock()
+
+    def _start_clock(self) -> None:
+        if self.started_ns is None:
+            self.started_ns = linux.monotonic_ns()
 
     def check_budget(self) -> None:
-        if self.report.operations_attempted >= self.max_ops or linux.monotonic_ns() >= self.deadline:
+        if self.report.operations_attempted >= self.ops_limit:
+            raise Exhausted()
+        if self.started_ns is None:
+            self.checks += 1
+            if self.checks > FREE_CHECKS:
+                self._start_clock()
+            return
+        if linux.monotonic_ns() - self.started_ns >= self.time_limit_ns:
             raise Exhausted()
 
     def done_before(self, key: Key) -> bool:

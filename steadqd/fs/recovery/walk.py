@@ -123,15 +123,21 @@ def _subdirs(p: Pass, dir_fd: int, rel: str, prefix: Key) -> Iterator[tuple[byte
         yield raw, key
 
 
-def entries(p: Pass, dir_fd: int, rel: str, prefix: Key) -> Iterator[bytes]:
+def entries(
+    p: Pass, dir_fd: int, rel: str, prefix: Key, keep: Callable[[bytes], bool] | None = None
+) -> Iterator[bytes]:
     """Leaf entries after the position; the position moves to each one
-    before it is processed (recovery.md "Pass structure")."""
+    before it is processed (recovery.md "Pass structure"). Names ``keep``
+    refuses are not the phase's business: they are passed over without a
+    budget check, as if they were not there."""
     for raw in _list(p, dir_fd, rel):
+        if keep is not None and not keep(raw):
+            continue
         key = prefix + (raw,)
         if p.pos is not None and key <= p.pos:
             continue
         p.check_budget()
-        p.pos = key
+        p.enter(key)
         yield raw
 
 
