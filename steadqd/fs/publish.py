@@ -54,10 +54,22 @@ from steadqd.fs.names import (
     shard_of,
 )
 from steadqd.fs.records import Extension, JobHeader, build_header, encode_extension
-from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
+from steadqd.fs.tree import (
+    Collision,
+    DestinationGone,
+    Indeterminate,
+    MoveFailed,
+    SourceChanged,
+    SourceMissing,
+    Witness,
+    is_removed_dir,
+)
 
 _CHUNK = 1 << 20
 _ONE_WRITE = 64 * 1024  # payloads up to this size are written with the header in one write (one copy)
+# Times a publication re-creates a destination directory that recovery removed
+# (an empty delayed bucket) before giving up with NotCommitted.
+_RECREATE_ATTEMPTS = 3
 _TMPFILE_UNSUPPORTED = (errno.EISDIR, errno.ENOENT, errno.EOPNOTSUPP, errno.EINVAL)
 # sync_file_range answers that only mean "no such hint here" (EPERM: a seccomp
 # filter refusing it); fsync is the barrier anyway.
@@ -85,6 +97,9 @@ class _Options:
     trace_context: bytes | None
     delay: float | None
     not_before_ns: int | None
+    # Drawn by the caller from getrandom (backend.new_job_id) and recorded
+    # before the call, so that it can find out after a crash whether the job exists.
+    job_id: bytes | None = None
 
     def __post_init__(self) -> None:
         m = self.max_attempts
@@ -107,9 +122,10 @@ def enqueue(
     trace_context: bytes | None = None,
     delay: float | None = None,
     not_before_ns: int | None = None,
+    job_id: bytes | None = None,
 ) -> Published:
     ctx.check_usable()
-    opts = _Options(max_attempts, content_type, metadata, producer_id, trace_context, delay, not_before_ns)
+    opts = _Options(max_attempts, content_type, metadata, producer_id, trace_context, delay, not_before_ns, job_id)
     publication = _prepare(ctx, payload, opts)
     publication.run()
     return publication.result()
@@ -218,7 +234,8 @@ def _link_group(ctx: Context, group: list[tuple[_Publication, int, JobHeader]], 
         try:
             publication.refresh_dest()
             if publication.link(fd):
-                dirs.setdefault(publication.dest_rel, publication.dest_fd)
+                # The latest fd: one made again after a removal replaced (closed) the cached one.
+                dirs[publication.dest_rel] = publication.dest_fd
         except NotCommitted as e:
             failed = e
             break
@@ -266,7 +283,7 @@ def _as_outcome(e: SteadQError | OSError) -> NotCommitted | OutcomeUnknown:
 def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
     """Protocol.md "Enqueue", preparation: id, wall floor, extension, name,
     destination directory and the writer of one job (NotCommitted on failure)."""
-    job_id = ctx.random(16)
+    job_id = opts.job_id if opts.job_id is not None else ctx.random(16)
     wall = ctx.wall_floor()
     not_before_ns = opts.not_before_ns
     if opts.delay is not None:
@@ -403,7 +420,7 @@ class _Publication:
         self.job_hex = job_hex
         self.state = state
         self.rel_path = f"{dest_rel}/{name}"
-        self._recreated = False  # a deleted destination directory is recreated once
+        self._recreated = 0  # times a deleted destination directory was made again
 
     def result(self) -> Published:
         """What a committed publication reports (and the claim scan's hint of where to look)."""
@@ -439,12 +456,9 @@ class _Publication:
         try:
             return linux.open_tmpfile(self.dest_fd, self.ctx.modes.file)
         except OSError as e:
-            if _dir_deleted(self.dest_fd) and not self._recreated:
+            if self.recreate_dest():
                 # The cached destination directory was removed (EPERM/ENOENT from
-                # O_TMPFILE): recreate it once, as layout.md asks of every put.
-                self._recreated = True
-                self.ctx.tree.forget(self.dest_rel)
-                self.refresh_dest()
+                # O_TMPFILE): recreate it, as layout.md asks of every put.
                 return self.open_anonymous()
             if e.errno not in _TMPFILE_UNSUPPORTED:
                 raise not_committed(e, "create anonymous file", job_id=self.job_hex) from e
@@ -458,6 +472,23 @@ class _Publication:
             self.dest_fd = self.ctx.tree.ensure_dir(self.dest_rel)
         except OSError as e:
             raise not_committed(e, f"create {self.dest_rel}", job_id=self.job_hex) from e
+
+    def recreate_dest(self) -> bool:
+        """Make the destination directory again if it was removed; False if it was not
+        removed or was already made again too often (the caller then fails as it would).
+
+        Recovery removes empty delayed buckets well in the past, but a producer
+        can take longer than that between choosing the bucket and linking (a
+        slow stream): the job still gets its name, in a new directory.
+        """
+        if self._recreated >= _RECREATE_ATTEMPTS or not is_removed_dir(self.dest_fd):
+            return False
+        self._recreated += 1
+        try:
+            self.dest_fd = self.ctx.tree.refresh(self.dest_rel)
+        except OSError as e:
+            raise not_committed(e, f"create {self.dest_rel}", job_id=self.job_hex) from e
+        return True
 
     def write_anonymous(self, fd: int) -> JobHeader:
         """Write the whole job into the anonymous file; it must still have no name."""
@@ -485,20 +516,24 @@ class _Publication:
         link form works here and the job went through a named temp instead,
         barrier included (the handle then stays on named temps).
         """
-        try:
-            form = linux.link_tmpfile(fd, self.dest_fd, self.name, prefer_proc=self.ctx.publication == "proc")
-        except linux.TmpfileLinkUnsupported:
-            self.ctx.publication = "named"
-            self._via_named_temp(fd)
-            return False
-        except OSError as e:
-            if _linked_anyway(fd):
-                form = self.ctx.publication  # the link happened although an error was reported
-            elif e.errno == errno.EEXIST:
-                raise NotCommitted(
-                    f"job id collision at {self.rel_path}", ErrorKind.IDENTITY_COLLISION, job_id=self.job_hex
-                ) from e
-            else:
+        while True:
+            try:
+                form = linux.link_tmpfile(fd, self.dest_fd, self.name, prefer_proc=self.ctx.publication == "proc")
+                break
+            except linux.TmpfileLinkUnsupported:
+                self.ctx.publication = "named"
+                self._via_named_temp(fd)
+                return False
+            except OSError as e:
+                if _linked_anyway(fd):
+                    form = self.ctx.publication  # the link happened although an error was reported
+                    break
+                if e.errno == errno.EEXIST:
+                    raise NotCommitted(
+                        f"job id collision at {self.rel_path}", ErrorKind.IDENTITY_COLLISION, job_id=self.job_hex
+                    ) from e
+                if e.errno == errno.ENOENT and self.recreate_dest():
+                    continue  # the directory was removed after the file was written: link there again
                 if e.errno == errno.ENOENT:
                     self.ctx.tree.forget(self.dest_rel)  # deleted directory: recreate next time
                 raise not_committed(e, f"link into {self.dest_rel}", job_id=self.job_hex) from e
@@ -545,7 +580,7 @@ class _Publication:
             except OSError as e:
                 raise not_committed(e, "write temp file", job_id=self.job_hex) from e
             try:
-                ctx.tree.move_witnessed(tmp_fd, tmp_name, self.dest_fd, self.name, witness)
+                self._move_from_temp(tmp_fd, tmp_name, witness)
                 published = True
             except Collision as e:
                 raise NotCommitted(
@@ -568,6 +603,16 @@ class _Publication:
                     linux.unlink_at(tmp_fd, tmp_name)
                 except OSError:
                     pass
+
+    def _move_from_temp(self, tmp_fd: int, tmp_name: str, witness: Witness) -> None:
+        """The named-temp linearization, into a re-created directory if recovery removed it."""
+        while True:
+            try:
+                self.ctx.tree.move_witnessed(tmp_fd, tmp_name, self.dest_fd, self.name, witness)
+                return
+            except DestinationGone:
+                if not self.recreate_dest():
+                    raise
 
 
 def _close_quietly(fd: int) -> None:
@@ -596,11 +641,3 @@ def _copy_file(src: int, dst: int) -> JobHeader:
             return header
         linux.pwrite_all(dst, chunk, offset)
         offset += len(chunk)
-
-
-def _dir_deleted(dir_fd: int) -> bool:
-    """True if ``dir_fd`` names a directory that was removed (st_nlink == 0)."""
-    try:
-        return linux.fstat(dir_fd).st_nlink == 0
-    except OSError:
-        return False

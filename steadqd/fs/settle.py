@@ -52,7 +52,7 @@ from steadqd.fs.names import (
     terminal_bucket,
 )
 from steadqd.fs.receipt import ExpectedReceipt, verify_receipt
-from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing
+from steadqd.fs.tree import Collision, DestinationGone, Indeterminate, MoveFailed, SourceChanged, SourceMissing
 from steadqd.fs.verify import verify_payload
 
 
@@ -76,7 +76,7 @@ def _move(
     except OSError as e:
         raise not_committed(e, f"create {dest_rel}") from e
     try:
-        ctx.tree.move_witnessed(src.dir_fd, src.name, dest_fd, dest_name, src.witness, force=True)
+        _move_into(ctx, src, dest_rel, dest_fd, dest_name)
     except SourceMissing as e:
         raise LeaseLost(f"lease of job {lease.job_id} is gone") from e
     except Collision as e:
@@ -90,6 +90,19 @@ def _move(
         raise NotCommitted(f"{operation}: {e}", kind_for_errno(e.errno)) from e  # ENOSPC -> ResourceExhausted
     except Indeterminate as e:
         raise indeterminate(ctx, lease, operation, e, destination) from e
+
+
+def _move_into(ctx: Context, src: Source, dest_rel: str, dest_fd: int, dest_name: str) -> None:
+    """The witnessed move; once more, into the directory made again, if recovery
+    removed it since it was opened (an empty bucket: the lease is not lost)."""
+    try:
+        ctx.tree.move_witnessed(src.dir_fd, src.name, dest_fd, dest_name, src.witness, force=True)
+    except DestinationGone:
+        try:
+            dest_fd = ctx.tree.refresh(dest_rel)
+        except OSError as e:
+            raise MoveFailed(e.errno, f"create {dest_rel}") from e
+        ctx.tree.move_witnessed(src.dir_fd, src.name, dest_fd, dest_name, src.witness, force=True)
 
 
 def ack(ctx: Context, lease: Lease) -> AckResult:

@@ -32,6 +32,10 @@ from steadqd.constants import PRIVATE_MODES, READY_DIR, Modes
 from steadqd.fs import linux
 from steadqd.fs.names import parse_shard_dir, shard_dir
 
+# Tries of ensure_dir when a directory on the way vanishes under it (recovery
+# removing an empty bucket at that moment): bounded, a removal cannot recur forever.
+_ENSURE_ATTEMPTS = 4
+
 # --- Move outcomes below the public error model. ---
 
 
@@ -60,6 +64,20 @@ class MoveFailed(MoveError):
         err = errno.EIO if err is None else err
         super().__init__(f"{what}: {os.strerror(err)}")
         self.errno = err
+
+
+class DestinationGone(MoveFailed):
+    """The destination directory was removed under us; nothing moved.
+
+    Recovery removes empty delayed buckets (and expired receipt buckets), so
+    a move into a directory opened earlier can meet a deleted one. It is a
+    MoveFailed (ENOENT, not committed) for callers that do not retry, never a
+    vanished source: the caller may :meth:`Tree.refresh` the directory and
+    move again.
+    """
+
+    def __init__(self, what: str) -> None:
+        super().__init__(errno.ENOENT, what)
 
 
 class Indeterminate(Exception):
@@ -172,9 +190,29 @@ class Tree:
     def forget(self, rel: str) -> None:
         """Drop a cached fd, e.g. after the directory was found deleted."""
         with self._lock:
+            self._complete_buckets.discard(rel)
             fd = self._dirs.pop(rel, None)
             if fd is not None:
                 linux.close(fd)
+
+    def refresh(self, rel: str) -> int:
+        """An fd for ``rel`` after a move found the cached one deleted: re-created, durably.
+
+        Empty buckets are removed by recovery while handles keep their fds, so
+        the directory itself and any cached ancestor (its bucket) may be gone.
+        """
+        with self._lock:
+            self.forget(rel)
+            return self.ensure_dir(rel)
+
+    def _forget_removed(self, rel: str) -> None:
+        """Drop every cached fd on the way to ``rel`` whose directory was removed."""
+        parts = rel.split("/")
+        for i in range(len(parts), 0, -1):
+            prefix = "/".join(parts[:i])
+            fd = self._dirs.get(prefix)
+            if fd is not None and is_removed_dir(fd):
+                self.forget(prefix)
 
     def ensure_dir(self, rel: str) -> int:
         """Create ``rel`` (and parents) if needed, durably; return its fd.
@@ -182,8 +220,19 @@ class Tree:
         layout.md "ensure_dir": each component actually created is fsynced
         in its parent; a new sharded bucket (``delayed/<b>/<s>`` and the
         like) gets all its shard directories and one bucket fsync, so a
-        freshly used bucket always contains every shard.
+        freshly used bucket always contains every shard. A directory that
+        recovery removes meanwhile (an empty bucket), or had removed while its
+        fd stayed cached, is made again.
         """
+        with self._lock:
+            for _ in range(_ENSURE_ATTEMPTS - 1):
+                try:
+                    return self._ensure_dir(rel)
+                except FileNotFoundError:
+                    self._forget_removed(rel)
+            return self._ensure_dir(rel)
+
+    def _ensure_dir(self, rel: str) -> int:
         with self._lock:
             if rel in self._dirs:
                 return self.dir(rel)
@@ -193,7 +242,7 @@ class Tree:
                 len(parts) >= 3 and parts[0] != READY_DIR and parse_shard_dir(parts[-1], self.shard_count) is not None
             )
             if is_sharded_bucket:
-                bucket_fd = self.ensure_dir(parent_rel)
+                bucket_fd = self._ensure_dir(parent_rel)
                 if parent_rel in self._complete_buckets:
                     # This handle already made every shard of the bucket (layout.md
                     # rule 4): open the one wanted; recreate only if it vanished.
@@ -203,7 +252,7 @@ class Tree:
                         self._complete_buckets.discard(parent_rel)
                 names = [shard_dir(s) for s in range(self.shard_count)]
             else:
-                bucket_fd = self.root_fd if not parent_rel else self.ensure_dir(parent_rel)
+                bucket_fd = self.root_fd if not parent_rel else self._ensure_dir(parent_rel)
                 names = [parts[-1]]
             self._mkdirs_durably(parent_rel, bucket_fd, names)
             if is_sharded_bucket:
@@ -319,6 +368,27 @@ class Tree:
         self._rename(src_fd, src_name, dst_fd, dst_name, None)
         self._barrier_pair(src_fd, dst_fd, always_both=True, force=True)
 
+    def rmdir(self, parent_fd: int, parent_rel: str, name: str) -> bool:
+        """Remove an empty directory; False if it is not empty (a normal outcome).
+
+        protocol.md "Removing an empty directory". The caller owes the
+        parent's barrier, once for all its removals: a removal that a crash
+        undoes leaves an empty directory, which is valid and removed again.
+        A publisher racing with the removal either linked first (the rmdir
+        fails) or finds its directory deleted and makes it again
+        (:class:`DestinationGone`, :meth:`refresh`).
+        """
+        try:
+            linux.rmdir_at(parent_fd, name)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                raise SourceMissing(name) from e
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                return False
+            raise MoveFailed(e.errno, "rmdir") from e
+        self.forget(f"{parent_rel}/{name}")
+        return True
+
     def unlink(self, dir_fd: int, name: str) -> None:
         """Unlink (the linearization point), then fsync the directory."""
         try:
@@ -340,6 +410,8 @@ class Tree:
             if e.errno == errno.EEXIST:
                 raise Collision(dst_name) from e
             if e.errno == errno.ENOENT:
+                if is_removed_dir(dst_fd) and not _absent(src_fd, src_name):
+                    raise DestinationGone(f"rename into removed directory (as {dst_name})") from e
                 raise SourceMissing(src_name) from e
             err = e
         # An unexpected errno does not prove the rename did not happen (a
@@ -393,6 +465,14 @@ def enforce_dir_mode(parent_fd: int, name: str, mode: int) -> None:
             linux.fchmod(fd, mode)
     finally:
         linux.close(fd)
+
+
+def is_removed_dir(dir_fd: int) -> bool:
+    """True if ``dir_fd`` names a directory that was removed (st_nlink == 0)."""
+    try:
+        return linux.fstat(dir_fd).st_nlink == 0
+    except OSError:
+        return False
 
 
 def _stat_or_none(dir_fd: int, name: str) -> os.stat_result | None:

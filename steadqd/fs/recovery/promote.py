@@ -11,6 +11,7 @@ from __future__ import annotations
 from steadqd.constants import DELAYED_DIR, JOB_EXT, READY_DIR, State
 from steadqd.errors import CorruptObject, SteadQError
 from steadqd.fs.names import make_filename, next_generation, parse_bucket_dir, parse_name, ready_name, shard_dir
+from steadqd.fs.recovery.buckets import prune_delayed_buckets
 from steadqd.fs.recovery.objects import move, valid
 from steadqd.fs.recovery.state import Pass
 from steadqd.fs.recovery.walk import NOT_BUCKET, Level, leaf_name, shard_level, walk
@@ -23,6 +24,7 @@ def promote_delayed(p: Pass) -> None:
     levels = (Level(parse_bucket_dir, NOT_BUCKET, lambda v: v[0] <= due), shard_level(p))
     for (bucket, shard), fd, rel, raw in walk(p, DELAYED_DIR, levels):
         _delayed_entry(p, fd, rel, raw, bucket, shard)
+    prune_delayed_buckets(p, due)  # the tree is done: empty buckets well in the past go
 
 
 def _delayed_entry(p: Pass, dir_fd: int, rel: str, raw: bytes, bucket: int, shard: int) -> None:
