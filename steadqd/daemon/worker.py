@@ -69,7 +69,7 @@ __all__ = ["SAFETY_RESCAN", "WorkerRole", "retry_policy"]
 
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
 SETTLE_RETRY = 1.0  # s; first wait before settling again after NotCommitted (then doubling)
-SETTLE_RETRY_MAX = 30.0  # s; the longest wait between two tries while the lease is still renewed
+SETTLE_RETRY_MAX = 30.0  # s; the longest wait between two tries while the lease is still ours
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
 PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in flight
@@ -93,15 +93,12 @@ class _Job:
         cfg: WorkerConfig,
         proc: subprocess.Popen[bytes],
         tmpdir: str,
-        *,
-        renewed: float | None = None,
     ) -> None:
         assert role.loop is not None
         self.lease = lease
         self.cfg = cfg  # the configuration it started with: a reload does not change a running job
         self.tmpdir = tmpdir
         self.started = role.loop.now()
-        self.renewed = self.started if renewed is None else renewed  # loop time of the last claim or renewal
         self.lost: str | None = None  # why the lease is no longer ours
         self.verdict: Verdict | None = None
         self.settle_tries = 0
@@ -341,6 +338,9 @@ class WorkerRole:
         if self._prep.busy:
             self._fill_again = True  # news that arrived during a claim: look again after it
             return
+        if self.q is None:  # no handle to renew and settle with: claim nothing until it is back
+            self._schedule_reopen()
+            return
         self._fill_again = False
         try:
             credentials = identity(cfg)
@@ -409,7 +409,7 @@ class WorkerRole:
             )
             self._settle_simple(lease, cfg, Verdict.RETRY)
             return
-        job = _Job(self, lease, cfg, proc, p.tmpdir, renewed=p.renewed)
+        job = _Job(self, lease, cfg, proc, p.tmpdir)
         self.jobs[job.pid] = job
         job.child.start()
         # The claim and the copy took time: count it against the first renewal.
@@ -448,10 +448,8 @@ class WorkerRole:
         if self.q is None:
             self._schedule_reopen()
         else:
-            asked = self.loop.now() if self.loop is not None else job.renewed
             try:
                 self.q.renew(job.lease, duration=job.cfg.lease)
-                job.renewed = asked
             except LeaseLost as e:
                 self._lose(job, f"renewal: lease lost: {e}")
                 return
@@ -583,9 +581,11 @@ class WorkerRole:
     def _settle(self, job: _Job) -> None:
         """Apply ``job.verdict``, and keep trying after NotCommitted for as long as the lease is ours.
 
-        A full disk must not throw a finished run away: the renewals go on
-        while the verdict waits, so the run is given up only when the lease
-        is lost or has expired unrenewed (then recovery returns the job).
+        A full disk must not throw a finished run away. The renewals go on
+        while the verdict waits, and even a lease past its deadline can still
+        be settled until recovery reaps it (protocol.md: validating a lease
+        source checks the file, not the clock); the run is given up only when
+        the lease is lost (LeaseLost, from the verdict or a renewal).
         """
         if job.lost is not None:
             if job.verdict is not Verdict.ABANDON:
@@ -607,16 +607,14 @@ class WorkerRole:
         except NotCommitted as e:
             if e.kind is ErrorKind.QUEUE_POISONED:
                 self._reopen(f"settle: {e}")
-            if self._still_leased(job):
-                delay = min(SETTLE_RETRY * 2 ** min(job.settle_tries - 1, 16), SETTLE_RETRY_MAX)
-                self.log.warning(
-                    f"settling not committed, retrying in {delay:g}s (try {job.settle_tries}): {e}",
-                    **job.fields,
-                    verdict=job.verdict,
-                )
-                job.timers.set("settle", delay, lambda: self._settle(job))
-                return
-            self._report_unsettled(job, f"was given up, the lease expired unrenewed; recovery returns the job: {e}")
+            delay = min(SETTLE_RETRY * 2 ** min(job.settle_tries - 1, 16), SETTLE_RETRY_MAX)
+            self.log.warning(
+                f"settling not committed, retrying in {delay:g}s (try {job.settle_tries}): {e}",
+                **job.fields,
+                verdict=job.verdict,
+            )
+            job.timers.set("settle", delay, lambda: self._settle(job))
+            return
         except SteadQError as e:
             self._report_unsettled(job, f"failed: {e}")
         else:
@@ -625,11 +623,6 @@ class WorkerRole:
             else:
                 self._report_finished(job, follow)
         self._drop(job)
-
-    def _still_leased(self, job: _Job) -> bool:
-        """Whether the lease can still be renewed: not lost, and not past its deadline unrenewed."""
-        assert self.loop is not None
-        return job.lost is None and self.loop.now() < job.renewed + job.cfg.lease
 
     def _apply(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict) -> _FollowUp:
         """Apply a verdict; returns the line that tells what followed (logged after `job finished`)."""
