@@ -18,6 +18,7 @@ protocol only promises what a caller may read from one (``LeaseHandle``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, BinaryIO, Protocol
@@ -46,6 +47,7 @@ __all__ = [
     "dump_file",
     "init_queue",
     "list_dead_files",
+    "new_job_id",
     "open_queue",
     "parse_ticket",
     "verify_file",
@@ -265,8 +267,16 @@ class Backend(Protocol):
         trace_context: bytes | None = None,
         delay: float = 0.0,
         not_before_ns: int | None = None,
+        job_id: str | None = None,
     ) -> str:
-        """Publish one job durably; returns its 32-hex id."""
+        """Publish one job durably; returns its 32-hex id.
+
+        ``job_id`` is for a producer that must learn after a crash whether its
+        enqueue happened (the watch folders): it draws the id with
+        :func:`new_job_id`, records it durably, enqueues, and after a restart
+        asks :meth:`inspect` for it. The id is still random, as both formats
+        require; a producer never reuses one, and never passes one that it has
+        not first looked up when it cannot tell whether its enqueue happened."""
         ...
 
     def enqueue_many(
@@ -392,6 +402,11 @@ def _check_target(target: str) -> None:
         raise InvalidInput(
             f"{target!r}: queues at {scheme}:// URLs are not supported by this version; give a directory path"
         )
+
+
+def new_job_id() -> str:
+    """A fresh job id for ``Backend.enqueue(job_id=...)``: 16 bytes from getrandom, like every job id."""
+    return os.urandom(16).hex()
 
 
 def open_queue(target: str, **options: Any) -> Backend:

@@ -60,7 +60,7 @@ from steadqd.fs.inspection import JobEntry, JobObject, StateStats, detailed_stat
 from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
 from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
-from steadqd.fs.names import JobName
+from steadqd.fs.names import JobName, parse_job_id
 from steadqd.fs.objects import open_leased
 from steadqd.fs.publish import Payload, enqueue, enqueue_many
 from steadqd.fs.quarantine import quarantine
@@ -222,13 +222,15 @@ class Queue:
         trace_context: bytes | None = None,
         delay: float = 0.0,
         not_before_ns: int | None = None,
+        job_id: str | None = None,
     ) -> str:
         """Publish a job; returns its 32-hex id.
 
         ``payload`` is bytes or a binary file object (streamed, never held in
         memory whole). ``delay`` seconds or an absolute ``not_before_ns``
-        makes it a delayed job.
+        makes it a delayed job. ``job_id``: see ``backend.Backend.enqueue``.
         """
+        chosen = None if job_id is None else parse_job_id(job_id)
         with _mutation("enqueue", self._ctx):
             return enqueue(
                 self._ctx,
@@ -240,6 +242,7 @@ class Queue:
                 trace_context=trace_context,
                 delay=delay if delay else None,
                 not_before_ns=not_before_ns,
+                job_id=chosen,
             ).job_id
 
     def enqueue_many(
