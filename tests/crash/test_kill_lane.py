@@ -121,6 +121,8 @@ def test_judge_accepts_what_the_protocol_allows() -> None:
     assert _judge("dead", 1, EXHAUSTED, (("0",), 1), {1: Run(1, True, "0")}, killed={1}, daemon_kills=1) is None
     # a claim whose daemon died before the command started
     assert _judge("receipt", 2, None, ok, {2: Run(2, True, "0")}, daemon_kills=1) is None
+    # daemon 1 was SIGKILLed mid-run and its guard killed the command: no "E" line, unsettled, attempt 2 acked
+    assert _judge("receipt", 2, None, ok, {1: Run(1, True), 2: Run(2, True, "0")}, killed={1}) is None
 
 
 def test_judge_rejects_what_it_does_not() -> None:
@@ -141,6 +143,8 @@ def test_judge_rejects_what_it_does_not() -> None:
     assert "never ended, and the rig did not kill it" in str(
         _judge("dead", 2, EXHAUSTED, (("75",), 2), {1: Run(1, True), 2: Run(1, True, "75")})
     )
+    # a run that died with its daemon settled nothing: it cannot be the acking one
+    assert _judge("receipt", 1, None, (("0",), 6), {1: Run(1, True)}, killed={1}) is not None
     assert "its script says" in str(_judge("receipt", 1, None, (("75", "0"), 6), {1: Run(1, True, "0")}))
     assert "ran (or was killed) after" in str(
         _judge("dead", 1, BURY, (("100",), 6), {1: Run(1, True, "100"), 2: Run(1, True, "100")})

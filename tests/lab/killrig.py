@@ -208,7 +208,11 @@ def run_outcomes(run: Run | None, killed_daemons: set[int], daemon_kills: int) -
         ways = {policy_outcome("K")}
     elif run.did is not None:
         ways = {policy_outcome(run.did)}
-    else:  # started, never reached its end, and the rig did not kill it: impossible
+    elif run.daemon in killed_daemons:
+        # Its daemon was SIGKILLed mid-run, and the daemon's guard killed the job's process
+        # group with it (steadqd.daemon.guard): it ended unsettled, without an "E" line.
+        return {UNSETTLED}
+    else:  # started, never reached its end, and neither its daemon nor the rig was killed: impossible
         return set()
     if run.daemon in killed_daemons:
         ways.add(UNSETTLED)
