@@ -177,3 +177,18 @@ def test_the_store_benchmark_runs_end_to_end(seaweed: Seaweed) -> None:
     assert {"put_if_absent (create)", "put_if_absent (losing: 412)", "head", "list (100 keys)"} <= set(result["rows"])
     assert all(row["ops"] >= 1 for row in result["rows"].values())
     assert "| head |" in markdown(result)
+
+
+def test_the_standard_aws_environment_alone_reaches_the_store(
+    seaweed: Seaweed, store: S3Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No endpoint, region or key in the settings: AWS_ENDPOINT_URL, AWS_REGION and the key variables suffice."""
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    for name, value in seaweed.environment().items():
+        monkeypatch.setenv(name, value)
+    from_env = S3Store(S3Settings(LIVE_BUCKET), profile=SEAWEEDFS)
+    assert from_env.location == f"s3://{LIVE_BUCKET} at {seaweed.endpoint}"
+    from_env.list_page("", limit=1)
+    from_env.close()
