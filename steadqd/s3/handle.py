@@ -1,0 +1,288 @@
+"""``BucketQueue``: one open bucket queue, with the method names and meanings of ``steadqd.backend.Backend``.
+
+Why a facade over the transition modules: the daemons and the command line
+talk to every queue through one contract, so a bucket queue answers the
+same calls (enqueue, lease, renew, ack, retry, bury, read_payload) with the
+same outcome classes: ``NotCommitted`` when provably nothing happened,
+``OutcomeUnknown`` (with the key to read) when even resolution failed,
+``LeaseLost`` when the lease's generation is no longer the job's. The
+handle keeps only caches that are safe to lose: the floor (a lower bound of
+store time, re-established after ``floor_staleness_s``), and which jobs it
+has seen settled (settled is forever, so a scan skips them; entries expire
+after ``TERMINAL_MEMO_S`` because a collected id may be enqueued again).
+
+What a bucket queue does not carry, it refuses rather than drops: StowQ/1
+job records have no metadata map, producer id or trace context.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, BinaryIO
+
+from steadqd.backoff import RetryPolicy
+from steadqd.constants import ID_BYTES, AckResult, DeadReason
+from steadqd.errors import InvalidInput, InvalidKey, LeaseLost
+from steadqd.s3 import keys
+from steadqd.s3.claim import Lease, Miss, claim_job
+from steadqd.s3.clock import FloorClock
+from steadqd.s3.keys import KeyKind
+from steadqd.s3.layout import QueueLayout, init_layout, open_layout
+from steadqd.s3.lease import renew
+from steadqd.s3.publish import enqueue
+from steadqd.s3.settle import ack, bury, read_payload, retry
+from steadqd.s3.store.base import ObjectStore
+
+__all__ = ["BucketQueue", "TERMINAL_MEMO_S", "seconds_ns"]
+
+TERMINAL_MEMO_S = 60.0
+_TERMINAL_MEMO_CAP = 100_000
+# An idle lease(wait=...) lists every shard, then sleeps this long, doubling up to the cap.
+_POLL_FIRST_S = 0.05
+_POLL_CAP_S = 2.0
+
+
+def seconds_ns(what: str, seconds: float) -> int:
+    """A duration in seconds as whole nanoseconds, refused unless finite and not negative."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= 2**62 / 1e9:
+        raise InvalidInput(f"{what} {seconds!r}: give a finite number of seconds, 0 or more")
+    return round(seconds * 1_000_000_000)
+
+
+def _payload_bytes(payload: Any) -> bytes:
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload)
+    if hasattr(payload, "read"):
+        data = payload.read()
+        if isinstance(data, bytes):
+            return data
+    raise InvalidInput(f"a payload must be bytes or a binary file object, not {type(payload).__name__}")
+
+
+class BucketQueue:
+    """A StowQ/1 queue on one object store; build it with :meth:`init` or :meth:`open`."""
+
+    def __init__(
+        self,
+        layout: QueueLayout,
+        *,
+        floor_staleness_s: float = 1.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._layout = layout
+        self._clock = FloorClock(layout, staleness_s=floor_staleness_s, monotonic=monotonic)
+        self._monotonic = monotonic
+        self._sleep = sleep
+        self._terminal: dict[tuple[int, bytes], float] = {}
+        self._lock = threading.Lock()
+        self._next_shard = int.from_bytes(os.urandom(2), "big") % layout.format.shard_count
+        self._candidates: deque[tuple[int, bytes]] = deque()
+
+    @classmethod
+    def init(cls, store: ObjectStore, prefix: str = "", **options: Any) -> BucketQueue:
+        handle = {k: options.pop(k) for k in ("floor_staleness_s", "monotonic", "sleep") if k in options}
+        return cls(init_layout(store, prefix, **options), **handle)
+
+    @classmethod
+    def open(cls, store: ObjectStore, prefix: str = "", **options: Any) -> BucketQueue:
+        handle = {k: options.pop(k) for k in ("floor_staleness_s", "monotonic", "sleep") if k in options}
+        return cls(open_layout(store, prefix, **options), **handle)
+
+    # -- identity --------------------------------------------------------------------
+
+    @property
+    def layout(self) -> QueueLayout:
+        return self._layout
+
+    @property
+    def path(self) -> str:
+        return self._layout.location
+
+    @property
+    def queue_id(self) -> str:
+        return self._layout.queue_id.hex()
+
+    @property
+    def poisoned(self) -> str | None:
+        """Never: every unknown outcome is resolved by reading its key, so the handle stays usable."""
+        return None
+
+    def wall_floor_ns(self) -> int:
+        return self._clock.floor()
+
+    # -- producing -------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        payload: Any,
+        *,
+        max_attempts: int = 3,
+        content_type: str = "application/octet-stream",
+        metadata: Mapping[str, bool | int | str | bytes] | None = None,
+        producer_id: str | None = None,
+        trace_context: bytes | None = None,
+        delay: float = 0.0,
+        not_before_ns: int | None = None,
+        job_id: str | None = None,
+    ) -> str:
+        """Publish one job; with ``job_id`` (32 hex) a repeated enqueue of the same job is idempotent."""
+        for name, value in (("metadata", metadata), ("producer_id", producer_id), ("trace_context", trace_context)):
+            if value:
+                raise InvalidInput(
+                    f"{name} cannot be stored in a bucket queue (StowQ/1 job records have no such field)"
+                )
+        if delay and not_before_ns is not None:
+            raise InvalidInput("give either delay or not_before_ns, not both")
+        due = not_before_ns
+        if delay:
+            due = self._clock.floor() + seconds_ns("delay", delay)
+        raw_id = None
+        if job_id is not None:
+            try:
+                raw_id = bytes.fromhex(job_id)
+            except ValueError:
+                raise InvalidInput(f"job_id {job_id!r} is not 32 hex digits") from None
+        done = enqueue(
+            self._layout,
+            _payload_bytes(payload),
+            content_type=content_type,
+            maximum_attempts=max_attempts,
+            job_id=raw_id,
+            not_before_ns=due,
+        )
+        return done.job_id.hex()
+
+    def enqueue_many(self, payloads: Iterable[Any], **options: Any) -> list[str]:
+        return [self.enqueue(payload, **options) for payload in payloads]
+
+    # -- consuming -------------------------------------------------------------------
+
+    def _lease_ns(self, duration: float) -> int:
+        ns = seconds_ns("lease duration", duration)
+        minimum = self._layout.store.profile.granularity_ns + self._layout.skew_guard_ns
+        if ns < minimum:
+            raise InvalidInput(
+                f"lease duration {duration!r} s is shorter than this store allows ({minimum} ns: its time "
+                "granularity plus the skew guard, time.md); give a longer lease"
+            )
+        return ns
+
+    def _settled(self, shard: int, job_id: bytes) -> bool:
+        with self._lock:
+            seen = self._terminal.get((shard, job_id))
+            return seen is not None and self._monotonic() - seen < TERMINAL_MEMO_S
+
+    def _remember_settled(self, shard: int, job_id: bytes) -> None:
+        with self._lock:
+            if len(self._terminal) >= _TERMINAL_MEMO_CAP:
+                self._terminal.clear()
+            self._terminal[(shard, job_id)] = self._monotonic()
+
+    def _list_shard(self, shard: int) -> list[bytes]:
+        """The job ids listed in one shard that this handle has not seen settled (every page)."""
+        prefix = keys.job_key(shard, bytes(ID_BYTES)).rpartition("/")[0] + "/"  # jobs/<shard>/
+        found: list[bytes] = []
+        after: str | None = None
+        while True:
+            page = self._layout.list_page(prefix, start_after=after)
+            for meta in page.items:
+                try:
+                    parsed = keys.parse_key(self._layout.relative(meta.key))
+                except InvalidKey:
+                    continue  # not a job key: the repair scan's business, never a delivery
+                if parsed.kind is KeyKind.JOB and parsed.job_id is not None and not self._settled(shard, parsed.job_id):
+                    found.append(parsed.job_id)
+            if page.next_start_after is None:
+                return found
+            after = self._layout.relative(page.next_start_after)
+
+    def _try(self, shard: int, job_id: bytes, floor_ns: int, lease_ns: int) -> Lease | None:
+        got = claim_job(self._layout, shard, job_id, floor_ns=floor_ns, lease_duration_ns=lease_ns)
+        if isinstance(got, Lease):
+            return got
+        if got is Miss.TERMINAL:
+            self._remember_settled(shard, job_id)
+        return None
+
+    def claim_once(self, duration: float = 30.0) -> Lease | None:
+        """Claim one ready job, or None after one pass over every shard found nothing.
+
+        The ids of a shard's listing are kept as candidates for the next
+        calls, so a busy worker lists a shard once per pass, not once per
+        job; a candidate proves nothing (the claim re-reads every object).
+        """
+        lease_ns = self._lease_ns(duration)
+        floor_ns = self._clock.floor()
+        while self._candidates:
+            shard, job_id = self._candidates.popleft()
+            got = self._try(shard, job_id, floor_ns, lease_ns)
+            if got is not None:
+                return got
+        count = self._layout.format.shard_count
+        for _ in range(count):
+            shard = self._next_shard
+            self._next_shard = (shard + 1) % count
+            ids = self._list_shard(shard)
+            for i, job_id in enumerate(ids):
+                got = self._try(shard, job_id, floor_ns, lease_ns)
+                if got is not None:
+                    self._candidates.extend((shard, rest) for rest in ids[i + 1 :])
+                    return got
+        return None
+
+    def lease(self, wait: float = 0.0, duration: float = 30.0) -> Lease | None:
+        """Claim one job for ``duration`` s; with ``wait`` > 0, poll with backoff until one is ready."""
+        deadline = self._monotonic() + seconds_ns("wait", max(0.0, wait)) / 1e9
+        pause = _POLL_FIRST_S
+        while True:
+            got = self.claim_once(duration)
+            left = deadline - self._monotonic()
+            if got is not None or left <= 0:
+                return got
+            self._sleep(min(pause, left))
+            pause = min(pause * 2, _POLL_CAP_S)
+
+    def renew(self, lease: Lease, duration: float = 30.0) -> Lease:
+        return renew(self._layout, lease, floor_ns=self._clock.floor(), lease_duration_ns=self._lease_ns(duration))
+
+    def ack(self, lease: Lease) -> AckResult:
+        result = ack(self._layout, lease, floor_ns=self._clock.floor())
+        self._remember_settled(lease.shard, lease.job_id_bytes)
+        return result
+
+    def retry(self, lease: Lease, delay: float | None = None, *, policy: RetryPolicy | None = None) -> str:
+        """Give the job back; returns "delayed", or "dead" when no attempt was left.
+
+        As in the reference, the job is taken again once its retry deadline
+        has passed *and* this lease has expired: the takeover's basis proves an expiry.
+        """
+        delay_ns = None if delay is None else seconds_ns("retry delay", delay)
+        return retry(self._layout, lease, floor_ns=self._clock.floor(), delay_ns=delay_ns, policy=policy)
+
+    def bury(self, lease: Lease, reason: int = DeadReason.CONSUMER_REJECTED) -> None:
+        if not 0 <= reason <= 0xFFFF:
+            raise InvalidInput(f"dead reason {reason} is not a u16 code (reasons.md)")
+        bury(self._layout, lease, floor_ns=self._clock.floor(), reason=reason)
+        self._remember_settled(lease.shard, lease.job_id_bytes)
+
+    def read_payload(self, lease: Lease) -> bytes:
+        if not isinstance(lease, Lease):
+            raise LeaseLost(f"{lease!r} is not a lease of a bucket queue")
+        return read_payload(self._layout, lease.job, lease.job_store_time_ns)
+
+    def copy_payload(self, lease: Lease, out: BinaryIO) -> int:
+        data = self.read_payload(lease)
+        out.write(data)
+        return len(data)
+
+    def job_key(self, job_id: str) -> str:
+        raw = bytes.fromhex(job_id)
+        return keys.job_key(keys.shard_of(self._layout.queue_id, raw, self._layout.format.shard_count), raw)
+
+    def close(self) -> None:
+        self._layout.store.close()
