@@ -20,7 +20,13 @@ from typing import Any
 
 import yaml
 
-from steadqd.constants import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DEFAULT_MAX_CLOCK_SKEW_NS, NS_PER_SECOND
+from steadqd.constants import (
+    DEFAULT_BACKOFF_BASE_S,
+    DEFAULT_BACKOFF_MAX_S,
+    DEFAULT_MAX_CLOCK_SKEW_NS,
+    NS_PER_SECOND,
+    U32_MAX,
+)
 from steadqd.durations import parse_duration
 from steadqd.errors import ConfigError
 
@@ -115,6 +121,19 @@ class PromoterConfig:
 
 
 @dataclass(frozen=True)
+class InboxConfig:
+    """A watch folder (steadqd.daemon.inbox): each completed file becomes one job."""
+
+    path: str
+    pattern: str = "*"
+    settle: float = 5.0
+    payload: str = "path"  # "path": the file's path, "content": its bytes
+    after: str = "keep"  # "keep", "move" (to move_to) or "delete", once the job is durable
+    move_to: str | None = None
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
 class QueueSettings:
     """Everything one queue's daemons need, validated."""
 
@@ -127,6 +146,7 @@ class QueueSettings:
     # Skip the file-system type check (layout.md): for file systems steadq does
     # not vouch for, at the operator's risk. Off unless the file says so.
     allow_unsupported_fs: bool = False
+    inbox: InboxConfig | None = None
 
 
 # --- YAML with positions ---------------------------------------------------------
@@ -425,7 +445,61 @@ def _promoter(d: _Doc) -> PromoterConfig:
     )
 
 
-_SECTIONS: dict[str, Callable[[_Doc], Any]] = {"worker": _worker, "sweeper": _sweeper, "promoter": _promoter}
+def _folder(d: _Doc) -> str:
+    p = d.string()
+    if not os.path.isabs(p):
+        raise d.error(f"must be an absolute path, got {p!r}")
+    norm = "/" + os.path.normpath(p).lstrip("/")
+    if norm in _FORBIDDEN_QUEUE_ROOTS:
+        raise d.error(f"refusing {norm} as a watch folder; use a dedicated directory such as /srv/inbox")
+    return norm
+
+
+def _inside(a: str, b: str) -> bool:
+    return a == b or a.startswith(b.rstrip("/") + "/")
+
+
+_INBOX_KEYS = {"path", "pattern", "settle", "payload", "after", "move_to", "max_attempts"}
+
+
+def _inbox(d: _Doc) -> InboxConfig:
+    m = d.mapping(_INBOX_KEYS)
+    if "path" not in m:
+        raise d.error("missing required key `path` (the folder to watch)")
+    path = _folder(m["path"])
+    pattern = m["pattern"].string() if "pattern" in m else InboxConfig.pattern
+    if "/" in pattern:
+        raise m["pattern"].error("a pattern matches file names in the folder; it cannot contain '/'")
+    payload = m["payload"].choice(("path", "content")) if "payload" in m else InboxConfig.payload
+    after = m["after"].choice(("keep", "move", "delete")) if "after" in m else InboxConfig.after
+    if after == "delete" and payload == "path":
+        raise m["after"].error(
+            "`after: delete` needs `payload: content`: with `payload: path` the job would get the path of a deleted file"
+        )
+    move_to = _folder(m["move_to"]) if "move_to" in m else None
+    if after == "move" and move_to is None:
+        raise (m.get("after") or d).error("`after: move` needs `move_to:`, the folder the files go to")
+    if move_to is not None and after != "move":
+        raise m["move_to"].error(f"`move_to:` is used only with `after: move` (here `after: {after}`)")
+    if move_to is not None and move_to == path:
+        raise m["move_to"].error("must be another folder than `path`, or every moved file would be taken again")
+    return InboxConfig(
+        path=path,
+        pattern=pattern,
+        settle=m["settle"].duration(0.0, 86400.0) if "settle" in m else InboxConfig.settle,
+        payload=payload,
+        after=after,
+        move_to=move_to,
+        max_attempts=m["max_attempts"].integer(1, U32_MAX) if "max_attempts" in m else InboxConfig.max_attempts,
+    )
+
+
+_SECTIONS: dict[str, Callable[[_Doc], Any]] = {
+    "worker": _worker,
+    "sweeper": _sweeper,
+    "promoter": _promoter,
+    "inbox": _inbox,
+}
 
 
 def parse_config(text: str, *, path: str, name: str) -> QueueSettings:
@@ -437,14 +511,20 @@ def parse_config(text: str, *, path: str, name: str) -> QueueSettings:
     if "queue" not in m:
         raise root.error("missing required key `queue` (the queue directory)")
     sections = {k: fn(m[k]) for k, fn in _SECTIONS.items() if k in m}
+    queue = _queue_path(m["queue"])
+    inbox = sections.get("inbox")
+    if inbox is not None and (_inside(inbox.path, queue) or _inside(queue, inbox.path)):
+        where = m["inbox"].mapping(_INBOX_KEYS)["path"]
+        raise where.error(f"the watch folder and the queue {queue} must not contain one another")
     return QueueSettings(
         name=name,
         source=path,
-        queue=_queue_path(m["queue"]),
+        queue=queue,
         worker=sections.get("worker"),
         sweeper=sections.get("sweeper", SweeperConfig()),
         promoter=sections.get("promoter", PromoterConfig()),
         allow_unsupported_fs=m["allow_unsupported_fs"].boolean() if "allow_unsupported_fs" in m else False,
+        inbox=inbox,
     )
 
 

@@ -4,6 +4,7 @@
     steadqd [--config-dir DIR] sweeper QUEUE     periodic recovery passes
     steadqd [--config-dir DIR] promoter QUEUE    delayed -> ready when due
     steadqd [--config-dir DIR] run QUEUE         all three in one foreground process
+    steadqd [--config-dir DIR] inbox QUEUE       the watch folder (`inbox:`) alone
     steadqd [--config-dir DIR] check-config [QUEUE ...]
     steadqd demo [--path DIR] [--jobs N] [--workers N]
 
@@ -24,6 +25,9 @@ from steadqd.demo.run import main as demo_main
 from steadqd.errors import ConfigError, SteadQError
 
 ROLES = ("worker", "sweeper", "promoter")
+# The watch folder runs wherever its queue's jobs do (worker, run) when the file
+# has an `inbox:` section, so the worker unit serves it; `steadqd inbox` alone.
+COMMAND_ROLES = {"worker": ("worker", "inbox"), "run": (*ROLES, "inbox")}
 
 
 def _role_factory(names: tuple[str, ...]) -> Callable[..., list]:
@@ -36,10 +40,17 @@ def _role_factory(names: tuple[str, ...]) -> Callable[..., list]:
             "worker": ("worker", "WorkerRole"),
             "sweeper": ("sweeper", "SweeperRole"),
             "promoter": ("promoter", "PromoterRole"),
+            "inbox": ("inbox", "InboxRole"),
         }
         roles = []
         for n in names:
+            if n == "inbox" and settings.inbox is None:
+                if names == ("inbox",):
+                    raise ConfigError("no `inbox:` section: nothing to run", path=settings.source)
+                continue
             if n == "worker" and settings.worker is None:
+                if settings.inbox is not None and "inbox" in names:
+                    continue  # a producer-only queue: its jobs run elsewhere
                 raise ConfigError("no `worker:` section: nothing to run", path=settings.source)
             if n == "promoter" and not settings.promoter.enabled:
                 continue
@@ -101,6 +112,7 @@ def daemon_main(argv: list[str] | None = None) -> int:
         ("sweeper", "periodic recovery of QUEUE"),
         ("promoter", "promote delayed jobs of QUEUE when due"),
         ("run", "worker, sweeper and promoter in one foreground process"),
+        ("inbox", "enqueue the files of QUEUE's watch folder (its `inbox:` section)"),
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("queue", metavar="QUEUE")
@@ -111,7 +123,7 @@ def daemon_main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(args)
     if ns.command == "check-config":
         return check_config(ns.queues, ns.config_dir, open_queues=ns.open)
-    roles = ROLES if ns.command == "run" else (ns.command,)
+    roles = COMMAND_ROLES.get(ns.command, (ns.command,))
     return _serve(ns.queue, ns.config_dir, roles, ns.command)
 
 

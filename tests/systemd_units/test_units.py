@@ -581,7 +581,7 @@ def _section(doc: str, heading: str) -> str:
 def test_configuration_doc_documents_every_key() -> None:
     doc = (DOCS / "configuration.md").read_text()
     schema = _schema()
-    assert schema[""] == {"queue", "allow_unsupported_fs", "worker", "sweeper", "promoter"}
+    assert schema[""] == {"queue", "allow_unsupported_fs", "worker", "sweeper", "promoter", "inbox"}
     assert "## `queue` (top level)" in doc
     assert "## `allow_unsupported_fs` (top level)" in doc
     for key in schema["worker"]:

@@ -1,0 +1,435 @@
+"""One file of a watch folder becomes exactly one job, across restarts and SIGKILLs.
+
+Why an intent record and not a job id computed from the file: SteadQ/1 draws
+every job id from getrandom (protocol.md, "Enqueue"), and a computed id would
+not be enough anyway: once the first job has been leased its ready name is
+gone, so a second enqueue of the same id would publish a second job (with
+the same id) instead of failing. So the folder draws a fresh random id
+(``backend.new_job_id``) and writes it down *before* the enqueue, in an
+intent record in the folder's state directory ``.steadq-inbox/``:
+
+1. ``<job id>.intent`` is created and fsynced: the file's name and identity
+   (device, inode, size, mtime) and where it is put before the enqueue;
+2. the file is put there by one rename: ``after: move`` into ``move_to``,
+   ``after: delete`` to ``.steadq-inbox/<job id>.file`` (``after: keep``
+   leaves it alone). A file taken out of the folder this way can never be
+   seen as a new file again;
+3. the job is enqueued with that id (``Backend.enqueue(job_id=...)``);
+4. the intent is finished: ``delete`` unlinks the ``.file``, ``keep`` renames
+   the intent to ``<job id>.kept`` (the ledger of kept files, which is how a
+   kept file is known on the next start), ``move`` unlinks the intent.
+
+A restart finds each unfinished intent and asks the queue for its job
+(``Backend.inspect``): there, only step 4 is left; not there, the enqueue
+did not happen and steps 2-4 are done now, with the same id. The one answer
+that cannot be trusted is "not there" for an intent older than the receipt
+retention (the job may have run and its receipt expired): such an intent is
+renamed ``<job id>.unresolved`` and the operator is told, rather than risking
+a second job; the file itself is never deleted on that path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import time
+from dataclasses import asdict, dataclass
+
+from steadqd.backend import Backend, new_job_id
+from steadqd.daemon.config import InboxConfig
+from steadqd.daemon.inbox_os import rename_noreplace
+from steadqd.errors import InvalidInput, NotCommitted, OutcomeUnknown, SteadQError
+from steadqd.text import printable
+
+__all__ = ["STATE_DIR", "Folder", "Intent", "Result", "shown"]
+
+STATE_DIR = ".steadq-inbox"
+_INTENT, _KEPT, _FILE, _UNRESOLVED = ".intent", ".kept", ".file", ".unresolved"
+_PATH_TYPE = "text/plain; charset=utf-8"
+_CONTENT_TYPE = "application/octet-stream"
+
+# Result.outcome values
+ENQUEUED, REFUSED, LATER, DONE_BEFORE, UNKNOWN = "enqueued", "refused", "later", "done before", "unknown"
+
+
+def shown(name: str) -> str:
+    """A file name as a log line may carry it: undecodable bytes as \\x escapes, controls escaped."""
+    return printable(os.fsencode(name).decode("utf-8", "backslashreplace"))
+
+
+@dataclass(frozen=True)
+class Intent:
+    """What step 1 writes down: enough to find the file again and to finish its job."""
+
+    job_id: str
+    name: str
+    ino: int
+    size: int
+    mtime_ns: int
+    # Where the file is put before the enqueue: a name in move_to ("move"), the
+    # state directory's <job id>.file ("delete"), None where it stays ("keep").
+    dest: str | None
+
+    @property
+    def kind(self) -> str:
+        """The ``after:`` it was taken with (the config may have changed since)."""
+        if self.dest is None:
+            return "keep"
+        return "delete" if self.dest == self.job_id + _FILE else "move"
+
+    def to_json(self) -> bytes:
+        # ensure_ascii keeps an undecodable name's surrogate escapes as \udcXX
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Intent:
+        d = json.loads(raw)
+        if not isinstance(d, dict) or set(d) != set(cls.__dataclass_fields__):
+            raise ValueError("not an intent record")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Result:
+    outcome: str
+    reason: str = ""
+    job_id: str | None = None
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class Folder:
+    """A watch folder's descriptors, its ledger of kept files, and the per-file protocol."""
+
+    def __init__(self, config: InboxConfig, queue: Backend, retention: float) -> None:
+        self.config = config
+        self.queue = queue
+        self.retention = retention  # seconds a finished job stays findable (receipts, dead letters)
+        self.fd = self._open_dir(config.path, "inbox.path")
+        self.dev = os.fstat(self.fd).st_dev
+        self.state_fd = -1
+        self.move_fd: int | None = None
+        self.kept: dict[int, Intent] = {}  # inode -> the kept file's record
+        try:
+            self.state_fd = self._state_dir()
+            if config.move_to is not None:
+                self.move_fd = self._open_dir(config.move_to, "inbox.move_to")
+                if os.fstat(self.move_fd).st_dev != self.dev:
+                    raise InvalidInput(
+                        f"inbox.move_to {config.move_to} is on another filesystem than inbox.path {config.path}: "
+                        "files are moved by rename; choose a folder on the same filesystem"
+                    )
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _open_dir(path: str, key: str) -> int:
+        try:
+            return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise InvalidInput(f"{key} {path} does not exist: create it, writable by the daemon's user") from None
+        except NotADirectoryError:
+            raise InvalidInput(f"{key} {path} is not a directory") from None
+        except PermissionError:
+            raise InvalidInput(f"{key} {path} cannot be opened by the daemon's user (permission denied)") from None
+
+    def _state_dir(self) -> int:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(STATE_DIR, 0o700, dir_fd=self.fd)
+            os.fsync(self.fd)
+        try:
+            fd = os.open(STATE_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError as e:
+            raise InvalidInput(
+                f"{self.config.path}/{STATE_DIR} must be a directory of the daemon ({e.strerror}); remove what is there"
+            ) from None
+        if os.fstat(fd).st_dev != self.dev:
+            os.close(fd)
+            raise InvalidInput(f"{self.config.path}/{STATE_DIR} is a mount point; it must be part of the folder")
+        return fd
+
+    def close(self) -> None:
+        for fd in (self.fd, self.state_fd, self.move_fd):
+            if fd is not None and fd >= 0:
+                os.close(fd)
+        self.fd = self.state_fd = -1
+        self.move_fd = None
+
+    # -- the state directory -------------------------------------------------------
+
+    def pending_intents(self) -> list[Intent | str]:
+        """Load the ledger of kept files; return the unfinished intents (a name for one that is unreadable)."""
+        self.kept.clear()
+        pending: list[Intent | str] = []
+        for entry in sorted(os.listdir(self.state_fd)):
+            if not entry.endswith((_INTENT, _KEPT)):
+                continue
+            try:
+                record = self._read_record(entry)
+            except (OSError, ValueError, TypeError):
+                pending.append(entry)
+                continue
+            if entry.endswith(_KEPT):
+                self.kept[record.ino] = record
+            else:
+                pending.append(record)
+        return pending
+
+    def _read_record(self, entry: str) -> Intent:
+        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.state_fd)
+        try:
+            return Intent.from_json(os.read(fd, 1 << 16))
+        finally:
+            os.close(fd)
+
+    def drop_unreadable(self, entry: str) -> None:
+        """An intent that does not parse was cut short while being written: nothing followed it."""
+        os.unlink(entry, dir_fd=self.state_fd)
+        os.fsync(self.state_fd)
+
+    def _write_intent(self, intent: Intent) -> None:
+        name = intent.job_id + _INTENT
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.state_fd)
+        try:
+            os.write(fd, intent.to_json())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.fsync(self.state_fd)
+
+    def _drop_intent(self, intent: Intent) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(intent.job_id + _INTENT, dir_fd=self.state_fd)
+        os.fsync(self.state_fd)
+
+    def forget(self, name: str) -> None:
+        """A name left the folder: a kept record of it has nothing left to guard."""
+        for ino, record in list(self.kept.items()):
+            if record.name == name and not self._is_at(self.fd, name, ino):
+                del self.kept[ino]
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(record.job_id + _KEPT, dir_fd=self.state_fd)
+
+    def forget_missing(self, names: set[str]) -> None:
+        """After a scan: drop the kept records of files no longer in the folder."""
+        for record in list(self.kept.values()):
+            if record.name not in names:
+                self.forget(record.name)
+
+    @staticmethod
+    def _is_at(dir_fd: int, name: str, ino: int) -> bool:
+        try:
+            return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ino == ino
+        except FileNotFoundError:
+            return False
+
+    # -- one file ----------------------------------------------------------------
+
+    def look(self, name: str) -> tuple[os.stat_result | None, str]:
+        """The file's status if it may become a job, else None and why not ("" if it is simply gone)."""
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None, ""
+        except OSError as e:
+            return None, f"cannot be examined ({e.strerror})"
+        mode = st.st_mode
+        if stat.S_ISLNK(mode):
+            return None, "is a symbolic link; a watch folder takes regular files only (copy the file in)"
+        if stat.S_ISDIR(mode):
+            return None, "is a directory; a watch folder takes regular files only"
+        if stat.S_ISFIFO(mode):
+            return None, "is a FIFO; a watch folder takes regular files only"
+        if not stat.S_ISREG(mode):
+            return None, "is not a regular file (a socket or a device); a watch folder takes regular files only"
+        if st.st_dev != self.dev:
+            return None, "is on another filesystem (a mount point), not in the folder"
+        if st.st_nlink != 1:
+            return None, f"has {st.st_nlink} hard links, so it may belong to another folder; copy it in instead"
+        return st, ""
+
+    def already_kept(self, st: os.stat_result) -> str | None:
+        """The job id of a kept file that is unchanged since it became that job."""
+        record = self.kept.get(st.st_ino)
+        if record is not None and (record.ino, record.size, record.mtime_ns) == _identity(st):
+            return record.job_id
+        return None
+
+    def take(self, name: str, st: os.stat_result) -> Result:
+        """Steps 1-4 for a file that settled; ``st`` is what :meth:`look` saw of it."""
+        job_id = new_job_id()
+        after = self.config.after
+        dest: str | None = None
+        if after == "move":
+            dest = name
+            if self._exists(self.move_fd, name):
+                dest = f"{job_id[:8]}-{name}"
+        elif after == "delete":
+            dest = job_id + _FILE
+        intent = Intent(job_id, name, *_identity(st), dest)
+        fd = self._open_path(self.fd, name, st.st_ino)
+        if fd is None:
+            return Result(LATER, "changed while it was being taken")
+        try:
+            self._write_intent(intent)
+            if dest is not None:
+                try:
+                    self._place(intent)
+                except OSError as e:
+                    self._drop_intent(intent)
+                    return Result(LATER, f"cannot be moved ({e.strerror})")
+                if not self._is_at(self._dest_fd(intent), dest, st.st_ino):
+                    self._undo(intent)
+                    return Result(LATER, "was replaced while it was being taken")
+            return self._enqueue_and_finish(intent, fd)
+        finally:
+            os.close(fd)
+
+    def resolve(self, intent: Intent) -> Result:
+        """Finish an intent an earlier run (or an unknown outcome) left behind."""
+        if self.queue.inspect(intent.job_id):
+            self._finish(intent)
+            return Result(DONE_BEFORE, job_id=intent.job_id)
+        age = time.time() - self._intent_mtime(intent)
+        if age > self.retention:
+            os.rename(
+                intent.job_id + _INTENT, intent.job_id + _UNRESOLVED, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd
+            )
+            os.fsync(self.state_fd)
+            return Result(
+                REFUSED,
+                f"may have become job {intent.job_id} {age:.0f}s ago, longer than the queue keeps finished jobs; "
+                f"it was not enqueued again. If no such job ran, put the file back into the folder "
+                f"and remove {STATE_DIR}/{intent.job_id}{_UNRESOLVED}",
+                intent.job_id,
+            )
+        placed = intent.dest is not None and self._is_at(self._dest_fd(intent), intent.dest, intent.ino)
+        if placed:
+            assert intent.dest is not None
+            fd = self._open_path(self._dest_fd(intent), intent.dest, intent.ino)
+        else:
+            fd = self._open_path(self.fd, intent.name, intent.ino)
+        if fd is None:
+            self._drop_intent(intent)
+            return Result(REFUSED, "went away before it became a job")
+        try:
+            if intent.dest is not None and not placed:
+                self._place(intent)
+            return self._enqueue_and_finish(intent, fd)
+        finally:
+            os.close(fd)
+
+    def _intent_mtime(self, intent: Intent) -> float:
+        return os.stat(intent.job_id + _INTENT, dir_fd=self.state_fd).st_mtime
+
+    def _dest_fd(self, intent: Intent) -> int:
+        if intent.kind != "move":
+            return self.state_fd
+        if self.move_fd is None:
+            raise InvalidInput(
+                f"{shown(intent.name)} was being moved (job {intent.job_id}) but inbox.move_to is no longer set; "
+                "set it back until the file is finished"
+            )
+        return self.move_fd
+
+    @staticmethod
+    def _exists(dir_fd: int | None, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
+
+    @staticmethod
+    def _open_path(dir_fd: int, name: str, ino: int) -> int | None:
+        """A descriptor of exactly that inode (O_PATH: opening a device or FIFO has no effect)."""
+        try:
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        st = os.fstat(fd)
+        if st.st_ino != ino or not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return None
+        return fd
+
+    def _place(self, intent: Intent) -> None:
+        assert intent.dest is not None
+        dest_fd = self._dest_fd(intent)
+        rename_noreplace(self.fd, intent.name, dest_fd, intent.dest)
+        os.fsync(dest_fd)
+        os.fsync(self.fd)
+
+    def _undo(self, intent: Intent) -> None:
+        """Put a placed file back where it was found; the enqueue did not happen."""
+        if intent.dest is not None and self._is_at(self._dest_fd(intent), intent.dest, intent.ino):
+            with contextlib.suppress(OSError):  # a new file of that name arrived: the file stays placed
+                rename_noreplace(self._dest_fd(intent), intent.dest, self.fd, intent.name)
+                os.fsync(self.fd)
+        self._drop_intent(intent)
+
+    def _payload(self, intent: Intent, path_fd: int) -> tuple[bytes | int, str]:
+        if self.config.payload == "path":
+            if intent.kind == "move":
+                assert self.config.move_to is not None and intent.dest is not None
+                where = os.path.join(self.config.move_to, intent.dest)
+            else:
+                where = os.path.join(self.config.path, intent.name)
+            return os.fsencode(where), _PATH_TYPE
+        return os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY), _CONTENT_TYPE
+
+    def _enqueue_and_finish(self, intent: Intent, path_fd: int) -> Result:
+        payload, content_type = self._payload(intent, path_fd)
+        raw = os.fsencode(intent.name)
+        try:
+            display: str | bytes = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            display = raw
+        try:
+            if isinstance(payload, int):
+                with os.fdopen(payload, "rb") as stream:
+                    self._enqueue(intent, stream, content_type, display)
+            else:
+                self._enqueue(intent, payload, content_type, display)
+        except OutcomeUnknown as e:
+            return Result(UNKNOWN, str(e), intent.job_id)
+        except InvalidInput as e:
+            self._undo(intent)
+            return Result(REFUSED, f"cannot become a job: {e}")
+        except (NotCommitted, SteadQError, OSError) as e:
+            self._undo(intent)
+            return Result(LATER, f"could not be enqueued ({e})")
+        self._finish(intent)
+        return Result(ENQUEUED, job_id=intent.job_id)
+
+    def _enqueue(self, intent: Intent, payload: object, content_type: str, display: str | bytes) -> None:
+        self.queue.enqueue(
+            payload,  # type: ignore[arg-type]
+            max_attempts=self.config.max_attempts,
+            content_type=content_type,
+            metadata={"inbox_file": display},
+            producer_id="steadqd-inbox",
+            job_id=intent.job_id,
+        )
+
+    def _finish(self, intent: Intent) -> None:
+        if intent.kind == "keep":
+            old = self.kept.get(intent.ino)
+            os.rename(
+                intent.job_id + _INTENT, intent.job_id + _KEPT, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd
+            )
+            self.kept[intent.ino] = intent
+            if old is not None and old.job_id != intent.job_id:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(old.job_id + _KEPT, dir_fd=self.state_fd)
+            os.fsync(self.state_fd)
+            return
+        if intent.kind == "delete":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(intent.job_id + _FILE, dir_fd=self.state_fd)
+        self._drop_intent(intent)

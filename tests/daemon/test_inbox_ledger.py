@@ -1,0 +1,212 @@
+"""The watch folder's per-file protocol in process (steadqd/daemon/inbox_files.py).
+
+A crash can stop the protocol between any two of its steps; every test here
+stops it at one of them (an exception no handler catches, as SIGKILL would),
+starts over with a new ``Folder`` on the same directories, and checks that the
+file became exactly one job, with the id written in its intent. The SIGKILL
+test of the real daemon is in test_inbox_kill.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from steadqd import Queue
+from steadqd.backend import new_job_id
+from steadqd.daemon.config import InboxConfig
+from steadqd.daemon.inbox_files import DONE_BEFORE, ENQUEUED, REFUSED, STATE_DIR, Folder, Intent
+from steadqd.errors import InvalidInput
+
+
+class Crash(BaseException):
+    """Stands for SIGKILL: nothing in the protocol catches it."""
+
+
+def drain_jobs(q: Queue) -> list[tuple[str, bytes, dict]]:
+    """(job id, payload, metadata) of every ready job; leases them all."""
+    out = []
+    while (lease := q.lease(duration=60)) is not None:
+        out.append((lease.job_id, q.read_payload(lease), dict(lease.metadata)))
+    return out
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    inbox, done = tmp_path / "inbox", tmp_path / "done"
+    inbox.mkdir()
+    done.mkdir()
+    return inbox, done
+
+
+def folder_for(inbox: Path, q: Queue, retention: float = 3600.0, **config: object) -> Folder:
+    return Folder(InboxConfig(path=str(inbox), settle=0.0, **config), q, retention)  # type: ignore[arg-type]
+
+
+def take(folder: Folder, name: str):
+    st, why = folder.look(name)
+    assert st is not None, why
+    return folder.take(name, st)
+
+
+def test_a_chosen_job_id_is_the_published_id_and_is_found_by_inspect(queue: Queue) -> None:
+    job_id = new_job_id()
+    assert queue.enqueue(b"x", job_id=job_id) == job_id
+    assert [o.state.value for o in queue.inspect(job_id)] == ["ready"]
+
+
+def test_a_malformed_chosen_job_id_is_refused_naming_it(queue: Queue) -> None:
+    with pytest.raises(InvalidInput, match="'ABC'.*32 lowercase hex"):
+        queue.enqueue(b"x", job_id="ABC")
+    assert drain_jobs(queue) == []
+
+
+@pytest.mark.parametrize(
+    ("after", "payload"), [("move", "path"), ("move", "content"), ("delete", "content"), ("keep", "path")]
+)
+def test_a_file_becomes_one_job_and_then_is_kept_moved_or_deleted(
+    queue: Queue, dirs: tuple[Path, Path], after: str, payload: str
+) -> None:
+    inbox, done = dirs
+    (inbox / "a.mkv").write_bytes(b"movie")
+    folder = folder_for(inbox, queue, after=after, payload=payload, move_to=str(done) if after == "move" else None)
+    result = take(folder, "a.mkv")
+    assert result.outcome == ENQUEUED
+    [(job_id, body, meta)] = drain_jobs(queue)
+    assert job_id == result.job_id
+    assert meta["inbox_file"] == "a.mkv"
+    where = {"move": done / "a.mkv", "keep": inbox / "a.mkv"}.get(after)
+    assert body == (b"movie" if payload == "content" else os.fsencode(str(where)))
+    assert (inbox / "a.mkv").exists() == (after == "keep")
+    assert (done / "a.mkv").exists() == (after == "move")
+    left = sorted(os.listdir(inbox / STATE_DIR))
+    assert left == ([f"{job_id}.kept"] if after == "keep" else [])
+
+
+def test_a_kept_file_is_known_on_the_next_start_and_a_rewritten_one_is_new(
+    queue: Queue, dirs: tuple[Path, Path]
+) -> None:
+    inbox, _ = dirs
+    (inbox / "a.mkv").write_bytes(b"one")
+    assert take(folder_for(inbox, queue), "a.mkv").outcome == ENQUEUED
+    again = folder_for(inbox, queue)
+    assert again.pending_intents() == []
+    st, _ = again.look("a.mkv")
+    assert st is not None and again.already_kept(st) is not None
+    os.utime(inbox / "a.mkv", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    st, _ = again.look("a.mkv")
+    assert st is not None and again.already_kept(st) is None
+    assert take(again, "a.mkv").outcome == ENQUEUED
+    assert len(drain_jobs(queue)) == 2
+    assert len(os.listdir(inbox / STATE_DIR)) == 1  # the older record was replaced
+
+
+CRASH_POINTS = ("_write_intent", "_place", "_enqueue", "_finish")
+
+
+@pytest.mark.parametrize(
+    ("after", "point"),
+    # A kept file is not moved before its enqueue: it has no _place step.
+    [(a, p) for a in ("move", "delete", "keep") for p in CRASH_POINTS if (a, p) != ("keep", "_place")],
+)
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_crash_at_any_step_still_gives_exactly_one_job(
+    queue: Queue, dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, after: str, point: str, when: str
+) -> None:
+    inbox, done = dirs
+    (inbox / "a.mkv").write_bytes(b"movie")
+    options = {"after": after, "payload": "content", "move_to": str(done) if after == "move" else None}
+    original: Callable[..., object] = getattr(Folder, point)
+
+    def crashing(self: Folder, *args: object) -> object:
+        if when == "before":
+            raise Crash
+        original(self, *args)
+        raise Crash
+
+    monkeypatch.setattr(Folder, point, crashing)
+    with pytest.raises(Crash):
+        take(folder_for(inbox, queue, **options), "a.mkv")
+    monkeypatch.setattr(Folder, point, original)
+
+    restarted = folder_for(inbox, queue, **options)
+    for intent in restarted.pending_intents():
+        assert isinstance(intent, Intent)
+        assert restarted.resolve(intent).outcome in (ENQUEUED, DONE_BEFORE)
+    # What a restart's scan then finds in the folder is taken as usual.
+    if (inbox / "a.mkv").exists():
+        st, _ = restarted.look("a.mkv")
+        assert st is not None
+        if restarted.already_kept(st) is None:
+            assert restarted.take("a.mkv", st).outcome == ENQUEUED
+    jobs = drain_jobs(queue)
+    assert [body for _, body, _ in jobs] == [b"movie"]
+    assert (inbox / "a.mkv").exists() == (after == "keep")
+    assert (done / "a.mkv").exists() == (after == "move")
+    assert [n for n in os.listdir(inbox / STATE_DIR) if not n.endswith(".kept")] == []
+
+
+def test_an_intent_older_than_the_retention_is_not_enqueued_again(queue: Queue, dirs: tuple[Path, Path]) -> None:
+    inbox, done = dirs
+    (inbox / "a.mkv").write_bytes(b"movie")
+    folder = folder_for(inbox, queue, retention=60.0, after="move", move_to=str(done))
+    st, _ = folder.look("a.mkv")
+    assert st is not None
+    intent = Intent(new_job_id(), "a.mkv", st.st_ino, st.st_size, st.st_mtime_ns, "a.mkv")
+    folder._write_intent(intent)
+    old = time.time() - 120
+    os.utime(inbox / STATE_DIR / f"{intent.job_id}.intent", (old, old))
+    result = folder.resolve(intent)
+    assert result.outcome == REFUSED
+    assert "put the file back" in result.reason and f"{intent.job_id}.unresolved" in result.reason
+    assert drain_jobs(queue) == []
+    assert (inbox / "a.mkv").exists()  # never deleted on this path
+    assert os.listdir(inbox / STATE_DIR) == [f"{intent.job_id}.unresolved"]
+
+
+def test_an_intent_cut_short_is_reported_by_name(queue: Queue, dirs: tuple[Path, Path]) -> None:
+    inbox, _ = dirs
+    folder = folder_for(inbox, queue)
+    (inbox / STATE_DIR / f"{new_job_id()}.intent").write_bytes(b'{"job_id": "')
+    [entry] = folder.pending_intents()
+    assert isinstance(entry, str) and entry.endswith(".intent")
+
+
+def _link_from_outside(p: Path) -> None:
+    outside = p.parent.parent / "outside"
+    outside.write_bytes(b"x")
+    os.link(outside, p)
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda p: os.symlink("/etc/passwd", p), "symbolic link"),
+        (lambda p: os.mkfifo(p), "FIFO"),
+        (lambda p: os.mkdir(p), "directory"),
+        (_link_from_outside, "hard links"),
+    ],
+)
+def test_what_is_not_a_regular_file_of_the_folder_is_refused(
+    queue: Queue, dirs: tuple[Path, Path], make: Callable[[Path], object], reason: str
+) -> None:
+    inbox, _ = dirs
+    make(inbox / "x.mkv")
+    st, why = folder_for(inbox, queue).look("x.mkv")
+    assert st is None and reason in why
+    assert drain_jobs(queue) == []
+
+
+def test_move_to_on_another_filesystem_is_refused_at_start(queue: Queue, dirs: tuple[Path, Path]) -> None:
+    inbox, _ = dirs
+    with pytest.raises(InvalidInput, match="another filesystem.*same filesystem"):
+        folder_for(inbox, queue, after="move", move_to="/dev/shm")
+
+
+def test_a_missing_folder_is_named(queue: Queue, tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match=f"inbox.path {tmp_path}/nope does not exist"):
+        folder_for(tmp_path / "nope", queue)
