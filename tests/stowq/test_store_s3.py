@@ -17,8 +17,18 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from botocore.exceptions import (
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ParamValidationError,
+    ReadTimeoutError,
+)
+from botocore.parsers import ResponseParserError
 
 from steadqd.errors import AlreadyExists, ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, PreconditionFailed
 from steadqd.s3.store import PendingWrite
@@ -235,3 +245,31 @@ def test_a_put_sends_its_sha256_and_no_100_continue_round_trip(credentials: Path
 def test_both_timestamp_forms_s3_sends_give_the_same_store_time(text: str) -> None:
     """LIST's ISO 8601 and a header's RFC 1123 must land on one nanosecond count (P6: one time per object)."""
     assert _store_time_ns(_timestamp(text), 10**9) == 1_796_130_396 * 10**9
+
+
+@pytest.mark.parametrize(
+    ("raised", "outcome", "tries"),
+    [
+        (lambda: EndpointConnectionError(endpoint_url="http://127.0.0.1:9"), NotCommitted, 3),
+        (lambda: ConnectTimeoutError(endpoint_url="http://127.0.0.1:9"), NotCommitted, 3),
+        (lambda: NoCredentialsError(), NotCommitted, 1),
+        (lambda: ParamValidationError(report="Key is required"), NotCommitted, 1),
+        (lambda: ReadTimeoutError(endpoint_url="http://127.0.0.1:9"), OutcomeUnknown, 1),
+        (lambda: ConnectionClosedError(endpoint_url="http://127.0.0.1:9"), OutcomeUnknown, 1),
+        (lambda: ResponseParserError("unparseable answer"), OutcomeUnknown, 1),
+    ],
+)
+def test_a_failed_write_is_not_committed_only_when_it_provably_never_left(
+    credentials: Path, raised: Any, outcome: type[Exception], tries: int
+) -> None:
+    """Only failures raised before sending are NotCommitted; anything after, even an unparseable answer, is unknown."""
+    store = _store("http://127.0.0.1:9", credentials, attempts=3)
+    calls: list[int] = []
+
+    def request() -> dict[str, Any]:
+        calls.append(1)
+        raise raised()
+
+    with pytest.raises(outcome):
+        store._write(PendingWrite("put_if_absent", "k", hashlib.sha256(b"").digest()), request)
+    assert len(calls) == tries

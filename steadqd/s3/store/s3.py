@@ -43,8 +43,15 @@ try:
     import botocore.session
     import botocore.utils
     from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        NoCredentialsError,
+        ParamValidationError,
+        PartialCredentialsError,
+    )
     from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.parsers import ResponseParserError
 except ModuleNotFoundError as missing:  # an extra, not a dependency (pyproject.toml)
     raise ModuleNotFoundError(
         "queues on an object store need botocore 1.36 or later: pip install 'steadqd[s3]'", name=missing.name
@@ -85,6 +92,8 @@ T = TypeVar("T")
 # STS role assumption) would contact hosts nobody configured.
 _CREDENTIAL_SOURCES = ("env", "shared-credentials-file", "config-file")
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+# botocore errors raised while building or signing a request, before it is sent.
+_BEFORE_SEND = (NoCredentialsError, PartialCredentialsError, ParamValidationError)
 _CHECKSUM_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "InvalidChecksum"})
 
 
@@ -300,9 +309,11 @@ class S3Store:
             return NotCommitted(f"{what}: refused with HTTP {status} {code}")
         if isinstance(exc, BotoConnectionError):
             return _Retry(NotCommitted(f"{what}: could not connect ({exc}); nothing was sent"))
-        if isinstance(exc, HTTPClientError):
-            return OutcomeUnknown(f"{what}: {exc} after the request was sent; re-read the key", ticket)
-        return NotCommitted(f"{what}: {exc}")
+        if isinstance(exc, _BEFORE_SEND):
+            return NotCommitted(f"{what}: {exc}; nothing was sent")
+        # Anything else (a timeout, a lost connection, an answer botocore could
+        # not parse) may have come after the store applied the write.
+        return OutcomeUnknown(f"{what}: {exc}; re-read the key", ticket)
 
     def _read_error(self, exc: Exception, what: str) -> Exception:
         if isinstance(exc, ClientError):
@@ -319,15 +330,13 @@ class S3Store:
             if status >= 500:
                 return _Retry(NotCommitted(f"{what}: HTTP {status} {code}"))
             return NotCommitted(f"{what}: refused with HTTP {status} {code}")
-        if isinstance(exc, BotoCoreError):
-            return _Retry(NotCommitted(f"{what}: {exc}"))
-        return NotCommitted(f"{what}: {exc}")
+        return _Retry(NotCommitted(f"{what}: {exc}"))
 
     def _write(self, ticket: PendingWrite, request: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         def once() -> dict[str, Any]:
             try:
                 return request()
-            except (ClientError, BotoCoreError) as exc:
+            except (ClientError, BotoCoreError, ResponseParserError) as exc:
                 raise self._write_error(exc, ticket) from exc
 
         return self._attempts(once)
@@ -336,7 +345,7 @@ class S3Store:
         def once() -> T:
             try:
                 return request()
-            except (ClientError, BotoCoreError) as exc:
+            except (ClientError, BotoCoreError, ResponseParserError) as exc:
                 raise self._read_error(exc, what) from exc
 
         return self._attempts(once)
