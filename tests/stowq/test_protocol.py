@@ -13,6 +13,7 @@ from steadqd.errors import (
     InvalidInput,
     LeaseLost,
     NotFound,
+    OutcomeUnknown,
     QueueCorrupt,
     StoreProfileViolation,
     UnsupportedFormat,
@@ -33,7 +34,7 @@ from steadqd.s3.records import (
     encode_record,
 )
 from steadqd.s3.store.base import Committed
-from steadqd.s3.store.faults import FaultyStore
+from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from steadqd.s3.verify import read_record
 
@@ -396,3 +397,33 @@ def test_store_operations_per_job_lifecycle(h: _Harness) -> None:
     per_job = (h.store.count() - start) / jobs
     assert len(h.rels("receipts/")) == jobs
     assert per_job <= 13, per_job
+
+
+# -- outcome unknown -----------------------------------------------------------------------------
+
+
+def test_an_applied_create_whose_answer_was_lost_is_resolved_by_reading_the_key(h: _Harness) -> None:
+    h.q.enqueue(b"p")
+    with h.store.armed(Fault(FaultKind.TIMEOUT, op="put_if_absent", key_prefix=PREFIX + "claims/", applied=True)) as (
+        f,
+    ):
+        lease = h.q.lease()
+    assert f.fired == 1 and lease is not None and lease.generation == 1
+    assert len(h.rels("claims/")) == 1
+    with h.store.armed(Fault(FaultKind.CONNECTION_LOST, op="put_if_absent", key_prefix=PREFIX + "receipts/")) as (f,):
+        assert h.q.ack(lease) is AckResult.ACKED  # not applied: found absent, sent again
+    assert f.fired == 1 and len(h.rels("receipts/")) == 1
+
+
+def test_an_unknown_outcome_that_cannot_be_read_back_names_the_key_to_read(h: _Harness) -> None:
+    h.q.enqueue(b"p")
+    lease = h.q.lease()
+    assert lease is not None
+    receipt = PREFIX + keys.receipt_key(lease.shard, lease.job_id_bytes)
+    unknown = Fault(FaultKind.TIMEOUT, op="put_if_absent", key_prefix=receipt, applied=True)
+    unreadable = Fault(FaultKind.BEFORE_SEND, op="get", key_prefix=receipt, times=None)
+    with h.store.armed(unknown, unreadable):
+        with pytest.raises(OutcomeUnknown, match="read " + receipt) as info:
+            h.q.ack(lease)
+    assert info.value.ticket.key == receipt
+    assert h.q.ack(lease) is AckResult.ALREADY_ACKED  # the later read finds our receipt
