@@ -30,6 +30,7 @@ from steadqd.cli.common import (
     open_queue,
     os_exit_code,
     out,
+    read_user_file,
     seconds_number,
     write_atomic,
 )
@@ -97,8 +98,7 @@ def add_work(sub: Subcommands) -> None:
 def load_handle(handle_file: str, q: Backend) -> Any:
     """Read and check a handle file: unreadable -> OS mapping, malformed or foreign -> 1."""
     try:
-        with open(handle_file, "rb") as f:
-            raw = f.read(1 << 20)
+        raw = read_user_file(handle_file)
     except OSError as e:
         raise CliError(f"cannot read handle file {handle_file}: {e.strerror}", os_exit_code(e)) from e
     try:

@@ -26,6 +26,7 @@ from steadqd.cli.common import (
     os_exit_code,
     out,
     out_json,
+    read_user_file,
 )
 from steadqd.constants import U64_MAX, Resolution
 from steadqd.errors import QueueCorrupt, SteadQError, UnsupportedFormat
@@ -217,8 +218,7 @@ def cmd_recover(a: argparse.Namespace) -> int:
 
 def cmd_resolve(a: argparse.Namespace) -> int:
     try:
-        with open(a.result_file, "rb") as f:
-            raw = f.read(1 << 20)
+        raw = read_user_file(a.result_file)
     except OSError as e:
         raise CliError(f"cannot read ticket {a.result_file}: {e.strerror}", 1) from e
     try:
