@@ -304,7 +304,6 @@ def _p4_slash(run: _Run) -> str:
 def _p5(run: _Run) -> str:
     key = run.key("p5/big")
     versions = [bytes([v]) * run.large_body_bytes for v in range(4)]
-    digests = {_sha(v) for v in versions}
     etag = run.store.put_if_absent(key, versions[0]).etag
     done = threading.Event()
     torn: list[str] = []
@@ -314,7 +313,8 @@ def _p5(run: _Run) -> str:
         while not done.is_set() and reads[0] < 200:
             body = run.peer.get(key).body
             reads[0] += 1
-            if _sha(body) not in digests:
+            # Version v is the byte v repeated: comparing with it is a memcmp, not a hash.
+            if not body or body[0] >= len(versions) or body != versions[body[0]]:
                 torn.append(f"a read of {len(body)} bytes matched no version written")
 
     threads = [threading.Thread(target=reader, name=f"certify-reader-{i}") for i in range(2)]
