@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -34,9 +35,11 @@ R = TypeVar("R")
 
 def _open_prefix(path: str) -> tuple[int, bytes, int]:
     """(fd, the first FORMAT_SIZE bytes, size): enough to tell a job header from a FORMAT record."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block verify/dump
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
         return fd, os.pread(fd, FORMAT_SIZE, 0), st.st_size
     except BaseException:
         os.close(fd)
@@ -140,7 +143,7 @@ def open_leased(ctx: Context, lease: Lease) -> tuple[int, int]:
     stays valid across them, and checking (dev, ino) against the lease proves
     it is the file that was claimed, not a replacement.
     """
-    fd = os.open(os.path.join(ctx.path, lease.path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = os.open(os.path.join(ctx.path, lease.path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != (lease.dev, lease.ino):

@@ -204,7 +204,8 @@ def _probe_or_lost(ctx: Context, lease: Lease, wall: int, shard: int) -> AckResu
 
 def _receipt_matches_in(ctx: Context, dir_fd: int, filename: str, bucket: int, shard: int, lease: Lease) -> bool:
     try:
-        fd = linux.open_at(dir_fd, filename, os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a FIFO planted at the receipt's name must not hang the ack; verify_receipt refuses it.
+        fd = linux.open_at(dir_fd, filename, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:
