@@ -116,7 +116,8 @@ def test_the_worker_applies_a_verdict(
         lease = q.lease()
         assert lease is not None and settings.worker is not None
         role.q = q
-        role._apply(lease, settings.worker, applied)
+        # _apply settles and returns the line that follows `job finished`; the worker logs it
+        role._log_follow_up(lease, role._apply(lease, settings.worker, applied))
     found = check_tree(qpath).objects[job]
     assert str(found.state) in states, found
     if reason is not None:
