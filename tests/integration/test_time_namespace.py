@@ -192,7 +192,10 @@ def test_steadq_lease_in_a_time_namespace_is_refused(queue: Queue, queue_path: s
     queue.enqueue(b"x")
     assert STEADQ is not None
     p = subprocess.run(
-        [*_unshare_time(), STEADQ, "lease", queue_path, "--duration-seconds", "30"], capture_output=True, text=True, timeout=60
+        [*_unshare_time(), STEADQ, "lease", queue_path, "--duration-seconds", "30"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert p.returncode == ErrorKind.INVALID_INPUT.exit_code, (p.returncode, p.stdout, p.stderr)
     assert "time namespace" in p.stderr, p.stderr
