@@ -59,7 +59,7 @@ from steadqd.daemon.inbox_os import (
     read_events,
     watch_folder,
 )
-from steadqd.daemon.journal import Log
+from steadqd.daemon.journal import ErrorDigest, Log
 from steadqd.daemon.service import Loop, open_queue
 from steadqd.errors import SteadQError
 
@@ -105,6 +105,7 @@ class Watcher:
         self.waiting: dict[str, tuple[Signature, float]] = {}  # name -> (signature when armed, deadline)
         self._refused: dict[str, Signature | None] = {}
         self._retry_intents_at: float | None = None
+        self._later = ErrorDigest(log, "watch folder: a file was not taken yet")
         self.gone = False
         self.enqueued = 0
         self.refused = 0
@@ -288,10 +289,8 @@ class Watcher:
         elif result.outcome == REFUSED:
             self._refuse(name, result.reason)
         elif result.outcome == LATER:
-            self.log.info(
-                f"watch folder: {shown_name} not taken yet: it {result.reason}; trying again in {RETRY_PAUSE:g}s",
-                inbox_file=shown_name,
-            )
+            # A full disk makes every file wait: one line per window, with the count.
+            self._later.record([("not_taken", f"{shown_name} {result.reason}; trying again every {RETRY_PAUSE:g}s")])
             self._arm_after(name, RETRY_PAUSE)
         else:  # the queue cannot say whether the job was published: reopen, then ask it
             self.log.error(

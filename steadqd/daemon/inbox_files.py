@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from steadqd.backend import Backend, new_job_id
 from steadqd.daemon.config import InboxConfig
 from steadqd.daemon.inbox_os import rename_noreplace
-from steadqd.errors import InvalidInput, NotCommitted, OutcomeUnknown, SteadQError
+from steadqd.errors import ErrorKind, InvalidInput, OutcomeUnknown, SteadQError
 from steadqd.text import printable
 
 __all__ = ["STATE_DIR", "Folder", "Intent", "Result", "shown"]
@@ -398,10 +398,12 @@ class Folder:
                 self._enqueue(intent, payload, content_type, display)
         except OutcomeUnknown as e:
             return Result(UNKNOWN, str(e), intent.job_id)
-        except InvalidInput as e:
+        except SteadQError as e:
             self._undo(intent)
-            return Result(REFUSED, f"cannot become a job: {e}")
-        except (NotCommitted, SteadQError, OSError) as e:
+            if e.kind is ErrorKind.INVALID_INPUT:  # too large for the queue, say: waiting will not help
+                return Result(REFUSED, f"cannot become a job: {e}")
+            return Result(LATER, f"could not be enqueued ({e})")
+        except OSError as e:
             self._undo(intent)
             return Result(LATER, f"could not be enqueued ({e})")
         self._finish(intent)

@@ -19,8 +19,8 @@ import pytest
 from steadqd import Queue
 from steadqd.backend import new_job_id
 from steadqd.daemon.config import InboxConfig
-from steadqd.daemon.inbox_files import DONE_BEFORE, ENQUEUED, REFUSED, STATE_DIR, Folder, Intent
-from steadqd.errors import InvalidInput
+from steadqd.daemon.inbox_files import DONE_BEFORE, ENQUEUED, LATER, REFUSED, STATE_DIR, Folder, Intent
+from steadqd.errors import ErrorKind, InvalidInput, NotCommitted
 
 
 class Crash(BaseException):
@@ -210,3 +210,35 @@ def test_move_to_on_another_filesystem_is_refused_at_start(queue: Queue, dirs: t
 def test_a_missing_folder_is_named(queue: Queue, tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match=f"inbox.path {tmp_path}/nope does not exist"):
         folder_for(tmp_path / "nope", queue)
+
+
+def test_a_file_larger_than_the_queue_allows_is_refused_and_left_where_it_was(
+    make_queue: Callable[..., Queue], dirs: tuple[Path, Path]
+) -> None:
+    q = make_queue(max_payload_length=10)
+    inbox, done = dirs
+    (inbox / "big.mkv").write_bytes(b"x" * 11)
+    result = take(folder_for(inbox, q, payload="content", after="move", move_to=str(done)), "big.mkv")
+    assert result.outcome == REFUSED
+    assert "exceeds the queue maximum of 10" in result.reason
+    assert (inbox / "big.mkv").read_bytes() == b"x" * 11 and os.listdir(done) == []
+    assert os.listdir(inbox / STATE_DIR) == [] and drain_jobs(q) == []
+
+
+def test_a_queue_that_cannot_take_the_job_now_leaves_the_file_to_be_tried_again(
+    queue: Queue, dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inbox, done = dirs
+    (inbox / "a.mkv").write_bytes(b"movie")
+    folder = folder_for(inbox, queue, after="move", move_to=str(done))
+
+    def full(*_args: object, **_kw: object) -> str:
+        raise NotCommitted("enqueue: no space left on device", ErrorKind.RESOURCE_EXHAUSTED)
+
+    monkeypatch.setattr(queue, "enqueue", full)
+    result = take(folder, "a.mkv")
+    assert result.outcome == LATER and "no space left" in result.reason
+    assert (inbox / "a.mkv").exists() and os.listdir(done) == [] and os.listdir(inbox / STATE_DIR) == []
+    monkeypatch.undo()
+    assert take(folder, "a.mkv").outcome == ENQUEUED
+    assert len(drain_jobs(queue)) == 1
