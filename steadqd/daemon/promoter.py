@@ -1,11 +1,19 @@
 """The promoter role: delayed jobs go to ``ready/`` when they are due, without polling.
 
-A delayed job is due once the queue's wall floor reaches its due time
-(clocks.md). So the promoter only needs the earliest due time of the jobs
-delayed: it sleeps on a CLOCK_MONOTONIC loop timer until then (at most
-``max_sleep``), and the backend's delayed watch (``Backend.delayed_watch()``;
-on the filesystem inotify on ``delayed/``, fs/delayed_watch.py) wakes
-it when a job is delayed to a sooner time, and keeps the count of STATUS=.
+A delayed job is due once the wall reaches its own not_before (recovery
+looks into the current bucket, not only at whole buckets past their end, so
+``--delay 2s`` means 2 s, not the next 10 s boundary). So the promoter only
+needs the earliest not_before of the jobs delayed: it sleeps on a
+CLOCK_MONOTONIC loop timer until then (at most ``max_sleep``), and the
+backend's delayed watch (``Backend.delayed_watch()``; on the filesystem
+inotify on ``delayed/``, fs/delayed_watch.py) wakes it when a job is delayed
+to a sooner time, and keeps the count of STATUS=.
+
+"The wall" is the one recovery judges by: the queue's wall floor, but never
+more than ``sweeper.max_clock_skew`` ahead of this host's clock (a watermark
+raised by a producer whose clock runs ahead is not trusted further). Judging
+by the raw floor would take a job as due that the pass then leaves alone, and
+the promoter would back off towards ``max_sleep`` and promote it late.
 
 Promotion itself is a recovery pass restricted to the ``promote_delayed``
 phase (same validation, quarantine and barriers as the sweeper's), budgeted
@@ -22,8 +30,10 @@ later, which also bounds the cost of a missed event.
 
 from __future__ import annotations
 
+import time
+
 from steadqd.backend import DelayedWatch
-from steadqd.constants import DELAYED_DIR
+from steadqd.constants import DELAYED_DIR, NS_PER_SECOND
 from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop, PassRole, open_queue
@@ -75,7 +85,13 @@ class PromoterRole(PassRole):
     def reload(self, settings: QueueSettings) -> None:
         old = self.settings
         self.settings = settings  # never a new queue: the service refuses such a reload
-        if settings.promoter != old.promoter:
+        if settings.sweeper.max_clock_skew != old.sweeper.max_clock_skew:
+            try:
+                self._open(settings)  # the bound is fixed when the handle opens
+            except (SteadQError, OSError) as e:
+                self._errors.record([("queue_open", str(e))])
+            self._rescan_and_arm()
+        elif settings.promoter != old.promoter:
             self._rescan_and_arm()
 
     def close(self) -> None:
@@ -87,7 +103,7 @@ class PromoterRole(PassRole):
 
     def _open(self, settings: QueueSettings) -> None:
         """(Re)open the queue and start watching its delayed jobs from scratch."""
-        q = open_queue(settings)
+        q = open_queue(settings, max_clock_skew=settings.sweeper.max_clock_skew)
         try:
             watch = q.delayed_watch(self._watch_problem)
         except BaseException:
@@ -117,11 +133,18 @@ class PromoterRole(PassRole):
 
     # -- deciding when ----------------------------------------------------------
 
+    def _wall_ns(self) -> int:
+        """The wall recovery will judge by (steadqd.fs.clock.trusted_wall): the floor, bounded by
+        this host's clock + max_clock_skew, the bound the handle was opened with."""
+        assert self.queue is not None
+        bound = time.time_ns() + round(self.settings.sweeper.max_clock_skew * NS_PER_SECOND)
+        return min(self.queue.wall_floor_ns(), bound)
+
     def _due_now(self) -> bool:
-        """Is the earliest delayed job known due by the wall floor now (clocks.md)?"""
-        assert self.queue is not None and self._watch is not None
+        """Is the earliest delayed job known due by the wall now?"""
+        assert self._watch is not None
         due_ns = self._watch.next_due_ns
-        return due_ns is not None and due_ns <= self.queue.wall_floor_ns()
+        return due_ns is not None and due_ns <= self._wall_ns()
 
     def _scan(self) -> None:
         """Find the earliest delayed job and count them; on failure nothing is known to be due."""
@@ -151,7 +174,7 @@ class PromoterRole(PassRole):
         due_ns = self._watch.next_due_ns
         if due_ns is not None:
             try:
-                due_in = (due_ns - self.queue.wall_floor_ns()) / 1e9
+                due_in = (due_ns - self._wall_ns()) / NS_PER_SECOND
             except (SteadQError, OSError) as e:
                 self._errors.record([("wall_floor", str(e))])
                 due_in = max_sleep

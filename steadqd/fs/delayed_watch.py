@@ -1,9 +1,11 @@
 """Knowing when the next delayed job is due, without polling: inotify on ``delayed/``.
 
-A delayed job lives in ``delayed/<B>/<S>/`` where ``B`` is its eligibility
-bucket; it is due once ``B × delayed_width ≤ wall floor`` (clocks.md). So
-a promoter only needs the earliest *non-empty* bucket, and inotify tells it
-about newly delayed jobs that are due sooner:
+A delayed job lives in ``delayed/<B>/<S>/`` where ``B = ceil(not_before /
+width)`` (clocks.md). Recovery promotes it once its own ``not_before`` has
+passed (steadqd.fs.recovery.promote looks into the current bucket), so a
+promoter needs the earliest ``not_before``: it is in the earliest *non-empty*
+bucket, whose names are read for it (a name is a hint, never verified here),
+and inotify tells it about newly delayed jobs that are due sooner:
 
 * ``delayed/`` is watched for new bucket directories (IN_CREATE/IN_MOVED_TO);
 * every bucket that is not yet known to be empty is watched for new shard
@@ -32,8 +34,9 @@ from dataclasses import dataclass
 
 import inotify_simple
 
-from steadqd.constants import DELAYED_DIR, JOB_EXT
-from steadqd.fs.names import bucket_dir, parse_bucket_dir, parse_shard_dir, shard_dir
+from steadqd.constants import DELAYED_DIR, JOB_EXT, State
+from steadqd.errors import CorruptObject
+from steadqd.fs.names import bucket_dir, parse_bucket_dir, parse_name, parse_shard_dir, shard_dir
 
 __all__ = ["DelayedNews", "DelayedWatch"]
 
@@ -80,6 +83,7 @@ class DelayedWatch:
         self._known_empty: set[int] = set()
         self._known_empty_since = time.monotonic()
         self._target: int | None = None  # earliest non-empty bucket
+        self._next_due: int | None = None  # earliest due instant (ns) of the jobs known in it
         self.count = 0  # delayed jobs as of the last scan, adjusted by events since
 
     def fileno(self) -> int:
@@ -88,7 +92,7 @@ class DelayedWatch:
     @property
     def next_due_ns(self) -> int | None:
         """The wall time at which the earliest delayed job known becomes due; None if none is known."""
-        return None if self._target is None else self._target * self._width
+        return None if self._target is None else self._next_due
 
     @property
     def earliest(self) -> str | None:
@@ -97,7 +101,7 @@ class DelayedWatch:
 
     def forget(self) -> None:
         """A scan failed, or its answer could not be used: nothing is known to be due until the next."""
-        self._target = None
+        self._target = self._next_due = None
 
     def close(self) -> None:
         self._ino.close()
@@ -138,18 +142,39 @@ class DelayedWatch:
             except OSError:
                 pass  # already gone (directory removed)
 
-    def _jobs_in(self, bucket: int, shard: int | None = None) -> int:
-        """Delayed job files in a bucket (or one of its shard directories)."""
+    def _due_of(self, bucket: int, name: str) -> int:
+        """When recovery will promote the job ``name`` in ``bucket``: at its own not_before, which
+        must lie in the bucket's span ``((B-1)·w, B·w]`` (recovery opens no bucket sooner, and a name
+        that does not parse is promoted, or quarantined, only with its whole bucket)."""
+        end = bucket * self._width
+        try:
+            nb = parse_name(State.DELAYED, name).not_before
+        except CorruptObject:
+            return end
+        if nb is None:
+            return end
+        return min(end, max(nb, end - self._width + 1))
+
+    def _jobs_in(self, bucket: int, shard: int | None = None, *, dues: bool = True) -> tuple[int, int | None]:
+        """Delayed job files in a bucket (or one of its shard directories) and the earliest of their
+        due instants (None if there are none, or ``dues`` is False: only the count is needed)."""
         base = os.path.join(self._path, bucket_dir(bucket))
         shards = range(self._shard_count) if shard is None else (shard,)
         n = 0
+        first: int | None = None
         for s in shards:
             try:
                 names = os.listdir(os.path.join(base, shard_dir(s)))
             except FileNotFoundError:
                 continue
-            n += sum(1 for name in names if name.endswith(JOB_EXT))
-        return n
+            for name in names:
+                if not name.endswith(JOB_EXT):
+                    continue
+                n += 1
+                if dues:
+                    due = self._due_of(bucket, name)
+                    first = due if first is None else min(first, due)
+        return n, first
 
     # -- scanning -----------------------------------------------------------------
 
@@ -162,22 +187,23 @@ class DelayedWatch:
         due = wall_floor_ns // self._width  # buckets up to this one are eligible now (clocks.md)
         buckets = sorted(b for b in (parse_bucket_dir(n) for n in os.listdir(self._path)) if b is not None)
         target: int | None = None
+        next_due: int | None = None
         count = 0
         for b in buckets:
             if b in self._known_empty:
                 continue
             self._watch_bucket(b)  # before listing: nothing can slip in between
-            n = self._jobs_in(b)
+            n, first = self._jobs_in(b, dues=target is None)
             if n:
                 count += n
                 if target is None:
-                    target = b
+                    target, next_due = b, first
             elif b <= due:
                 self._known_empty.add(b)  # nothing new lands in a past bucket
                 self._unwatch_bucket(b)
         for b in [b for b in self._bucket_wds if b not in buckets]:
             self._unwatch_bucket(b)
-        self._target, self.count = target, count
+        self._target, self._next_due, self.count = target, next_due, count
 
     # -- events -------------------------------------------------------------------
 
@@ -206,11 +232,13 @@ class DelayedWatch:
                 continue
             if arrived is None:
                 continue
-            b, n = arrived
+            b, n, due = arrived
             if n:
                 self.count += n
                 if self._target is None or b < self._target:
                     self._target = b
+                if due is not None and (self._next_due is None or due < self._next_due):
+                    self._next_due = due
                     earlier = True
         return DelayedNews(rescan=rescan, earlier=earlier)
 
@@ -221,8 +249,9 @@ class DelayedWatch:
             if wd in wds:
                 wds.remove(wd)
 
-    def _arrivals(self, where: _Where, name: str, mask: int) -> tuple[int, int] | None:
-        """(bucket, jobs that arrived in it) for one event, or None if it adds no job."""
+    def _arrivals(self, where: _Where, name: str, mask: int) -> tuple[int, int, int | None] | None:
+        """(bucket, jobs that arrived in it, the earliest one's due instant) for one event, or None
+        if it adds no job."""
         bucket, shard = where
         if bucket is None:  # a new bucket directory
             b = parse_bucket_dir(name)
@@ -230,17 +259,17 @@ class DelayedWatch:
                 return None
             self._known_empty.discard(b)
             self._watch_bucket(b)
-            return b, self._jobs_in(b)
+            return b, *self._jobs_in(b)
         if shard is None:  # a shard directory appeared in a watched bucket
             s = parse_shard_dir(name, self._shard_count)
             if s is None:
                 return None
             self._add_watch(os.path.join(self._path, bucket_dir(bucket), name), _SHARD_MASK, (bucket, s))
-            return bucket, self._jobs_in(bucket, s)
+            return bucket, *self._jobs_in(bucket, s)
         # a job arrived in or left a shard directory
         if not name.endswith(JOB_EXT):
             return None
         if not mask & _ARRIVED:
             self.count = max(0, self.count - 1)
             return None
-        return bucket, 1
+        return bucket, 1, self._due_of(bucket, name)

@@ -4,6 +4,13 @@ Whether a bucket is due is a wall-clock decision, made against the
 stabilized wall floor (clocks.md) so that it never goes backwards: without a
 wall floor the phase does nothing. Later buckets are never opened, so a
 corrupt delayed job is quarantined (0x0001, as specified) only once it is due.
+
+The reference promotes a bucket only when its end (``B × width``) has passed,
+so a job asked for in 2 s runs up to a whole width (10 s) late. Here the
+current bucket, ``due + 1``, is looked into as well, and each of its jobs
+whose own ``not_before`` has passed is promoted: never before the instant the
+producer asked for, and the result is an ordinary ready job to the reference.
+Its other entries are left unopened, as later buckets are.
 """
 
 from __future__ import annotations
@@ -21,13 +28,14 @@ def promote_delayed(p: Pass) -> None:
     if p.wall is None:
         return
     due = p.wall // p.fmt.delayed_width_ns
-    levels = (Level(parse_bucket_dir, NOT_BUCKET, lambda v: v[0] <= due), shard_level(p))
+    levels = (Level(parse_bucket_dir, NOT_BUCKET, lambda v: v[0] <= due + 1), shard_level(p))
     for (bucket, shard), fd, rel, raw in walk(p, DELAYED_DIR, levels):
-        _delayed_entry(p, fd, rel, raw, bucket, shard)
+        _delayed_entry(p, fd, rel, raw, bucket, shard, own_due=p.wall if bucket > due else None)
     prune_delayed_buckets(p, due)  # the tree is done: empty buckets well in the past go
 
 
-def _delayed_entry(p: Pass, dir_fd: int, rel: str, raw: bytes, bucket: int, shard: int) -> None:
+def _delayed_entry(p: Pass, dir_fd: int, rel: str, raw: bytes, bucket: int, shard: int, *, own_due: int | None) -> None:
+    """``own_due``: the bucket is not due yet, only jobs whose not_before is at most this instant are."""
     name = leaf_name(p, raw, rel, JOB_EXT)
     if name is None:
         return
@@ -35,6 +43,8 @@ def _delayed_entry(p: Pass, dir_fd: int, rel: str, raw: bytes, bucket: int, shar
         job = parse_name(State.DELAYED, name)
     except CorruptObject:
         return  # not a delayed name: skipped silently (recovery.md)
+    if own_due is not None and (job.not_before is None or job.not_before > own_due):
+        return  # in the current bucket, not due by its own not_before: left unopened
     if not valid(p, dir_fd, rel, name, job, "promote_validate", shard=shard, bucket=bucket):
         return
     try:
