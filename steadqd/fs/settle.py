@@ -17,7 +17,6 @@ from steadqd.constants import (
     DEAD_DIR,
     DELAYED_DIR,
     I63_MAX,
-    NS_PER_SECOND,
     READY_DIR,
     RECEIPTS_DIR,
     U16_MAX,
@@ -35,6 +34,7 @@ from steadqd.errors import (
     kind_for_errno,
 )
 from steadqd.fs import linux
+from steadqd.fs.clock import checked_seconds_ns
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import DeadLocation, DelayedLocation, Location, ReadyLocation, ReceiptLocation
 from steadqd.fs.lease import Lease, Source, indeterminate, validate_source
@@ -234,9 +234,7 @@ def retry(ctx: Context, lease: Lease, *, delay: float | None = None, policy: Ret
     if policy is not None:
         delay_ns = retry_delay_ms(policy, ctx.queue_id, lease.job_id_bytes, lease.attempt) * 1_000_000
     elif delay is not None:
-        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay != delay or delay < 0:
-            raise InvalidInput(f"retry delay must be a non-negative number of seconds, got {delay!r}")
-        delay_ns = round(delay * NS_PER_SECOND)
+        delay_ns = checked_seconds_ns("retry delay", delay)
     not_before = wall + delay_ns
     if not_before > I63_MAX:
         raise InvalidInput("retry deadline exceeds 2^63-1 ns")
