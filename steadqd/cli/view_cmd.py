@@ -188,13 +188,14 @@ def cmd_watch(a: argparse.Namespace) -> int:
 # =========================================================================== ls
 
 
-def _fmt_deadline(ns: int | None, now_ns: int) -> str:
+def _fmt_deadline(ns: int | None, now_ns: int, *, due: bool = False) -> str:
+    """``due``: the instant is a delayed job's not-before, read as when it runs ("due in 6s")."""
     if ns is None:
         return "-"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns // NS_PER_SECOND))
     delta = (ns - now_ns) / NS_PER_SECOND
     rel = f"in {format_duration(delta)}" if delta >= 0 else f"{format_duration(-delta)} ago"
-    return f"{stamp} ({rel})"
+    return f"{stamp} ({'due ' if due else ''}{rel})"
 
 
 def cmd_ls(a: argparse.Namespace) -> int:
@@ -246,9 +247,8 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool) -> None:
         else:
             attempt = f"{job.attempt}/{job.max_attempts}"
             shown_age = "-" if age is None else format_duration(age)
-            sys.stdout.write(
-                f"{state:<8} {job.job_id:<32} {attempt:>9} {shown_age:>7}  {_fmt_deadline(deadline, now_ns)}\n"
-            )
+            shown_deadline = _fmt_deadline(deadline, now_ns, due=state == "delayed")
+            sys.stdout.write(f"{state:<8} {job.job_id:<32} {attempt:>9} {shown_age:>7}  {shown_deadline}\n")
         first = False
     if as_json:
         sys.stdout.write("]\n" if first else "\n]\n")
