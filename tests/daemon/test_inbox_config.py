@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from steadqd.daemon import main
 from steadqd.daemon.config import InboxConfig, parse_config
+from steadqd.daemon.journal import Log
 from steadqd.durations import parse_duration
 from steadqd.errors import ConfigError
 
@@ -89,3 +91,36 @@ def test_the_reference_example_is_valid() -> None:
     [block] = re.findall(r"```yaml\n(.*?)```", _inbox_section(), flags=re.S)
     assert yaml.safe_load(block)["inbox"]
     assert parse_config(block, path="configuration.md", name="doc").inbox is not None
+
+
+UNITS = Path(__file__).resolve().parents[2] / "units"
+
+
+def test_the_worker_unit_serves_the_watch_folder() -> None:
+    """No unit of its own: the worker unit's `steadqd worker %i` runs the inbox role when configured."""
+    unit = (UNITS / "steadq-worker@.service").read_text()
+    assert re.search(r"^ExecStart=/usr/bin/steadqd worker %i$", unit, flags=re.M)
+    assert "inbox" in main.COMMAND_ROLES["worker"] and "inbox" in main.COMMAND_ROLES["run"]
+    assert not (UNITS / "steadq-inbox@.service").exists()
+
+
+@pytest.mark.parametrize(
+    ("sections", "roles", "expected"),
+    [
+        ("inbox:\n  path: /srv/in\n", ("worker", "inbox"), ["inbox"]),
+        ("inbox:\n  path: /srv/in\nworker:\n  command: [x]\n", ("worker", "inbox"), ["worker", "inbox"]),
+        ("worker:\n  command: [x]\n", ("worker", "inbox"), ["worker"]),
+        ("inbox:\n  path: /srv/in\n", ("inbox",), ["inbox"]),
+    ],
+)
+def test_which_roles_a_command_runs(sections: str, roles: tuple[str, ...], expected: list[str]) -> None:
+    settings = parse_config("queue: /var/lib/steadq/q\n" + sections, path="q.yaml", name="q")
+    made = main._role_factory(roles)(settings, Log("test", "q"))
+    assert [r.name for r in made] == expected
+
+
+@pytest.mark.parametrize(("roles", "missing"), [(("inbox",), "inbox"), (("worker", "inbox"), "worker")])
+def test_nothing_to_run_is_a_configuration_error(roles: tuple[str, ...], missing: str) -> None:
+    settings = parse_config("queue: /var/lib/steadq/q\n", path="q.yaml", name="q")
+    with pytest.raises(ConfigError, match=f"no `{missing}:` section: nothing to run"):
+        main._role_factory(roles)(settings, Log("test", "q"))
