@@ -54,13 +54,36 @@ def _field_name(key: str) -> str:
     return "STEADQ_" + key.upper()
 
 
+def _field_value(value: object) -> str:
+    """One spelling for every field: booleans are ``true``/``false`` wherever they come from."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def short_id(job_id: str) -> str:
+    """A job id as a sentence shows it (8 hex digits, like a short git hash); fields keep all 32."""
+    return printable(job_id[:8])
+
+
 class Log:
     """One role's logger; thread-safe."""
 
-    def __init__(self, role: str, queue: str, *, journal: bool | None = None, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        role: str,
+        queue: str,
+        *,
+        journal: bool | None = None,
+        stream: TextIO | None = None,
+        timestamps: bool | None = None,
+    ) -> None:
         self.role = role
         self.queue = queue
         self._stream = stream or sys.stderr
+        # A person watching a terminal needs the time of each line; journald and
+        # a service manager's log add their own.
+        self._timestamps = _isatty(self._stream) if timestamps is None else timestamps
         self._lock = threading.Lock()
         self._send = None
         if journal if journal is not None else journal_connected():
@@ -76,7 +99,7 @@ class Log:
         return self._send is not None
 
     def log(self, priority: int, message: str, **fields: object) -> None:
-        pairs = {_field_name(k): str(v) for k, v in fields.items() if v is not None}
+        pairs = {_field_name(k): _field_value(v) for k, v in fields.items() if v is not None}
         pairs["STEADQ_QUEUE"] = self.queue
         pairs["STEADQ_ROLE"] = self.role
         if self._send is not None:
@@ -89,6 +112,9 @@ class Log:
             f"{k}={_quote(v)}" for k, v in sorted(pairs.items()) if k not in ("STEADQ_QUEUE", "STEADQ_ROLE")
         )
         line = f"<{priority}>{self.role}[{self.queue}]: {_message_text(message)}" + (f" {extra}" if extra else "")
+        if self._timestamps:
+            now = time.time()
+            line = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d} " + line
         with self._lock:
             try:
                 self._stream.write(line + "\n")
@@ -146,6 +172,13 @@ class ErrorDigest:
             more = f" ({count} occurrences since the last report)" if count > 1 else ""
             self.log.warning(f"{self.what}: {code}: {messages[0]}{more}", error=code, count=count)
             self._last[code] = now
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _quote(v: str) -> str:

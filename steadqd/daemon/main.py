@@ -16,6 +16,7 @@ or $STEADQ_CONFIG_DIR). Exit statuses: 0 clean stop, 78 configuration error
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -70,8 +71,12 @@ def _serve(queue: str, directory: str | None, roles: tuple[str, ...], role_name:
     return service.run()
 
 
-def check_config(names: list[str], directory: str | None, *, open_queues: bool) -> int:
-    """Validate configs without starting anything; prints one line per file."""
+def check_config(names: list[str], directory: str | None, *, open_queues: bool, user: str | None = None) -> int:
+    """Validate configs without starting anything; prints one line per file (and per problem).
+
+    With ``open_queues`` every check a start makes runs as the service's user
+    (``user``, or the units' ``steadq`` when run as root), so what passes here
+    also passes under systemd."""
     d = config_dir(directory)
     if not names:
         try:
@@ -83,16 +88,31 @@ def check_config(names: list[str], directory: str | None, *, open_queues: bool) 
             print(f"steadqd: no *.yaml files in {d}", file=sys.stderr)
             return 1
     failed = 0
+    account = None
+    if open_queues:
+        from steadqd.daemon import preflight
+
+        try:
+            account = preflight.service_account(user)
+        except KeyError:
+            print(f"steadqd: check-config: no user {user!r} on this machine (give --user USER)", file=sys.stderr)
+            return 78
     for name in names:
         try:
             settings = load_config(name, directory)
-            if open_queues:
-                from steadqd.backend import open_queue
-
-                open_queue(settings.queue).close()
         except (ConfigError, SteadQError) as e:
             print(f"{name}: {e}", file=sys.stderr)
             failed += 1
+            continue
+        if account is not None:
+            problems = preflight.as_account(account, functools.partial(preflight.start_problems, settings))
+            for p in problems:
+                print(f"{name}: {p.text}", file=sys.stderr)
+            if problems:
+                print(f"{name}: checked as user {account.name}", file=sys.stderr)
+                failed += 1
+                continue
+            print(f"{name}: ok ({settings.queue}; checked as user {account.name})")
             continue
         print(f"{name}: ok ({settings.queue})")
     return 78 if failed else 0
@@ -118,11 +138,16 @@ def daemon_main(argv: list[str] | None = None) -> int:
         p.add_argument("queue", metavar="QUEUE")
     p = sub.add_parser("check-config", help="validate configuration files without starting anything")
     p.add_argument("queues", nargs="*", metavar="QUEUE")
-    p.add_argument("--open", action="store_true", help="also open each queue (it must be initialised)")
+    p.add_argument(
+        "--open",
+        action="store_true",
+        help="also open each queue and check the command, TMPDIR and permissions as the service's user",
+    )
+    p.add_argument("--user", help="the service's user for --open (default: steadq when run as root, else yourself)")
     sub.add_parser("demo", help="demo queue under ./var/ (see steadqd demo --help)")
     ns = ap.parse_args(args)
     if ns.command == "check-config":
-        return check_config(ns.queues, ns.config_dir, open_queues=ns.open)
+        return check_config(ns.queues, ns.config_dir, open_queues=ns.open, user=ns.user)
     roles = COMMAND_ROLES.get(ns.command, (ns.command,))
     return _serve(ns.queue, ns.config_dir, roles, ns.command)
 

@@ -11,6 +11,7 @@ the rest is handed back) with exit statuses systemd can act on.
 
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
 import os
@@ -18,9 +19,11 @@ import selectors
 import signal
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+import sys
+from typing import Any, Protocol, runtime_checkable
 
 from steadqd import backend
+from steadqd.daemon import preflight
 from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import ErrorDigest, Log
 from steadqd.daemon.notify import Notifier
@@ -34,6 +37,7 @@ EXIT_CONFIG = 78  # EX_CONFIG: the unit uses RestartPreventExitStatus=78
 _NEEDS_AN_OPERATOR = frozenset(
     {ErrorKind.INVALID_INPUT, ErrorKind.NOT_FOUND, ErrorKind.PERMISSION_DENIED, ErrorKind.QUEUE_CORRUPT}
 )
+_OPERATOR_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EROFS})
 
 
 def start_failure_status(e: SteadQError) -> int:
@@ -187,6 +191,14 @@ class Role(Protocol):
         """Hand back anything unfinished and release resources."""
 
 
+@runtime_checkable
+class RunsJobs(Protocol):
+    """A role whose drain waits for jobs (the worker): the stop line says how many."""
+
+    def running_jobs(self) -> int:
+        """Jobs whose commands are running now."""
+
+
 class PassRole:
     """What the sweeper and the promoter share: one queue handle, one pending timer.
 
@@ -290,15 +302,21 @@ class Service:
             return EXIT_CONFIG
         self.settings = settings
         self._install_signals()
+        account = preflight.Account.current()
+        problems = preflight.queue_problems(settings, account)
+        if problems:
+            return self._refuse(problems[0].text, EXIT_CONFIG)
         try:
             self.roles = self.make_roles(settings, self.log)
             for r in self.roles:
                 r.start(self.loop)
         except SteadQError as e:
-            status = start_failure_status(e)
-            self.log.error(f"cannot start: {e}", exit_status=status)
             self._close_roles()
-            return status
+            return self._refuse(str(e), start_failure_status(e))
+        except OSError as e:  # what no check foresaw: still one line, never a traceback
+            self._close_roles()
+            status = EXIT_CONFIG if e.errno in _OPERATOR_ERRNOS else EXIT_FAILURE
+            return self._refuse(preflight.describe_os_error(e, settings, account), status)
         self.notifier.ready(self.status_line())
         self.log.notice("started", roles=",".join(r.name for r in self.roles), path=settings.queue)
         if self.notifier.watchdog_interval:
@@ -311,6 +329,11 @@ class Service:
             signal.set_wakeup_fd(-1)
             self.loop.close()
 
+    def _refuse(self, why: str, status: int) -> int:
+        """The one journal line of a start that cannot go on (exit 78 needs an operator)."""
+        self.log.error(f"cannot start: {why}", exit_status=status)
+        return status
+
     def _serve(self) -> int:
         draining = False
         while True:
@@ -320,13 +343,21 @@ class Service:
             if self._stop and not draining:
                 draining = True
                 self.notifier.stopping("draining: finishing running jobs, taking no new ones")
-                self.log.notice("stopping: draining")
+                self.log.notice(self._stopping_line())
                 for r in self.roles:
                     r.drain()
             if draining and (self._stop > 1 or all(r.drained() for r in self.roles)):
                 self.log.notice("stopped", forced=self._stop > 1 or None)
                 return EXIT_OK
             self.loop.run_once(1.0 if draining else None)
+
+    def _stopping_line(self) -> str:
+        running = sum(r.running_jobs() for r in self.roles if isinstance(r, RunsJobs))
+        if not running:
+            return "stopping: draining, nothing is running"
+        jobs = "1 running job" if running == 1 else f"{running} running jobs"
+        again = "Ctrl-C again" if _on_a_terminal() else "a second SIGTERM"
+        return f"stopping: draining {jobs} ({again} to hand them back now)"
 
     def _do_reload(self) -> None:
         self.notifier.reloading()
@@ -360,3 +391,11 @@ class Service:
                 r.close()
             except Exception as e:  # closing one role must not keep the others' leases
                 self.log.error(f"closing {r.name} failed: {e}")
+
+
+def _on_a_terminal() -> bool:
+    """``steadqd run`` in a shell: Ctrl-C is what the person types; under systemd it is a signal."""
+    try:
+        return sys.stdin.isatty() or sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False

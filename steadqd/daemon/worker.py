@@ -57,13 +57,14 @@ from collections.abc import Callable
 
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
 from steadqd.backoff import RetryPolicy
-from steadqd.daemon import payload_dirs
+from steadqd.daemon import payload_dirs, preflight
 from steadqd.daemon.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, spawn
 from steadqd.daemon.config import QueueSettings, WorkerConfig
-from steadqd.daemon.journal import INFO, WARNING, Log
+from steadqd.daemon.journal import INFO, WARNING, Log, short_id
 from steadqd.daemon.service import Loop, Timer, Timers, open_queue
 from steadqd.daemon.verdict import Verdict, verdict
-from steadqd.errors import ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
+from steadqd.errors import ConfigError, ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
+from steadqd.text import printable
 
 __all__ = ["SAFETY_RESCAN", "WorkerRole", "retry_policy"]
 
@@ -73,6 +74,8 @@ SETTLE_RETRY_MAX = 30.0  # s; the longest wait between two tries while the lease
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
 PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in flight
+HOLD_FIRST = 5.0  # s; first wait before leasing again after a job could not be started
+HOLD_MAX = 300.0  # s; the longest wait between two checks of a broken environment
 
 _FollowUp = tuple[int, str, dict[str, object]] | None  # (priority, message, fields) of a line to log
 
@@ -147,6 +150,9 @@ class WorkerRole:
         self._grouping = False  # inside a group settle: reopening waits for its barriers
         self._reopen_after_group: str | None = None
         self._group_settled: list[tuple[_Job, _FollowUp]] = []  # reported once the group's barriers are done
+        self.held: str | None = None  # why no job is leased now (a broken environment), if so
+        self._hold_delay = 0.0  # the next wait; grows while starts keep failing, reset by a started job
+        self._hold_timer: Timer | None = None
 
     # -- Role protocol ------------------------------------------------------------
 
@@ -155,6 +161,14 @@ class WorkerRole:
         # An inherited SIG_IGN for SIGCHLD would make the kernel reap our children
         # itself, and exit statuses (hence acks) would be lost. No handler: default.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # Before any lease: a command that cannot start would otherwise cost every job an attempt.
+        problems = preflight.worker_problems(self.settings)
+        fatal = [p for p in problems if not p.transient]
+        if fatal:
+            more = (
+                f" (and {len(fatal) - 1} more: steadqd check-config --open {self.settings.name})" if fatal[1:] else ""
+            )
+            raise ConfigError(fatal[0].text + more)
         self.q = open_queue(self.settings)  # a SteadQError refuses the start with its exit code
         try:
             self._ready = self.q.ready_watch()
@@ -172,6 +186,8 @@ class WorkerRole:
         loop.add_reader(self._ready.fileno(), self._guarded(self._on_ready))
         self._ready.recount()
         self._rescan_timer = loop.call_later(SAFETY_RESCAN, self._guarded(self._safety_rescan))
+        if problems:  # only transient ones left (a full TMPDIR): up, but leasing nothing yet
+            self._hold(problems[0].text)
         self._schedule_fill(0.0)  # the first scan runs once the service loop is up (after READY=1)
 
     @property
@@ -184,6 +200,8 @@ class WorkerRole:
         text = f"{len(self.jobs)} running, {ready} ready, {self.done:,} done, {self.failed:,} failed"
         if self.retried:
             text += f", {self.retried:,} retried"
+        if self.held is not None:
+            text += f", not leasing: {self.held}"
         if self.draining:
             text += ", draining"
         return text
@@ -202,6 +220,10 @@ class WorkerRole:
                 concurrency=new.concurrency,
                 running=len(self.jobs),
             )
+        if self.held is not None:  # the operator may have fixed the cause: look now
+            if self._hold_timer is not None:
+                self._hold_timer.cancel()
+            self._hold_timer = self.loop.call_later(0.0, self._guarded(self._check_hold)) if self.loop else None
         self._schedule_fill(0.0)  # a higher concurrency applies now
 
     def drain(self) -> None:
@@ -209,6 +231,9 @@ class WorkerRole:
         if self._fill_timer is not None:
             self._fill_timer.cancel()
             self._fill_timer = None
+
+    def running_jobs(self) -> int:
+        return len(self.jobs)
 
     def drained(self) -> bool:
         return not self.jobs and (self._prep is None or not self._prep.busy)
@@ -219,7 +244,7 @@ class WorkerRole:
             return
         self.closed = True
         self.draining = True
-        for t in (self._fill_timer, self._rescan_timer, self._reopen_timer, self._settle_timer):
+        for t in (self._fill_timer, self._rescan_timer, self._reopen_timer, self._settle_timer, self._hold_timer):
             if t is not None:
                 t.cancel()
         self._to_settle.clear()  # still in self.jobs with their verdicts: settled below
@@ -259,7 +284,11 @@ class WorkerRole:
     def _terminate(self, running: list[_Job]) -> None:
         """SIGTERM to every running group, SIGKILL to those still there after the longest kill grace."""
         for j in running:
-            self.log.warning("stopping: terminating a running job", **j.fields, pid=j.pid)
+            self.log.warning(
+                f"stopping: terminating job {short_id(j.lease.job_id)} (SIGTERM to its process group)",
+                **j.fields,
+                pid=j.pid,
+            )
             j.child.signal_group(signal.SIGTERM)
         grace = max((j.cfg.kill_grace for j in running), default=0.0)
         deadline = time.monotonic() + grace
@@ -335,6 +364,8 @@ class WorkerRole:
         assert cfg is not None
         if self.draining or self.closed or self._prep is None or len(self.jobs) >= cfg.concurrency:
             return
+        if self.held is not None:  # the hold's own timer looks again
+            return
         if self._prep.busy:
             self._fill_again = True  # news that arrived during a claim: look again after it
             return
@@ -345,8 +376,7 @@ class WorkerRole:
         try:
             credentials = identity(cfg)
         except (KeyError, ValueError) as e:  # a user or group that vanished since the config was read
-            self.log.error(f"cannot run jobs as the configured user or group: {e!r}")
-            self._schedule_fill(ERROR_RETRY)
+            self._hold(f"cannot run jobs as the configured user or group: {e}")
             return
         self._prep.submit(cfg, self.settings, credentials)
 
@@ -404,11 +434,9 @@ class WorkerRole:
             proc = spawn(cfg, p.env, p.payload_path, p.credentials)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
             payload_dirs.remove(p.tmpdir)
-            self.log.error(
-                f"cannot start the command {command_argv(cfg)[0]!r}: {e}", job_id=lease.job_id, attempt=lease.attempt
-            )
-            self._settle_simple(lease, cfg, Verdict.RETRY)
+            self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {e}")
             return
+        self._hold_delay = 0.0  # a command started: the environment works again
         job = _Job(self, lease, cfg, proc, p.tmpdir)
         self.jobs[job.pid] = job
         job.child.start()
@@ -426,8 +454,67 @@ class WorkerRole:
             # The claim verified it: it changed since, and is quarantined now or at its next claim.
             self.log.error(f"payload changed after its claim and is corrupt; the job is quarantined: {e}", **fields)
         else:
-            self.log.error(f"cannot prepare the job: {e if isinstance(e, SteadQError) else repr(e)}", **fields)
-            self._settle_simple(lease, cfg, Verdict.RETRY)
+            self._start_failed(lease, cfg, f"cannot prepare the job: {e if isinstance(e, SteadQError) else repr(e)}")
+
+    def _start_failed(self, lease: LeaseHandle, cfg: WorkerConfig, why: str) -> None:
+        """The worker's fault, not the job's: hand it back at once and lease nothing until the cause is gone.
+
+        The job's claim already counted one attempt (the spec's rule); it
+        goes back ready, for any healthy worker, and this one holds off, so a
+        broken command or a full disk costs the backlog one attempt of one
+        job, not every attempt of every job.
+        """
+        sid = short_id(lease.job_id)
+        self.log.error(f"job {sid} not started: {why}", job_id=lease.job_id, attempt=lease.attempt)
+        self._hand_back_unstarted(lease)
+        self._hold(why)
+
+    def _hand_back_unstarted(self, lease: LeaseHandle) -> None:
+        try:
+            if self.q is None:
+                raise NotCommitted("queue is not open", ErrorKind.IO_FAILURE)
+            state = self.q.retry(lease, delay=0.0)
+        except OutcomeUnknown as e:
+            self.log.error(f"handing the job back: outcome unknown: {e}", job_id=lease.job_id, ticket=_ticket(e))
+            self._reopen(str(e))
+            return
+        except SteadQError as e:
+            self.log.error(f"handing the job back failed; its lease expires and recovery returns it: {e}",
+                           job_id=lease.job_id)  # fmt: skip
+            return
+        self.log.warning(
+            f"job {short_id(lease.job_id)} handed back: {state} (attempt {lease.attempt}/{lease.max_attempts})",
+            job_id=lease.job_id,
+            attempt=lease.attempt,
+            state=state,
+        )
+
+    # -- holding off while the environment is broken ---------------------------------------
+
+    def _hold(self, why: str) -> None:
+        """Lease nothing until :meth:`_check_hold` finds the cause gone; say so once per cause."""
+        if self.loop is None or self.closed:
+            return
+        if self.held != why:
+            self.log.error(f"not leasing jobs: {why}", held=True)
+        self.held = why
+        self._hold_delay = min(HOLD_MAX, max(HOLD_FIRST, self._hold_delay * 2))
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+        self._hold_timer = self.loop.call_later(self._hold_delay, self._guarded(self._check_hold))
+
+    def _check_hold(self) -> None:
+        """Look at the environment again; lease again if the checks pass (the next start decides the rest)."""
+        self._hold_timer = None
+        if self.held is None or self.closed:
+            return
+        problems = preflight.worker_problems(self.settings)
+        if problems:
+            self._hold(problems[0].text)
+            return
+        self.log.notice(f"leasing jobs again: the checks pass (was: {self.held})", held=False)
+        self.held = None
+        self._schedule_fill(0.0)
 
     def _hand_back(self, p: payload_dirs.Prepared) -> None:
         """close(): a job claimed but never started goes back at once (its attempt is counted)."""
@@ -707,7 +794,13 @@ class WorkerRole:
                 self._log_follow_up(job.lease, follow)
             return
         state = self.q.retry(job.lease)
-        self.log.warning(f"job handed back on stop: {state} (its attempt is counted)", **job.fields, state=state)
+        how = f"killed by {job.child.signal_name}" if job.child.signal_name else f"ended (exit {job.child.returncode})"
+        self.log.warning(
+            f"job handed back on stop: {state} (its attempt is counted) after a forced stop: "
+            f"job {short_id(job.lease.job_id)} was {how}, attempt {job.lease.attempt}/{job.lease.max_attempts}",
+            **job.fields,
+            state=state,
+        )
 
     # -- the queue handle -----------------------------------------------------------
 

@@ -1,0 +1,277 @@
+"""Issue 16, points 1 and 2: how the worker fails, and that a broken environment never burns the backlog.
+
+Point 1: each of the usual set-up mistakes gives one line naming the thing
+(and the user, owner and mode where they matter) and the fix, exit 78,
+never a traceback; ``check-config --open`` finds the same as the service's
+user. Point 2: a command that cannot be started costs one attempt of one
+job, the job goes back ready, and the worker leases nothing until the cause
+is gone (it says so, and STATUS= says so).
+
+The console script cannot run as another user here (the interpreter lives
+under /root), so the cases that need another user fork, import, switch to
+``nobody`` and call ``daemon_main`` in-process: the same code, real
+permission checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from steadqd import Queue
+from steadqd.daemon import preflight
+from steadqd.daemon.main import daemon_main
+from tests.daemon.conftest import Env, job_spec
+from tests.invariants import check_tree
+
+NOBODY = 65534
+
+
+def _steadqd(env: Env, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    child_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "TMPDIR": str(env.jobtmp)}
+    if "PYTHONPATH" in os.environ:
+        child_env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    child_env.update(extra_env or {})
+    return subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "steadqd"), "--config-dir", str(env.config_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env,
+    )
+
+
+def _one_clean_line(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 78, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("<3>worker[testq]: cannot start: "), lines[0]
+    return lines[0]
+
+
+def _as_nobody(argv: list[str]) -> tuple[int, str, str]:
+    """``steadqd ARGV`` in a forked child that switched to nobody; (exit status, stdout, stderr)."""
+    import steadqd.daemon.worker  # noqa: F401  (imported while /root is still readable)
+
+    r_out, w_out = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.close(r_out)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                sys.stderr = err  # the daemon's Log writes to sys.stderr
+                code = daemon_main(argv)
+            os.write(w_out, (out.getvalue() + "\0" + err.getvalue()).encode())
+        finally:
+            os._exit(code)
+    os.close(w_out)
+    with os.fdopen(r_out, "rb") as f:
+        raw = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    stdout, _, stderr = raw.partition("\0")
+    return os.waitstatus_to_exitcode(status), stdout, stderr
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Path:
+    """A tmp directory every user can walk through (nobody must reach the config and the queue)."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root to run the daemon as another user")
+    parent = str(tmp_path)
+    while parent != "/":
+        os.chmod(parent, os.stat(parent).st_mode | 0o011)
+        parent = os.path.dirname(parent)
+    os.chmod(tmp_path, 0o755)
+    return tmp_path
+
+
+def _config(world: Path, queue: Path, command: list[str]) -> Path:
+    cfg = world / "cfg"
+    cfg.mkdir(mode=0o755, exist_ok=True)
+    (cfg / "t.yaml").write_text(yaml.safe_dump({"queue": str(queue), "worker": {"command": command}}))
+    os.chmod(cfg / "t.yaml", 0o644)
+    return cfg
+
+
+# --- point 1: one line, exit 78, the fix ------------------------------------------------------
+
+
+def test_a_queue_made_by_root_names_owner_mode_user_and_the_fix(world: Path) -> None:
+    queue = world / "q"
+    Queue.init(str(queue), shards=2).close()  # root, no runuser: 0700 root:root
+    cfg = _config(world, queue, ["/bin/true"])
+    code, _, err = _as_nobody(["--config-dir", str(cfg), "worker", "t"])
+    assert code == 78, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert f"cannot start: queue {queue} is owner root:root, mode 0700: user nobody cannot read and write it" in err
+    assert f"chown -R nobody: {queue}" in err and f"runuser -u nobody -- steadq init --shared {queue}" in err
+
+
+def test_check_config_open_checks_as_the_service_user_and_says_so(world: Path) -> None:
+    queue = world / "q"
+    Queue.init(str(queue), shards=2).close()
+    cfg = _config(world, queue, ["/bin/true"])
+    # As root, for the service's user: the same finding as the service's start.
+    out = io.StringIO()
+    err = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = daemon_main(["--config-dir", str(cfg), "check-config", "--open", "--user", "nobody", "t"])
+    assert code == 78, err.getvalue()
+    assert "user nobody cannot read and write it" in err.getvalue()
+    assert "t: checked as user nobody" in err.getvalue()
+    # Handed over: the same check passes, and says as whom.
+    for p in [queue, *queue.rglob("*")]:
+        os.lchown(p, NOBODY, NOBODY)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = daemon_main(["--config-dir", str(cfg), "check-config", "--open", "--user", "nobody", "t"])
+    assert code == 0, err.getvalue()
+    assert out.getvalue().strip() == f"t: ok ({queue}; checked as user nobody)"
+
+
+def test_check_config_open_finds_a_command_the_service_user_cannot_execute(world: Path) -> None:
+    queue = world / "q"
+    Queue.init(str(queue), shards=2).close()
+    for p in [queue, *queue.rglob("*")]:
+        os.lchown(p, NOBODY, NOBODY)
+    script = world / "job.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(script, 0o744)  # root may run it, nobody may not
+    cfg = _config(world, queue, [str(script)])
+    code, _, err = _as_nobody(["--config-dir", str(cfg), "check-config", "--open", "t"])
+    assert code == 78, err
+    assert f"worker.command {script} is not executable by user nobody: it is owner root:root, mode 0744" in err
+    assert f"chmod a+rx {script}" in err and "checked as user nobody" in err
+
+
+@pytest.mark.parametrize("case", ["missing command", "not executable", "not in PATH", "working_directory", "user"])
+def test_a_worker_that_could_not_run_a_job_refuses_to_start_and_leases_nothing(denv: Env, case: str) -> None:
+    script = denv.tmp / "job.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(script, 0o644)
+    worker: dict[str, object] = {
+        "missing command": {"command": ["/usr/local/bin/nope"]},
+        "not executable": {"command": [str(script)]},
+        "not in PATH": {"command": ["steadq-no-such-program"]},
+        "working_directory": {"working_directory": str(denv.tmp / "gone")},
+        "user": {"user": "steadq-no-such-user"},
+    }[case]
+    denv.write_config(**worker)
+    with Queue.open(denv.queue_path) as q:
+        job = q.enqueue(job_spec(exit=0))
+    line = _one_clean_line(_steadqd(denv, "worker", denv.name))
+    expected = {
+        "missing command": "worker.command /usr/local/bin/nope does not exist; install it, or fix `worker.command`",
+        "not executable": f"worker.command {script} is not executable by user root",
+        "not in PATH": "worker.command 'steadq-no-such-program' is not found in the job's PATH",
+        "working_directory": f"worker.working_directory {denv.tmp / 'gone'} does not exist",
+        "user": "worker.user 'steadq-no-such-user' does not exist on this machine",
+    }[case]
+    assert expected in line, line
+    tree = check_tree(denv.queue_path)
+    assert tree.ready == {job} and tree.get(job).attempt == 0  # never leased
+
+
+def test_an_unwritable_tmpdir_refuses_the_start(denv: Env) -> None:
+    denv.write_config()
+    missing = denv.tmp / "no-tmp"
+    line = _one_clean_line(_steadqd(denv, "worker", denv.name, extra_env={"TMPDIR": str(missing)}))
+    assert f"TMPDIR {missing} does not exist; create it or unset TMPDIR" in line, line
+
+
+def test_a_symlinked_queue_names_the_real_directory(denv: Env) -> None:
+    link = denv.tmp / "link"
+    link.symlink_to(denv.queue_path)
+    denv.write_config(queue=str(link))
+    line = _one_clean_line(_steadqd(denv, "worker", denv.name))
+    assert f"queue {link} is a symlink (to {os.path.realpath(denv.queue_path)})" in line, line
+
+
+def test_a_missing_queue_says_how_to_make_it(denv: Env) -> None:
+    missing = denv.tmp / "nowhere"
+    denv.write_config(queue=str(missing))
+    line = _one_clean_line(_steadqd(denv, "worker", denv.name))
+    assert f"queue {missing} does not exist; create it as the service user: runuser -u root -- " in line, line
+
+
+# --- point 2: a broken environment never burns the backlog -------------------------------------
+
+
+def test_a_command_that_vanishes_costs_one_attempt_of_one_job_and_leasing_resumes(denv: Env, daemons) -> None:
+    script = denv.tmp / "bin" / "job"
+    script.parent.mkdir()
+    script.write_text(f"#!{sys.executable}\n" + denv.script.read_text())
+    os.chmod(script, 0o755)
+    denv.write_config(command=[str(script), str(denv.results)])
+    d = daemons(denv)
+    d.ready()
+    hidden = script.with_name("job.away")
+    os.rename(script, hidden)  # uninstalled while the worker runs
+    with Queue.open(denv.queue_path) as q:
+        jobs = [q.enqueue(job_spec(exit=0)) for _ in range(3)]
+    d.wait_log(r"not leasing jobs: cannot start the command")
+    d.wait_log(r"handed back: ready \(attempt 1/3\)")
+    tree = check_tree(denv.queue_path)
+    assert tree.ready == set(jobs)
+    attempts = sorted(tree.get(j).attempt for j in jobs)
+    assert attempts == [0, 0, 1], attempts  # one attempt of one job, none dead
+    os.rename(hidden, script)
+    d.wait_log(r"leasing jobs again: the checks pass")
+    for j in jobs:  # the one that was handed back runs as its second attempt
+        denv.result(j, tree.get(j).attempt + 1)
+
+
+def test_a_full_tmpdir_holds_the_worker_without_leasing_and_it_resumes(denv: Env, daemons, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("needs root to mount a small tmpfs")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,nr_inodes=64", "tmpfs", str(mnt)], check=True)
+    try:
+        filler = mnt / "filler"
+        with contextlib.suppress(OSError), open(filler, "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+        denv.write_config()
+        with Queue.open(denv.queue_path) as q:
+            job = q.enqueue(job_spec(exit=0))
+        d = daemons(denv, extra_env={"TMPDIR": str(mnt)})
+        d.ready()
+        d.wait_log(r"not leasing jobs: payload copies cannot be written in .*No space left on device")
+        tree = check_tree(denv.queue_path)
+        assert tree.ready == {job} and tree.get(job).attempt == 0
+        filler.unlink()
+        d.wait_log(r"leasing jobs again", timeout=30)
+        denv.result(job, 1)
+    finally:
+        for _ in range(50):
+            if subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+
+
+def test_preflight_problems_are_one_line_each() -> None:
+    """No check may produce a multi-line message: the journal line must stay one line."""
+    settings_text = "queue: /nonexistent/q\nworker:\n  command: ['/nonexistent/\\n/x']\n"
+    from steadqd.daemon.config import parse_config
+
+    settings = parse_config(settings_text, path="t.yaml", name="t")
+    problems = preflight.queue_problems(settings, preflight.Account.current()) + preflight.worker_problems(settings)
+    assert problems
+    assert all("\n" not in p.text for p in problems), problems
