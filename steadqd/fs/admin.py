@@ -112,12 +112,13 @@ class DeadFile:
 
 @dataclass(frozen=True)
 class QuarantinedObject:
-    """One quarantined object; ``size`` is its lstat size (it may be a symlink)."""
+    """One quarantined object; ``size`` and ``mtime_ns`` are its lstat's (it may be a symlink or a directory)."""
 
     quarantine_id: str
     reason: int
     path: str
     size: int
+    mtime_ns: int | None = None
 
 
 # --------------------------------------------------------------------------- helpers
@@ -481,7 +482,9 @@ def list_quarantine(ctx: Context) -> Iterator[QuarantinedObject]:
     """Every ``q<id>.x<reason>.raw`` under ``quarantine/``, nested directories included.
 
     Entries are visited in bytewise order; directories are descended without
-    following symlinks. Other names are skipped.
+    following symlinks, except one that bears a quarantine name: that is a
+    planted directory claim isolated whole, and what is inside it is its
+    content, not more quarantined objects. Other names are skipped.
     """
     yield from _walk_quarantine(ctx, QUARANTINE_DIR, 0)
 
@@ -510,13 +513,11 @@ def _walk_quarantine(ctx: Context, rel: str, depth: int) -> Iterator[Quarantined
                 if e.errno == errno.ENOENT:
                     continue  # removed meanwhile
                 raise _io(e, f"stat {rel}") from e
-            if stat.S_ISDIR(st.st_mode):
-                if depth < _MAX_QUARANTINE_DEPTH:
-                    subdirs.append(text)
-                continue
             parsed = parse_quarantine_name(text)
-            if parsed is not None:
-                found.append(QuarantinedObject(parsed[0].hex(), parsed[1], f"{rel}/{text}", st.st_size))
+            if parsed is not None:  # a quarantined directory (reason 0x0008) is one object, never walked
+                found.append(QuarantinedObject(parsed[0].hex(), parsed[1], f"{rel}/{text}", st.st_size, st.st_mtime_ns))
+            elif stat.S_ISDIR(st.st_mode) and depth < _MAX_QUARANTINE_DEPTH:
+                subdirs.append(text)
     finally:
         _close(dir_fd)
     # Sorted listing interleaves files and directories bytewise; keep that order.
