@@ -242,3 +242,28 @@ def test_a_queue_that_cannot_take_the_job_now_leaves_the_file_to_be_tried_again(
     monkeypatch.undo()
     assert take(folder, "a.mkv").outcome == ENQUEUED
     assert len(drain_jobs(queue)) == 1
+
+
+def test_a_name_that_is_not_utf8_survives_a_crash_and_reaches_the_job_as_bytes(
+    queue: Queue, dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inbox, done = dirs
+    raw = b"caf\xe9.mkv"  # Latin-1, as an old Samba share may write it
+    with open(os.path.join(os.fsencode(inbox), raw), "wb") as f:
+        f.write(b"movie")
+    name = os.fsdecode(raw)
+    original = Folder._enqueue
+
+    def crash(self: Folder, *args: object) -> None:
+        raise Crash
+
+    monkeypatch.setattr(Folder, "_enqueue", crash)
+    with pytest.raises(Crash):
+        take(folder_for(inbox, queue, after="move", move_to=str(done)), name)
+    monkeypatch.setattr(Folder, "_enqueue", original)
+    restarted = folder_for(inbox, queue, after="move", move_to=str(done))
+    [intent] = restarted.pending_intents()
+    assert isinstance(intent, Intent) and intent.name == name
+    assert restarted.resolve(intent).outcome == ENQUEUED
+    [(_, payload, meta)] = drain_jobs(queue)
+    assert payload == os.fsencode(str(done)) + b"/" + raw and meta["inbox_file"] == raw
