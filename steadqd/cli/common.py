@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
 import errno
 import json
 import os
 import re
+import signal
 import stat
 import sys
 from collections.abc import Callable, Sequence
@@ -32,6 +34,7 @@ from typing import Any, NoReturn, TypeAlias
 
 from steadqd.backend import Backend
 from steadqd.backend import open_queue as open_backend
+from steadqd.constants import DeadReason
 from steadqd.durations import parse_duration
 from steadqd.errors import OutcomeUnknown, SteadQError
 from steadqd.text import printable
@@ -126,6 +129,101 @@ def job_object_json(o: Any) -> dict[str, Any]:
     if details is not None:
         doc["details"] = details
     return doc
+
+
+# =========================================================================== reasons
+
+
+def reason_name(code: int, registry: type[enum.IntEnum] = DeadReason) -> str:
+    """A dead or quarantine reason as an operator reads it: its registry name, or the range it is from."""
+    try:
+        return registry(code).name.lower()
+    except ValueError:
+        pass
+    if registry is DeadReason and 0x0100 <= code <= 0x7FFF:
+        return f"application_0x{code:04x}"
+    if registry is DeadReason and code >= 0x8000:
+        return f"private_0x{code:04x}"
+    return f"unknown_0x{code:04x}"
+
+
+def reason_code(text: str, registry: type[enum.IntEnum] = DeadReason) -> int:
+    """A ``--reason`` argument: a registry name (any case) or a number (``4``, ``0x0004``)."""
+    with contextlib.suppress(KeyError):
+        return int(registry[text.upper().replace("-", "_")])
+    try:
+        value = int(text, 0)
+    except ValueError:
+        names = ", ".join(r.name.lower() for r in registry)
+        raise CliError(f"invalid reason {text!r}: expected a number (4, 0x0004) or one of {names}", 1) from None
+    if not 0 <= value <= 0xFFFF:
+        raise CliError(f"invalid reason {text!r}: must be in 0..0xffff", 1)
+    return value
+
+
+# =========================================================================== signals
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived while nothing had been changed yet: the command may stop anywhere."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Interrupts:
+    """SIGINT and SIGTERM for a command that changes a queue one durable step at a time.
+
+    Why not KeyboardInterrupt: raised between a rename and the count that
+    reports it, it makes the command under-report what it did (a bulk put
+    once said 14,336 jobs when 14,592 were enqueued). Before :meth:`hold`
+    a signal raises :class:`Interrupted` (nothing is under way, and a
+    blocked read of stdin must still stop); inside, it is only noted, system
+    calls are restarted rather than failed, and the command checks
+    :attr:`signum` before each step and stops there, so every step is
+    either done and counted or not begun. A second signal changes nothing:
+    the step under way is bounded, and SIGKILL remains.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._holding = False
+        self._saved: dict[int, Any] = {}
+
+    def __enter__(self) -> Interrupts:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._saved[sig] = signal.signal(sig, self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+            signal.siginterrupt(sig, True)
+
+    def _note(self, signum: int, _frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if not self._holding:
+            raise Interrupted(signum)
+
+    def hold(self) -> None:
+        """From now on until the end of the block, note signals instead of raising them.
+
+        One way on purpose: a command that has begun changing the queue
+        must reach its report, however late the signal comes."""
+        self._holding = True
+        for sig in self._saved:
+            signal.siginterrupt(sig, False)
+
+    @property
+    def name(self) -> str:
+        return "" if self.signum is None else signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal, as a shell reports a command the signal ended."""
+        return 128 + (self.signum or signal.SIGINT)
 
 
 # =========================================================================== atomic files

@@ -22,6 +22,8 @@ from typing import IO, Any, BinaryIO
 
 from steadqd.cli.common import (
     CliError,
+    Interrupted,
+    Interrupts,
     Subcommands,
     add_command,
     duration,
@@ -106,11 +108,14 @@ def cmd_put(a: argparse.Namespace) -> int:
     metadata = dict(a.meta) if a.meta else None
     default_type = "application/json" if a.jsonl is not None else "application/octet-stream"
     opts = PutOptions(a.content_type or default_type, a.max_attempts, a.not_before, a.delay, a.producer_id, metadata)
-    if a.dir is not None:
-        return bulk_put(a, opts, _dir_source(a.dir))
-    if a.jsonl is not None:
-        return bulk_put(a, opts, _jsonl_source(a.jsonl))
-    return single_put(a, opts)
+    if a.dir is None and a.jsonl is None:
+        return single_put(a, opts)
+    with Interrupts() as stop:
+        try:
+            source = _dir_source(a.dir) if a.dir is not None else _jsonl_source(a.jsonl)
+            return bulk_put(a, opts, source, stop)
+        except Interrupted as e:  # before the first job was handed to the queue
+            raise CliError(f"put: interrupted by {stop.name}: nothing was enqueued", 128 + e.signum) from e
 
 
 def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
@@ -263,7 +268,7 @@ class Progress:
             self.stream.flush()
 
 
-def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource) -> int:
+def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource, stop: Interrupts) -> int:
     """Enqueue every item of ``source``; progress on a TTY, one summary line always.
 
     Jobs go through ``Queue.enqueue_many`` one group (ENQUEUE_MANY_GROUP jobs)
@@ -272,7 +277,13 @@ def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource) -> int
     after that. Sources are opened one at a time and each is closed once it
     is written. On a failure the summary says how many jobs are durable (a
     prefix of the input), so a script can tell what to resubmit.
+
+    SIGINT and SIGTERM are held while jobs are published (``stop``): the
+    group being gathered is cut short at the next payload, published and
+    counted, and the command then stops, so the summary and ``--print-ids``
+    are exact whenever the signal came.
     """
+    stop.hold()
     try:
         q = open_queue(a.path)
     except CliError:
@@ -291,6 +302,8 @@ def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource) -> int
         """The next group's payload streams; each is closed when the next is asked for."""
         nonlocal exhausted, failure
         for _ in range(ENQUEUE_MANY_GROUP):
+            if stop.signum is not None:
+                return
             try:
                 label, opener = next(items)
             except StopIteration:
@@ -309,7 +322,7 @@ def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource) -> int
                     sizes.append(stream.tell())
 
     try:
-        while not exhausted and failure is None:
+        while not exhausted and failure is None and stop.signum is None:
             labels: list[str] = []
             sizes: list[int] = []
             payloads = group(labels, sizes)
@@ -335,8 +348,8 @@ def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource) -> int
                 for job_id, label in zip(ids, labels, strict=False):
                     out(f"{job_id} {label}")
             progress.update(durable)
-    except KeyboardInterrupt:
-        failure = CliError("interrupted", 130)
+        if failure is None and stop.signum is not None and not exhausted:
+            failure = CliError(f"interrupted by {stop.name}: stopped after the jobs counted below", stop.exit_code)
     finally:
         progress.update(durable)
         progress.finish()
