@@ -13,10 +13,12 @@ file that is *complete*:
   reopens its file, or that is renamed in while still being written, is
   taken only once it stops changing.
 
-A file that is still open and idle longer than ``settle`` cannot be told from
-a finished one: uploaders should write under a hidden name (``.name``, as
-rsync and most NAS tools do) or a name the ``pattern`` does not match, and
-rename when done. Hidden names are never taken.
+A file some process still has open for writing is not taken either, where
+the kernel will say so (``inbox_files.open_for_writing``: the file's owner or
+root). Another user's file left open and idle longer than ``settle`` cannot be
+told from a finished one: uploaders should write under a hidden name
+(``.name``, as rsync and most NAS tools do) or a name the ``pattern`` does not
+match, and rename when done. Hidden names are never taken.
 
 Only regular files of the folder itself are taken: symbolic links, FIFOs,
 sockets, devices, directories, files with other hard links and mount points

@@ -31,6 +31,7 @@ a second job; the file itself is never deleted on that path.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import stat
@@ -96,6 +97,31 @@ class Result:
     outcome: str
     reason: str = ""
     job_id: str | None = None
+
+
+def open_for_writing(path_fd: int) -> bool | None:
+    """Whether some process has the file open for writing; None where the kernel will not say.
+
+    A read lease is granted only on a file nobody has open for writing. Taking one
+    needs the file's owner or CAP_LEASE and a local filesystem, so for an upload
+    by another user this is None and the settle time alone decides. The lease is
+    given back at once: a writer opening the file meanwhile waits for that, no longer.
+    """
+    try:
+        fd = os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        os.close(fd)
+    return False
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int]:
@@ -276,6 +302,8 @@ class Folder:
         if fd is None:
             return Result(LATER, "changed while it was being taken")
         try:
+            if open_for_writing(fd):
+                return Result(LATER, "is still open for writing")
             self._write_intent(intent)
             if dest is not None:
                 try:

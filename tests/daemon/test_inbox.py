@@ -275,3 +275,23 @@ def test_a_burst_of_ten_thousand_files_gives_ten_thousand_jobs(denv: Env, folder
     assert os.listdir(inbox / ".steadq-inbox") == []
     payloads = sorted(int(p) for _, p, _ in jobs(denv.queue_path))
     assert payloads == list(range(BURST))
+
+
+def test_a_file_still_open_for_writing_is_not_taken_however_long_it_is_idle(
+    denv: Env, folders: tuple[Path, Path]
+) -> None:
+    """The kernel tells the file's owner (or root) whether anyone has a file open for writing."""
+    if os.geteuid() != 0:
+        pytest.skip("asking the kernel about another process's open file needs root or the file's owner")
+    inbox, _ = folders
+    write_config(denv, {"path": str(inbox), "settle": QUICK_SETTLE, "payload": "content", "after": "delete"})
+    with running(denv) as d:
+        (inbox / "slow.bin").write_bytes(b"first half ")  # closed after writing: a candidate
+        with open(inbox / "slow.bin", "ab") as f:  # ... reopened at once by a stalled uploader
+            d.wait_log(r"slow.bin is still open for writing")
+            time.sleep(1.0)  # idle for more than three settle times: still not taken
+            assert ready_count(denv.queue_path) == 0
+            f.write(b"second half")
+        d.wait_log(r"slow.bin enqueued as job")
+    [(_, payload, _)] = jobs(denv.queue_path)
+    assert payload == b"first half second half"
