@@ -1,4 +1,4 @@
-"""``steadq stats``, ``watch``, ``ls`` and ``inspect``: read-only views of a queue.
+"""``steadq stats``, ``watch``, ``ls``, ``inspect`` and ``show``: read-only views of a queue.
 
 Their output formats are cli.md's (dashboards and scripts parse them), so
 the formatting of each lives here beside its command, and the backend only
@@ -8,7 +8,9 @@ hands over records.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -28,10 +30,12 @@ from steadqd.cli.common import (
     os_exit_code,
     out,
     out_json,
+    reason_name,
     state_name,
 )
-from steadqd.constants import NS_PER_SECOND, U32_MAX, State
+from steadqd.constants import NS_PER_SECOND, U32_MAX, DeadReason, QuarantineReason, State
 from steadqd.durations import format_duration
+from steadqd.text import printable
 
 # ``ls STATE`` takes these words (the states' own), ``all``, or nothing for all but receipts.
 LISTABLE_STATES = tuple(s.value for s in State)
@@ -123,7 +127,14 @@ def cmd_stats(a: argparse.Namespace) -> int:
     return 0
 
 
-def _render_watch(path: str, s: Mapping[str, Any], prev: Mapping[str, Any] | None, dt: float) -> list[str]:
+def running_line(running: Any) -> str:
+    """Jobs whose commands run now: their leases, which the reference's counts include in *ready*."""
+    return f"running: {running.objects} (leases, counted in ready above)"
+
+
+def _render_watch(
+    path: str, s: Mapping[str, Any], prev: Mapping[str, Any] | None, dt: float, running: Any = None
+) -> list[str]:
     def count(st: Mapping[str, Any], name: str) -> int:
         v = st.get(name)
         return int(v.objects) if v is not None else 0
@@ -136,6 +147,8 @@ def _render_watch(path: str, s: Mapping[str, Any], prev: Mapping[str, Any] | Non
         oldest = "-" if v.oldest_age_seconds is None else format_duration(v.oldest_age_seconds)
         lines.append(f"{name:<12}{v.objects:>10}{rate:>12}  {oldest}")
     lines.append("")
+    if running is not None:
+        lines.append(running_line(running))
     if prev is not None and dt > 0:
         done = (count(s, "receipts") - count(prev, "receipts")) / dt
         dead = (count(s, "dead") - count(prev, "dead")) / dt
@@ -162,9 +175,10 @@ def cmd_watch(a: argparse.Namespace) -> int:
             t = time.monotonic()
             try:
                 s = q.entry_stats()
+                running = q.stats()["leased"]
             except OSError as e:
                 raise CliError(f"watch: {e.filename}: {e.strerror}", os_exit_code(e)) from e
-            lines = _render_watch(a.path, s, prev, t - prev_t)
+            lines = _render_watch(a.path, s, prev, t - prev_t, running)
             if tty:
                 sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")  # the tty adds the \r
             else:
@@ -222,12 +236,15 @@ def cmd_ls(a: argparse.Namespace) -> int:
 def _print_jobs(jobs: Iterator[Any], as_json: bool) -> None:
     now_ns = time.time_ns()
     first = True
+    listed = running = 0  # a person at a terminal gets the totals (a pipe gets the table only)
     if as_json:
         sys.stdout.write("[")
     else:
         out(f"{'STATE':<8} {'JOB_ID':<32} {'ATTEMPT':>9} {'AGE':>7}  DEADLINE")
     for job in jobs:
         state = job.state
+        listed += 1
+        running += state == "leased"
         age = None if job.mtime_ns is None else max(0, (now_ns - job.mtime_ns) // NS_PER_SECOND)
         deadline = job.deadline_ns
         if as_json:
@@ -252,6 +269,8 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool) -> None:
         first = False
     if as_json:
         sys.stdout.write("]\n" if first else "\n]\n")
+    elif sys.stdout.isatty():
+        sys.stdout.write(f"{listed} jobs, {running} running (leased)\n")
     sys.stdout.flush()
 
 
@@ -282,4 +301,261 @@ def format_inspect_line(o: Any) -> str:
     return f"{state_name(o.state)} gen={o.generation} attempt={o.attempt}/{o.max_attempts} {o.path}"
 
 
-COMMANDS = {"stats": add_stats, "inspect": add_inspect, "ls": add_ls, "watch": add_watch}
+# =========================================================================== show
+
+SHOW_HEAD_BYTES = 4096  # the payload shown inline; --payload writes all of it
+_BINARY_DUMP_BYTES = 256  # a binary payload is shown as a hex dump of this much
+_JOURNAL_ENTRIES = 20
+_JOURNAL_LINE_CHARS = 400
+_JOURNAL_TIMEOUT_S = 10.0
+_TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-ndjson", "application/yaml")
+
+
+def add_show(sub: Subcommands) -> None:
+    s = add_command(sub, "show", "one job's whole story: state, attempts, ages, metadata, payload, journal",
+                    "steadq show /srv/q 0123456789abcdef0123456789abcdef")  # fmt: skip
+    s.add_argument("path", metavar="QUEUE")
+    s.add_argument("job_id", metavar="JOB_ID")
+    s.add_argument("--payload", action="store_true",
+                   help="write the whole payload to stdout, and only once it has verified (nothing else is printed)")  # fmt: skip
+    s.add_argument("--no-journal", action="store_true", help="do not look for the job's lines in the journal")
+    s.set_defaults(run=cmd_show)
+
+
+def cmd_show(a: argparse.Namespace) -> int:
+    """Why one command: an operator looking at a failed job needed inspect, dead-export, xxd and journalctl."""
+    job = job_id(a.job_id)
+    q = open_queue(a.path)
+    try:
+        if a.payload:
+            return _show_payload(q, job)
+        try:
+            story = q.job_story(job, SHOW_HEAD_BYTES)
+        except Exception as e:  # noqa: BLE001
+            raise CliError(f"show: {error_text(e)}", error_code(e)) from e
+    finally:
+        q.close()
+    if story is None:
+        raise CliError(f"show: no object of job {job} in {a.path} (not in any state, nor in quarantine)", 1)
+    journal = None if a.no_journal else journal_entries(job)
+    if a.json:
+        out_json(story_json(story, journal))
+    else:
+        out(*story_lines(story, journal))
+    return 0
+
+
+def _show_payload(q: Any, job: str) -> int:
+    try:
+        q.copy_job_payload(job, sys.stdout.buffer)
+    except Exception as e:  # noqa: BLE001
+        raise CliError(f"show --payload: {error_text(e)} (nothing was written)", error_code(e)) from e
+    sys.stdout.buffer.flush()
+    return 0
+
+
+def _reason_of(story: Any) -> str | None:
+    """The dead or quarantine reason by name (None when the job has none)."""
+    if story.reason is None:
+        return None
+    return reason_name(story.reason, QuarantineReason if story.state == "quarantine" else DeadReason)
+
+
+def _stamp(ns: int | None, now_ns: int) -> str:
+    if ns is None:
+        return "-"
+    return _fmt_deadline(ns, now_ns)
+
+
+def _is_text(content_type: str | None, head: bytes) -> bool:
+    if content_type is not None and content_type.lower().startswith(_TEXT_TYPES):
+        return True
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start >= len(head) - 3  # a character cut at the end of the head is still text
+    return b"\x00" not in head
+
+
+def _text_of(head: bytes) -> str:
+    return head.decode("utf-8", "replace")
+
+
+def _hex_dump(data: bytes) -> list[str]:
+    lines = []
+    for off in range(0, len(data), 16):
+        row = data[off : off + 16]
+        hexes = " ".join(f"{b:02x}" for b in row)
+        chars = "".join(chr(b) if 0x20 <= b < 0x7F else "." for b in row)
+        lines.append(f"  {off:08x}  {hexes:<47}  {chars}")
+    return lines
+
+
+def story_lines(story: Any, journal: Mapping[str, Any] | None) -> list[str]:
+    """The plain rendering of ``show`` (every line escaped by ``out``)."""
+    now = time.time_ns()
+    f = story.file
+    cur = story.current
+    state = story.state + (f": {_reason_of(story)} (0x{story.reason:04x})" if story.reason is not None else "")
+    lines = [f"job {story.job_id}: {state}", f"  path:          {story.path}"]
+    if story.quarantine_id is not None:
+        lines.append(f"  quarantine id: {story.quarantine_id}")
+    if cur is not None:
+        lines.append(f"  generation:    {cur.generation}")
+        lines.append(f"  attempts:      {cur.attempt} used of {cur.max_attempts}")
+        details = cur.details or {}
+        if "wall_deadline_ns" in details:
+            lines.append(f"  lease until:   {_stamp(details['wall_deadline_ns'], now)}")
+        if "not_before_ns" in details:
+            lines.append(f"  not before:    {_stamp(details['not_before_ns'], now)}")
+    if f is None:
+        lines.append("  payload:       gone (the job was acknowledged; its receipt is what is left)")
+    else:
+        lines.append(f"  created:       {_stamp(f.created_at_ns, now)}")
+        lines.append(f"  state since:   {_stamp(f.changed_ns, now)}")
+        lines.append(f"  content type:  {f.content_type or '-'}")
+        lines.append(f"  producer:      {f.producer_id or '-'}")
+        meta = f.metadata or {}
+        lines.append("  metadata:      " + (", ".join(f"{k}={_meta_text(v)}" for k, v in sorted(meta.items())) or "-"))
+        if f.problem is not None:
+            lines.append(f"  problem:       {f.problem}")
+        if f.payload_length is not None:
+            verdict = "verified" if f.payload_verified else "NOT verified"
+            lines.append(f"  payload:       {f.payload_length} bytes, {verdict}")
+            lines.extend(_payload_lines(f))
+    others = [o for o in story.objects if o is not cur]
+    for o in others:
+        lines.append(f"  also:          {o.state} gen={o.generation} attempt={o.attempt}/{o.max_attempts} {o.path}")
+    lines.extend(_journal_lines(story.job_id, journal))
+    return lines
+
+
+def _meta_text(v: object) -> str:
+    return v.hex() if isinstance(v, bytes) else str(v)
+
+
+def _payload_lines(f: Any) -> list[str]:
+    head, total = f.payload_head, f.payload_length
+    if not total:
+        return []
+    if _is_text(f.content_type, head):
+        more = f" (first {len(head)} of {total} bytes; --payload writes all)" if len(head) < total else ""
+        return [f"payload (text){more}:", *("  " + line for line in _text_of(head).splitlines())]
+    shown = head[:_BINARY_DUMP_BYTES]
+    more = f" (first {len(shown)} of {total} bytes; --payload writes all)" if len(shown) < total else ""
+    return [f"payload (binary){more}:", *_hex_dump(shown)]
+
+
+def _journal_lines(job: str, journal: Mapping[str, Any] | None) -> list[str]:
+    if journal is None:
+        return []
+    if journal.get("error"):
+        return [f"journal: {journal['error']}"]
+    entries = journal["entries"]
+    if not entries:
+        return [
+            f"journal: no entries with STEADQ_JOB_ID={job}" + (f" ({journal['note']})" if journal.get("note") else "")
+        ]
+    lines = [f"journal (last {len(entries)} entries with STEADQ_JOB_ID={job}):"]
+    for e in entries:
+        stream = f" [{e['stream']}]" if e["stream"] else ""
+        lines.append(f"  {e['time']} {e['unit'] or e['identifier']}{stream}: {e['message']}")
+    if journal.get("note"):
+        lines.append(f"  ({journal['note']})")
+    return lines
+
+
+def story_json(story: Any, journal: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``show --json``: every fact of the plain output, and the payload head as text or base64."""
+    f = story.file
+    cur = story.current
+    doc: dict[str, Any] = {
+        "job_id": story.job_id,
+        "state": story.state,
+        "path": story.path,
+        "reason": story.reason,
+        "reason_name": _reason_of(story),
+        "quarantine_id": story.quarantine_id,
+        "generation": None if cur is None else cur.generation,
+        "attempt": None if cur is None else cur.attempt,
+        "max_attempts": None if cur is None else cur.max_attempts,
+        "details": None if cur is None else cur.details,
+        "objects": [job_object_json(o) for o in story.objects],
+    }
+    if f is not None:
+        head = f.payload_head
+        text = _is_text(f.content_type, head)
+        doc.update(
+            created_at_ns=f.created_at_ns,
+            in_state_since_ns=f.changed_ns,
+            content_type=f.content_type,
+            producer_id=f.producer_id,
+            metadata={k: _meta_text(v) for k, v in (f.metadata or {}).items()},
+            initial_not_before_ns=f.initial_not_before_ns,
+            payload_length=f.payload_length,
+            payload_verified=f.payload_verified,
+            problem=f.problem,
+            payload_head_text=_text_of(head) if text else None,
+            payload_head_base64=None if text else base64.b64encode(head).decode("ascii"),
+            payload_head_bytes=len(head),
+        )
+    doc["journal"] = journal
+    return doc
+
+
+# -- the journal: the job's runs, exits and stderr, as the worker logged them
+
+
+def journal_entries(job: str) -> dict[str, Any]:
+    """The job's last journal entries (``STEADQ_JOB_ID=``), each field escaped and bounded.
+
+    ``error`` says plainly why there is nothing to show when the journal
+    cannot be read here; ``note`` that entries may be hidden from this user.
+    """
+    cmd = ["journalctl", "--no-pager", "-o", "json", "-n", str(_JOURNAL_ENTRIES), f"STEADQ_JOB_ID={job}"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, timeout=_JOURNAL_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        return {"error": "not readable here: journalctl is not installed", "entries": []}
+    except subprocess.TimeoutExpired:
+        return {"error": f"not readable: journalctl did not answer in {_JOURNAL_TIMEOUT_S:.0f}s", "entries": []}
+    stderr = p.stderr.decode("utf-8", "replace").strip()
+    if p.returncode != 0:
+        why = printable(stderr.splitlines()[0]) if stderr else f"journalctl exited {p.returncode}"
+        return {"error": f"not readable: {why[:_JOURNAL_LINE_CHARS]}", "entries": []}
+    entries = []
+    for raw in p.stdout.splitlines():
+        try:
+            e = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(e, dict):
+            entries.append(_journal_entry(e))
+    note = None
+    if "not seeing messages" in stderr or "No journal files" in stderr:
+        note = "some entries may be hidden from this user: run as root or as a member of systemd-journal or adm"
+    return {"error": None, "note": note, "entries": entries}
+
+
+def _journal_field(e: Mapping[str, Any], key: str) -> str:
+    v = e.get(key)
+    if isinstance(v, list) and all(isinstance(b, int) for b in v):  # journald's form of a non-UTF-8 value
+        v = bytes(b & 0xFF for b in v).decode("utf-8", "backslashreplace")
+    text = "" if v is None else printable(str(v))
+    return text if len(text) <= _JOURNAL_LINE_CHARS else text[:_JOURNAL_LINE_CHARS] + "..."
+
+
+def _journal_entry(e: Mapping[str, Any]) -> dict[str, Any]:
+    usec = _journal_field(e, "__REALTIME_TIMESTAMP")
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(usec) / 1e6)) if usec.isdigit() else "-"
+    return {
+        "time": when,
+        "unit": _journal_field(e, "_SYSTEMD_UNIT"),
+        "identifier": _journal_field(e, "SYSLOG_IDENTIFIER"),
+        "priority": _journal_field(e, "PRIORITY"),
+        "stream": _journal_field(e, "STEADQ_STREAM"),
+        "message": _journal_field(e, "MESSAGE"),
+    }
+
+
+COMMANDS = {"stats": add_stats, "inspect": add_inspect, "ls": add_ls, "watch": add_watch, "show": add_show}
