@@ -147,6 +147,8 @@ class QueueSettings:
     # not vouch for, at the operator's risk. Off unless the file says so.
     allow_unsupported_fs: bool = False
     inbox: InboxConfig | None = None
+    # A node-exporter textfile each daemon writes its counters to (steadqd.daemon.metrics).
+    metrics_textfile: str | None = None
 
 
 # --- YAML with positions ---------------------------------------------------------
@@ -507,7 +509,7 @@ def parse_config(text: str, *, path: str, name: str) -> QueueSettings:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
         raise ConfigError(f"file is larger than {MAX_CONFIG_BYTES} bytes", path=path)
     root = _Doc(path, _compose(text, path), "")
-    m = root.mapping({"queue", "allow_unsupported_fs", *_SECTIONS})
+    m = root.mapping({"queue", "allow_unsupported_fs", "metrics_textfile", *_SECTIONS})
     if "queue" not in m:
         raise root.error("missing required key `queue` (the queue directory)")
     sections = {k: fn(m[k]) for k, fn in _SECTIONS.items() if k in m}
@@ -525,7 +527,18 @@ def parse_config(text: str, *, path: str, name: str) -> QueueSettings:
         promoter=sections.get("promoter", PromoterConfig()),
         allow_unsupported_fs=m["allow_unsupported_fs"].boolean() if "allow_unsupported_fs" in m else False,
         inbox=inbox,
+        metrics_textfile=_metrics_textfile(m["metrics_textfile"]) if "metrics_textfile" in m else None,
     )
+
+
+def _metrics_textfile(d: _Doc) -> str:
+    p = d.string()
+    if not os.path.isabs(p) or not p.endswith(".prom") or p.endswith("/.prom"):
+        raise d.error(
+            f"must be an absolute path ending in .prom (node-exporter reads only *.prom), got {p!r}; "
+            "e.g. /var/lib/steadq/metrics/<queue>.prom"
+        )
+    return os.path.normpath(p)
 
 
 def config_dir(override: str | None = None) -> str:

@@ -34,6 +34,7 @@ import time
 
 from steadqd.backend import DelayedWatch
 from steadqd.constants import DELAYED_DIR, NS_PER_SECOND
+from steadqd.daemon import metrics
 from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop, PassRole, open_queue
@@ -62,6 +63,7 @@ class PromoterRole(PassRole):
     def start(self, loop: Loop) -> None:
         self.loop = loop
         self._open(self.settings)
+        metrics.attach(loop, self.settings, self.log, self.name)
         self.log.info(
             f"promoting delayed jobs (re-check at least every {self.settings.promoter.max_sleep:g}s)",
             path=self.settings.queue,
@@ -232,6 +234,7 @@ class PromoterRole(PassRole):
             self._rescan_and_arm_after(moved=False, errors=True)
             return
         self.promoted += report.delayed_promoted
+        metrics.recovered(report)
         if report.delayed_promoted or report.quarantined:
             self.log.notice(
                 f"promoted {report.delayed_promoted} delayed jobs"

@@ -21,6 +21,7 @@ cannot flood the journal every 30 seconds.
 from __future__ import annotations
 
 from steadqd.backend import Backend, RecoveryReport
+from steadqd.daemon import metrics
 from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop, PassRole, open_queue
@@ -104,6 +105,7 @@ class SweeperRole(PassRole):
             f"dead letters {dead})",
             path=self.settings.queue,
         )
+        metrics.attach(loop, self.settings, self.log, self.name)
         self._schedule(0.0, soon=True)
 
     def status(self) -> str:
@@ -185,6 +187,7 @@ class SweeperRole(PassRole):
         self.passes += 1
         self._last_pass_end = Loop.now()
         self.last_report = report
+        metrics.recovered(report)
         if report.changed:
             fields = {field: getattr(report, attr) for attr, field, _ in _COUNTS}
             self.log.notice(

@@ -57,7 +57,7 @@ from collections.abc import Callable
 
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
 from steadqd.backoff import RetryPolicy
-from steadqd.daemon import payload_dirs, preflight
+from steadqd.daemon import metrics, payload_dirs, preflight
 from steadqd.daemon.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, spawn
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.journal import INFO, WARNING, Log, short_id
@@ -188,6 +188,7 @@ class WorkerRole:
         self._rescan_timer = loop.call_later(SAFETY_RESCAN, self._guarded(self._safety_rescan))
         if problems:  # only transient ones left (a full TMPDIR): up, but leasing nothing yet
             self._hold(problems[0].text)
+        metrics.attach(loop, self.settings, self.log, self.name)
         self._schedule_fill(0.0)  # the first scan runs once the service loop is up (after READY=1)
 
     @property
@@ -466,6 +467,7 @@ class WorkerRole:
         """
         sid = short_id(lease.job_id)
         self.log.error(f"job {sid} not started: {why}", job_id=lease.job_id, attempt=lease.attempt)
+        metrics.job_failed_to_start()
         self._hand_back_unstarted(lease)
         self._hold(why)
 
@@ -595,6 +597,9 @@ class WorkerRole:
             f"job finished: {outcome}{timed_out}",
             **job.fields,
             **job.run_fields,
+        )
+        metrics.job_finished(
+            str(outcome), job.run_fields.get("duration_ms"), dead=bool(follow and "reason" in follow[2])
         )
         self._log_follow_up(job.lease, follow)
 

@@ -1,0 +1,246 @@
+"""The daemons' counters as a Prometheus node-exporter textfile (``metrics_textfile:``).
+
+Why a textfile and not an HTTP endpoint: the sweeper and promoter units have
+no network at all (``PrivateNetwork=yes``, docs/security-units.md), and a
+listening socket per queue and role would be one more thing to secure. node-exporter's
+textfile collector already runs on the machines that are scraped; it reads
+every ``*.prom`` file of its directory at each scrape. The file is written to
+a temporary name beside it and renamed over it, so a scrape never reads half
+a file.
+
+The three roles of a queue are three processes reading one YAML file, so each
+process writes its own file: the configured path with the process's role
+inserted before ``.prom`` (``steadq-q.prom`` becomes ``steadq-q.worker.prom``,
+``...sweeper.prom``, ``...promoter.prom``, ``...run.prom`` under ``steadqd
+run``). Every sample carries ``queue`` and ``role`` labels, so the files
+never repeat a series, which node-exporter refuses. The counters start at
+zero with the process, as Prometheus counters may (``rate()`` handles resets).
+
+``steadq stats --prometheus`` is a different thing and stays as the reference
+prints it: queue depths read from the tree, for a cron job or a scrape script.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import threading
+from collections.abc import Iterable
+
+from steadqd.backend import RecoveryReport
+from steadqd.daemon.config import QueueSettings
+from steadqd.daemon.journal import Log
+from steadqd.daemon.service import Loop
+
+__all__ = [
+    "DURATION_BUCKETS",
+    "JOB_STATES",
+    "Metrics",
+    "attach",
+    "job_failed_to_start",
+    "job_finished",
+    "recovered",
+    "textfile_for",
+]
+
+WRITE_INTERVAL = 5.0  # seconds between rewrites while something changed
+# Job run times span a thumbnail (well under a second) to a transcode (an hour).
+DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
+JOB_STATES = ("acked", "retried", "buried", "failed_to_start")
+
+_HELP = {
+    "steadqd_jobs_total": (
+        "counter",
+        "Jobs whose run ended, by what became of them (acked, retried, buried, or failed_to_start: "
+        "the worker could not start the command and handed the job back).",
+    ),
+    "steadqd_job_duration_seconds": ("histogram", "How long job commands ran, from start to exit."),
+    "steadqd_promotions_total": ("counter", "Delayed jobs made ready by recovery once their not_before passed."),
+    "steadqd_reaps_total": ("counter", "Expired leases recovery took back (to ready, or dead when out of attempts)."),
+}
+_SETTLED = {"ack": "acked", "retry": "retried", "bury": "buried"}  # verdict word -> state label
+# Which families each role feeds: a file carries only the families of the roles in its process.
+_ROLE_FAMILIES = {
+    "worker": ("steadqd_jobs_total", "steadqd_job_duration_seconds"),
+    "sweeper": ("steadqd_promotions_total", "steadqd_reaps_total"),
+    "promoter": ("steadqd_promotions_total",),
+}
+
+
+def textfile_for(configured: str, role: str) -> str:
+    """The file this process writes: ``role`` inserted before the ``.prom`` the config requires."""
+    return f"{configured.removesuffix('.prom')}.{role}.prom"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+class Metrics:
+    """One process's counters for one queue; safe to update from any thread."""
+
+    def __init__(self, queue: str, role: str) -> None:
+        self.queue = queue
+        self.role = role
+        self.families: set[str] = set()
+        self._lock = threading.Lock()
+        self._jobs = dict.fromkeys(JOB_STATES, 0)
+        self._buckets = [0] * (len(DURATION_BUCKETS) + 1)  # the last one is +Inf
+        self._duration_sum = 0.0
+        self._promotions = 0
+        self._reaps = 0
+        self.changes = 0  # bumped by every update: the writer skips a file that would not change
+
+    def feed(self, roles: Iterable[str]) -> None:
+        with self._lock:
+            for role in roles:
+                self.families.update(_ROLE_FAMILIES.get(role, ()))
+            self.changes += 1
+
+    def job_finished(self, state: str, seconds: float | None) -> None:
+        """A run ended and ``state`` (acked, retried, buried) took effect; ``seconds`` it ran."""
+        with self._lock:
+            self._jobs[state] += 1
+            if seconds is not None:
+                self._duration_sum += seconds
+                for i, bound in enumerate((*DURATION_BUCKETS, math.inf)):
+                    if seconds <= bound:
+                        self._buckets[i] += 1
+                        break
+            self.changes += 1
+
+    def job_failed_to_start(self) -> None:
+        with self._lock:
+            self._jobs["failed_to_start"] += 1
+            self.changes += 1
+
+    def recovered(self, promoted: int, reaped: int) -> None:
+        if promoted or reaped:
+            with self._lock:
+                self._promotions += promoted
+                self._reaps += reaped
+                self.changes += 1
+
+    def render(self) -> str:
+        """The Prometheus text exposition format (version 0.0.4) of the families this process feeds."""
+        base = f'queue="{_label(self.queue)}",role="{_label(self.role)}"'
+        with self._lock:
+            samples: dict[str, list[str]] = {
+                "steadqd_jobs_total": [f'steadqd_jobs_total{{{base},state="{s}"}} {self._jobs[s]}' for s in JOB_STATES],
+                "steadqd_job_duration_seconds": self._histogram(base),
+                "steadqd_promotions_total": [f"steadqd_promotions_total{{{base}}} {self._promotions}"],
+                "steadqd_reaps_total": [f"steadqd_reaps_total{{{base}}} {self._reaps}"],
+            }
+            families = [f for f in _HELP if f in self.families]
+        lines: list[str] = []
+        for family in families:
+            kind, text = _HELP[family]
+            lines += [f"# HELP {family} {text}", f"# TYPE {family} {kind}", *samples[family]]
+        return "\n".join(lines) + "\n"
+
+    def _histogram(self, base: str) -> list[str]:
+        name = "steadqd_job_duration_seconds"
+        out, total = [], 0
+        for bound, n in zip((*DURATION_BUCKETS, math.inf), self._buckets, strict=True):
+            total += n
+            out.append(f'{name}_bucket{{{base},le="{_number(bound)}"}} {total}')
+        out.append(f"{name}_sum{{{base}}} {_number(self._duration_sum)}")
+        out.append(f"{name}_count{{{base}}} {total}")
+        return out
+
+
+def write_textfile(path: str, text: str) -> None:
+    """Replace ``path`` atomically: node-exporter reads only ``*.prom``, so the temporary name is not read."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class _Writer:
+    """Rewrites this process's file every WRITE_INTERVAL while something changed, and once at exit."""
+
+    def __init__(self, metrics: Metrics, path: str, log: Log, loop: Loop) -> None:
+        self.metrics, self.path, self.log, self.loop = metrics, path, log, loop
+        self._written = -1
+        self._failing = False
+
+    def write(self) -> None:
+        changes = self.metrics.changes
+        if changes == self._written:
+            return
+        try:
+            write_textfile(self.path, self.metrics.render())
+        except OSError as e:
+            if not self._failing:  # once per outage, not every interval
+                self._failing = True
+                self.log.warning(
+                    f"cannot write the metrics file {self.path}: {e.strerror or e}; "
+                    "check that its directory exists and is writable by the service user (metrics_textfile:)",
+                    path=self.path,
+                )
+            return
+        if self._failing:
+            self._failing = False
+            self.log.info(f"metrics file {self.path} written again", path=self.path)
+        self._written = changes
+
+    def tick(self) -> None:
+        self.write()
+        self.loop.call_later(WRITE_INTERVAL, self.tick)
+
+
+_process: Metrics | None = None
+_lock = threading.Lock()
+
+
+def attach(loop: Loop, settings: QueueSettings, log: Log, role: str) -> None:
+    """A role of this process starts: count for it, and write the file if the config names one.
+
+    The first role to start sets the file up; the path is read then (a reload
+    that changes ``metrics_textfile`` takes effect at the next start)."""
+    global _process
+    with _lock:
+        first = _process is None
+        if _process is None:
+            _process = Metrics(settings.name, log.role)
+        metrics = _process
+    metrics.feed((role,))
+    if first and settings.metrics_textfile is not None:
+        writer = _Writer(metrics, textfile_for(settings.metrics_textfile, log.role), log, loop)
+        loop.call_later(0.0, writer.tick)
+        atexit.register(writer.write)
+
+
+def job_finished(verdict: str, duration_ms: object, *, dead: bool) -> None:
+    """A run's verdict (``ack``, ``retry``, ``bury``) took effect after ``duration_ms`` of running;
+    ``dead``: the job went to dead/ (a retry with no attempts left counts as buried). An abandoned
+    run (its lease was lost) settled nothing and is not counted."""
+    state = _SETTLED.get(verdict)
+    if _process is not None and state is not None:
+        seconds = duration_ms / 1000 if isinstance(duration_ms, int | float) else None
+        _process.job_finished("buried" if dead else state, seconds)
+
+
+def job_failed_to_start() -> None:
+    if _process is not None:
+        _process.job_failed_to_start()
+
+
+def recovered(report: RecoveryReport) -> None:
+    if _process is not None:
+        _process.recovered(report.delayed_promoted, report.leases_reaped + report.leases_to_dead)

@@ -1,0 +1,149 @@
+"""The node-exporter textfile (issue 16, point 7), written by a real ``steadqd run``.
+
+The file must be valid Prometheus text exposition format line by line (a
+node-exporter that meets one bad line drops the whole file), replaced
+atomically, and count what happened: jobs acked, retried, buried, failed to
+start; promotions; reaps; the run-time histogram.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from steadqd import Queue
+from steadqd.daemon.metrics import DURATION_BUCKETS, Metrics, textfile_for
+from tests.daemon.conftest import STEADQD, Daemon, Env, job_spec, wait_for
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*"'
+_VALUE = r"(?:[+-]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|Inf)|NaN)"
+_SAMPLE = re.compile(rf"({_NAME})(?:\{{({_LABEL}(?:,{_LABEL})*)?\}})? ({_VALUE})(?: -?[0-9]+)?")
+_HELP = re.compile(rf"# HELP ({_NAME}) .*")
+_TYPE = re.compile(rf"# TYPE ({_NAME}) (counter|gauge|histogram|summary|untyped)")
+
+
+def parse_exposition(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of ``text``; AssertionError naming the first line that is not valid text format."""
+    assert text.endswith("\n"), "the last line must end with a newline"
+    types: dict[str, str] = {}
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if m := _HELP.fullmatch(line):
+            continue
+        if m := _TYPE.fullmatch(line):
+            assert m.group(1) not in types, f"line {number}: second TYPE for {m.group(1)}"
+            types[m.group(1)] = m.group(2)
+            continue
+        m = _SAMPLE.fullmatch(line)
+        assert m is not None, f"line {number} is not a valid sample: {line!r}"
+        name, labels, value = m.group(1), m.group(2) or "", m.group(3)
+        family = re.sub(r"_(bucket|sum|count)$", "", name) if name not in types else name
+        assert family in types, f"line {number}: sample of {name} before its TYPE line"
+        pairs = frozenset(tuple(p.split("=", 1)) for p in re.findall(_LABEL, labels))
+        key = (name, frozenset((k, v.strip('"')) for k, v in pairs))
+        assert key not in samples, f"line {number}: series repeated"
+        samples[key] = math.inf if value == "+Inf" else float(value)
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    want = frozenset(labels.items())
+    found = [v for (n, ls), v in samples.items() if n == name and want <= ls]
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
+
+
+def test_metrics_render_is_valid_exposition_format() -> None:
+    m = Metrics('odd"name\\', "run")
+    m.feed(("worker", "sweeper", "promoter"))
+    for seconds in (0.05, 0.7, 7200.0):
+        m.job_finished("acked", seconds)
+    m.job_finished("buried", None)
+    m.job_failed_to_start()
+    m.recovered(promoted=4, reaped=2)
+    samples = parse_exposition(m.render())
+    base = {"queue": 'odd\\"name\\\\', "role": "run"}
+    assert value(samples, "steadqd_jobs_total", state="acked", **base) == 3
+    assert value(samples, "steadqd_jobs_total", state="buried", **base) == 1
+    assert value(samples, "steadqd_jobs_total", state="retried", **base) == 0
+    assert value(samples, "steadqd_jobs_total", state="failed_to_start", **base) == 1
+    assert value(samples, "steadqd_promotions_total", **base) == 4
+    assert value(samples, "steadqd_reaps_total", **base) == 2
+    buckets = [value(samples, "steadqd_job_duration_seconds_bucket", le=f"{b:g}", **base) for b in DURATION_BUCKETS]
+    assert buckets == sorted(buckets) and buckets[0] == 1 and buckets[-1] == 2  # 7200 s is above the last bound
+    assert value(samples, "steadqd_job_duration_seconds_bucket", le="+Inf", **base) == 3
+    assert value(samples, "steadqd_job_duration_seconds_count", **base) == 3
+    assert value(samples, "steadqd_job_duration_seconds_sum", **base) == pytest.approx(7200.75)
+
+
+def test_a_promoter_file_has_only_the_promoter_families() -> None:
+    m = Metrics("q", "promoter")
+    m.feed(("promoter",))
+    names = {name for name, _ in parse_exposition(m.render())}
+    assert names == {"steadqd_promotions_total"}
+
+
+def test_steadqd_run_writes_the_textfile(tmp_path: Path, make_queue, queue_path: str) -> None:
+    make_queue(delayed_width_ns=10**9).close()
+    env = Env(tmp_path, queue_path)
+    prom_dir = tmp_path / "textfiles"
+    prom_dir.mkdir()
+    configured = str(prom_dir / "steadq-testq.prom")
+    doc = {
+        "queue": queue_path,
+        "metrics_textfile": configured,
+        "worker": {
+            "command": env.command(),
+            "lease": "10s",
+            "exit_status": {"retry": [75], "bury": [100]},
+            "retry": {"backoff_base": "1s", "backoff_max": "1s", "jitter": False},
+        },
+    }
+    (env.config_dir / "testq.yaml").write_text(yaml.safe_dump(doc))
+    d = Daemon(env, "run")
+    try:
+        d.ready()
+        with Queue.open(queue_path) as q:
+            ok = q.enqueue(job_spec(exit=0))
+            flaky = q.enqueue(job_spec(exit={"1": 75, "default": 0}))
+            rejected = q.enqueue(job_spec(exit=100))
+            later = q.enqueue(job_spec(exit=0), delay=0.5)
+        for job, attempt in ((ok, 1), (flaky, 2), (rejected, 1), (later, 1)):
+            env.result(job, attempt)
+        path = Path(textfile_for(configured, "run"))
+
+        def counted() -> dict | None:
+            if not path.exists():
+                return None
+            samples = parse_exposition(path.read_text())
+            acked = value(samples, "steadqd_jobs_total", queue="testq", role="run", state="acked")
+            return samples if acked == 3 else None
+
+        samples = wait_for(counted, 30, f"{path} to count 3 acked jobs")
+    finally:
+        d.stop()
+    labels = {"queue": "testq", "role": "run"}
+    assert value(samples, "steadqd_jobs_total", state="retried", **labels) == 1
+    assert value(samples, "steadqd_jobs_total", state="buried", **labels) == 1
+    assert value(samples, "steadqd_jobs_total", state="failed_to_start", **labels) == 0
+    assert value(samples, "steadqd_promotions_total", **labels) == 2  # the delayed job and the retry
+    assert value(samples, "steadqd_reaps_total", **labels) == 0
+    assert value(samples, "steadqd_job_duration_seconds_count", **labels) == 5
+    # Atomic replacement leaves nothing else behind, and the file is readable by node-exporter.
+    assert sorted(p.name for p in prom_dir.iterdir()) == ["steadq-testq.run.prom"]
+    assert path.stat().st_mode & stat.S_IROTH
+
+
+@pytest.mark.parametrize("bad", ["relative/q.prom", "/var/lib/steadq/metrics/q.txt", "/var/lib/steadq/metrics/"])
+def test_check_config_refuses_a_textfile_node_exporter_would_not_read(tmp_path: Path, bad: str) -> None:
+    (tmp_path / "q.yaml").write_text(f"queue: /var/lib/steadq/q\nmetrics_textfile: {bad}\n")
+    r = subprocess.run([STEADQD, "--config-dir", str(tmp_path), "check-config"], capture_output=True, text=True)
+    assert r.returncode == 78, (r.stdout, r.stderr)
+    assert "metrics_textfile" in r.stderr and ".prom" in r.stderr and "q.yaml:2" in r.stderr, r.stderr
