@@ -101,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {','.join(SECTIONS)}")
     r.add_argument("--peers", default=",".join(PEERS), help=f"comma list of {','.join(PEERS)}")
     r.add_argument("--install-peers", action="store_true", help="pip/apt-install the peers first")
+    r.add_argument(
+        "--reference",
+        metavar="PATH",
+        help="the reference implementation's steadq binary: section bench runs its bench beside steadqd's",
+    )
     rep = sub.add_parser("report", help="re-render results.md and plots from a results.json")
     rep.add_argument("results")
     rep.add_argument("--out")
@@ -124,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     bad += [p for p in peers if p not in PEERS]
     if bad:
         ap.error(f"unknown section/peer: {', '.join(bad)}")
+    if a.reference is not None and not (os.path.isfile(a.reference) and os.access(a.reference, os.X_OK)):
+        ap.error(f"--reference {a.reference}: not an executable file (give the reference's built steadq binary)")
     if a.install_peers:
         install_peers()
     out = a.out or os.path.join(REPO, "benchmarks", "results", profile.name)
@@ -156,7 +163,14 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 setup = loop.to_json()
             runner = Runner(
-                profile, measured, full_scale=a.full_scale, sections=sections, peers=peers, fs=a.fs, loop_setup=setup
+                profile,
+                measured,
+                full_scale=a.full_scale,
+                sections=sections,
+                peers=peers,
+                fs=a.fs,
+                loop_setup=setup,
+                reference=a.reference,
             )
             results = runner.run()
     except loopdisk.LoopDiskError as e:

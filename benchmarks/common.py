@@ -51,6 +51,8 @@ class Profile:
     redis: bool = True
     c_floor: bool = True
     mp_configs: tuple[tuple[int, int], ...] = ((1, 1), (4, 4))
+    bench_cli_rounds: int = 5  # `steadq bench` vs the reference's (bench_cli.py): rounds per P+C
+    bench_cli_seconds: int = 10  # --duration-seconds of each; whole seconds, as the reference takes them
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -84,6 +86,8 @@ PROFILES: dict[str, Profile] = {
         headline_rounds=2,
         headline_chunk=5,
         mp_configs=((1, 1),),
+        bench_cli_rounds=1,
+        bench_cli_seconds=1,
     ),
     "quick": Profile(
         name="quick",
@@ -102,6 +106,8 @@ PROFILES: dict[str, Profile] = {
         scale_leases=200,
         headline_rounds=5,
         headline_chunk=60,
+        bench_cli_rounds=2,
+        bench_cli_seconds=3,
         peer_jobs=300,
         peer_mp_jobs=600,
         rq_jobs=60,

@@ -11,6 +11,7 @@ import math
 import os
 from typing import Any
 
+from . import bench_cli
 from .common import PAYLOAD_SIZES
 
 SIZE_LABEL = {100: "100 B", 4096: "4 KiB", 1 << 20: "1 MiB"}
@@ -398,6 +399,12 @@ def markdown(r: dict[str, Any], plots: list[str], plot_note: str = "") -> str:
         elif isinstance(p, dict):
             L.append(f"| {peer} | " + " | ".join("–" for _ in configs) + f" | | {_why(p)} |")
     L.append("")
+
+    bench = r.get("bench")
+    if isinstance(bench, dict) and "configs" in bench:
+        L.extend(bench_cli.markdown(bench))
+    elif bench:
+        L.append(f"`steadq bench`: {_why(bench)}\n")
 
     L.append("## Payload size sweep (one process, full lifecycle, jobs/s)\n")
     L.append("| system | " + " | ".join(SIZE_LABEL[s] for s in PAYLOAD_SIZES) + " |")

@@ -17,17 +17,17 @@ from collections.abc import Callable
 from typing import Any
 
 from . import backends as bk
-from . import daemons, drivers, floor, steadq_extra
+from . import bench_cli, daemons, drivers, floor, steadq_extra
 from .common import PAYLOAD_SIZES, Profile, check_stop, log, machine_info, payload_of, scratch, skipped
 
-SECTIONS = ("headline", "floor", "steadqd", "peers", "daemons", "scaling", "profile")
+SECTIONS = ("headline", "floor", "steadqd", "bench", "peers", "daemons", "scaling", "profile")
 PEERS = ("persist-queue", "litequeue", "huey", "redis", "rq")
 
 
 class Runner:
     def __init__(self, profile: Profile, base: str, *, full_scale: bool = False, sections: tuple[str, ...] = SECTIONS,
                  peers: tuple[str, ...] = PEERS, fs: str = "host", loop_setup: dict[str, Any] | None = None,
-                 ) -> None:  # fmt: skip
+                 reference: str | None = None) -> None:  # fmt: skip
         """``base`` is the scratch directory every section and every peer's data lives under;
         ``fs``/``loop_setup`` say how it was made (``--fs``) and end up in the results."""
         self.p = profile
@@ -37,6 +37,7 @@ class Runner:
         self.full_scale = full_scale
         self.sections = sections
         self.peers = peers
+        self.reference = reference  # the reference implementation's steadq binary, for section_bench
         self.results: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
 
@@ -342,6 +343,9 @@ class Runner:
                 self.guarded(f"scaling.{n}", lambda n=n: steadq_extra.scaling_point(self.base, n, self.p.scale_leases))
             )
         return out
+
+    def section_bench(self) -> dict[str, Any]:
+        return bench_cli.compare(self.base, self.p, self.reference)
 
     def section_profile(self) -> dict[str, Any]:
         with scratch(self.base, "profile") as d:

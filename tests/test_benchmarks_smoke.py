@@ -137,6 +137,18 @@ def test_multiprocess_loses_and_duplicates_nothing(smoke_run: tuple[dict[str, An
     assert mp["acked"] == mp["produced"]
 
 
+def test_bench_command_runs_as_processes(smoke_run: tuple[dict[str, Any], Path]) -> None:
+    """Section bench ran ``steadq bench`` (its process mode) at every P+C; without --reference, steadqd only."""
+    results, out = smoke_run
+    b = results["bench"]
+    assert _errors(b) == [] and b["reference"] is None
+    for prod, cons in results["meta"]["profile"]["mp_configs"]:
+        (run,) = b["configs"][f"{prod}+{cons}"]["runs"]["steadqd"]
+        assert run["first_line"] == f"bench: {prod} producers, {cons} consumers, {b['duration_s']}s, 1024B payload"
+        assert run["acked"] == run["leased"] <= run["enqueued"] and run["enqueued"] > 0
+    assert "## `steadq bench` (processes)" in (out / "results.md").read_text()
+
+
 def test_daemon_measurements(smoke_run: tuple[dict[str, Any], Path]) -> None:
     results, _ = smoke_run
     d = results["daemons"]

@@ -1,0 +1,143 @@
+"""``steadq bench`` side by side with the reference implementation's ``bench``.
+
+Each implementation runs its *own* ``bench`` command with the same flags, on a
+queue its own ``init`` made, on the same disk; rounds interleave the two (and
+rotate which goes first), so a burst of contention from other tenants hits
+both alike, and the verdict is the median of the per-round ratios of
+acknowledged jobs per second. Without a reference binary only steadqd's side
+runs, which is what the CI smoke needs: proof that the process-based bench
+runs and counts consistently, never a speed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .common import REPO, Profile, check_stop, log, scratch
+
+PAYLOAD_SIZE = 1024  # the issue's comparison: 1 KiB jobs
+COUNT_LINE = re.compile(r"(enqueued|leased|acked): (\d+) \((\d+)/s\)")
+
+
+def steadq_command() -> list[str]:
+    return [sys.executable, "-m", "steadqd.cli.main"]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def _child_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_one(command: list[str], queue: str, producers: int, consumers: int, seconds: int) -> dict[str, Any]:
+    """Init a fresh queue with this implementation, run its bench once, parse its four lines.
+
+    CPU is of the whole process tree (a waited-for child's children are added to
+    its own rusage), so thread- and process-based benches are charged alike.
+    """
+    init = subprocess.run([*command, "init", queue], capture_output=True, text=True, env=_env(), timeout=60)
+    if init.returncode != 0:
+        raise RuntimeError(f"{command[-1]} init {queue}: exit {init.returncode}: {init.stderr.strip()[-300:]}")
+    flags = [f"--producers={producers}", f"--consumers={consumers}", f"--duration-seconds={seconds}"]
+    flags.append(f"--payload-size={PAYLOAD_SIZE}")
+    cpu0, t0 = _child_cpu(), time.monotonic()
+    r = subprocess.run(
+        [*command, "bench", queue, *flags], capture_output=True, text=True, env=_env(), timeout=seconds + 120
+    )
+    wall, cpu = time.monotonic() - t0, _child_cpu() - cpu0
+    if r.returncode != 0:
+        raise RuntimeError(f"bench exit {r.returncode}: {r.stderr.strip()[-500:]}")
+    counts = {m.group(1): int(m.group(2)) for m in map(COUNT_LINE.fullmatch, r.stderr.splitlines()) if m}
+    if set(counts) != {"enqueued", "leased", "acked"}:
+        raise RuntimeError(f"bench printed no count lines: {r.stderr.strip()[-500:]}")
+    return {
+        **counts,
+        "acked_per_s": counts["acked"] / seconds,
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "cpu_us_per_acked": round(cpu / counts["acked"] * 1e6) if counts["acked"] else None,
+        "first_line": r.stderr.splitlines()[0],
+    }
+
+
+def reference_version(binary: str) -> str:
+    r = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    return (r.stdout or r.stderr).strip()
+
+
+def compare(base: str, profile: Profile, reference: str | None) -> dict[str, Any]:
+    """Interleaved rounds of each ``bench`` at every producer+consumer configuration of the profile."""
+    seconds = profile.bench_cli_seconds
+    systems: dict[str, list[str]] = {"steadqd": steadq_command()}
+    out: dict[str, Any] = {
+        "payload_size": PAYLOAD_SIZE,
+        "duration_s": seconds,
+        "rounds": profile.bench_cli_rounds,
+        "steadqd_command": " ".join(steadq_command()),
+        "reference": None,
+        "configs": {},
+    }
+    if reference is not None:
+        systems["reference"] = [os.path.abspath(reference)]
+        out["reference"] = {"path": systems["reference"][0], "version": reference_version(reference)}
+    names = list(systems)
+    for prod, cons in profile.mp_configs:
+        runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        for rnd in range(profile.bench_cli_rounds):
+            k = rnd % len(names)
+            for name in names[k:] + names[:k]:
+                check_stop()
+                with scratch(base, f"bench-cli-{name}") as d:
+                    one = run_one(systems[name], os.path.join(d, "q"), prod, cons, seconds)
+                log(f"bench {prod}+{cons} round {rnd} {name}: {one['acked']} acked ({one['acked_per_s']:.0f}/s)")
+                runs[name].append(one)
+        entry: dict[str, Any] = {"runs": runs}
+        for name in names:
+            entry[f"{name}_acked_per_s_median"] = statistics.median(x["acked_per_s"] for x in runs[name])
+        if reference is not None:
+            ratios = [
+                s["acked_per_s"] / r["acked_per_s"] if r["acked_per_s"] else None
+                for s, r in zip(runs["steadqd"], runs["reference"], strict=True)
+            ]
+            valid = [x for x in ratios if x is not None]
+            entry["ratios"] = ratios
+            entry["ratio_median"] = statistics.median(valid) if valid else None
+        out["configs"][f"{prod}+{cons}"] = entry
+    return out
+
+
+def markdown(d: dict[str, Any]) -> list[str]:
+    """The section of results.md: one row per configuration."""
+    ref = d.get("reference")
+    L = [f"## `steadq bench` (processes) vs the reference's `bench`, {d['payload_size']} B, {d['duration_s']} s runs\n"]
+    if ref is None:
+        L.append("No `--reference PATH` given: steadqd's side only.\n")
+    else:
+        L.append(f"Reference: `{ref['path']}` ({ref['version']}); {d['rounds']} interleaved rounds.\n")
+    L.append("CPU: user + system time of the whole process tree per acknowledged job, start-up included.\n")
+    L.append(
+        "| P+C | steadqd acked/s (median) | CPU µs/acked | reference acked/s | CPU µs/acked | ratio (median of rounds) |"
+    )
+    L.append("|---|---:|---:|---:|---:|---:|")
+    for cfg, e in d["configs"].items():
+
+        def cpu(name: str, e: dict[str, Any] = e) -> str:
+            vals = [x["cpu_us_per_acked"] for x in e["runs"].get(name, []) if x["cpu_us_per_acked"] is not None]
+            return f"{statistics.median(vals):.0f}" if vals else "–"
+
+        sq = f"{e['steadqd_acked_per_s_median']:.0f}"
+        rf = f"{e['reference_acked_per_s_median']:.0f}" if ref else "–"
+        ratio = f"{e['ratio_median']:.2f}×" if ref and e.get("ratio_median") is not None else "–"
+        L.append(f"| {cfg} | {sq} | {cpu('steadqd')} | {rf} | {cpu('reference') if ref else '–'} | {ratio} |")
+    L.append("")
+    return L
