@@ -89,8 +89,8 @@ def test_write_atomic_replaces_and_leaves_no_temp(tmp_path: Path) -> None:
 
 def test_init_success_and_failures(tmp_path: Path) -> None:
     q = tmp_path / "new" / "q"
-    r = steadq("init", q, "--shards", "8", "--terminal-bucket-width-ns", "600000000000", "--parents")
-    assert r.code == 0 and r.out == r.err_lines[1].removeprefix("queue_id: ") + "\n"
+    r = steadq("init", q, "--shards", "8", "--terminal-bucket-width-ns", "600000000000")
+    assert r.code == 0 and r.out == ""
     assert r.err_lines[0] == f"initialized queue at {q}"
     assert HEX32.fullmatch(r.err_lines[1].removeprefix("queue_id: "))
     assert r.err_lines[2] == "shards: 8"
@@ -179,7 +179,7 @@ def test_put_errors_map_to_spec_exit_codes(qpath: str, tmp_path: Path) -> None:
     r = steadq("put", qpath, tmp_path / "missing.bin")
     assert (r.code, r.err_lines) == (6, [f"cannot read {tmp_path / 'missing.bin'}: No such file or directory"])
     r = steadq("put", tmp_path / "nowhere", stdin=b"x")
-    assert r.code == 6 and "does not exist" in r.err and len(r.err_lines) == 1
+    assert r.code == 1 and "does not exist" in r.err and len(r.err_lines) == 1
     (tmp_path / "plain").mkdir()
     r = steadq("put", tmp_path / "plain", stdin=b"x")
     assert r.code == 3 and "not a queue" in r.err and len(r.err_lines) == 1
@@ -260,7 +260,7 @@ def test_lease_errors(qpath: str, tmp_path: Path) -> None:
     r = steadq("lease", qpath, "--handle-file", tmp_path / "nodir" / "h.json")
     assert r.code == 6 and r.err.startswith("failed to write handle file ") and r.out == ""
     r = steadq("lease", tmp_path / "nowhere")
-    assert r.code == 6 and "does not exist" in r.err
+    assert r.code == 1 and "does not exist" in r.err
 
 
 def test_lease_outcome_unknown_writes_the_ticket(
@@ -446,7 +446,7 @@ def test_ls_lists_states_attempts_and_deadlines(qpath: str, tmp_path: Path) -> N
     r = steadq("ls", qpath, "bogus")
     assert r.code == 1 and "bogus" in r.err
     r = steadq("ls", str(tmp_path / "nowhere"))
-    assert r.code == 6 and "does not exist" in r.err
+    assert r.code == 1 and "does not exist" in r.err
 
 
 def test_watch_without_a_terminal_prints_plain_frames(qpath: str) -> None:
