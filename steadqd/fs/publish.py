@@ -25,7 +25,6 @@ from steadqd.constants import (
     ENQUEUE_MANY_GROUP,
     HEADER_SIZE,
     MAX_PAYLOAD_LENGTH,
-    NS_PER_SECOND,
     READY_DIR,
     TMP_DIR,
     U32_MAX,
@@ -41,6 +40,7 @@ from steadqd.errors import (
     kind_for_errno,
 )
 from steadqd.fs import linux
+from steadqd.fs.clock import checked_seconds_ns
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import EnqueueTicket
 from steadqd.fs.names import (
@@ -107,8 +107,8 @@ class _Options:
             raise InvalidInput(f"max_attempts must be an integer in 1..{U32_MAX}, got {m!r}")
         if self.delay is not None and self.not_before_ns is not None:
             raise InvalidInput("give either delay or not_before_ns, not both")
-        if self.delay is not None and (self.delay != self.delay or self.delay < 0):
-            raise InvalidInput(f"delay must be a non-negative number of seconds, got {self.delay!r}")
+        if self.delay is not None:
+            checked_seconds_ns("delay", self.delay)  # refused before any file is written
 
 
 def enqueue(
@@ -287,7 +287,7 @@ def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
     wall = ctx.wall_floor()
     not_before_ns = opts.not_before_ns
     if opts.delay is not None:
-        not_before_ns = wall + round(opts.delay * NS_PER_SECOND) if opts.delay > 0 else None
+        not_before_ns = wall + checked_seconds_ns("delay", opts.delay) if opts.delay > 0 else None
     if not_before_ns is not None and not 0 <= not_before_ns <= U64_MAX:
         raise InvalidInput(f"not_before_ns out of range: {not_before_ns}")
     extension = encode_extension(
