@@ -379,6 +379,16 @@ class Backend(Protocol):
         """Like ``inspect``, with each state's own fields in ``details``."""
         ...
 
+    def job_story(self, job_id: str, payload_head: int = 4096) -> Any | None:
+        """One job in any state or in quarantine, for ``show``: state, ``objects``, ``current``,
+        ``reason``, and ``file`` (header and extension fields, the first ``payload_head`` payload
+        bytes, whether the payload verified, or the ``problem`` found); None if it is nowhere."""
+        ...
+
+    def copy_job_payload(self, job_id: str, out: BinaryIO) -> int:
+        """Write the job's payload to ``out`` only once it has verified; returns its length."""
+        ...
+
     def fsck(self, deep: bool = False, repair: bool = False) -> Any:
         """Check every object; ``repair`` quarantines the ones that fail."""
         ...

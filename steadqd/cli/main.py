@@ -56,7 +56,7 @@ GROUPS = (init_cmd, put_cmd, lease_cmd, view_cmd, maintenance_cmd, doctor_cmd, b
 # in: the reference's, which is not group by group.
 HELP_ORDER = (
     "init", "put", "lease", "ack", "retry", "bury", "work", "stats", "fsck", "doctor", "inspect", "verify",
-    "format-dump", "recover", "resolve", "bench", "ls", "watch", "completion", "admin",
+    "format-dump", "recover", "resolve", "bench", "ls", "watch", "show", "completion", "admin",
 )  # fmt: skip
 
 

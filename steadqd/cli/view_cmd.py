@@ -227,20 +227,21 @@ def cmd_ls(a: argparse.Namespace) -> int:
         raise CliError(f"ls: unknown state {a.state!r}: expected one of {', '.join(LISTABLE_STATES)}, all", 1)
     q = open_queue(a.path)  # a missing or foreign path is an error, not an empty listing
     try:
-        _print_jobs(q.list_jobs(states), a.json)
+        _print_jobs(q.list_jobs(states), a.json, reasons=states == {"dead"})
     finally:
         q.close()
     return 0
 
 
-def _print_jobs(jobs: Iterator[Any], as_json: bool) -> None:
+def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False) -> None:
+    """``reasons``: only dead jobs are listed, which have no deadline: the last column is their reason by name."""
     now_ns = time.time_ns()
     first = True
     listed = running = 0  # a person at a terminal gets the totals (a pipe gets the table only)
     if as_json:
         sys.stdout.write("[")
     else:
-        out(f"{'STATE':<8} {'JOB_ID':<32} {'ATTEMPT':>9} {'AGE':>7}  DEADLINE")
+        out(f"{'STATE':<8} {'JOB_ID':<32} {'ATTEMPT':>9} {'AGE':>7}  {'REASON' if reasons else 'DEADLINE'}")
     for job in jobs:
         state = job.state
         listed += 1
@@ -260,11 +261,14 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool) -> None:
             }
             if state == "dead":
                 doc["reason"] = job.reason
+                doc["reason_name"] = reason_name(job.reason)
             sys.stdout.write(("\n  " if first else ",\n  ") + json.dumps(doc))
         else:
             attempt = f"{job.attempt}/{job.max_attempts}"
             shown_age = "-" if age is None else format_duration(age)
             shown_deadline = _fmt_deadline(deadline, now_ns, due=state == "delayed")
+            if reasons:
+                shown_deadline = reason_name(job.reason)
             sys.stdout.write(f"{state:<8} {job.job_id:<32} {attempt:>9} {shown_age:>7}  {shown_deadline}\n")
         first = False
     if as_json:
@@ -440,7 +444,9 @@ def _payload_lines(f: Any) -> list[str]:
         return []
     if _is_text(f.content_type, head):
         more = f" (first {len(head)} of {total} bytes; --payload writes all)" if len(head) < total else ""
-        return [f"payload (text){more}:", *("  " + line for line in _text_of(head).splitlines())]
+        # Split on LF only: a CR or U+2028 in a payload is a fact to show escaped, not a line break.
+        text = _text_of(head).removesuffix("\n")
+        return [f"payload (text){more}:", *("  " + line for line in text.split("\n"))]
     shown = head[:_BINARY_DUMP_BYTES]
     more = f" (first {len(shown)} of {total} bytes; --payload writes all)" if len(shown) < total else ""
     return [f"payload (binary){more}:", *_hex_dump(shown)]

@@ -31,7 +31,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from steadqd.constants import DEAD_DIR, QUARANTINE_DIR, READY_DIR, QuarantineReason, State
+from steadqd.constants import DEAD_DIR, HEADER_SIZE, QUARANTINE_DIR, READY_DIR, QuarantineReason, State
 from steadqd.errors import (
     CorruptObject,
     ErrorKind,
@@ -58,6 +58,7 @@ from steadqd.fs.names import (
     shard_of,
 )
 from steadqd.fs.quarantine import quarantine
+from steadqd.fs.records import JobHeader
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, MoveFailed, SourceChanged, SourceMissing, Witness
 from steadqd.fs.verify import CHUNK, check_name_matches, iter_payload, read_envelope, verify_payload
 
@@ -68,6 +69,7 @@ __all__ = [
     "export_dead",
     "export_quarantine",
     "find_dead",
+    "find_quarantined",
     "inspect_quarantine",
     "list_dead",
     "list_dead_files",
@@ -527,6 +529,33 @@ def _walk_quarantine(ctx: Context, rel: str, depth: int) -> Iterator[Quarantined
             yield by_name[name]
         else:
             yield from _walk_quarantine(ctx, f"{rel}/{name}", depth + 1)
+
+
+def find_quarantined(ctx: Context, job_id: str) -> QuarantinedObject | None:
+    """The first quarantined regular file whose header names ``job_id``, or None.
+
+    Quarantine names carry no job id (the object may be too damaged to have
+    one), so each file's header is read: this costs one small read per
+    quarantined object, which is why only ``steadq show`` asks, and only for
+    a job found nowhere else.
+    """
+    want = parse_job_id(job_id)
+    for obj in list_quarantine(ctx):
+        try:
+            fd = _open_object(ctx, obj.path)
+        except SteadQError:
+            continue  # a symlink, removed meanwhile, unreadable: it names no job we can tell
+        try:
+            if not stat.S_ISREG(linux.fstat(fd).st_mode):
+                continue
+            header = JobHeader.decode(linux.pread(fd, HEADER_SIZE, 0))
+        except (SteadQError, OSError):
+            continue
+        finally:
+            _close(fd)
+        if header.job_id == want:
+            return obj
+    return None
 
 
 def _parse_quarantine_id(quarantine_id: str) -> str:

@@ -44,6 +44,7 @@ from steadqd.fs.admin import (
     export_dead,
     export_quarantine,
     find_dead,
+    find_quarantined,
     inspect_quarantine,
     list_dead,
     list_quarantine,
@@ -56,7 +57,18 @@ from steadqd.fs.clock import checked_seconds_ns
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.delayed_watch import DelayedWatch
 from steadqd.fs.fsck import FsckResult, fsck
-from steadqd.fs.inspection import JobEntry, JobObject, StateStats, detailed_stats, inspect_job, list_jobs, stats
+from steadqd.fs.inspection import (
+    JobEntry,
+    JobObject,
+    JobStory,
+    StateStats,
+    copy_job_payload,
+    detailed_stats,
+    inspect_job,
+    job_story,
+    list_jobs,
+    stats,
+)
 from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
 from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
@@ -459,6 +471,31 @@ class Queue:
         """Like :meth:`inspect`, with each state's name fields (``steadq inspect --json``)."""
         self._check_open()
         return inspect_job(self._ctx, job_id)
+
+    def job_story(self, job_id: str, payload_head: int = 4096) -> JobStory | None:
+        """Everything the tree says of one job, in any state or quarantine (``steadq show``); None if nowhere."""
+        self._check_open()
+
+        def quarantined(job: str) -> tuple[str, str, int] | None:
+            found = find_quarantined(self._ctx, job)
+            return None if found is None else (found.quarantine_id, found.path, found.reason)
+
+        with self._ctx.tree.operation():
+            return job_story(self._ctx, job_id, payload_head, quarantined)
+
+    def copy_job_payload(self, job_id: str, out: BinaryIO) -> int:
+        """Write the verified payload of the job's live or quarantined object to ``out``; returns its length.
+
+        NOT_FOUND when no object of the job holds a payload (an acknowledged job's is gone)."""
+        story = self.job_story(job_id, payload_head=0)
+        if story is None or story.file is None:
+            raise SteadQError(f"not found: no object of job {job_id} holds a payload", ErrorKind.NOT_FOUND)
+        with self._ctx.tree.operation():
+            try:
+                return copy_job_payload(self._ctx, story.path, out)
+            except FileNotFoundError as e:
+                raise SteadQError(f"job {job_id} moved on while its payload was read; try again",
+                                  ErrorKind.NOT_FOUND) from e  # fmt: skip
 
     # -- waking the daemons (steadqd.fs.ready_watch, steadqd.fs.delayed_watch) ---
 

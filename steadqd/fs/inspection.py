@@ -1,4 +1,5 @@
-"""Read-only views of a queue tree: ``stats`` (objects per state), ``inspect`` (one job), ``ls`` (every job).
+"""Read-only views of a queue tree: ``stats`` (objects per state), ``inspect`` (one job), ``ls`` (every job),
+``show`` (one job's whole story: its file judged, its payload verified).
 
 Spec: ``cli.md`` (``stats``, ``inspect``), ``open-questions.md`` item 17.
 ``fsck`` (steadqd.fs.fsck) is the verifier; nothing here authenticates more
@@ -26,6 +27,7 @@ import re
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from steadqd.constants import (
     DEAD_DIR,
@@ -40,8 +42,9 @@ from steadqd.constants import (
     TMP_DIR,
     State,
 )
-from steadqd.errors import CorruptObject, SteadQError
+from steadqd.errors import CorruptObject, ErrorKind, SteadQError
 from steadqd.fs import linux
+from steadqd.fs.cbor import decode_extension
 from steadqd.fs.context import Context
 from steadqd.fs.names import (
     JobName,
@@ -58,6 +61,8 @@ from steadqd.fs.names import (
     shard_of,
 )
 from steadqd.fs.receipt import verify_receipt
+from steadqd.fs.verify import copy_payload as verify_copy_payload
+from steadqd.fs.verify import iter_payload, read_envelope, verify_payload
 
 __all__ = [
     "STATS_STATES",
@@ -69,6 +74,11 @@ __all__ = [
     "inspect_job",
     "JobEntry",
     "list_jobs",
+    "JobFile",
+    "read_job_file",
+    "copy_job_payload",
+    "JobStory",
+    "job_story",
 ]
 
 # =========================================================================== stats
@@ -506,3 +516,148 @@ def list_jobs(queue_root: str, states: Collection[str]) -> Iterator[JobEntry]:
                     yield from entries(
                         f"{LEASED_DIR}/{boot}/{bucket}/{shard}", functools.partial(parse_name, State.LEASED)
                     )
+
+
+# =========================================================================== show (one job's whole story)
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """What one job file says about its job, read through a descriptor and judged, never trusted.
+
+    ``problem`` says why the file fails verification (then the fields it could
+    not establish are None); ``payload_verified`` is True only when the whole
+    payload was read and matched its digest. ``payload_head`` is at most the
+    first bytes asked for.
+    """
+
+    path: str
+    created_at_ns: int | None = None
+    changed_ns: int | None = None
+    content_type: str | None = None
+    metadata: dict[str, object] | None = None
+    producer_id: str | None = None
+    initial_not_before_ns: int | None = None
+    payload_length: int | None = None
+    payload_head: bytes = b""
+    payload_verified: bool = False
+    problem: str | None = None
+
+
+def read_job_file(ctx: Context, path: str, head_bytes: int) -> JobFile:
+    """Read and judge the job file at ``path`` (relative to the root) without following a symlink.
+
+    Why a corrupt file is an answer, not an error: ``steadq show`` is where
+    an operator looks at a quarantined or damaged job, and what failed is the
+    story. Only a vanished file raises (FileNotFoundError): the job moved on.
+    """
+    try:
+        fd = linux.open_beneath(ctx.root_fd, path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise
+        why = "a symlink (never followed)" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        return JobFile(path, problem=f"cannot open: {why}")
+    try:
+        st = linux.fstat(fd)
+        try:
+            env = read_envelope(fd, ctx.fmt.max_payload_length, st)
+        except CorruptObject as e:
+            return JobFile(path, changed_ns=st.st_ctime_ns, problem=e.message)
+        h = env.header
+        try:
+            ext = decode_extension(env.extension) if env.extension else None
+        except CorruptObject as e:
+            return JobFile(path, h.created_at_ns, st.st_ctime_ns, payload_length=h.payload_length, problem=e.message)
+        head = bytearray()
+        problem = None
+        try:
+            for chunk in iter_payload(fd, env):
+                if len(head) < head_bytes:
+                    head += chunk[: head_bytes - len(head)]
+        except CorruptObject as e:
+            problem = e.message
+        return JobFile(
+            path,
+            h.created_at_ns,
+            st.st_ctime_ns,
+            ext.content_type if ext else "application/octet-stream",
+            dict(ext.metadata) if ext and ext.metadata else None,
+            ext.producer_id if ext else None,
+            ext.initial_not_before if ext else None,
+            h.payload_length,
+            bytes(head),
+            problem is None,
+            problem,
+        )
+    finally:
+        linux.close(fd)
+
+
+def copy_job_payload(ctx: Context, path: str, out: BinaryIO) -> int:
+    """Write the payload of the job file at ``path`` to ``out``, only once it has verified.
+
+    The file is read twice through one descriptor: first to check the digest
+    (so nothing unverified reaches ``out``, which may be a terminal or a pipe
+    that cannot be taken back), then to copy, which checks it again.
+    CorruptObject when it fails; FileNotFoundError when the job moved on.
+    """
+    fd = linux.open_beneath(ctx.root_fd, path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        env = read_envelope(fd, ctx.fmt.max_payload_length)
+        verify_payload(fd, env)
+        return verify_copy_payload(fd, env, out)
+    finally:
+        linux.close(fd)
+
+
+@dataclass(frozen=True)
+class JobStory:
+    """One job as ``steadq show`` tells it: where it is, what its file says, every object it has.
+
+    ``state`` is a state word or ``quarantine``; ``current`` is the object
+    the story is about (the live one; the receipt when only a receipt is
+    left; None in quarantine). ``file`` is None for a receipt: an
+    acknowledged job's payload is gone. ``reason`` is a dead job's or a
+    quarantined object's.
+    """
+
+    job_id: str
+    state: str
+    path: str
+    objects: list[JobObject]
+    current: JobObject | None
+    file: JobFile | None
+    reason: int | None = None
+    quarantine_id: str | None = None
+
+
+# A job moves while it is looked at (a worker claims it, the sweeper reaps
+# it); the story is read again from the start, a few times at most.
+_STORY_TRIES = 4
+
+
+def job_story(
+    ctx: Context, job_id: str, head_bytes: int, find_quarantined: Callable[[str], tuple[str, str, int] | None]
+) -> JobStory | None:
+    """The job's story, or None if no object of it exists (``find_quarantined`` gives
+    (quarantine id, path, reason) of a quarantined file that names it)."""
+    for _ in range(_STORY_TRIES):
+        objects = inspect_job(ctx, job_id)
+        live = [o for o in objects if o.state != State.RECEIPT.value]
+        try:
+            if live:
+                cur = live[0]
+                reason = cur.name.reason if cur.state == State.DEAD.value else None
+                return JobStory(job_id, cur.state, cur.path, objects, cur, read_job_file(ctx, cur.path, head_bytes),
+                                reason)  # fmt: skip
+            if objects:
+                return JobStory(job_id, objects[0].state, objects[0].path, objects, objects[0], None)
+            found = find_quarantined(job_id)
+            if found is None:
+                return None
+            qid, path, reason = found
+            return JobStory(job_id, "quarantine", path, [], None, read_job_file(ctx, path, head_bytes), reason, qid)
+        except FileNotFoundError:
+            continue
+    raise SteadQError(f"job {job_id} kept moving while it was read; try again", ErrorKind.IO_FAILURE)
