@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ import yaml
 from steadqd import Queue
 from steadqd.daemon import preflight
 from steadqd.daemon.main import daemon_main
-from tests.daemon.conftest import Env, job_spec
+from tests.daemon.conftest import DEADLINE, Env, job_spec
 from tests.invariants import check_tree
 
 NOBODY = 65534
@@ -251,8 +252,14 @@ def test_a_full_tmpdir_holds_the_worker_without_leasing_and_it_resumes(denv: Env
         denv.write_config()
         with Queue.open(denv.queue_path) as q:
             job = q.enqueue(job_spec(exit=0))
-        d = daemons(denv, extra_env={"TMPDIR": str(mnt)})
-        d.ready()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(str(tmp_path / "notify.sock"))
+        sock.settimeout(DEADLINE)
+        d = daemons(denv, extra_env={"TMPDIR": str(mnt), "NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+        with sock:
+            ready = sock.recv(4096).decode().split("\n")  # READY=1 with the first STATUS=
+        assert "READY=1" in ready, ready
+        assert any(x.startswith("STATUS=worker: 0 running") and "not leasing: payload copies" in x for x in ready)
         d.wait_log(r"not leasing jobs: payload copies cannot be written in .*No space left on device")
         tree = check_tree(denv.queue_path)
         assert tree.ready == {job} and tree.get(job).attempt == 0
