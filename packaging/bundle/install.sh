@@ -14,7 +14,8 @@
 # /usr/bin/python3.X, which the bundle was built for; see MANIFEST), writes P/bin/steadq and
 # P/bin/steadqd, installs the units into /etc/systemd/system with ExecStart= pointing at P,
 # sysusers.d/tmpfiles.d files into /etc, creates the steadq user and /var/lib/steadq,
-# installs /etc/steadq/queues/example.yaml unless it exists, and enables steadq.target. Queue
+# installs the example queue file as P/share/steadq/examples/example.yaml (never a live
+# config in /etc/steadq/queues: it names no real queue or command), and enables steadq.target. Queue
 # templates (steadq-worker@ etc.) are never enabled: `systemctl enable --now
 # steadq-worker@QUEUE` does that. Re-running it upgrades in place and restarts running queue
 # units. Nothing is downloaded.
@@ -126,9 +127,7 @@ install -m 0644 "$HERE/steadq.sysusers.conf" "$R/etc/sysusers.d/steadq.conf"
 install -m 0644 "$HERE/steadq.tmpfiles.conf" "$R/etc/tmpfiles.d/steadq.conf"
 echo /etc/sysusers.d/steadq.conf >>"$FILES.new"
 echo /etc/tmpfiles.d/steadq.conf >>"$FILES.new"
-if [ ! -e "$R/etc/steadq/queues/example.yaml" ]; then
-    install -m 0644 "$HERE/etc/example.yaml" "$R/etc/steadq/queues/example.yaml"
-fi
+install -D -m 0644 "$HERE/etc/example.yaml" "$D/share/steadq/examples/example.yaml"
 if [ "$SYMLINKS" -eq 1 ]; then
     mkdir -p "$R/usr/local/bin"
     for s in steadq steadqd; do
@@ -169,7 +168,8 @@ else
     systemctl --root="$ROOT" enable steadq.target
 fi
 
-echo "install.sh: done. Configure a queue in /etc/steadq/queues/QUEUE.yaml, create it with"
+echo "install.sh: done. Configure a queue in /etc/steadq/queues/QUEUE.yaml (start from"
+echo "  $PREFIX/share/steadq/examples/example.yaml), create it with"
 echo "  runuser -u steadq -- $PREFIX/bin/steadq init /var/lib/steadq/QUEUE"
 echo "and start it with: systemctl enable --now steadq-worker@QUEUE"
 echo "Uninstall: $PREFIX/share/steadq/uninstall.sh (keeps /var/lib/steadq)"

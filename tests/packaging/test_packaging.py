@@ -2,7 +2,7 @@
 
 Why these tests exist: a package that builds is not yet a package that works. They check what an
 administrator relies on and what no unit test of the library sees: the .deb contains the units,
-sysusers.d/tmpfiles.d entries, console scripts and conffile; its maintainer scripts enable
+sysusers.d/tmpfiles.d entries, console scripts, bash completion and no live queue file; its maintainer scripts enable
 steadq.target but never a template, restart on upgrade, stop instances on removal and never
 touch /var/lib/steadq; lintian has no errors; the packaged code runs a real queue round trip with
 Debian's own python3-cffi/python3-yaml and the vendored inotify_simple. For the bundle: install.sh
@@ -230,14 +230,16 @@ def test_lintian_reports_no_errors(deb_build: DebBuild) -> None:
 
 
 def test_deb_contents(deb_build: DebBuild) -> None:
-    """Units, sysusers/tmpfiles, console scripts, conffile, docs the units link to, vendored module."""
+    """Units, sysusers/tmpfiles, console scripts, bash completion, the example, docs the units link to, vendored module."""
     paths = _paths(deb_build.contents)
     expected = {f"/lib/systemd/system/{u}" for u in UNIT_FILES} | {
         "/usr/lib/sysusers.d/steadq.conf",
         "/usr/lib/tmpfiles.d/steadq.conf",
         "/usr/bin/steadqd",
         "/usr/bin/steadq",
-        "/etc/steadq/queues/example.yaml",
+        # The example is documentation, not a live queue config (it names no real queue or command).
+        "/usr/share/doc/steadqd/examples/example.yaml",
+        "/usr/share/bash-completion/completions/steadq",
         # Uncompressed: the units' Documentation= links point at these exact names.
         "/usr/share/doc/steadqd/configuration.md",
         "/usr/share/doc/steadqd/security-units.md",
@@ -257,6 +259,9 @@ def test_deb_contents(deb_build: DebBuild) -> None:
     # try to delete) the directory that holds the queues.
     assert not any(p.startswith("/var/lib/steadq") for p in paths)
     assert not any("__pycache__" in p for p in paths), "byte code is compiled at install time"
+    assert not any(p.startswith("/etc/steadq/queues/") and p.endswith(".yaml") for p in paths)
+    completion = (deb_build.tree / "usr/share/bash-completion/completions/steadq").read_text()
+    assert "-F _steadq steadq" in completion, completion[-300:]
     # The units documentation links resolve inside the package.
     for unit in UNIT_FILES:
         text = (deb_build.tree / "lib/systemd/system" / unit).read_text()
@@ -274,14 +279,14 @@ def test_deb_ships_units_and_system_files_unchanged(deb_build: DebBuild) -> None
     assert (deb_build.tree / "usr/lib/tmpfiles.d/steadq.conf").read_bytes() == (
         REPO / "units/steadq.tmpfiles.conf"
     ).read_bytes()
-    assert (deb_build.tree / "etc/steadq/queues/example.yaml").read_bytes() == (
+    assert (deb_build.tree / "usr/share/doc/steadqd/examples/example.yaml").read_bytes() == (
         REPO / "etc/steadq/queues/example.yaml"
     ).read_bytes()
 
 
 def test_deb_conffile_and_dependencies(deb_build: DebBuild) -> None:
-    conffiles = (deb_build.control / "conffiles").read_text().split()
-    assert conffiles == ["/etc/steadq/queues/example.yaml"]
+    conffiles = deb_build.control / "conffiles"
+    assert not conffiles.exists() or conffiles.read_text().split() == [], conffiles.read_text()
     control = (deb_build.control / "control").read_text()
     depends = re.search(r"^Depends: (.*)$", control, re.M)
     assert depends, control
@@ -457,7 +462,8 @@ def test_bundle_install_run_uninstall(bundle: Bundle, fake_root: Path, tmp_path:
     assert wants == {"multi-user.target.wants/steadq.target"}, wants
     assert (fake_root / "etc/sysusers.d/steadq.conf").is_file()
     assert (fake_root / "etc/tmpfiles.d/steadq.conf").is_file()
-    assert (fake_root / "etc/steadq/queues/example.yaml").is_file()
+    assert (prefix / "share/steadq/examples/example.yaml").is_file()
+    assert (fake_root / "etc/steadq/queues").is_dir() and not list((fake_root / "etc/steadq/queues").iterdir())
     assert os.readlink(fake_root / "usr/local/bin/steadqd") == "/opt/steadq/bin/steadqd"
 
     # systemd-sysusers created the user in the root, systemd-tmpfiles the spool for it.
@@ -468,10 +474,10 @@ def test_bundle_install_run_uninstall(bundle: Bundle, fake_root: Path, tmp_path:
     assert oct(st.st_mode & 0o7777) == oct(0o2770)
     assert st.st_uid == int(passwd["steadq"][2])
 
-    # Re-running install.sh is an in-place upgrade and keeps a changed configuration file.
-    (fake_root / "etc/steadq/queues/example.yaml").write_text("# edited by the admin\n")
+    # Re-running install.sh is an in-place upgrade and keeps the admin's queue files.
+    (fake_root / "etc/steadq/queues/render.yaml").write_text("# written by the admin\n")
     _install(bundle, fake_root)
-    assert (fake_root / "etc/steadq/queues/example.yaml").read_text() == "# edited by the admin\n"
+    assert (fake_root / "etc/steadq/queues/render.yaml").read_text() == "# written by the admin\n"
     assert "usage: steadqd" in _run([str(steadqd), "--help"], env=_clean_env()).stdout
 
     # Uninstall from the installed copy: prefix, units, links gone; queues and user stay.
@@ -487,7 +493,7 @@ def test_bundle_install_run_uninstall(bundle: Bundle, fake_root: Path, tmp_path:
     assert not (fake_root / "etc/sysusers.d/steadq.conf").exists()
     assert (queue_dir / "marker").read_text() == "a queued job\n"
     assert "steadq:" in (fake_root / "etc/passwd").read_text()
-    assert (fake_root / "etc/steadq/queues/example.yaml").exists()
+    assert (fake_root / "etc/steadq/queues/render.yaml").exists()
 
 
 def test_bundle_refuses_foreign_prefix_and_missing_python(bundle: Bundle, fake_root: Path) -> None:

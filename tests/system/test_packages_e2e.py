@@ -226,10 +226,13 @@ def _check_fresh_install(root: SystemdRoot, steadq: str) -> None:
     assert links == "", f"the installer enabled a template instance: {links}"
     for unit in UNITS:
         assert _active(root, unit) == "inactive", unit
+    # No live queue file: the example names no real queue or command, and would fail check-config.
+    found = root.run("find", "/etc/steadq/queues", "-name", "*.yaml", check=False).stdout.strip()
+    assert found == "", f"the installer put a queue config in place: {found}"
     root.run(steadq, "--help")
 
 
-def _setup_demo(root: SystemdRoot, steadq: str) -> None:
+def _setup_demo(root: SystemdRoot, steadq: str, example: str) -> None:
     """What docs/packaging.md tells the administrator: a shared queue and demo.yaml from the example."""
     root.run("install", "-m", "0755", "/dev/stdin", JOB, input=JOB_SCRIPT)
     root.run("install", "-d", "-m", "2770", "-o", "steadq", "-g", "steadq", RESULTS)
@@ -240,12 +243,15 @@ def _setup_demo(root: SystemdRoot, steadq: str) -> None:
         sed -e 's#^queue: .*#queue: {QUEUE}#' \\
             -e 's#^  command: .*#  command: ["{JOB}"]#' \\
             -e 's#^  concurrency: [0-9]*#  concurrency: 1#' \\
-            /etc/steadq/queues/example.yaml > /etc/steadq/queues/demo.yaml
+            {example} > /etc/steadq/queues/demo.yaml
         grep -q '^queue: {QUEUE}$' /etc/steadq/queues/demo.yaml
         grep -q '^  command: \\["{JOB}"\\]$' /etc/steadq/queues/demo.yaml
         grep -q '^  concurrency: 1 ' /etc/steadq/queues/demo.yaml
         """
     )
+    # A file made from the example passes the service user's checks.
+    r = root.run(steadq + "d", "check-config", "--open", "demo", check=False)
+    assert r.returncode == 0, (r.stdout, r.stderr)
 
 
 def _still_queued(root: SystemdRoot, ids: list[str], when: str) -> set[str]:
@@ -260,6 +266,7 @@ class Installer:
     """How one artefact is installed, upgraded, removed and reinstalled inside the root."""
 
     steadq: str  # the CLI path it installs
+    example: str  # where it puts the example queue file (never /etc/steadq/queues: not a live config)
     install: Callable[[SystemdRoot], None]
     upgrade: Callable[[SystemdRoot], None]
     remove: Callable[[SystemdRoot], None]
@@ -272,7 +279,7 @@ def _cycle(root: SystemdRoot, inst: Installer) -> None:
     t0 = time.monotonic()
     inst.install(root)
     _check_fresh_install(root, inst.steadq)
-    _setup_demo(root, inst.steadq)
+    _setup_demo(root, inst.steadq, inst.example)
 
     # 1. enable --now runs jobs.
     root.run("systemctl", "enable", "--now", "steadq-worker@demo")
@@ -352,6 +359,7 @@ def test_deb_install_enable_upgrade_remove_reinstall_purge(clean_root: SystemdRo
         root,
         Installer(
             steadq="/usr/bin/steadq",
+            example="/usr/share/doc/steadqd/examples/example.yaml",
             install=install,
             upgrade=upgrade,
             remove=remove,
@@ -398,6 +406,7 @@ def test_bundle_install_enable_upgrade_uninstall_reinstall(clean_root: SystemdRo
         root,
         Installer(
             steadq="/usr/local/bin/steadq",
+            example="/opt/steadq/share/steadq/examples/example.yaml",
             install=install,
             upgrade=install,
             remove=remove,
