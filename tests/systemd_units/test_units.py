@@ -581,9 +581,10 @@ def _section(doc: str, heading: str) -> str:
 def test_configuration_doc_documents_every_key() -> None:
     doc = (DOCS / "configuration.md").read_text()
     schema = _schema()
-    assert schema[""] == {"queue", "allow_unsupported_fs", "worker", "sweeper", "promoter", "inbox"}
+    assert schema[""] == {"queue", "allow_unsupported_fs", "metrics_textfile", "worker", "sweeper", "promoter", "inbox"}
     assert "## `queue` (top level)" in doc
     assert "## `allow_unsupported_fs` (top level)" in doc
+    assert "## `metrics_textfile` (top level)" in doc
     for key in schema["worker"]:
         assert f"`worker.{key}`" in doc, f"worker.{key} is not documented"
     tables = {
