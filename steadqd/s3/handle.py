@@ -41,6 +41,7 @@ __all__ = ["BucketQueue", "TERMINAL_MEMO_S", "seconds_ns"]
 
 TERMINAL_MEMO_S = 60.0
 _TERMINAL_MEMO_CAP = 100_000
+_HANDLE_OPTIONS = ("floor_staleness_s", "monotonic", "sleep", "first_shard")
 # An idle lease(wait=...) lists every shard, then sleeps this long, doubling up to the cap.
 _POLL_FIRST_S = 0.05
 _POLL_CAP_S = 2.0
@@ -73,6 +74,7 @@ class BucketQueue:
         floor_staleness_s: float = 1.0,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        first_shard: int | None = None,
     ) -> None:
         self._layout = layout
         self._clock = FloorClock(layout, staleness_s=floor_staleness_s, monotonic=monotonic)
@@ -80,17 +82,19 @@ class BucketQueue:
         self._sleep = sleep
         self._terminal: dict[tuple[int, bytes], float] = {}
         self._lock = threading.Lock()
-        self._next_shard = int.from_bytes(os.urandom(2), "big") % layout.format.shard_count
+        # Workers start their scans at different shards so that they rarely race for the same job.
+        start = int.from_bytes(os.urandom(2), "big") if first_shard is None else first_shard
+        self._next_shard = start % layout.format.shard_count
         self._candidates: deque[tuple[int, bytes]] = deque()
 
     @classmethod
     def init(cls, store: ObjectStore, prefix: str = "", **options: Any) -> BucketQueue:
-        handle = {k: options.pop(k) for k in ("floor_staleness_s", "monotonic", "sleep") if k in options}
+        handle = {k: options.pop(k) for k in _HANDLE_OPTIONS if k in options}
         return cls(init_layout(store, prefix, **options), **handle)
 
     @classmethod
     def open(cls, store: ObjectStore, prefix: str = "", **options: Any) -> BucketQueue:
-        handle = {k: options.pop(k) for k in ("floor_staleness_s", "monotonic", "sleep") if k in options}
+        handle = {k: options.pop(k) for k in _HANDLE_OPTIONS if k in options}
         return cls(open_layout(store, prefix, **options), **handle)
 
     # -- identity --------------------------------------------------------------------

@@ -133,6 +133,9 @@ def retry(
     same), or the floor itself when neither is given."""
     if delay_ns is not None and policy is not None:
         raise InvalidInput("give either a delay or a retry policy, not both")
+    shard, job_id = lease.shard, lease.job_id_bytes
+    if layout.exists(keys.receipt_key(shard, job_id)) or layout.exists(keys.dead_key(shard, job_id)):
+        raise LeaseLost(f"job {lease.job_id} in {layout.location} is settled: it cannot be retried")
     if lease.attempt >= lease.max_attempts:
         bury(layout, lease, floor_ns=floor_ns, reason=DeadReason.ATTEMPTS_EXHAUSTED)
         return "dead"
