@@ -28,9 +28,20 @@ apart from the store layer, and this package apart from ``steadqd.fs``):
 
 * ``store``: the object-store interface, an in-memory store with a fault
   injector, and the S3 client; ``certify``: the store-profile conformance
-  suite (P1-P8) that ``init`` and ``open`` run.
+  suite (P1-P8) that ``init`` and ``open`` run;
 
-The protocol (enqueue, claim chain, renew, ack, nack, bury, recovery, GC)
-lands on these next; programs will reach it through ``steadqd.backend``,
-never by importing this package.
+* the protocol, over the store interface only:
+
+  - ``layout``: init and open (certification, ``meta/FORMAT``), the open
+    queue's keys, record encoding and checked reads;
+  - ``resolve``: the create every transition uses, with outcome-unknown
+    resolution by reading the key; ``quarantine``: findings about corrupt
+    objects; ``clock``: beacons, the floor, the watermark;
+  - ``publish`` (enqueue), ``claim`` (the claim chain, takeover),
+    ``lease`` (renew), ``settle`` (ack, retry, bury);
+  - ``handle``: ``BucketQueue``, the facade with ``steadqd.backend``'s
+    method names.
+
+Recovery, sweeps and GC land next; programs will reach the queue through
+``steadqd.backend``, never by importing this package.
 """
