@@ -11,6 +11,7 @@ runs and counts consistently, never a speed.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import resource
@@ -23,7 +24,7 @@ from typing import Any
 from .common import REPO, Profile, check_stop, log, scratch
 
 PAYLOAD_SIZE = 1024  # the issue's comparison: 1 KiB jobs
-COUNT_LINE = re.compile(r"(enqueued|leased|acked): (\d+) \((\d+)/s\)")
+COUNT_LINE = re.compile(r"(enqueued|leased|acked): (\d+) \(([^)]*)/s\)")  # the reference prints NaN/s for 0 s
 
 
 def steadq_command() -> list[str]:
@@ -44,6 +45,7 @@ def run_one(command: list[str], queue: str, producers: int, consumers: int, seco
 
     CPU is of the whole process tree (a waited-for child's children are added to
     its own rusage), so thread- and process-based benches are charged alike.
+    ``seconds=0`` measures only start-up and teardown (see compare).
     """
     init = subprocess.run([*command, "init", queue], capture_output=True, text=True, env=_env(), timeout=60)
     if init.returncode != 0:
@@ -62,17 +64,20 @@ def run_one(command: list[str], queue: str, producers: int, consumers: int, seco
         raise RuntimeError(f"bench printed no count lines: {r.stderr.strip()[-500:]}")
     return {
         **counts,
-        "acked_per_s": counts["acked"] / seconds,
+        "acked_per_s": counts["acked"] / seconds if seconds else 0.0,
         "wall_s": round(wall, 2),
-        "cpu_s": round(cpu, 2),
-        "cpu_us_per_acked": round(cpu / counts["acked"] * 1e6) if counts["acked"] else None,
+        "cpu_s": round(cpu, 3),
         "first_line": r.stderr.splitlines()[0],
     }
 
 
 def reference_version(binary: str) -> str:
+    """Its ``--version`` where it has one (the reference's CLI has none), always its SHA-256, which names the build."""
+    with open(binary, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()[:16]
     r = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
-    return (r.stdout or r.stderr).strip()
+    version = r.stdout.strip() if r.returncode == 0 else "no --version"
+    return f"{version}, sha256 {digest}"
 
 
 def compare(base: str, profile: Profile, reference: str | None) -> dict[str, Any]:
@@ -93,15 +98,24 @@ def compare(base: str, profile: Profile, reference: str | None) -> dict[str, Any
     names = list(systems)
     for prod, cons in profile.mp_configs:
         runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        # A zero-second run of each: the CPU of starting P+C workers (a Python
+        # interpreter each for steadqd) is not spent in the measured window, so it
+        # is subtracted from every run's CPU before dividing by the jobs acked.
+        startup: dict[str, float] = {}
+        for name in names:
+            with scratch(base, f"bench-cli-{name}") as d:
+                startup[name] = run_one(systems[name], os.path.join(d, "q"), prod, cons, 0)["cpu_s"]
         for rnd in range(profile.bench_cli_rounds):
             k = rnd % len(names)
             for name in names[k:] + names[:k]:
                 check_stop()
                 with scratch(base, f"bench-cli-{name}") as d:
                     one = run_one(systems[name], os.path.join(d, "q"), prod, cons, seconds)
+                window_cpu = max(one["cpu_s"] - startup[name], 0.0)
+                one["cpu_us_per_acked"] = round(window_cpu / one["acked"] * 1e6) if one["acked"] else None
                 log(f"bench {prod}+{cons} round {rnd} {name}: {one['acked']} acked ({one['acked_per_s']:.0f}/s)")
                 runs[name].append(one)
-        entry: dict[str, Any] = {"runs": runs}
+        entry: dict[str, Any] = {"runs": runs, "startup_cpu_s": startup}
         for name in names:
             entry[f"{name}_acked_per_s_median"] = statistics.median(x["acked_per_s"] for x in runs[name])
         if reference is not None:
@@ -124,7 +138,10 @@ def markdown(d: dict[str, Any]) -> list[str]:
         L.append("No `--reference PATH` given: steadqd's side only.\n")
     else:
         L.append(f"Reference: `{ref['path']}` ({ref['version']}); {d['rounds']} interleaved rounds.\n")
-    L.append("CPU: user + system time of the whole process tree per acknowledged job, start-up included.\n")
+    L.append(
+        "CPU: user + system time of the whole process tree per acknowledged job, less that of a zero-second run "
+        "(start-up and teardown).\n"
+    )
     L.append(
         "| P+C | steadqd acked/s (median) | CPU µs/acked | reference acked/s | CPU µs/acked | ratio (median of rounds) |"
     )
