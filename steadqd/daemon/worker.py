@@ -60,6 +60,7 @@ from steadqd.backoff import RetryPolicy
 from steadqd.daemon import metrics, payload_dirs, preflight
 from steadqd.daemon.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, spawn
 from steadqd.daemon.config import QueueSettings, WorkerConfig
+from steadqd.daemon.hold import Hold, hand_back_unstarted
 from steadqd.daemon.journal import INFO, WARNING, Log, short_id
 from steadqd.daemon.service import Loop, Timer, Timers, open_queue
 from steadqd.daemon.verdict import Verdict, verdict
@@ -74,8 +75,6 @@ SETTLE_RETRY_MAX = 30.0  # s; the longest wait between two tries while the lease
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
 PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in flight
-HOLD_FIRST = 5.0  # s; first wait before leasing again after a job could not be started
-HOLD_MAX = 300.0  # s; the longest wait between two checks of a broken environment
 
 _FollowUp = tuple[int, str, dict[str, object]] | None  # (priority, message, fields) of a line to log
 
@@ -150,9 +149,7 @@ class WorkerRole:
         self._grouping = False  # inside a group settle: reopening waits for its barriers
         self._reopen_after_group: str | None = None
         self._group_settled: list[tuple[_Job, _FollowUp]] = []  # reported once the group's barriers are done
-        self.held: str | None = None  # why no job is leased now (a broken environment), if so
-        self._hold_delay = 0.0  # the next wait; grows while starts keep failing, reset by a started job
-        self._hold_timer: Timer | None = None
+        self._hold: Hold | None = None  # no new leases while jobs cannot be started (daemon/hold.py)
 
     # -- Role protocol ------------------------------------------------------------
 
@@ -186,10 +183,21 @@ class WorkerRole:
         loop.add_reader(self._ready.fileno(), self._guarded(self._on_ready))
         self._ready.recount()
         self._rescan_timer = loop.call_later(SAFETY_RESCAN, self._guarded(self._safety_rescan))
+        self._hold = Hold(
+            loop, self.log, self._guarded, lambda: preflight.worker_problems(self.settings), self._resume_leasing
+        )
         if problems:  # only transient ones left (a full TMPDIR): up, but leasing nothing yet
-            self._hold(problems[0].text)
+            self._hold.hold(problems[0].text)
         metrics.attach(loop, self.settings, self.log, self.name)
         self._schedule_fill(0.0)  # the first scan runs once the service loop is up (after READY=1)
+
+    @property
+    def held(self) -> str | None:
+        """Why no job is leased now (a broken environment), if so."""
+        return None if self._hold is None else self._hold.reason
+
+    def _resume_leasing(self) -> None:
+        self._schedule_fill(0.0)
 
     @property
     def ready_estimate(self) -> int | None:
@@ -221,10 +229,8 @@ class WorkerRole:
                 concurrency=new.concurrency,
                 running=len(self.jobs),
             )
-        if self.held is not None:  # the operator may have fixed the cause: look now
-            if self._hold_timer is not None:
-                self._hold_timer.cancel()
-            self._hold_timer = self.loop.call_later(0.0, self._guarded(self._check_hold)) if self.loop else None
+        if self._hold is not None:  # the operator may have fixed the cause: look now
+            self._hold.check_soon()
         self._schedule_fill(0.0)  # a higher concurrency applies now
 
     def drain(self) -> None:
@@ -245,9 +251,11 @@ class WorkerRole:
             return
         self.closed = True
         self.draining = True
-        for t in (self._fill_timer, self._rescan_timer, self._reopen_timer, self._settle_timer, self._hold_timer):
+        for t in (self._fill_timer, self._rescan_timer, self._reopen_timer, self._settle_timer):
             if t is not None:
                 t.cancel()
+        if self._hold is not None:
+            self._hold.cancel()
         self._to_settle.clear()  # still in self.jobs with their verdicts: settled below
         self._close_preparer()
         jobs = list(self.jobs.values())
@@ -377,7 +385,8 @@ class WorkerRole:
         try:
             credentials = identity(cfg)
         except (KeyError, ValueError) as e:  # a user or group that vanished since the config was read
-            self._hold(f"cannot run jobs as the configured user or group: {e}")
+            if self._hold is not None:
+                self._hold.hold(f"cannot run jobs as the configured user or group: {e}")
             return
         self._prep.submit(cfg, self.settings, credentials)
 
@@ -437,7 +446,8 @@ class WorkerRole:
             payload_dirs.remove(p.tmpdir)
             self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {e}")
             return
-        self._hold_delay = 0.0  # a command started: the environment works again
+        if self._hold is not None:
+            self._hold.job_started()
         job = _Job(self, lease, cfg, proc, p.tmpdir)
         self.jobs[job.pid] = job
         job.child.start()
@@ -458,65 +468,16 @@ class WorkerRole:
             self._start_failed(lease, cfg, f"cannot prepare the job: {e if isinstance(e, SteadQError) else repr(e)}")
 
     def _start_failed(self, lease: LeaseHandle, cfg: WorkerConfig, why: str) -> None:
-        """The worker's fault, not the job's: hand it back at once and lease nothing until the cause is gone.
-
-        The job's claim already counted one attempt (the spec's rule); it
-        goes back ready, for any healthy worker, and this one holds off, so a
-        broken command or a full disk costs the backlog one attempt of one
-        job, not every attempt of every job.
-        """
-        sid = short_id(lease.job_id)
-        self.log.error(f"job {sid} not started: {why}", job_id=lease.job_id, attempt=lease.attempt)
+        """The worker's fault, not the job's: the job goes back at once and leasing holds (daemon/hold.py)."""
+        self.log.error(f"job {short_id(lease.job_id)} not started: {why}", job_id=lease.job_id, attempt=lease.attempt)
         metrics.job_failed_to_start()
-        self._hand_back_unstarted(lease)
-        self._hold(why)
-
-    def _hand_back_unstarted(self, lease: LeaseHandle) -> None:
-        try:
-            if self.q is None:
-                raise NotCommitted("queue is not open", ErrorKind.IO_FAILURE)
-            state = self.q.retry(lease, delay=0.0)
-        except OutcomeUnknown as e:
-            self.log.error(f"handing the job back: outcome unknown: {e}", job_id=lease.job_id, ticket=_ticket(e))
-            self._reopen(str(e))
-            return
-        except SteadQError as e:
-            self.log.error(f"handing the job back failed; its lease expires and recovery returns it: {e}",
-                           job_id=lease.job_id)  # fmt: skip
-            return
-        self.log.warning(
-            f"job {short_id(lease.job_id)} handed back: {state} (attempt {lease.attempt}/{lease.max_attempts})",
-            job_id=lease.job_id,
-            attempt=lease.attempt,
-            state=state,
-        )
-
-    # -- holding off while the environment is broken ---------------------------------------
-
-    def _hold(self, why: str) -> None:
-        """Lease nothing until :meth:`_check_hold` finds the cause gone; say so once per cause."""
-        if self.loop is None or self.closed:
-            return
-        if self.held != why:
-            self.log.error(f"not leasing jobs: {why}", held=True)
-        self.held = why
-        self._hold_delay = min(HOLD_MAX, max(HOLD_FIRST, self._hold_delay * 2))
-        if self._hold_timer is not None:
-            self._hold_timer.cancel()
-        self._hold_timer = self.loop.call_later(self._hold_delay, self._guarded(self._check_hold))
-
-    def _check_hold(self) -> None:
-        """Look at the environment again; lease again if the checks pass (the next start decides the rest)."""
-        self._hold_timer = None
-        if self.held is None or self.closed:
-            return
-        problems = preflight.worker_problems(self.settings)
-        if problems:
-            self._hold(problems[0].text)
-            return
-        self.log.notice(f"leasing jobs again: the checks pass (was: {self.held})", held=False)
-        self.held = None
-        self._schedule_fill(0.0)
+        unknown = hand_back_unstarted(self.q, lease, self.log)
+        if unknown is not None:
+            why = f"handing the job back: outcome unknown: {unknown}"
+            self.log.error(why, job_id=lease.job_id, ticket=_ticket(unknown))
+            self._reopen(str(unknown))
+        if self._hold is not None and not self.closed:
+            self._hold.hold(why)
 
     def _hand_back(self, p: payload_dirs.Prepared) -> None:
         """close(): a job claimed but never started goes back at once (its attempt is counted)."""

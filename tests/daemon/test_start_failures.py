@@ -61,8 +61,13 @@ def _one_clean_line(r: subprocess.CompletedProcess[str]) -> str:
 
 def _as_nobody(argv: list[str]) -> tuple[int, str, str]:
     """``steadqd ARGV`` in a forked child that switched to nobody; (exit status, stdout, stderr)."""
-    import steadqd.daemon.worker  # noqa: F401  (imported while /root is still readable)
+    # Everything the child may import lazily, imported while /root (the interpreter's home) is readable.
+    import importlib.metadata  # noqa: F401
 
+    import steadqd.daemon.worker  # noqa: F401
+
+    with contextlib.suppress(Exception):  # reads the package metadata (steadqd --version): its imports too
+        importlib.metadata.version("steadqd")
     r_out, w_out = os.pipe()
     pid = os.fork()
     if pid == 0:
