@@ -15,9 +15,10 @@ and inotify tells it about newly delayed jobs that are due sooner:
 
 A new watch is always followed by a listing of what it covers, so a job that
 arrived before the watch existed is still seen. Past buckets found empty are
-remembered and unwatched (delayed buckets are never removed, and new delayed
-jobs only land in future buckets), which keeps both the rescans and the
-number of watches proportional to the future buckets, not to the queue's age.
+remembered and unwatched (new delayed jobs only land in future buckets, and
+recovery removes an empty past bucket only an hour after it was due), which
+keeps both the rescans and the number of watches proportional to the future
+buckets, not to the queue's age.
 
 This is the filesystem's way to wake a promoter; the promoter's timers,
 budgets and back-off (steadqd.daemon.promoter) work the same over a backend
