@@ -127,6 +127,27 @@ def test_one_shot_runs_resume_compaction_where_the_last_process_stopped(q: Queue
         done = now
 
 
+def test_a_reference_position_is_honoured_after_the_due_phases(q: Queue) -> None:
+    """A reference-written cursor at compact_receipts with a position: the due
+    lease is reaped first, the receipt at the position is not looked at again
+    (the successor of test_recovery's check of the same cursor, which predates
+    due-first reaping)."""
+    qid = q.format.queue_id
+    job, _rel, _ = craft_lease(q, boot=OTHER_BOOT, deadline=1)
+    write_receipts(q, 1)
+    (receipt,) = files_under(q.path, "receipts")
+    bucket, shard, name = receipt_key(receipt)
+    doc = json.loads(reset_cursor_json(qid, "compact_receipts"))
+    doc["cursor"]["compact_receipts"] = {"first": list(bucket), "second": list(shard), "resume_after": list(name)}
+    Path(q.path, "control", "recovery-cursor.json").write_text(json.dumps(doc, separators=(",", ":")))
+    first = q.recover()
+    assert first.errors == [] and (first.leases_reaped, first.receipts_compacted) == (1, 0)
+    assert is_ready(q.path, job) and first.next_phase == "reap_leases"
+    assert cursor_bytes(q.path) == reset_cursor_json(qid, "reap_leases")
+    second = q.recover()
+    assert second.errors == [] and (second.leases_reaped, second.receipts_compacted) == (0, 1)
+
+
 def test_a_complete_cycle_writes_the_reset_form_again(q: Queue) -> None:
     write_receipts(q, 30)
     for _ in range(20):
