@@ -209,8 +209,8 @@ class BucketQueue:
         got = claim_job(self._layout, shard, job_id, floor_ns=floor_ns, lease_duration_ns=lease_ns)
         if isinstance(got, Lease):
             return got
-        if got is Miss.TERMINAL:
-            self._remember_settled(shard, job_id)
+        if got in (Miss.TERMINAL, Miss.UNUSABLE):
+            self._remember_settled(shard, job_id)  # an unusable job is quarantined: skipped like a settled one
         return None
 
     def claim_once(self, duration: float = 30.0) -> Lease | None:

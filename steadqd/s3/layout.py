@@ -226,31 +226,32 @@ def init_layout(
     queue_id = queue_id if queue_id is not None else os.urandom(QUEUE_ID_BYTES)
     if len(queue_id) != QUEUE_ID_BYTES:
         raise InvalidInput(f"queue_id must be {QUEUE_ID_BYTES} bytes, got {len(queue_id)}")
-    body = encode_record(fmt, queue_id, keys.key_tag(queue_id, keys.FORMAT_KEY))
-    key = prefix + keys.FORMAT_KEY
+    layout = QueueLayout(store, prefix, queue_id, fmt, guard, worker_id)
+    body = layout.encode(keys.FORMAT_KEY, fmt)
+    key = layout.key(keys.FORMAT_KEY)
+    unknown: OutcomeUnknown | None = None
     try:
         store.put_if_absent(key, body)
+        return layout
     except AlreadyExists:
         pass
-    except OutcomeUnknown:
-        pass  # resolved below by reading the key, like any other create
-    existing = store.get(key).body if _present(store, key) else None
-    if existing is None:
-        raise OutcomeUnknown(
-            f"init of {store.location}/{prefix}: meta/FORMAT was not written and the store said nothing; run init again",
-            PendingWrite("put_if_absent", key, sha256_of(body)),
-        )
-    if existing != body:
-        raise AlreadyExists(f"{store.location}/{prefix} already holds a queue (another meta/FORMAT); open it instead")
-    return QueueLayout(store, prefix, queue_id, fmt, guard, worker_id)
-
-
-def _present(store: ObjectStore, key: str) -> bool:
+    except OutcomeUnknown as exc:
+        unknown = exc  # resolved by reading the key, like any other create
     try:
-        store.head(key)
-    except NotFound:
-        return False
-    return True
+        found = layout.get(keys.FORMAT_KEY)
+    except NotCommitted as exc:
+        if unknown is None:
+            raise
+        raise OutcomeUnknown(
+            f"init of {layout.location}: the store gave no verdict on meta/FORMAT and reading it failed ({exc}); "
+            f"read {key} to learn whether the queue exists",
+            PendingWrite("put_if_absent", key, sha256_of(body)),
+        ) from exc
+    if found is None:
+        raise NotCommitted(f"init of {layout.location}: meta/FORMAT was not written; run init again")
+    if found[0] != body:
+        raise AlreadyExists(f"{layout.location} already holds a queue (another meta/FORMAT); open it instead")
+    return layout
 
 
 def open_layout(

@@ -12,6 +12,7 @@ from steadqd.errors import (
     AlreadyExists,
     InvalidInput,
     LeaseLost,
+    NotCommitted,
     NotFound,
     OutcomeUnknown,
     QueueCorrupt,
@@ -427,3 +428,18 @@ def test_an_unknown_outcome_that_cannot_be_read_back_names_the_key_to_read(h: _H
             h.q.ack(lease)
     assert info.value.ticket.key == receipt
     assert h.q.ack(lease) is AckResult.ALREADY_ACKED  # the later read finds our receipt
+
+
+@pytest.mark.parametrize("applied", [False, True])
+def test_init_resolves_an_unknown_outcome_of_its_format_write(applied: bool) -> None:
+    memory = MemoryStore(clock=ManualClock())
+    store = FaultyStore(memory)
+    unknown = Fault(FaultKind.TIMEOUT, op="put_if_absent", key_prefix=PREFIX + keys.FORMAT_KEY, applied=applied)
+    with store.armed(unknown):
+        if applied:
+            q = BucketQueue.init(store, PREFIX, certify_store=False)
+            assert BucketQueue.open(store, PREFIX, certify_store=False).queue_id == q.queue_id
+        else:
+            with pytest.raises(NotCommitted, match="run init again"):
+                BucketQueue.init(store, PREFIX, certify_store=False)
+            assert list(memory.keys(PREFIX)) == []
