@@ -208,10 +208,11 @@ def _claim(layout: QueueLayout, shard: int, job_id: bytes, floor_ns: int, lease_
         tail_record = _tail_claim(layout, shard, job_id, tail)
         tail_attempt, tail_duration = tail_record.attempt, tail_record.lease_duration_ns
         tail_time = layout.store_time(layout.relative(tail_meta.key), tail_meta)
+        # Expiry first: a nacked tail must have expired too, and a held job then costs one GET less.
+        if not is_expired(floor_ns, tail_time, tail_duration, layout.skew_guard_ns):
+            return Miss.NOT_READY
         fail = read_checked(layout, keys.fail_key(shard, job_id, tail), job_id)
         if fail is not None and floor_ns < cast(FailRecord, fail[0]).retry_not_before_ns:
-            return Miss.NOT_READY
-        if not is_expired(floor_ns, tail_time, tail_duration, layout.skew_guard_ns):
             return Miss.NOT_READY
     found = read_checked(layout, keys.job_key(shard, job_id), job_id)
     if found is None:
