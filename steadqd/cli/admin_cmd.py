@@ -2,23 +2,29 @@
 
 Open failures exit 6 here (cli.md), not with the error's own code, and a
 missing object is "not found" with exit 1. ``dead-list`` opens no queue: it
-must work on a tree that is too damaged to open.
+must work on a tree that is too damaged to open. ``requeue`` and ``purge``
+act on many objects one durable change at a time (:func:`run_bulk`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from steadqd.backend import Backend, list_dead_files
 from steadqd.cli.common import (
     HEX32,
     CliError,
+    Interrupted,
+    Interrupts,
     Parser,
     Subcommands,
     add_command,
+    duration,
     err,
     error_text,
     escape,
@@ -27,8 +33,12 @@ from steadqd.cli.common import (
     open_queue,
     out,
     out_json,
+    reason_code,
+    reason_name,
     state_name,
 )
+from steadqd.constants import NS_PER_SECOND, DeadReason, QuarantineReason
+from steadqd.durations import format_duration
 from steadqd.errors import ErrorKind, OutcomeUnknown, SteadQError
 
 
@@ -42,6 +52,8 @@ def add_admin(sub: Subcommands) -> None:
         for arg in args:
             a.add_argument(arg.lower(), metavar=arg)
         a.set_defaults(run=run)
+    _add_requeue(asub)
+    _add_purge(asub)
 
 
 def cmd_admin_dead_list(a: argparse.Namespace) -> int:
@@ -85,14 +97,20 @@ def cmd_admin_dead_inspect(a: argparse.Namespace) -> int:
     job = job_id(a.job_id)
     q = _open_admin(a)
     try:
-        objs = [o for o in q.inspect(job) if state_name(o.state) == "dead"]
+        objs = [o for o in q.inspect_detailed(job) if state_name(o.state) == "dead"]
     finally:
         q.close()
     if a.json:
-        out_json([job_object_json(o) for o in objs])
+        out_json([_dead_json(o) for o in objs])
     else:
         out(*(f"gen={o.generation} attempt={o.attempt}/{o.max_attempts} {o.path}" for o in objs))
     return 0
+
+
+def _dead_json(o: Any) -> dict[str, Any]:
+    """``inspect``'s shape, and the reason (its code and its name) at the top, where a script looks first."""
+    reason = int(o.details["reason"])
+    return {**job_object_json(o), "reason": reason, "reason_name": reason_name(reason)}
 
 
 def _admin_call(a: argparse.Namespace, fn: Callable[[Backend], Any]) -> Any:
@@ -123,8 +141,14 @@ def cmd_admin_dead_remove(a: argparse.Namespace) -> int:
 
 
 def cmd_admin_requeue(a: argparse.Namespace) -> int:
+    """One JOB_ID keeps the original extra's output (scripts read it); anything else is :func:`run_bulk`."""
+    if len(a.job_ids) == 1 and not (a.all or a.reason is not None or a.older_than is not None or a.dry_run):
+        return _requeue_one(a, job_id(a.job_ids[0]))
+    return run_bulk(a, "requeue")
+
+
+def _requeue_one(a: argparse.Namespace, job: str) -> int:
     """Not in cli.md (an extra): not found -> 1, OutcomeUnknown -> 2, else the error kind's code."""
-    job = job_id(a.job_id)
     q = _open_admin(a)
     try:
         path = q.requeue_dead(job)
@@ -205,12 +229,200 @@ _ADMIN_COMMANDS: tuple[tuple[str, tuple[str, ...], str, Callable[[argparse.Names
     ("dead-inspect", ("JOB_ID",), "dead objects of one job", cmd_admin_dead_inspect),
     ("dead-export", ("JOB_ID", "OUTPUT"), "copy a dead job file", cmd_admin_dead_export),
     ("dead-remove", ("JOB_ID",), "delete a dead job", cmd_admin_dead_remove),
-    ("requeue", ("JOB_ID",), "move a dead job back to ready with fresh attempts", cmd_admin_requeue),
     ("quarantine-list", (), "list quarantined objects", cmd_admin_quarantine_list),
     ("quarantine-inspect", ("ID",), "one quarantined object", cmd_admin_quarantine_inspect),
     ("quarantine-export", ("ID", "OUTPUT"), "copy a quarantined object", cmd_admin_quarantine_export),
     ("quarantine-remove", ("ID",), "delete a quarantined object", cmd_admin_quarantine_remove),
     ("compact-receipts", (), "run a full recovery pass (compaction and expiry)", cmd_admin_compact_receipts),
 )
+
+# =========================================================================== bulk requeue / purge
+
+
+def _add_requeue(asub: Subcommands) -> None:
+    a = add_command(asub, "requeue", "move dead jobs back to ready with fresh attempts (one, some, or a selection)",
+                    "steadq admin requeue /srv/q --reason attempts_exhausted --older-than 1h --dry-run")  # fmt: skip
+    a.add_argument("path", metavar="PATH")
+    a.add_argument("job_ids", metavar="JOB_ID", nargs="*", help="the dead jobs to requeue (or select with the options)")
+    a.add_argument("--all", action="store_true", help="every dead job")
+    _add_selection(a, "dead jobs", "attempts_exhausted, consumer_rejected, 0x0004")
+    a.set_defaults(run=cmd_admin_requeue)
+
+
+def _add_purge(asub: Subcommands) -> None:
+    a = add_command(asub, "purge", "delete dead jobs or quarantined objects for good, one durable unlink at a time",
+                    "steadq admin purge /srv/q dead --older-than 7d --dry-run")  # fmt: skip
+    a.add_argument("path", metavar="PATH")
+    a.add_argument("place", metavar="dead|quarantine", choices=("dead", "quarantine"),
+                   help="what to purge (with no option: all of it)")  # fmt: skip
+    _add_selection(a, "objects", "a dead reason for dead (attempts_exhausted, 0x0004), a quarantine reason "
+                   "for quarantine (payload_corrupt, 0x0002)")  # fmt: skip
+    a.set_defaults(run=cmd_admin_purge)
+
+
+def _add_selection(a: Parser, what: str, reasons: str) -> None:
+    a.add_argument("--reason", metavar="CODE", default=None, help=f"only {what} with this reason: {reasons}")
+    a.add_argument("--older-than", type=duration, metavar="DURATION", default=None,
+                   help=f"only {what} older than this, by the age ls shows (e.g. 30m, 7d)")  # fmt: skip
+    a.add_argument("--dry-run", action="store_true", help="list and count what would be done; change nothing")
+
+
+@dataclass(frozen=True)
+class _Target:
+    """One object a bulk command acts on: what it prints, and the id the backend takes."""
+
+    key: str
+    path: str
+    reason: str
+    age_seconds: int | None
+
+
+def _age(mtime_ns: int | None, now_ns: int) -> int | None:
+    return None if mtime_ns is None else max(0, now_ns - mtime_ns) // NS_PER_SECOND
+
+
+def _selected(targets: Iterable[_Target], older_than: float | None) -> list[_Target]:
+    if older_than is None:
+        return list(targets)
+    return [t for t in targets if t.age_seconds is not None and t.age_seconds > older_than]
+
+
+def _dead_targets(q: Backend, a: argparse.Namespace, now_ns: int) -> list[_Target]:
+    code = None if a.reason is None else reason_code(a.reason, DeadReason)
+    wanted = set(getattr(a, "job_ids", None) or ())
+    seen: set[str] = set()
+    found: list[_Target] = []
+    for job in q.list_jobs({"dead"}):
+        if job.job_id in seen or (wanted and job.job_id not in wanted) or (code is not None and job.reason != code):
+            continue
+        seen.add(job.job_id)
+        found.append(_Target(job.job_id, job.path, reason_name(job.reason), _age(job.mtime_ns, now_ns)))
+    found = _selected(found, a.older_than)
+    missing = [j for j in getattr(a, "job_ids", None) or () if j not in seen]
+    if missing:
+        raise CliError([f"not found: no dead object for job {j}" for j in missing] + ["nothing was changed"], 1)
+    return found
+
+
+def _quarantine_targets(q: Backend, a: argparse.Namespace, now_ns: int) -> list[_Target]:
+    code = None if a.reason is None else reason_code(a.reason, QuarantineReason)
+    found = [
+        _Target(o.quarantine_id, o.path, reason_name(o.reason, QuarantineReason), _age(o.mtime_ns, now_ns))
+        for o in q.list_quarantine()
+        if code is None or o.reason == code
+    ]
+    return _selected(found, a.older_than)
+
+
+# (verb for the summary, what is acted on, the past tense, the backend call)
+_BULK: dict[str, tuple[str, str, str, Callable[[Backend, str], object]]] = {
+    "requeue": ("requeue", "dead jobs", "requeued", lambda q, key: q.requeue_dead(key)),
+    "dead": ("purge", "dead jobs", "removed", lambda q, key: q.remove_dead(key)),
+    "quarantine": ("purge", "quarantined objects", "removed", lambda q, key: q.remove_quarantine(key)),
+}
+
+
+def run_bulk(a: argparse.Namespace, which: str) -> int:
+    """Select, then act on each object in turn, each change durable before the next begins.
+
+    SIGINT and SIGTERM are held once the first change may begin: the object
+    under way is finished, the rest are left untouched, and the summary
+    counts exactly what was done. An object that vanished since it was
+    listed (another operator, the sweeper) is skipped, not a failure; an
+    unknown outcome stops everything (the handle refuses further changes).
+    """
+    if which == "requeue":
+        for j in a.job_ids:
+            job_id(j)
+        if a.all and (a.job_ids or a.reason is not None or a.older_than is not None):
+            raise CliError("admin requeue: --all selects every dead job; give it alone", 1)
+        if not (a.all or a.job_ids or a.reason is not None or a.older_than is not None):
+            raise CliError("admin requeue: name the jobs: JOB_ID..., --all, --reason CODE or --older-than DURATION", 1)
+        if a.job_ids and (a.reason is not None or a.older_than is not None):
+            raise CliError("admin requeue: give JOB_IDs or a selection (--reason, --older-than), not both", 1)
+    verb, what, done_word, act = _BULK[which]
+    with Interrupts() as stop:
+        try:
+            q = _open_admin(a)
+        except Interrupted as e:
+            raise CliError(f"admin {verb}: interrupted by {stop.name}: nothing was changed", 128 + e.signum) from e
+        try:
+            try:
+                now = time.time_ns()
+                targets = (_quarantine_targets if which == "quarantine" else _dead_targets)(q, a, now)
+            except Interrupted as e:
+                raise CliError(f"admin {verb}: interrupted by {stop.name}: nothing was changed", 128 + e.signum) from e
+            except (SteadQError, OSError) as e:
+                raise CliError(f"admin {verb}: cannot list the {what}: {error_text(e)}", 6) from e
+            stop.hold()
+            return _act_on_each(a, q, targets, stop, (verb, what, done_word, act))
+        finally:
+            with contextlib.suppress(Exception):
+                q.close()
+
+
+def _act_on_each(
+    a: argparse.Namespace,
+    q: Backend,
+    targets: list[_Target],
+    stop: Interrupts,
+    how: tuple[str, str, str, Callable[[Backend, str], object]],
+) -> int:
+    verb, what, done_word, act = how
+    done: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    failures: list[CliError] = []
+    for t in targets:
+        if stop.signum is not None:
+            break
+        if a.dry_run:
+            done.append({"id": t.key, "path": t.path, "reason": t.reason, "age_seconds": t.age_seconds})
+            if not a.json:
+                age = "-" if t.age_seconds is None else format_duration(t.age_seconds)
+                out(f"would {verb} {t.key} reason={t.reason} age={age} {t.path}")
+            continue
+        try:
+            result = act(q, t.key)
+        except OutcomeUnknown as e:
+            failures.append(
+                CliError([f"outcome unknown for {t.key}: {e.message}", "stopped: nothing more was tried"], 2)
+            )
+            break
+        except SteadQError as e:
+            if e.kind is ErrorKind.NOT_FOUND:
+                skipped.append(t.key)
+                err(f"skipped {t.key}: gone since it was listed")
+                continue
+            failures.append(CliError(f"failed {t.key}: {e.message}", e.exit_code))
+            continue
+        doc = {"id": t.key, "path": t.path, "reason": t.reason}
+        if isinstance(result, str):
+            doc["to"] = result
+        done.append(doc)
+        if not a.json:
+            out(f"{done_word} {t.key} {t.path}" + (f" -> {result}" if isinstance(result, str) else ""))
+    untouched = len(targets) - len(done) - len(skipped) - len(failures)
+    counted = "would be " + done_word if a.dry_run else done_word
+    summary = f"{counted}: {len(done)} of {len(targets)} {what} selected"
+    if skipped:
+        summary += f", {len(skipped)} gone meanwhile"
+    if failures:
+        summary += f", {len(failures)} failed"
+    if a.json:
+        out_json({"dry_run": a.dry_run, "selected": len(targets), done_word: len(done), "skipped": len(skipped),
+                  "failed": len(failures), "untouched": untouched, "interrupted": stop.name or None,
+                  "objects": done})  # fmt: skip
+    if stop.signum is not None and untouched:
+        raise CliError([*(line for f in failures for line in f.lines), f"interrupted by {stop.name}: {summary}; "
+                        f"{untouched} untouched"], stop.exit_code)  # fmt: skip
+    if failures:
+        raise CliError([*(line for f in failures for line in f.lines), summary], failures[0].code)
+    err(summary)
+    return 0
+
+
+def cmd_admin_purge(a: argparse.Namespace) -> int:
+    return run_bulk(a, a.place)
+
 
 COMMANDS = {"admin": add_admin}

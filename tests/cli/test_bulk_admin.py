@@ -1,0 +1,174 @@
+"""``steadq admin requeue`` and ``admin purge`` over many jobs: selection, dry run, counts, interruption.
+
+Ages are what ``ls`` shows (the file's mtime), so a test makes a job old by
+setting its mtime, and an interruption test signals the installed script at
+random moments and holds every job to "done and counted, or untouched".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from steadqd import Queue
+from steadqd.constants import State
+from tests.invariants import check_tree
+
+from .helpers import STEADQ, steadq
+
+DAY = 86400
+
+
+def _bury_many(qpath: str, reasons: list[int], *, age_seconds: float = 0.0) -> list[str]:
+    """One dead job per reason, in order; their files made ``age_seconds`` old."""
+    ids = []
+    with Queue.open(qpath) as q:
+        for reason in reasons:
+            job = q.enqueue(b"payload")
+            lease = q.lease()
+            assert lease is not None and lease.job_id == job
+            q.bury(lease, reason=reason)
+            ids.append(job)
+            if age_seconds:
+                (obj,) = q.inspect(job)
+                then = time.time() - age_seconds
+                os.utime(os.path.join(qpath, obj.path), (then, then))
+    return ids
+
+
+def _states(qpath: str) -> dict[State, frozenset[str]]:
+    return check_tree(qpath, allow_quarantine=False).by_state()
+
+
+def test_requeue_by_reason_and_age_with_a_dry_run_first(qpath: str) -> None:
+    old_rejected = _bury_many(qpath, [1, 1], age_seconds=2 * DAY)
+    old_exhausted = _bury_many(qpath, [4], age_seconds=2 * DAY)
+    new_rejected = _bury_many(qpath, [1])
+    before = _states(qpath)
+    r = steadq("admin", "requeue", qpath, "--reason", "consumer_rejected", "--older-than", "1d", "--dry-run")
+    assert r.code == 0, r.err
+    assert sorted(line.split()[2] for line in r.out_lines) == sorted(old_rejected)
+    assert all(
+        line.startswith("would requeue ") and " reason=consumer_rejected age=2d " in line for line in r.out_lines
+    )
+    assert r.err_lines == ["would be requeued: 2 of 2 dead jobs selected"]
+    assert _states(qpath) == before  # a dry run changes nothing
+    r = steadq("admin", "requeue", qpath, "--reason", "1", "--older-than", "1d")
+    assert r.code == 0, r.err
+    assert sorted(line.split()[1] for line in r.out_lines) == sorted(old_rejected)
+    assert all(" -> ready/" in line for line in r.out_lines)
+    after = _states(qpath)
+    assert after[State.READY] == set(old_rejected)
+    assert after[State.DEAD] == set(old_exhausted + new_rejected)
+    r = steadq("admin", "requeue", qpath, "--all", "--json")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert (doc["selected"], doc["requeued"], doc["untouched"], doc["interrupted"]) == (2, 2, 0, None)
+    assert {o["id"] for o in doc["objects"]} == set(old_exhausted + new_rejected)
+    assert _states(qpath)[State.DEAD] == set()
+
+
+def test_requeue_several_job_ids_and_the_single_form_kept(qpath: str) -> None:
+    a, b, c = _bury_many(qpath, [1, 1, 1])
+    r = steadq("admin", "requeue", qpath, a)
+    assert r.code == 0 and r.out_lines[0] == f"job_id: {a}" and r.err_lines == ["requeued"], r
+    r = steadq("admin", "requeue", qpath, b, "0" * 32)
+    assert r.code == 1 and r.err_lines == [f"not found: no dead object for job {'0' * 32}", "nothing was changed"], r
+    assert _states(qpath)[State.DEAD] == {b, c}
+    r = steadq("admin", "requeue", qpath, b, c)
+    assert r.code == 0 and r.err_lines == ["requeued: 2 of 2 dead jobs selected"], r
+
+
+def test_bulk_selection_errors_name_the_fix(qpath: str) -> None:
+    r = steadq("admin", "requeue", qpath)
+    assert r.code == 1 and "name the jobs: JOB_ID..., --all, --reason CODE or --older-than DURATION" in r.err
+    r = steadq("admin", "requeue", qpath, "--all", "--reason", "1")
+    assert r.code == 1 and "--all selects every dead job; give it alone" in r.err
+    r = steadq("admin", "requeue", qpath, "--reason", "tired")
+    assert r.code == 1 and "invalid reason 'tired': expected a number (4, 0x0004) or one of unspecified," in r.err
+    r = steadq("admin", "purge", qpath, "everything")
+    assert r.code == 1 and "invalid choice: 'everything'" in r.err
+    r = steadq("admin", "purge", qpath, "dead", "--older-than", "soon")
+    assert r.code == 1 and "soon" in r.err
+
+
+def test_purge_dead_and_quarantine_by_age_and_reason(qpath: str) -> None:
+    old = _bury_many(qpath, [1, 4], age_seconds=8 * DAY)
+    young = _bury_many(qpath, [1])
+    r = steadq("admin", "purge", qpath, "dead", "--older-than", "7d")
+    assert r.code == 0, r.err
+    assert sorted(line.split()[1] for line in r.out_lines) == sorted(old)
+    assert r.err_lines == ["removed: 2 of 2 dead jobs selected"]
+    assert check_tree(qpath).by_state()[State.DEAD] == set(young)
+    with Queue.open(qpath) as q:  # two corrupt jobs, quarantined by the claim that meets them
+        for _ in range(2):
+            (obj,) = q.inspect(q.enqueue(b"will rot"))
+            path = os.path.join(qpath, obj.path)
+            data = bytearray(open(path, "rb").read())
+            data[-1] ^= 1
+            with open(path, "wb") as f:
+                f.write(data)
+        assert q.lease() is None
+        assert [o.reason for o in q.list_quarantine()] == [2, 2]
+    r = steadq("admin", "purge", qpath, "quarantine", "--reason", "envelope_corrupt")
+    assert r.code == 0 and r.err_lines == ["removed: 0 of 0 quarantined objects selected"], r
+    r = steadq("admin", "purge", qpath, "quarantine", "--reason", "payload_corrupt", "--dry-run")
+    assert r.code == 0 and len(r.out_lines) == 2 and all("reason=payload_corrupt" in x for x in r.out_lines), r
+    r = steadq("admin", "purge", qpath, "quarantine")
+    assert r.code == 0 and r.err_lines == ["removed: 2 of 2 quarantined objects selected"], r
+    assert json.loads(steadq("admin", "quarantine-list", qpath, "--json").out) == []
+
+
+_SUMMARY = re.compile(r"(requeued|removed): (\d+) of (\d+) dead jobs selected")
+
+
+def _signal_at(args: list[str], delay: float, signum: int) -> tuple[int, list[str], str]:
+    assert STEADQ is not None
+    p = subprocess.Popen([STEADQ, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(delay)
+    if p.poll() is None:
+        p.send_signal(signum)
+    out, err = p.communicate(timeout=120)
+    return p.returncode, out.decode().splitlines(), err.decode()
+
+
+def test_bulk_requeue_and_purge_interrupted_leave_each_job_done_or_untouched(tmp_path: Path) -> None:
+    """Each run: the jobs it printed are exactly the ones that moved, the summary counts them, the rest stay dead.
+
+    A phase is one queue of 300 dead jobs, requeued (or purged) by runs signalled at random until none is left."""
+    rng = random.Random()
+    runs = interrupted = 0
+    for phase in range(6):
+        command = ("requeue", "purge")[phase % 2]
+        qpath = str(tmp_path / f"q{phase}")
+        Queue.init(qpath, shards=4).close()
+        _bury_many(qpath, [1] * 300)
+        args = ["admin", command, qpath, *(("--all",) if command == "requeue" else ("dead",))]
+        start = time.monotonic()
+        assert steadq(*args, "--dry-run").code == 0
+        listing = time.monotonic() - start  # start-up and selection: the changes begin about then
+        while _states(qpath)[State.DEAD]:
+            before = _states(qpath)
+            signum = (signal.SIGINT, signal.SIGTERM)[runs % 2]
+            code, out, err = _signal_at(args, rng.uniform(0.5 * listing, 2.5 * listing), signum)
+            runs += 1
+            now = _states(qpath)
+            gone = before[State.DEAD] - now[State.DEAD]
+            m = _SUMMARY.search(err)
+            if m is None:  # the signal came before the command began (even in Python's start-up): nothing was touched
+                assert code != 0 and out == [] and gone == set(), (code, err)
+                continue
+            printed = {line.split()[1] for line in out}
+            assert printed == gone and int(m.group(2)) == len(gone), err
+            assert now[State.READY] - before[State.READY] == (gone if command == "requeue" else set())
+            if code:
+                interrupted += code == 128 + signum
+                assert code == 128 + signum and f"interrupted by {signal.Signals(signum).name}:" in err, err
+                assert f"{int(m.group(3)) - len(gone)} untouched" in err
+    assert interrupted >= 3, f"only {interrupted} of {runs} runs were interrupted mid-way"
