@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -36,8 +37,9 @@ from steadqd.s3.records import (
 )
 from steadqd.s3.store.base import Committed
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
-from steadqd.s3.store.memory import ManualClock, MemoryStore
+from steadqd.s3.store.memory import ManualClock, MemoryStore, WallClock
 from steadqd.s3.verify import read_record
+from tests.stowq.protocol_audit import audit
 
 SECOND = 1_000_000_000
 PREFIX = "farm/"
@@ -443,3 +445,28 @@ def test_init_resolves_an_unknown_outcome_of_its_format_write(applied: bool) -> 
             with pytest.raises(NotCommitted, match="run init again"):
                 BucketQueue.init(store, PREFIX, certify_store=False)
             assert list(memory.keys(PREFIX)) == []
+
+
+def test_racing_workers_each_job_is_acked_once_and_the_gates_hold() -> None:
+    """Four threads, each with its own handle, drain one queue at once: the store picks every winner."""
+    memory = MemoryStore(clock=WallClock())
+    first = BucketQueue.init(memory, PREFIX, certify_store=False)
+    jobs = {first.enqueue(b"job %d" % i) for i in range(40)}
+    acked: list[str] = []
+    lock = threading.Lock()
+
+    def work(name: str) -> None:
+        q = BucketQueue.open(memory, PREFIX, worker_id=name, certify_store=False, first_shard=0)
+        while (lease := q.lease(duration=60)) is not None:
+            if q.ack(lease) is AckResult.ACKED:
+                with lock:
+                    acked.append(lease.job_id)
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(acked) == sorted(jobs)
+    states = audit(first, memory)
+    assert set(states.values()) == {"receipt"} and len(states) == len(jobs)
