@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 from steadqd.backoff import RetryPolicy
 from steadqd.constants import ID_BYTES, AckResult, DeadReason
-from steadqd.errors import InvalidInput, InvalidKey, LeaseLost
+from steadqd.errors import EnqueueIncomplete, InvalidInput, InvalidKey, LeaseLost, NotCommitted, OutcomeUnknown
 from steadqd.s3 import keys
 from steadqd.s3.claim import Lease, Miss, claim_job
 from steadqd.s3.clock import FloorClock
@@ -162,7 +162,16 @@ class BucketQueue:
         return done.job_id.hex()
 
     def enqueue_many(self, payloads: Iterable[Any], **options: Any) -> list[str]:
-        return [self.enqueue(payload, **options) for payload in payloads]
+        """One job per payload, in order; a failure after the first is EnqueueIncomplete naming those published."""
+        published: list[str] = []
+        for payload in payloads:
+            try:
+                published.append(self.enqueue(payload, **options))
+            except (NotCommitted, OutcomeUnknown) as exc:
+                if not published:
+                    raise
+                raise EnqueueIncomplete(published, exc) from exc
+        return published
 
     # -- consuming -------------------------------------------------------------------
 

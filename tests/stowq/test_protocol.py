@@ -11,6 +11,7 @@ import pytest
 from steadqd.constants import AckResult, DeadReason
 from steadqd.errors import (
     AlreadyExists,
+    EnqueueIncomplete,
     InvalidInput,
     LeaseLost,
     NotCommitted,
@@ -470,3 +471,18 @@ def test_racing_workers_each_job_is_acked_once_and_the_gates_hold() -> None:
     assert sorted(acked) == sorted(jobs)
     states = audit(first, memory)
     assert set(states.values()) == {"receipt"} and len(states) == len(jobs)
+
+
+def test_enqueue_many_names_the_published_prefix_when_one_fails(h: _Harness) -> None:
+    def payloads() -> Iterator[bytes]:
+        yield b"a"
+        yield b"b"
+        h.store.inject(Fault(FaultKind.BEFORE_SEND, op="put_if_absent", key_prefix=PREFIX + "jobs/", times=None))
+        yield b"c"
+        yield b"d"
+
+    with pytest.raises(EnqueueIncomplete) as info:
+        h.q.enqueue_many(payloads())
+    h.store.clear()
+    assert len(info.value.published) == 2 and isinstance(info.value.cause, NotCommitted)
+    assert sorted(h.rels("jobs/")) == sorted(h.q.job_key(j) for j in info.value.published)
