@@ -265,7 +265,10 @@ def tmpdir_problems(account: Account) -> list[Problem]:
                     f"copies there; run: chown {account.name} {printable(wanted)}, or point TMPDIR elsewhere"
                 )
             ]
-    base = wanted or tempfile.gettempdir()
+    try:
+        base = wanted or tempfile.gettempdir()
+    except FileNotFoundError:  # no usable directory among TMPDIR, /tmp, /var/tmp, /usr/tmp, the cwd
+        return [Problem(f"no writable temporary directory for user {account.name}; set TMPDIR to one")]
     try:
         d = tempfile.mkdtemp(prefix="steadqd-probe-", dir=base)
     except OSError as e:
@@ -354,7 +357,7 @@ def as_account(account: Account, check: Callable[[], list[Problem]]) -> list[Pro
         raw = f.read()
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
-        return [Problem(f"the checks as user {account.name} could not run (switching to it failed)")]
+        return [Problem(f"the checks as user {account.name} could not run (the user switch or a check failed)")]
     return [Problem(text, bool(transient)) for text, transient in json.loads(raw)]
 
 

@@ -278,6 +278,39 @@ def test_a_full_tmpdir_holds_the_worker_without_leasing_and_it_resumes(denv: Env
             time.sleep(0.1)
 
 
+def test_a_payload_copy_that_fails_on_a_full_disk_hands_the_job_back_and_holds(
+    denv: Env, daemons, tmp_path: Path
+) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("needs root to mount a small tmpfs")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,nr_inodes=64", "tmpfs", str(mnt)], check=True)
+    try:
+        denv.write_config()
+        d = daemons(denv, extra_env={"TMPDIR": str(mnt)})
+        d.ready()  # room at start: the checks pass
+        filler = mnt / "filler"
+        with contextlib.suppress(OSError), open(filler, "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+        with Queue.open(denv.queue_path) as q:
+            job = q.enqueue(job_spec(exit=0, pad="x" * 20000))
+        d.wait_log(rf"job {job[:8]} not started: cannot prepare the job")
+        d.wait_log(r"not leasing jobs: cannot prepare the job")
+        d.wait_log(rf"job {job[:8]} handed back: ready \(attempt 1/3\)")
+        tree = check_tree(denv.queue_path)
+        assert tree.ready == {job} and tree.get(job).attempt == 1  # only its claim's attempt
+        filler.unlink()
+        d.wait_log(r"leasing jobs again", timeout=30)
+        denv.result(job, 2)
+    finally:
+        for _ in range(50):
+            if subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+
+
 def test_preflight_problems_are_one_line_each() -> None:
     """No check may produce a multi-line message: the journal line must stay one line."""
     settings_text = "queue: /nonexistent/q\nworker:\n  command: ['/nonexistent/\\n/x']\n"
