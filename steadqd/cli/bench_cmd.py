@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Literal
 
-from steadqd.cli.common import CliError, Subcommands, add_command, err, error_text, int_in, open_queue, seconds_number
+from steadqd.cli.common import CliError, Subcommands, add_command, duration, err, error_text, int_in, open_queue
 
 Role = Literal["producer", "consumer"]
 COUNTERS = ("enqueued", "leased", "acked")
@@ -31,11 +31,29 @@ def add_bench(sub: Subcommands) -> None:
         sub, "bench", "throughput test on an existing queue", "steadq bench /srv/q --producers 2 --consumers 2"
     )
     s.add_argument("path", metavar="PATH")
-    s.add_argument("--producers", type=int_in(0, 4096, "count"), default=1)
-    s.add_argument("--consumers", type=int_in(0, 4096, "count"), default=1)
-    s.add_argument("--duration-seconds", type=seconds_number, default=10.0, metavar="S")
-    s.add_argument("--payload-size", type=int_in(0, 1 << 30, "size"), default=1024, metavar="BYTES")
-    s.add_argument("--lease-duration-seconds", type=seconds_number, default=30.0, metavar="S")
+    s.add_argument("--producers", type=int_in(0, 4096, "count"), default=1, help="producer processes")
+    s.add_argument("--consumers", type=int_in(0, 4096, "count"), default=1, help="consumer processes")
+    s.add_argument(
+        "--duration",
+        "--duration-seconds",
+        dest="duration_seconds",
+        type=duration,
+        default=10.0,
+        metavar="DURATION",
+        help="how long to run: 10s, 1m, or seconds",
+    )
+    s.add_argument(
+        "--payload-size", type=int_in(0, 1 << 30, "size"), default=1024, metavar="BYTES", help="bytes per job"
+    )
+    s.add_argument(
+        "--lease-duration",
+        "--lease-duration-seconds",
+        dest="lease_duration_seconds",
+        type=duration,
+        default=30.0,
+        metavar="DURATION",
+        help="each consumer's lease: 30s, or seconds",
+    )
     s.set_defaults(run=cmd_bench)
 
 

@@ -35,7 +35,7 @@ from typing import Any, NoReturn, TypeAlias
 from steadqd.backend import Backend
 from steadqd.backend import open_queue as open_backend
 from steadqd.constants import DeadReason
-from steadqd.durations import parse_duration
+from steadqd.durations import format_duration, parse_duration
 from steadqd.errors import OutcomeUnknown, SteadQError
 from steadqd.text import printable
 
@@ -341,6 +341,22 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def duration_in(lo: float, hi: float, what: str) -> Callable[[str], float]:
+    """An argparse type: a human duration (or a number of seconds) in ``lo..hi`` seconds.
+
+    One type for a flag and its reference alias (``--duration 5m`` and
+    ``--duration-seconds 300``), so both are checked the same way."""
+
+    def parse(text: str) -> float:
+        value = duration(text)
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: must be {lo:g} s .. {hi:g} s")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
 def job_id(text: str) -> str:
     """A job id argument, checked where the command runs (its error is the command's, exit 1)."""
     if not HEX32.fullmatch(text):
@@ -351,11 +367,44 @@ def job_id(text: str) -> str:
 # =========================================================================== parser
 
 
+# What a positional argument is, by its metavar: one wording for every command that takes it.
+POSITIONAL_HELP = {
+    "PATH": "the queue directory",
+    "QUEUE": "the queue directory",
+    "JOB_ID": "a job id: 32 lowercase hex characters",
+    "ID": "a quarantine id, as admin quarantine-list prints it",
+    "OUTPUT": "the file to write the copy to",
+}
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with clap-like failure: one line, exit 1 (invalid input)."""
 
     def error(self, message: str) -> NoReturn:
         raise CliError(f"{self.prog}: {message} (see '{self.prog} --help')", 1)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if action.help is None and not action.option_strings and isinstance(action.metavar, str):
+            action.help = POSITIONAL_HELP.get(action.metavar)
+        return action
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Examples kept as written, and every option's default shown after its help.
+
+    Why not argparse's ArgumentDefaultsHelpFormatter: it prints
+    ``(default: None)`` and ``(default: False)`` for flags that have no
+    default worth reading, which teaches nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "%(default)" in text or not action.option_strings or default in (None, False, argparse.SUPPRESS):
+            return text
+        if action.type is duration or getattr(action.type, "__qualname__", "").startswith("duration_in."):
+            return f"{text} (default: {format_duration(default)})"
+        return f"{text} (default: %(default)s)"
 
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[Parser]"
@@ -370,7 +419,7 @@ def add_command(sub: Subcommands, name: str, help_text: str, example: str = "") 
         description=help_text,
         epilog=epilog,
         allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
 
 
@@ -382,4 +431,7 @@ def open_queue(path: str, *, code: int | None = None, **options: Any) -> Backend
     try:
         return open_backend(path, **options)
     except Exception as e:  # noqa: BLE001 - every failure must become one line and an exit code
-        raise CliError(f"cannot open queue {path}: {error_text(e)}", code if code is not None else error_code(e)) from e
+        if code is None:
+            # cli.md: the reference opens a missing root as a raw NotFound I/O error (6); ours names it.
+            code = 6 if isinstance(e.__cause__, FileNotFoundError) else error_code(e)
+        raise CliError(f"cannot open queue {path}: {error_text(e)}", code) from e

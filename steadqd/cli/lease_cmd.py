@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import subprocess
 import threading
@@ -23,6 +24,7 @@ from steadqd.cli.common import (
     CliError,
     Subcommands,
     add_command,
+    duration_in,
     err,
     error_code,
     error_text,
@@ -31,29 +33,41 @@ from steadqd.cli.common import (
     os_exit_code,
     out,
     read_user_file,
-    seconds_number,
     write_atomic,
 )
 from steadqd.constants import MAX_LEASE_NS, MIN_LEASE_NS, NS_PER_SECOND, U16_MAX, U64_MAX, AckResult
+from steadqd.durations import format_duration
 from steadqd.errors import LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
 
 _MIN_LEASE_S = MIN_LEASE_NS // NS_PER_SECOND
 _MAX_LEASE_S = MAX_LEASE_NS // NS_PER_SECOND
+_SETTLERS = "ack, retry and bury"
+_HANDLE_HELP = "the handle file lease wrote (lease --handle-file)"
 
 
 def add_lease(sub: Subcommands) -> None:
     s = add_command(sub, "lease", "claim one job", "steadq lease /srv/q --handle-file h.json")
-    s.add_argument("path", metavar="PATH")
-    s.add_argument("--duration-seconds", type=seconds_number, default=30.0, metavar="S")
-    s.add_argument("--handle-file", default=None, metavar="FILE")
-    s.add_argument("--ticket-out", default=None, metavar="FILE")
+    s.add_argument("path", metavar="PATH", help="the queue directory")
+    s.add_argument(
+        "--duration",
+        "--duration-seconds",
+        dest="duration_seconds",
+        type=duration_in(_MIN_LEASE_S, _MAX_LEASE_S, "lease duration"),
+        default=30.0,
+        metavar="DURATION",
+        help="how long the lease lasts: 30s, 5m, 1h, or seconds",
+    )
+    s.add_argument("--handle-file", default=None, metavar="FILE", help=f"write the lease handle here for {_SETTLERS}")
+    s.add_argument(
+        "--ticket-out", default=None, metavar="FILE", help="on outcome unknown, write the ticket for resolve here"
+    )
     s.set_defaults(run=cmd_lease)
 
 
 def add_ack(sub: Subcommands) -> None:
     s = add_command(sub, "ack", "acknowledge a leased job", "steadq ack /srv/q --handle-file h.json")
-    s.add_argument("path", metavar="PATH")
-    s.add_argument("--handle-file", required=True, metavar="FILE")
+    s.add_argument("path", metavar="PATH", help="the queue directory")
+    s.add_argument("--handle-file", required=True, metavar="FILE", help=_HANDLE_HELP)
     s.set_defaults(run=cmd_ack)
 
 
@@ -62,19 +76,33 @@ def add_retry(sub: Subcommands) -> None:
         sub,
         "retry",
         "give a leased job back (now or later)",
-        "steadq retry /srv/q --handle-file h.json --after-seconds 60",
+        "steadq retry /srv/q --handle-file h.json --after 1m",
     )
-    s.add_argument("path", metavar="PATH")
-    s.add_argument("--handle-file", required=True, metavar="FILE")
-    s.add_argument("--after-seconds", type=int_in(0, U64_MAX, "seconds"), default=None, metavar="S")
+    s.add_argument("path", metavar="PATH", help="the queue directory")
+    s.add_argument("--handle-file", required=True, metavar="FILE", help=_HANDLE_HELP)
+    s.add_argument(
+        "--after",
+        "--after-seconds",
+        dest="after_seconds",
+        type=duration_in(0, float(U64_MAX), "delay"),
+        default=None,
+        metavar="DURATION",
+        help="make the job leasable again only after this long (90s, 15m, 2h, or seconds); default: now",
+    )
     s.set_defaults(run=cmd_retry)
 
 
 def add_bury(sub: Subcommands) -> None:
     s = add_command(sub, "bury", "dead-letter a leased job", "steadq bury /srv/q --handle-file h.json --reason 1")
-    s.add_argument("path", metavar="PATH")
-    s.add_argument("--handle-file", required=True, metavar="FILE")
-    s.add_argument("--reason", type=int_in(0, U16_MAX, "reason"), default=0, metavar="N")
+    s.add_argument("path", metavar="PATH", help="the queue directory")
+    s.add_argument("--handle-file", required=True, metavar="FILE", help=_HANDLE_HELP)
+    s.add_argument(
+        "--reason",
+        type=int_in(0, U16_MAX, "reason"),
+        default=0,
+        metavar="N",
+        help="dead reason 0-4 (1 consumer rejected, 2 permanent failure, ...); others are recorded as 0",
+    )
     s.set_defaults(run=cmd_bury)
 
 
@@ -85,10 +113,20 @@ def add_work(sub: Subcommands) -> None:
         "run a command for every job (payload on its stdin)",
         "steadq work /srv/q --concurrency 4 -- ./handle.sh",
     )
-    s.add_argument("path", metavar="PATH")
-    s.add_argument("--concurrency", type=int_in(1, 4096, "concurrency"), default=1, metavar="N")
-    s.add_argument("--lease-seconds", type=int_in(_MIN_LEASE_S, _MAX_LEASE_S, "lease seconds"), default=60, metavar="S")
-    s.add_argument("--once", action="store_true")
+    s.add_argument("path", metavar="PATH", help="the queue directory")
+    s.add_argument(
+        "--concurrency", type=int_in(1, 4096, "concurrency"), default=1, metavar="N", help="jobs run at once"
+    )
+    s.add_argument(
+        "--lease",
+        "--lease-seconds",
+        dest="lease_seconds",
+        type=duration_in(_MIN_LEASE_S, _MAX_LEASE_S, "lease duration"),
+        default=60.0,
+        metavar="DURATION",
+        help="each job's lease, renewed every half of it while the command runs (1m, 90s, or seconds)",
+    )
+    s.add_argument("--once", action="store_true", help="run one job (or none) and exit with its result")
     s.set_defaults(run=cmd_work)
 
 
@@ -163,6 +201,8 @@ def cmd_lease(a: argparse.Namespace) -> int:
                 write_atomic(a.handle_file, q.handle_text(lease))
             except OSError as e:
                 raise CliError(f"failed to write handle file {a.handle_file}: {e.strerror}", 6) from e
+        else:
+            err(*_unsettleable(a, q, lease))
         out(
             f"job_id: {lease.job_id}",
             f"generation: {lease.generation}",
@@ -171,6 +211,22 @@ def cmd_lease(a: argparse.Namespace) -> int:
         return 0
     finally:
         q.close()
+
+
+def _unsettleable(a: argparse.Namespace, q: Backend, lease: Any) -> list[str]:
+    """What a lease without a handle file did, said on stderr (stdout stays the reference's).
+
+    Why: such a lease cannot be acked, retried or buried by anyone, yet it
+    used up one of the job's attempts; a user trying ``steadq lease Q`` to
+    look at the next job should learn that, and where the leased file is
+    until it expires."""
+    where = json.loads(q.handle_text(lease)).get("exact_source_path", "?")
+    return [
+        f"note: no --handle-file, so nothing can {_SETTLERS.replace(' and ', ' or ')} this lease; "
+        f"it used attempt {lease.attempt} of {lease.max_attempts}",
+        f"note: the lease is {os.path.join(a.path, where)}; the job is leasable again when it expires "
+        f"in {format_duration(a.duration_seconds)} (steadq inspect {a.path} {lease.job_id})",
+    ]
 
 
 def _scan_quarantined(q: Backend) -> list[str]:
@@ -247,7 +303,7 @@ def _requeue_now(q: Backend, lease: Any) -> int:
         return e.exit_code
 
 
-def work_one(q: Backend, lease: Any, command: list[str], lease_seconds: int) -> int:
+def work_one(q: Backend, lease: Any, command: list[str], lease_seconds: float) -> int:
     """Run ``command`` for one leased job and settle it; returns the job's result code."""
     # 2. verified payload (full hash first; a corrupt payload is quarantined by the library)
     try:
@@ -351,7 +407,7 @@ def work_one(q: Backend, lease: Any, command: list[str], lease_seconds: int) -> 
     return max(code, _requeue_now(q, lease))
 
 
-def _worker(path: str, command: list[str], lease_seconds: int, once: bool, results: list[int], idx: int) -> None:
+def _worker(path: str, command: list[str], lease_seconds: float, once: bool, results: list[int], idx: int) -> None:
     try:
         q = open_queue(path, deferred=True)
     except CliError as e:

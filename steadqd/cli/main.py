@@ -32,8 +32,8 @@ queue only through ``steadqd.backend``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import importlib.metadata
 import os
 import sys
 
@@ -48,7 +48,7 @@ from steadqd.cli import (
     put_cmd,
     view_cmd,
 )
-from steadqd.cli.common import PROG, CliError, Parser, err, error_code, error_text
+from steadqd.cli.common import PROG, CliError, HelpFormatter, Parser, err, error_code, error_text
 
 GROUPS = (init_cmd, put_cmd, lease_cmd, view_cmd, maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd, admin_cmd)
 
@@ -65,11 +65,13 @@ def build_parser() -> Parser:
     p = Parser(
         prog=PROG,
         description="SteadQ/1 broker-less filesystem job queue: producer, consumer and operator commands.",
-        epilog="The global flag --json is accepted anywhere. Exit codes: 0 ok, 1 failure, 2 outcome unknown, "
-        "3 corruption, 4 exhausted, 5 permission denied, 6 I/O failure, 64 unsupported.",
+        epilog="The global flag --json is accepted anywhere before '--'. Exit codes: 0 ok, 1 failure or usage "
+        "error, 2 outcome unknown, 3 corruption, 4 exhausted, 5 permission denied, 6 I/O failure, 64 unsupported "
+        "(man steadq).",
         allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"{PROG} {version()}", help="print the version and exit")
     p.add_argument("--json", action="store_true", help="machine-readable output (stats, doctor, listings)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
@@ -77,6 +79,14 @@ def build_parser() -> Parser:
     for name in sorted(adders, key=HELP_ORDER.index):  # ValueError: a command missing from HELP_ORDER
         adders[name](sub)
     return p
+
+
+def version() -> str:
+    """The installed distribution's version: the one ``pip`` and ``dpkg`` report."""
+    try:
+        return importlib.metadata.version("steadqd")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str] | None, bool]:

@@ -34,16 +34,18 @@ from steadqd.errors import QueueCorrupt, SteadQError, UnsupportedFormat
 
 def add_fsck(sub: Subcommands) -> None:
     s = add_command(sub, "fsck", "check (and optionally repair) the whole tree", "steadq fsck /srv/q --deep")
-    s.add_argument("path", metavar="PATH")
-    s.add_argument("--deep", action="store_true")
-    s.add_argument("--repair", action="store_true")
+    s.add_argument("path", metavar="PATH", help="the queue directory")
+    s.add_argument("--deep", action="store_true", help="also read every payload and check its digest (slow)")
+    s.add_argument(
+        "--repair", action="store_true", help="move what is corrupt to quarantine/ and remove stray temporary files"
+    )
     s.set_defaults(run=cmd_fsck)
 
 
 def add_verify(sub: Subcommands) -> None:
     s = add_command(sub, "verify", "verify one job or FORMAT file", "steadq verify job.sqj --deep")
-    s.add_argument("file", metavar="FILE")
-    s.add_argument("--deep", action="store_true")
+    s.add_argument("file", metavar="FILE", help="a .sqj job file, a receipt or the queue's FORMAT file")
+    s.add_argument("--deep", action="store_true", help="also read the payload and check its digest")
     s.set_defaults(run=cmd_verify)
 
 
@@ -51,7 +53,7 @@ def add_format_dump(sub: Subcommands) -> None:
     s = add_command(
         sub, "format-dump", "print the header fields of a job or FORMAT file", "steadq format-dump /srv/q/FORMAT"
     )
-    s.add_argument("file", metavar="FILE")
+    s.add_argument("file", metavar="FILE", help="a .sqj job file, a receipt or the queue's FORMAT file")
     s.set_defaults(run=cmd_format_dump)
 
 
@@ -59,10 +61,22 @@ def add_recover(sub: Subcommands) -> None:
     s = add_command(
         sub, "recover", "run a recovery pass (reap, promote, clean up)", "steadq recover /srv/q --budget-ops 5000"
     )
-    s.add_argument("path", metavar="PATH")
-    s.add_argument("--watch", action="store_true")
-    s.add_argument("--budget-ops", type=int_in(0, U64_MAX, "budget"), default=1000, metavar="N")
-    s.add_argument("--budget-ms", type=int_in(0, U64_MAX, "budget"), default=100, metavar="MS")
+    s.add_argument("path", metavar="PATH", help="the queue directory")
+    s.add_argument("--watch", action="store_true", help="repeat the pass every 5 seconds until interrupted (Ctrl-C)")
+    s.add_argument(
+        "--budget-ops",
+        type=int_in(0, U64_MAX, "budget"),
+        default=1000,
+        metavar="N",
+        help="stop a pass after this many changes",
+    )
+    s.add_argument(
+        "--budget-ms",
+        type=int_in(0, U64_MAX, "budget"),
+        default=100,
+        metavar="MS",
+        help="stop a pass after this many milliseconds",
+    )
     s.set_defaults(run=cmd_recover)
 
 
@@ -73,9 +87,13 @@ def add_resolve(sub: Subcommands) -> None:
         "decide an indeterminate transition from its ticket",
         "steadq resolve /srv/q --result-file t.json",
     )
-    s.add_argument("path", metavar="PATH")
-    s.add_argument("--result-file", required=True, metavar="TICKET.json")
-    s.add_argument("--stabilize", action="store_true")
+    s.add_argument("path", metavar="PATH", help="the queue directory")
+    s.add_argument(
+        "--result-file", required=True, metavar="TICKET.json", help="the ticket an outcome-unknown command wrote"
+    )
+    s.add_argument(
+        "--stabilize", action="store_true", help="also fsync what was observed, so the answer survives a crash"
+    )
     s.set_defaults(run=cmd_resolve)
 
 

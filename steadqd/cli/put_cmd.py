@@ -13,12 +13,13 @@ import io
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, BinaryIO
+from typing import IO, Any, BinaryIO, cast
 
 from steadqd.cli.common import (
     CliError,
@@ -49,9 +50,20 @@ def add_put(sub: Subcommands) -> None:
     s.add_argument(
         "--content-type", default=None, help="default application/octet-stream (application/json for --jsonl)"
     )
-    s.add_argument("--max-attempts", type=int_in(0, U32_MAX, "max attempts"), default=3)
-    s.add_argument("--not-before", type=int_in(0, U64_MAX, "unix ns"), default=None, metavar="UNIX_NS")
-    s.add_argument("--producer-id", default=None, metavar="ID")
+    s.add_argument(
+        "--max-attempts",
+        type=int_in(0, U32_MAX, "max attempts"),
+        default=3,
+        help="leases before the job goes to dead/ (reason exhausted)",
+    )
+    s.add_argument(
+        "--not-before",
+        type=int_in(0, U64_MAX, "unix ns"),
+        default=None,
+        metavar="UNIX_NS",
+        help="absolute instant in Unix nanoseconds before which no one may lease it (see --delay)",
+    )
+    s.add_argument("--producer-id", default=None, metavar="ID", help="who produced it, stored with the job")
     s.add_argument("--delay", type=duration, default=None, metavar="DURATION", help="e.g. 90s, 15m, 2h, 1d")
     s.add_argument("--meta", type=_meta, action="append", default=[], metavar="KEY=VALUE", help="repeatable")
     s.add_argument("--dir", default=None, metavar="DIR", help="bulk: one job per regular file of DIR")
@@ -123,6 +135,9 @@ def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
     if a.file == "-":
         stream: BinaryIO = sys.stdin.buffer
         owned = False
+        if sys.stdin.isatty():
+            err("put: reading the payload from stdin; end with Ctrl-D")
+            stream = cast(BinaryIO, _TerminalInput(stream))
     else:
         try:
             stream = open(a.file, "rb")  # noqa: SIM115 - closed below
@@ -132,7 +147,7 @@ def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
     try:
         q = open_queue(a.path)
         try:
-            job_id, path = q.enqueue_detailed(stream, **opts.kwargs())
+            job_id, path = q.enqueue_detailed(_progress_reader(stream), **opts.kwargs())
         except OutcomeUnknown as e:
             t = e.ticket
             lines = [f"outcome unknown: {e.message}"]
@@ -149,8 +164,70 @@ def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
     finally:
         if owned:
             stream.close()
-    out(f"job_id: {job_id}", f"path: {path}")
+    if a.json:
+        out_json({"job_id": job_id, "path": path})
+    else:
+        out(f"job_id: {job_id}", f"path: {path}")
     return 0
+
+
+# A single payload at least this large shows its progress on a terminal.
+LARGE_PAYLOAD = 64 << 20
+
+
+class _ReadProgress:
+    """A payload stream that redraws ``put: 120 MiB of 900 MiB (13%)`` on stderr as it is read."""
+
+    def __init__(self, stream: BinaryIO, total: int) -> None:
+        self.stream, self.total, self.done, self._last = stream, total, 0, 0.0
+
+    def read(self, n: int = -1) -> bytes:
+        chunk = self.stream.read(n)
+        self.done += len(chunk)
+        now = time.monotonic()
+        if not chunk or now - self._last >= 0.1:
+            self._last = now
+            end = "\n" if not chunk else ""
+            pct = 100 * self.done // max(self.total, 1)
+            sys.stderr.write(f"\rput: {self.done >> 20} MiB of {self.total >> 20} MiB ({pct}%){end}")
+            sys.stderr.flush()
+        return chunk
+
+
+class _TerminalInput:
+    """stdin on a terminal, where Ctrl-D ends one read, not the input: a short read is the end.
+
+    Without this the payload loop reads again after the user's Ctrl-D and
+    waits for a second one."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream, self.eof = stream, False
+
+    def read(self, n: int = -1) -> bytes:
+        if self.eof:
+            return b""
+        data = self.stream.read(n)
+        self.eof = n < 0 or len(data) < n
+        return data
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def tell(self) -> int:
+        return self.stream.tell()
+
+
+def _progress_reader(stream: BinaryIO) -> BinaryIO:
+    """``stream`` itself, or wrapped to show progress when it is a large file and stderr a terminal."""
+    if not sys.stderr.isatty():
+        return stream
+    try:
+        st = os.fstat(stream.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return stream
+    if not stat.S_ISREG(st.st_mode) or st.st_size - stream.tell() < LARGE_PAYLOAD:
+        return stream
+    return cast(BinaryIO, _ReadProgress(stream, st.st_size - stream.tell()))
 
 
 @dataclass

@@ -44,7 +44,7 @@ LISTABLE_STATES = tuple(s.value for s in State)
 def add_stats(sub: Subcommands) -> None:
     s = add_command(sub, "stats", "object counts and oldest age per state", "steadq stats /srv/q --prometheus")
     s.add_argument("path", metavar="PATH")
-    s.add_argument("--prometheus", action="store_true")
+    s.add_argument("--prometheus", action="store_true", help="print Prometheus text exposition instead")
     s.set_defaults(run=cmd_stats)
 
 
@@ -66,7 +66,7 @@ def add_ls(sub: Subcommands) -> None:
 def add_watch(sub: Subcommands) -> None:
     s = add_command(sub, "watch", "live view of counts, throughput and oldest job per state", "steadq watch /srv/q")
     s.add_argument("path", metavar="QUEUE")
-    s.add_argument("--interval", type=duration, default=1.0, metavar="DURATION")
+    s.add_argument("--interval", type=duration, default=1.0, metavar="DURATION", help="time between frames")
     s.add_argument("--count", type=int_in(0, U32_MAX, "count"), default=0, metavar="N", help="stop after N frames")
     s.set_defaults(run=cmd_watch)
 
@@ -265,7 +265,7 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False) ->
             sys.stdout.write(("\n  " if first else ",\n  ") + json.dumps(doc))
         else:
             attempt = f"{job.attempt}/{job.max_attempts}"
-            shown_age = "-" if age is None else format_duration(age)
+            shown_age = "-" if age is None else f"{age}s"  # as stats prints ages (the reference's)
             shown_deadline = _fmt_deadline(deadline, now_ns, due=state == "delayed")
             if reasons:
                 shown_deadline = reason_name(job.reason)

@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from steadqd.completion import SHELLS, build_tree, script
 from steadqd.daemon.config import QueueSettings, config_dir, load_config
 from steadqd.demo.run import main as demo_main
 from steadqd.errors import ConfigError, SteadQError
@@ -118,14 +119,24 @@ def check_config(names: list[str], directory: str | None, *, open_queues: bool, 
     return 78 if failed else 0
 
 
+def _version() -> str:
+    """The installed distribution's version (as ``steadq --version`` and dpkg report it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("steadqd")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def daemon_main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["demo"]:
         return demo_main(args[1:])
-    ap = argparse.ArgumentParser(prog="steadqd", description="SteadQ/1 queue daemons.")
-    ap.add_argument(
-        "--config-dir", help="directory of <queue>.yaml files (default $STEADQ_CONFIG_DIR or /etc/steadq/queues)"
-    )
+    ap = argparse.ArgumentParser(prog="steadqd", description="SteadQ/1 queue daemons.", allow_abbrev=False)
+    ap.add_argument("--version", action="version", version=f"steadqd {_version()}", help="print the version and exit")
+    config_help = "directory of <queue>.yaml files (default $STEADQ_CONFIG_DIR or /etc/steadq/queues)"
+    ap.add_argument("--config-dir", help=config_help)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, helptext in (
         ("worker", "run jobs of QUEUE with the configured command"),
@@ -144,8 +155,15 @@ def daemon_main(argv: list[str] | None = None) -> int:
         help="also open each queue and check the command, TMPDIR and permissions as the service's user",
     )
     p.add_argument("--user", help="the service's user for --open (default: steadq when run as root, else yourself)")
+    p = sub.add_parser("completion", help="print a shell completion script: source <(steadqd completion bash)")
+    p.add_argument("shell", choices=SHELLS, help=f"the shell to complete in: {', '.join(SHELLS)}")
+    for p in sub.choices.values():  # a global option, accepted after the subcommand too
+        p.add_argument("--config-dir", default=argparse.SUPPRESS, help=config_help)
     sub.add_parser("demo", help="demo queue under ./var/ (see steadqd demo --help)")
     ns = ap.parse_args(args)
+    if ns.command == "completion":
+        sys.stdout.write(script(ns.shell, build_tree(ap, "steadqd", queue_is_name=True, anywhere=("--config-dir",))))
+        return 0
     if ns.command == "check-config":
         return check_config(ns.queues, ns.config_dir, open_queues=ns.open, user=ns.user)
     roles = COMMAND_ROLES.get(ns.command, (ns.command,))

@@ -1,0 +1,49 @@
+"""``steadqd``'s command line (issue 17, point 4): ``--version``, and ``--config-dir`` before or
+after the subcommand, through the installed console script as systemd and operators run it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from importlib.metadata import version
+from pathlib import Path
+
+from steadqd import Queue
+
+STEADQD = shutil.which("steadqd", path=os.path.dirname(sys.executable))
+
+
+def steadqd(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
+    assert STEADQD is not None, "steadqd console script not installed: run .venv/bin/pip install -e ."
+    return subprocess.run(
+        [STEADQD, *map(str, args)], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
+
+
+def test_version() -> None:
+    d = steadqd("--version")
+    assert (d.returncode, d.stdout) == (0, f"steadqd {version('steadqd')}\n")
+
+
+def test_config_dir_before_or_after_the_subcommand(
+    tmp_path: Path, make_queue: Callable[..., Queue], queue_path: str
+) -> None:
+    make_queue().close()
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "q1.yaml").write_text(f"queue: {queue_path}\nworker:\n  command: [/bin/true]\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for argv in (
+        ("--config-dir", conf, "check-config", "q1"),
+        ("check-config", "q1", "--config-dir", conf),
+        ("check-config", "--config-dir", conf, "q1"),
+    ):
+        d = steadqd(*argv)
+        assert (d.returncode, d.stdout) == (0, f"q1: ok ({queue_path})\n"), (argv, d.stderr)
+    # Given twice, the one after the subcommand wins, as the last of a flag does anywhere.
+    d = steadqd("--config-dir", conf, "check-config", "q1", "--config-dir", empty)
+    assert d.returncode == 78 and str(empty) in d.stderr, d.stderr
