@@ -59,5 +59,6 @@ def test_a_failing_worker_is_reported_not_counted(make_queue: Callable[..., Queu
 
 
 def test_a_missing_queue_is_one_line(tmp_path: Path) -> None:
-    r = steadq("bench", tmp_path / "nowhere", "--duration-seconds", "0.1")
-    assert r.code == 6 and len(r.err_lines) == 1 and "cannot open queue" in r.err
+    """Refused before any worker starts: one line, not one per process (the exit code is open_queue's)."""
+    r = steadq("bench", tmp_path / "nowhere", "--producers", "3", "--duration-seconds", "0.1")
+    assert r.code != 0 and len(r.err_lines) == 1 and r.err.startswith("cannot open queue ")
