@@ -29,7 +29,7 @@ import errno
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from steadqd.constants import DEAD_DIR, HEADER_SIZE, QUARANTINE_DIR, READY_DIR, QuarantineReason, State
 from steadqd.errors import (
@@ -120,7 +120,7 @@ class QuarantinedObject:
     reason: int
     path: str
     size: int
-    mtime_ns: int | None = None
+    mtime_ns: int | None = field(default=None, compare=False)  # its age for selection, not its identity
 
 
 # --------------------------------------------------------------------------- helpers

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -180,3 +181,22 @@ def test_show_says_plainly_when_the_journal_cannot_be_read(qpath: str, tmp_path:
     code, out, err = _run("show", qpath, job, path_dirs=[fake])
     assert code == 0, err
     assert out.decode().splitlines()[-1] == "journal: not readable: Failed to open journal: Permission denied"
+
+
+def test_show_a_leased_and_a_delayed_job_gives_their_deadlines(qpath: str) -> None:
+    with Queue.open(qpath) as q:
+        delayed = q.enqueue(b"later", delay=3600)
+        leased = q.enqueue(b"now")
+        lease = q.lease(duration=600)
+        assert lease is not None and lease.job_id == leased
+        r = steadq("show", qpath, leased, "--no-journal")
+        assert r.code == 0 and r.out_lines[0] == f"job {leased}: leased", r
+        assert "  attempts:      1 used of 3" in r.out_lines
+        (until,) = [line for line in r.out_lines if line.startswith("  lease until:   ")]
+        assert re.search(r"Z \(in (10m|[5-9]m(\d+s)?)\)$", until), until  # 600 s, less what the commands took
+        doc = json.loads(steadq("show", qpath, leased, "--json", "--no-journal").out)
+        assert doc["details"]["token"] == lease.token.hex()
+    r = steadq("show", qpath, delayed, "--no-journal")
+    assert r.code == 0 and r.out_lines[0] == f"job {delayed}: delayed", r
+    (nb,) = [line for line in r.out_lines if line.startswith("  not before:    ")]
+    assert re.search(r"Z \(in (1h|5\dm(\d+s)?)\)$", nb), nb
