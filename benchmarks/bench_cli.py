@@ -15,15 +15,20 @@ import hashlib
 import os
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 from typing import Any
 
+from steadqd import Queue
+
+from . import daemons
 from .common import REPO, Profile, check_stop, log, scratch
 
 PAYLOAD_SIZE = 1024  # the issue's comparison: 1 KiB jobs
+WORK_CONCURRENCY = 4  # the issue's spawner comparison: `true` at concurrency 4
 COUNT_LINE = re.compile(r"(enqueued|leased|acked): (\d+) \(([^)]*)/s\)")  # the reference prints NaN/s for 0 s
 
 
@@ -80,6 +85,87 @@ def reference_version(binary: str) -> str:
     return f"{version}, sha256 {digest}"
 
 
+def reference_work(binary: str, workdir: str, jobs: int, concurrency: int) -> dict[str, Any]:
+    """The reference's ``work`` running ``true``: the drain daemons.spawner_throughput measures for steadqd.
+
+    The jobs are enqueued by steadqd's library into the queue the reference's
+    ``init`` made (one format, so this also shows the two interoperate); the
+    reference's ``work`` never exits on its own, so it is stopped once every
+    job has a receipt. Rates are first-to-last receipt, as for the spawner.
+    """
+    true = shutil.which("true") or "/bin/true"
+    q = os.path.join(workdir, "q")
+    init = subprocess.run([binary, "init", q], capture_output=True, text=True, timeout=60)
+    if init.returncode != 0:
+        raise RuntimeError(f"reference init {q}: exit {init.returncode}: {init.stderr.strip()[-300:]}")
+    with Queue.open(q, deferred=True) as h, h.batch():
+        for i in range(jobs):
+            h.enqueue(b"spawn %d" % i)
+    t0 = time.monotonic()
+    with open(os.path.join(workdir, "work.log"), "wb") as out:
+        p = subprocess.Popen(
+            [binary, "work", q, f"--concurrency={concurrency}", "--", true],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+        )
+        try:
+            deadline = time.monotonic() + max(60.0, jobs / 20)
+            while len(daemons.receipt_ctimes(q)) < jobs and time.monotonic() < deadline and p.poll() is None:
+                check_stop()
+                time.sleep(0.1)
+            seen = time.monotonic()
+        finally:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+    ctimes = sorted(daemons.receipt_ctimes(q))
+    with Queue.open(q) as h:
+        objects = {k: v.objects for k, v in h.stats().items()}
+    span = (ctimes[-1] - ctimes[0]) / 1e9 if len(ctimes) > 1 else 0.0
+    return {
+        "concurrency": concurrency,
+        "jobs": jobs,
+        "acked": len(ctimes),
+        "jobs_per_s": round((len(ctimes) - 1) / span, 2) if span > 0 else None,
+        "wall_including_startup_s": round(seen - t0, 3),
+        "left_ready": objects.get("ready", 0),
+        "left_leased": objects.get("leased", 0),
+    }
+
+
+def compare_spawner(base: str, profile: Profile, reference: str) -> dict[str, Any]:
+    """steadqd's worker against the reference's ``work``, ``true`` at concurrency 4, interleaved rounds."""
+    runs: dict[str, list[dict[str, Any]]] = {"steadqd": [], "reference": []}
+    for rnd in range(profile.bench_cli_rounds):
+        order = ["steadqd", "reference"] if rnd % 2 == 0 else ["reference", "steadqd"]
+        for name in order:
+            check_stop()
+            with scratch(base, f"bench-work-{name}") as d:
+                if name == "steadqd":
+                    one = daemons.spawner_throughput(d, profile.spawner_jobs, WORK_CONCURRENCY)
+                else:
+                    one = reference_work(reference, d, profile.spawner_jobs, WORK_CONCURRENCY)
+            log(f"spawner round {rnd} {name}: {one['acked']}/{one['jobs']} acked, {one['jobs_per_s']} jobs/s")
+            runs[name].append(one)
+    ratios = [
+        s["jobs_per_s"] / r["jobs_per_s"]
+        for s, r in zip(runs["steadqd"], runs["reference"], strict=True)
+        if s["jobs_per_s"] and r["jobs_per_s"]
+    ]
+    return {
+        "concurrency": WORK_CONCURRENCY,
+        "jobs": profile.spawner_jobs,
+        "runs": runs,
+        "ratios": ratios,
+        "ratio_median": statistics.median(ratios) if ratios else None,
+    }
+
+
 def compare(base: str, profile: Profile, reference: str | None) -> dict[str, Any]:
     """Interleaved rounds of each ``bench`` at every producer+consumer configuration of the profile."""
     seconds = profile.bench_cli_seconds
@@ -127,6 +213,8 @@ def compare(base: str, profile: Profile, reference: str | None) -> dict[str, Any
             entry["ratios"] = ratios
             entry["ratio_median"] = statistics.median(valid) if valid else None
         out["configs"][f"{prod}+{cons}"] = entry
+    if reference is not None:
+        out["spawner"] = compare_spawner(base, profile, systems["reference"][0])
     return out
 
 
@@ -157,4 +245,16 @@ def markdown(d: dict[str, Any]) -> list[str]:
         ratio = f"{e['ratio_median']:.2f}×" if ref and e.get("ratio_median") is not None else "–"
         L.append(f"| {cfg} | {sq} | {cpu('steadqd')} | {rf} | {cpu('reference') if ref else '–'} | {ratio} |")
     L.append("")
+    sp = d.get("spawner")
+    if sp is not None:
+        L.append(f"Spawner, `true` at concurrency {sp['concurrency']}, {sp['jobs']} jobs, first to last receipt:\n")
+        L.append("| | jobs/s per round | acked, left ready/leased |\n|---|---|---|")
+        for name, label in (("steadqd", "steadqd worker"), ("reference", "reference `work`")):
+            rates = ", ".join(f"{x['jobs_per_s']}" for x in sp["runs"][name])
+            counts = ", ".join(
+                f"{x['acked']}/{x['jobs']} {x['left_ready']}/{x['left_leased']}" for x in sp["runs"][name]
+            )
+            L.append(f"| {label} | {rates} | {counts} |")
+        ratio = f"{sp['ratio_median']:.1f}×" if sp["ratio_median"] is not None else "–"
+        L.append(f"\nsteadqd / reference, median of rounds: **{ratio}**\n")
     return L

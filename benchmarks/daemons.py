@@ -180,7 +180,7 @@ def _wait_state(q: Queue, job: str, state: str, timeout: float) -> None:
     raise RuntimeError(f"job {job} did not reach {state}: {q.inspect(job)}")
 
 
-def _receipt_ctimes(qpath: str) -> list[int]:
+def receipt_ctimes(qpath: str) -> list[int]:
     out = []
     for dirpath, _dirs, files in os.walk(os.path.join(qpath, "receipts")):
         for fn in files:
@@ -202,14 +202,14 @@ def spawner_throughput(workdir: str, jobs: int, concurrency: int) -> dict[str, A
     try:
         d.wait_started()
         deadline = time.monotonic() + max(60.0, jobs / 20)
-        while len(_receipt_ctimes(qpath)) < jobs:
+        while len(receipt_ctimes(qpath)) < jobs:
             if time.monotonic() > deadline or d.proc.poll() is not None:
                 break
             time.sleep(0.1)
         t_seen = time.monotonic()
     finally:
         rc = d.stop()
-    ctimes = sorted(_receipt_ctimes(qpath))
+    ctimes = sorted(receipt_ctimes(qpath))
     with Queue.open(qpath) as q:
         detailed = {k: v.objects for k, v in q.stats().items()}
     span = (ctimes[-1] - ctimes[0]) / 1e9 if len(ctimes) > 1 else 0.0
