@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TextIO
 
+from steadqd.constants import DeadReason
 from steadqd.text import printable
 
 EMERG, ALERT, CRIT, ERR, WARNING, NOTICE, INFO, DEBUG = range(8)
@@ -48,6 +49,14 @@ def _message_text(message: str) -> str:
     if _LOOKS_LIKE_FIELD.search(message):
         return repr(message)
     return printable(message)
+
+
+def reason_name(code: int) -> str:
+    """A dead-letter reason as a person reads it: the registry's name, else the application's code."""
+    try:
+        return DeadReason(code).name.lower()
+    except ValueError:
+        return f"reason 0x{code:04x}"
 
 
 def _field_name(key: str) -> str:

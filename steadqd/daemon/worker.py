@@ -57,11 +57,12 @@ from collections.abc import Callable
 
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
 from steadqd.backoff import RetryPolicy
+from steadqd.constants import DeadReason
 from steadqd.daemon import metrics, payload_dirs, preflight
 from steadqd.daemon.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, spawn
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.hold import Hold, hand_back_unstarted
-from steadqd.daemon.journal import INFO, WARNING, Log, short_id
+from steadqd.daemon.journal import INFO, WARNING, Log, reason_name, short_id
 from steadqd.daemon.service import Loop, Timer, Timers, open_queue
 from steadqd.daemon.verdict import Verdict, verdict
 from steadqd.errors import ConfigError, ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
@@ -453,7 +454,12 @@ class WorkerRole:
         job.child.start()
         # The claim and the copy took time: count it against the first renewal.
         job.timers.set("renew", max(0.0, cfg.renew_interval - (self.loop.now() - p.renewed)), lambda: self._renew(job))
-        self.log.info("job started", **job.fields, pid=job.pid, max_attempts=lease.max_attempts)
+        self.log.info(
+            f"job {short_id(lease.job_id)} started (attempt {lease.attempt}/{lease.max_attempts}, pid {job.pid})",
+            **job.fields,
+            pid=job.pid,
+            max_attempts=lease.max_attempts,
+        )
 
     def _prepare_failed(self, lease: LeaseHandle, cfg: WorkerConfig, e: BaseException) -> None:
         """The claimed job could not be made ready to run (its copy is already gone)."""
@@ -552,10 +558,9 @@ class WorkerRole:
     def _report_finished(self, job: _Job, follow: _FollowUp) -> None:
         """``job finished: <verdict>``, logged once the verdict took effect, then what followed from it."""
         outcome = job.verdict
-        timed_out = " (timed out)" if job.child.timed_out else ""
         self.log.log(
             INFO if outcome is Verdict.ACK else WARNING,
-            f"job finished: {outcome}{timed_out}",
+            f"job {short_id(job.lease.job_id)} finished: {outcome} ({self._run_story(job)})",
             **job.fields,
             **job.run_fields,
         )
@@ -564,9 +569,30 @@ class WorkerRole:
         )
         self._log_follow_up(job.lease, follow)
 
+    @staticmethod
+    def _ended(job: _Job) -> str:
+        child = job.child
+        return f"killed by {child.signal_name}" if child.signal_name else f"exit {child.returncode}"
+
+    @classmethod
+    def _run_story(cls, job: _Job) -> str:
+        """How the run ended, for a person: ``exit 0, 1.0 s, attempt 1/3``."""
+        lease = job.lease
+        how = cls._ended(job)
+        if job.child.timed_out:
+            how = f"timed out, {how}"
+        ms = job.run_fields.get("duration_ms")
+        seconds = ms / 1000 if isinstance(ms, int) else 0.0
+        return f"{how}, {seconds:.1f} s, attempt {lease.attempt}/{lease.max_attempts}"
+
     def _report_unsettled(self, job: _Job, why: str, **extra: object) -> None:
         """The run ended but its verdict did not take effect: never logged as ``job finished: <verdict>``."""
-        self.log.error(f"job finished, but its {job.verdict} {why}", **job.fields, **job.run_fields, **extra)
+        self.log.error(
+            f"job {short_id(job.lease.job_id)} finished ({self._run_story(job)}), but its {job.verdict} {why}",
+            **job.fields,
+            **job.run_fields,
+            **extra,
+        )
 
     @staticmethod
     def _verdict(job: _Job) -> Verdict:
@@ -651,7 +677,7 @@ class WorkerRole:
         try:
             if self.q is None:
                 raise NotCommitted("queue is not open", ErrorKind.IO_FAILURE)
-            follow = self._apply(job.lease, job.cfg, job.verdict or Verdict.RETRY)
+            follow = self._apply(job.lease, job.cfg, job.verdict or Verdict.RETRY, self._ended(job))
         except LeaseLost as e:
             self._report_unsettled(job, f"failed: the lease was lost ({e}); the job may run again")
         except OutcomeUnknown as e:
@@ -677,8 +703,10 @@ class WorkerRole:
                 self._report_finished(job, follow)
         self._drop(job)
 
-    def _apply(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict) -> _FollowUp:
-        """Apply a verdict; returns the line that tells what followed (logged after `job finished`)."""
+    def _apply(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict, ended: str | None = None) -> _FollowUp:
+        """Apply a verdict; returns the line that tells what followed (logged after `job finished`).
+
+        ``ended`` is how the command ended ("exit 100"), when it ran."""
         assert self.q is not None
         if outcome is Verdict.ACK:
             self.q.ack(lease)
@@ -687,14 +715,26 @@ class WorkerRole:
         if outcome is Verdict.BURY:
             self.q.bury(lease, reason=cfg.exit_status.bury_reason)
             self.failed += 1
-            return WARNING, "job buried", {"reason": f"0x{cfg.exit_status.bury_reason:04x}"}
+            why = (
+                f"{ended} ({reason_name(cfg.exit_status.bury_reason)})"
+                if ended
+                else reason_name(cfg.exit_status.bury_reason)
+            )
+            return (
+                WARNING,
+                f"job {short_id(lease.job_id)} buried: {why}",
+                {"reason": f"0x{cfg.exit_status.bury_reason:04x}"},
+            )
         state = self.q.retry(lease, policy=retry_policy(cfg))
         if state == "dead":
             self.failed += 1
-            text = f"no attempts left ({lease.attempt}/{lease.max_attempts}); job buried with reason 0x0004"
+            text = (
+                f"job {short_id(lease.job_id)} buried: no attempts left"
+                f" ({lease.attempt}/{lease.max_attempts}, {reason_name(DeadReason.ATTEMPTS_EXHAUSTED)})"
+            )
             return WARNING, text, {"reason": "0x0004"}
         self.retried += 1
-        return INFO, f"job retried: {state}", {"state": state}
+        return INFO, f"job {short_id(lease.job_id)} retried: {state}", {"state": state}
 
     def _log_follow_up(self, lease: LeaseHandle, follow: _FollowUp) -> None:
         if follow is not None:
@@ -753,7 +793,7 @@ class WorkerRole:
         if not interrupted:
             if job.verdict is None:
                 job.verdict = self._verdict(job)
-            follow = self._apply(job.lease, job.cfg, job.verdict)
+            follow = self._apply(job.lease, job.cfg, job.verdict, self._ended(job))
             if job.run_fields:
                 self._report_finished(job, follow)
             else:

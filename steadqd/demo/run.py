@@ -183,6 +183,10 @@ def _produce_jobs(path: str, jobs: int) -> int:
 
 _LINE = re.compile(r"^<(?P<prio>\d)>(?P<role>[\w-]+)\[(?P<queue>[^\]]*)\]: (?P<rest>.*)$")
 _FIELD = re.compile(r"\s(STEADQ_[A-Z0-9_]+)=('(?:[^'\\]|\\.)*'|\S+)")
+# The worker's sentences about a job (daemon/worker.py): "job 3d1f6a0c finished: ack (...)" and its follow-ups.
+_FINISHED = re.compile(r"job \S+ finished: (\w+)")
+_RETRIED = re.compile(r"job \S+ retried: ")
+_BURIED = re.compile(r"job \S+ buried: ")
 
 
 @dataclass
@@ -243,8 +247,8 @@ class Tally:
         """Count ``line``; return True if the demo should show it."""
         self.lines += 1
         msg = line.message
-        if msg.startswith("job finished: "):
-            self.finished[msg.split()[2]] += 1
+        if m := _FINISHED.match(msg):
+            self.finished[m[1]] += 1
             if line.fields.get("STEADQ_VERDICT") == "ack" and self.shown_finishes < 3:
                 self.shown_finishes += 1
                 return True
@@ -265,10 +269,10 @@ class Tally:
             return self.recovery_passes == 1 or any(
                 line.fields.get(f"STEADQ_{k}", "0") != "0" for k in ("REAPED", "TO_DEAD", "QUARANTINED", "TEMP_DELETED")
             )
-        if msg.startswith("job retried"):
+        if _RETRIED.match(msg):
             self.retried += 1
             return True
-        if msg.startswith("job buried") or msg.startswith("no attempts left"):
+        if _BURIED.match(msg):
             self.buried += 1
             return True
         if msg.startswith("promoted "):

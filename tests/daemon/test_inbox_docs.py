@@ -46,7 +46,7 @@ def test_the_transcoding_drop_folder_example_runs(tmp_path: Path) -> None:
         (tmp_path / "holiday.mkv").write_bytes(b"frames")
         os.rename(tmp_path / "holiday.mkv", root / "inbox" / "holiday.mkv")
         result = root / "out" / "holiday.mp4"
-        wait_for(lambda: b"job finished: ack" in log.read_bytes(), what="the job to finish")
+        wait_for(lambda: b" finished: ack (" in log.read_bytes(), what="the job to finish")
         assert result.read_bytes() == b"frames"
         assert (root / "taken" / "holiday.mkv").exists() and not (root / "inbox" / "holiday.mkv").exists()
         text = log.read_text()

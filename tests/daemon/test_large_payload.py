@@ -153,7 +153,7 @@ def test_a_giant_corrupt_job_never_delays_the_renewals_of_a_running_job(
     giant = plant_giant_job(denv.queue_path, size)
     d.wait_log(rf"quarantined a corrupt object .*{giant}.*STEADQ_REASON=0x0002", timeout=DEADLINE + 4 * HASH_FOR)
     (denv.results / "go-test.here").touch()  # now the running job may end
-    d.wait_log(rf"job finished: ack .*STEADQ_JOB_ID={running}")
+    d.wait_log(rf"job {running[:8]} finished: ack .*STEADQ_JOB_ID={running}")
     watch.stop()
     if watch.expired:
         late = max(seen - deadline for seen, deadline in watch.expired)

@@ -112,7 +112,7 @@ def test_a_full_disk_delays_the_ack_but_never_throws_the_run_away(
     finally:
         for f in fillers:
             os.unlink(f)
-    d.wait_log(rf"^<6>worker\[testq\]: job finished: ack .*STEADQ_JOB_ID={job} STEADQ_VERDICT=ack$")
+    d.wait_log(rf"^<6>worker\[testq\]: job {job[:8]} finished: ack \(exit 0, .*STEADQ_JOB_ID={job} STEADQ_VERDICT=ack$")
     tree = check_tree(queue)
     assert tree.receipts == {job}
     assert set(env.results_of(job)) == {1}  # it ran once: the finished run was never thrown away
@@ -132,7 +132,9 @@ def test_job_finished_ack_is_logged_only_for_an_ack_that_succeeded(denv: Env, da
     # Whoever holds the queue's files can take the lease away from under the run.
     _leased_file(denv.queue_path, lost).unlink()
     _release(denv, "lost")
-    d.wait_log(rf"^<6>worker\[testq\]: job finished: ack .*STEADQ_JOB_ID={kept} STEADQ_VERDICT=ack$")
-    line = d.wait_log(rf"^<3>worker\[testq\]: job finished, but its ack failed: the lease was lost.*{lost}")[0]
+    d.wait_log(rf"^<6>worker\[testq\]: job {kept[:8]} finished: ack .*STEADQ_JOB_ID={kept} STEADQ_VERDICT=ack$")
+    line = d.wait_log(
+        rf"^<3>worker\[testq\]: job {lost[:8]} finished \(exit 0, .*\), but its ack failed: the lease was lost.*{lost}"
+    )[0]
     assert "may run again" in line.group(0), line.group(0)
-    assert not [m for m in d.log().splitlines() if "job finished: ack" in m and lost in m], d.log()
+    assert not [m for m in d.log().splitlines() if " finished: ack" in m and lost in m], d.log()

@@ -139,12 +139,17 @@ def test_exit_statuses_settle_jobs_and_output_reaches_the_log(denv: Env, daemons
     d.wait_log(rf"^<6>worker\[testq\]: hello from ok STEADQ_ATTEMPT=1 STEADQ_JOB_ID={ok} STEADQ_STREAM=stdout$")
     d.wait_log(rf"^<4>worker\[testq\]: careful from ok STEADQ_ATTEMPT=1 STEADQ_JOB_ID={ok} STEADQ_STREAM=stderr$")
     d.wait_log(
-        rf"^<6>worker\[testq\]: job finished: ack STEADQ_ATTEMPT=1 STEADQ_DURATION_MS=\d+ STEADQ_EXIT_STATUS=0 "
+        rf"^<6>worker\[testq\]: job {ok[:8]} finished: ack \(exit 0, \d+\.\d s, attempt 1/3\) STEADQ_ATTEMPT=1 STEADQ_DURATION_MS=\d+ STEADQ_EXIT_STATUS=0 "
         rf"STEADQ_JOB_ID={ok} STEADQ_VERDICT=ack$"
     )
-    d.wait_log(rf"job finished: retry .*STEADQ_EXIT_STATUS=75 STEADQ_JOB_ID={flaky} STEADQ_VERDICT=retry$")
-    d.wait_log(rf"job finished: bury .*STEADQ_EXIT_STATUS=100 STEADQ_JOB_ID={rejected} STEADQ_VERDICT=bury$")
-    d.wait_log(rf"no attempts left \(1/1\); job buried with reason 0x0004 .*STEADQ_JOB_ID={exhausted}")
+    d.wait_log(
+        rf"job {flaky[:8]} finished: retry \(exit 75, .*STEADQ_EXIT_STATUS=75 STEADQ_JOB_ID={flaky} STEADQ_VERDICT=retry$"
+    )
+    d.wait_log(
+        rf"job {rejected[:8]} finished: bury \(exit 100, .*STEADQ_EXIT_STATUS=100 STEADQ_JOB_ID={rejected} STEADQ_VERDICT=bury$"
+    )
+    d.wait_log(rf"job {exhausted[:8]} buried: no attempts left \(1/1, attempts_exhausted\) .*STEADQ_JOB_ID={exhausted}")
+    d.wait_log(rf"job {rejected[:8]} buried: exit 100 \(reason 0x012c\) .*STEADQ_JOB_ID={rejected}")
 
 
 def test_environment_metadata_and_payload_file_are_data(denv: Env, daemons, tmp_path: Path) -> None:
@@ -241,7 +246,9 @@ def test_timeout_kills_the_process_group_and_retries(denv: Env, daemons) -> None
         first = denv.started(job, 1)
         d.wait_log(rf"job timed out after 1s; sending SIGTERM .*STEADQ_JOB_ID={job}")
         d.wait_log(rf"still running after the kill grace; sending SIGKILL .*STEADQ_JOB_ID={job}")
-        d.wait_log(rf"job finished: retry \(timed out\) .*STEADQ_JOB_ID={job} STEADQ_SIGNAL=SIGKILL")
+        d.wait_log(
+            rf"job {job[:8]} finished: retry \(timed out, killed by SIGKILL, .*STEADQ_JOB_ID={job} STEADQ_SIGNAL=SIGKILL"
+        )
         wait_for(lambda: not live_group_members(first["pgid"]), 10, "attempt 1's process group to die")
         # the retry went to delayed/ with backoff; recovery passes promote it (the promoter is another role)
         wait_for(lambda: q.recover() and (denv.results / f"{job}.2.start").exists(), DEADLINE, "attempt 2")

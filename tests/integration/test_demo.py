@@ -88,22 +88,23 @@ def test_demo_job_rejects_foreign_payload(capsys):
 
 
 def test_log_line_parsing_and_shortening():
-    raw = (
-        "<4>run[demo]: job buried STEADQ_ATTEMPT=1 STEADQ_JOB_ID=c3887e457c6fa88d90b0ae366145af22 STEADQ_REASON=0x0100"
-    )
+    raw = "<4>run[demo]: job c3887e45 buried: exit 100 (reason 0x0100) STEADQ_ATTEMPT=1 STEADQ_JOB_ID=c3887e457c6fa88d90b0ae366145af22 STEADQ_REASON=0x0100"
     line = LogLine.parse(raw)
-    assert line.priority == 4 and line.message == "job buried"
+    assert line.priority == 4 and line.message == "job c3887e45 buried: exit 100 (reason 0x0100)"
     assert line.fields["STEADQ_JOB_ID"] == "c3887e457c6fa88d90b0ae366145af22"
-    assert line.short() == "<4>run[demo]: job buried ATTEMPT=1 JOB_ID=c3887e457c6f… REASON=0x0100"
+    assert (
+        line.short()
+        == "<4>run[demo]: job c3887e45 buried: exit 100 (reason 0x0100) ATTEMPT=1 JOB_ID=c3887e457c6f… REASON=0x0100"
+    )
     quoted = LogLine.parse("<5>run[demo]: started STEADQ_PATH=/q STEADQ_ROLES='worker,sweeper,promoter'")
     assert quoted.message == "started" and quoted.fields["STEADQ_ROLES"] == "worker,sweeper,promoter"
     trace = LogLine.parse("Traceback (most recent call last):")
     assert trace.priority == 3 and trace.short() == trace.raw
     t = Tally()
     assert t.feed(line) and t.buried == 1
-    assert t.feed(LogLine.parse("<6>run[demo]: job retried: delayed STEADQ_JOB_ID=x STEADQ_STATE=delayed"))
+    assert t.feed(LogLine.parse("<6>run[demo]: job 0000000x retried: delayed STEADQ_JOB_ID=x STEADQ_STATE=delayed"))
     assert t.retried == 1
-    assert not t.feed(LogLine.parse("<6>run[demo]: job started STEADQ_JOB_ID=x"))
+    assert not t.feed(LogLine.parse("<6>run[demo]: job 0000000x started (attempt 1/3, pid 7) STEADQ_JOB_ID=x"))
     assert t.lines == 3
 
 
@@ -148,13 +149,17 @@ def test_demo_runs_the_daemon_and_settles_every_job(tmp_path):
     # daemon.log (verbatim), with the journal-style fields.
     assert "daemon| <5>run[demo]: started" in out
     assert "daemon| <5>run[demo]: stopping: draining" in out and "daemon| <5>run[demo]: stopped" in out
-    assert out.count("run[demo]: job buried") == plan["poison"]
-    assert out.count("run[demo]: job retried: delayed") == plan["flaky"]
+    assert len(re.findall(r"run\[demo\]: job \w+ buried: ", out)) == plan["poison"]
+    assert len(re.findall(r"run\[demo\]: job \w+ retried: delayed", out)) == plan["flaky"]
     assert "run[demo]: promoted " in out
     log = (base / "daemon.log").read_text()
-    assert len(re.findall(r"^<\d>run\[demo\]: job finished: ack .*STEADQ_VERDICT=ack", log, re.M)) == s["acked"]
     assert (
-        len(re.findall(r"^<\d>run\[demo\]: job finished: bury .*STEADQ_EXIT_STATUS=100", log, re.M)) == plan["poison"]
+        len(re.findall(r"^<\d>run\[demo\]: job \w+ finished: ack \(exit 0, .*STEADQ_VERDICT=ack", log, re.M))
+        == s["acked"]
+    )
+    assert (
+        len(re.findall(r"^<\d>run\[demo\]: job \w+ finished: bury \(exit 100, .*STEADQ_EXIT_STATUS=100", log, re.M))
+        == plan["poison"]
     )
     assert re.search(r"^<6>run\[demo\]: demo-job [0-9a-f]{12}: frame \d+ .*STEADQ_STREAM=stdout", log, re.M)
     # The producer used both paths: `steadq put` and the library.

@@ -47,7 +47,9 @@ def test_put_delay_2s_runs_within_2_0_to_2_3_s(system_root: SystemdRoot) -> None
         started = wait_for(
             "job started",
             lambda: [
-                e for e in journal(root, f"STEADQ_JOB_ID={job}") if str(e.get("MESSAGE", "")).startswith("job started")
+                e
+                for e in journal(root, f"STEADQ_JOB_ID={job}")
+                if str(e.get("MESSAGE", "")).startswith(f"job {job[:8]} started")
             ],
         )
         ran_after = int(started[0]["__REALTIME_TIMESTAMP"]) / 1e6 - put_at

@@ -138,8 +138,10 @@ def test_journal_has_per_job_fields_and_failing_stderr(demo: SystemdRoot) -> Non
 
     by_queue = journal(root, "STEADQ_QUEUE=demo", f"STEADQ_JOB_ID={ok}")
     messages = {e["MESSAGE"] for e in by_queue}
-    assert "job started" in messages and "job finished: ack" in messages, messages
-    finished = next(e for e in by_queue if e["MESSAGE"] == "job finished: ack")
+    # the MESSAGE is the story without -o verbose: which job, what happened, how it ended
+    assert f"job {ok[:8]} started (attempt 1/3, pid " in " ".join(messages), messages
+    finished = next(e for e in by_queue if str(e["MESSAGE"]).startswith(f"job {ok[:8]} finished: ack"))
+    assert re.fullmatch(rf"job {ok[:8]} finished: ack \(exit 0, \d+\.\d s, attempt 1/3\)", finished["MESSAGE"])
     assert finished["STEADQ_ROLE"] == "worker"
     assert finished["STEADQ_ATTEMPT"] == "1"
     assert finished["STEADQ_VERDICT"] == "ack"
@@ -153,7 +155,7 @@ def test_journal_has_per_job_fields_and_failing_stderr(demo: SystemdRoot) -> Non
     stderr = [e for e in failing if e.get("STEADQ_STREAM") == "stderr"]
     assert [e["MESSAGE"] for e in stderr] == [f"boom: :{marker}"]
     assert stderr[0]["PRIORITY"] == "4"
-    assert any(e["MESSAGE"] == "job buried" for e in failing)
+    assert any(re.fullmatch(rf"job {bad[:8]} buried: exit \d+ \(.+\)", str(e["MESSAGE"])) for e in failing), failing
 
     text = root.run("journalctl", "--no-pager", "-u", "steadq-worker@demo", "-o", "cat").stdout
     assert f"boom: :{marker}" in text

@@ -129,4 +129,4 @@ def test_the_worker_applies_a_verdict(
         int(not dead and applied is RETRY),
     )
     if reason == 4:
-        assert "no attempts left (1/1); job buried with reason 0x0004" in out.getvalue()
+        assert f"job {job[:8]} buried: no attempts left (1/1, attempts_exhausted)" in out.getvalue()
