@@ -86,9 +86,12 @@ def format_stats_text(s: Mapping[str, Any]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def format_stats_json(s: Mapping[str, Any]) -> str:
-    """cli.md ``--json``: 2-space pretty JSON, keys sorted, final newline included."""
+def format_stats_json(s: Mapping[str, Any], running: Any = None) -> str:
+    """cli.md ``--json``: 2-space pretty JSON, keys sorted, final newline included;
+    ``running`` (the leases, also counted in ``ready``) when given."""
     doc = {k: {"objects": v.objects, "oldest_age_seconds": v.oldest_age_seconds} for k, v in s.items()}
+    if running is not None:
+        doc["running"] = {"objects": running.objects, "oldest_age_seconds": running.oldest_age_seconds}
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
@@ -112,6 +115,9 @@ def cmd_stats(a: argparse.Namespace) -> int:
     try:
         try:
             s = q.entry_stats()
+            # Leases sit in ready/ and the reference's counting lists them there;
+            # --json adds them as "running" (the plain lines stay the reference's).
+            running = q.stats()["leased"] if a.json and not a.prometheus else None
         except OSError as e:
             raise CliError(f"stats: {e.filename}: {e.strerror}", os_exit_code(e)) from e
     finally:
@@ -119,7 +125,7 @@ def cmd_stats(a: argparse.Namespace) -> int:
     if a.prometheus:
         text = format_stats_prometheus(s)
     elif a.json:
-        text = format_stats_json(s)
+        text = format_stats_json(s, running)
     else:
         text = format_stats_text(s)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")

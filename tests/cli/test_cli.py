@@ -402,7 +402,7 @@ def test_stats_text_json_prometheus(qpath: str) -> None:
     assert re.fullmatch(r"ready: 1 \(oldest \d+s\)", r.out_lines[4]) and r.out_lines[5:] == ["receipts: 0"]
     j = steadq("stats", qpath, "--json")
     doc = json.loads(j.out)
-    assert list(doc) == ["dead", "delayed", "leased", "quarantine", "ready", "receipts"]
+    assert list(doc) == ["dead", "delayed", "leased", "quarantine", "ready", "receipts", "running"]
     assert doc["ready"]["objects"] == 1 and doc["dead"] == {"objects": 0, "oldest_age_seconds": None}
     assert j.out == json.dumps(doc, indent=2, sort_keys=True) + "\n"
     anywhere = json.loads(steadq("--json", "stats", qpath).out)  # --json accepted anywhere

@@ -6,6 +6,8 @@ for the leases, and ``ls`` on a terminal ends with the totals.
 
 from __future__ import annotations
 
+import json
+
 from steadqd import Queue
 
 from .helpers import steadq
@@ -26,7 +28,11 @@ def test_watch_shows_the_running_jobs_and_stats_keeps_the_reference_lines(qpath:
             "dead:", "delayed:", "leased:", "quarantine:", "ready:", "receipts:",
         ]  # fmt: skip
         assert s.out_lines[4].startswith("ready: 2 ")  # the reference's count: the lease is in ready/
+        doc = json.loads(steadq("stats", qpath, "--json").out)
+        assert doc["running"]["objects"] == 1 and doc["ready"]["objects"] == 2
+        assert doc["running"]["oldest_age_seconds"] is not None
         q.ack(lease)
+        assert json.loads(steadq("stats", qpath, "--json").out)["running"]["objects"] == 0
 
 
 def test_ls_on_a_terminal_ends_with_the_running_count(qpath: str) -> None:
