@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from steadqd.backoff import RetryPolicy
 from steadqd.errors import InvalidInput
@@ -31,6 +31,9 @@ from steadqd.fs.handle import Queue as FsQueue
 from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.objects import dump_file as fs_dump_file
 from steadqd.fs.objects import verify_file as fs_verify_file
+
+if TYPE_CHECKING:
+    from steadqd.s3.operator import BucketBackend
 
 __all__ = [
     "Backend",
@@ -55,7 +58,7 @@ __all__ = [
 
 # Schemes of queue URLs this version knows of; a target with any other
 # ``scheme://`` prefix is refused rather than taken for a relative path.
-URL_SCHEMES: tuple[str, ...] = ()
+URL_SCHEMES: tuple[str, ...] = ("s3",)
 
 # What a payload may be: bytes, or a binary file object that is streamed.
 Payload = bytes | bytearray | memoryview | BinaryIO
@@ -419,15 +422,28 @@ def new_job_id() -> str:
     return os.urandom(16).hex()
 
 
+def _is_bucket(target: str) -> bool:
+    return target.startswith("s3://")
+
+
 def open_queue(target: str, **options: Any) -> Backend:
-    """Open the queue at ``target`` with the backend that serves it."""
+    """Open the queue at ``target`` (a directory, or ``s3://BUCKET/PREFIX``) with the backend that serves it."""
     _check_target(target)
+    if _is_bucket(target):
+        # Imported here: botocore is an extra, and a filesystem queue must open without it.
+        from steadqd.s3.url import open_bucket_queue
+
+        return open_bucket_queue(target, **options)
     return FsQueue.open(target, **options)
 
 
 def init_queue(target: str, **options: Any) -> Backend:
     """Create a queue at ``target`` (refused if one is there) and open it."""
     _check_target(target)
+    if _is_bucket(target):
+        from steadqd.s3.url import init_bucket_queue
+
+        return init_bucket_queue(target, **options)
     return FsQueue.init(target, **options)
 
 
@@ -466,4 +482,9 @@ def list_dead_files(target: str) -> list[Any] | None:
 
 def _fs_conforms(q: FsQueue) -> Backend:
     """Never called: mypy proves here that the filesystem backend meets the contract."""
+    return q
+
+
+def _bucket_conforms(q: BucketBackend) -> Backend:
+    """Never called: mypy proves here that the bucket backend meets the contract (refusals included)."""
     return q

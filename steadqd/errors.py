@@ -254,6 +254,17 @@ class StoreProfileViolation(SteadQError):
         self.primitive = primitive
 
 
+class NotSupportedHere(SteadQError):
+    """The queue's backend does not offer this operation (yet): nothing was read or changed.
+
+    Why a refusal and not an empty answer: an operator tool that says "no
+    dead letters" or "fsck: clean" for a store it never examined is worse
+    than one that says it cannot look (exit 64, like an unsupported store).
+    """
+
+    default_kind = ErrorKind.UNSUPPORTED_STORE
+
+
 class EnqueueIncomplete(SteadQError):
     """``enqueue_many`` published the first jobs of its input, then failed.
 

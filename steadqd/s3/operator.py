@@ -1,0 +1,218 @@
+"""``BucketBackend``: a bucket queue as ``steadqd.backend`` hands it to the programs.
+
+Why a subclass of :class:`~steadqd.s3.handle.BucketQueue` and not more
+methods on it: the handle is the protocol's facade (enqueue, lease, renew,
+ack, retry, bury), and what is added here is what the command line needs on
+top, a handle file that a later process turns back into a lease, and where a
+published job is stored. Everything the backend contract asks for beyond that
+(the operator views, recovery, the daemons' watches) is refused with
+:class:`~steadqd.errors.NotSupportedHere` naming the operation, so that a
+tool never reports "nothing found" about a bucket it did not look at; each
+refusal goes when its step of issue 19 lands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any, BinaryIO, NoReturn, cast
+
+from steadqd.constants import ID_BYTES
+from steadqd.errors import InvalidInput, LeaseLost, NotSupportedHere
+from steadqd.s3 import keys
+from steadqd.s3.claim import Lease
+from steadqd.s3.handle import BucketQueue
+from steadqd.s3.layout import QueueLayout
+from steadqd.s3.records import QUEUE_ID_BYTES, TOKEN_BYTES, ClaimRecord, JobRecord
+
+__all__ = ["BucketBackend", "HANDLE_FORMAT"]
+
+# Names the handle-file shape, so that a filesystem queue's handle given to a
+# bucket queue (or the other way round) is refused by name, not misread.
+HANDLE_FORMAT = "stowq-lease/1"
+
+
+def _refuse(operation: str) -> NoReturn:
+    raise NotSupportedHere(
+        f"{operation} is not yet supported for bucket queues (s3://); docs/stowq.md, Status, says what is"
+    )
+
+
+def _field(doc: Mapping[str, Any], name: str, kind: type) -> Any:
+    value = doc.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InvalidInput(f"field {name!r} is missing or not a {kind.__name__}")
+    return value
+
+
+def _hex(doc: Mapping[str, Any], name: str, length: int) -> bytes:
+    text = _field(doc, name, str)
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raw = b""
+    if len(raw) != length or raw.hex() != text:
+        raise InvalidInput(f"field {name!r} is not {2 * length} lowercase hex digits")
+    return raw
+
+
+class BucketBackend(BucketQueue):
+    """One open bucket queue with the backend contract's method set; what it cannot do yet, it refuses."""
+
+    def __init__(self, layout: QueueLayout, *, url: str, **handle: Any) -> None:
+        super().__init__(layout, **handle)
+        self._url = url.rstrip("/")
+
+    @property
+    def path(self) -> str:
+        """The queue's URL as it was given (``s3://BUCKET/PREFIX``), which every message names."""
+        return self._url
+
+    # -- what the command line needs beyond the protocol ------------------------------
+
+    def enqueue_detailed(self, payload: Any, **options: Any) -> tuple[str, str]:
+        job_id = self.enqueue(payload, **options)
+        return job_id, f"{self.path}/{self.job_key(job_id)}"
+
+    def handle_text(self, lease: Lease) -> str:
+        """The lease as JSON; its ``worker_token`` is the proof of holding, so the CLI writes it mode 0600.
+
+        Only what identifies the claim is written: ``lease_from_handle``
+        reads the claim and the job back from the store, which stay the truth.
+        """
+        claim = keys.claim_key(lease.shard, lease.job_id_bytes, lease.generation)
+        doc = {
+            "format": HANDLE_FORMAT,
+            "queue_id": self.queue_id,
+            "job_id": lease.job_id,
+            "generation": lease.generation,
+            "worker_token": lease.worker_token.hex(),
+            "exact_source_path": claim,
+        }
+        return json.dumps(doc, indent=2) + "\n"
+
+    def lease_from_handle(self, text: str) -> tuple[Lease | None, str | None]:
+        """The lease a handle file names, re-read from its claim; (None, its queue) for another queue's handle."""
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise InvalidInput(f"not JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise InvalidInput("not a JSON object")
+        if doc.get("format") != HANDLE_FORMAT:
+            raise InvalidInput(f"not a bucket queue's lease (its format is not {HANDLE_FORMAT!r})")
+        queue_id = _hex(doc, "queue_id", QUEUE_ID_BYTES).hex()
+        if queue_id != self.queue_id:
+            return None, queue_id
+        job_id = _hex(doc, "job_id", ID_BYTES)
+        generation = _field(doc, "generation", int)
+        token = _hex(doc, "worker_token", TOKEN_BYTES)
+        if generation < 1:
+            raise InvalidInput(f"field 'generation' is {generation}; generations start at 1")
+        shard = keys.shard_of(self.layout.queue_id, job_id, self.layout.format.shard_count)
+        claim_rel = keys.claim_key(shard, job_id, generation)
+        found = self.layout.read(claim_rel)
+        if found is None:
+            raise LeaseLost(f"{claim_rel}: the claim is gone (its job was settled and collected)")
+        claim, claim_meta = found
+        if not isinstance(claim, ClaimRecord) or claim.worker_token != token:
+            raise InvalidInput(f"the worker_token is not the one of {claim_rel}")
+        job_rel = keys.job_key(shard, job_id)
+        job = self.layout.read(job_rel)
+        if job is None:
+            raise LeaseLost(f"{job_rel}: the job is gone (settled and collected)")
+        lease = Lease(
+            job_id_bytes=job_id,
+            shard=shard,
+            generation=generation,
+            attempt=claim.attempt,
+            worker_id=claim.worker_id,
+            worker_token=token,
+            lease_duration_ns=claim.lease_duration_ns,
+            claim_store_time_ns=self.layout.store_time(claim_rel, claim_meta),
+            job=cast(JobRecord, job[0]),
+            job_store_time_ns=job[1].store_time_ns,
+        )
+        return lease, queue_id
+
+    def quarantined_in_last_scan(self) -> list[tuple[str, int, str]]:
+        """Always empty: a bucket scan records each corrupt object it meets as a ``quarantine/`` finding
+        and logs it to the journal as it does (``quarantine.flag``); it does not hand them back yet."""
+        return []
+
+    @property
+    def last_scan(self) -> None:
+        """None: the findings of a scan go to the journal as they are made (see ``quarantined_in_last_scan``)."""
+        return None
+
+    def batch(self) -> contextlib.nullcontext[None]:
+        """Nothing to share: every create is durable when the store answers it."""
+        return contextlib.nullcontext()
+
+    def sync(self) -> None:
+        """Nothing is buffered: every create is durable when the store answers it."""
+
+    # -- refused until their step of issue 19 lands ------------------------------------
+
+    def recover(
+        self, budget_ops: int = 1000, budget_ms: int = 100, *, phases: tuple[str, ...] | None = None
+    ) -> NoReturn:
+        _refuse("recovery (steadq recover, the sweeper)")
+
+    def ready_watch(self) -> NoReturn:
+        _refuse("a ready watch (the worker daemon, steadqd.work)")
+
+    def delayed_watch(self, report: Callable[[str, str], None]) -> NoReturn:
+        _refuse("a delayed watch (the promoter)")
+
+    def open_leased_payload(self, lease: Any) -> NoReturn:
+        _refuse("streaming a payload from a file descriptor (steadq work)")
+
+    def stats(self) -> NoReturn:
+        _refuse("stats")
+
+    def entry_stats(self) -> NoReturn:
+        _refuse("stats")
+
+    def list_jobs(self, states: Collection[str]) -> NoReturn:
+        _refuse("listing jobs (steadq ls)")
+
+    def inspect(self, job_id: str) -> NoReturn:
+        _refuse("inspect")
+
+    def inspect_detailed(self, job_id: str) -> NoReturn:
+        _refuse("inspect")
+
+    def job_story(self, job_id: str, payload_head: int = 4096) -> NoReturn:
+        _refuse("show")
+
+    def copy_job_payload(self, job_id: str, out: BinaryIO) -> NoReturn:
+        _refuse("show --payload")
+
+    def fsck(self, deep: bool = False, repair: bool = False) -> NoReturn:
+        _refuse("fsck")
+
+    def resolve(self, ticket: Any, stabilize: bool = False) -> NoReturn:
+        _refuse("resolving a ticket (every bucket operation resolves its own outcome by reading the key)")
+
+    def export_dead(self, job_id: str, out_path: str, *, payload_only: bool = False) -> NoReturn:
+        _refuse("admin dead-export")
+
+    def remove_dead(self, job_id: str) -> NoReturn:
+        _refuse("admin dead-remove")
+
+    def requeue_dead(self, job_id: str, *, max_attempts_reset: bool = True) -> NoReturn:
+        _refuse("admin dead-requeue")
+
+    def list_quarantine(self) -> Iterator[Any]:
+        _refuse("admin quarantine-list")
+
+    def inspect_quarantine(self, quarantine_id: str) -> NoReturn:
+        _refuse("admin quarantine-inspect")
+
+    def export_quarantine(self, quarantine_id: str, out_path: str) -> NoReturn:
+        _refuse("admin quarantine-export")
+
+    def remove_quarantine(self, quarantine_id: str) -> NoReturn:
+        _refuse("admin quarantine-remove")
