@@ -90,6 +90,16 @@ cp "$SRC"/units/*.service "$SRC"/units/*.target "$B/units/"
 cp "$SRC/units/steadq.sysusers.conf" "$SRC/units/steadq.tmpfiles.conf" "$B/"
 cp "$SRC/etc/steadq/queues/example.yaml" "$B/etc/example.yaml"
 cp "$SRC"/docs/*.md "$SRC/README.md" "$B/docs/"
+# Man pages as written (man/), completion scripts from the programs just built, as the .deb has them.
+mkdir -p "$B/man" "$B/completions"
+cp "$SRC"/man/*.1 "$SRC"/man/*.5 "$B/man/"
+for entry in steadq:steadqd.cli.main:main steadqd:steadqd.daemon.main:daemon_main; do
+    IFS=: read -r prog module fn <<<"$entry"
+    for sh in bash zsh fish; do
+        "${CLEAN_ENV[@]}" PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$SP" "$PY" -c \
+            "import sys; from $module import $fn; sys.exit($fn(['completion', '$sh']))" >"$B/completions/$prog.$sh"
+    done
+done
 cp "$SRC/packaging/vendor/inotify_simple/LICENSE" "$B/licenses/inotify_simple.LICENSE"
 install -m 0755 "$SRC/packaging/bundle/install.sh" "$SRC/packaging/bundle/uninstall.sh" "$B/"
 cp "$SRC/packaging/bundle/README.txt" "$B/"

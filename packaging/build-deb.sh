@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
 done
 
 BUILD_DEPS=(build-essential debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools
-            python3-systemd python3-cffi python3-yaml help2man lintian)
+            python3-systemd python3-cffi python3-yaml lintian)
 
 install_build_deps() {
     # shellcheck source=apt-ensure.sh
@@ -48,7 +48,7 @@ stage() {
     mkdir -p "$dst"
     # Only what the package is built from; no caches, no egg-info, no tests.
     tar -C "$SRC" --exclude='__pycache__' --exclude='*.pyc' --exclude='*.egg-info' \
-        -cf - steadqd pyproject.toml README.md docs units etc packaging/vendor | tar -C "$dst" -xf -
+        -cf - steadqd pyproject.toml README.md docs man units etc packaging/vendor | tar -C "$dst" -xf -
     cp -r "$SRC/packaging/debian" "$dst/debian"
     # dh_installsysusers/dh_installtmpfiles --name=steadq read these names; the single source of
     # truth stays in units/.

@@ -103,6 +103,17 @@ EOF
 write_script steadqd steadqd.daemon.main daemon_main
 write_script steadq steadqd.cli.main main
 cp "$HERE"/docs/*.md "$D/share/doc/steadqd/"
+# man finds P/share/man through P/bin on PATH; the completions sit where each shell's
+# packages put theirs, under P (source them, or link them into /usr/share when wanted).
+mkdir -p "$D/share/man/man1" "$D/share/man/man5" "$D/share/bash-completion/completions" \
+    "$D/share/zsh/vendor-completions" "$D/share/fish/vendor_completions.d"
+cp "$HERE"/man/*.1 "$D/share/man/man1/"
+cp "$HERE"/man/*.5 "$D/share/man/man5/"
+for prog in steadq steadqd; do
+    cp "$HERE/completions/$prog.bash" "$D/share/bash-completion/completions/$prog"
+    cp "$HERE/completions/$prog.zsh" "$D/share/zsh/vendor-completions/_$prog"
+    cp "$HERE/completions/$prog.fish" "$D/share/fish/vendor_completions.d/$prog.fish"
+done
 cp -r "$HERE/licenses" "$D/share/doc/steadqd/"
 cp "$HERE/MANIFEST" "$D/share/steadq/MANIFEST"
 install -m 0755 "$HERE/uninstall.sh" "$D/share/steadq/uninstall.sh"

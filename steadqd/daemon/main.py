@@ -146,9 +146,9 @@ def daemon_main(argv: list[str] | None = None) -> int:
         ("inbox", "enqueue the files of QUEUE's watch folder (its `inbox:` section)"),
     ):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("queue", metavar="QUEUE")
+        p.add_argument("queue", metavar="QUEUE", help="the queue's name: its <config dir>/QUEUE.yaml")
     p = sub.add_parser("check-config", help="validate configuration files without starting anything")
-    p.add_argument("queues", nargs="*", metavar="QUEUE")
+    p.add_argument("queues", nargs="*", metavar="QUEUE", help="the queues to check (default: every *.yaml file)")
     p.add_argument(
         "--open",
         action="store_true",
