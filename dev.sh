@@ -9,7 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-DEB_PACKAGES=(gcc pkg-config libsystemd-dev libffi-dev e2fsprogs xfsprogs btrfs-progs util-linux)
+# zsh, fish, groff-base and man-db: tests/cli drive the completion scripts and check the man pages.
+DEB_PACKAGES=(gcc pkg-config libsystemd-dev libffi-dev e2fsprogs xfsprogs btrfs-progs util-linux zsh fish groff-base man-db)
 
 install_system_packages() {
     command -v dpkg-query >/dev/null 2>&1 || return 0
