@@ -31,13 +31,18 @@ def add_init(sub: Subcommands) -> None:
         action="store_true",
         help="setgid 2770 root: every user in the directory's group may produce and consume",
     )
-    s.add_argument("--parents", action="store_true", help="also create missing parent directories (like mkdir -p)")
+    s.add_argument(
+        "--parents",
+        action="store_true",
+        help="also create missing parent directories (like mkdir -p; no effect on s3://)",
+    )
     s.set_defaults(run=cmd_init)
 
 
 def cmd_init(a: argparse.Namespace) -> int:
     parent = os.path.dirname(os.path.abspath(a.path))
-    if not a.parents and not os.path.isdir(parent):
+    # A URL (s3://BUCKET/PREFIX) has no parent directory to check.
+    if not a.parents and "://" not in a.path and not os.path.isdir(parent):
         # The reference creates every missing parent; a typo in the path then
         # silently builds a tree somewhere unexpected, so we ask first.
         raise CliError(f"init failed: parent directory {parent} does not exist (create it, or give --parents)", 6)
