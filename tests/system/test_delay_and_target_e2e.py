@@ -9,13 +9,14 @@ that waited for the bucket would run it that much later. Its start is the
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 
 from tests.invariants import check_tree
 
-from .conftest import init_queue, journal, put, wait_for
+from .conftest import init_queue, journal, put, queue_yaml, wait_for, write_config
 from .sysroot import SystemdRoot
 
 pytestmark = pytest.mark.system
@@ -74,4 +75,34 @@ def test_the_queue_target_is_active_while_its_units_run(system_root: SystemdRoot
         wait_for(f"{target} active again", lambda: _active(root, target) == "active")
     finally:
         root.run("systemctl", "disable", "--now", f"steadq-worker@{name}.service", check=False)
+        root.run("systemctl", "stop", *_units(name), check=False)
+
+
+def test_the_worker_writes_its_metrics_textfile_under_the_hardened_unit(system_root: SystemdRoot) -> None:
+    """metrics_textfile: as docs/configuration.md tells an operator to set it up, under the real unit."""
+    root, name = system_root, "mq"
+    init_queue(root, name)
+    root.run("install", "-d", "-o", "steadq", "-g", "steadq", "/var/lib/steadq/metrics")
+    write_config(root, name, queue_yaml(name) + f"metrics_textfile: /var/lib/steadq/metrics/{name}.prom\n")
+    prom = root.host_path(f"/var/lib/steadq/metrics/{name}.worker.prom")
+    acked = re.compile(r'^steadqd_jobs_total\{[^}]*state="acked"[^}]*\} (\d+)$', re.M)
+
+    def count() -> int:
+        try:
+            m = acked.search(open(prom).read())
+        except OSError:
+            return -1
+        return int(m[1]) if m else -1
+
+    try:
+        root.run("systemctl", "start", f"steadq-worker@{name}.service")
+        wait_for("the worker", lambda: _active(root, f"steadq-worker@{name}.service") == "active")
+        for i in range(2):
+            put(root, name, f"ok:m{i}")
+        wait_for("two acks in the textfile", lambda: count() == 2)
+        text = open(prom).read()
+        assert "# HELP steadqd_jobs_total" in text and "# TYPE steadqd_jobs_total counter" in text
+        assert f'queue="{name}"' in text and 'role="worker"' in text
+        assert "steadqd_job_duration_seconds_bucket" in text
+    finally:
         root.run("systemctl", "stop", *_units(name), check=False)
