@@ -41,7 +41,10 @@ def produce(inbox: Path, staging: Path, rng: random.Random, stop: threading.Even
 
 
 def settled(inbox: Path, done: Path, after: str) -> bool:
-    state = os.listdir(inbox / ".steadq-inbox")
+    try:
+        state = os.listdir(inbox / ".steadq-inbox")
+    except FileNotFoundError:  # a loaded machine: no run got as far as making it yet
+        return False
     if any(not n.endswith(".kept") for n in state):
         return False
     if after == "keep":
