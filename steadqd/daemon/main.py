@@ -137,7 +137,7 @@ def daemon_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--version", action="version", version=f"steadqd {_version()}", help="print the version and exit")
     config_help = "directory of <queue>.yaml files (default $STEADQ_CONFIG_DIR or /etc/steadq/queues)"
     ap.add_argument("--config-dir", help=config_help)
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", help="a role to run, or a tool")
     for name, helptext in (
         ("worker", "run jobs of QUEUE with the configured command"),
         ("sweeper", "periodic recovery of QUEUE"),

@@ -4,6 +4,7 @@ after the subcommand, through the installed console script as systemd and operat
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,3 +48,32 @@ def test_config_dir_before_or_after_the_subcommand(
     # Given twice, the one after the subcommand wins, as the last of a flag does anywhere.
     d = steadqd("--config-dir", conf, "check-config", "q1", "--config-dir", empty)
     assert d.returncode == 78 and str(empty) in d.stderr, d.stderr
+
+
+def _undocumented(help_text: str) -> list[str]:
+    """Option and argument lines of argparse's --help that have no help text after them."""
+    lines = help_text.splitlines()
+    bare = []
+    for i, line in enumerate(lines):
+        m = re.fullmatch(r"  (\S.*?)(?:\s{2,}\S.*)?", line)
+        if not m or line.startswith("   ") or m.group(1).endswith(":"):
+            continue
+        documented = re.fullmatch(r"  \S.*?\s{2,}\S.*", line) or (
+            i + 1 < len(lines) and re.match(r"\s{20,}\S", lines[i + 1])
+        )
+        if not documented:
+            bare.append(m.group(1))
+    return bare
+
+
+def test_every_option_and_argument_has_help_text() -> None:
+    top = steadqd("--help").stdout
+    commands = re.findall(r"^    ([a-z][a-z-]+)\s", top, re.M)
+    assert "worker" in commands and "completion" in commands, top
+    assert _undocumented(top) == []
+    for name in commands:
+        if name == "demo":
+            continue  # its own parser, steadqd.demo
+        d = steadqd(name, "--help")
+        assert d.returncode == 0, d.stderr
+        assert _undocumented(d.stdout) == [], (name, d.stdout)
