@@ -40,8 +40,11 @@ apart from the store layer, and this package apart from ``steadqd.fs``):
   - ``publish`` (enqueue), ``claim`` (the claim chain, takeover),
     ``lease`` (renew), ``settle`` (ack, retry, bury);
   - ``handle``: ``BucketQueue``, the facade with ``steadqd.backend``'s
-    method names.
+    method names; ``operator``: ``BucketBackend``, the facade plus handle
+    files, with every operation not built yet refused by name;
+  - ``url``: ``s3://BUCKET/PREFIX``, parsed, opened or created, with the
+    first request's failure explained.
 
-Recovery, sweeps and GC land next; programs will reach the queue through
-``steadqd.backend``, never by importing this package.
+Recovery, sweeps and GC land next; programs reach the queue through
+``steadqd.backend.open_queue``, never by importing this package.
 """

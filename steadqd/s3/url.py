@@ -30,9 +30,11 @@ SCHEME = "s3"
 PROFILES: dict[str, StoreProfile] = {p.name: p for p in (S3_GENERIC, SEAWEEDFS, CEPH_RGW)}
 # Options of the handle itself (BucketQueue.__init__), passed through.
 _HANDLE_OPTIONS = ("floor_staleness_s", "monotonic", "sleep", "first_shard")
-# The filesystem backend's options that a caller may pass whatever the queue:
-# meaningless for a bucket (every create is durable when answered), so accepted only when off.
-_FS_ONLY = ("deferred", "allow_unsupported_fs", "shared", "max_clock_skew")
+# Filesystem options that only relax something a bucket never does (postpone
+# fsyncs, accept a weak filesystem): every create is durable when answered, so they are moot.
+_MOOT = ("deferred", "allow_unsupported_fs")
+# Filesystem options that demand something a bucket has no such thing for: refused when set.
+_FS_ONLY = ("shared", "max_clock_skew")
 # botocore error codes that mean the credentials themselves were refused.
 _BAD_CREDENTIALS = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"})
 _CREDENTIAL_HELP = (
@@ -79,6 +81,8 @@ def parse_url(target: str) -> BucketURL:
 
 
 def _settings_options(options: dict[str, Any]) -> dict[str, Any]:
+    for name in _MOOT:
+        options.pop(name, None)
     for name in _FS_ONLY:
         if options.pop(name, None):
             raise InvalidInput(f"{name} is an option of filesystem queues; a bucket queue has no such setting")

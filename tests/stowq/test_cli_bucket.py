@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from steadqd.backend import open_queue
+from steadqd.backend import init_queue, open_queue
 from steadqd.errors import InvalidInput, NotSupportedHere
 from steadqd.s3 import keys
 from steadqd.s3.url import parse_url
@@ -74,6 +74,20 @@ def test_a_malformed_url_is_refused_naming_what_is_wrong(url: str, says: str, tm
     assert done.returncode == 1 and says.split("'")[0].strip() in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"shared": True}, "shared is an option of filesystem queues"),
+        ({"shards": 6}, "needs a power of two"),
+        ({"terminal_width_ns": 0}, "give a positive number"),
+        ({"store_profile": "minio"}, "store profile 'minio' is not known"),
+    ],
+)
+def test_init_options_a_bucket_cannot_honour_are_refused(options: dict[str, object], says: str) -> None:
+    with pytest.raises(InvalidInput, match=says):
+        init_queue("s3://render/farm", **options)
+
+
 def test_the_url_parses_to_bucket_and_prefix() -> None:
     assert parse_url("s3://render/farm") == parse_url("s3://render/farm/")
     url = parse_url("s3://render/farm/night")
@@ -130,12 +144,26 @@ def test_init_put_lease_ack_retry_bury_on_a_bucket(seaweed: Seaweed, live_prefix
     assert second not in receipts + dead
 
 
-def test_a_handle_of_another_queue_is_refused(seaweed: Seaweed, live_prefix: str, tmp_path: Path) -> None:
+def create(env: dict[str, str], url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new queue at ``url``, made by the library without certifying (the CLI's init test certifies)."""
+    for name, value in env.items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+    q = init_queue(url, shards=1, certify_store=False)
+    try:
+        return q.queue_id
+    finally:
+        q.close()
+
+
+def test_a_handle_of_another_queue_is_refused(
+    seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seaweed.store(LIVE_BUCKET).close()
     env = aws_env(tmp_path, **seaweed.environment())
     one, two = (f"s3://{LIVE_BUCKET}/{live_prefix}{name}" for name in ("one", "two"))
-    ok(env, "init", "--parents", one, "--shards", "1")
-    other = ok(env, "init", "--parents", two, "--shards", "1").stdout.strip()
+    create(env, one, monkeypatch)
+    other = create(env, two, monkeypatch)
     ok(env, "put", two, "-", stdin=b"x")
     handle = tmp_path / "h.json"
     ok(env, "lease", two, "--handle-file", str(handle), "--duration-seconds", LEASE)
@@ -177,17 +205,32 @@ def test_operator_commands_refuse_a_bucket_queue_with_exit_64(
     seaweed.store(LIVE_BUCKET).close()
     env = aws_env(tmp_path, **seaweed.environment())
     url = f"s3://{LIVE_BUCKET}/{live_prefix}q"
-    ok(env, "init", "--parents", url, "--shards", "1")
+    create(env, url, monkeypatch)
     for args in (["stats", url], ["fsck", url], ["inspect", url, "0" * 32]):
         done = run(env, *args)
         assert done.returncode == 64, (args, done.stderr)
         assert "not yet supported for bucket queues" in done.stderr
-    for name, value in env.items():
-        if name.startswith("AWS_"):
-            monkeypatch.setenv(name, value)
-    q = open_queue(url, certify_store=False)
+    q = open_queue(url)
     with pytest.raises(NotSupportedHere, match="recovery"):
         try:
             q.recover()
         finally:
             q.close()
+
+
+def test_work_runs_a_command_on_a_bucket_job(
+    seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seaweed.store(LIVE_BUCKET).close()
+    env = aws_env(tmp_path, **seaweed.environment())
+    url = f"s3://{LIVE_BUCKET}/{live_prefix}q"
+    create(env, url, monkeypatch)
+    job = field(ok(env, "put", url, "-", stdin=b"payload for the child").stdout, "job_id")
+    out = tmp_path / "child-read"
+    ok(env, "work", url, "--once", "--lease", "4s", "--", "sh", "-c", f'cat > {out}; echo "$STEADQ_JOB_ID" >> {out}')
+    assert out.read_text() == f"payload for the child{job}\n"
+    q = open_queue(url)
+    try:
+        assert q.lease(duration=2.0) is None  # acked
+    finally:
+        q.close()
