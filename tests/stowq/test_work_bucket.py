@@ -12,7 +12,8 @@ import threading
 import pytest
 
 from steadqd.backend import init_queue, open_queue
-from steadqd.tasks import Bury, Job, Worker
+from steadqd.errors import InvalidInput
+from steadqd.tasks import Bury, Job, Task, Worker
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.seaweed import Seaweed
 
@@ -54,3 +55,9 @@ def test_a_worker_serves_a_bucket_queue(seaweed: Seaweed, live_prefix: str, monk
         assert q.lease(duration=2.0) is None  # every job settled: nothing left to deliver
     finally:
         q.close()
+    task = Task(lambda: None, url, name="noop", open_options={"certify_store": False})
+    try:
+        with pytest.raises(InvalidInput, match="metadata cannot be stored in a bucket queue"):
+            task.enqueue()  # a task call is named in metadata, which StowQ/1 job records lack
+    finally:
+        task.close()
