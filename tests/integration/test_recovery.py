@@ -832,13 +832,14 @@ def test_reference_cursor_phase_and_position_are_honoured(q: Queue, qpath: str) 
     Path(qpath, "control", "recovery-cursor.json").write_text(json.dumps(doc, separators=(",", ":")))
     first = q.recover()
     no_errors(first)
-    # Started at compact_receipts, skipped the receipt ≤ the position, ran to the end of the cycle.
-    assert (first.leases_reaped, first.receipts_compacted) == (0, 0)
-    assert only_object(qpath, job) == rel and first.next_phase == "reap_leases"
+    # Due leases first, whatever the cursor says (issue 15 point 8); then from compact_receipts,
+    # the receipt <= the position skipped, to the end of the cycle.
+    assert (first.leases_reaped, first.receipts_compacted) == (1, 0)
+    assert only_object(qpath, job) != rel and first.next_phase == "reap_leases"
     assert cursor_bytes(qpath) == reset_cursor_json(qid, "reap_leases")
     second = q.recover()
     no_errors(second)
-    assert (second.leases_reaped, second.receipts_compacted) == (1, 1)
+    assert (second.leases_reaped, second.receipts_compacted) == (0, 1)
 
 
 def test_invalid_cursor_stops_the_pass(q: Queue, qpath: str) -> None:
