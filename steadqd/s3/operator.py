@@ -14,6 +14,7 @@ refusal goes when its step of issue 19 lands.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import os
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -117,7 +118,7 @@ class BucketBackend(BucketQueue):
         if found is None:
             raise LeaseLost(f"{claim_rel}: the claim is gone (its job was settled and collected)")
         claim, claim_meta = found
-        if not isinstance(claim, ClaimRecord) or claim.worker_token != token:
+        if not isinstance(claim, ClaimRecord) or not hmac.compare_digest(claim.worker_token, token):
             raise InvalidInput(f"the worker_token is not the one of {claim_rel}")
         job_rel = keys.job_key(shard, job_id)
         job = self.layout.read(job_rel)
