@@ -17,9 +17,9 @@ import itertools
 import os
 import selectors
 import signal
+import sys
 import time
 from collections.abc import Callable
-import sys
 from typing import Any, Protocol, runtime_checkable
 
 from steadqd import backend
