@@ -225,6 +225,10 @@ class Tree:
         fd stayed cached, is made again.
         """
         with self._lock:
+            fd = self._dirs.get(rel)
+            if fd is not None:  # what _ensure_dir would return, without its three calls (every claim scan, per shard)
+                self._dirs.move_to_end(rel)
+                return fd
             for _ in range(_ENSURE_ATTEMPTS - 1):
                 try:
                     return self._ensure_dir(rel)
