@@ -151,8 +151,10 @@ def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
         except OutcomeUnknown as e:
             t = e.ticket
             lines = [f"outcome unknown: {e.message}"]
-            if t is not None:
+            if t is not None and hasattr(t, "job_id") and hasattr(t, "path"):  # a filesystem ticket
                 lines += [f"job_id: {t.job_id.hex()}", f"path: {t.path}"]
+            elif t is not None and hasattr(t, "describe"):  # a bucket's: the write whose answer was lost
+                lines.append(f"unanswered write: {t.describe()}")
             raise CliError(lines, 2) from e
         except NotCommitted as e:
             lines = [f"not committed: {e.message}"]
