@@ -599,7 +599,27 @@ def remove_quarantine(ctx: Context, quarantine_id: str) -> None:
     with _mutation(ctx, f"remove quarantined object {quarantine_id}"):
         ctx.check_usable()
         obj = inspect_quarantine(ctx, quarantine_id)
-        _unlink_durably(ctx, obj.path, f"remove quarantined object {quarantine_id}")
+        _unlink_durably(ctx, obj.path, f"remove quarantined object {quarantine_id}", directory_ok=True)
+
+
+def _rmdir_durably(ctx: Context, dir_fd: int, rel: str, name: str, what: str) -> None:
+    try:
+        removed = ctx.tree.rmdir(dir_fd, rel, name)
+    except SourceMissing as e:
+        raise NotCommitted(f"{what}: not found", ErrorKind.NOT_FOUND) from e
+    except MoveFailed as e:
+        raise NotCommitted(f"{what}: {e}", kind_for_errno(e.errno)) from e
+    if not removed:
+        raise NotCommitted(
+            f"{what}: {rel}/{name} is a directory with entries in it (planted with a job's name, then"
+            f" quarantined); look inside, then remove it by hand: rm -r -- {os.path.join(ctx.path, rel, name)}",
+            ErrorKind.INVALID_INPUT,
+        )
+    try:
+        linux.fsync(dir_fd)
+    except OSError as e:
+        ctx.poison(f"{what}: fsync {rel}: {e.strerror}")
+        raise OutcomeUnknown(f"{what}: removed, but fsync of {rel} failed: {e.strerror}") from e
 
 
 # --------------------------------------------------------------------------- shared I/O
@@ -684,8 +704,14 @@ def _write_atomically(out_path: str, chunks: Iterator[bytes], source: str) -> in
         os.close(dir_fd)
 
 
-def _unlink_durably(ctx: Context, path: str, what: str) -> None:
-    """Unlink one queue object and fsync its directory, with outcome classes."""
+def _unlink_durably(ctx: Context, path: str, what: str, *, directory_ok: bool = False) -> None:
+    """Unlink one queue object and fsync its directory, with outcome classes.
+
+    ``directory_ok``: the object may be a directory (one planted with a job's
+    name and quarantined, reason 0x0008); an empty one is removed, one with
+    entries is refused: what a group member put inside is for a person to look
+    at, and removing a planted tree is not a queue operation.
+    """
     rel, name = _split(path)
     try:
         dir_fd = linux.open_beneath(ctx.root_fd, rel, _DIR_FLAGS)
@@ -698,6 +724,9 @@ def _unlink_durably(ctx: Context, path: str, what: str) -> None:
     except SourceMissing as e:
         raise NotCommitted(f"{what}: not found", ErrorKind.NOT_FOUND) from e
     except MoveFailed as e:
+        if directory_ok and e.errno == errno.EISDIR:
+            _rmdir_durably(ctx, dir_fd, rel, name, what)
+            return
         raise NotCommitted(f"{what}: {e}", kind_for_errno(e.errno)) from e
     except Indeterminate as e:
         ctx.poison(f"{what}: {e.cause}")

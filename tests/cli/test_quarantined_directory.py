@@ -44,3 +44,28 @@ def test_a_quarantined_directory_nested_in_a_plain_directory_is_still_found(qpat
     r = steadq("admin", "quarantine-list", qpath, "--json")
     assert r.code == 0, r.err
     assert [(i["quarantine_id"], i["reason"]) for i in json.loads(r.out)] == [("ef" * 16, 8)]
+
+
+def _plant_directory(qpath: str, inner: bool) -> None:
+    with Queue.open(qpath) as q:
+        (obj,) = q.inspect(q.enqueue(b"x"))
+    planted = os.path.join(qpath, obj.path)
+    os.unlink(planted)
+    os.mkdir(planted)
+    if inner:
+        with open(os.path.join(planted, "what-they-left"), "wb") as f:
+            f.write(b"evidence")
+    with Queue.open(qpath) as q:
+        assert q.lease() is None
+
+
+def test_purge_removes_an_empty_quarantined_directory_and_refuses_one_with_contents(qpath: str) -> None:
+    _plant_directory(qpath, inner=False)
+    _plant_directory(qpath, inner=True)
+    assert len(json.loads(steadq("admin", "quarantine-list", qpath, "--json").out)) == 2
+    r = steadq("admin", "purge", qpath, "quarantine")
+    assert r.code != 0, r
+    assert "is a directory with entries in it" in r.err and "rm -r -- " in r.err, r.err
+    left = json.loads(steadq("admin", "quarantine-list", qpath, "--json").out)
+    assert len(left) == 1  # the empty one is gone, the one with evidence stays for a person
+    assert os.listdir(os.path.join(qpath, left[0]["path"])) == ["what-they-left"]
