@@ -89,6 +89,7 @@ def test_the_command_leader_has_a_parent_death_signal_after_the_user_change(tmp_
         out, _ = proc.communicate(timeout=DEADLINE)
     finally:
         guard.process_guard().forget(proc.pid)
+        guard.process_guard().close()  # the guard this test process started exits now, not with pytest
     assert proc.returncode == 0
     assert int(out) == signal.SIGKILL
 
