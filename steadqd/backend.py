@@ -258,6 +258,11 @@ class Backend(Protocol):
         """The queue's wall clock: never below the watermark, never going back."""
         ...
 
+    def trusted_wall_ns(self) -> int:
+        """The wall clock recovery acts on: ``wall_floor_ns``, bounded by this host's clock plus the
+        handle's allowed skew, so a watermark pushed far ahead does not make jobs due early."""
+        ...
+
     # -- producing -------------------------------------------------------------
     def enqueue(
         self,

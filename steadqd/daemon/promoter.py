@@ -30,8 +30,6 @@ later, which also bounds the cost of a missed event.
 
 from __future__ import annotations
 
-import time
-
 from steadqd.backend import DelayedWatch
 from steadqd.constants import DELAYED_DIR, NS_PER_SECOND
 from steadqd.daemon import metrics
@@ -136,11 +134,10 @@ class PromoterRole(PassRole):
     # -- deciding when ----------------------------------------------------------
 
     def _wall_ns(self) -> int:
-        """The wall recovery will judge by (steadqd.fs.clock.trusted_wall): the floor, bounded by
-        this host's clock + max_clock_skew, the bound the handle was opened with."""
+        """The wall recovery will judge by: the floor, bounded by this host's clock + max_clock_skew,
+        the bound the handle was opened with."""
         assert self.queue is not None
-        bound = time.time_ns() + round(self.settings.sweeper.max_clock_skew * NS_PER_SECOND)
-        return min(self.queue.wall_floor_ns(), bound)
+        return self.queue.trusted_wall_ns()
 
     def _due_now(self) -> bool:
         """Is the earliest delayed job known due by the wall now?"""

@@ -53,7 +53,7 @@ from steadqd.fs.admin import (
     requeue_dead,
 )
 from steadqd.fs.claim import ScanReport, claim
-from steadqd.fs.clock import checked_seconds_ns
+from steadqd.fs.clock import checked_seconds_ns, trusted_wall
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.delayed_watch import DelayedWatch
 from steadqd.fs.fsck import FsckResult, fsck
@@ -220,6 +220,12 @@ class Queue:
         """The rollback-safe wall time this handle would stamp a mutation with."""
         self._check_open()
         return self._ctx.wall.peek()
+
+    def trusted_wall_ns(self) -> int:
+        """The wall recovery judges by: the floor, but no further ahead of this
+        host's clock than the handle's ``max_clock_skew`` (fs/clock.py)."""
+        self._check_open()
+        return trusted_wall(self._ctx.wall.peek(), linux.realtime_ns(), self._ctx.max_clock_skew_ns)[0]
 
     # -- the transitions ------------------------------------------------------
 

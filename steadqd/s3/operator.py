@@ -185,6 +185,9 @@ class BucketBackend(BucketQueue):
     def delayed_watch(self, report: Callable[[str, str], None]) -> NoReturn:
         _refuse("a delayed watch (the promoter)")
 
+    def trusted_wall_ns(self) -> NoReturn:
+        _refuse("the skew-bounded wall clock (the promoter)")
+
     def stats(self) -> NoReturn:
         _refuse("stats")
 
