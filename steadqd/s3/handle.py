@@ -22,11 +22,20 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 from steadqd.backoff import RetryPolicy
 from steadqd.constants import ID_BYTES, AckResult, DeadReason
-from steadqd.errors import EnqueueIncomplete, InvalidInput, InvalidKey, LeaseLost, NotCommitted, OutcomeUnknown
+from steadqd.errors import (
+    EnqueueIncomplete,
+    InvalidInput,
+    InvalidKey,
+    LeaseLost,
+    NotCommitted,
+    OutcomeUnknown,
+    SteadQError,
+)
 from steadqd.s3 import keys
 from steadqd.s3.claim import Lease, Miss, claim_job
 from steadqd.s3.clock import FloorClock
@@ -37,11 +46,16 @@ from steadqd.s3.publish import enqueue
 from steadqd.s3.settle import ack, bury, read_payload, retry
 from steadqd.s3.store.base import ObjectStore
 
-__all__ = ["BucketQueue", "TERMINAL_MEMO_S", "seconds_ns"]
+__all__ = ["BATCH_MAX", "BATCH_THREADS", "BucketQueue", "TERMINAL_MEMO_S", "seconds_ns"]
 
 TERMINAL_MEMO_S = 60.0
 _TERMINAL_MEMO_CAP = 100_000
-_HANDLE_OPTIONS = ("floor_staleness_s", "monotonic", "sleep", "first_shard")
+_HANDLE_OPTIONS = ("floor_staleness_s", "monotonic", "sleep", "first_shard", "batch_threads")
+# lease_many: at most this many jobs a round, and this many claims in flight
+# at once by default. A claim is seven sequential round trips that mostly
+# wait on the store, so a few threads overlap them.
+BATCH_MAX = 1000
+BATCH_THREADS = 8
 # An idle lease(wait=...) lists every shard, then sleeps this long, doubling up to the cap.
 _POLL_FIRST_S = 0.05
 _POLL_CAP_S = 2.0
@@ -75,7 +89,10 @@ class BucketQueue:
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         first_shard: int | None = None,
+        batch_threads: int = BATCH_THREADS,
     ) -> None:
+        if isinstance(batch_threads, bool) or not isinstance(batch_threads, int) or not 1 <= batch_threads <= 64:
+            raise InvalidInput(f"batch_threads {batch_threads!r}: give a whole number from 1 to 64")
         self._layout = layout
         self._clock = FloorClock(layout, staleness_s=floor_staleness_s, monotonic=monotonic)
         self._monotonic = monotonic
@@ -86,6 +103,8 @@ class BucketQueue:
         start = int.from_bytes(os.urandom(2), "big") if first_shard is None else first_shard
         self._next_shard = start % layout.format.shard_count
         self._candidates: deque[tuple[int, bytes]] = deque()
+        self._batch_threads = batch_threads
+        self._pool: ThreadPoolExecutor | None = None
 
     @classmethod
     def init(cls, store: ObjectStore, prefix: str = "", **options: Any) -> BucketQueue:
@@ -223,42 +242,102 @@ class BucketQueue:
         return None
 
     def claim_once(self, duration: float = 30.0) -> Lease | None:
-        """Claim one ready job, or None after one pass over every shard found nothing.
+        """Claim one ready job, or None after one pass over every shard found nothing."""
+        got = self._claim_round(1, self._lease_ns(duration))
+        return got[0] if got else None
+
+    def _claim_round(self, n: int, lease_ns: int) -> list[Lease]:
+        """Up to ``n`` claims from the candidates, then from one pass over the shards, under one floor.
 
         The ids of a shard's listing are kept as candidates for the next
         calls, so a busy worker lists a shard once per pass, not once per
         job; a candidate proves nothing (the claim re-reads every object).
+        Shards are listed until there are as many candidates as claims
+        still wanted (or every shard was listed), and the candidates are then
+        tried in a wave of at most that many.
         """
-        lease_ns = self._lease_ns(duration)
         floor_ns = self._clock.floor()
-        while self._candidates:
-            shard, job_id = self._candidates.popleft()
-            got = self._try(shard, job_id, floor_ns, lease_ns)
-            if got is not None:
-                return got
+        claims: list[Lease] = []
         count = self._layout.format.shard_count
-        for _ in range(count):
-            shard = self._next_shard
-            self._next_shard = (shard + 1) % count
-            ids = self._list_shard(shard)
-            for i, job_id in enumerate(ids):
-                got = self._try(shard, job_id, floor_ns, lease_ns)
-                if got is not None:
-                    self._candidates.extend((shard, rest) for rest in ids[i + 1 :])
-                    return got
-        return None
+        listed = 0
+        while len(claims) < n:
+            if len(self._candidates) < n - len(claims) and listed < count:
+                shard = self._next_shard
+                self._next_shard = (shard + 1) % count
+                listed += 1
+                self._candidates.extend((shard, job_id) for job_id in self._list_shard(shard))
+                continue
+            if not self._candidates:
+                break
+            wave = [self._candidates.popleft() for _ in range(min(n - len(claims), len(self._candidates)))]
+            if self._probe(wave, floor_ns, lease_ns, claims):
+                break
+        return claims
 
-    def lease(self, wait: float = 0.0, duration: float = 30.0) -> Lease | None:
-        """Claim one job for ``duration`` s; with ``wait`` > 0, poll with backoff until one is ready."""
+    def _probe(self, wave: list[tuple[int, bytes]], floor_ns: int, lease_ns: int, claims: list[Lease]) -> bool:
+        """Try every candidate of ``wave``, adding the claims won to ``claims``; True if the round must stop.
+
+        A claim that fails (NotCommitted, OutcomeUnknown, a store fault) never
+        costs its wave-mates theirs: every claim won is returned and the
+        round stops there. With nothing won, the first failure is raised;
+        the failed candidate is listed again by a later pass.
+        """
+        outcomes: list[Lease | None | SteadQError] = []
+        if len(wave) == 1 or self._batch_threads == 1:
+            for shard, job_id in wave:
+                try:
+                    outcomes.append(self._try(shard, job_id, floor_ns, lease_ns))
+                except SteadQError as exc:
+                    outcomes.append(exc)
+                    break
+        else:
+            pool = self._executor()
+            futures = [pool.submit(self._try, shard, job_id, floor_ns, lease_ns) for shard, job_id in wave]
+            outcomes = [_outcome(future) for future in futures]
+        claims.extend(o for o in outcomes if isinstance(o, Lease))
+        failures = [o for o in outcomes if isinstance(o, SteadQError)]
+        if failures and not claims:
+            raise failures[0]
+        return bool(failures)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._batch_threads, thread_name_prefix="steadq-claim")
+            return self._pool
+
+    def _poll(self, n: int, duration: float, wait: float) -> list[Lease]:
+        lease_ns = self._lease_ns(duration)
         deadline = self._monotonic() + seconds_ns("wait", max(0.0, wait)) / 1e9
         pause = _POLL_FIRST_S
         while True:
-            got = self.claim_once(duration)
+            got = self._claim_round(n, lease_ns)
             left = deadline - self._monotonic()
-            if got is not None or left <= 0:
+            if got or left <= 0:
                 return got
             self._sleep(min(pause, left))
             pause = min(pause * 2, _POLL_CAP_S)
+
+    def lease(self, wait: float = 0.0, duration: float = 30.0) -> Lease | None:
+        """Claim one job for ``duration`` s; with ``wait`` > 0, poll with backoff until one is ready."""
+        got = self._poll(1, duration, wait)
+        return got[0] if got else None
+
+    def lease_many(self, n: int, duration: float = 30.0, *, wait: float = 0.0) -> list[Lease]:
+        """Claim up to ``n`` ready jobs in one round; an empty list when none was ready (after ``wait``).
+
+        Why a batch: one floor and the shard listings serve every claim of the
+        round, and the claims of a wave are in flight together (over
+        ``batch_threads`` threads), so a worker waits for the store once a
+        wave instead of once a job. Each claim is the one claim of
+        :func:`steadqd.s3.claim.claim_job`, with its own generation, lease
+        and fencing: StowQ/1 has no atomic batches. A holder renews only the
+        job it runs, so ``n`` jobs should fit in one lease: the rest of the
+        batch ages out and is taken over by the ordinary rules.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= BATCH_MAX:
+            raise InvalidInput(f"lease_many: n {n!r} must be a whole number from 1 to {BATCH_MAX}")
+        return self._poll(n, duration, wait)
 
     def renew(self, lease: Lease, duration: float = 30.0) -> Lease:
         return renew(self._layout, lease, floor_ns=self._clock.floor(), lease_duration_ns=self._lease_ns(duration))
@@ -298,4 +377,16 @@ class BucketQueue:
         return keys.job_key(keys.shard_of(self._layout.queue_id, raw, self._layout.format.shard_count), raw)
 
     def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         self._layout.store.close()
+
+
+def _outcome(future: Future[Lease | None]) -> Lease | None | SteadQError:
+    """A claim's result, or the store's failure as a value (anything else is a bug and is raised)."""
+    try:
+        return future.result()
+    except SteadQError as exc:
+        return exc

@@ -1,0 +1,171 @@
+"""Batched claiming (``BucketQueue.lease_many``) on the in-memory store, with the fault injector at every call.
+
+A batch is several independent claims under one floor, tried in waves
+over a thread pool; StowQ/1 has no atomic batches. So the gates are the
+single claim's: no two admissible claims at once (the audit), and nothing
+lost when a batch is interrupted at any store call, whether a claim of the
+batch failed before transmit, timed out with or without its write applied,
+or got a 5xx: every claim won is handed to the caller, and what was not
+is claimed by a later round.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from steadqd.errors import InvalidInput, NotCommitted, OutcomeUnknown
+from steadqd.s3 import keys
+from steadqd.s3.claim import Lease
+from steadqd.s3.handle import BucketQueue
+from steadqd.s3.keys import KeyKind
+from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
+from steadqd.s3.store.memory import ManualClock, MemoryStore
+from tests.stowq.protocol_audit import audit, drain
+
+SECOND = 1_000_000_000
+LEASE_S = 5
+PREFIX = "q/"
+JOBS = 4
+
+FAULTS = [
+    pytest.param(FaultKind.BEFORE_SEND, False, id="before-send"),
+    pytest.param(FaultKind.TIMEOUT, False, id="timeout-not-applied"),
+    pytest.param(FaultKind.TIMEOUT, True, id="timeout-applied"),
+    pytest.param(FaultKind.SERVER_ERROR, True, id="5xx-applied"),
+]
+
+
+@dataclass
+class World:
+    clock: ManualClock
+    memory: MemoryStore
+    store: FaultyStore
+    q: BucketQueue
+
+
+def _world(jobs: int = JOBS, *, threads: int = 4, worker: str = "w1", first_shard: int | None = None) -> World:
+    clock = ManualClock(step_ns=1000)
+    memory = MemoryStore(clock=clock)
+    store = FaultyStore(memory)
+    q = BucketQueue.init(
+        store,
+        PREFIX,
+        worker_id=worker,
+        certify_store=False,
+        floor_staleness_s=0,
+        batch_threads=threads,
+        first_shard=first_shard,
+        queue_id=bytes(range(16)),
+    )
+    for i in range(jobs):
+        q.enqueue(b"job %d" % i, job_id=f"{i + 1:032x}")
+    return World(clock, memory, store, q)
+
+
+def _claims_of(w: World, job_id: bytes) -> str:
+    shard = keys.shard_of(w.q.layout.queue_id, job_id, w.q.layout.format.shard_count)
+    return PREFIX + keys.chain_prefix(KeyKind.CLAIM, shard, job_id)
+
+
+def test_a_batch_claims_distinct_jobs_and_leaves_the_rest_for_the_next_round() -> None:
+    w = _world(5)
+    first = w.q.lease_many(3, duration=LEASE_S)
+    assert len(first) == 3 and len({lease.job_id for lease in first}) == 3
+    second = w.q.lease_many(3, duration=LEASE_S)
+    assert len(second) == 2 and not {lease.job_id for lease in first} & {lease.job_id for lease in second}
+    assert w.q.lease_many(3, duration=LEASE_S) == []
+    for lease in first + second:
+        w.q.ack(lease)
+    assert set(audit(w.q, w.memory).values()) == {"receipt"}
+
+
+def test_one_job_a_batch_makes_the_store_calls_of_a_lease() -> None:
+    """lease() and lease_many(1) are one code path: the same calls, in the same order."""
+    traces = []
+    for take in (lambda q: q.lease(duration=LEASE_S), lambda q: q.lease_many(1, duration=LEASE_S)):
+        w = _world(3, first_shard=0)
+        w.store.trace.clear()
+        take(w.q)
+        beacon = PREFIX + "meta/clock/"
+        traces.append([(c.op, beacon if c.key.startswith(beacon) else c.key) for c in w.store.trace])
+    assert traces[0] == traces[1] and traces[0]
+
+
+@pytest.mark.parametrize("n", [0, -1, 1001, True, 2.0])
+def test_a_batch_size_that_is_not_a_count_is_refused(n: object) -> None:
+    w = _world(1)
+    with pytest.raises(InvalidInput, match="lease_many: n"):
+        w.q.lease_many(n, duration=LEASE_S)  # type: ignore[arg-type]
+
+
+def test_racing_batches_of_two_workers_claim_each_job_once() -> None:
+    w = _world(24, threads=4)
+    other = BucketQueue.open(w.store, PREFIX, worker_id="w2", certify_store=False, floor_staleness_s=0)
+    got: dict[str, list[Lease]] = {"w1": [], "w2": []}
+
+    def work(name: str, q: BucketQueue) -> None:
+        while batch := q.lease_many(5, duration=60):
+            for lease in batch:
+                q.ack(lease)
+            got[name].extend(batch)
+
+    threads = [threading.Thread(target=work, args=item) for item in (("w1", w.q), ("w2", other))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    ids = [lease.job_id for leases in got.values() for lease in leases]
+    assert len(ids) == len(set(ids)) == 24
+    assert set(audit(w.q, w.memory).values()) == {"receipt"}
+    other.close()
+
+
+def test_a_failed_claim_does_not_cost_its_wave_mates_theirs() -> None:
+    """One job's claim PUT never leaves: the batch returns the other claims, and the job is claimed later."""
+    w = _world(3)
+    broken = bytes.fromhex(f"{2:032x}")
+    with w.store.armed(Fault(FaultKind.BEFORE_SEND, op="put_if_absent", key_prefix=_claims_of(w, broken), times=None)):
+        batch = w.q.lease_many(3, duration=LEASE_S)
+    assert sorted(lease.job_id for lease in batch) == [f"{1:032x}", f"{3:032x}"]
+    (later,) = w.q.lease_many(3, duration=LEASE_S)
+    assert later.job_id_bytes == broken
+
+
+def test_a_batch_whose_every_claim_fails_raises_the_failure() -> None:
+    w = _world(2)
+    with w.store.armed(Fault(FaultKind.BEFORE_SEND, op="put_if_absent", key_prefix=PREFIX + "claims/", times=None)):
+        with pytest.raises(NotCommitted):
+            w.q.lease_many(2, duration=LEASE_S)
+    assert len(w.q.lease_many(2, duration=LEASE_S)) == 2
+
+
+@pytest.mark.parametrize("threads", [1, 4], ids=["in-turn", "threaded"])
+@pytest.mark.parametrize(("kind", "applied"), FAULTS)
+def test_a_fault_at_every_store_call_of_a_batch_keeps_the_gates(kind: FaultKind, applied: bool, threads: int) -> None:
+    n = 1
+    while True:
+        w = _world(threads=threads)
+        fault = w.store.inject(Fault(kind, nth=n, applied=applied))
+        batch: list[Lease] = []
+        try:
+            batch = w.q.lease_many(JOBS, duration=LEASE_S)
+        except (NotCommitted, OutcomeUnknown) as exc:
+            if isinstance(exc, OutcomeUnknown):
+                assert exc.ticket is not None and exc.ticket.key.startswith(PREFIX), "OutcomeUnknown names no key"
+        w.store.clear()
+        assert len({lease.job_id for lease in batch}) == len(batch) <= JOBS
+        for lease in batch:
+            w.q.ack(lease)
+        for lease in w.q.lease_many(JOBS, duration=LEASE_S):  # the caller's next round
+            w.q.ack(lease)
+        audit(w.q, w.memory)
+        drain(w.q, w.clock, step_ns=LEASE_S * SECOND)
+        states = audit(w.q, w.memory)
+        assert len(states) == JOBS and set(states.values()) == {"receipt"}, f"call {n}: {states}"
+        if not fault.fired:
+            break
+        n += 1
+    assert n > JOBS * 7, f"a batch of {JOBS} made only {n - 1} store calls"
