@@ -39,6 +39,7 @@ from steadqd.errors import (
 from steadqd.s3 import keys
 from steadqd.s3.claim import Lease, Miss, claim_job
 from steadqd.s3.clock import FloorClock
+from steadqd.s3.doorbell import ring
 from steadqd.s3.keys import KeyKind
 from steadqd.s3.layout import QueueLayout, init_layout, open_layout
 from steadqd.s3.lease import renew
@@ -178,6 +179,8 @@ class BucketQueue:
             job_id=raw_id,
             not_before_ns=due,
         )
+        if due is None:
+            ring(self.queue_id)  # best effort, never raises: a waiting worker on this host looks now
         return done.job_id.hex()
 
     def enqueue_many(self, payloads: Iterable[Any], **options: Any) -> list[str]:

@@ -27,6 +27,7 @@ from steadqd.s3.claim import Lease
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.layout import QueueLayout
 from steadqd.s3.records import QUEUE_ID_BYTES, TOKEN_BYTES, ClaimRecord, JobRecord
+from steadqd.s3.watch import DEFAULT_POLL_MAX_S, BucketReadyWatch, check_poll_max
 
 __all__ = ["BucketBackend", "HANDLE_FORMAT"]
 
@@ -62,9 +63,12 @@ def _hex(doc: Mapping[str, Any], name: str, length: int) -> bytes:
 class BucketBackend(BucketQueue):
     """One open bucket queue with the backend contract's method set; what it cannot do yet, it refuses."""
 
-    def __init__(self, layout: QueueLayout, *, url: str, **handle: Any) -> None:
+    def __init__(
+        self, layout: QueueLayout, *, url: str, idle_poll_max: float = DEFAULT_POLL_MAX_S, **handle: Any
+    ) -> None:
         super().__init__(layout, **handle)
         self._url = url.rstrip("/")
+        self._idle_poll_max = check_poll_max(idle_poll_max)
 
     @property
     def path(self) -> str:
@@ -179,14 +183,19 @@ class BucketBackend(BucketQueue):
     ) -> NoReturn:
         _refuse("recovery (steadq recover, the sweeper)")
 
-    def ready_watch(self) -> NoReturn:
-        _refuse("a ready watch (the worker daemon, steadqd.work)")
+    def ready_watch(self) -> BucketReadyWatch:
+        """A polling watch with a doorbell (``steadqd.s3.watch``); it starts at ``watch_missing()``."""
+        return BucketReadyWatch(self.layout, poll_max_s=self._idle_poll_max)
 
     def delayed_watch(self, report: Callable[[str, str], None]) -> NoReturn:
-        _refuse("a delayed watch (the promoter)")
+        raise NotSupportedHere(
+            "a delayed watch is not needed on a bucket queue: a delayed job becomes claimable by store time "
+            "at its claim, with no promotion (docs/stowq.md, Running the daemons on a bucket)"
+        )
 
-    def trusted_wall_ns(self) -> NoReturn:
-        _refuse("the skew-bounded wall clock (the promoter)")
+    def trusted_wall_ns(self) -> int:
+        """The store-time floor: proven by the store's own clock, so there is no host clock to bound it by."""
+        return self.wall_floor_ns()
 
     def stats(self) -> NoReturn:
         _refuse("stats")

@@ -29,7 +29,7 @@ __all__ = ["SCHEME", "BucketURL", "init_bucket_queue", "open_bucket_queue", "par
 SCHEME = "s3"
 PROFILES: dict[str, StoreProfile] = {p.name: p for p in (S3_GENERIC, SEAWEEDFS, CEPH_RGW)}
 # Options of the handle itself (BucketQueue.__init__), passed through.
-_HANDLE_OPTIONS = ("floor_staleness_s", "monotonic", "sleep", "first_shard")
+_HANDLE_OPTIONS = ("floor_staleness_s", "monotonic", "sleep", "first_shard", "idle_poll_max")
 # Filesystem options that only relax something a bucket never does (postpone
 # fsyncs, accept a weak filesystem): every create is durable when answered, so they are moot.
 _MOOT = ("deferred", "allow_unsupported_fs")

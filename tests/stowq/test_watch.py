@@ -1,0 +1,289 @@
+"""The bucket ready watch (``steadqd.s3.watch``) and its doorbell (``steadqd.s3.doorbell``) on the memory store.
+
+The poll schedule is driven tick by tick (``tick()`` returns the news and
+sets the next pause), so its bound is counted from the store's own trace
+rather than timed; the doorbell tests run the watch's thread for real.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from steadqd.errors import InvalidInput
+from steadqd.s3 import doorbell
+from steadqd.s3.handle import BucketQueue
+from steadqd.s3.keys import KeyKind, parse_key
+from steadqd.s3.layout import DEFAULT_FORMAT
+from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
+from steadqd.s3.store.memory import MemoryStore, WallClock
+from steadqd.s3.watch import BucketReadyWatch, check_poll_max, idle_lists_per_minute
+
+SECOND = 1_000_000_000
+PREFIX = "farm/"
+
+
+class _Queue:
+    def __init__(self, shards: int = 16) -> None:
+        self.memory = MemoryStore(clock=WallClock())
+        self.store = FaultyStore(self.memory)
+        fmt = replace(DEFAULT_FORMAT, shard_count=shards)
+        self.q = BucketQueue.init(self.store, PREFIX, fmt=fmt, certify_store=False, floor_staleness_s=0)
+
+    def watch(self, **options: object) -> BucketReadyWatch:
+        return BucketReadyWatch(self.q.layout, **options)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def bells(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A doorbell base of the test's own, shared with a group as /run/steadq/doorbell is.
+
+    Short and directly in /tmp: a unix socket's path has at most 107 bytes, and pytest's tmp_path is long.
+    """
+    base = Path(tempfile.mkdtemp(prefix="bell-", dir="/tmp"))
+    base.chmod(0o2770)
+    monkeypatch.setenv(doorbell.DOORBELL_DIR_ENV, str(base))
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def queue() -> Iterator[_Queue]:
+    yield _Queue()
+
+
+# -- the poll schedule and its bound ------------------------------------------------------
+
+
+def test_an_idle_watch_lists_once_per_tick_and_backs_off_to_the_cap(queue: _Queue) -> None:
+    watch = queue.watch(poll_first_s=0.25, poll_max_s=2.0, doorbell=False)
+    try:
+        before = queue.store.count("list")
+        pauses = []
+        for _ in range(40):
+            assert watch.tick() is False
+            pauses.append(watch.pause)
+        assert queue.store.count("list") - before == 40 == watch.lists
+        assert pauses[:4] == [0.5, 1.0, 2.0, 2.0] and set(pauses[3:]) == {2.0}
+        # Ticks in one idle minute once at the cap: 60 / 2 = 30 LISTs, whatever the shard count.
+        assert 60 / pauses[-1] == 30
+    finally:
+        watch.close()
+    # A claim pass, what lease(wait=) repeats while idle, lists every one of the 16 shards.
+    known = len(queue.store.trace)
+    assert queue.q.claim_once(duration=30) is None
+    listed = [c.key for c in queue.store.trace[known:] if c.op == "list"]
+    assert len([k for k in listed if k.startswith(PREFIX + "jobs/")]) == 16
+    assert idle_lists_per_minute(2.0, 16) == 46.0  # the watch's 30 and a safety rescan's 16
+
+
+def test_the_cap_is_a_setting_refused_out_of_range(queue: _Queue) -> None:
+    assert check_poll_max(10) == 10.0
+    for bad in (0, -1, 0.01, 7200, True, "2s"):
+        with pytest.raises(InvalidInput, match="idle poll cap"):
+            check_poll_max(bad)  # type: ignore[arg-type]
+    watch = queue.watch(poll_max_s=10.0, doorbell=False)
+    try:
+        for _ in range(12):
+            watch.tick()
+        assert watch.pause == 10.0
+    finally:
+        watch.close()
+
+
+def test_a_new_job_is_news_once_and_resets_the_backoff(queue: _Queue) -> None:
+    watch = queue.watch(doorbell=False)
+    try:
+        for _ in range(9):
+            assert not watch.tick()
+        assert watch.pause == 2.0
+        job = queue.q.enqueue(b"x")
+        assert watch.tick() is True  # the jobs/ turn: a key not listed before
+        assert watch.pause == 0.25
+        for _ in range(6):  # two rounds of the three listings: the same key is not news again
+            assert not watch.tick()
+        lease = queue.q.claim_once(duration=30)
+        assert lease is not None and lease.job_id == job
+    finally:
+        watch.close()
+
+
+def test_a_page_at_a_time_covers_every_job_across_shards(queue: _Queue) -> None:
+    ids = [queue.q.enqueue(b"%d" % i) for i in range(5)]
+    watch = queue.watch(doorbell=False)
+    try:
+        assert watch.tick() is True  # one LIST of jobs/ saw all five, in every shard
+        assert len(watch._round) == 0 and {rel.rsplit("/", 1)[1] for rel in watch._seen} == set(ids)
+    finally:
+        watch.close()
+
+
+def test_a_delayed_entry_is_news_at_its_bucket_start_and_end_then_passed(queue: _Queue) -> None:
+    now = [0]
+    watch = queue.watch(doorbell=False, now_ns=lambda: now[0])
+    width = queue.q.layout.format.delayed_bucket_width_ns
+    try:
+        floor = queue.q.wall_floor_ns()
+        queue.q.enqueue(b"later", not_before_ns=floor + 3 * width)
+        entry = next(k for k in queue.memory.keys(PREFIX + "delayed/"))
+        bucket = parse_key(entry[len(PREFIX) :]).bucket
+        assert bucket is not None
+        start, end = bucket * width, (bucket + 1) * width
+        delayed = watch._indexes["delayed"]
+
+        def look(at: int) -> bool:
+            now[0] = at
+            return watch._look_index(delayed)
+
+        assert look(start - 1) is False  # not started: nothing may be due
+        assert look(start) is True  # started: the job may be due now
+        assert look(start + 1) is False  # said once per start
+        assert look(end + watch._margin_ns) is True  # ended: due for certain
+        assert look(end + watch._margin_ns + SECOND) is False  # the cursor has passed it
+    finally:
+        watch.close()
+
+
+def test_a_lease_entry_is_news_after_its_expiry_bucket_plus_the_skew_guard(queue: _Queue) -> None:
+    now = [0]
+    watch = queue.watch(doorbell=False, now_ns=lambda: now[0])
+    queue.q.enqueue(b"held")
+    lease = queue.q.claim_once(duration=30)
+    assert lease is not None
+    entry = next(k for k in queue.memory.keys(PREFIX + "leases/"))
+    parsed = parse_key(entry[len(PREFIX) :])
+    assert parsed.kind is KeyKind.LEASE_INDEX and parsed.bucket is not None
+    width = queue.q.layout.format.lease_bucket_width_ns
+    guard = queue.q.layout.skew_guard_ns
+    leases = watch._indexes["leases"]
+    try:
+        now[0] = parsed.bucket * width + guard - 1
+        assert watch._look_index(leases) is False
+        now[0] = parsed.bucket * width + guard
+        assert watch._look_index(leases) is True
+        now[0] = (parsed.bucket + 1) * width + guard + watch._margin_ns
+        assert watch._look_index(leases) is True
+        assert watch._look_index(leases) is False
+    finally:
+        watch.close()
+
+
+def test_a_store_that_does_not_answer_is_counted_and_polled_at_the_cap(queue: _Queue) -> None:
+    watch = queue.watch(doorbell=False)
+    try:
+        with queue.store.armed(Fault(FaultKind.BEFORE_SEND, op="list", times=None)):
+            assert watch.tick() is False
+        assert watch.errors == 1 and watch.pause == 2.0 and "jobs/" in (watch.last_error or "")
+        queue.q.enqueue(b"x")
+        assert [watch.tick() for _ in range(3)].count(True) == 1
+    finally:
+        watch.close()
+
+
+# -- the doorbell -------------------------------------------------------------------------
+
+
+def test_a_ring_wakes_a_waiting_watch_that_would_not_poll_for_an_hour(queue: _Queue, bells: Path) -> None:
+    watch = queue.watch(poll_first_s=3600, poll_max_s=3600)
+    try:
+        assert watch.watch_missing() == [] and watch.doorbell_problem is None
+        assert watch.wait(0.0) is False
+        producer = BucketQueue.open(queue.store, PREFIX, certify_store=False)
+        producer.enqueue(b"now")  # rings every socket in the queue's directory
+        assert watch.wait(60.0) is True
+        assert watch.rings == 1 and watch.lists <= 1  # at most the start's look: the ring did the rest
+        assert producer.enqueue(b"delayed", delay=600) and not watch.wait(0.2)  # not claimable: no ring
+    finally:
+        watch.close()
+    assert list(bells.glob("*/*.sock")) == []  # close() removes its socket
+
+
+def test_the_watch_fd_serves_a_selector(queue: _Queue, bells: Path) -> None:
+    import selectors
+
+    watch = queue.watch(poll_first_s=3600, poll_max_s=3600)
+    sel = selectors.DefaultSelector()
+    try:
+        watch.watch_missing()
+        sel.register(watch.fileno(), selectors.EVENT_READ)
+        assert sel.select(0) == []
+        doorbell.ring(queue.q.queue_id)
+        assert sel.select(60)  # readable once rung
+        assert watch.read().appeared is True
+        assert watch.read().appeared is False  # read() consumed the news
+    finally:
+        sel.close()
+        watch.close()
+
+
+def test_a_lost_ring_only_means_the_next_poll_finds_the_job(queue: _Queue, bells: Path) -> None:
+    watch = queue.watch(doorbell=False)
+    try:
+        watch.tick()
+        queue.q.enqueue(b"x")  # rings nobody: no watch is listening
+        assert [watch.tick() for _ in range(3)].count(True) == 1
+    finally:
+        watch.close()
+
+
+def test_rings_never_block_or_fail_even_when_the_socket_is_full(queue: _Queue, bells: Path) -> None:
+    bell, problem = doorbell.Doorbell.bind(queue.q.queue_id)
+    assert bell is not None and problem is None
+    try:
+        for _ in range(5000):  # far past a datagram socket's buffer
+            assert doorbell.ring(queue.q.queue_id) == 1
+        assert bell.drain() > 0
+    finally:
+        bell.close()
+
+
+def test_without_a_doorbell_directory_the_watch_polls_and_enqueue_still_works(
+    queue: _Queue, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "no-such-dir"
+    monkeypatch.setenv(doorbell.DOORBELL_DIR_ENV, str(missing))
+    watch = queue.watch(poll_first_s=3600, poll_max_s=3600)
+    try:
+        assert watch.watch_missing() == []
+        assert watch.doorbell_problem is not None and str(missing) in watch.doorbell_problem
+        assert "idle polling only" in watch.doorbell_problem
+        assert doorbell.ring(queue.q.queue_id) == 0
+        assert queue.q.enqueue(b"x")
+        assert not missing.exists()  # a listener never creates the base itself
+    finally:
+        watch.close()
+
+
+@pytest.mark.parametrize(("base_mode", "dir_mode", "sock_mode"), [(0o2770, 0o2770, 0o660), (0o700, 0o700, 0o600)])
+def test_the_doorbell_is_shared_as_its_base_is(
+    queue: _Queue, bells: Path, base_mode: int, dir_mode: int, sock_mode: int
+) -> None:
+    bells.chmod(base_mode)
+    bell, _ = doorbell.Doorbell.bind(queue.q.queue_id)
+    assert bell is not None
+    try:
+        assert stat.S_IMODE(os.stat(bells / queue.q.queue_id).st_mode) == dir_mode
+        assert stat.S_IMODE(os.stat(bell.path).st_mode) == sock_mode
+    finally:
+        bell.close()
+
+
+def test_a_dead_listeners_socket_is_removed_by_the_next_ring(queue: _Queue, bells: Path) -> None:
+    directory = bells / queue.q.queue_id
+    directory.mkdir()
+    stale = directory / "1.deadbeef.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(stale))
+    sock.close()  # its process died: the name stays, nobody reads it
+    assert doorbell.ring(queue.q.queue_id) == 0
+    assert not stale.exists()
