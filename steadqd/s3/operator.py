@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, NoReturn, cast
 
 from steadqd.constants import ID_BYTES
 from steadqd.errors import InvalidInput, LeaseLost, NotSupportedHere
-from steadqd.s3 import keys
+from steadqd.s3 import admin, keys, views
 from steadqd.s3.claim import Lease
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.layout import QueueLayout
@@ -197,26 +197,31 @@ class BucketBackend(BucketQueue):
         """The store-time floor: proven by the store's own clock, so there is no host clock to bound it by."""
         return self.wall_floor_ns()
 
-    def stats(self) -> NoReturn:
-        _refuse("stats")
+    # -- operator views (steadqd.s3.views: each function's docstring states its LISTs and GETs) ----
 
-    def entry_stats(self) -> NoReturn:
-        _refuse("stats")
+    def stats(self) -> dict[str, views.StateStats]:
+        """Jobs per state derived from their graphs by this handle's floor, and the quarantine findings."""
+        return views.stats(self.layout, self.wall_floor_ns())
 
-    def list_jobs(self, states: Collection[str]) -> NoReturn:
-        _refuse("listing jobs (steadq ls)")
+    def entry_stats(self) -> dict[str, views.StateStats]:
+        """``stats`` counted as the filesystem reference counts: running jobs are in ready."""
+        return views.entry_stats(self.layout, self.wall_floor_ns())
 
-    def inspect(self, job_id: str) -> NoReturn:
-        _refuse("inspect")
+    def list_jobs(self, states: Collection[str]) -> Iterator[views.JobEntry]:
+        """Every job in ``states``, streamed shard by shard, each derived from its verified graph."""
+        return views.list_jobs(self.layout, states, self.wall_floor_ns())
 
-    def inspect_detailed(self, job_id: str) -> NoReturn:
-        _refuse("inspect")
+    def inspect(self, job_id: str) -> list[views.JobObject]:
+        return views.inspect_job(self.layout, job_id, self.wall_floor_ns())
 
-    def job_story(self, job_id: str, payload_head: int = 4096) -> NoReturn:
-        _refuse("show")
+    def inspect_detailed(self, job_id: str) -> list[views.JobObject]:
+        return views.inspect_job(self.layout, job_id, self.wall_floor_ns())
 
-    def copy_job_payload(self, job_id: str, out: BinaryIO) -> NoReturn:
-        _refuse("show --payload")
+    def job_story(self, job_id: str, payload_head: int = 4096) -> views.JobStory | None:
+        return views.job_story(self.layout, job_id, self.wall_floor_ns(), payload_head)
+
+    def copy_job_payload(self, job_id: str, out: BinaryIO) -> int:
+        return views.copy_job_payload(self.layout, job_id, out)
 
     def fsck(self, deep: bool = False, repair: bool = False) -> NoReturn:
         _refuse("fsck")
@@ -224,23 +229,27 @@ class BucketBackend(BucketQueue):
     def resolve(self, ticket: Any, stabilize: bool = False) -> NoReturn:
         _refuse("resolving a ticket (every bucket operation resolves its own outcome by reading the key)")
 
-    def export_dead(self, job_id: str, out_path: str, *, payload_only: bool = False) -> NoReturn:
-        _refuse("admin dead-export")
+    # -- dead letters and quarantine findings (steadqd.s3.admin) -------------------------
 
-    def remove_dead(self, job_id: str) -> NoReturn:
-        _refuse("admin dead-remove")
+    def export_dead(self, job_id: str, out_path: str, *, payload_only: bool = False) -> int:
+        return admin.export_dead(self.layout, job_id, out_path, payload_only=payload_only)
 
-    def requeue_dead(self, job_id: str, *, max_attempts_reset: bool = True) -> NoReturn:
-        _refuse("admin dead-requeue")
+    def remove_dead(self, job_id: str) -> None:
+        admin.remove_dead(self.layout, job_id)
 
-    def list_quarantine(self) -> Iterator[Any]:
-        _refuse("admin quarantine-list")
+    def requeue_dead(self, job_id: str, *, max_attempts_reset: bool = True) -> str:
+        """A new job with the dead job's verified payload (a terminal record is forever); returns its URL."""
+        _, rel = admin.requeue_dead(self.layout, job_id, max_attempts_reset=max_attempts_reset)
+        return f"{self.path}/{rel}"
 
-    def inspect_quarantine(self, quarantine_id: str) -> NoReturn:
-        _refuse("admin quarantine-inspect")
+    def list_quarantine(self) -> Iterator[admin.QuarantinedObject]:
+        return admin.list_quarantine(self.layout)
 
-    def export_quarantine(self, quarantine_id: str, out_path: str) -> NoReturn:
-        _refuse("admin quarantine-export")
+    def inspect_quarantine(self, quarantine_id: str) -> admin.QuarantinedObject:
+        return admin.inspect_quarantine(self.layout, quarantine_id)
 
-    def remove_quarantine(self, quarantine_id: str) -> NoReturn:
-        _refuse("admin quarantine-remove")
+    def export_quarantine(self, quarantine_id: str, out_path: str) -> int:
+        return admin.export_quarantine(self.layout, quarantine_id, out_path)
+
+    def remove_quarantine(self, quarantine_id: str) -> None:
+        admin.remove_quarantine(self.layout, quarantine_id)

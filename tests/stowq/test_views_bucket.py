@@ -1,0 +1,238 @@
+"""Operator views of a bucket queue on the memory store: each state derived from the job's graph, and their costs.
+
+The store's clock is moved by the test, so leases expire and delays pass
+without waiting; the fault injector's trace counts what each view asks of
+the store.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+
+import pytest
+
+from steadqd.constants import DeadReason
+from steadqd.errors import CorruptRecord, InvalidInput, SteadQError
+from steadqd.s3.layout import DEFAULT_FORMAT, init_layout
+from steadqd.s3.operator import BucketBackend
+from steadqd.s3.records import JobRecord, QuarantineReason
+from steadqd.s3.store.faults import FaultyStore
+from steadqd.s3.store.memory import ManualClock, MemoryStore
+from steadqd.s3.verify import read_record
+from steadqd.s3.views import STATS_STATES
+
+SECOND = 1_000_000_000
+PREFIX = "farm/"
+LEASE_S = 5.0
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.clock = ManualClock(step_ns=1000)
+        self.memory = MemoryStore(clock=self.clock)
+        self.store = FaultyStore(self.memory)
+        layout = init_layout(self.store, PREFIX, worker_id="render-1", certify_store=False)
+        self.q = BucketBackend(layout, url="s3://mem/farm", floor_staleness_s=0)
+
+    def rels(self, plane: str) -> list[str]:
+        return [k[len(PREFIX) :] for k in self.memory.keys(PREFIX + plane)]
+
+    def overwrite(self, rel: str, body: bytes) -> None:
+        self.memory.delete(PREFIX + rel)
+        self.memory.put_if_absent(PREFIX + rel, body)
+
+    def flip(self, rel: str, at: int = 40) -> None:
+        body = bytearray(self.memory.snapshot()[PREFIX + rel])
+        body[at] ^= 0xFF
+        self.overwrite(rel, bytes(body))
+
+    def record(self, rel: str) -> object:
+        body = self.memory.snapshot()[PREFIX + rel]
+        return read_record(
+            body, self.q.layout.queue_id, rel, required_feature_bits=DEFAULT_FORMAT.required_feature_bits
+        )
+
+    def counts(self) -> dict[str, int]:
+        return {k: v.objects for k, v in self.q.stats().items() if v.objects}
+
+    def state(self, job_id: str) -> str:
+        story = self.q.job_story(job_id)
+        assert story is not None
+        return story.state
+
+
+@pytest.fixture
+def b() -> Iterator[_Queue]:
+    yield _Queue()
+
+
+def test_a_job_never_claimed_is_ready_with_its_payload_verified(b: _Queue) -> None:
+    job = b.q.enqueue(b'{"frame": 1}', content_type="application/json", max_attempts=4)
+    assert b.counts() == {"ready": 1}
+    (obj,) = b.q.inspect_detailed(job)
+    assert (obj.state, obj.generation, obj.attempt, obj.max_attempts) == ("ready", 0, 0, 4)
+    assert obj.path == b.q.job_key(job)
+    story = b.q.job_story(job)
+    assert story is not None and story.state == "ready" and story.current == obj
+    assert story.file is not None and story.file.payload_verified and story.file.payload_head == b'{"frame": 1}'
+    assert story.file.content_type == "application/json" and story.file.metadata is None
+    (entry,) = b.q.list_jobs({"ready"})
+    assert (entry.job_id, entry.state, entry.deadline_ns, entry.max_attempts) == (job, "ready", None, 4)
+    out = io.BytesIO()
+    assert b.q.copy_job_payload(job, out) == 12 and out.getvalue() == b'{"frame": 1}'
+
+
+def test_a_job_with_not_before_ahead_of_the_floor_is_delayed_until_it_passes(b: _Queue) -> None:
+    job = b.q.enqueue(b"later", delay=30)
+    assert b.counts() == {"delayed": 1}
+    (obj,) = b.q.inspect_detailed(job)
+    assert obj.state == "delayed" and obj.details["cause"] == "not_before"
+    due = obj.details["not_before_ns"]
+    assert isinstance(due, int) and due >= b.q.wall_floor_ns() + 30 * SECOND - SECOND
+    (entry,) = b.q.list_jobs({"delayed"})
+    assert entry.deadline_ns == due
+    b.clock.advance(DEFAULT_FORMAT.delayed_bucket_width_ns + 31 * SECOND)
+    assert b.counts() == {"ready": 1} and b.state(job) == "ready"
+
+
+def test_a_held_claim_is_leased_showing_owner_and_expiry_but_not_the_token(b: _Queue) -> None:
+    job = b.q.enqueue(b"work")
+    lease = b.q.lease(duration=LEASE_S)
+    assert lease is not None
+    assert b.counts() == {"leased": 1}
+    assert {k: v.objects for k, v in b.q.entry_stats().items() if v.objects} == {"ready": 1}
+    (obj,) = b.q.inspect_detailed(job)
+    assert (obj.state, obj.generation, obj.attempt) == ("leased", 1, 1)
+    assert obj.path == f"claims/{lease.shard:04x}/{job}/00000001"
+    d = obj.details
+    assert d["worker_id"] == "render-1" and d["token_prefix"] == lease.worker_token[:4].hex()
+    assert lease.worker_token.hex() not in repr(d)
+    assert d["wall_deadline_ns"] == lease.expires_ns
+    (entry,) = b.q.list_jobs({"leased", "ready"})
+    assert entry.state == "leased" and entry.deadline_ns == lease.expires_ns
+
+
+def test_an_expired_claim_is_ready_again_and_a_nack_is_delayed_until_deadline_and_expiry(b: _Queue) -> None:
+    job = b.q.enqueue(b"work")
+    lease = b.q.lease(duration=LEASE_S)
+    assert lease is not None
+    b.clock.advance(lease.lease_duration_ns + 2 * SECOND)
+    assert b.state(job) == "ready" and b.counts() == {"ready": 1}
+    again = b.q.lease(duration=LEASE_S)
+    assert again is not None and again.generation == 2
+    b.q.retry(again, delay=60)
+    (obj,) = b.q.inspect_detailed(job)
+    assert obj.state == "delayed" and obj.details["cause"] == "retry" and obj.generation == 2
+    assert b.counts() == {"delayed": 1}
+    b.clock.advance(61 * SECOND)
+    assert b.state(job) == "ready" and b.counts() == {"ready": 1}
+
+
+def test_done_and_dead_jobs_show_their_terminal_record(b: _Queue) -> None:
+    done, dead = b.q.enqueue(b"ok"), b.q.enqueue(b"bad")
+    for _ in range(2):
+        lease = b.q.lease(duration=LEASE_S)
+        assert lease is not None
+        if lease.job_id == done:
+            b.q.ack(lease)
+        else:
+            b.q.bury(lease, reason=DeadReason.CONSUMER_REJECTED)
+    assert b.counts() == {"receipts": 1, "dead": 1}
+    (receipt,) = b.q.inspect_detailed(done)
+    assert receipt.state == "receipt" and receipt.path.startswith("receipts/") and receipt.generation == 1
+    (dead_obj,) = b.q.inspect_detailed(dead)
+    assert dead_obj.state == "dead" and dead_obj.details["reason"] == DeadReason.CONSUMER_REJECTED
+    story = b.q.job_story(dead)
+    assert story is not None and story.reason == DeadReason.CONSUMER_REJECTED and story.file is not None
+    assert story.file.payload_verified  # the graph keeps the payload until GC
+    assert [e.job_id for e in b.q.list_jobs({"dead"})] == [dead]
+    assert [e.job_id for e in b.q.list_jobs({"receipt"})] == [done]
+    assert list(b.q.list_jobs({"ready", "leased", "delayed"})) == []
+
+
+def test_a_corrupt_job_record_is_quarantined_in_every_view_and_its_payload_never_shown(b: _Queue) -> None:
+    job = b.q.enqueue(b"secret-ish")
+    rel = b.q.job_key(job)
+    b.flip(rel)
+    story = b.q.job_story(job)
+    assert story is not None and story.state == "quarantine" and story.path == rel
+    assert story.reason == QuarantineReason.ENVELOPE_CORRUPT and story.quarantine_id is None  # no finding yet
+    assert story.file is None and story.current is None
+    assert b.q.inspect_detailed(job) == [] and list(b.q.list_jobs({"ready", "delayed", "leased", "dead"})) == []
+    with pytest.raises(CorruptRecord):
+        b.q.copy_job_payload(job, io.BytesIO())
+    assert b.q.lease() is None  # the claim path records the finding
+    assert b.counts() == {"quarantine": 1}
+    story = b.q.job_story(job)
+    assert story is not None and story.quarantine_id is not None
+    (finding,) = b.q.list_quarantine()
+    assert finding.quarantine_id == story.quarantine_id and finding.path == rel
+
+
+def test_a_corrupt_detached_payload_makes_the_job_quarantined_and_nothing_is_written_out(b: _Queue) -> None:
+    size = DEFAULT_FORMAT.inline_limit + 1
+    job = b.q.enqueue(b"y" * size)
+    record = b.record(b.q.job_key(job))
+    assert isinstance(record, JobRecord) and record.payload_key is not None
+    b.overwrite(record.payload_key, b"z" * size)
+    story = b.q.job_story(job)
+    assert story is not None and story.state == "quarantine" and story.path == record.payload_key
+    assert story.reason == QuarantineReason.PAYLOAD_CORRUPT
+    assert story.file is not None and not story.file.payload_verified and story.file.payload_head == b""
+    assert story.file.problem is not None and "payload" in story.file.problem
+    out = io.BytesIO()
+    with pytest.raises(CorruptRecord, match="payload"):
+        b.q.copy_job_payload(job, out)
+    assert out.getvalue() == b""
+
+
+def test_a_missing_job_and_a_bad_id(b: _Queue) -> None:
+    assert b.q.job_story("0" * 32) is None and b.q.inspect_detailed("0" * 32) == []
+    with pytest.raises(SteadQError, match="not found"):
+        b.q.copy_job_payload("0" * 32, io.BytesIO())
+    with pytest.raises(InvalidInput, match="32 lowercase hex"):
+        b.q.inspect_detailed("XYZ")
+
+
+def test_views_write_nothing_but_clock_beacons(b: _Queue) -> None:
+    job = b.q.enqueue(b"a")
+    b.flip(b.q.job_key(job))
+    b.q.enqueue(b"b", delay=10)
+    before = {k: v for k, v in b.memory.snapshot().items() if "/meta/clock/" not in f"/{k}"}
+    b.q.stats()
+    b.q.entry_stats()
+    list(b.q.list_jobs({"ready", "leased", "delayed", "dead", "receipt"}))
+    b.q.job_story(job)
+    after = {k: v for k, v in b.memory.snapshot().items() if "/meta/clock/" not in f"/{k}"}
+    assert after == before
+
+
+def _ops(b: _Queue, fn: object) -> dict[str, int]:
+    start = len(b.store.trace)
+    assert callable(fn)
+    fn()
+    counts: dict[str, int] = {}
+    for call in b.store.trace[start:]:
+        if "/meta/" not in f"/{call.key}":  # the floor's beacon and watermark
+            counts[call.op] = counts.get(call.op, 0) + 1
+    return counts
+
+
+def test_inspect_and_show_cost_what_their_docstrings_say(b: _Queue) -> None:
+    job = b.q.enqueue(b"x")
+    lease = b.q.lease(duration=LEASE_S)
+    assert lease is not None
+    b.q.retry(lease, delay=1)
+    assert _ops(b, lambda: b.q.inspect_detailed(job)) == {"get": 5, "list": 2}
+    # show: the same graph, plus a HEAD for the finding only when the job is found corrupt
+    assert _ops(b, lambda: b.q.job_story(job)) == {"get": 5, "list": 2}
+
+
+def test_stats_lists_each_plane_once_and_reads_no_record_of_a_ready_job(b: _Queue) -> None:
+    for i in range(30):
+        b.q.enqueue(b"%d" % i)
+    ops = _ops(b, b.q.stats)
+    assert ops == {"list": 7}  # jobs, claims, fails, receipts, dead, delayed, quarantine; one page each
+    assert b.counts() == {"ready": 30}
+    assert set(b.q.stats()) == set(STATS_STATES)
