@@ -373,7 +373,8 @@ def work_one(q: Backend, lease: Any, command: list[str], lease_seconds: float) -
             if renewing and time.monotonic() >= next_renew:
                 next_renew += interval
                 try:
-                    q.renew(lease, duration=lease_seconds)
+                    # A bucket lease is immutable: the renewed generation is a new handle, which ack needs.
+                    lease = q.renew(lease, duration=lease_seconds)
                 except (LeaseLost, OutcomeUnknown) as e:
                     err(f"work: job {lease.job_id}: renew failed, no further renewals: {e.message}")
                     renewing = False
