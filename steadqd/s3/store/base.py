@@ -27,10 +27,11 @@ read by LIST can never fall on two sides of a bucket or expiry boundary.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Protocol
 
-from steadqd.errors import InvalidInput, NotFound
+from steadqd.errors import InvalidInput, NotFound, PreconditionFailed
 
 __all__ = [
     "CEPH_RGW",
@@ -46,6 +47,7 @@ __all__ = [
     "SEAWEEDFS",
     "StoreProfile",
     "StoredObject",
+    "check_if_match",
     "check_range",
     "check_sha256",
     "quantize",
@@ -60,6 +62,7 @@ OPERATIONS = ("put_if_absent", "put_if_match", "get", "get_if_none_match", "head
 MUTATIONS = frozenset({"put_if_absent", "put_if_match", "delete"})
 
 SECOND_NS = 1_000_000_000
+_SINGLE_PUT_ETAG = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +78,15 @@ class StoreProfile:
     uncertified profile may say False, and only then may the fault injector
     serve stale listings. ``conditional_get`` is P8 (optional).
     ``if_match_quoted`` is how ``If-Match`` must carry the ETag: RFC 9110
-    wants quotes, Ceph RGW matches only the bare value.
+    wants quotes, Ceph RGW matches only the bare value. ``if_match_prefix``
+    says the engine takes any ``If-Match`` that *starts with* the current
+    ETag as a match (Ceph RGW 16.2 compares only the stored ETag's length),
+    so a client of it must send only ETags of the one shape a single PUT
+    gets (:func:`check_if_match`): then a prefix match is an exact one.
+    ``cas_race_unknown`` says a CAS that loses a race to a concurrent one
+    may be answered with a 5xx instead of 412 (Ceph RGW: ECANCELED, "500
+    UnknownError"): the loser sees ``OutcomeUnknown`` and resolves it by
+    reading the key, so certification accepts such losers when declared.
     """
 
     name: str
@@ -85,6 +96,8 @@ class StoreProfile:
     strong_listing: bool = True
     conditional_get: bool = True
     if_match_quoted: bool = True
+    if_match_prefix: bool = False
+    cas_race_unknown: bool = False
 
     def __post_init__(self) -> None:
         if self.granularity_ns < 1:
@@ -98,8 +111,17 @@ MEMORY = StoreProfile("memory", granularity_ns=1)
 # Measured against SeaweedFS 4.48 (docs/stowq.md, "Store requirements"): every
 # primitive, Last-Modified in whole seconds on HEAD and LIST alike.
 SEAWEEDFS = StoreProfile("seaweedfs", granularity_ns=SECOND_NS)
-# Issue 19's notes on Ceph RGW: If-Match wants the bare ETag, no SHA-256 check.
-CEPH_RGW = StoreProfile("ceph-rgw", granularity_ns=SECOND_NS, verifies_checksum=False, if_match_quoted=False)
+# Measured against Ceph RGW 16.2.15 (docs/stowq.md, "Engines"): If-Match wants the bare ETag and
+# matches by prefix, a CAS race's losers may get 500, x-amz-checksum-sha256 is ignored, Last-Modified
+# in whole seconds on HEAD (LIST has milliseconds: quantised to the same second).
+CEPH_RGW = StoreProfile(
+    "ceph-rgw",
+    granularity_ns=SECOND_NS,
+    verifies_checksum=False,
+    if_match_quoted=False,
+    if_match_prefix=True,
+    cas_race_unknown=True,
+)
 # Amazon S3 and the engines that copy it closely (store-profiles.md: G = 1 s).
 S3_GENERIC = StoreProfile("s3", granularity_ns=SECOND_NS)
 
@@ -228,6 +250,22 @@ def check_range(key: str, byte_range: tuple[int, int] | None, size: int) -> tupl
     if start >= end or end > size:
         raise NotFound(f"{key}: no bytes [{start}, {end}) in an object of {size} bytes")
     return start, end
+
+
+def check_if_match(profile: StoreProfile, key: str, etag: str) -> str:
+    """The ETag to send in a CAS, refused (``PreconditionFailed``) if a prefix-matching engine could misread it.
+
+    Every object the protocol writes is one PUT, whose ETag is the body's
+    MD5 in 32 hex digits; an ETag of another shape names no version the
+    store can hold, and on an ``if_match_prefix`` engine it could match one
+    (the current ETag followed by anything), so it is never sent there.
+    """
+    if profile.if_match_prefix and not _SINGLE_PUT_ETAG.fullmatch(etag):
+        raise PreconditionFailed(
+            f"{key}: {etag!r} is not a single-PUT ETag (32 hex digits), so it is not the current version; "
+            f"not sent, as profile {profile.name!r} matches any If-Match that starts with the current ETag"
+        )
+    return etag
 
 
 def check_list_limit(limit: int) -> int:

@@ -31,6 +31,7 @@ from steadqd.s3.store.base import (
     ObjectMeta,
     StoredObject,
     StoreProfile,
+    check_if_match,
     check_list_limit,
     check_range,
     check_sha256,
@@ -162,11 +163,14 @@ class MemoryStore:
 
     def put_if_match(self, key: str, body: bytes, etag: str, *, sha256: bytes | None = None) -> Committed:
         body = self._check_body(key, body, sha256)
+        check_if_match(self._profile, key, etag)
         with self._bucket.lock:
             entry = self._bucket.objects.get(key)
             if entry is None:
                 raise PreconditionFailed(f"{key}: no object to replace (expected version {etag})")
-            if entry.etag != etag:
+            # As the engine an if_match_prefix profile describes compares (Ceph RGW: strncmp).
+            matched = etag.startswith(entry.etag) if self._profile.if_match_prefix else entry.etag == etag
+            if not matched:
                 raise PreconditionFailed(f"{key}: at version {entry.etag}, not {etag}")
             return self._store(key, body)
 

@@ -78,6 +78,7 @@ from steadqd.s3.store.base import (
     PendingWrite,
     StoredObject,
     StoreProfile,
+    check_if_match,
     check_list_limit,
     check_sha256,
     quantize,
@@ -371,6 +372,7 @@ class S3Store:
 
     def put_if_match(self, key: str, body: bytes, etag: str, *, sha256: bytes | None = None) -> Committed:
         body = bytes(body)
+        check_if_match(self._profile, key, etag)
         ticket = PendingWrite("put_if_match", key, check_sha256(sha256, body), etag)
         return self._put(key, body, sha256, {"IfMatch": self._if_match(etag)}, ticket)
 
