@@ -17,10 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 from . import backends as bk
-from . import bench_cli, daemons, drivers, floor, steadq_extra
+from . import bench_cli, bucket_queue, daemons, drivers, floor, steadq_extra
 from .common import PAYLOAD_SIZES, Profile, check_stop, log, machine_info, payload_of, scratch, skipped
 
-SECTIONS = ("headline", "floor", "steadqd", "bench", "peers", "daemons", "scaling", "profile")
+SECTIONS = ("headline", "floor", "steadqd", "bench", "peers", "daemons", "scaling", "profile", "bucket")
 PEERS = ("persist-queue", "litequeue", "huey", "redis", "rq")
 
 
@@ -346,6 +346,10 @@ class Runner:
 
     def section_bench(self) -> dict[str, Any]:
         return bench_cli.compare(self.base, self.p, self.reference)
+
+    def section_bucket(self) -> dict[str, Any]:
+        """Bucket queues against a same-host SeaweedFS whose data lives under the scratch directory."""
+        return bucket_queue.section(self.p.name, self.base)
 
     def section_profile(self) -> dict[str, Any]:
         with scratch(self.base, "profile") as d:

@@ -174,6 +174,30 @@ def test_scaling_and_syscalls(smoke_run: tuple[dict[str, Any], Path]) -> None:
     assert (sysc["enqueue"]["fsync"], sysc["lease"]["fsync"], sysc["ack"]["fsync"]) == (2, 1, 2)
 
 
+def test_bucket_queue_section(smoke_run: tuple[dict[str, Any], Path]) -> None:
+    """Section bucket ran every configuration on SeaweedFS, returned every job once, and counted store calls."""
+    results, out = smoke_run
+    b = results["bucket"]
+    if "skipped" in b:
+        pytest.skip(b["skipped"])  # no weed binary; under STEADQ_SYSTEM_TESTS=require this fails
+    assert _errors(b) == []
+    configs = {(c["workers"], c["claiming"]) for c in b["configs"]}
+    assert configs == {(w, how) for w in (1, 2) for how in ("single", "batched")}
+    for c in b["configs"]:
+        assert c["errors"] == []
+        assert (c["duplicates"], c["lost"]) == (0, 0)
+        assert c["acked_by_workers"] + c["left_for_the_drain"] == c["jobs"] == c["receipts_listed"]
+        # Counted, not estimated: one job record created per job, a claim and a receipt per job acked.
+        calls = c["ops"]["calls"]
+        assert calls["put_if_absent jobs"] == c["jobs"]
+        assert calls["put_if_absent claims"] >= calls["put_if_absent receipts"] >= c["acked_by_workers"] > 0
+        assert c["ops"]["total"] == sum(calls.values())
+        assert {"list", "head", "get", "put_if_absent"} <= set(c["ops"]["per_job_by_op"])
+    assert b["client"]["rows"]["head"]["ops"] > 0
+    md = (out / "results.md").read_text()
+    assert "## Bucket queues" in md and "| 2 × batched (4) |" in md
+
+
 # -- --fs ext4: a journaled filesystem on a loop device -------------------------------
 
 
