@@ -1,6 +1,6 @@
 # Packaging entry points (docs/packaging.md). Everything else: ./dev.sh.
 #
-#   make deb              Debian package dist/steadqd_<version>_all.deb, checked by lintian
+#   make deb              Debian package dist/steadqd_<version>_<arch>.deb, checked by lintian
 #                         (DEB_VERSION=0.1.0+1 builds a higher version, e.g. to test upgrades)
 #   make bundle           appliance bundle dist/steadqd-bundle-<version>-<arch>.tar.gz
 #   make packages         both

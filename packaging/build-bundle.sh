@@ -62,7 +62,7 @@ CLEAN_ENV=(env -i "PATH=/usr/sbin:/usr/bin:/sbin:/bin" "HOME=${HOME:-/root}" "LC
 # *.egg-info in the checkout.
 mkdir -p "$WORK/src"
 tar -C "$SRC" --exclude='__pycache__' --exclude='*.pyc' --exclude='*.egg-info' \
-    -cf - steadqd pyproject.toml README.md | tar -C "$WORK/src" -xf -
+    -cf - steadqd pyproject.toml setup.py README.md | tar -C "$WORK/src" -xf -
 
 "${CLEAN_ENV[@]}" "$PY" -m venv "$WORK/buildenv"
 # --use-pep517: systemd-python ships only an sdist without pyproject.toml; Debian's bundled pip

@@ -10,7 +10,7 @@
 #   --no-lintian       skip lintian
 #
 # dpkg-buildpackage needs debian/ at the top of the source tree, so the build runs in a staged
-# copy: the files the package is built from (steadqd/, pyproject.toml, README.md, docs/, units/,
+# copy: the files the package is built from (steadqd/, pyproject.toml, setup.py, README.md, docs/, units/,
 # etc/, packaging/vendor/) plus packaging/debian/ as debian/. The checkout itself is never written
 # to except for --out. Build dependencies come from Debian only (apt-get, when missing and root);
 # nothing is downloaded from PyPI. Exit status: non-zero when the build fails or lintian reports an
@@ -48,7 +48,7 @@ stage() {
     mkdir -p "$dst"
     # Only what the package is built from; no caches, no egg-info, no tests.
     tar -C "$SRC" --exclude='__pycache__' --exclude='*.pyc' --exclude='*.egg-info' \
-        -cf - steadqd pyproject.toml README.md docs man units etc packaging/vendor | tar -C "$dst" -xf -
+        -cf - steadqd pyproject.toml setup.py README.md docs man units etc packaging/vendor | tar -C "$dst" -xf -
     cp -r "$SRC/packaging/debian" "$dst/debian"
     # dh_installsysusers/dh_installtmpfiles --name=steadq read these names; the single source of
     # truth stays in units/.
@@ -96,7 +96,7 @@ CLEAN_ENV=(env -i "PATH=/usr/sbin:/usr/bin:/sbin:/bin" "HOME=${HOME:-/root}" "LC
     exit 1
 }
 
-DEB="$(ls "$WORK"/steadqd_*_all.deb)"
+DEB="$(ls "$WORK"/steadqd_*_"$(dpkg --print-architecture)".deb)"
 cp "$DEB" "$WORK"/steadqd_*.buildinfo "$WORK"/steadqd_*.changes "$OUT"/
 echo "build-deb.sh: built $OUT/$(basename "$DEB")"
 

@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from steadqd.daemon import exec_helper
 from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.guard import die_with_parent, process_guard
 from steadqd.daemon.journal import INFO, WARNING, Log
@@ -87,8 +88,10 @@ def command_argv(cfg: WorkerConfig) -> list[str]:
 def spawn(
     cfg: WorkerConfig, env: Mapping[str, str], payload_path: str, credentials: Mapping[str, Any]
 ) -> subprocess.Popen[bytes]:
-    """Start the command in a session of its own, output on pipes.
+    """Start the command in a session of its own, output on pipes, with a parent-death signal.
 
+    The signal is set by ``steadq-exec`` (steadqd.daemon.exec_helper), so that
+    Popen can vfork: a ``preexec_fn`` would make it fork the whole worker.
     With ``input: stdin`` its stdin is the read-only payload copy itself: a
     regular file cannot deadlock the loop the way a pipe it must feed could.
     """
@@ -98,8 +101,7 @@ def spawn(
         if cfg.input == "stdin":
             stdin_file = open(payload_path, "rb")  # noqa: SIM115 - closed right after the spawn
             stdin = stdin_file
-        proc = subprocess.Popen(
-            command_argv(cfg),
+        kwargs: dict[str, Any] = dict(
             stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -107,9 +109,12 @@ def spawn(
             cwd=cfg.working_directory,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=die_with_parent(),
             **credentials,
         )
+        if exec_helper.available():
+            proc = exec_helper.popen(command_argv(cfg), **kwargs)
+        else:  # an uninstalled source tree: the same guarantees, at the cost of a full fork
+            proc = subprocess.Popen(command_argv(cfg), preexec_fn=die_with_parent(), **kwargs)
         process_guard(env.get("STEADQ_QUEUE", "")).watch(proc.pid)
         return proc
     finally:

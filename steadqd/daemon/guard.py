@@ -9,8 +9,10 @@ such net. Two defences, because each covers what the other cannot:
 
 Parent-death signal
     Each command's leader gets ``PR_SET_PDEATHSIG(SIGKILL)`` between fork
-    and exec (:func:`die_with_parent`), after the uid/gid change, which
-    would clear it. It covers the leader only: the signal is not inherited.
+    and exec, after the uid/gid change, which would clear it: from
+    ``steadq-exec`` (steadqd.daemon.exec_helper), or, in a source tree where
+    that helper was never built, from :func:`die_with_parent` as Popen's
+    ``preexec_fn``. It covers the leader only: the signal is not inherited.
 
 The guard process
     One small process per worker (``python -m steadqd.daemon.guard``) holds
@@ -52,6 +54,8 @@ _prctl.restype = ctypes.c_int
 
 def die_with_parent() -> Callable[[], None]:
     """A ``preexec_fn`` for a job: SIGKILL when this process's forking thread dies.
+
+    The fallback of ``steadq-exec``, which does the same without making Popen fork.
 
     Call it in the thread that forks, and fork from the loop's thread: the
     kernel sends the signal when the parent *thread* exits. The function runs

@@ -111,6 +111,11 @@ def _pyproject_version() -> str:
     return m.group(1)
 
 
+def _deb_arch() -> str:
+    """The package is Architecture: any (steadq-exec, the job commands' exec helper, is compiled)."""
+    return subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()
+
+
 # --------------------------------------------------------------------------------------------
 # Static checks: no build needed, always run.
 # --------------------------------------------------------------------------------------------
@@ -198,7 +203,7 @@ def deb_build(tmp_path_factory: pytest.TempPathFactory) -> DebBuild:
     base = tmp_path_factory.mktemp("deb")
     out = base / "dist"
     _run(["bash", str(PKG / "build-deb.sh"), "--out", str(out), "--work", str(base / "work")], env=_clean_env())
-    debs = sorted(out.glob("steadqd_*_all.deb"))
+    debs = sorted(out.glob(f"steadqd_*_{_deb_arch()}.deb"))
     assert len(debs) == 1, debs
     deb = debs[0]
     contents = _run(["dpkg-deb", "-c", str(deb)]).stdout
@@ -219,7 +224,7 @@ def _paths(contents: str) -> set[str]:
 
 
 def test_deb_has_version_from_pyproject(deb_build: DebBuild) -> None:
-    assert deb_build.deb.name == f"steadqd_{_pyproject_version()}_all.deb"
+    assert deb_build.deb.name == f"steadqd_{_pyproject_version()}_{_deb_arch()}.deb"
 
 
 def test_lintian_reports_no_errors(deb_build: DebBuild) -> None:
@@ -253,6 +258,7 @@ def test_deb_contents(deb_build: DebBuild) -> None:
         "/usr/lib/python3/dist-packages/steadqd/fs/handle.py",
         "/usr/lib/python3/dist-packages/steadqd/cli/main.py",
         "/usr/lib/python3/dist-packages/steadqd/daemon/main.py",
+        "/usr/lib/python3/dist-packages/steadqd/daemon/steadq-exec",
     }
     assert expected <= paths, sorted(expected - paths)
     # The spool is created by tmpfiles.d, never shipped: dpkg would otherwise own (and on removal
@@ -293,7 +299,8 @@ def test_deb_conffile_and_dependencies(deb_build: DebBuild) -> None:
     names = {d.strip().split()[0] for d in depends.group(1).split(",")}
     assert {"python3-systemd", "python3-cffi", "python3-yaml"} <= names
     assert not any("inotify" in n for n in names), "Debian 12 has no python3-inotify-simple: it is vendored"
-    assert re.search(r"^Architecture: all$", control, re.M)
+    # any, not all: steadq-exec, the job commands' exec helper (steadqd/daemon/exec_helper.c), is compiled
+    assert re.search(rf"^Architecture: {_deb_arch()}$", control, re.M)
 
 
 def test_deb_maintainer_scripts(deb_build: DebBuild) -> None:
@@ -307,7 +314,7 @@ def test_deb_maintainer_scripts(deb_build: DebBuild) -> None:
     tmpfiles = postinst.index("systemd-tmpfiles")
     assert sysusers < tmpfiles, "the steadq user must exist before tmpfiles.d gives it /var/lib/steadq"
     assert "_dh_action=restart" in postinst and "deb-systemd-invoke $_dh_action 'steadq.target'" in postinst
-    assert "py3compile -p steadqd /usr/share/steadqd" in postinst
+    assert re.search(r"py3compile -p steadqd(:\S+)? /usr/share/steadqd", postinst), postinst  # :ARCH, Architecture: any
 
     prerm = (deb_build.control / "prerm").read_text()
     assert "deb-systemd-invoke stop 'steadq.target'" in prerm

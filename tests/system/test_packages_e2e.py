@@ -127,8 +127,9 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
         ]
     )
     _build(["bash", str(PKG / "build-bundle.sh"), "--out", str(dist), "--work", str(base / "bundle")])
-    debs = sorted(dist.glob("steadqd_*_all.deb"))
-    upgrade = [d for d in debs if d.name == f"steadqd_{UPGRADE_VERSION}_all.deb"]
+    arch = subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()  # any: steadq-exec is compiled
+    debs = sorted(dist.glob(f"steadqd_*_{arch}.deb"))
+    upgrade = [d for d in debs if d.name == f"steadqd_{UPGRADE_VERSION}_{arch}.deb"]
     first = [d for d in debs if d not in upgrade]
     bundles = sorted(dist.glob("steadqd-bundle-*.tar.gz"))
     assert len(first) == 1 and len(upgrade) == 1 and len(bundles) == 1, (debs, bundles)

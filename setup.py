@@ -1,0 +1,50 @@
+"""Builds ``steadq-exec``, the job commands' exec helper (steadqd/daemon/exec_helper.c).
+
+Everything else is in pyproject.toml. The helper is an executable, not an
+extension module, so it is linked by hand after ``build_ext``; the
+distribution says it has extension modules so that ``build_ext`` runs at all
+(and the wheel is marked platform-specific, which it is). In an editable
+install the helper is written next to its source, as extensions are.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Any
+
+from setuptools import Distribution, setup
+from setuptools.command.build_ext import build_ext
+
+HELPER_SOURCE = os.path.join("steadqd", "daemon", "exec_helper.c")
+HELPER_NAME = "steadq-exec"
+
+
+class BinaryDistribution(Distribution):
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+class BuildExecHelper(build_ext):
+    def run(self) -> None:
+        super().run()
+        from setuptools._distutils.ccompiler import new_compiler
+        from setuptools._distutils.sysconfig import customize_compiler
+
+        compiler: Any = new_compiler()
+        customize_compiler(compiler)  # CC, CFLAGS and LDFLAGS from the environment (dpkg-buildflags)
+        objects = compiler.compile([HELPER_SOURCE], output_dir=self.build_temp, extra_preargs=["-O2", "-Wall"])
+        # customize_compiler gives LDFLAGS to shared objects only; an executable needs them too (hardening)
+        ldflags = shlex.split(os.environ.get("LDFLAGS", ""))
+        compiler.link_executable(objects, HELPER_NAME, output_dir=self._helper_dir(), extra_postargs=ldflags)
+
+    def _helper_dir(self) -> str:
+        if self.inplace:
+            return os.path.dirname(HELPER_SOURCE)
+        return os.path.join(self.build_lib, os.path.dirname(HELPER_SOURCE))
+
+    def get_outputs(self) -> list[str]:
+        return [*super().get_outputs(), os.path.join(self._helper_dir(), HELPER_NAME)]
+
+
+setup(distclass=BinaryDistribution, cmdclass={"build_ext": BuildExecHelper})
