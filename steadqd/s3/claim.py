@@ -53,6 +53,7 @@ __all__ = [
     "commit_claim",
     "read_checked",
     "settle_dead",
+    "Unusable",
     "superseded",
     "write_termidx",
 ]
@@ -113,6 +114,10 @@ class Miss(enum.Enum):
 
 class _Unusable(Exception):
     """An object the claim path must not act on: it was quarantined (or could not be read as a key)."""
+
+
+# The sweeps meet the same objects through read_checked and chain_tail, and act on this too.
+Unusable = _Unusable
 
 
 def read_checked(layout: QueueLayout, rel: str, job_id: bytes) -> tuple[Record, ObjectMeta] | None:

@@ -20,13 +20,22 @@ import os
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, BinaryIO, NoReturn, cast
 
-from steadqd.constants import ID_BYTES
-from steadqd.errors import InvalidInput, LeaseLost, NotSupportedHere
+from steadqd.constants import DEFAULT_RECEIPT_RETENTION_NS, DEFAULT_TEMP_TTL_NS, ID_BYTES, NS_PER_SECOND
+from steadqd.errors import (
+    InvalidInput,
+    LeaseLost,
+    NotCommitted,
+    NotSupportedHere,
+    OutcomeUnknown,
+    StoreProfileViolation,
+)
 from steadqd.s3 import admin, keys, views
 from steadqd.s3.claim import Lease
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.layout import QueueLayout
 from steadqd.s3.records import QUEUE_ID_BYTES, TOKEN_BYTES, ClaimRecord, JobRecord
+from steadqd.s3.repair import FsckReport, check_phases, fsck, recovery_setting, run_recovery
+from steadqd.s3.sweep import Budget, RecoveryReport
 from steadqd.s3.watch import DEFAULT_POLL_MAX_S, BucketReadyWatch, check_poll_max
 
 __all__ = ["BucketBackend", "HANDLE_FORMAT"]
@@ -64,11 +73,22 @@ class BucketBackend(BucketQueue):
     """One open bucket queue with the backend contract's method set; what it cannot do yet, it refuses."""
 
     def __init__(
-        self, layout: QueueLayout, *, url: str, idle_poll_max: float = DEFAULT_POLL_MAX_S, **handle: Any
+        self,
+        layout: QueueLayout,
+        *,
+        url: str,
+        idle_poll_max: float = DEFAULT_POLL_MAX_S,
+        receipt_retention: float = DEFAULT_RECEIPT_RETENTION_NS / NS_PER_SECOND,
+        dead_retention: float | None = None,
+        temp_ttl: float = DEFAULT_TEMP_TTL_NS / NS_PER_SECOND,
+        **handle: Any,
     ) -> None:
         super().__init__(layout, **handle)
         self._url = url.rstrip("/")
         self._idle_poll_max = check_poll_max(idle_poll_max)
+        self._recovery = recovery_setting(
+            receipt_retention, dead_retention, temp_ttl, handle.get("floor_staleness_s", 1.0)
+        )
 
     @property
     def path(self) -> str:
@@ -180,8 +200,21 @@ class BucketBackend(BucketQueue):
 
     def recover(
         self, budget_ops: int = 1000, budget_ms: int = 100, *, phases: tuple[str, ...] | None = None
-    ) -> NoReturn:
-        _refuse("recovery (steadq recover, the sweeper)")
+    ) -> RecoveryReport:
+        """One bounded pass (steadqd/s3/repair.py): sweeps, retention GC, a slice of the repair scan.
+
+        ``budget_ops`` counts store requests. The floor is established first
+        and not charged; a store that cannot give one is reported, not raised.
+        """
+        check_phases(phases)
+        try:
+            floor = self._clock.floor()
+        except (NotCommitted, OutcomeUnknown, StoreProfileViolation) as exc:
+            report = RecoveryReport()
+            report.error(exc, f"establishing the store-time floor of {self.path}")
+            return report
+        budget = Budget(max_ops=budget_ops, budget_ms=budget_ms)
+        return run_recovery(self.layout, floor, budget, self._recovery, phases)
 
     def ready_watch(self) -> BucketReadyWatch:
         """A polling watch with a doorbell (``steadqd.s3.watch``); it starts at ``watch_missing()``."""
@@ -223,8 +256,9 @@ class BucketBackend(BucketQueue):
     def copy_job_payload(self, job_id: str, out: BinaryIO) -> int:
         return views.copy_job_payload(self.layout, job_id, out)
 
-    def fsck(self, deep: bool = False, repair: bool = False) -> NoReturn:
-        _refuse("fsck")
+    def fsck(self, deep: bool = False, repair: bool = False) -> FsckReport:
+        """Every object checked (steadqd/s3/repair.py: fsck); ``repair`` regenerates indexes and records findings."""
+        return fsck(self.layout, self._clock.floor(), deep=deep, repair=repair)
 
     def resolve(self, ticket: Any, stabilize: bool = False) -> NoReturn:
         _refuse("resolving a ticket (every bucket operation resolves its own outcome by reading the key)")

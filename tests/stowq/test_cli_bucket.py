@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from steadqd.backend import init_queue, open_queue
-from steadqd.errors import InvalidInput, NotSupportedHere
+from steadqd.errors import InvalidInput
 from steadqd.s3 import keys
 from steadqd.s3.url import parse_url
 from tests.stowq.conftest import LIVE_BUCKET
@@ -197,25 +197,6 @@ def test_opening_fails_with_the_cause_and_the_fix(seaweed: Seaweed, live_prefix:
     seaweed.store(LIVE_BUCKET).close()
     absent = run(aws_env(tmp_path, **good), "lease", url)
     assert absent.returncode == 1 and "is not a queue" in absent.stderr and "init" in absent.stderr
-
-
-def test_operator_commands_refuse_a_bucket_queue_with_exit_64(
-    seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    seaweed.store(LIVE_BUCKET).close()
-    env = aws_env(tmp_path, **seaweed.environment())
-    url = f"s3://{LIVE_BUCKET}/{live_prefix}q"
-    create(env, url, monkeypatch)
-    for args in (["fsck", url],):  # stats, ls, inspect, show and admin: tests/stowq/test_admin_bucket.py
-        done = run(env, *args)
-        assert done.returncode == 64, (args, done.stderr)
-        assert "not yet supported for bucket queues" in done.stderr
-    q = open_queue(url)
-    with pytest.raises(NotSupportedHere, match="recovery"):
-        try:
-            q.recover()
-        finally:
-            q.close()
 
 
 def test_work_runs_a_command_on_a_bucket_job(
