@@ -1,0 +1,64 @@
+"""``steadq`` on a Ceph RGW bucket, configured the AWS way: a short run of what the SeaweedFS CLI suite covers.
+
+The CLI opens a bucket with the generic S3 profile (it has no way to name
+another yet), so ``steadq init`` refuses RGW naming the primitive the
+generic profile gets wrong; a queue initialised through the URL opener with
+``store_profile="ceph-rgw"`` (as a daemon's YAML can say) is then used by the
+console script as any other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from steadqd.backend import init_queue
+from tests.stowq.ceph import Ceph
+from tests.stowq.conftest import LIVE_BUCKET
+from tests.stowq.test_cli_bucket import LEASE, aws_env, field, ok, run
+
+pytestmark = pytest.mark.ceph
+
+
+def test_init_refuses_rgw_under_the_generic_profile_naming_the_primitive(
+    ceph: Ceph, live_prefix: str, tmp_path: Path
+) -> None:
+    ceph.store(LIVE_BUCKET).close()
+    env = aws_env(tmp_path, **ceph.environment())
+    refused = run(env, "init", "--parents", f"s3://{LIVE_BUCKET}/{live_prefix.rstrip('/')}")
+    assert refused.returncode == 64, refused.stderr
+    assert "P2 compare-and-swap" in refused.stderr and "cannot hold a StowQ/1 queue" in refused.stderr
+
+
+def test_put_lease_ack_bury_on_an_rgw_queue(
+    ceph: Ceph, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ceph.store(LIVE_BUCKET).close()
+    env = aws_env(tmp_path, **ceph.environment())
+    url = f"s3://{LIVE_BUCKET}/{live_prefix.rstrip('/')}"
+    for name, value in env.items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+    q = init_queue(url, shards=2, store_profile="ceph-rgw")  # certifies RGW under its own profile
+    q.close()
+
+    job = field(ok(env, "put", url, "-", stdin=b"first job").stdout, "job_id")
+    handle = tmp_path / "h.json"
+    leased = ok(env, "lease", url, "--handle-file", str(handle), "--duration-seconds", LEASE)
+    assert field(leased.stdout, "job_id") == job and field(leased.stdout, "generation") == "1"
+    assert "acked" in ok(env, "ack", url, "--handle-file", str(handle)).stderr
+    assert "already acked" in ok(env, "ack", url, "--handle-file", str(handle)).stderr
+
+    third = field(ok(env, "put", url, "-", stdin=b"third").stdout, "job_id")
+    taken = ok(env, "lease", url, "--handle-file", str(handle), "--duration-seconds", LEASE)
+    assert field(taken.stdout, "job_id") == third
+    assert "buried" in ok(env, "bury", url, "--handle-file", str(handle), "--reason", "1").stderr
+
+    store = ceph.store(LIVE_BUCKET, create=False)
+    try:
+        receipts = [m.key.rsplit("/", 1)[1] for m in store.list_page(live_prefix + "receipts/").items]
+        dead = [m.key.rsplit("/", 1)[1] for m in store.list_page(live_prefix + "dead/").items]
+    finally:
+        store.close()
+    assert receipts == [job] and dead == [third]
