@@ -103,6 +103,9 @@ class BucketQueue:
         # Workers start their scans at different shards so that they rarely race for the same job.
         start = int.from_bytes(os.urandom(2), "big") if first_shard is None else first_shard
         self._next_shard = start % layout.format.shard_count
+        # Likewise inside a shard: each listing is tried from a random point, so that workers
+        # listing the same shard do not all race for its first job (unless first_shard pins the order).
+        self._spread = first_shard is None
         self._candidates: deque[tuple[int, bytes]] = deque()
         self._batch_threads = batch_threads
         self._pool: ThreadPoolExecutor | None = None
@@ -236,13 +239,11 @@ class BucketQueue:
                 return found
             after = self._layout.relative(page.next_start_after)
 
-    def _try(self, shard: int, job_id: bytes, floor_ns: int, lease_ns: int) -> Lease | None:
+    def _try(self, shard: int, job_id: bytes, floor_ns: int, lease_ns: int) -> Lease | Miss:
         got = claim_job(self._layout, shard, job_id, floor_ns=floor_ns, lease_duration_ns=lease_ns)
-        if isinstance(got, Lease):
-            return got
         if got in (Miss.TERMINAL, Miss.UNUSABLE):
             self._remember_settled(shard, job_id)  # an unusable job is quarantined: skipped like a settled one
-        return None
+        return got
 
     def claim_once(self, duration: float = 30.0) -> Lease | None:
         """Claim one ready job, or None after one pass over every shard found nothing."""
@@ -268,7 +269,11 @@ class BucketQueue:
                 shard = self._next_shard
                 self._next_shard = (shard + 1) % count
                 listed += 1
-                self._candidates.extend((shard, job_id) for job_id in self._list_shard(shard))
+                ids = self._list_shard(shard)
+                if self._spread and len(ids) > 1:
+                    start = int.from_bytes(os.urandom(4), "big") % len(ids)
+                    ids = ids[start:] + ids[:start]
+                self._candidates.extend((shard, job_id) for job_id in ids)
                 continue
             if not self._candidates:
                 break
@@ -283,9 +288,11 @@ class BucketQueue:
         A claim that fails (NotCommitted, OutcomeUnknown, a store fault) never
         costs its wave-mates theirs: every claim won is returned and the
         round stops there. With nothing won, the first failure is raised;
-        the failed candidate is listed again by a later pass.
+        the failed candidate is listed again by a later pass. A race lost
+        means another worker is taking jobs from that shard right now, so
+        the shard's other candidates are left to it for this pass.
         """
-        outcomes: list[Lease | None | SteadQError] = []
+        outcomes: list[Lease | Miss | SteadQError] = []
         if len(wave) == 1 or self._batch_threads == 1:
             for shard, job_id in wave:
                 try:
@@ -298,6 +305,10 @@ class BucketQueue:
             futures = [pool.submit(self._try, shard, job_id, floor_ns, lease_ns) for shard, job_id in wave]
             outcomes = [_outcome(future) for future in futures]
         claims.extend(o for o in outcomes if isinstance(o, Lease))
+        # Not strict: trying in turn stops at the first failure, so outcomes may be shorter than the wave.
+        contended = {shard for (shard, _), o in zip(wave, outcomes, strict=False) if o is Miss.LOST}
+        if contended:
+            self._candidates = deque(c for c in self._candidates if c[0] not in contended)
         failures = [o for o in outcomes if isinstance(o, SteadQError)]
         if failures and not claims:
             raise failures[0]
@@ -387,7 +398,7 @@ class BucketQueue:
         self._layout.store.close()
 
 
-def _outcome(future: Future[Lease | None]) -> Lease | None | SteadQError:
+def _outcome(future: Future[Lease | Miss]) -> Lease | Miss | SteadQError:
     """A claim's result, or the store's failure as a value (anything else is a bug and is raised)."""
     try:
         return future.result()

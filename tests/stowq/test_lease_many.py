@@ -12,15 +12,18 @@ is claimed by a later round.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import pytest
 
 from steadqd.errors import InvalidInput, NotCommitted, OutcomeUnknown
 from steadqd.s3 import keys
-from steadqd.s3.claim import Lease
+from steadqd.s3.claim import Lease, claim_job
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.keys import KeyKind
+from steadqd.s3.layout import DEFAULT_FORMAT
+from steadqd.s3.store.base import Committed
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from tests.stowq.protocol_audit import audit, drain
@@ -169,3 +172,34 @@ def test_a_fault_at_every_store_call_of_a_batch_keeps_the_gates(kind: FaultKind,
             break
         n += 1
     assert n > JOBS * 7, f"a batch of {JOBS} made only {n - 1} store calls"
+
+
+class _RivalFirst(MemoryStore):
+    """A memory store where a rival's claim lands just before this handle's first claim create."""
+
+    rival: Callable[[str], object] | None = None
+
+    def put_if_absent(self, key: str, body: bytes, *, sha256: bytes | None = None) -> Committed:
+        if self.rival is not None and key.startswith(PREFIX + "claims/"):
+            rival, self.rival = self.rival, None
+            rival(key)
+        return super().put_if_absent(key, body, sha256=sha256)
+
+
+def test_a_race_lost_leaves_the_rest_of_that_shard_to_the_winner() -> None:
+    store = _RivalFirst(clock=ManualClock(step_ns=1000))
+    fmt = replace(DEFAULT_FORMAT, shard_count=1)
+    q = BucketQueue.init(store, PREFIX, fmt=fmt, worker_id="w1", certify_store=False, floor_staleness_s=0)
+    for i in range(3):
+        q.enqueue(b"job %d" % i, job_id=f"{i + 1:032x}")
+    rival = BucketQueue.open(store, PREFIX, worker_id="w2", certify_store=False, floor_staleness_s=0)
+
+    def race(key: str) -> None:
+        job_id = keys.parse_key(key[len(PREFIX) :]).job_id
+        assert job_id is not None
+        got = claim_job(rival.layout, 0, job_id, floor_ns=rival.wall_floor_ns(), lease_duration_ns=LEASE_S * SECOND)
+        assert isinstance(got, Lease)
+
+    store.rival = race
+    assert q.lease_many(1, duration=LEASE_S) == []  # lost the race: the shard is the rival's for this pass
+    assert len(q.lease_many(3, duration=LEASE_S)) == 2  # the next pass lists it again
