@@ -46,9 +46,11 @@ __all__ = [
     "RecoveryReport",
     "ScanReport",
     "URL_SCHEMES",
+    "check_queue_url",
     "doctor",
     "dump_file",
     "init_queue",
+    "is_bucket_url",
     "list_dead_files",
     "new_job_id",
     "open_queue",
@@ -429,6 +431,24 @@ def new_job_id() -> str:
 
 def _is_bucket(target: str) -> bool:
     return target.startswith("s3://")
+
+
+def is_bucket_url(target: str) -> bool:
+    """Whether ``target`` names a bucket queue (``s3://``), for a program that must treat one differently."""
+    return _is_bucket(target)
+
+
+def check_queue_url(target: str) -> str:
+    """The canonical form of a queue URL (``s3://BUCKET/PREFIX``); InvalidInput naming what is wrong.
+
+    Opens nothing and needs no client library: a configuration is checked
+    on a machine that may not have botocore installed."""
+    _check_target(target)
+    if not _is_bucket(target):
+        raise InvalidInput(f"{target!r} is not a queue URL; write s3://BUCKET/PREFIX")
+    from steadqd.s3.url import parse_url
+
+    return str(parse_url(target))
 
 
 def open_queue(target: str, **options: Any) -> Backend:

@@ -70,6 +70,10 @@ log = logging.getLogger("steadqd.tasks")
 
 DEFAULT_RETRY = RetryPolicy(base_ms=round(DEFAULT_BACKOFF_BASE_S * 1000), cap_ms=round(DEFAULT_BACKOFF_MAX_S * 1000))
 ERROR_PAUSE = 1.0  # s between attempts when the queue itself fails (not one job)
+# An idle consumer whose watch covers the whole queue scans only when the watch
+# has news, and at least this often (the daemon worker's safety rescan): on a
+# bucket a scan LISTs every shard, which one poll a second would repeat.
+QUIET_RESCAN = 60.0
 JSON_TYPE = "application/json"
 
 
@@ -169,11 +173,16 @@ class _Consumer:
         self.w = worker
         self.q: Backend | None = None
         self.watch: ReadyWatch | None = None
+        self._whole = False  # the watch reports every job that becomes claimable: a quiet wait needs no scan
+        self._rescan_at = 0.0  # monotonic time of the next scan when nothing is news
 
     def lease(self) -> LeaseHandle | None:
         if self.q is None and not self._open():
             return None
         assert self.q is not None
+        if self._whole and self.watch is not None and time.monotonic() < self._rescan_at:
+            if not self.watch.wait(self.w.poll):
+                return None  # nothing new: the caller checks for a stop and asks again
         try:
             lease = self.q.lease(wait=0.0, duration=self.w.lease_s)
         except SteadQError as e:
@@ -182,6 +191,7 @@ class _Consumer:
             return None
         self.w._report_scan(self.q)
         if lease is None:
+            self._rescan_at = time.monotonic() + QUIET_RESCAN
             if self.watch is not None:
                 self.watch.wait(self.w.poll)
             else:
@@ -201,6 +211,9 @@ class _Consumer:
             return True
         for why in failures:
             log.warning("%s; polling that shard every %gs", printable(why), self.w.poll)
+        # Only a watch that also reports jobs becoming due (a bucket's watches its delayed and
+        # lease indexes) may replace the scans: a filesystem scan is what finds due jobs there.
+        self._whole = not failures and bool(getattr(self.watch, "reports_due_jobs", False))
         return True
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from steadqd import backend
 from steadqd.constants import (
     DEFAULT_BACKOFF_BASE_S,
     DEFAULT_BACKOFF_MAX_S,
@@ -28,7 +29,7 @@ from steadqd.constants import (
     U32_MAX,
 )
 from steadqd.durations import parse_duration
-from steadqd.errors import ConfigError
+from steadqd.errors import ConfigError, SteadQError
 
 DEFAULT_CONFIG_DIR = "/etc/steadq/queues"
 CONFIG_DIR_ENV = "STEADQ_CONFIG_DIR"
@@ -134,6 +135,21 @@ class InboxConfig:
 
 
 @dataclass(frozen=True)
+class S3Config:
+    """How the daemons reach a bucket queue's store (``s3:``). Never a secret: that lives in ``credentials_file``.
+
+    ``None`` leaves a setting to the AWS environment (``AWS_PROFILE``, the
+    default credentials chain) or to the backend's default (the idle poll cap).
+    """
+
+    credentials_file: str | None = None
+    aws_profile: str | None = None
+    store_profile: str | None = None
+    idle_poll_max: float | None = None
+    certify: bool = True  # the worker certifies the store once at start
+
+
+@dataclass(frozen=True)
 class QueueSettings:
     """Everything one queue's daemons need, validated."""
 
@@ -149,6 +165,30 @@ class QueueSettings:
     inbox: InboxConfig | None = None
     # A node-exporter textfile each daemon writes its counters to (steadqd.daemon.metrics).
     metrics_textfile: str | None = None
+    # Only for a bucket queue (`queue: s3://...`); None there means every setting from the AWS environment.
+    s3: S3Config | None = None
+
+    @property
+    def bucket(self) -> bool:
+        """The queue is a bucket queue (``s3://``), not a directory."""
+        return backend.is_bucket_url(self.queue)
+
+
+def open_options(settings: QueueSettings, *, certify: bool = False) -> dict[str, Any]:
+    """What every role passes to ``backend.open_queue`` for this queue: the one home of that mapping.
+
+    ``certify`` asks a bucket queue's opener to certify the store first (the
+    worker at start, ``check-config --open``), if ``s3.certify`` allows it.
+    """
+    if not settings.bucket:
+        return {"allow_unsupported_fs": settings.allow_unsupported_fs}
+    cfg = settings.s3 or S3Config()
+    options: dict[str, Any] = {"certify_store": certify and cfg.certify}
+    for name in ("credentials_file", "aws_profile", "store_profile", "idle_poll_max"):
+        value = getattr(cfg, name)
+        if value is not None:
+            options[name] = value
+    return options
 
 
 # --- YAML with positions ---------------------------------------------------------
@@ -288,6 +328,11 @@ def _compose(text: str, path: str) -> yaml.Node:
 
 def _queue_path(d: _Doc) -> str:
     p = d.string()
+    if "://" in p:
+        try:
+            return backend.check_queue_url(p)
+        except SteadQError as e:
+            raise d.error(e.message) from None
     if not os.path.isabs(p):
         raise d.error(f"must be an absolute path, got {p!r}")
     # normpath keeps exactly two leading slashes (POSIX leaves their meaning to the
@@ -418,9 +463,19 @@ def _worker(d: _Doc) -> WorkerConfig:
     )
 
 
+_SWEEPER_KEYS = {
+    "interval",
+    "receipt_retention",
+    "temp_ttl",
+    "dead_retention",
+    "max_clock_skew",
+    "budget_ops",
+    "budget_ms",
+}
+
+
 def _sweeper(d: _Doc) -> SweeperConfig:
-    keys = {"interval", "receipt_retention", "temp_ttl", "dead_retention", "max_clock_skew", "budget_ops", "budget_ms"}
-    m = d.mapping(keys)
+    m = d.mapping(_SWEEPER_KEYS)
     base = SweeperConfig()
     return SweeperConfig(
         interval=m["interval"].duration(0.1, 86400.0) if "interval" in m else base.interval,
@@ -496,11 +551,65 @@ def _inbox(d: _Doc) -> InboxConfig:
     )
 
 
+# Keys that would put a secret in the file (it is read by every role and often kept in version control).
+_SECRET_KEYS = frozenset(
+    {
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+        "access_key",
+        "access_key_id",
+        "secret",
+        "secret_key",
+        "secret_access_key",
+        "session_token",
+        "password",
+    }
+)
+_S3_KEYS = {"credentials_file", "aws_profile", "store_profile", "idle_poll_max", "certify"}
+
+
+def _refuse_secrets(d: _Doc) -> None:
+    """A key that holds a secret is refused by name, before any "unknown key" error could hide why."""
+    if not isinstance(d.node, yaml.MappingNode):
+        return
+    for knode, _ in d.node.value:
+        name = knode.value if isinstance(knode, yaml.ScalarNode) else None
+        if isinstance(name, str) and name.lower() in _SECRET_KEYS:
+            key = f"{d.key}.{name}" if d.key else name
+            raise ConfigError(
+                "a secret does not belong in a queue's YAML file: put the keys in an AWS shared-credentials "
+                "file ([default] aws_access_key_id = ..., aws_secret_access_key = ...) readable only by the "
+                "service user (chown steadq, chmod 600) and name it in `s3: credentials_file:`",
+                path=d.path,
+                line=knode.start_mark.line + 1,
+                key=key,
+            )
+
+
+def _s3(d: _Doc) -> S3Config:
+    _refuse_secrets(d)
+    m = d.mapping(_S3_KEYS)
+    credentials = None
+    if "credentials_file" in m:
+        credentials = m["credentials_file"].string()
+        if not os.path.isabs(credentials):
+            raise m["credentials_file"].error(f"must be an absolute path, got {credentials!r}")
+    return S3Config(
+        credentials_file=credentials,
+        aws_profile=m["aws_profile"].string() if "aws_profile" in m else None,
+        store_profile=m["store_profile"].string() if "store_profile" in m else None,
+        idle_poll_max=m["idle_poll_max"].duration(0.05, 3600.0) if "idle_poll_max" in m else None,
+        certify=m["certify"].boolean() if "certify" in m else True,
+    )
+
+
 _SECTIONS: dict[str, Callable[[_Doc], Any]] = {
     "worker": _worker,
     "sweeper": _sweeper,
     "promoter": _promoter,
     "inbox": _inbox,
+    "s3": _s3,
 }
 
 
@@ -509,11 +618,16 @@ def parse_config(text: str, *, path: str, name: str) -> QueueSettings:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
         raise ConfigError(f"file is larger than {MAX_CONFIG_BYTES} bytes", path=path)
     root = _Doc(path, _compose(text, path), "")
+    _refuse_secrets(root)
     m = root.mapping({"queue", "allow_unsupported_fs", "metrics_textfile", *_SECTIONS})
     if "queue" not in m:
-        raise root.error("missing required key `queue` (the queue directory)")
+        raise root.error("missing required key `queue` (the queue directory, or s3://BUCKET/PREFIX)")
     sections = {k: fn(m[k]) for k, fn in _SECTIONS.items() if k in m}
     queue = _queue_path(m["queue"])
+    if backend.is_bucket_url(queue):
+        _bucket_limits(m)
+    elif "s3" in m:
+        raise m["s3"].error(f"`s3:` configures a bucket queue (queue: s3://BUCKET/PREFIX); {queue} is a directory")
     inbox = sections.get("inbox")
     if inbox is not None and (_inside(inbox.path, queue) or _inside(queue, inbox.path)):
         where = m["inbox"].mapping(_INBOX_KEYS)["path"]
@@ -528,7 +642,26 @@ def parse_config(text: str, *, path: str, name: str) -> QueueSettings:
         allow_unsupported_fs=m["allow_unsupported_fs"].boolean() if "allow_unsupported_fs" in m else False,
         inbox=inbox,
         metrics_textfile=_metrics_textfile(m["metrics_textfile"]) if "metrics_textfile" in m else None,
+        s3=sections.get("s3"),
     )
+
+
+def _bucket_limits(m: dict[str, _Doc]) -> None:
+    """What a bucket queue cannot honour is refused here, in one line naming the setting."""
+    if "allow_unsupported_fs" in m:
+        raise m["allow_unsupported_fs"].error("is a setting of directory queues; a bucket queue has no filesystem")
+    if "inbox" in m:
+        raise m["inbox"].error(
+            "a watch folder cannot feed a bucket queue yet: its jobs carry metadata (the file's name), which "
+            "StowQ/1 job records have no field for; run the inbox on a directory queue"
+        )
+    sweeper = m.get("sweeper")
+    if sweeper is not None and isinstance(sweeper.node, yaml.MappingNode):
+        given = sweeper.mapping(_SWEEPER_KEYS)
+        if "max_clock_skew" in given:
+            raise given["max_clock_skew"].error(
+                "does not apply to a bucket queue: its clock is the store's (clock beacons), never a host's"
+            )
 
 
 def _metrics_textfile(d: _Doc) -> str:

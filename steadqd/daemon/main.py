@@ -20,11 +20,15 @@ import functools
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from steadqd.completion import SHELLS, build_tree, script
 from steadqd.daemon.config import QueueSettings, config_dir, load_config
 from steadqd.demo.run import main as demo_main
 from steadqd.errors import ConfigError, SteadQError
+
+if TYPE_CHECKING:
+    from steadqd.daemon.journal import Log
 
 ROLES = ("worker", "sweeper", "promoter")
 # The watch folder runs wherever its queue's jobs do (worker, run) when the file
@@ -33,7 +37,7 @@ COMMAND_ROLES = {"worker": ("worker", "inbox"), "run": (*ROLES, "inbox")}
 
 
 def _role_factory(names: tuple[str, ...]) -> Callable[..., list]:
-    def make(settings: QueueSettings, log: object) -> list:
+    def make(settings: QueueSettings, log: Log) -> list:
         from importlib import import_module
 
         # Only the roles asked for are imported: one role's module (and its
@@ -55,6 +59,13 @@ def _role_factory(names: tuple[str, ...]) -> Callable[..., list]:
                     continue  # a producer-only queue: its jobs run elsewhere
                 raise ConfigError("no `worker:` section: nothing to run", path=settings.source)
             if n == "promoter" and not settings.promoter.enabled:
+                continue
+            if n == "promoter" and settings.bucket:
+                log.notice(
+                    "promoter not needed on a bucket queue: a delayed or retried job becomes claimable by store "
+                    "time at its claim, with nothing to move",
+                    path=settings.queue,
+                )
                 continue
             module, cls = classes[n]
             roles.append(getattr(import_module(f"steadqd.daemon.{module}"), cls)(settings, log))

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from steadqd import backend
 from steadqd.constants import STATE_DIRS
-from steadqd.daemon.config import QueueSettings, WorkerConfig
+from steadqd.daemon.config import QueueSettings, WorkerConfig, open_options
 from steadqd.errors import SteadQError
 from steadqd.text import printable
 
@@ -50,6 +50,7 @@ __all__ = [
     "Problem",
     "as_account",
     "command_problems",
+    "credentials_problems",
     "describe_os_error",
     "job_account",
     "queue_problems",
@@ -130,8 +131,46 @@ def _blocked_parent(path: str) -> str | None:
     return None
 
 
+def credentials_problems(settings: QueueSettings, account: Account) -> list[Problem]:
+    """A bucket queue's credentials file (``s3.credentials_file``): there, readable by ``account``, and by nobody else.
+
+    Why so strict: the file holds the secret key of the store, and the
+    queue's group includes every producer; the store would accept them as the worker.
+    """
+    path = settings.s3.credentials_file if settings.s3 is not None else None
+    if path is None:
+        return []  # the AWS environment's chain (AWS_* variables, AWS_PROFILE) is the store client's to check
+    shown = printable(path)
+    fix = f"chown {account.name} {shown}; chmod 600 {shown}"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return [
+            Problem(
+                f"s3.credentials_file {shown} does not exist; write the AWS shared-credentials file there "
+                f"([default] aws_access_key_id = ..., aws_secret_access_key = ...), then {fix}"
+            )
+        ]
+    except OSError as e:
+        return [Problem(f"s3.credentials_file {shown}: user {account.name} cannot look at it: {e.strerror}; {fix}")]
+    if not stat.S_ISREG(st.st_mode):
+        return [Problem(f"s3.credentials_file {shown} is not a regular file; name the AWS shared-credentials file")]
+    if st.st_mode & 0o077:
+        return [
+            Problem(
+                f"s3.credentials_file {shown} is {_where(path)}: it holds a secret key, so only the service user "
+                f"may read it; run: {fix}"
+            )
+        ]
+    if not os.access(path, os.R_OK):
+        return [Problem(f"s3.credentials_file {shown} is {_where(path)}: user {account.name} cannot read it; {fix}")]
+    return []
+
+
 def queue_problems(settings: QueueSettings, account: Account) -> list[Problem]:
-    """Can ``account`` (the process's own user) use the configured queue directory?"""
+    """Can ``account`` (the process's own user) use the configured queue directory (or its bucket's credentials)?"""
+    if settings.bucket:
+        return credentials_problems(settings, account)
     path = settings.queue
     shown = printable(path)
     init = f"runuser -u {account.name} -- steadq init --shared {shown}"
@@ -387,8 +426,8 @@ def start_problems(settings: QueueSettings) -> list[Problem]:
     problems = queue_problems(settings, account)
     if problems:
         return problems
-    try:
-        backend.open_queue(settings.queue, allow_unsupported_fs=settings.allow_unsupported_fs).close()
+    try:  # a bucket queue's store is certified here, as the worker does at start
+        backend.open_queue(settings.queue, **open_options(settings, certify=True)).close()
     except SteadQError as e:
         return [Problem(f"queue {printable(settings.queue)}: {e}")]
     except OSError as e:

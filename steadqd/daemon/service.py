@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from steadqd import backend
 from steadqd.daemon import preflight
-from steadqd.daemon.config import QueueSettings
+from steadqd.daemon.config import QueueSettings, open_options
 from steadqd.daemon.journal import ErrorDigest, Log
 from steadqd.daemon.notify import Notifier
 from steadqd.errors import ConfigError, ErrorKind, SteadQError
@@ -50,10 +50,12 @@ def start_failure_status(e: SteadQError) -> int:
 STATUS_EVERY = 5.0
 
 
-def open_queue(settings: QueueSettings, **options: Any) -> backend.Backend:
-    """Open the configured queue the way every role does: one place for the
-    file-system switch (``allow_unsupported_fs``), so no role can forget it."""
-    return backend.open_queue(settings.queue, allow_unsupported_fs=settings.allow_unsupported_fs, **options)
+def open_queue(settings: QueueSettings, *, certify: bool = False, **options: Any) -> backend.Backend:
+    """Open the configured queue the way every role does: one place for the file-system
+    switch (``allow_unsupported_fs``) and a bucket's ``s3:`` settings, so no role can forget them.
+
+    ``certify`` makes a bucket queue's store pass its certification first (the worker at start)."""
+    return backend.open_queue(settings.queue, **open_options(settings, certify=certify), **options)
 
 
 class Timer:
@@ -308,6 +310,10 @@ class Service:
             return self._refuse(problems[0].text, EXIT_CONFIG)
         try:
             self.roles = self.make_roles(settings, self.log)
+            if not self.roles:  # e.g. a promoter on a bucket queue: it said why; a success, so no restart
+                self.notifier.ready("nothing to run")
+                self.log.notice("stopped: nothing to run for this queue")
+                return EXIT_OK
             for r in self.roles:
                 r.start(self.loop)
         except SteadQError as e:

@@ -25,7 +25,7 @@ from steadqd.daemon import metrics
 from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop, PassRole, open_queue
-from steadqd.errors import SteadQError
+from steadqd.errors import NotSupportedHere, SteadQError
 
 __all__ = ["SweeperRole", "summarize"]
 
@@ -44,6 +44,8 @@ _COUNTS = (
 
 def _open(settings: QueueSettings) -> Backend:
     sw = settings.sweeper
+    if settings.bucket:  # its clock is the store's: no host skew to bound (config refuses max_clock_skew)
+        return open_queue(settings)
     return open_queue(
         settings,
         receipt_retention=sw.receipt_retention,
@@ -89,6 +91,7 @@ class SweeperRole(PassRole):
         self._timer_soon = False  # the pending timer is a "more to do" pass, not an interval one
         self._last_pass_end: float | None = None
         self.last_report: RecoveryReport | None = None
+        self._unsupported: str | None = None  # why this backend runs no recovery
 
     # -- Role protocol -------------------------------------------------------
 
@@ -111,6 +114,8 @@ class SweeperRole(PassRole):
     def status(self) -> str:
         if self.queue is None:
             return "queue not open"
+        if self._unsupported is not None:
+            return "idle: this queue's backend has no recovery in this version"
         if self.last_report is None or self._last_pass_end is None:
             return "no pass yet"
         ago = max(0.0, Loop.now() - self._last_pass_end)
@@ -179,6 +184,10 @@ class SweeperRole(PassRole):
             return
         try:
             report = q.recover(budget_ops=sw.budget_ops, budget_ms=sw.budget_ms)
+        except NotSupportedHere as e:  # a backend without recovery: said once, and no pass is tried again
+            self.log.warning(f"no recovery passes: {e}; the sweeper stays up and idle", path=self.settings.queue)
+            self._unsupported = str(e)
+            return
         except SteadQError as e:  # NotCommitted (poisoned, bad budget) or OutcomeUnknown
             self._errors.record([("recover_failed", str(e))])
             self._last_pass_end = Loop.now()

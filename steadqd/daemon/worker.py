@@ -167,7 +167,8 @@ class WorkerRole:
                 f" (and {len(fatal) - 1} more: steadqd check-config --open {self.settings.name})" if fatal[1:] else ""
             )
             raise ConfigError(fatal[0].text + more)
-        self.q = open_queue(self.settings)  # a SteadQError refuses the start with its exit code
+        # A SteadQError refuses the start with its exit code; a bucket's store is certified first.
+        self.q = open_queue(self.settings, certify=True)
         try:
             self._ready = self.q.ready_watch()
             # The claims and the payload copies have a handle of their own, in their own thread.
@@ -181,6 +182,9 @@ class WorkerRole:
         if stale:
             self.log.notice(f"removed {len(stale)} payload copies left by a worker that was killed", count=len(stale))
         self._watch_shards()
+        doorbell = getattr(self._ready, "doorbell_problem", None)  # a bucket's watch: why it only polls
+        if doorbell:
+            self.log.notice(f"{doorbell}: a new job is found by the next idle poll")
         loop.add_reader(self._ready.fileno(), self._guarded(self._on_ready))
         self._ready.recount()
         self._rescan_timer = loop.call_later(SAFETY_RESCAN, self._guarded(self._safety_rescan))

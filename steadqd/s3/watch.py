@@ -164,6 +164,10 @@ class BucketReadyWatch:
         self._thread: threading.Thread | None = None
         self._closed = False
 
+    # Read by steadqd.tasks: the index cursors report delayed jobs and leases as they come
+    # due, so a quiet wait needs no claim pass (which would LIST every shard).
+    reports_due_jobs = True
+
     # -- ReadyWatch ------------------------------------------------------------------
 
     @property

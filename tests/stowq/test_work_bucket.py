@@ -1,8 +1,9 @@
 """``steadqd.work("s3://...", handler)``: the Python worker API serving a bucket queue on the live SeaweedFS.
 
-There is no ready watch on a bucket yet (``ready_watch`` refuses), so the
-worker takes its documented fallback: one lease scan per ``poll`` seconds
-while idle. The test proves jobs are run, acked and buried through it.
+An idle consumer thread waits on the bucket's ready watch (``steadqd.s3.watch``:
+one LIST per tick with backoff, and the doorbell) and makes a claim pass only
+when it has news or once a minute, not one per ``poll``. The test proves jobs
+are run, acked and buried through it.
 """
 
 from __future__ import annotations
