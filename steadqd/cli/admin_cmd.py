@@ -57,11 +57,15 @@ def add_admin(sub: Subcommands) -> None:
 
 
 def cmd_admin_dead_list(a: argparse.Namespace) -> int:
-    """Plain walk of dead/*/*/* without opening the queue (cli.md)."""
-    try:
-        files = list_dead_files(a.path)
-    except OSError as e:
-        raise CliError(f"cannot read {a.path}/dead: {e.strerror}", 6) from e
+    """Plain walk of dead/*/*/* without opening the queue (cli.md); a bucket queue has no tree to walk,
+    so its dead records are listed through the backend."""
+    if a.path.partition("://")[1]:
+        files: list[Any] | None = _listed_dead(a)
+    else:
+        try:
+            files = list_dead_files(a.path)
+        except OSError as e:
+            raise CliError(f"cannot read {a.path}/dead: {e.strerror}", 6) from e
     if files is None:
         err(f"no dead/ directory under {a.path} (nothing to list)")
         if a.json:
@@ -79,6 +83,30 @@ def cmd_admin_dead_list(a: argparse.Namespace) -> int:
     else:
         out(*(f"{escape(f.name)} {escape(f.path)}" for f in files))
     return 0
+
+
+@dataclass(frozen=True)
+class _ListedDead:
+    """A dead job of a queue at a URL, with the fields of a walked dead-letter file."""
+
+    name: bytes
+    path: bytes
+    job_id: str
+    generation: int
+    attempt: int
+    max_attempts: int
+    reason: int | None
+
+
+def _listed_dead(a: argparse.Namespace) -> list[Any]:
+    q = _open_admin(a)
+    try:
+        return [_ListedDead(j.job_id.encode(), j.path.encode(), j.job_id, j.generation, j.attempt, j.max_attempts,
+                            j.reason)
+                for j in q.list_jobs({"dead"})]  # fmt: skip
+    finally:
+        with contextlib.suppress(Exception):
+            q.close()
 
 
 def _open_admin(a: argparse.Namespace) -> Backend:
@@ -162,6 +190,9 @@ def _requeue_one(a: argparse.Namespace, job: str) -> int:
         with contextlib.suppress(Exception):
             q.close()
     out(f"job_id: {job}", f"path: {path}")
+    new_id = path.rsplit("/", 1)[-1]
+    if HEX32.fullmatch(new_id) and new_id != job:  # a bucket queue: the dead record is forever, a new job runs
+        out(f"requeued_as: {new_id}")
     err("requeued")
     return 0
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from steadqd.backend import open_queue
 from steadqd.constants import DeadReason
 from steadqd.errors import NotCommitted, SteadQError
 from steadqd.s3 import admin
@@ -15,6 +17,9 @@ from steadqd.s3.keys import KeyKind, parse_key
 from steadqd.s3.layout import DEFAULT_FORMAT
 from steadqd.s3.records import QuarantineReason
 from steadqd.s3.store.faults import Fault, FaultKind
+from tests.stowq.conftest import LIVE_BUCKET
+from tests.stowq.seaweed import Seaweed
+from tests.stowq.test_cli_bucket import aws_env, create, field, ok, run
 from tests.stowq.test_views_bucket import LEASE_S, PREFIX, SECOND, _Queue
 
 
@@ -132,3 +137,55 @@ def test_quarantine_findings_are_listed_inspected_exported_and_removed(b: _Queue
     assert list(b.q.list_quarantine()) == [] and rel in b.rels("jobs/")  # the object itself stays
     with pytest.raises(SteadQError, match="not found"):
         b.q.inspect_quarantine(found.quarantine_id)
+
+
+# -- the command line on a live bucket ----------------------------------------------------------
+
+
+def test_admin_commands_on_a_live_bucket(
+    seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seaweed.store(LIVE_BUCKET).close()
+    env = aws_env(tmp_path, **seaweed.environment())
+    url = f"s3://{LIVE_BUCKET}/{live_prefix}q"
+    create(env, url, monkeypatch)
+    q = open_queue(url)
+    try:
+        dead = [q.enqueue(b"poison %d" % i) for i in range(2)]
+        for _ in dead:
+            lease = q.lease(duration=600)
+            assert lease is not None
+            q.bury(lease, reason=DeadReason.CONSUMER_REJECTED)
+        bad = q.enqueue(b"to be corrupted")
+        rel = q.job_key(bad)  # type: ignore[attr-defined]
+    finally:
+        q.close()
+    store = seaweed.store(LIVE_BUCKET, create=False)
+    try:
+        body = bytearray(store.get(f"{live_prefix}q/{rel}").body)
+        body[40] ^= 0xFF
+        store.delete(f"{live_prefix}q/{rel}")
+        store.put_if_absent(f"{live_prefix}q/{rel}", bytes(body))
+    finally:
+        store.close()
+
+    nothing = run(env, "lease", url, "--handle-file", str(tmp_path / "h"), "--duration-seconds", "600")
+    assert nothing.returncode == 1  # the only live job is corrupt: the scan records its finding
+    listed = json.loads(ok(env, "--json", "admin", "dead-list", url).stdout)
+    assert sorted(d["job_id"] for d in listed) == sorted(dead)
+    assert all(d["path"].startswith("dead/") and d["reason"] == DeadReason.CONSUMER_REJECTED for d in listed)
+    (obj,) = json.loads(ok(env, "--json", "admin", "dead-inspect", url, dead[0]).stdout)
+    assert obj["reason_name"] == "consumer_rejected" and obj["state"] == "dead"
+    requeued = ok(env, "admin", "requeue", url, dead[0])
+    new_id = field(requeued.stdout, "requeued_as")
+    assert field(requeued.stdout, "job_id") == dead[0] and field(requeued.stdout, "path").endswith(new_id)
+    assert json.loads(ok(env, "--json", "show", url, new_id, "--no-journal").stdout)["payload_head_text"] == "poison 0"
+    dry = json.loads(ok(env, "--json", "admin", "purge", url, "dead", "--dry-run").stdout)
+    assert dry["selected"] == 2 and dry["dry_run"]
+    assert "removed" in ok(env, "admin", "dead-remove", url, dead[1]).stderr
+    assert run(env, "admin", "dead-inspect", url, dead[1]).stdout.strip() == ""
+
+    (finding,) = json.loads(ok(env, "--json", "admin", "quarantine-list", url).stdout)
+    assert finding["path"] == rel and finding["reason"] == QuarantineReason.ENVELOPE_CORRUPT
+    assert "removed" in ok(env, "admin", "quarantine-remove", url, finding["quarantine_id"]).stderr
+    assert json.loads(ok(env, "--json", "admin", "quarantine-list", url).stdout) == []

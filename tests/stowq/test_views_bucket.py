@@ -8,10 +8,14 @@ the store.
 from __future__ import annotations
 
 import io
+import json
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from steadqd.backend import open_queue
 from steadqd.constants import DeadReason
 from steadqd.errors import CorruptRecord, InvalidInput, SteadQError
 from steadqd.s3.layout import DEFAULT_FORMAT, init_layout
@@ -21,6 +25,9 @@ from steadqd.s3.store.faults import FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from steadqd.s3.verify import read_record
 from steadqd.s3.views import STATS_STATES
+from tests.stowq.conftest import LIVE_BUCKET
+from tests.stowq.seaweed import Seaweed
+from tests.stowq.test_cli_bucket import aws_env, create, ok
 
 SECOND = 1_000_000_000
 PREFIX = "farm/"
@@ -236,3 +243,72 @@ def test_stats_lists_each_plane_once_and_reads_no_record_of_a_ready_job(b: _Queu
     assert ops == {"list": 7}  # jobs, claims, fails, receipts, dead, delayed, quarantine; one page each
     assert b.counts() == {"ready": 30}
     assert set(b.q.stats()) == set(STATS_STATES)
+
+
+# -- the command line on a live bucket, beside a filesystem queue given the same jobs ----------
+
+
+def _populate(url: str) -> dict[str, str]:
+    """One job in each state a view shows (ready, delayed, leased, done, dead), made through the library."""
+    q = open_queue(url)
+    try:
+        jobs = {name: q.enqueue(name.encode()) for name in ("done", "dead", "leased")}
+        for _ in range(3):
+            lease = q.lease(duration=600)
+            assert lease is not None
+            if lease.job_id == jobs["done"]:
+                q.ack(lease)
+            elif lease.job_id == jobs["dead"]:
+                q.bury(lease, reason=DeadReason.CONSUMER_REJECTED)
+        jobs["ready"] = q.enqueue(b'{"frame": 7}', content_type="application/json")
+        jobs["delayed"] = q.enqueue(b"later", delay=3600)
+        return jobs
+    finally:
+        q.close()
+
+
+# What ``ls --json`` and ``inspect --json`` give for each object, as on a filesystem queue (cli.md).
+LS_KEYS = {"state", "job_id", "generation", "attempt", "max_attempts", "age_seconds", "deadline_ns", "path"}
+INSPECT_KEYS = {"state", "generation", "attempt", "max_attempts", "path", "details"}
+
+
+def test_stats_ls_inspect_show_on_a_live_bucket_have_the_filesystem_shapes(
+    seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seaweed.store(LIVE_BUCKET).close()
+    env = aws_env(tmp_path, **seaweed.environment())
+    url = f"s3://{LIVE_BUCKET}/{live_prefix}q"
+    create(env, url, monkeypatch)
+    jobs = _populate(url)
+
+    stats = json.loads(ok(env, "--json", "stats", url).stdout)
+    assert {k: v["objects"] for k, v in stats.items()} == {
+        "dead": 1, "delayed": 1, "quarantine": 0, "ready": 2, "receipts": 1, "running": 1,
+    }  # fmt: skip
+    assert all(set(v) == {"objects", "oldest_age_seconds"} for v in stats.values())
+    plain = ok(env, "stats", url).stdout.splitlines()
+    assert plain[0].startswith("dead: 1 (oldest ") and plain[2] == "quarantine: 0" and plain[3].startswith("ready: 2")
+
+    listed = json.loads(ok(env, "--json", "ls", url, "all").stdout)
+    assert {d["job_id"]: d["state"] for d in listed} == {j: s.replace("done", "receipt") for s, j in jobs.items()}
+    by_state = {d["state"]: d for d in listed}
+    assert all(set(d) == LS_KEYS for s, d in by_state.items() if s != "dead")
+    assert set(by_state["dead"]) == LS_KEYS | {"reason", "reason_name"}
+    assert by_state["dead"]["reason_name"] == "consumer_rejected"
+    assert by_state["leased"]["deadline_ns"] > time.time_ns() and by_state["leased"]["path"].startswith("claims/")
+    assert by_state["delayed"]["deadline_ns"] > time.time_ns() + 3000 * SECOND
+
+    (leased,) = json.loads(ok(env, "--json", "inspect", url, jobs["leased"]).stdout)
+    assert set(leased) == INSPECT_KEYS and (leased["state"], leased["generation"], leased["attempt"]) == (
+        "leased",
+        1,
+        1,
+    )
+    assert set(leased["details"]) >= {"worker_id", "token_prefix", "wall_deadline_ns"}
+
+    story = json.loads(ok(env, "--json", "show", url, jobs["ready"], "--no-journal").stdout)
+    assert story["state"] == "ready" and story["payload_verified"] and story["payload_head_text"] == '{"frame": 7}'
+    assert story["metadata"] == {} and story["producer_id"] is None and story["content_type"] == "application/json"
+    text = ok(env, "show", url, jobs["leased"], "--no-journal").stdout
+    assert "lease until:" in text and "payload:       6 bytes, verified" in text
+    assert ok(env, "show", url, jobs["ready"], "--payload").stdout == '{"frame": 7}'
