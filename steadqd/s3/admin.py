@@ -14,8 +14,8 @@ Why removal deletes a whole graph in one fixed order: the terminal record
 goes last (recovery.md, Retention and GC: advisory indexes, fails, claims,
 payloads, the job record, then the receipt or dead record), so an
 interrupted removal leaves a job that is still dead and can be removed
-again, never one that a worker could claim. :func:`delete_terminal_graph`
-is that order for one job, for retention GC to call as well.
+again, never one that a worker could claim: retention GC's own
+``delete_job_graph`` does it.
 
 Why removing a quarantine finding leaves the object alone: a finding is a
 record *about* an object that never moved (nothing in a bucket is renamed);
@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from steadqd.constants import ID_BYTES
 from steadqd.errors import CorruptRecord, ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, SteadQError
 from steadqd.s3 import keys
+from steadqd.s3.gc import delete_job_graph
 from steadqd.s3.keys import KeyKind, TermKind
-from steadqd.s3.layout import READ_TRIES, QueueLayout
+from steadqd.s3.layout import QueueLayout
 from steadqd.s3.publish import enqueue
-from steadqd.s3.records import ClaimRecord, FailRecord, QuarantineReason, QuarantineRecord
+from steadqd.s3.records import QuarantineReason, QuarantineRecord
 from steadqd.s3.timemath import bucket_number
 from steadqd.s3.views import (
     Graph,
@@ -52,7 +53,6 @@ from steadqd.s3.views import (
 __all__ = [
     "QuarantinedObject",
     "REQUEUE_DOMAIN",
-    "delete_terminal_graph",
     "export_dead",
     "export_quarantine",
     "inspect_quarantine",
@@ -73,80 +73,14 @@ def _not_found(what: str) -> SteadQError:
     return SteadQError(f"not found: {what}", ErrorKind.NOT_FOUND)
 
 
-# =========================================================================== deleting a graph
-
-
-def _delete(layout: QueueLayout, rel: str) -> None:
-    """Delete ``rel``; a delete is idempotent, so one without a verdict is repeated."""
-    last: SteadQError | None = None
-    for _ in range(READ_TRIES):
-        try:
-            layout.store.delete(layout.key(rel))
-            return
-        except (NotCommitted, OutcomeUnknown) as exc:
-            last = exc
-    raise NotCommitted(
-        f"{layout.key(rel)} could not be deleted ({last}); run the removal again: it resumes where it stopped"
-    )
-
-
-def _advisory_keys(layout: QueueLayout, g: Graph, term: TermKind, termidx_rel: str | None) -> list[str]:
-    """The index entries and hint that may point at the graph (each claim and fail is read for its bucket)."""
-    fmt = layout.format
-    out = [keys.tail_key(g.shard, g.job_id)]
-    if termidx_rel is not None:
-        out.append(termidx_rel)
-    else:
-        # The entry is in the bucket of the settling worker's floor, at or a little before the record's time.
-        settled = g.receipt_time if term is TermKind.RECEIPT else g.dead_time
-        if settled is not None:
-            bucket = bucket_number(settled, fmt.terminal_bucket_width_ns)
-            for b in {bucket, max(bucket - 1, 0)}:
-                out.append(keys.termidx_key(b, term, g.shard, g.job_id))
-    if g.job is not None and g.job.not_before_ns is not None:
-        out.append(keys.delay_index_key_for(g.job.not_before_ns, fmt.delayed_bucket_width_ns, g.shard, g.job_id))
-    for generation, store_time in g.claims:
-        claim, _, _ = read_verified(layout, keys.claim_key(g.shard, g.job_id, generation))
-        if isinstance(claim, ClaimRecord):
-            width = fmt.lease_bucket_width_ns
-            out.append(
-                keys.lease_index_key_for(store_time, claim.lease_duration_ns, width, g.shard, g.job_id, generation)
-            )
-    for generation in g.fails:
-        fail, _, _ = read_verified(layout, keys.fail_key(g.shard, g.job_id, generation))
-        if isinstance(fail, FailRecord):
-            deadline = fail.retry_not_before_ns
-            out.append(keys.delay_index_key(bucket_number(deadline, fmt.delayed_bucket_width_ns), g.shard, g.job_id))
-    return list(dict.fromkeys(out))
-
-
-def delete_terminal_graph(layout: QueueLayout, job_id: bytes, term: TermKind, *, termidx_rel: str | None = None) -> int:
-    """Delete a settled job's every object, the terminal record last; returns how many keys were deleted.
-
-    The order is recovery.md's: advisory entries (``tails/``, ``termidx/``,
-    ``delayed/``, ``leases/``), ``fails/``, ``claims/``, ``payloads/``,
-    ``jobs/``, then ``receipts/`` or ``dead/``. The caller has verified the
-    terminal record (``term`` says which). ``termidx_rel`` is the entry GC
-    is working from; without it the two buckets the entry can be in are
-    tried. Cost: :func:`~steadqd.s3.views.read_graph`, a GET per claim and
-    fail (their index buckets), a LIST of the payloads, a DELETE per key.
-    Advisory entries it cannot name (a lease entry written with the floor
-    for the claim's time) are pruned by the sweeps, which find no job.
-    """
-    if term is TermKind.RECEIPT:
-        terminal = keys.receipt_key(keys.shard_of(layout.queue_id, job_id, layout.format.shard_count), job_id)
-    else:
-        terminal = keys.dead_key(keys.shard_of(layout.queue_id, job_id, layout.format.shard_count), job_id)
-    g = read_graph(layout, job_id)
-    doomed = _advisory_keys(layout, g, term, termidx_rel)
-    doomed += [keys.fail_key(g.shard, job_id, generation) for generation in g.fails]
-    doomed += [keys.claim_key(g.shard, job_id, generation) for generation, _ in g.claims]
-    payloads = keys.payload_key(job_id, bytes(keys.DIGEST_BYTES)).rpartition("/")[0] + "/"
-    doomed += [str(parsed) for parsed, _ in iter_keys(layout, payloads) if parsed.kind is KeyKind.PAYLOAD]
-    doomed += [g.job_rel, terminal]
-    for rel in doomed:
-        _delete(layout, rel)
-    return len(doomed)
+def _termidx_candidates(layout: QueueLayout, g: Graph) -> list[str]:
+    """The keys the dead job's ``termidx/`` entry can have: the bucket of the burying worker's floor,
+    which is at or a little before the dead record's store time."""
+    if g.dead_time is None:
+        return []
+    width = layout.format.terminal_bucket_width_ns
+    bucket = bucket_number(g.dead_time, width)
+    return [keys.termidx_key(b, TermKind.DEAD, g.shard, g.job_id) for b in dict.fromkeys((bucket, max(bucket - 1, 0)))]
 
 
 # =========================================================================== dead letters
@@ -164,15 +98,28 @@ def _dead_graph(layout: QueueLayout, job_id: str) -> Graph:
     return g
 
 
-def remove_dead(layout: QueueLayout, job_id: str) -> int:
-    """Delete a dead job's graph for good, the dead record last (:func:`delete_terminal_graph`)."""
+def remove_dead(layout: QueueLayout, job_id: str) -> None:
+    """Delete a dead job's graph for good, in GC's order with the dead record last (``gc.delete_job_graph``).
+
+    Its ``termidx/`` entry goes first (GC deletes the entry it works from;
+    here there is none). Cost: :func:`~steadqd.s3.views.read_graph`, then
+    GC's reads of the chain and a DELETE per key.
+    """
     g = _dead_graph(layout, job_id)
     if g.receipt is not None:
         raise InvalidInput(
             f"job {job_id} has both a receipt and a dead record (a conflict the repair scan records); "
             "resolve it with steadq fsck --repair before removing either"
         )
-    return delete_terminal_graph(layout, g.job_id, TermKind.DEAD)
+    try:
+        for rel in _termidx_candidates(layout, g):
+            layout.store.delete(layout.key(rel))
+        delete_job_graph(layout, g.shard, g.job_id, TermKind.DEAD)
+    except (NotCommitted, OutcomeUnknown) as exc:
+        raise NotCommitted(
+            f"removing dead job {job_id} stopped ({exc}); run the removal again: it resumes where it stopped "
+            "and the job stays dead meanwhile"
+        ) from exc
 
 
 def requeued_id(queue_id: bytes, dead_id: bytes, n: int) -> bytes:
@@ -348,4 +295,4 @@ def export_quarantine(layout: QueueLayout, quarantine_id: str, out_path: str) ->
 def remove_quarantine(layout: QueueLayout, quarantine_id: str) -> None:
     """Delete the finding (not the object it is about; see the module's docstring)."""
     found = inspect_quarantine(layout, quarantine_id)
-    _delete(layout, found.finding)
+    layout.store.delete(layout.key(found.finding))
