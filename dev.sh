@@ -4,6 +4,7 @@
 #   ./dev.sh test   install everything, run the static checks, then the test suite
 #   ./dev.sh check  the static checks alone: ruff check, ruff format --check, mypy, lint-imports
 #   ./dev.sh mutate the mutation run (mutmut, niced; --sample 5 ~8 min; docs/testing.md), not part of test
+#   ./dev.sh test-ceph  the Ceph RGW suite alone (pytest -m ceph; also part of test; docs/testing.md)
 # Installs Debian packages only when missing (needs root for that), then a
 # project virtualenv in .venv with the package in editable mode.
 set -euo pipefail
@@ -11,6 +12,9 @@ cd "$(dirname "$0")"
 
 # zsh, fish, groff-base and man-db: tests/cli drive the completion scripts and check the man pages.
 DEB_PACKAGES=(gcc pkg-config libsystemd-dev libffi-dev e2fsprogs xfsprogs btrfs-progs util-linux zsh fish groff-base man-db)
+# tests/stowq/ceph.py runs a mon, a memstore OSD and radosgw as plain processes; no recommends (ceph-base's
+# would bring ceph-mds and a time daemon such as chrony, neither wanted on a test machine).
+CEPH_PACKAGES=(ceph-mon ceph-osd radosgw)
 
 install_system_packages() {
     command -v dpkg-query >/dev/null 2>&1 || return 0
@@ -19,6 +23,7 @@ install_system_packages() {
     # shellcheck source=packaging/apt-ensure.sh
     . packaging/apt-ensure.sh
     apt_ensure dev.sh "${wanted[@]}"
+    apt_ensure dev.sh --no-install-recommends "${CEPH_PACKAGES[@]}"
 }
 
 setup() {
@@ -64,11 +69,16 @@ case "${1:-}" in
         setup
         exec nice -n 19 .venv/bin/python -m tests.mutation "$@"
         ;;
+    test-ceph)
+        shift
+        setup
+        exec .venv/bin/python -m pytest -q -m ceph tests/stowq "$@"
+        ;;
     setup)
         setup
         ;;
     *)
-        echo "usage: ./dev.sh demo|test|check|mutate|setup [args]" >&2
+        echo "usage: ./dev.sh demo|test|check|mutate|test-ceph|setup [args]" >&2
         exit 2
         ;;
 esac

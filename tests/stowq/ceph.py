@@ -38,9 +38,8 @@ from steadqd.s3.store import CEPH_RGW, StoreProfile
 from steadqd.s3.store.s3 import S3Settings, S3Store
 from tests.stowq.seaweed import ACCESS_KEY, SECRET_KEY, _free_ports
 
+# From Debian's ceph-mon, ceph-osd and radosgw (dev.sh's CEPH_PACKAGES installs them).
 BINARIES = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph", "ceph-authtool", "monmaptool")
-# The Debian packages that bring BINARIES (dev.sh test-ceph installs them).
-DEB_PACKAGES = ("ceph-mon", "ceph-osd", "radosgw")
 READY_TIMEOUT_S = 120.0
 COMMAND_TIMEOUT_S = 60.0
 # A memstore OSD writes its whole store out on SIGTERM; the data is scratch, so a short grace then SIGKILL.

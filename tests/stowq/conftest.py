@@ -28,10 +28,7 @@ def ceph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ceph_cluster.Ceph
     """A single-node Ceph cluster with radosgw on 127.0.0.1 (Debian's ceph-mon, ceph-osd, radosgw); stopped at the end."""
     missing = ceph_cluster.missing_binaries()
     if missing:
-        pytest.skip(
-            f"Ceph is not installed ({', '.join(missing)} missing): ./dev.sh test-ceph installs "
-            f"{' '.join(ceph_cluster.DEB_PACKAGES)} from Debian"
-        )
+        pytest.skip(f"Ceph is not installed ({', '.join(missing)} missing): ./dev.sh setup installs it from Debian")
     with ceph_cluster.running(tmp_path_factory.mktemp("ceph")) as cluster:
         yield cluster
 

@@ -28,7 +28,8 @@ def test_init_refuses_rgw_under_the_generic_profile_naming_the_primitive(
     env = aws_env(tmp_path, **ceph.environment())
     refused = run(env, "init", "--parents", f"s3://{LIVE_BUCKET}/{live_prefix.rstrip('/')}")
     assert refused.returncode == 64, refused.stderr
-    assert "P2 compare-and-swap" in refused.stderr and "cannot hold a StowQ/1 queue" in refused.stderr
+    assert "cannot hold a StowQ/1 queue" in refused.stderr
+    assert "P2 compare-and-swap" in refused.stderr and "P7 checksum" in refused.stderr  # quoted If-Match; no SHA-256
 
 
 def test_put_lease_ack_bury_on_an_rgw_queue(

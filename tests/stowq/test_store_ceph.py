@@ -176,18 +176,3 @@ def test_rgw_is_certified(ceph: Ceph) -> None:
     finally:
         store.close()
         peer.close()
-
-
-def test_the_generic_profile_is_refused_on_rgw_naming_the_checksum(ceph: Ceph) -> None:
-    """Without CEPH_RGW's declarations the engine is not certified, and the refusal names P7."""
-    from steadqd.errors import StoreProfileViolation
-    from steadqd.s3.store import S3_GENERIC
-
-    store = ceph.store("steadq-certify", profile=S3_GENERIC)
-    try:
-        result = certify(store)
-        assert "P7 checksum" in [f"{c.primitive} {c.title}" for c in result.failures]
-        with pytest.raises(StoreProfileViolation, match="SHA-256"):
-            result.require()
-    finally:
-        store.close()
