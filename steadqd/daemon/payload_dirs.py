@@ -168,7 +168,7 @@ class _RenewingWriter:
         now = time.monotonic()
         if job.lease is not None and now - job.renewed >= job.cfg.renew_interval:
             try:
-                self._q.renew(job.lease, duration=job.cfg.lease)
+                job.lease = self._q.renew(job.lease, duration=job.cfg.lease)  # a bucket's is a new generation
             except NotCommitted:
                 pass  # tried again one interval later; the lease still has two thirds of its time
             job.renewed = now

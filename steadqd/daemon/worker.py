@@ -509,7 +509,9 @@ class WorkerRole:
             self._schedule_reopen()
         else:
             try:
-                self.q.renew(job.lease, duration=job.cfg.lease)
+                # The lease the renewal returns is the one to settle with: on a bucket queue a
+                # renewal is a new generation of the claim, and the old one is fenced off.
+                job.lease = self.q.renew(job.lease, duration=job.cfg.lease)
             except LeaseLost as e:
                 self._lose(job, f"renewal: lease lost: {e}")
                 return
