@@ -218,3 +218,17 @@ def test_a_fault_at_every_store_call_of_the_sweeps_keeps_the_gates(kind: FaultKi
             break
         n += 1
     assert n > 10
+
+
+def test_the_time_budget_stops_a_phase_between_entries_once_it_has_run_out() -> None:
+    now = [0]
+    budget = Budget(max_ops=1000, budget_ms=5, monotonic_ns=lambda: now[0])
+    budget.give(1000)
+    budget.check()
+    budget.count()  # the clock starts at the first store call
+    now[0] += 4_000_000
+    budget.check()
+    now[0] += 1_000_000
+    with pytest.raises(Exhausted):
+        budget.check()
+    assert budget.spent() and budget.exhausted
