@@ -334,7 +334,7 @@ class _Scan:
             return None
         except Indeterminate as e:
             raise unknown(e) from e
-        remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard)
+        remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard, target)
         try:
             # The payload is verified as read after the rename (the recheck's read;
             # move_witnessed runs it whenever the rename succeeded).

@@ -301,16 +301,20 @@ def _remember_facts(key: _FactsKey, facts: _PathFacts) -> None:
     _FACTS[key] = facts
 
 
-def remember_own_lease_path(queue_id: bytes, shard_count: int, lease_width_ns: int, path: str, shard: int) -> None:
+def remember_own_lease_path(
+    queue_id: bytes, shard_count: int, lease_width_ns: int, path: str, shard: int, name: JobName | None = None
+) -> None:
     """Record what a lease path built by this process proves, without authenticating it again.
 
     A claim or renew has just made the name with ``make_filename`` (tag
     included) in ``ready/<shard>/``, so the path authenticates by
-    construction; only the parse is repeated, to store the exact name the
-    path holds. Every filesystem check of validate_source still runs.
+    construction. ``name`` is the name it was made from (untagged: only its
+    fields are compared with a lease, never its tag); without it the path's
+    name is parsed. Every filesystem check of validate_source still runs.
     """
     parts = tuple(path.split("/"))
-    name = parse_name(State.LEASED, parts[-1])
+    if name is None:
+        name = parse_name(State.LEASED, parts[-1])
     _remember_facts(
         (queue_id, shard_count, lease_width_ns, path), _PathFacts(parts, shard, name, boot_dashed(name.boot_id or b""))
     )
@@ -484,7 +488,7 @@ def renew(ctx: Context, lease: Lease, duration_ns: int) -> Lease:
     lease.boottime_deadline_ns = bt_deadline
     lease.wall_deadline_ns = wall_deadline
     lease.path = f"{READY_DIR}/{shard_dir(shard)}/{target_file}"
-    remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path, shard)
+    remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path, shard, target)
     return lease
 
 
