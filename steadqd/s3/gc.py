@@ -28,7 +28,8 @@ starts over when it has reached its end; nothing is lost by forgetting it.
 
 Never collected: ``meta/FORMAT``, ``meta/watermark``, ``quarantine/``, and a
 graph whose terminal record is corrupt or has both a receipt and a dead
-record (the repair scan's findings: an operator decides).
+record: those are the repair scan's findings, recorded there once, and an
+operator decides.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from steadqd.errors import CorruptRecord, InvalidKey, NotCommitted, NotFound, Ou
 from steadqd.s3 import keys
 from steadqd.s3.keys import KeyKind, ParsedKey, TermKind
 from steadqd.s3.layout import QueueLayout
-from steadqd.s3.quarantine import flag
 from steadqd.s3.records import ClaimRecord, FailRecord, FeatureBit, JobRecord
 from steadqd.s3.sweep import INDEX_PAGE, Budget, RecoveryReport, checkpoint, walk
 from steadqd.s3.timemath import bucket_start_ns, saturating_add
@@ -176,9 +176,10 @@ def _collect_entry(layout: QueueLayout, rel: str, parsed: ParsedKey, floor_ns: i
     data, meta = found
     try:
         read_record(data, layout.queue_id, terminal_rel, required_feature_bits=layout.format.required_feature_bits)
-    except CorruptRecord as exc:
-        flag(layout, terminal_rel, exc.reason, meta.store_time_ns, job_id=job_id, why=str(exc))
-        return "kept"  # a corrupt tombstone proves nothing: the graph stays for an operator
+    except CorruptRecord:
+        # A corrupt tombstone proves nothing: the graph stays, and the repair scan records the finding
+        # once (flagging it here would log it again on every pass).
+        return "kept"
     retain = retention.receipt_ns if term is TermKind.RECEIPT else retention.dead_ns
     if retain is None or saturating_add(meta.store_time_ns, retain) > floor_ns:
         return "young"

@@ -209,3 +209,17 @@ def test_a_fault_at_every_store_call_of_gc_is_repaired_by_the_next_pass(kind: Fa
             break
         n += 1
     assert n > 10, "GC made fewer store calls than a graph has objects"
+
+
+def test_a_graph_whose_terminal_record_is_corrupt_is_left_for_the_repair_scan() -> None:
+    w = world()
+    job = _acked(w)
+    shard, raw = w.shard(job), bytes.fromhex(job)
+    receipt = keys.receipt_key(shard, raw)
+    w.delete(receipt)
+    w.put(receipt, b"not a receipt")
+    w.advance(121 * SECOND)
+    before = _job_keys(w, job)
+    assert w.q.recover(phases=GC).receipts_deleted == 0
+    assert _job_keys(w, job) == before and w.keys("quarantine/") == []
+    assert w.q.recover(phases=("repair",)).quarantined == 1
