@@ -23,9 +23,11 @@ docs/testing.md for the measured times.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -47,6 +49,12 @@ STOP_GRACE_S = 1.0
 RGW_USER = "steadq-test"
 # Stopped in this order: the gateway before the OSD before the mon, so none hunts for a peer already gone.
 _DAEMONS = ("radosgw", "osd", "mon")
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: a test run killed before stop() takes its cluster with it.
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def missing_binaries() -> list[str]:
@@ -155,7 +163,12 @@ class Ceph:
         log = open(self.root / "log" / f"{name}.out", "wb")  # noqa: SIM115 - the child holds it, closed below
         try:
             self.processes[name] = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C of the test run reaches it through stop(), not twice
+                preexec_fn=_die_with_parent,
             )
         finally:
             log.close()
