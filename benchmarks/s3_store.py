@@ -142,6 +142,55 @@ def _obstore_rows(server: Seaweed, ops: int, seconds: float) -> dict[str, dict[s
     }
 
 
+def _as_before(server: Seaweed) -> S3Store:
+    """An S3Store built as before its lean request path: parameter validation on, every botocore
+    handler, the endpoint resolved per request. Only for the before/after rows of one run."""
+    from unittest import mock
+
+    import steadqd.s3.store.s3 as s3mod
+
+    config = s3mod.Config
+
+    def validating(**options: Any) -> Any:
+        return config(**{**options, "parameter_validation": True})
+
+    with mock.patch.object(s3mod, "_trim", lambda _client: None), mock.patch.object(s3mod, "Config", validating):
+        return server.store(BUCKET, profile=SEAWEEDFS, create=False)
+
+
+def _before_after(server: Seaweed, store: S3Store, ops: int, seconds: float) -> dict[str, dict[str, float]]:
+    """HEAD, GET, create and LIST through both stores in alternating rounds, so load hits both alike."""
+    before = _as_before(server)
+    rows: dict[str, dict[str, float]] = {}
+    rounds = 4
+    for name, op in (
+        ("head", lambda s, i: s.head("taken")),
+        ("get (200 B)", lambda s, i: s.get("taken")),
+        ("put_if_absent (create)", lambda s, i: s.put_if_absent(f"ba/{id(s)}/{i:08d}", BODY)),
+        ("list (100 keys)", lambda s, i: s.list_page("l/")),
+    ):
+        runs: dict[str, list[dict[str, float]]] = {"now": [], "before": []}
+        for r in range(rounds):
+            for label, which in (("now", store), ("before", before)):
+                base = r * ops
+
+                def step(i: int, which: S3Store = which, base: int = base, op: Any = op) -> object:
+                    return op(which, base + i)
+
+                runs[label].append(_time(step, max(1, ops // rounds), seconds / rounds))
+        for label, parts in runs.items():
+            key = f"{name}: {'S3Store now' if label == 'now' else 'S3Store before the lean path'}"
+            rows[key] = {
+                "ops": sum(p["ops"] for p in parts),
+                "median_us": statistics.median(p["median_us"] for p in parts),
+                "mean_us": statistics.fmean(p["mean_us"] for p in parts),
+                "ops_per_s": statistics.fmean(p["ops_per_s"] for p in parts),
+                "client_cpu_us": statistics.median(p["client_cpu_us"] for p in parts),
+            }
+    before.close()
+    return rows
+
+
 def measure(server: Seaweed, ops: int, seconds: float) -> dict[str, Any]:
     store = server.store(BUCKET, profile=SEAWEEDFS)
     rows: dict[str, dict[str, float]] = {}
@@ -161,6 +210,7 @@ def measure(server: Seaweed, ops: int, seconds: float) -> dict[str, Any]:
         store.put_if_absent(f"l/{i:04d}", BODY)
     rows["list (100 keys)"] = _time(lambda i: store.list_page("l/"), ops, seconds)
     rows["delete"] = _time(lambda i: store.delete(f"c/{i:08d}"), ops, seconds)
+    rows.update(_before_after(server, store, ops, seconds))
     rows.update(_baselines(server, ops, seconds))
     rows.update(_obstore_rows(server, ops, seconds))
     store.close()

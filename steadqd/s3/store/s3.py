@@ -96,6 +96,21 @@ _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 # botocore errors raised while building or signing a request, before it is sent.
 _BEFORE_SEND = (NoCredentialsError, PartialCredentialsError, ParamValidationError)
 _CHECKSUM_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "InvalidChecksum"})
+# botocore handlers that do nothing for the requests this store sends (no SSE-C
+# keys, no user metadata, no idempotency tokens, not inside Lambda, checksum
+# validation only when required; S3Settings checks the bucket name once), yet
+# each is an event dispatch per request. benchmarks/s3_store.py measures them.
+_IDLE_HANDLERS = frozenset(
+    {
+        "sse_md5",
+        "validate_bucket_name",
+        "validate_ascii_metadata",
+        "generate_idempotent_uuid",
+        "add_recursion_detection_header",
+        "inject_api_version_header_if_needed",
+        "_handle_request_validation_mode_member",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +201,37 @@ def _session(settings: S3Settings) -> Any:
     return session
 
 
+def _trim(client: Any) -> None:
+    """Take off each request's path the work whose answer never changes for one client of one bucket.
+
+    botocore resolves the endpoint anew for every request, walking the S3
+    rule set with the call's parameters; for one endpoint, region and
+    addressing style the answer depends only on the operation and the
+    bucket, so it is kept per pair (botocore's provider would return the
+    same object from its own cache). Without the private resolver (another
+    botocore) nothing is cached, and the store is only slower.
+    """
+    for event, handler, *_ in botocore.handlers.BUILTIN_HANDLERS:
+        if getattr(handler, "__name__", "") in _IDLE_HANDLERS:
+            client.meta.events.unregister(event, handler)
+    resolver = getattr(client, "_ruleset_resolver", None)
+    if resolver is None:
+        return
+    resolve = resolver.construct_endpoint
+    known: dict[tuple[str, str | None], Any] = {}
+
+    def construct_endpoint(operation_model: Any, call_args: Any, request_context: Any) -> Any:
+        key = (operation_model.name, (call_args or {}).get("Bucket"))
+        found = known.get(key)
+        if found is None:
+            found = known[key] = resolve(
+                operation_model=operation_model, call_args=call_args, request_context=request_context
+            )
+        return found
+
+    resolver.construct_endpoint = construct_endpoint
+
+
 def _etag(raw: str | None) -> str:
     return (raw or "").strip('"')
 
@@ -238,6 +284,9 @@ class S3Store:
             # by the protocol (every record carries its digest).
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
+            # Every parameter is built here from checked values; validating
+            # them again against the model costs more than a LIST parse.
+            parameter_validation=False,
             user_agent_extra="steadqd",
         )
         self._client = session.create_client(
@@ -246,6 +295,7 @@ class S3Store:
         # botocore asks for "100 Continue" before every PUT body: a round trip
         # per write that a record of a few hundred bytes does not need.
         self._client.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
+        _trim(self._client)
         self._bucket = settings.bucket
         self._location = f"s3://{settings.bucket} at {self._client.meta.endpoint_url}"
 
