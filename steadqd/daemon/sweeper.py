@@ -40,12 +40,19 @@ _COUNTS = (
     ("dead_deleted", "dead_deleted", "dead letters deleted"),
     ("quarantined", "quarantined", "quarantined"),
 )
+_BUCKET_COUNTS = (
+    ("index_entries_pruned", "index entries pruned"),
+    ("indexes_regenerated", "index entries regenerated"),
+    ("beacons_deleted", "clock beacons deleted"),
+)
 
 
 def _open(settings: QueueSettings) -> Backend:
     sw = settings.sweeper
     if settings.bucket:  # its clock is the store's: no host skew to bound (config refuses max_clock_skew)
-        return open_queue(settings)
+        return open_queue(
+            settings, receipt_retention=sw.receipt_retention, temp_ttl=sw.temp_ttl, dead_retention=sw.dead_retention
+        )
     return open_queue(
         settings,
         receipt_retention=sw.receipt_retention,
@@ -75,6 +82,8 @@ def _open_key(settings: QueueSettings) -> _OpenKey:
 def summarize(report: RecoveryReport) -> str:
     """Non-zero counts such as "reaped 3, compacted 40", or "nothing to do"."""
     parts = [f"{word} {getattr(report, attr)}" for attr, _, word in _COUNTS if getattr(report, attr)]
+    # What only a bucket queue's pass does (steadqd/s3/sweep.py); a filesystem report has none of them.
+    parts += [f"{word} {n}" for attr, word in _BUCKET_COUNTS if (n := getattr(report, attr, 0))]
     if report.directories_removed:
         parts.append(f"dirs removed {report.directories_removed}")
     return ", ".join(parts) if parts else "nothing to do"

@@ -28,8 +28,18 @@ __all__ = ["SCHEME", "BucketURL", "init_bucket_queue", "open_bucket_queue", "par
 
 SCHEME = "s3"
 PROFILES: dict[str, StoreProfile] = {p.name: p for p in (S3_GENERIC, SEAWEEDFS, CEPH_RGW)}
-# Options of the handle itself (BucketQueue.__init__), passed through.
-_HANDLE_OPTIONS = ("floor_staleness_s", "monotonic", "sleep", "first_shard", "idle_poll_max")
+# Options of the handle itself (BucketQueue and BucketBackend), passed through: the
+# sweeper's retentions are the same settings, in seconds, as a filesystem handle takes.
+_HANDLE_OPTIONS = (
+    "floor_staleness_s",
+    "monotonic",
+    "sleep",
+    "first_shard",
+    "idle_poll_max",
+    "receipt_retention",
+    "dead_retention",
+    "temp_ttl",
+)
 # Filesystem options that only relax something a bucket never does (postpone
 # fsyncs, accept a weak filesystem): every create is durable when answered, so they are moot.
 _MOOT = ("deferred", "allow_unsupported_fs")

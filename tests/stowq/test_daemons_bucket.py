@@ -171,14 +171,26 @@ def test_the_promoter_is_not_needed_on_a_bucket_and_exits_0(benv: BucketEnv) -> 
         promoter.stop()
 
 
-def test_the_sweeper_runs_its_passes_on_a_bucket(benv: BucketEnv) -> None:
+def test_the_sweeper_prunes_a_settled_jobs_lease_entry_on_a_bucket(benv: BucketEnv) -> None:
+    job = _enqueue(benv, b"done")
+    lease = benv.q.lease(duration=2.0)
+    assert lease is not None and lease.job_id == job
+    benv.q.ack(lease)
+    entries = [k for k in benv.q.layout.store.list_page(benv.q.layout.key("leases/")).items]
+    assert len(entries) == 1  # the acked claim's entry stays until a sweep prunes it
     benv.write_bucket_config()
     sweeper = benv.start("sweeper")
     try:
         sweeper.wait_log(r"sweeping every 1s", timeout=DEADLINE)
-        sweeper.wait_log(r"started", timeout=DEADLINE)
+        wait_for(
+            lambda: not benv.q.layout.store.list_page(benv.q.layout.key("leases/")).items,
+            DEADLINE,
+            "the sweeper to prune the lease entry",
+        )
+        sweeper.wait_log(r"recovery pass: .*index entries pruned 1", timeout=DEADLINE)
         sweeper.signal(signal.SIGTERM)
         assert sweeper.wait(DEADLINE) == 0
+        assert "recover_failed" not in sweeper.log() and "cannot start" not in sweeper.log()
     finally:
         sweeper.stop()
 

@@ -270,6 +270,9 @@ COMMON_HARDENING = {
 def test_hardening(units: dict, role: str) -> None:
     u = units[SERVICES[role]]
     for key, want in COMMON_HARDENING.items():
+        if key == "ReadWritePaths" and role == "worker":  # and the bucket queues' doorbell directory
+            assert values(u, "Service", key) == [want, "-/run/steadq/doorbell"]
+            continue
         assert single(u, "Service", key) == want, f"{SERVICES[role]}: {key}="
     assert values(u, "Service", "SystemCallFilter")[0] == "@system-service"
     assert not values(u, "Service", "ProcSubset"), "ProcSubset=pid would hide /proc/sys/kernel/random/boot_id"
@@ -449,7 +452,11 @@ def test_sysusers_line() -> None:
 
 def test_tmpfiles_line_never_ages_anything_out() -> None:
     lines = _config_lines(UNITS / "steadq.tmpfiles.conf")
-    assert lines == [["d", "/var/lib/steadq", "2770", "steadq", "steadq", "-"]]
+    assert lines == [
+        ["d", "/var/lib/steadq", "2770", "steadq", "steadq", "-"],
+        ["d", "/run/steadq", "2770", "steadq", "steadq", "-"],
+        ["d", "/run/steadq/doorbell", "2770", "steadq", "steadq", "-"],
+    ]
 
 
 @pytest.fixture
@@ -568,6 +575,7 @@ def _schema() -> dict[str, set[str]]:
         "worker.retry": _allowed(w + "  retry: {zz_unknown: 1}\n"),
         "sweeper": _allowed("queue: /srv/q\nsweeper: {zz_unknown: 1}\n"),
         "promoter": _allowed("queue: /srv/q\npromoter: {zz_unknown: 1}\n"),
+        "s3": _allowed("queue: s3://bucket/q\ns3: {zz_unknown: 1}\n"),
     }
 
 
@@ -581,7 +589,16 @@ def _section(doc: str, heading: str) -> str:
 def test_configuration_doc_documents_every_key() -> None:
     doc = (DOCS / "configuration.md").read_text()
     schema = _schema()
-    assert schema[""] == {"queue", "allow_unsupported_fs", "metrics_textfile", "worker", "sweeper", "promoter", "inbox"}
+    assert schema[""] == {
+        "queue",
+        "allow_unsupported_fs",
+        "metrics_textfile",
+        "worker",
+        "sweeper",
+        "promoter",
+        "inbox",
+        "s3",
+    }
     assert "## `queue` (top level)" in doc
     assert "## `allow_unsupported_fs` (top level)" in doc
     assert "## `metrics_textfile` (top level)" in doc
@@ -592,6 +609,7 @@ def test_configuration_doc_documents_every_key() -> None:
         "worker.retry": _section(doc, "### `worker.retry`"),
         "sweeper": _section(doc, "## `sweeper:`"),
         "promoter": _section(doc, "## `promoter:`"),
+        "s3": _section(doc, "## `s3:`"),
     }
     for where, text in tables.items():
         for key in schema[where]:
