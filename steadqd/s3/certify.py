@@ -71,6 +71,9 @@ class Check:
     required: bool
     detail: str
     seconds: float = 0.0
+    # What a probe raised that was not a verdict (a missing bucket, refused credentials, no connection):
+    # kept as the refusal's cause, so the opener can name it instead of ten failed promises.
+    error: BaseException | None = field(default=None, compare=False, repr=False)
 
     def line(self) -> str:
         verdict = "ok" if self.passed else ("FAILED" if self.required else "not kept (not required)")
@@ -111,7 +114,7 @@ class Certification:
         raise StoreProfileViolation(
             f"{self.location} cannot hold a StowQ/1 queue: {first.detail}" + (f" (also {more})" if more else ""),
             primitive=f"{first.primitive} {first.title}",
-        )
+        ) from first.error
 
 
 class _Failed(Exception):
@@ -143,13 +146,14 @@ class _Run:
 
     def check(self, primitive: str, title: str, probe: Callable[[], str], *, required: bool = True) -> None:
         started = time.monotonic()
+        error: Exception | None = None
         try:
             detail, passed = probe(), True
         except _Failed as failed:
             detail, passed = str(failed), False
         except Exception as exc:  # an unexpected answer is a failed promise, never a crash of the suite
-            detail, passed = f"unexpected {type(exc).__name__}: {exc}", False
-        self.checks.append(Check(primitive, title, passed, required, detail, time.monotonic() - started))
+            detail, passed, error = f"unexpected {type(exc).__name__}: {exc}", False, exc
+        self.checks.append(Check(primitive, title, passed, required, detail, time.monotonic() - started, error))
 
 
 def _race(width: int, attempt: Callable[[int], object]) -> tuple[list[int], list[BaseException]]:

@@ -63,3 +63,23 @@ def test_put_lease_ack_bury_on_an_rgw_queue(
     finally:
         store.close()
     assert receipts == [job] and dead == [third]
+
+
+def test_init_names_a_missing_bucket_or_refused_credentials_as_open_does(
+    ceph: Ceph, live_prefix: str, tmp_path: Path
+) -> None:
+    """Certification's probes fail first on such a store; the refusal keeps their cause, so the opener can name it."""
+    good = ceph.environment()
+    missing = run(aws_env(tmp_path, **good), "init", "--parents", f"s3://steadq-no-such-bucket/{live_prefix}q")
+    assert missing.returncode == 1, missing.stderr
+    assert "bucket steadq-no-such-bucket does not exist" in missing.stderr and "aws s3 mb" in missing.stderr
+    assert "cannot hold a StowQ/1 queue" not in missing.stderr
+
+    ceph.store(LIVE_BUCKET).close()
+    wrong = run(
+        aws_env(tmp_path, **(good | {"AWS_SECRET_ACCESS_KEY": "wrong"})),
+        "init",
+        "--parents",
+        f"s3://{LIVE_BUCKET}/{live_prefix}q",
+    )
+    assert wrong.returncode == 5 and "refused the credentials" in wrong.stderr, wrong.stderr
