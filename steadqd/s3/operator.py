@@ -34,7 +34,8 @@ from steadqd.s3.claim import Lease
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.layout import QueueLayout
 from steadqd.s3.records import QUEUE_ID_BYTES, TOKEN_BYTES, ClaimRecord, JobRecord
-from steadqd.s3.repair import FsckReport, check_phases, fsck, recovery_setting, run_recovery
+from steadqd.s3.recovery import check_phases, recovery_setting, run_recovery
+from steadqd.s3.repair import FsckReport, fsck
 from steadqd.s3.sweep import Budget, RecoveryReport
 from steadqd.s3.watch import DEFAULT_POLL_MAX_S, BucketReadyWatch, check_poll_max
 

@@ -1,9 +1,4 @@
-"""The StowQ/1 repair scan (recovery.md, Repair scan), ``fsck`` of a bucket queue, and the recovery pass.
-
-The recovery pass (:func:`run_recovery`, what ``BucketBackend.recover`` and
-so the sweeper run) lives here because it is the one caller of all three
-parts: the sweeps (``sweep.py``), retention GC (``gc.py``) and a slice of
-this scan, on one budget.
+"""The StowQ/1 repair scan (recovery.md, Repair scan) and ``fsck`` of a bucket queue.
 
 Why a scan at all: every advisory index entry is written after its
 authoritative object and best-effort, so a crash between the two loses the
@@ -70,16 +65,6 @@ from steadqd.errors import (
     StateExhausted,
 )
 from steadqd.s3 import keys
-from steadqd.s3.gc import (
-    BEACON_STALENESS_MULTIPLE,
-    MIN_FLOOR_STALENESS_NS,
-    Positions,
-    Retention,
-    collect_beacons,
-    collect_orphan_payloads,
-    collect_terminal,
-)
-from steadqd.s3.handle import seconds_ns
 from steadqd.s3.keys import KeyKind, TermKind
 from steadqd.s3.layout import QueueLayout
 from steadqd.s3.quarantine import flag
@@ -92,7 +77,7 @@ from steadqd.s3.records import (
     Record,
 )
 from steadqd.s3.store.base import LIST_PAGE_MAX, ObjectMeta
-from steadqd.s3.sweep import Budget, Exhausted, RecoveryReport, budgeted, checkpoint, sweep_delayed, sweep_leases
+from steadqd.s3.sweep import Budget, checkpoint
 from steadqd.s3.timemath import bucket_number, is_expired
 from steadqd.s3.verify import read_record, verify_payload
 from steadqd.text import printable
@@ -103,20 +88,15 @@ __all__ = [
     "Finding",
     "FsckReport",
     "PLANES",
-    "RECOVERY_PHASES",
     "REPAIR_CURSOR_KEY",
     "REPAIR_INTERVAL_NS",
-    "REPAIR_PAGES_PER_PASS",
-    "RecoverySetting",
+    "StepResult",
     "Scan",
-    "check_phases",
     "decode_cursor",
     "encode_cursor",
     "fsck",
     "read_cursor",
-    "recovery_setting",
     "repair_step",
-    "run_recovery",
     "scan_shard",
 ]
 
@@ -668,136 +648,3 @@ def fsck(layout: QueueLayout, floor_ns: int, *, deep: bool = False, repair: bool
         quarantined=scan.quarantined,
         indexes_regenerated=scan.regenerated,
     )
-
-
-# --- The recovery pass: the sweeps, retention GC and a slice of the repair scan, on one budget ---
-
-# Phase names, the filesystem's where they mean the same (steadqd.fs.recovery.PHASES).
-RECOVERY_PHASES = ("reap_leases", "promote_delayed", "delete_receipts", "cleanup_temp", "collect_beacons", "repair")
-# Pages the repair scan lists per recovery pass, so a cycle spreads over many passes.
-REPAIR_PAGES_PER_PASS = 4
-
-
-def _phase(
-    name: str,
-    work: QueueLayout,
-    layout: QueueLayout,
-    floor_ns: int,
-    setting: RecoverySetting,
-    report: RecoveryReport,
-    budget: Budget,
-) -> None:
-    retention, positions = setting.retention, setting.positions
-    if name == "reap_leases":
-        sweep_leases(work, floor_ns, report, budget)
-    elif name == "promote_delayed":
-        sweep_delayed(work, floor_ns, report, budget)
-    elif name == "delete_receipts":
-        collect_terminal(work, floor_ns, retention, positions, report, budget)
-    elif name == "cleanup_temp":
-        collect_orphan_payloads(work, floor_ns, retention, positions, report, budget)
-    elif name == "collect_beacons":
-        collect_beacons(work, floor_ns, retention, positions, report, budget)
-    else:
-        step = repair_step(work, layout, floor_ns, max_pages=REPAIR_PAGES_PER_PASS, budget=budget)
-        report.indexes_regenerated += step.scan.regenerated
-        report.quarantined += step.scan.quarantined
-        if step.cycle_done:
-            report.shards_repaired += layout.format.shard_count
-        if step.error is not None:
-            raise step.error
-
-
-@dataclass
-class RecoverySetting:
-    """What a handle keeps between its passes: the retention it was opened with and where its walks stopped."""
-
-    retention: Retention
-    positions: Positions = field(default_factory=Positions)
-
-
-def recovery_setting(
-    receipt_retention: float, dead_retention: float | None, temp_ttl: float, floor_staleness_s: float
-) -> RecoverySetting:
-    """The retention of a handle's passes from the sweeper's settings (seconds, as for a filesystem queue).
-
-    ``temp_ttl`` is the orphan-payload horizon; beacons go after
-    ``BEACON_STALENESS_MULTIPLE`` floor-staleness windows (at least the reference's).
-    """
-    staleness_ns = max(seconds_ns("floor_staleness_s", floor_staleness_s), MIN_FLOOR_STALENESS_NS)
-    return RecoverySetting(
-        Retention(
-            receipt_ns=seconds_ns("receipt_retention", receipt_retention),
-            dead_ns=None if dead_retention is None else seconds_ns("dead_retention", dead_retention),
-            orphan_ns=seconds_ns("temp_ttl", temp_ttl),
-            beacon_ns=BEACON_STALENESS_MULTIPLE * staleness_ns,
-        )
-    )
-
-
-def check_phases(phases: tuple[str, ...] | None) -> tuple[str, ...]:
-    if phases is None:
-        return RECOVERY_PHASES
-    unknown = [p for p in phases if p not in RECOVERY_PHASES]
-    if unknown or not phases:
-        raise InvalidInput(
-            f"recovery phases {', '.join(unknown) or '(none)'} are not those of a bucket queue; "
-            f"give some of {', '.join(RECOVERY_PHASES)}"
-        )
-    return tuple(p for p in RECOVERY_PHASES if p in phases)
-
-
-def run_recovery(
-    layout: QueueLayout,
-    floor_ns: int,
-    budget: Budget,
-    setting: RecoverySetting,
-    phases: tuple[str, ...] | None = None,
-) -> RecoveryReport:
-    """One bounded pass; each phase first gets an equal share of the budget, then what the others left.
-
-    Store problems are reported in ``errors``, never raised; a phase cut
-    short keeps its place (sweeps by what they deleted, GC in ``setting``,
-    the repair scan in its cursor) and is what ``budget_exhausted`` reports.
-    """
-    names = check_phases(phases)
-    report = RecoveryReport()
-    work = budgeted(layout, budget)
-    cut: list[str] = []
-    for i, name in enumerate(names):
-        if budget.spent():
-            cut.extend(names[i:])
-            break
-        budget.give(max(1, budget.left // (len(names) - i)))
-        if _run_phase(name, work, layout, floor_ns, setting, report, budget):
-            cut.append(name)
-    unfinished = []
-    for name in cut:
-        if budget.spent():
-            unfinished.append(name)
-            continue
-        budget.give(budget.left)
-        if _run_phase(name, work, layout, floor_ns, setting, report, budget):
-            unfinished.append(name)
-    report.operations_attempted = budget.ops
-    report.budget_exhausted = bool(unfinished)
-    return report
-
-
-def _run_phase(
-    name: str,
-    work: QueueLayout,
-    layout: QueueLayout,
-    floor_ns: int,
-    setting: RecoverySetting,
-    report: RecoveryReport,
-    budget: Budget,
-) -> bool:
-    """Run one phase; True when the budget cut it short."""
-    try:
-        _phase(name, work, layout, floor_ns, setting, report, budget)
-    except Exhausted:
-        return True
-    except (NotCommitted, OutcomeUnknown, StateExhausted, CorruptRecord) as exc:
-        report.error(exc, f"recovery phase {name} of {layout.location}")
-    return False
