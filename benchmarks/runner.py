@@ -17,10 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 from . import backends as bk
-from . import bench_cli, bucket_queue, daemons, drivers, floor, steadq_extra
+from . import bench_cli, bucket_idle, bucket_queue, daemons, drivers, floor, steadq_extra
 from .common import PAYLOAD_SIZES, Profile, check_stop, log, machine_info, payload_of, scratch, skipped
 
-SECTIONS = ("headline", "floor", "steadqd", "bench", "peers", "daemons", "scaling", "profile", "bucket")
+SECTIONS = ("headline", "floor", "steadqd", "bench", "peers", "daemons", "scaling", "profile", "bucket", "bucket_idle")
 PEERS = ("persist-queue", "litequeue", "huey", "redis", "rq")
 
 
@@ -350,6 +350,10 @@ class Runner:
     def section_bucket(self) -> dict[str, Any]:
         """Bucket queues against a same-host SeaweedFS whose data lives under the scratch directory."""
         return bucket_queue.section(self.p.name, self.base)
+
+    def section_bucket_idle(self) -> dict[str, Any]:
+        """An idle bucket worker's LISTs per minute and its wake latency, with and without the doorbell."""
+        return bucket_idle.section(self.p.name, self.base)
 
     def section_profile(self) -> dict[str, Any]:
         with scratch(self.base, "profile") as d:
