@@ -53,6 +53,12 @@ MASKED_UNITS = (
     "postgresql@.service",
     "redis.service",
     "redis-server.service",
+    # ./dev.sh setup installs Ceph for the RGW suite; its packages enable these on the host.
+    "ceph.target",
+    "ceph-crash.service",
+    "ceph-mon.target",
+    "ceph-osd.target",
+    "ceph-radosgw.target",
     "e2scrub_reap.service",
     "e2scrub_all.timer",
     "apt-daily.timer",
