@@ -106,7 +106,15 @@ class BucketQueue:
         # Likewise inside a shard: each listing is tried from a random point, so that workers
         # listing the same shard do not all race for its first job (unless first_shard pins the order).
         self._spread = first_shard is None
+        # And they walk the shards with strides of their own (any odd stride visits every shard of a
+        # power-of-two count once a pass), so that a worker does not trail another from shard to shard.
+        self._stride = 1 | int.from_bytes(os.urandom(2), "big") if self._spread else 1
         self._candidates: deque[tuple[int, bytes]] = deque()
+        # Jobs found not ready at the floor in _held_at. Readiness follows from the floor and objects that are
+        # only ever added (a claim, a nack, a settle never make a job ready sooner), so under the same
+        # floor the answer cannot change: re-reading such a job (four requests) is skipped until the floor moves.
+        self._held: set[tuple[int, bytes]] = set()
+        self._held_at = -1
         self._batch_threads = batch_threads
         self._pool: ThreadPoolExecutor | None = None
 
@@ -243,6 +251,10 @@ class BucketQueue:
         got = claim_job(self._layout, shard, job_id, floor_ns=floor_ns, lease_duration_ns=lease_ns)
         if got in (Miss.TERMINAL, Miss.UNUSABLE):
             self._remember_settled(shard, job_id)  # an unusable job is quarantined: skipped like a settled one
+        elif got is Miss.NOT_READY:
+            with self._lock:
+                if self._held_at == floor_ns and len(self._held) < _TERMINAL_MEMO_CAP:
+                    self._held.add((shard, job_id))
         return got
 
     def claim_once(self, duration: float = 30.0) -> Lease | None:
@@ -261,19 +273,23 @@ class BucketQueue:
         tried in a wave of at most that many.
         """
         floor_ns = self._clock.floor()
+        with self._lock:
+            if floor_ns != self._held_at:
+                self._held, self._held_at = set(), floor_ns
+            held = self._held
         claims: list[Lease] = []
         count = self._layout.format.shard_count
         listed = 0
         while len(claims) < n:
             if len(self._candidates) < n - len(claims) and listed < count:
                 shard = self._next_shard
-                self._next_shard = (shard + 1) % count
+                self._next_shard = (shard + self._stride) % count
                 listed += 1
                 ids = self._list_shard(shard)
                 if self._spread and len(ids) > 1:
                     start = int.from_bytes(os.urandom(4), "big") % len(ids)
                     ids = ids[start:] + ids[:start]
-                self._candidates.extend((shard, job_id) for job_id in ids)
+                self._candidates.extend((shard, job_id) for job_id in ids if (shard, job_id) not in held)
                 continue
             if not self._candidates:
                 break

@@ -203,3 +203,30 @@ def test_a_race_lost_leaves_the_rest_of_that_shard_to_the_winner() -> None:
     store.rival = race
     assert q.lease_many(1, duration=LEASE_S) == []  # lost the race: the shard is the rival's for this pass
     assert len(q.lease_many(3, duration=LEASE_S)) == 2  # the next pass lists it again
+
+
+def test_a_pass_lists_every_shard_once_whatever_the_stride() -> None:
+    """Workers walk the shards with strides of their own; each still sees every shard in one pass."""
+    w = _world(0)
+    count = w.q.layout.format.shard_count
+    for _ in range(12):
+        q = BucketQueue.open(w.store, PREFIX, worker_id="w2", certify_store=False, floor_staleness_s=0)
+        w.store.trace.clear()
+        assert q.lease_many(4, duration=LEASE_S) == []
+        listed = [c.key for c in w.store.trace if c.op == "list" and c.key.startswith(PREFIX + "jobs/")]
+        assert len(listed) == len(set(listed)) == count
+
+
+def test_a_job_found_held_is_not_read_again_under_the_same_floor() -> None:
+    """Under one floor a held job cannot become ready, so its four reads are made once per floor."""
+    w = _world(1, worker="w2")
+    assert w.q.lease(duration=LEASE_S) is not None
+    now = [0.0]
+    q = BucketQueue.open(w.store, PREFIX, worker_id="w1", certify_store=False, monotonic=lambda: now[0])
+    job_reads = []
+    for advance in (0.0, 0.5, 2.0):  # the floor is re-established once it is 1 s old
+        now[0] += advance
+        w.store.trace.clear()
+        assert q.lease(duration=LEASE_S) is None
+        job_reads.append(sum(1 for c in w.store.trace if f"{1:032x}" in c.key))
+    assert job_reads == [4, 0, 4]  # HEAD receipt, HEAD dead, LIST of the chain, GET of the tail claim
