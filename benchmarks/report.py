@@ -11,7 +11,7 @@ import math
 import os
 from typing import Any
 
-from . import bench_cli, bucket_queue
+from . import bench_cli, bucket_idle, bucket_queue
 from .common import PAYLOAD_SIZES
 
 SIZE_LABEL = {100: "100 B", 4096: "4 KiB", 1 << 20: "1 MiB"}
@@ -408,6 +408,8 @@ def markdown(r: dict[str, Any], plots: list[str], plot_note: str = "") -> str:
 
     if r.get("bucket"):
         L.extend(bucket_queue.markdown(r["bucket"]))
+    if r.get("bucket_idle"):
+        L.extend(bucket_idle.markdown(r["bucket_idle"]))
 
     L.append("## Payload size sweep (one process, full lifecycle, jobs/s)\n")
     L.append("| system | " + " | ".join(SIZE_LABEL[s] for s in PAYLOAD_SIZES) + " |")
