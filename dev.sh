@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point for people and CI.
-#   ./dev.sh demo   install everything, then run the demo queue under ./var/
+#   ./dev.sh demo   install everything, then run the demo queue under ./var/ (--s3: on a bucket, embedded SeaweedFS)
 #   ./dev.sh test   install everything, run the static checks, then the test suite
 #   ./dev.sh check  the static checks alone: ruff check, ruff format --check, mypy, lint-imports
 #   ./dev.sh mutate the mutation run (mutmut, niced; --sample 5 ~8 min; docs/testing.md), not part of test

