@@ -171,6 +171,21 @@ def test_the_promoter_is_not_needed_on_a_bucket_and_exits_0(benv: BucketEnv) -> 
         promoter.stop()
 
 
+def test_steadqd_run_serves_a_bucket_with_worker_and_sweeper_and_no_promoter(benv: BucketEnv) -> None:
+    benv.write_bucket_config()
+    run = benv.start("run")
+    try:
+        run.wait_log(r"started .*STEADQ_ROLES='worker,sweeper'", timeout=DEADLINE)
+        assert "promoter not needed on a bucket queue" in run.log()
+        job = _enqueue(benv, job_spec())
+        wait_for(lambda: benv.settled(job) == "receipt", DEADLINE, "the job acked by steadqd run")
+        run.wait_log(r"sweeping every 1s", timeout=DEADLINE)
+        run.signal(signal.SIGTERM)
+        assert run.wait(DEADLINE) == 0
+    finally:
+        run.stop()
+
+
 def test_the_sweeper_prunes_a_settled_jobs_lease_entry_on_a_bucket(benv: BucketEnv) -> None:
     job = _enqueue(benv, b"done")
     lease = benv.q.lease(duration=2.0)
