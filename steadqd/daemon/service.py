@@ -385,6 +385,16 @@ class Service:
             )
             self.notifier.ready(self.status_line())
             return
+        if settings.s3 != running.s3:
+            # Every role's handle holds a store client built from these settings (and the
+            # worker's certified the store they name): changing them under it is a restart.
+            self.log.error(
+                "reload refused, keeping the running configuration: `s3:` changed, and a running service keeps "
+                "the store connection it opened; restart the service to use the new settings",
+                config=settings.source,
+            )
+            self.notifier.ready(self.status_line())
+            return
         for r in self.roles:
             r.reload(settings)
         self.settings = settings

@@ -86,3 +86,26 @@ def test_the_credentials_file_must_be_readable_by_the_service_user_only(tmp_path
     path.unlink()
     path.mkdir()
     assert "not a regular file" in problems()[0]
+
+
+def test_a_reload_that_changes_the_s3_settings_is_refused() -> None:
+    import io
+
+    from steadqd.daemon.journal import Log
+    from steadqd.daemon.service import Service
+
+    texts = iter(
+        [
+            "queue: s3://render\ns3:\n  credentials_file: /etc/steadq/a.aws\n",
+            "queue: s3://render\ns3:\n  credentials_file: /etc/steadq/b.aws\n",
+        ]
+    )
+    stream = io.StringIO()
+    service = Service(
+        lambda: _parse(next(texts)), lambda settings, log: [], Log("run", "render", journal=False, stream=stream)
+    )
+    service.settings = service.load_settings()
+    service._do_reload()
+    assert service.settings.s3 is not None and service.settings.s3.credentials_file == "/etc/steadq/a.aws"
+    text = stream.getvalue()
+    assert "reload refused" in text and "`s3:` changed" in text and "restart the service" in text
