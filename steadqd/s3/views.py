@@ -356,8 +356,8 @@ def derive(layout: QueueLayout, g: Graph, floor_ns: int) -> Derived | None:
     A terminal record decides (a receipt before a dead record: the pair is
     the repair scan's duplicate_state_conflict). Otherwise any object that
     failed verification makes the job ``quarantine``, as the claim path
-    would refuse it; a graph with no job record is an orphan (``quarantine``
-    too, the repair scan's finding).
+    would refuse it; claims without a job record are ``quarantine`` too
+    (the repair scan's claims_without_job finding).
     """
     terminals = _terminals(g)
     if terminals:
@@ -368,8 +368,10 @@ def derive(layout: QueueLayout, g: Graph, floor_ns: int) -> Derived | None:
     if g.job is None:
         if not g.exists:
             return None
-        return Derived(QUARANTINE, g.job_rel, None, reason=QuarantineReason.MISSING_GENERATION,
-                       details={"problem": "the job record is missing although other objects of the job exist"})  # fmt: skip
+        # As the repair scan records it: at the job key, in the bucket of the tail claim's time.
+        tail_time = g.claims[-1][1] if g.claims else None
+        return Derived(QUARANTINE, g.job_rel, tail_time, reason=QuarantineReason.KEY_RECORD_MISMATCH,
+                       details={"problem": "claims without a job record"})  # fmt: skip
     return _live(layout, g, floor_ns)
 
 

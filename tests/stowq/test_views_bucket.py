@@ -312,3 +312,15 @@ def test_stats_ls_inspect_show_on_a_live_bucket_have_the_filesystem_shapes(
     text = ok(env, "show", url, jobs["leased"], "--no-journal").stdout
     assert "lease until:" in text and "payload:       6 bytes, verified" in text
     assert ok(env, "show", url, jobs["ready"], "--payload").stdout == '{"frame": 7}'
+
+
+def test_claims_without_a_job_record_are_quarantined_under_the_repair_scans_finding(b: _Queue) -> None:
+    job = b.q.enqueue(b"x")
+    assert b.q.lease(duration=LEASE_S) is not None
+    b.memory.delete(PREFIX + b.q.job_key(job))
+    story = b.q.job_story(job)
+    assert story is not None and story.state == "quarantine" and story.path == b.q.job_key(job)
+    assert story.reason == QuarantineReason.KEY_RECORD_MISMATCH and story.quarantine_id is None
+    b.q.fsck(repair=True)
+    story = b.q.job_story(job)
+    assert story is not None and story.quarantine_id in {f.quarantine_id for f in b.q.list_quarantine()}
