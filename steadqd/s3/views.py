@@ -494,6 +494,8 @@ def job_story(layout: QueueLayout, job_id: str, floor_ns: int, head_bytes: int) 
         return JobStory(job_id, QUARANTINE, rel, objects, None, file, payload_refusal.reason, qid)
     if d.state == QUARANTINE:
         qid = None if d.reason is None else _finding_id(layout, d.path, d.reason, d.since_ns)
+        if file is None:  # the job record is what failed (or is missing): the problem is the story
+            file = JobFile(d.path, changed_ns=d.since_ns, problem=str(d.details.get("problem")))
         return JobStory(job_id, QUARANTINE, d.path, objects, None, file, d.reason, qid)
     return JobStory(job_id, d.state, d.path, objects, current, file, d.reason)
 

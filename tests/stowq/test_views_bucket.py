@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from steadqd.backend import open_queue
+from steadqd.cli.view_cmd import story_lines
 from steadqd.constants import DeadReason
 from steadqd.errors import CorruptRecord, InvalidInput, SteadQError
 from steadqd.s3.layout import DEFAULT_FORMAT, init_layout
@@ -165,7 +166,11 @@ def test_a_corrupt_job_record_is_quarantined_in_every_view_and_its_payload_never
     story = b.q.job_story(job)
     assert story is not None and story.state == "quarantine" and story.path == rel
     assert story.reason == QuarantineReason.ENVELOPE_CORRUPT and story.quarantine_id is None  # no finding yet
-    assert story.file is None and story.current is None
+    assert story.current is None and story.file is not None and not story.file.payload_verified
+    assert story.file.problem is not None and story.file.payload_head == b""
+    shown = story_lines(story, None)
+    assert shown[0] == f"job {job}: quarantine: envelope_corrupt (0x0001)"
+    assert any(line.startswith("  problem:") for line in shown) and not any("acknowledged" in x for x in shown)
     assert b.q.inspect_detailed(job) == [] and list(b.q.list_jobs({"ready", "delayed", "leased", "dead"})) == []
     with pytest.raises(CorruptRecord):
         b.q.copy_job_payload(job, io.BytesIO())
