@@ -138,8 +138,8 @@ def requeue_dead(layout: QueueLayout, job_id: str, *, max_attempts_reset: bool =
 
     A requeue repeated while the job it made is still unsettled returns that
     job (nothing is written). Cost: :func:`~steadqd.s3.views.read_graph`,
-    a GET of a detached payload, then per id tried a HEAD of its job and
-    HEADs of its terminal records, and the enqueue (1-2 PUTs).
+    a GET of a detached payload, then per id tried HEADs of its terminal
+    records and of its job, and the enqueue (1-2 PUTs).
     """
     if not max_attempts_reset:
         raise InvalidInput(
@@ -154,9 +154,9 @@ def requeue_dead(layout: QueueLayout, job_id: str, *, max_attempts_reset: bool =
     for n in range(1, _REQUEUE_GENERATIONS + 1):
         new_id = requeued_id(layout.queue_id, g.job_id, n)
         shard = keys.shard_of(layout.queue_id, new_id, layout.format.shard_count)
+        if _settled(layout, new_id):
+            continue  # that requeue ran its course (its graph may be half collected): the next id
         if layout.exists(keys.job_key(shard, new_id)):
-            if _settled(layout, new_id):
-                continue  # that requeue ran its course: the next one gets the next id
             return new_id, keys.job_key(shard, new_id)
         done = enqueue(
             layout,

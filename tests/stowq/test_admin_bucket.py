@@ -54,6 +54,7 @@ def test_requeue_makes_a_new_job_with_the_verified_payload_and_leaves_the_dead_g
     lease = b.q.lease(duration=LEASE_S)
     assert lease is not None and lease.job_id == new_id
     b.q.ack(lease)
+    b.memory.delete(PREFIX + b.q.job_key(new_id))  # GC collected its job record, not yet its receipt
     third = b.q.requeue_dead(dead).rsplit("/", 1)[1]
     assert third == admin.requeued_id(b.q.layout.queue_id, bytes.fromhex(dead), 2).hex()
 
