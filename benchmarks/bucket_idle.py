@@ -43,9 +43,11 @@ __all__ = ["SIZES", "markdown", "section"]
 BUCKET = "steadq-bench-idle"
 SAFETY_RESCAN_S = 60.0  # the worker daemon's (daemon/worker.py SAFETY_RESCAN), for the stated bound
 SIZES: dict[str, dict[str, Any]] = {
-    "smoke": {"idle_s": 3.0, "trials_bell": 2, "trials_poll": 1},
-    "quick": {"idle_s": 20.0, "trials_bell": 5, "trials_poll": 5},
-    "full": {"idle_s": 120.0, "trials_bell": 20, "trials_poll": 10},
+    # settle_s: how long a consumer idles before the enqueue (4 s: past the ramp of short pauses),
+    # phase_s: the random time added, to land anywhere in the rotation (6 s: three pauses at 2 s).
+    "smoke": {"idle_s": 1.0, "trials_bell": 1, "trials_poll": 1, "settle_s": 0.5, "phase_s": 0.5},
+    "quick": {"idle_s": 20.0, "trials_bell": 5, "trials_poll": 5, "settle_s": 4.0, "phase_s": 6.0},
+    "full": {"idle_s": 120.0, "trials_bell": 20, "trials_poll": 10, "settle_s": 4.0, "phase_s": 6.0},
 }
 
 
@@ -77,7 +79,9 @@ def _per_minute(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _one_wake(q: BucketQueue, producer: BucketQueue, *, bell: bool, cap: float) -> float | None:
+def _one_wake(
+    q: BucketQueue, producer: BucketQueue, *, bell: bool, cap: float, settle: float, phase: float
+) -> float | None:
     """One trial: seconds from the enqueue's return to the lease in hand (None if never woken)."""
     watch = BucketReadyWatch(q.layout, poll_max_s=cap, doorbell=bell)
     got, stop = threading.Event(), threading.Event()
@@ -98,7 +102,7 @@ def _one_wake(q: BucketQueue, producer: BucketQueue, *, bell: bool, cap: float) 
         thread = threading.Thread(target=consume)
         thread.start()
         # Idle at the cap (the ramp 0.25 + 0.5 + 1 + 2 s is over), at a random phase of the rotation.
-        time.sleep(4.0 + random.uniform(0, 3 * cap))
+        time.sleep(settle + random.uniform(0, phase))
         producer.enqueue(b"wake")
         enqueued = time.monotonic()
         got.wait(10 * cap + 30)
@@ -109,9 +113,11 @@ def _one_wake(q: BucketQueue, producer: BucketQueue, *, bell: bool, cap: float) 
     return leased_at[0] - enqueued if leased_at else None
 
 
-def _wake(q: BucketQueue, producer: BucketQueue, *, bell: bool, trials: int, cap: float) -> dict[str, Any]:
+def _wake(
+    q: BucketQueue, producer: BucketQueue, *, bell: bool, trials: int, cap: float, settle: float, phase: float
+) -> dict[str, Any]:
     """Enqueue → lease in hand, as a worker waiting on the watch sees it."""
-    found = [_one_wake(q, producer, bell=bell, cap=cap) for _ in range(trials)]
+    found = [_one_wake(q, producer, bell=bell, cap=cap, settle=settle, phase=phase) for _ in range(trials)]
     samples = [x for x in found if x is not None]
     return {
         "doorbell": bell,
@@ -173,9 +179,10 @@ def _measure(root: Path, weed: str, size: dict[str, Any], out: dict[str, Any]) -
                 f"cap {cap:g} s": idle_lists_per_minute(cap, shards, SAFETY_RESCAN_S)
                 for cap in (DEFAULT_POLL_MAX_S, 10.0)
             }
+            idle = {"cap": DEFAULT_POLL_MAX_S, "settle": size["settle_s"], "phase": size["phase_s"]}
             out["wake"] = [
-                _wake(q, producer, bell=True, trials=size["trials_bell"], cap=DEFAULT_POLL_MAX_S),
-                _wake(q, producer, bell=False, trials=size["trials_poll"], cap=DEFAULT_POLL_MAX_S),
+                _wake(q, producer, bell=True, trials=size["trials_bell"], **idle),
+                _wake(q, producer, bell=False, trials=size["trials_poll"], **idle),
             ]
         finally:
             producer.close()

@@ -65,7 +65,7 @@ def smoke_run() -> Iterator[tuple[dict[str, Any], Path]]:
             env=_env(),
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=180,  # about 90 s here with both bucket sections (a SeaweedFS each)
         )
         assert r.returncode == 0, r.stderr[-3000:]
         results = json.loads((out / "results.json").read_text())
@@ -351,3 +351,17 @@ def test_fs_run_refused_without_root(monkeypatch: pytest.MonkeyPatch, capsys: py
         assert list(work.iterdir()) == []
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_bucket_idle_section(smoke_run: tuple[dict[str, Any], Path]) -> None:
+    """Section bucket_idle counted idle consumers' LISTs at the store and woke a waiting one after an enqueue."""
+    results, out = smoke_run
+    b = results["bucket_idle"]
+    if "skipped" in b:
+        pytest.skip(b["skipped"])  # no weed binary; under STEADQ_SYSTEM_TESTS=require this fails
+    assert _errors(b) == []
+    polling, *watches = b["idle"]
+    assert [w["consumer"] for w in watches] == ["ready watch, cap 2 s", "ready watch, cap 10 s"]
+    assert all(0 < w["lists"] < polling["lists"] for w in watches)  # one LIST a look, against a pass per poll
+    assert [w["woken"] for w in b["wake"]] == [w["trials"] for w in b["wake"]] and b["wake"][0]["doorbell"]
+    assert "## An idle worker on a bucket queue" in (out / "results.md").read_text()
