@@ -57,7 +57,8 @@ case "${1:-}" in
         shift
         setup
         static_checks
-        exec .venv/bin/python -m pytest -q "$@"
+        # The 30 slowest tests in every log: where the suite's time goes (docs/testing.md, "Suite time").
+        exec .venv/bin/python -m pytest -q --durations=30 "$@"
         ;;
     check)
         shift
