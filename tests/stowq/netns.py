@@ -165,6 +165,22 @@ class Host:
             raise failure[0]
         return result[0]
 
+    def kill_all(self) -> None:
+        """SIGKILL every process on this host, as a host that loses power: whatever groups they made."""
+        for pid in map(int, ip("netns", "pids", self.netns).split()):
+            if pid != os.getpid():  # a thread of ours may be visiting (Host.call)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def running(self, needle: str) -> list[int]:
+        """The PIDs of this host's processes whose command line contains ``needle``."""
+        found = []
+        for pid in map(int, ip("netns", "pids", self.netns).split()):
+            with contextlib.suppress(OSError):
+                if needle.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(pid)
+        return found
+
     def cut(self) -> None:
         """Take this host off the network: its link goes down inside its own namespace."""
         ip("-n", self.netns, "link", "set", HOST_LINK, "down")
@@ -438,16 +454,3 @@ def hosts(names: dict[str, int]) -> Iterator[Network]:
         yield network
     finally:
         network.close()
-
-
-def children(pid: int) -> list[int]:
-    """The PIDs of ``pid``'s children (every thread's), from /proc; none once it has exited."""
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return found
-    for task in tasks:
-        with contextlib.suppress(FileNotFoundError):
-            found.extend(int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split())
-    return found
