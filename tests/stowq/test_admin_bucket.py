@@ -181,6 +181,8 @@ def test_admin_commands_on_a_live_bucket(
     new_id = field(requeued.stdout, "requeued_as")
     assert field(requeued.stdout, "job_id") == dead[0] and field(requeued.stdout, "path").endswith(new_id)
     assert json.loads(ok(env, "--json", "show", url, new_id, "--no-journal").stdout)["payload_head_text"] == "poison 0"
+    again = json.loads(ok(env, "--json", "admin", "requeue", url, "--all").stdout)  # the bulk form, repeated
+    assert again["requeued"] == 2 and {o["to"].rsplit("/", 1)[1] for o in again["objects"]} >= {new_id}
     dry = json.loads(ok(env, "--json", "admin", "purge", url, "dead", "--dry-run").stdout)
     assert dry["selected"] == 2 and dry["dry_run"]
     assert "removed" in ok(env, "admin", "dead-remove", url, dead[1]).stderr

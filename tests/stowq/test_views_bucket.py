@@ -291,6 +291,8 @@ def test_stats_ls_inspect_show_on_a_live_bucket_have_the_filesystem_shapes(
         "dead": 1, "delayed": 1, "quarantine": 0, "ready": 2, "receipts": 1, "running": 1,
     }  # fmt: skip
     assert all(set(v) == {"objects", "oldest_age_seconds"} for v in stats.values())
+    frame = ok(env, "watch", url, "--count", "1", "--interval", "0").stdout
+    assert "running: 1 (leases, counted in ready above)" in frame and "throughput: (measuring)" in frame
     plain = ok(env, "stats", url).stdout.splitlines()
     assert plain[0].startswith("dead: 1 (oldest ") and plain[2] == "quarantine: 0" and plain[3].startswith("ready: 2")
 
