@@ -5,7 +5,11 @@ URL is printed, logged and pasted into YAML, so anything in it is public.
 They come from the standard AWS settings only (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``,
 ``AWS_PROFILE``, the shared credentials file, or one named by
-``credentials_file``), as ``steadqd.s3.store.s3`` reads them.
+``credentials_file``), as ``steadqd.s3.store.s3`` reads them. Which
+engine's quirks to expect is the same kind of setting: ``store_profile``
+(a daemon's ``s3:`` section) or ``STEADQ_STORE_PROFILE`` in the
+environment, so that every ``steadq`` command of a shell speaks to the
+engine the same way.
 
 The first request to a store answers the questions an operator has when a
 queue will not open (is the endpoint there, are the credentials good, does
@@ -15,18 +19,20 @@ names the thing and what to do, instead of botocore's wording.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from steadqd.errors import ErrorKind, InvalidInput, NotCommitted, NotFound, SteadQError
+from steadqd.errors import ErrorKind, InvalidInput, NotCommitted, NotFound, SteadQError, StoreProfileViolation
 from steadqd.s3.layout import DEFAULT_FORMAT, init_layout, open_layout
 from steadqd.s3.operator import BucketBackend
 from steadqd.s3.store.base import CEPH_RGW, S3_GENERIC, SEAWEEDFS, StoreProfile
 
-__all__ = ["SCHEME", "BucketURL", "init_bucket_queue", "open_bucket_queue", "parse_url"]
+__all__ = ["PROFILE_VARIABLE", "SCHEME", "BucketURL", "init_bucket_queue", "open_bucket_queue", "parse_url"]
 
 SCHEME = "s3"
+PROFILE_VARIABLE = "STEADQ_STORE_PROFILE"
 PROFILES: dict[str, StoreProfile] = {p.name: p for p in (S3_GENERIC, SEAWEEDFS, CEPH_RGW)}
 # Options of the handle itself (BucketQueue and BucketBackend), passed through: the
 # sweeper's retentions are the same settings, in seconds, as a filesystem handle takes.
@@ -100,9 +106,13 @@ def _settings_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _profile(options: dict[str, Any]) -> StoreProfile:
-    name = options.pop("store_profile", S3_GENERIC.name)
+    """The option if given, else the environment's, else the generic profile."""
+    name, source = options.pop("store_profile", None), "store profile"
+    if name is None and os.environ.get(PROFILE_VARIABLE):
+        name, source = os.environ[PROFILE_VARIABLE], PROFILE_VARIABLE
+    name = S3_GENERIC.name if name is None else name
     if name not in PROFILES:
-        raise InvalidInput(f"store profile {name!r} is not known; give one of {', '.join(PROFILES)}")
+        raise InvalidInput(f"{source} {name!r} is not a known store profile; give one of {', '.join(PROFILES)}")
     return PROFILES[name]
 
 
@@ -115,7 +125,7 @@ def _causes(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-def _explain(exc: SteadQError, url: BucketURL, endpoint: str) -> SteadQError:
+def _explain(exc: SteadQError, url: BucketURL, endpoint: str, profile: StoreProfile) -> SteadQError:
     """The failure of the first requests as the operator's question and its answer; other errors unchanged."""
     from botocore.exceptions import ClientError, EndpointConnectionError
     from botocore.exceptions import ConnectionError as BotoConnectionError
@@ -145,6 +155,13 @@ def _explain(exc: SteadQError, url: BucketURL, endpoint: str) -> SteadQError:
                 "store is running",
                 ErrorKind.IO_FAILURE,
             )
+    if isinstance(exc, StoreProfileViolation) and profile is S3_GENERIC:
+        others = ", ".join(name for name in PROFILES if name != S3_GENERIC.name)
+        return StoreProfileViolation(
+            f"{str(exc).removeprefix(exc.primitive + ': ')} (checked under the generic profile {S3_GENERIC.name!r}; for an engine with its own, set "
+            f"{PROFILE_VARIABLE} to one of {others}, or store_profile in the daemon's s3: section)",
+            primitive=exc.primitive,
+        )
     return exc
 
 
@@ -153,13 +170,14 @@ def _build(target: str, options: dict[str, Any], make: Callable[[Any, BucketURL,
 
     url = parse_url(target)
     settings = S3Settings(bucket=url.bucket, **_settings_options(options))
-    store = S3Store(settings, profile=_profile(options))
+    profile = _profile(options)
+    store = S3Store(settings, profile=profile)
     endpoint = store.location.partition(" at ")[2] or "the AWS default endpoint"
     try:
         return make(store, url, options)
     except SteadQError as exc:
         store.close()
-        explained = _explain(exc, url, endpoint)
+        explained = _explain(exc, url, endpoint, profile)
         if explained is exc:
             raise
         raise explained from exc

@@ -1,10 +1,9 @@
 """``steadq`` on a Ceph RGW bucket, configured the AWS way: a short run of what the SeaweedFS CLI suite covers.
 
-The CLI opens a bucket with the generic S3 profile (it has no way to name
-another yet), so ``steadq init`` refuses RGW naming the primitive the
-generic profile gets wrong; a queue initialised through the URL opener with
-``store_profile="ceph-rgw"`` (as a daemon's YAML can say) is then used by the
-console script as any other.
+Without ``STEADQ_STORE_PROFILE`` the CLI opens a bucket with the generic S3
+profile, so ``steadq init`` refuses RGW naming the primitive the generic
+profile gets wrong and the setting that fixes it; with
+``STEADQ_STORE_PROFILE=ceph-rgw`` every command speaks RGW's dialect.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from steadqd.backend import init_queue
 from tests.stowq.ceph import Ceph
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.test_cli_bucket import LEASE, aws_env, field, ok, run
@@ -30,19 +28,14 @@ def test_init_refuses_rgw_under_the_generic_profile_naming_the_primitive(
     assert refused.returncode == 64, refused.stderr
     assert "cannot hold a StowQ/1 queue" in refused.stderr
     assert "P2 compare-and-swap" in refused.stderr and "P7 checksum" in refused.stderr  # quoted If-Match; no SHA-256
+    assert "STEADQ_STORE_PROFILE" in refused.stderr and "ceph-rgw" in refused.stderr
 
 
-def test_put_lease_ack_bury_on_an_rgw_queue(
-    ceph: Ceph, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_init_put_lease_ack_bury_on_an_rgw_queue(ceph: Ceph, live_prefix: str, tmp_path: Path) -> None:
     ceph.store(LIVE_BUCKET).close()
-    env = aws_env(tmp_path, **ceph.environment())
+    env = aws_env(tmp_path, **ceph.environment(), STEADQ_STORE_PROFILE="ceph-rgw")
     url = f"s3://{LIVE_BUCKET}/{live_prefix.rstrip('/')}"
-    for name, value in env.items():
-        if name.startswith("AWS_"):
-            monkeypatch.setenv(name, value)
-    q = init_queue(url, shards=2, store_profile="ceph-rgw")  # certifies RGW under its own profile
-    q.close()
+    ok(env, "init", "--shards", "2", url)  # certifies RGW under its own profile
 
     job = field(ok(env, "put", url, "-", stdin=b"first job").stdout, "job_id")
     handle = tmp_path / "h.json"
