@@ -306,10 +306,21 @@ def test_worker_exceptions_are_deliberate_and_commented(units: dict) -> None:
 def test_roles_without_jobs_are_locked_down_further(units: dict, role: str) -> None:
     u = units[SERVICES[role]]
     assert single(u, "Service", "MemoryDenyWriteExecute") == "yes"
-    assert single(u, "Service", "PrivateNetwork") == "yes"
-    assert single(u, "Service", "IPAddressDeny") == "any"
-    assert single(u, "Service", "RestrictAddressFamilies") == "AF_UNIX"
     assert "~@privileged" in words(u, "Service", "SystemCallFilter")
+
+
+def test_the_promoter_has_no_network_and_the_sweeper_only_ip_for_bucket_queues(units: dict) -> None:
+    """The promoter never needs a network; a bucket queue's sweeper must reach its object store."""
+    promoter = units[SERVICES["promoter"]]
+    assert single(promoter, "Service", "PrivateNetwork") == "yes"
+    assert single(promoter, "Service", "IPAddressDeny") == "any"
+    assert single(promoter, "Service", "RestrictAddressFamilies") == "AF_UNIX"
+    sweeper = units[SERVICES["sweeper"]]
+    assert not values(sweeper, "Service", "PrivateNetwork")
+    assert not values(sweeper, "Service", "IPAddressDeny")
+    assert words(sweeper, "Service", "RestrictAddressFamilies") == {"AF_UNIX", "AF_INET", "AF_INET6"}
+    comment = comment_above(UNITS / SERVICES["sweeper"], "RestrictAddressFamilies=")
+    assert "bucket" in comment and "drop-in" in comment
 
 
 def _resolves(name: str) -> bool:
