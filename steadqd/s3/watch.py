@@ -96,10 +96,17 @@ class _Cursor:
         self.guard_ns = guard_ns  # a lease is claimable a skew guard after its expiry
         self.after: str | None = None
         self.started: int | None = None
+        # The started bucket's end is owed as news even if its entries are gone by then: a sweeper
+        # prunes a fully due bucket (its end plus the guard, by store time) before the margin here.
+        self.end_owed: int | None = None
 
     def judge(self, rels: list[str], now_ns: int, margin_ns: int) -> bool:
         """News in one page of the index (entries in key order, so bucket order)."""
         news = False
+        owed = self.end_owed
+        if owed is not None and bucket_end_ns(owed, self.width_ns) + self.guard_ns + margin_ns <= now_ns:
+            news = True
+            self.end_owed = None
         for rel in rels:
             try:
                 parsed = keys.parse_key(rel)
@@ -116,7 +123,7 @@ class _Cursor:
                 self.after = rel
                 continue
             if bucket_start_ns(bucket, self.width_ns) + self.guard_ns <= now_ns and self.started != bucket:
-                self.started = bucket
+                self.started = self.end_owed = bucket
                 news = True
             break
         return news
