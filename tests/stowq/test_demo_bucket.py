@@ -81,6 +81,15 @@ def test_the_demo_runs_on_a_bucket_and_the_bucket_agrees(tmp_path: Path, monkeyp
     assert len(re.findall(r"run\[demo\]: job \w+ retried: delayed", out)) == plan["flaky"]
     assert re.search(rf"^    receipts: {s['acked']} \(oldest \d+s\)$", out, re.M)  # steadq stats on the bucket
     assert not (base / "queue").exists()  # nothing of the queue is on the filesystem
+    assert f'queue: "{BUCKET_URL}"' in (base / "etc" / "demo.yaml").read_text()
+    check = subprocess.run(
+        [STEADQD, "--config-dir", str(base / "etc"), "check-config", "demo"],
+        capture_output=True,
+        text=True,
+        env=_clean_env(tmp_path),
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr  # the YAML the demo wrote is a valid daemon config, secret-free
 
     # The bucket, read by a plain listing from a server started again on the demo's data.
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
