@@ -4,11 +4,12 @@ Why a subclass of :class:`~steadqd.s3.handle.BucketQueue` and not more
 methods on it: the handle is the protocol's facade (enqueue, lease, renew,
 ack, retry, bury), and what is added here is what the command line needs on
 top, a handle file that a later process turns back into a lease, and where a
-published job is stored. Everything the backend contract asks for beyond that
-(the operator views, recovery, the daemons' watches) is refused with
+published job is stored. The rest of the contract is delegated to the
+modules that do it (the views to ``views``, the dead letters and findings to
+``admin``, recovery and fsck to ``recovery`` and ``repair``, the ready watch
+to ``watch``); what a bucket cannot do is refused with
 :class:`~steadqd.errors.NotSupportedHere` naming the operation, so that a
-tool never reports "nothing found" about a bucket it did not look at; each
-refusal goes when its step of issue 19 lands.
+tool never reports "nothing found" about a bucket it did not look at.
 """
 
 from __future__ import annotations
