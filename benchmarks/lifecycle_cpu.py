@@ -1,0 +1,87 @@
+"""User CPU per strict lifecycle, this tree against another commit's, paired (issue 20, point 3).
+
+``python -m benchmarks.lifecycle_cpu --code OLD_TREE [--rounds N] [--jobs K] [--dir DIR]``
+
+Each round runs two fresh interpreters one after the other, in alternating
+order: one with ``PYTHONPATH=OLD_TREE`` (``git worktree add /tmp/wt-old
+COMMIT``), one with this checkout. Each opens a strict queue in ``DIR``,
+warms up, then runs K lifecycles (enqueue 100 B, lease, ``payload()``, ack)
+and reports its own ``getrusage`` user and system CPU per job. ``DIR``
+defaults to ``/dev/shm``, where fsync costs nothing, so the figure is the
+Python's CPU and not the disk's; the queue is opened with
+``allow_unsupported_fs`` for that reason only. Reported: the medians per side
+and the median of the per-round ratios new/old.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_CHILD = r"""
+import json, resource, sys
+from steadqd import Queue
+path, jobs = sys.argv[1], int(sys.argv[2])
+Queue.init(path, allow_unsupported_fs=True).close()
+q = Queue.open(path, allow_unsupported_fs=True)
+def life():
+    q.enqueue(b"x" * 100)
+    lease = q.lease(wait=0)
+    lease.payload()
+    q.ack(lease)
+for _ in range(200):
+    life()
+r0 = resource.getrusage(resource.RUSAGE_SELF)
+for _ in range(jobs):
+    life()
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"user_us": (r1.ru_utime - r0.ru_utime) / jobs * 1e6, "sys_us": (r1.ru_stime - r0.ru_stime) / jobs * 1e6}))
+"""
+
+_HERE = str(Path(__file__).resolve().parent.parent)
+
+
+def one(code: str, base: str, jobs: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(dir=base) as d:
+        env = {**os.environ, "PYTHONPATH": code}
+        out = subprocess.run(
+            [sys.executable, "-c", _CHILD, os.path.join(d, "q"), str(jobs)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=600,
+        ).stdout
+    return dict(json.loads(out))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--code", required=True, help="the other tree (a worktree of the commit to compare with)")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--jobs", type=int, default=2000)
+    ap.add_argument("--dir", default="/dev/shm")
+    a = ap.parse_args(argv)
+    sides = {"old": a.code, "new": _HERE}
+    got: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
+    for r in range(a.rounds):
+        for side in ("old", "new") if r % 2 == 0 else ("new", "old"):
+            got[side].append(one(sides[side], a.dir, a.jobs))
+    ratios = [n["user_us"] / o["user_us"] for n, o in zip(got["new"], got["old"], strict=True)]
+    print(f"{a.rounds} rounds x {a.jobs} strict lifecycles in {a.dir}, load average {os.getloadavg()[0]:.1f}")
+    for side in ("old", "new"):
+        user = statistics.median(x["user_us"] for x in got[side])
+        sys_ = statistics.median(x["sys_us"] for x in got[side])
+        print(f"{side} ({sides[side]}): user {user:.0f} us/job, system {sys_:.0f} us/job")
+    print(f"median per-round ratio of user CPU new/old: {statistics.median(ratios):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
