@@ -117,6 +117,7 @@ class BucketQueue:
         self._held_at = -1
         self._batch_threads = batch_threads
         self._pool: ThreadPoolExecutor | None = None
+        self._floor_lock = threading.Lock()
 
     @classmethod
     def init(cls, store: ObjectStore, prefix: str = "", **options: Any) -> BucketQueue:
@@ -148,7 +149,7 @@ class BucketQueue:
         return None
 
     def wall_floor_ns(self) -> int:
-        return self._clock.floor()
+        return self._floor()
 
     # -- producing -------------------------------------------------------------------
 
@@ -175,7 +176,7 @@ class BucketQueue:
             raise InvalidInput("give either delay or not_before_ns, not both")
         due = not_before_ns
         if delay:
-            due = self._clock.floor() + seconds_ns("delay", delay)
+            due = self._floor() + seconds_ns("delay", delay)
         raw_id = None
         if job_id is not None:
             try:
@@ -207,6 +208,15 @@ class BucketQueue:
         return published
 
     # -- consuming -------------------------------------------------------------------
+
+    def _floor(self) -> int:
+        """The handle's floor; the threads that find it stale together wait for one of them to renew it.
+
+        A batch's jobs are acked concurrently, and each would otherwise make
+        its own beacon, store-time read and watermark read when the floor is due.
+        """
+        with self._floor_lock:
+            return self._clock.floor()
 
     def _lease_ns(self, duration: float) -> int:
         ns = seconds_ns("lease duration", duration)
@@ -272,7 +282,7 @@ class BucketQueue:
         still wanted (or every shard was listed), and the candidates are then
         tried in a wave of at most that many.
         """
-        floor_ns = self._clock.floor()
+        floor_ns = self._floor()
         with self._lock:
             if floor_ns != self._held_at:
                 self._held, self._held_at = set(), floor_ns
@@ -370,10 +380,10 @@ class BucketQueue:
         return self._poll(n, duration, wait)
 
     def renew(self, lease: Lease, duration: float = 30.0) -> Lease:
-        return renew(self._layout, lease, floor_ns=self._clock.floor(), lease_duration_ns=self._lease_ns(duration))
+        return renew(self._layout, lease, floor_ns=self._floor(), lease_duration_ns=self._lease_ns(duration))
 
     def ack(self, lease: Lease) -> AckResult:
-        result = ack(self._layout, lease, floor_ns=self._clock.floor())
+        result = ack(self._layout, lease, floor_ns=self._floor())
         self._remember_settled(lease.shard, lease.job_id_bytes)
         return result
 
@@ -384,12 +394,12 @@ class BucketQueue:
         has passed *and* this lease has expired: the takeover's basis proves an expiry.
         """
         delay_ns = None if delay is None else seconds_ns("retry delay", delay)
-        return retry(self._layout, lease, floor_ns=self._clock.floor(), delay_ns=delay_ns, policy=policy)
+        return retry(self._layout, lease, floor_ns=self._floor(), delay_ns=delay_ns, policy=policy)
 
     def bury(self, lease: Lease, reason: int = DeadReason.CONSUMER_REJECTED) -> None:
         if not 0 <= reason <= 0xFFFF:
             raise InvalidInput(f"dead reason {reason} is not a u16 code (reasons.md)")
-        bury(self._layout, lease, floor_ns=self._clock.floor(), reason=reason)
+        bury(self._layout, lease, floor_ns=self._floor(), reason=reason)
         self._remember_settled(lease.shard, lease.job_id_bytes)
 
     def read_payload(self, lease: Lease) -> bytes:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import pytest
 
+from steadqd.constants import AckResult
 from steadqd.errors import InvalidInput, NotCommitted, OutcomeUnknown
 from steadqd.s3 import keys
 from steadqd.s3.claim import Lease, claim_job
@@ -230,3 +232,20 @@ def test_a_job_found_held_is_not_read_again_under_the_same_floor() -> None:
         assert q.lease(duration=LEASE_S) is None
         job_reads.append(sum(1 for c in w.store.trace if f"{1:032x}" in c.key))
     assert job_reads == [4, 0, 4]  # HEAD receipt, HEAD dead, LIST of the chain, GET of the tail claim
+
+
+def test_the_acks_of_a_batch_renew_a_stale_floor_once() -> None:
+    """Eight acks at once that find the floor stale make one beacon between them, not eight."""
+    w = _world(8)
+    now = [0.0]
+    q = BucketQueue.open(w.store, PREFIX, worker_id="w2", certify_store=False, monotonic=lambda: now[0])
+    batch = q.lease_many(8, duration=LEASE_S)
+    assert len(batch) == 8
+    now[0] += 5.0  # the floor is stale now
+    beacons = PREFIX + "meta/clock/"
+    before = sum(1 for c in w.store.trace if c.op == "put_if_absent" and c.key.startswith(beacons))
+    slow = Fault(FaultKind.SLOW, op="put_if_absent", key_prefix=beacons, delay_s=0.05, times=None)
+    with w.store.armed(slow), ThreadPoolExecutor(8) as pool:
+        assert set(pool.map(q.ack, batch)) == {AckResult.ACKED}
+    made = sum(1 for c in w.store.trace if c.op == "put_if_absent" and c.key.startswith(beacons)) - before
+    assert made == 1
