@@ -54,6 +54,7 @@ BUCKET = "multihost"
 SHARDS = 4  # fewer LISTs per idle pass: the machine is shared
 LEASE_S = 4  # renewed every 2 s; SeaweedFS's shortest is 2 s (1 s granularity + 1 s skew guard)
 CONCURRENCY = 2
+LEASE_BUCKET_S = 10
 RESTART_DELAY_S = 1.0  # as a unit's RestartSec=
 BULK_JOBS = 2000  # more than it can enqueue before the gateway dies
 HANG_S = 2.0  # the gateway hangs this long before it dies, so requests are in flight when it does
@@ -108,10 +109,7 @@ def daemon_worker(url: str, job: list[str], home: Path, env: dict[str, str], cre
         # The module's first test certified the cluster; every start would take ten seconds more.
         "s3": {"credentials_file": str(credentials), "store_profile": "seaweedfs", "certify": False},
         "worker": {"command": job, "concurrency": CONCURRENCY, "lease": f"{LEASE_S}s"},
-        # A sweeper pass prunes an expired lease's index entry as soon as its bucket is fully due, which
-        # can be before an idle worker's watch reports the bucket's end; the takeover then waits for the
-        # worker's once-a-minute rescan (docs/stowq.md, "Beyond one machine"). Kept out of the test's way.
-        "sweeper": {"interval": "10m"},
+        "sweeper": {"interval": "2s"},  # both hosts sweep, often: each prunes what the other's watch reads
     }
     config = home / "config"
     config.mkdir(exist_ok=True)
@@ -120,8 +118,7 @@ def daemon_worker(url: str, job: list[str], home: Path, env: dict[str, str], cre
 
 
 WORKER = daemon_worker  # the one line to change to run the same tests with cli_worker (steadq work)
-# How each kind of worker says that a renewal failed while its host was cut off.
-_RENEWAL_FAILED = re.compile(r"renew not committed|renew failed|lease renewal not committed|LEASE LOST")
+# How each kind of worker says that a renewal found its lease lost.
 _LOST = re.compile(r"LEASE LOST|lease lost|is lost")
 
 
@@ -218,9 +215,13 @@ class Farm:
 
         def make() -> bytes:
             store = self.cluster.store(BUCKET, 1)
-            # One-second index buckets: an expired lease is news to an idle worker's watch within a second.
+            # Narrow lease buckets, so a takeover is news soon after the expiry; wide enough that an idle
+            # watch (a leases/ look every third tick, 2 s apart) sees each bucket start before it is swept.
             fmt = replace(
-                DEFAULT_FORMAT, shard_count=SHARDS, lease_bucket_width_ns=SECOND_NS, delayed_bucket_width_ns=SECOND_NS
+                DEFAULT_FORMAT,
+                shard_count=SHARDS,
+                lease_bucket_width_ns=LEASE_BUCKET_S * SECOND_NS,
+                delayed_bucket_width_ns=SECOND_NS,
             )
             q = BucketQueue.init(store, prefix, fmt=fmt, certify_store=False)
             try:
@@ -598,7 +599,6 @@ def test_a_cut_host_s_leases_go_to_the_other_host_and_it_cannot_ack_over_them(qu
     def told_lost(job_id: str) -> bool:
         return any(job_id in line and _LOST.search(line) for line in b.log.read_text().splitlines())
 
-    assert _RENEWAL_FAILED.search(b.log.read_text()), b.process.tail()  # while it was cut off
     wait_for("b's next renewals learning that both leases are lost", lambda: all(map(told_lost, gated)), 60)
     farm.open_gate("cut-b")
     wait_for("b's runs of the jobs it lost finishing", lambda: runs("b", "done", 1) >= set(gated), 60)
