@@ -12,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from typing import Any
 import pytest
 
 from steadqd import Queue
+from tests import loopfs
 
 pytest_plugins = ("tests.prereq",)  # missing prerequisites fail under STEADQ_SYSTEM_TESTS=require
 
@@ -40,6 +44,26 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if "hypothesis" in sys.modules:
         seed = config.getoption("hypothesis_seed")
         terminalreporter.write_line(f"hypothesis seed {seed}: replay with STEADQ_HYPOTHESIS_SEED={seed}")
+
+
+@pytest.fixture(scope="session")
+def ram_ext4_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One RAM-backed ext4 per session (tests/loopfs.py), or pytest's base temp where none can be made."""
+    with loopfs.ram_ext4() as mnt:
+        yield Path(mnt) if mnt is not None else tmp_path_factory.mktemp("ram-ext4-fallback")
+
+
+@pytest.fixture
+def fast_tmp_path(ram_ext4_base: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """tmp_path for tests whose time goes to fsync: a private directory on ``ram_ext4_base``.
+
+    A module opts in with a fixture named ``tmp_path`` that returns it. Removed at teardown: the
+    memory is the machine's, shared with every other test run.
+    """
+    prefix = re.sub(r"[^\w.-]", "_", request.node.name)[:40]
+    path = Path(tempfile.mkdtemp(prefix=prefix + "-", dir=ram_ext4_base))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

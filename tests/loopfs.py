@@ -162,3 +162,80 @@ def loop_fs() -> Iterator[Callable[..., str]]:
             return stack.enter_context(loop_filesystem(fstype, size_mb))
 
         yield make
+
+
+# A RAM-backed ext4 for tests whose time goes to fsync and rmdir journal commits, not to what they check.
+_RAM_PREFIX = "steadq-ramext4-"
+_RAM_SIZE_MB = 4096  # sparse: tmpfs holds only the blocks written
+_RAM_INODES = 400_000  # the 100k-job stats test needs ~110k
+
+
+def reap_stale_ram_ext4() -> list[str]:
+    """Unmount and detach RAM filesystems of test runs that died without their teardown (SIGKILL, timeout).
+
+    The image is unlinked once attached, so detaching the loop device is what frees its memory.
+    """
+    reaped = []
+    with open("/proc/self/mounts") as f:
+        mounts = [line.split()[:2] for line in f]
+    for source, mountpoint in mounts:
+        name = os.path.basename(mountpoint)
+        if not name.startswith(_RAM_PREFIX):
+            continue
+        pid = int(name[len(_RAM_PREFIX) :].split("-")[0])
+        if os.path.exists(f"/proc/{pid}"):
+            continue
+        _umount(mountpoint)
+        _run(["losetup", "-d", source])
+        with contextlib.suppress(OSError):
+            os.rmdir(mountpoint)
+        reaped.append(mountpoint)
+    return reaped
+
+
+@contextlib.contextmanager
+def ram_ext4() -> Iterator[str | None]:
+    """Yield the mount point of an ext4 on a loop device over a /dev/shm image, or None if unavailable.
+
+    Still ext4 (statfs magic, O_TMPFILE, RENAME_NOREPLACE behave as on /tmp), but an fsync reaches no
+    disk. None (not root, no loop devices) lets the caller fall back to tmp_path: what a test checks
+    never depends on which one it got, only its run time does. The mount point's name carries this
+    process's pid so that :func:`reap_stale_ram_ext4` can clean up after a run that was killed.
+    """
+    if os.geteuid() != 0 or not os.path.exists("/dev/loop-control") or not os.path.isdir("/dev/shm"):
+        yield None
+        return
+    if any(shutil.which(tool) is None for tool in ("mkfs.ext4", "losetup", "mount", "umount")):
+        yield None
+        return
+    reap_stale_ram_ext4()
+    fd, image = tempfile.mkstemp(prefix=f"{_RAM_PREFIX}{os.getpid()}-", suffix=".img", dir="/dev/shm")
+    try:
+        os.ftruncate(fd, _RAM_SIZE_MB * 1024 * 1024)
+        attach = _run(["losetup", "--find", "--show", image])
+    finally:
+        os.close(fd)
+        os.unlink(image)  # the loop device keeps it open: its memory goes when the device is detached
+    device = attach.stdout.strip()
+    if attach.returncode != 0 or not device:
+        yield None
+        return
+    try:
+        made = _run(["mkfs.ext4", "-q", "-F", "-N", str(_RAM_INODES), "-E", "nodiscard", device])
+        if made.returncode != 0:
+            raise RuntimeError(f"mkfs.ext4 {device} failed: {made.stderr.strip()}")
+        mountpoint = tempfile.mkdtemp(prefix=f"{_RAM_PREFIX}{os.getpid()}-", dir="/tmp")
+        try:
+            # noinit_itable: no background zeroing of inode tables into RAM.
+            mounted = _run(["mount", "-t", "ext4", "-o", "noinit_itable", device, mountpoint])
+            if mounted.returncode != 0:
+                raise RuntimeError(f"mount -t ext4 {device} failed: {mounted.stderr.strip()}")
+            try:
+                yield mountpoint
+            finally:
+                _umount(mountpoint)
+        finally:
+            with contextlib.suppress(OSError):
+                os.rmdir(mountpoint)
+    finally:
+        _run(["losetup", "-d", device])

@@ -30,6 +30,7 @@ import errno
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -264,8 +265,17 @@ class Reference:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    base = tmp_path_factory.mktemp("recovery-interrupt")
+def reference(ram_ext4_base: Path) -> Iterator[Reference]:
+    # ~500 copies, passes and removals of a 1,700-directory tree: on a RAM-backed ext4 their
+    # fsyncs and journal commits cost no disk I/O (3.6 s instead of 10 s per 40 positions).
+    base = Path(tempfile.mkdtemp(prefix="recovery-interrupt-", dir=ram_ext4_base))
+    try:
+        yield _reference(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _reference(base: Path) -> Reference:
     scn = build_scenario(str(base / "initial"))
     work = str(base / "reference")
     fresh_copy(scn, work)
@@ -282,8 +292,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
 
 
 @pytest.fixture
-def work_root(tmp_path: Path) -> str:
-    return str(tmp_path / "work")
+def work_root(fast_tmp_path: Path) -> str:
+    return str(fast_tmp_path / "work")
 
 
 # --------------------------------------------------------------------------- tests
