@@ -6,7 +6,7 @@
     steadqd [--config-dir DIR] run QUEUE         all three in one foreground process
     steadqd [--config-dir DIR] inbox QUEUE       the watch folder (`inbox:`) alone
     steadqd [--config-dir DIR] check-config [QUEUE ...]
-    steadqd demo [--path DIR] [--jobs N] [--workers N]
+    steadqd demo [--s3] [--path DIR] [--jobs N] [--concurrency N]
 
 Each role reads ``<config dir>/<QUEUE>.yaml`` (default /etc/steadq/queues,
 or $STEADQ_CONFIG_DIR). Exit statuses: 0 clean stop, 78 configuration error
