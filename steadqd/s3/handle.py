@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
@@ -115,6 +115,7 @@ class BucketQueue:
         # floor the answer cannot change: re-reading such a job (four requests) is skipped until the floor moves.
         self._held: set[tuple[int, bytes]] = set()
         self._held_at = -1
+        self._others_settle = False
         self._batch_threads = batch_threads
         self._pool: ThreadPoolExecutor | None = None
         self._floor_lock = threading.Lock()
@@ -239,10 +240,8 @@ class BucketQueue:
                 self._terminal.clear()
             self._terminal[(shard, job_id)] = self._monotonic()
 
-    def _list_shard(self, shard: int) -> list[bytes]:
-        """The job ids listed in one shard that this handle has not seen settled (every page)."""
-        prefix = keys.job_key(shard, bytes(ID_BYTES)).rpartition("/")[0] + "/"  # jobs/<shard>/
-        found: list[bytes] = []
+    def _listed(self, kind: KeyKind, prefix: str) -> Iterator[bytes]:
+        """The job ids of the ``kind`` keys listed under ``prefix``, every page."""
         after: str | None = None
         while True:
             page = self._layout.list_page(prefix, start_after=after)
@@ -250,15 +249,30 @@ class BucketQueue:
                 try:
                     parsed = keys.parse_key(self._layout.relative(meta.key))
                 except InvalidKey:
-                    continue  # not a job key: the repair scan's business, never a delivery
-                if parsed.kind is KeyKind.JOB and parsed.job_id is not None and not self._settled(shard, parsed.job_id):
-                    found.append(parsed.job_id)
+                    continue  # not a key of the grammar: the repair scan's business, never a delivery
+                if parsed.kind is kind and parsed.job_id is not None:
+                    yield parsed.job_id
             if page.next_start_after is None:
-                return found
+                return
             after = self._layout.relative(page.next_start_after)
+
+    def _list_shard(self, shard: int) -> list[bytes]:
+        """The job ids listed in one shard that this handle has not seen settled.
+
+        Once another participant has been seen settling jobs (a candidate
+        came back terminal), the shard's receipts are listed too: one LIST
+        instead of a HEAD for every job some other worker already acked.
+        """
+        ids = [j for j in self._listed(KeyKind.JOB, _shard_prefix(keys.job_key, shard)) if not self._settled(shard, j)]
+        if self._others_settle and ids:
+            done = set(self._listed(KeyKind.RECEIPT, _shard_prefix(keys.receipt_key, shard)))
+            ids = [j for j in ids if j not in done]
+        return ids
 
     def _try(self, shard: int, job_id: bytes, floor_ns: int, lease_ns: int) -> Lease | Miss:
         got = claim_job(self._layout, shard, job_id, floor_ns=floor_ns, lease_duration_ns=lease_ns)
+        if got is Miss.TERMINAL:
+            self._others_settle = True
         if got in (Miss.TERMINAL, Miss.UNUSABLE):
             self._remember_settled(shard, job_id)  # an unusable job is quarantined: skipped like a settled one
         elif got is Miss.NOT_READY:
@@ -422,6 +436,11 @@ class BucketQueue:
         if pool is not None:
             pool.shutdown(wait=True)
         self._layout.store.close()
+
+
+def _shard_prefix(key_of: Callable[[int, bytes], str], shard: int) -> str:
+    """``jobs/<shard>/``, ``receipts/<shard>/``: the listing prefix of one shard of a plane."""
+    return key_of(shard, bytes(ID_BYTES)).rpartition("/")[0] + "/"
 
 
 def _outcome(future: Future[Lease | Miss]) -> Lease | Miss | SteadQError:

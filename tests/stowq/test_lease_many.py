@@ -249,3 +249,29 @@ def test_the_acks_of_a_batch_renew_a_stale_floor_once() -> None:
         assert set(pool.map(q.ack, batch)) == {AckResult.ACKED}
     made = sum(1 for c in w.store.trace if c.op == "put_if_absent" and c.key.startswith(beacons)) - before
     assert made == 1
+
+
+def test_once_others_settle_jobs_a_listing_skips_their_receipts() -> None:
+    """After one candidate came back settled by another worker, a shard's receipts are listed with it."""
+    store = MemoryStore(clock=ManualClock(step_ns=1000))
+    fmt = replace(DEFAULT_FORMAT, shard_count=1)
+    a = BucketQueue.init(store, PREFIX, fmt=fmt, worker_id="a", certify_store=False, first_shard=0)
+    c = BucketQueue.open(FaultyStore(store), PREFIX, worker_id="c", certify_store=False, first_shard=0)
+    ids = [f"{i:032x}" for i in range(1, 6)]
+    a.enqueue(b"1", job_id=ids[0])
+    first = a.lease(duration=LEASE_S)
+    assert first is not None
+    a.ack(first)
+    assert c.lease(duration=LEASE_S) is None  # its only candidate was settled by a: c has seen others settle
+    for i, job_id in enumerate(ids[1:], 2):
+        a.enqueue(b"%d" % i, job_id=job_id)
+    for _ in range(3):
+        lease = a.lease(duration=LEASE_S)
+        assert lease is not None
+        a.ack(lease)
+    trace = c.layout.store
+    assert isinstance(trace, FaultyStore)
+    trace.trace.clear()
+    got = c.lease(duration=LEASE_S)
+    assert got is not None and got.job_id == ids[4]
+    assert [call.op for call in trace.trace if call.key.startswith(PREFIX + "receipts/")] == ["list", "head"]
