@@ -91,7 +91,9 @@ def spawn(
     """Start the command in a session of its own, output on pipes, with a parent-death signal.
 
     The signal is set by ``steadq-exec`` (steadqd.daemon.exec_helper), so that
-    Popen can vfork: a ``preexec_fn`` would make it fork the whole worker.
+    Popen can vfork: a ``preexec_fn`` would make it fork the whole worker. A
+    command run as another user gets it from ``preexec_fn`` as before: a
+    uid/gid change makes CPython fork anyway.
     With ``input: stdin`` its stdin is the read-only payload copy itself: a
     regular file cannot deadlock the loop the way a pipe it must feed could.
     """
@@ -111,9 +113,11 @@ def spawn(
             close_fds=True,
             **credentials,
         )
-        if exec_helper.available():
+        # With user:/group: CPython forks whatever we pass, and that user need not be able to
+        # execute the helper (a checkout under /root); an uninstalled tree has no helper.
+        if exec_helper.available() and not credentials:
             proc = exec_helper.popen(command_argv(cfg), **kwargs)
-        else:  # an uninstalled source tree: the same guarantees, at the cost of a full fork
+        else:
             proc = subprocess.Popen(command_argv(cfg), preexec_fn=die_with_parent(), **kwargs)
         process_guard(env.get("STEADQ_QUEUE", "")).watch(proc.pid)
         return proc

@@ -14,7 +14,8 @@ close-on-exec pipe, and :func:`popen` raises the same ``OSError`` (with the
 command as its filename) that Popen raises for a command it cannot execute,
 which ``steadqd.daemon.hold`` relies on. Without a built helper (a source tree
 that was never installed) :func:`available` is false and the caller falls back
-to ``preexec_fn``.
+to ``preexec_fn``; it does so too for a command run as another user, for which
+CPython forks anyway and which may not be allowed to execute the helper.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ such net. Two defences, because each covers what the other cannot:
 Parent-death signal
     Each command's leader gets ``PR_SET_PDEATHSIG(SIGKILL)`` between fork
     and exec, after the uid/gid change, which would clear it: from
-    ``steadq-exec`` (steadqd.daemon.exec_helper), or, in a source tree where
-    that helper was never built, from :func:`die_with_parent` as Popen's
-    ``preexec_fn``. It covers the leader only: the signal is not inherited.
+    ``steadq-exec`` (steadqd.daemon.exec_helper), or from
+    :func:`die_with_parent` as Popen's ``preexec_fn`` for a command run as
+    another user and in a source tree where that helper was never built. It covers the leader only: the signal is not inherited.
 
 The guard process
     One small process per worker (``python -m steadqd.daemon.guard``) holds

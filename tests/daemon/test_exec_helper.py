@@ -53,6 +53,37 @@ def test_the_spawner_does_not_fall_back_to_fork(tmp_path: Path, monkeypatch: pyt
     assert [kw.get("preexec_fn") for kw in seen] == [None] * len(seen)  # the job's, and the guard's if it started
 
 
+def test_a_command_run_as_another_user_is_not_started_through_the_helper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPython forks for a uid change anyway, and that user may not be able to execute the helper.
+
+    (A checkout under /root, with ``user: nobody``: every job would fail to start.)
+    """
+    seen: list[tuple[Any, dict[str, Any]]] = []
+    real = subprocess.Popen
+
+    def recording(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        seen.append((args[0], kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", recording)
+    payload = tmp_path / "payload"
+    payload.write_bytes(b"")
+    creds = {"user": os.getuid(), "group": os.getgid(), "extra_groups": os.getgroups()}
+    proc = child.spawn(WorkerConfig(command=("/bin/true",)), {"PATH": "/usr/bin:/bin"}, str(payload), creds)
+    try:
+        assert proc.wait(timeout=DEADLINE) == 0
+    finally:
+        guard.process_guard().forget(proc.pid)
+        guard.process_guard().close()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    argv, kwargs = seen[0]
+    assert argv == ["/bin/true"] and kwargs["preexec_fn"] is not None
+
+
 def _write(path: Path, text: str, mode: int) -> Path:
     path.write_text(text)
     path.chmod(mode)
