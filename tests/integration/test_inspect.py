@@ -55,6 +55,13 @@ STATES6 = ("dead", "delayed", "leased", "quarantine", "ready", "receipts")
 
 
 @pytest.fixture
+def tmp_path(fast_tmp_path: Path) -> Path:
+    """The session's RAM-backed ext4 (tests/conftest.py): writing and removing the stats test's
+    100k job files there takes 39 s instead of 93 s, and every check here is about the tree, not the disk."""
+    return fast_tmp_path
+
+
+@pytest.fixture
 def q(queue: Queue) -> Queue:
     """The root queue (tests/conftest.py), under this module's short name."""
     return queue
