@@ -172,12 +172,13 @@ class Host:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
-    def running(self, needle: str) -> list[int]:
-        """The PIDs of this host's processes whose command line contains ``needle``."""
+    def running(self, *argv: str) -> list[int]:
+        """The PIDs of this host's processes whose command line begins with ``argv``."""
+        want = [arg.encode() for arg in argv]
         found = []
         for pid in map(int, ip("netns", "pids", self.netns).split()):
             with contextlib.suppress(OSError):
-                if needle.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[: len(want)] == want:
                     found.append(pid)
         return found
 
