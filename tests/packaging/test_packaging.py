@@ -10,7 +10,7 @@ into a scratch root produces a working private environment and units that point 
 uninstall.sh removes it while the spool survives.
 
 Both artefacts are built once per session into pytest's temporary directory (never into the
-checkout's dist/). The two builds take about 30 s together on the 2-core CI machine once the
+checkout's dist/), by tests/package_builds.py, which tests/system/test_packages_e2e.py shares. The two builds take about 30 s together on the 2-core CI machine once the
 build dependencies are installed (the first run on a fresh machine adds the apt-get install and
 the PyPI downloads, well under the 3-minute budget), so they run by default.
 STEADQ_PACKAGING_TESTS=0 skips the build tests; =1 makes a missing prerequisite a failure instead
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import package_builds
 from tests.prereq import opted_out
 
 pytestmark = pytest.mark.packaging
@@ -198,11 +199,13 @@ class DebBuild:
 
 @pytest.fixture(scope="session")
 def deb_build(tmp_path_factory: pytest.TempPathFactory) -> DebBuild:
-    """`packaging/build-deb.sh` (what `make deb` runs) into a private directory, once per session."""
+    """`packaging/build-deb.sh` (what `make deb` runs), the session's one build (tests/package_builds.py)."""
     _require_build_host()
+    built = package_builds.build(tmp_path_factory, "build-deb.sh")
+    if built.failure:
+        pytest.fail(built.failure)
     base = tmp_path_factory.mktemp("deb")
-    out = base / "dist"
-    _run(["bash", str(PKG / "build-deb.sh"), "--out", str(out), "--work", str(base / "work")], env=_clean_env())
+    out = built.out
     debs = sorted(out.glob(f"steadqd_*_{_deb_arch()}.deb"))
     assert len(debs) == 1, debs
     deb = debs[0]
@@ -388,12 +391,13 @@ class Bundle:
 
 @pytest.fixture(scope="session")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Bundle:
-    """`packaging/build-bundle.sh` (what `make bundle` runs) into a private directory, once per session."""
+    """`packaging/build-bundle.sh` (what `make bundle` runs), the session's one build (tests/package_builds.py)."""
     _require_build_host()
+    built = package_builds.build(tmp_path_factory, "build-bundle.sh")
+    if built.failure:
+        pytest.fail(built.failure)
     base = tmp_path_factory.mktemp("bundle")
-    out = base / "dist"
-    _run(["bash", str(PKG / "build-bundle.sh"), "--out", str(out), "--work", str(base / "work")], env=_clean_env())
-    tarballs = sorted(out.glob("steadqd-bundle-*.tar.gz"))
+    tarballs = sorted(built.out.glob("steadqd-bundle-*.tar.gz"))
     assert len(tarballs) == 1, tarballs
     unpack = base / "unpacked"
     unpack.mkdir()

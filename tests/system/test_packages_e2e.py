@@ -14,8 +14,9 @@ by hand and would conflict with the package). Both roots have the host's / as th
 layer and no network, so the .deb's dependencies (python3-systemd, python3-cffi, python3-yaml)
 must be installed on the host: the test skips naming them otherwise. The artefacts are built
 once per session with packaging/build-deb.sh (twice: the second with ``--version 0.1.0+1``, what
-``make deb DEB_VERSION=0.1.0+1`` runs) and build-bundle.sh into pytest's temporary directory,
-which is bind-mounted read-only into the roots.
+``make deb DEB_VERSION=0.1.0+1`` runs) and build-bundle.sh into pytest's temporary directory
+(tests/package_builds.py: the first .deb and the bundle are the ones tests/packaging checked),
+linked into one directory that is bind-mounted read-only into the roots.
 
 Timing: the builds take ~25 s, each cycle ~30-60 s. The only timing premise is that a burst of
 jobs of 0.5 s each is not finished before the upgrade/removal starts; it is checked (the queue
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import package_builds
 from tests.prereq import opted_out
 
 from . import sysroot
@@ -44,11 +46,8 @@ from .sysroot import SystemdRoot
 
 pytestmark = [pytest.mark.system, pytest.mark.packaging]
 
-REPO = Path(__file__).resolve().parents[2]
-PKG = REPO / "packaging"
 UPGRADE_VERSION = "0.1.0+1"
 HOST_DEPENDENCIES = ("python3", "python3-systemd", "python3-cffi", "python3-yaml")
-CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": os.environ.get("HOME", "/root"), "LC_ALL": "C.UTF-8"}
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
 QUEUE = "/var/lib/steadq/demo"
 RESULTS = "/var/lib/steadq/results"
@@ -75,12 +74,6 @@ class Artefacts:
     deb_upgrade: Path  # the same tree rebuilt as UPGRADE_VERSION
     bundle: Path  # steadqd-bundle-<version>-<arch>.tar.gz
     dist: Path  # the directory holding them, bind-mounted into the roots
-
-
-def _build(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, env=CLEAN_ENV, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        _build_unavailable(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
 def _build_unavailable(reason: str) -> None:
@@ -110,23 +103,19 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
             _build_unavailable(
                 f"{dep} is not installed on the host (the offline test root needs it: apt-get install {dep})"
             )
-    base = tmp_path_factory.mktemp("pkg-e2e")
-    dist = base / "dist"
-    _build(["bash", str(PKG / "build-deb.sh"), "--out", str(dist), "--work", str(base / "deb1"), "--no-lintian"])
-    _build(
-        [
-            "bash",
-            str(PKG / "build-deb.sh"),
-            "--out",
-            str(dist),
-            "--work",
-            str(base / "deb2"),
-            "--no-lintian",
-            "--version",
-            UPGRADE_VERSION,
-        ]
-    )
-    _build(["bash", str(PKG / "build-bundle.sh"), "--out", str(dist), "--work", str(base / "bundle")])
+    # The first .deb and the bundle are tests/packaging's builds when it ran in this session.
+    builds = [
+        package_builds.build(tmp_path_factory, "build-deb.sh"),
+        package_builds.build(tmp_path_factory, "build-deb.sh", "--no-lintian", "--version", UPGRADE_VERSION),
+        package_builds.build(tmp_path_factory, "build-bundle.sh"),
+    ]
+    dist = tmp_path_factory.mktemp("pkg-e2e") / "dist"
+    dist.mkdir()
+    for built in builds:
+        if built.failure:
+            _build_unavailable(built.failure)
+        for artefact in [*built.out.glob("*.deb"), *built.out.glob("*.tar.gz")]:
+            os.link(artefact, dist / artefact.name)
     arch = subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()  # any: steadq-exec is compiled
     debs = sorted(dist.glob(f"steadqd_*_{arch}.deb"))
     upgrade = [d for d in debs if d.name == f"steadqd_{UPGRADE_VERSION}_{arch}.deb"]
