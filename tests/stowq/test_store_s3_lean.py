@@ -49,6 +49,8 @@ def _credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "steadqtest-not-a-secret")
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def _header(request: Any, name: str) -> str:
@@ -122,3 +124,11 @@ def test_the_idle_handlers_are_botocores_and_are_gone() -> None:
     ):
         left = {getattr(h, "__name__", "") for h in emitter._emitter._handlers.prefix_search(event)}
         assert not left & _IDLE_HANDLERS, f"{event}: {left & _IDLE_HANDLERS}"
+
+
+def test_amazon_s3_keeps_botocores_endpoint_resolution() -> None:
+    """botocore remembers a bucket's region redirect at endpoint resolution: on Amazon S3 it is not skipped."""
+    aws = S3Store(S3Settings(bucket="bucket-one", region="eu-west-1"))
+    local = S3Store(S3Settings(bucket="bucket-one", endpoint_url=ENDPOINT, region="us-east-1"))
+    assert hasattr(aws._client._ruleset_resolver.construct_endpoint, "__self__")  # botocore's own method
+    assert not hasattr(local._client._ruleset_resolver.construct_endpoint, "__self__")  # kept per operation

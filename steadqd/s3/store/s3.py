@@ -32,6 +32,7 @@ import random
 import re
 import stat
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -208,14 +209,17 @@ def _trim(client: Any) -> None:
     rule set with the call's parameters; for one endpoint, region and
     addressing style the answer depends only on the operation and the
     bucket, so it is kept per pair (botocore's provider would return the
-    same object from its own cache). Without the private resolver (another
-    botocore) nothing is cached, and the store is only slower.
+    same object from its own cache). Not on Amazon S3 itself, whose
+    region redirects botocore remembers per bucket at endpoint resolution;
+    and without the private resolver (another botocore) nothing is cached,
+    so the store is only slower.
     """
     for event, handler, *_ in botocore.handlers.BUILTIN_HANDLERS:
         if getattr(handler, "__name__", "") in _IDLE_HANDLERS:
             client.meta.events.unregister(event, handler)
     resolver = getattr(client, "_ruleset_resolver", None)
-    if resolver is None:
+    host = (urllib.parse.urlsplit(client.meta.endpoint_url).hostname or "").lower()
+    if resolver is None or host == "amazonaws.com" or host.endswith(".amazonaws.com"):
         return
     resolve = resolver.construct_endpoint
     known: dict[tuple[str, str | None], Any] = {}
