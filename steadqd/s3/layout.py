@@ -16,6 +16,7 @@ version does not know (``UnsupportedFormat``), is corrupt, or is missing.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, replace
 
 from steadqd.errors import (
@@ -37,6 +38,7 @@ from steadqd.s3.verify import read_format, read_record, validate_format
 
 __all__ = [
     "DEFAULT_FORMAT",
+    "default_worker_id",
     "with_worker",
     "QueueLayout",
     "READ_TRIES",
@@ -209,7 +211,7 @@ def init_layout(
     *,
     queue_id: bytes | None = None,
     fmt: FormatRecord = DEFAULT_FORMAT,
-    worker_id: str = "steadqd",
+    worker_id: str | None = None,
     skew_guard_ns: int | None = None,
     certify_store: bool = True,
 ) -> QueueLayout:
@@ -226,7 +228,7 @@ def init_layout(
     queue_id = queue_id if queue_id is not None else os.urandom(QUEUE_ID_BYTES)
     if len(queue_id) != QUEUE_ID_BYTES:
         raise InvalidInput(f"queue_id must be {QUEUE_ID_BYTES} bytes, got {len(queue_id)}")
-    layout = QueueLayout(store, prefix, queue_id, fmt, guard, worker_id)
+    layout = QueueLayout(store, prefix, queue_id, fmt, guard, worker_id or default_worker_id())
     body = layout.encode(keys.FORMAT_KEY, fmt)
     key = layout.key(keys.FORMAT_KEY)
     unknown: OutcomeUnknown | None = None
@@ -259,7 +261,7 @@ def open_layout(
     prefix: str = "",
     *,
     queue_id: bytes | None = None,
-    worker_id: str = "steadqd",
+    worker_id: str | None = None,
     skew_guard_ns: int | None = None,
     certify_store: bool = True,
 ) -> QueueLayout:
@@ -287,7 +289,18 @@ def open_layout(
         if exc.kind is ErrorKind.UNSUPPORTED_FORMAT:
             raise UnsupportedFormat(f"{store.location}/{prefix}: {exc.message}") from exc
         raise
-    return QueueLayout(store, prefix, found_id, fmt, guard, worker_id)
+    return QueueLayout(store, prefix, found_id, fmt, guard, worker_id or default_worker_id())
+
+
+def default_worker_id() -> str:
+    """``steadqd@HOST/PID``: which machine and process wrote a claim, for the operator reading it.
+
+    Only a renewal compares worker ids, and it takes the lease's own, so
+    the id needs no stability across processes; it is what ``steadq show``
+    and an ``aws s3 cp`` of a claim tell a person about its owner.
+    """
+    host = "".join(c if c.isascii() and c.isprintable() and c not in "/ " else "?" for c in socket.gethostname())
+    return f"steadqd@{host[:64] or '?'}/{os.getpid()}"
 
 
 def with_worker(layout: QueueLayout, worker_id: str) -> QueueLayout:
