@@ -144,8 +144,11 @@ def _obstore_rows(server: Seaweed, ops: int, seconds: float) -> dict[str, dict[s
 
 def _as_before(server: Seaweed) -> S3Store:
     """An S3Store built as before its lean request path: parameter validation on, every botocore
-    handler, the endpoint resolved per request. Only for the before/after rows of one run."""
+    handler, the endpoint resolved per request, botocore's own header parsing. Only for the
+    before/after rows of one run."""
     from unittest import mock
+
+    import botocore.parsers
 
     import steadqd.s3.store.s3 as s3mod
 
@@ -154,7 +157,11 @@ def _as_before(server: Seaweed) -> S3Store:
     def validating(**options: Any) -> Any:
         return config(**{**options, "parameter_validation": True})
 
-    with mock.patch.object(s3mod, "_trim", lambda _client: None), mock.patch.object(s3mod, "Config", validating):
+    with (
+        mock.patch.object(s3mod, "_trim", lambda _client: None),
+        mock.patch.object(s3mod, "Config", validating),
+        mock.patch.object(s3mod, "_ParserFactory", botocore.parsers.ResponseParserFactory),
+    ):
         return server.store(BUCKET, profile=SEAWEEDFS, create=False)
 
 

@@ -132,3 +132,35 @@ def test_amazon_s3_keeps_botocores_endpoint_resolution() -> None:
     local = S3Store(S3Settings(bucket="bucket-one", endpoint_url=ENDPOINT, region="us-east-1"))
     assert hasattr(aws._client._ruleset_resolver.construct_endpoint, "__self__")  # botocore's own method
     assert not hasattr(local._client._ruleset_resolver.construct_endpoint, "__self__")  # kept per operation
+
+
+@pytest.mark.parametrize("operation", ["HeadObject", "GetObject", "PutObject", "DeleteObject"])
+def test_the_header_parser_reads_what_botocores_reads(operation: str) -> None:
+    """Same parsed answer as botocore's parser, for mixed-case headers, user metadata and every type."""
+    from botocore.awsrequest import HeadersDict
+    from botocore.parsers import RestXMLParser
+
+    from steadqd.s3.store.s3 import _HeaderParser, _timestamp
+
+    store = _store("bucket-one", [])
+    shape = store._client.meta.service_model.operation_model(operation).output_shape
+    headers = {
+        "etag": '"e1"',
+        "Last-Modified": "Tue, 01 Dec 2026 14:00:00 GMT",
+        "CONTENT-LENGTH": "3",
+        "Content-Range": "bytes 0-2/9",
+        "x-amz-meta-Owner": "steadq",
+        "x-amz-checksum-sha256": "abc=",
+        "x-amz-version-id": "",
+        "Content-Type": "application/octet-stream",
+    }
+
+    def parse(parser: Any) -> Any:
+        body: Any = _Raw(b"abc") if operation == "GetObject" else b""
+        response = {"headers": HeadersDict(headers), "status_code": 200, "body": body}
+        return parser.parse(response, shape)
+
+    ours, theirs = parse(_HeaderParser(timestamp_parser=_timestamp)), parse(RestXMLParser(timestamp_parser=_timestamp))
+    for answer in (ours, theirs):
+        answer.pop("Body", None)
+    assert ours == theirs and ours
