@@ -80,7 +80,7 @@ def test_a_malformed_url_is_refused_naming_what_is_wrong(url: str, says: str, tm
         ({"shared": True}, "shared is an option of filesystem queues"),
         ({"shards": 6}, "needs a power of two"),
         ({"terminal_width_ns": 0}, "give a positive number"),
-        ({"store_profile": "minio"}, "store profile 'minio' is not known"),
+        ({"store_profile": "minio"}, "store profile 'minio' is not a known store profile"),
     ],
 )
 def test_init_options_a_bucket_cannot_honour_are_refused(options: dict[str, object], says: str) -> None:
