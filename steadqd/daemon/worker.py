@@ -56,19 +56,18 @@ import time
 from collections.abc import Callable
 
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
-from steadqd.backoff import RetryPolicy
-from steadqd.constants import DeadReason
 from steadqd.daemon import metrics, payload_dirs, preflight
 from steadqd.daemon.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, spawn
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.hold import Hold, hand_back_unstarted
-from steadqd.daemon.journal import INFO, WARNING, Log, reason_name, short_id
+from steadqd.daemon.journal import INFO, WARNING, Log, short_id
 from steadqd.daemon.service import Loop, Timer, Timers, open_queue
+from steadqd.daemon.settling import FollowUp, Tally, apply_verdict, run_story, ticket_text
 from steadqd.daemon.verdict import Verdict, verdict
 from steadqd.errors import ConfigError, ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
 from steadqd.text import printable
 
-__all__ = ["SAFETY_RESCAN", "WorkerRole", "retry_policy"]
+__all__ = ["SAFETY_RESCAN", "WorkerRole"]
 
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
 SETTLE_RETRY = 1.0  # s; first wait before settling again after NotCommitted (then doubling)
@@ -76,14 +75,6 @@ SETTLE_RETRY_MAX = 30.0  # s; the longest wait between two tries while the lease
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
 PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in flight
-
-_FollowUp = tuple[int, str, dict[str, object]] | None  # (priority, message, fields) of a line to log
-
-
-def retry_policy(cfg: WorkerConfig) -> RetryPolicy:
-    r = cfg.retry
-    base = max(1, round(r.backoff_base * 1000))
-    return RetryPolicy(base_ms=base, cap_ms=max(base, round(r.backoff_max * 1000)), use_jitter=r.jitter)
 
 
 class _Job:
@@ -136,9 +127,7 @@ class WorkerRole:
         self.jobs: dict[int, _Job] = {}  # by pid
         self.draining = False
         self.closed = False
-        self.done = 0
-        self.failed = 0
-        self.retried = 0
+        self.tally = Tally()
         self._ready: ReadyWatch | None = None
         self._prep: payload_dirs.Preparer | None = None
         self._fill_again = False  # a fill was asked for while a claim was in flight
@@ -149,7 +138,7 @@ class WorkerRole:
         self._settle_timer: Timer | None = None
         self._grouping = False  # inside a group settle: reopening waits for its barriers
         self._reopen_after_group: str | None = None
-        self._group_settled: list[tuple[_Job, _FollowUp]] = []  # reported once the group's barriers are done
+        self._group_settled: list[tuple[_Job, FollowUp]] = []  # reported once the group's barriers are done
         self._hold: Hold | None = None  # no new leases while jobs cannot be started (daemon/hold.py)
 
     # -- Role protocol ------------------------------------------------------------
@@ -211,9 +200,10 @@ class WorkerRole:
 
     def status(self) -> str:
         ready = "?" if self.ready_estimate is None else f"{self.ready_estimate:,}"
-        text = f"{len(self.jobs)} running, {ready} ready, {self.done:,} done, {self.failed:,} failed"
-        if self.retried:
-            text += f", {self.retried:,} retried"
+        t = self.tally
+        text = f"{len(self.jobs)} running, {ready} ready, {t.done:,} done, {t.failed:,} failed"
+        if t.retried:
+            text += f", {t.retried:,} retried"
         if self.held is not None:
             text += f", not leasing: {self.held}"
         if self.draining:
@@ -471,7 +461,7 @@ class WorkerRole:
         if isinstance(e, (LeaseLost, OutcomeUnknown)):
             self.log.error(f"lost the job while preparing it: {e}", **fields)
         elif isinstance(e, SteadQError) and (getattr(e, "payload", False) or e.kind is ErrorKind.PAYLOAD_CORRUPT):
-            self.failed += 1
+            self.tally.failed += 1
             # The claim verified it: it changed since, and is quarantined now or at its next claim.
             self.log.error(f"payload changed after its claim and is corrupt; the job is quarantined: {e}", **fields)
         else:
@@ -484,7 +474,7 @@ class WorkerRole:
         unknown = hand_back_unstarted(self.q, lease, self.log)
         if unknown is not None:
             why = f"handing the job back: outcome unknown: {unknown}"
-            self.log.error(why, job_id=lease.job_id, ticket=_ticket(unknown))
+            self.log.error(why, job_id=lease.job_id, ticket=ticket_text(unknown))
             self._reopen(str(unknown))
         if self._hold is not None and not self.closed:
             self._hold.hold(why)
@@ -561,7 +551,7 @@ class WorkerRole:
             return
         self._queue_settle(job)
 
-    def _report_finished(self, job: _Job, follow: _FollowUp) -> None:
+    def _report_finished(self, job: _Job, follow: FollowUp) -> None:
         """``job finished: <verdict>``, logged once the verdict took effect, then what followed from it."""
         outcome = job.verdict
         self.log.log(
@@ -582,14 +572,9 @@ class WorkerRole:
 
     @classmethod
     def _run_story(cls, job: _Job) -> str:
-        """How the run ended, for a person: ``exit 0, 1.0 s, attempt 1/3``."""
-        lease = job.lease
-        how = cls._ended(job)
-        if job.child.timed_out:
-            how = f"timed out, {how}"
-        ms = job.run_fields.get("duration_ms")
-        seconds = ms / 1000 if isinstance(ms, int) else 0.0
-        return f"{how}, {seconds:.1f} s, attempt {lease.attempt}/{lease.max_attempts}"
+        return run_story(
+            job.lease, cls._ended(job), timed_out=job.child.timed_out, duration_ms=job.run_fields.get("duration_ms")
+        )
 
     def _report_unsettled(self, job: _Job, why: str, **extra: object) -> None:
         """The run ended but its verdict did not take effect: never logged as ``job finished: <verdict>``."""
@@ -687,7 +672,9 @@ class WorkerRole:
         except LeaseLost as e:
             self._report_unsettled(job, f"failed: the lease was lost ({e}); the job may run again")
         except OutcomeUnknown as e:
-            self._report_unsettled(job, f"may or may not have taken effect (recovery decides): {e}", ticket=_ticket(e))
+            self._report_unsettled(
+                job, f"may or may not have taken effect (recovery decides): {e}", ticket=ticket_text(e)
+            )
             self._reopen(f"settle: {e}")
         except NotCommitted as e:
             if e.kind is ErrorKind.QUEUE_POISONED:
@@ -709,40 +696,11 @@ class WorkerRole:
                 self._report_finished(job, follow)
         self._drop(job)
 
-    def _apply(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict, ended: str | None = None) -> _FollowUp:
-        """Apply a verdict; returns the line that tells what followed (logged after `job finished`).
-
-        ``ended`` is how the command ended ("exit 100"), when it ran."""
+    def _apply(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict, ended: str | None = None) -> FollowUp:
         assert self.q is not None
-        if outcome is Verdict.ACK:
-            self.q.ack(lease)
-            self.done += 1
-            return None
-        if outcome is Verdict.BURY:
-            self.q.bury(lease, reason=cfg.exit_status.bury_reason)
-            self.failed += 1
-            why = (
-                f"{ended} ({reason_name(cfg.exit_status.bury_reason)})"
-                if ended
-                else reason_name(cfg.exit_status.bury_reason)
-            )
-            return (
-                WARNING,
-                f"job {short_id(lease.job_id)} buried: {why}",
-                {"reason": f"0x{cfg.exit_status.bury_reason:04x}"},
-            )
-        state = self.q.retry(lease, policy=retry_policy(cfg))
-        if state == "dead":
-            self.failed += 1
-            text = (
-                f"job {short_id(lease.job_id)} buried: no attempts left"
-                f" ({lease.attempt}/{lease.max_attempts}, {reason_name(DeadReason.ATTEMPTS_EXHAUSTED)})"
-            )
-            return WARNING, text, {"reason": "0x0004"}
-        self.retried += 1
-        return INFO, f"job {short_id(lease.job_id)} retried: {state}", {"state": state}
+        return apply_verdict(self.q, lease, cfg, outcome, self.tally, ended)
 
-    def _log_follow_up(self, lease: LeaseHandle, follow: _FollowUp) -> None:
+    def _log_follow_up(self, lease: LeaseHandle, follow: FollowUp) -> None:
         if follow is not None:
             priority, message, fields = follow
             self.log.log(priority, message, job_id=lease.job_id, attempt=lease.attempt, **fields)
@@ -754,7 +712,7 @@ class WorkerRole:
                 raise NotCommitted("queue is not open", ErrorKind.IO_FAILURE)
             self._log_follow_up(lease, self._apply(lease, cfg, outcome))
         except OutcomeUnknown as e:
-            self.log.error(f"settling outcome unknown: {e}", job_id=lease.job_id, ticket=_ticket(e))
+            self.log.error(f"settling outcome unknown: {e}", job_id=lease.job_id, ticket=ticket_text(e))
             self._reopen(str(e))
         except SteadQError as e:
             self.log.error(f"settling failed; the lease expires and recovery returns the job: {e}", job_id=lease.job_id)
@@ -853,16 +811,3 @@ class WorkerRole:
             self._reopen_now()
 
         self._reopen_timer = self.loop.call_later(ERROR_RETRY, self._guarded(again))
-
-
-def _ticket(e: OutcomeUnknown) -> str | None:
-    t = getattr(e, "ticket", None)
-    if t is None:
-        return None
-    for attr in ("to_json", "encode"):
-        fn = getattr(t, attr, None)
-        if callable(fn):
-            with contextlib.suppress(Exception):
-                out = fn()
-                return out.hex() if isinstance(out, bytes) else str(out)
-    return repr(t)

@@ -67,15 +67,15 @@ def test_jobs_finishing_in_one_pass_share_their_directory_fsyncs(worker, tmp_pat
     first = _finished_job(role, loop, tmp_path)
     role._finish(first)
     loop.run_once(0)  # the first ack also creates the receipts bucket
-    assert role.done == 1
+    assert role.tally.done == 1
     jobs = [_finished_job(role, loop, tmp_path) for _ in range(3)]
     with linux.trace() as events:
         for job in jobs:
             role._finish(job)
-        assert role.done == 1  # nothing settled before the end of the pass
+        assert role.tally.done == 1  # nothing settled before the end of the pass
         loop.run_once(0)
     fsyncs = sum(1 for e in events if e.op == "fsync")
-    assert role.done == 4 and not role.jobs
+    assert role.tally.done == 4 and not role.jobs
     assert _receipts(qpath) == 4
     # One fsync of the receipts shard and one of the ready shard for all three
     # acks (strict settling: two per ack, six); a watermark advance may add two.

@@ -123,7 +123,7 @@ def test_the_worker_applies_a_verdict(
     if reason is not None:
         assert found.name.reason == reason
     dead = "dead" in states
-    assert (role.done, role.failed, role.retried) == (
+    assert (role.tally.done, role.tally.failed, role.tally.retried) == (
         int(applied is ACK),
         int(dead),
         int(not dead and applied is RETRY),
