@@ -352,6 +352,13 @@ def assert_consistent_records(run: Run) -> None:
 # --------------------------------------------------------------------------- the tests
 
 
+@pytest.fixture
+def tmp_path(fast_tmp_path: Any) -> Any:
+    """The session's RAM-backed ext4 (tests/conftest.py): the workers' fsyncs reach no disk, so the
+    two runs take 11.6 s and 6.4 s instead of 19.3 s and 11.2 s (measured alone); still ext4."""
+    return fast_tmp_path
+
+
 @pytest.mark.slow
 def test_many_producers_and_consumers_exactly_once(tmp_path: Any) -> None:
     """3 producers x 8 consumers, 2,000 jobs: every job handed out and acked exactly once."""
