@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 
@@ -29,26 +29,12 @@ from steadqd.s3.store.base import Committed
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from tests.stowq.protocol_audit import audit, drain
+from tests.stowq.test_protocol_faults import FAULTS, World
 
 SECOND = 1_000_000_000
 LEASE_S = 5
 PREFIX = "q/"
 JOBS = 4
-
-FAULTS = [
-    pytest.param(FaultKind.BEFORE_SEND, False, id="before-send"),
-    pytest.param(FaultKind.TIMEOUT, False, id="timeout-not-applied"),
-    pytest.param(FaultKind.TIMEOUT, True, id="timeout-applied"),
-    pytest.param(FaultKind.SERVER_ERROR, True, id="5xx-applied"),
-]
-
-
-@dataclass
-class World:
-    clock: ManualClock
-    memory: MemoryStore
-    store: FaultyStore
-    q: BucketQueue
 
 
 def _world(jobs: int = JOBS, *, threads: int = 4, worker: str = "w1", first_shard: int | None = None) -> World:

@@ -43,6 +43,8 @@ FAULTS = [
 
 @dataclass
 class World:
+    """One queue on a faulty in-memory store (test_lease_many's too); ``lease`` is what a transition case holds."""
+
     clock: ManualClock
     memory: MemoryStore
     store: FaultyStore
