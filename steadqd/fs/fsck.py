@@ -26,7 +26,6 @@ import errno
 import hmac
 import os
 import stat as stat_mod
-from dataclasses import dataclass, field
 
 from steadqd.constants import (
     DEAD_DIR,
@@ -66,36 +65,9 @@ from steadqd.fs.receipt import verify_receipt
 from steadqd.fs.records import JobHeader, check_envelope
 from steadqd.fs.tree import Indeterminate, MoveError, Witness
 from steadqd.fs.verify import Envelope, iter_payload
+from steadqd.fsck_report import Finding, FsckResult
 
 __all__ = ["Finding", "FsckResult", "fsck"]
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One fsck observation; ``path`` is relative to the queue root."""
-
-    severity: str  # "ERROR" | "WARN"
-    path: str
-    finding_type: str
-    details: str
-
-
-@dataclass
-class FsckResult:
-    total_objects: int = 0
-    structurally_verified: int = 0
-    payloads_deep_verified: int = 0
-    findings: list[Finding] = field(default_factory=list)
-    quarantined: int = 0
-
-    @property
-    def exit_code(self) -> int:
-        """cli.md: 3 if any ERROR exists (even one that was repaired), else 0."""
-        return 3 if any(f.severity == "ERROR" for f in self.findings) else 0
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == "ERROR"]
 
 
 class _Failed(Exception):

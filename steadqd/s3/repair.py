@@ -64,6 +64,7 @@ from steadqd.errors import (
     PreconditionFailed,
     StateExhausted,
 )
+from steadqd.fsck_report import Finding, FsckResult
 from steadqd.s3 import keys
 from steadqd.s3.keys import KeyKind, TermKind
 from steadqd.s3.layout import QueueLayout
@@ -192,17 +193,6 @@ def _fields(layout: QueueLayout, job_id: bytes | None = None) -> dict[str, str]:
     if job_id is not None:
         out["STEADQ_JOB_ID"] = job_id.hex()
     return out
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One observation, in ``steadq fsck``'s shape: ``<severity> <path>: <finding_type> (<details>)``."""
-
-    severity: str  # "ERROR" | "WARN"
-    path: str
-    finding_type: str
-    details: str
-    reason: int | None = None
 
 
 @dataclass
@@ -585,24 +575,10 @@ def repair_step(
 
 
 @dataclass
-class FsckReport:
-    """``steadq fsck`` of a bucket queue, in the shape the command prints for a filesystem queue."""
+class FsckReport(FsckResult):
+    """``steadq fsck`` of a bucket queue: the filesystem's counts, and the indexes it regenerated."""
 
-    total_objects: int = 0
-    structurally_verified: int = 0
-    payloads_deep_verified: int = 0
-    findings: list[Finding] = field(default_factory=list)
-    quarantined: int = 0
     indexes_regenerated: int = 0
-
-    @property
-    def exit_code(self) -> int:
-        """cli.md: 3 if any ERROR exists (even one that was recorded as a quarantine finding), else 0."""
-        return 3 if any(f.severity == "ERROR" for f in self.findings) else 0
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == "ERROR"]
 
 
 # Keys the whole-queue listing checks itself; the shard planes are the scan's.
