@@ -63,6 +63,7 @@ from steadqd.fs.names import (
 from steadqd.fs.receipt import verify_receipt
 from steadqd.fs.verify import copy_payload as verify_copy_payload
 from steadqd.fs.verify import iter_payload, read_envelope, verify_payload
+from steadqd.view_records import JobEntry, JobFile, StateStats
 
 __all__ = [
     "STATS_STATES",
@@ -86,17 +87,6 @@ __all__ = [
 # The reference's state directories, in its walk order (output is sorted by name).
 STATS_STATES = (READY_DIR, LEASED_DIR, DELAYED_DIR, RECEIPTS_DIR, DEAD_DIR, QUARANTINE_DIR)
 DETAILED_STATS_STATES = ("dead", "delayed", "leased", "quarantine", "ready", "receipts", "tmp")
-
-
-@dataclass(frozen=True)
-class StateStats:
-    """Objects in one state and the age of the oldest (by mtime), in whole seconds.
-
-    ``oldest_age_seconds`` is None exactly when ``objects`` is 0.
-    """
-
-    objects: int
-    oldest_age_seconds: int | None
 
 
 class _Tally:
@@ -448,26 +438,6 @@ def _verified_receipt(ctx: Context, rel: str, name: str, bucket: int, shard: int
 # =========================================================================== ls
 
 
-@dataclass(frozen=True)
-class JobEntry:
-    """One job object as ``steadq ls`` lists it: what its name says, not verified (``fsck`` verifies).
-
-    ``mtime_ns`` is None when the entry vanished before it could be stat'ed;
-    ``deadline_ns`` is a lease's wall deadline or a delayed job's not-before;
-    ``reason`` is a dead job's.
-    """
-
-    state: str
-    job_id: str
-    generation: int
-    attempt: int
-    max_attempts: int
-    path: str
-    mtime_ns: int | None
-    deadline_ns: int | None
-    reason: int | None
-
-
 def list_jobs(queue_root: str, states: Collection[str]) -> Iterator[JobEntry]:
     """Every job object in ``states`` (state words: ready, leased, delayed, dead, receipt), streamed.
 
@@ -519,29 +489,6 @@ def list_jobs(queue_root: str, states: Collection[str]) -> Iterator[JobEntry]:
 
 
 # =========================================================================== show (one job's whole story)
-
-
-@dataclass(frozen=True)
-class JobFile:
-    """What one job file says about its job, read through a descriptor and judged, never trusted.
-
-    ``problem`` says why the file fails verification (then the fields it could
-    not establish are None); ``payload_verified`` is True only when the whole
-    payload was read and matched its digest. ``payload_head`` is at most the
-    first bytes asked for.
-    """
-
-    path: str
-    created_at_ns: int | None = None
-    changed_ns: int | None = None
-    content_type: str | None = None
-    metadata: dict[str, object] | None = None
-    producer_id: str | None = None
-    initial_not_before_ns: int | None = None
-    payload_length: int | None = None
-    payload_head: bytes = b""
-    payload_verified: bool = False
-    problem: str | None = None
 
 
 def read_job_file(ctx: Context, path: str, head_bytes: int) -> JobFile:

@@ -45,6 +45,7 @@ from steadqd.s3.records import (
 from steadqd.s3.store.base import ObjectMeta
 from steadqd.s3.timemath import expiry_ns, is_expired, saturating_add
 from steadqd.s3.verify import read_record, verify_payload
+from steadqd.view_records import JobEntry, JobFile, StateStats
 
 __all__ = [
     "ENTRY_STATS_STATES",
@@ -84,14 +85,6 @@ _TOKEN_SHOWN = 4  # bytes of a claim's worker token a view shows: it is the hold
 
 
 @dataclass(frozen=True)
-class StateStats:
-    """Objects in one state and the age of the oldest by store time, in whole seconds (None when none)."""
-
-    objects: int
-    oldest_age_seconds: int | None
-
-
-@dataclass(frozen=True)
 class JobObject:
     """One object of a job that carries a state, as ``steadq inspect`` lists it.
 
@@ -108,41 +101,6 @@ class JobObject:
     max_attempts: int
     path: str
     details: dict[str, object] = field(default_factory=dict, compare=False)
-
-
-@dataclass(frozen=True)
-class JobEntry:
-    """One job as ``steadq ls`` lists it; ``mtime_ns`` is the store time it entered its state."""
-
-    state: str
-    job_id: str
-    generation: int
-    attempt: int
-    max_attempts: int
-    path: str
-    mtime_ns: int | None
-    deadline_ns: int | None
-    reason: int | None
-
-
-@dataclass(frozen=True)
-class JobFile:
-    """What the job record says, judged: ``payload_head`` is empty unless the payload verified.
-
-    ``metadata`` and ``producer_id`` are always None: StowQ/1 job records have no such fields.
-    """
-
-    path: str
-    created_at_ns: int | None = None
-    changed_ns: int | None = None
-    content_type: str | None = None
-    metadata: dict[str, object] | None = None
-    producer_id: str | None = None
-    initial_not_before_ns: int | None = None
-    payload_length: int | None = None
-    payload_head: bytes = b""
-    payload_verified: bool = False
-    problem: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,72 @@
+"""The records ``steadq stats``, ``ls`` and ``show`` print, whichever backend read the queue.
+
+Why one home: the command formats every view from these attributes
+(docs/cli.md), so a bucket's view and a filesystem's must be the same
+shape; defining them once keeps a field added for one backend from
+silently missing in the other. Where a field means nothing to a backend,
+that backend leaves it None and says so in its own module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["JobEntry", "JobFile", "StateStats"]
+
+
+@dataclass(frozen=True)
+class StateStats:
+    """Objects in one state and the age of the oldest, in whole seconds.
+
+    The age is by the backend's clock of entry: a file's mtime, an object's
+    store time. ``oldest_age_seconds`` is None exactly when ``objects`` is 0.
+    """
+
+    objects: int
+    oldest_age_seconds: int | None
+
+
+@dataclass(frozen=True)
+class JobEntry:
+    """One job object as ``steadq ls`` lists it: what its name says, not verified (``fsck`` verifies).
+
+    ``mtime_ns`` is when it entered its state (a file's mtime, an object's
+    store time), None when the entry vanished before it could be stat'ed;
+    ``deadline_ns`` is a lease's wall deadline or a delayed job's
+    not-before; ``reason`` is a dead job's.
+    """
+
+    state: str
+    job_id: str
+    generation: int
+    attempt: int
+    max_attempts: int
+    path: str
+    mtime_ns: int | None
+    deadline_ns: int | None
+    reason: int | None
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """What one job's file or record says about its job, read and judged, never trusted.
+
+    ``problem`` says why it fails verification (then the fields it could
+    not establish are None); ``payload_verified`` is True only when the whole
+    payload was read and matched its digest, and ``payload_head`` (at most
+    the first bytes asked for) is empty on a bucket unless it did.
+    ``metadata`` and ``producer_id`` are always None on a bucket: StowQ/1
+    job records have no such fields.
+    """
+
+    path: str
+    created_at_ns: int | None = None
+    changed_ns: int | None = None
+    content_type: str | None = None
+    metadata: dict[str, object] | None = None
+    producer_id: str | None = None
+    initial_not_before_ns: int | None = None
+    payload_length: int | None = None
+    payload_head: bytes = b""
+    payload_verified: bool = False
+    problem: str | None = None
