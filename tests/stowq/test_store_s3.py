@@ -32,10 +32,24 @@ from botocore.parsers import ResponseParserError
 
 from steadqd.errors import AlreadyExists, ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, PreconditionFailed
 from steadqd.s3.store import PendingWrite
-from steadqd.s3.store.s3 import _CREDENTIAL_SOURCES, S3Settings, S3Store, _session, _store_time_ns, _timestamp
+from steadqd.s3.store.s3 import (
+    _CREDENTIAL_SOURCES,
+    TRANSPORTS,
+    S3Settings,
+    S3Store,
+    _session,
+    _store_time_ns,
+    _timestamp,
+)
 
 HEADERS: list[dict[str, str]] = []  # every request's headers, newest last
 KEY_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    """Who sends the requests: every sorting of answers below must hold for botocore's client and ours alike."""
+    return str(request.param)
 
 
 @pytest.fixture
@@ -96,10 +110,15 @@ def scripted(status: int = 503, *, silent: bool = False) -> Iterator[tuple[str, 
         server.server_close()
 
 
-def _store(endpoint: str, credentials: Path, **options: object) -> S3Store:
+def _store(endpoint: str, credentials: Path, transport: str = "botocore", **options: Any) -> S3Store:
     settings = S3Settings(
-        "test-bucket", endpoint_url=endpoint, credentials_file=str(credentials), read_timeout_s=0.5, **options
-    )  # type: ignore[arg-type]
+        "test-bucket",
+        endpoint_url=endpoint,
+        credentials_file=str(credentials),
+        read_timeout_s=0.5,
+        transport=transport,
+        **options,
+    )
     return S3Store(settings)
 
 
@@ -112,6 +131,7 @@ def _store(endpoint: str, credentials: Path, **options: object) -> S3Store:
         ({"bucket": "ok-bucket", "addressing_style": "dns"}, "addressing_style"),
         ({"bucket": "ok-bucket", "attempts": 0}, "at least one attempt"),
         ({"bucket": "ok-bucket", "read_timeout_s": 0}, "positive"),
+        ({"bucket": "ok-bucket", "transport": "curl"}, "transport 'curl': give one of botocore, direct"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_setting(options: dict[str, object], message: str) -> None:
@@ -142,11 +162,11 @@ def test_only_the_environment_and_the_shared_files_are_asked_for_credentials(cre
     assert tuple(p.METHOD for p in session.get_component("credential_provider").providers) == _CREDENTIAL_SOURCES
 
 
-def test_credentials_from_the_environment(credentials: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_credentials_from_the_environment(credentials: Path, monkeypatch: pytest.MonkeyPatch, transport: str) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-env")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "from-env-secret")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-    store = S3Store(S3Settings("ok-bucket"))
+    store = S3Store(S3Settings("ok-bucket", transport=transport))
     assert store.location == "s3://ok-bucket at http://127.0.0.1:9" and "secret" not in store.location
     store.close()
 
@@ -157,17 +177,17 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_a_refused_connection_is_not_committed_for_writes_and_reads(credentials: Path) -> None:
-    store = _store(f"http://127.0.0.1:{_closed_port()}", credentials, attempts=2)
+def test_a_refused_connection_is_not_committed_for_writes_and_reads(credentials: Path, transport: str) -> None:
+    store = _store(f"http://127.0.0.1:{_closed_port()}", credentials, transport, attempts=2)
     with pytest.raises(NotCommitted, match="could not connect"):
         store.put_if_absent("k", b"x")
     with pytest.raises(NotCommitted):
         store.get("k")
 
 
-def test_a_5xx_to_a_write_is_outcome_unknown_after_one_request(credentials: Path) -> None:
+def test_a_5xx_to_a_write_is_outcome_unknown_after_one_request(credentials: Path, transport: str) -> None:
     with scripted(503) as (endpoint, requests):
-        store = _store(endpoint, credentials, attempts=3)
+        store = _store(endpoint, credentials, transport, attempts=3)
         with pytest.raises(OutcomeUnknown, match="HTTP 503") as info:
             store.put_if_absent("q/claims/0000/j/00000001", b"claim")
         assert requests == ["PUT"]  # never re-sent: a second attempt's 412 would hide a win
@@ -177,17 +197,17 @@ def test_a_5xx_to_a_write_is_outcome_unknown_after_one_request(credentials: Path
         assert info.value.exit_code == 2
 
 
-def test_a_5xx_to_a_read_is_retried_within_the_bound_then_not_committed(credentials: Path) -> None:
+def test_a_5xx_to_a_read_is_retried_within_the_bound_then_not_committed(credentials: Path, transport: str) -> None:
     with scripted(500) as (endpoint, requests):
-        store = _store(endpoint, credentials, attempts=3)
+        store = _store(endpoint, credentials, transport, attempts=3)
         with pytest.raises(NotCommitted, match="HTTP 500"):
             store.head("k")
         assert requests == ["HEAD"] * 3
 
 
-def test_a_silent_server_makes_a_write_unknown_and_a_read_not_committed(credentials: Path) -> None:
+def test_a_silent_server_makes_a_write_unknown_and_a_read_not_committed(credentials: Path, transport: str) -> None:
     with scripted(silent=True) as (endpoint, requests):
-        store = _store(endpoint, credentials, attempts=1)
+        store = _store(endpoint, credentials, transport, attempts=1)
         with pytest.raises(OutcomeUnknown) as info:
             store.put_if_match("q/meta/watermark", b"wm", "abc")
         assert info.value.ticket.op == "put_if_match" and info.value.ticket.if_match == "abc"
@@ -206,10 +226,10 @@ def test_a_silent_server_makes_a_write_unknown_and_a_read_not_committed(credenti
     ],
 )
 def test_refusals_are_not_committed_with_their_kind(
-    credentials: Path, status: int, error: type[Exception], kind: ErrorKind
+    credentials: Path, transport: str, status: int, error: type[Exception], kind: ErrorKind
 ) -> None:
     with scripted(status) as (endpoint, requests):
-        store = _store(endpoint, credentials, attempts=2)
+        store = _store(endpoint, credentials, transport, attempts=2)
         with pytest.raises(error) as info:
             store.put_if_match("k", b"x", "abc")
         assert getattr(info.value, "kind", None) is kind
@@ -228,9 +248,9 @@ def test_if_match_carries_the_etag_as_the_profile_wants(credentials: Path) -> No
     assert os.environ.get("AWS_ACCESS_KEY_ID") is None
 
 
-def test_a_put_sends_its_sha256_and_no_100_continue_round_trip(credentials: Path) -> None:
+def test_a_put_sends_its_sha256_and_no_100_continue_round_trip(credentials: Path, transport: str) -> None:
     with scripted(412) as (endpoint, _):
-        store = _store(endpoint, credentials, attempts=1)
+        store = _store(endpoint, credentials, transport, attempts=1)
         with pytest.raises(AlreadyExists):
             store.put_if_absent("k", b"body")
     sent = {k.lower(): v for k, v in HEADERS[-1].items()}

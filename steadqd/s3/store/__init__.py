@@ -10,7 +10,9 @@
   5xx, slow answers, stale listings where a profile allows them);
 * ``s3``: the S3 client over botocore, with conditional writes, SHA-256
   checksums, bounded retries and timeouts, and settings from the standard
-  AWS environment only.
+  AWS environment only;
+* ``s3_direct``: the same requests over our own keep-alive connections,
+  signed by botocore (``S3Settings(transport="direct")``).
 
 The format modules (``keys``, ``timemath``, ``retry``, ``records``) never
 import this package; the protocol sits above both.

@@ -90,6 +90,8 @@ __all__ = ["S3Settings", "S3Store"]
 
 T = TypeVar("T")
 
+TRANSPORTS = ("botocore", "direct")
+
 # Credential sources kept: the environment and the two shared files. The rest
 # of botocore's chain (IMDS at 169.254.169.254, ECS, SSO, credential_process,
 # STS role assumption) would contact hosts nobody configured.
@@ -124,6 +126,9 @@ class S3Settings:
     ``credentials_file`` is a shared-credentials file (INI, as ``aws
     configure`` writes) and ``aws_profile`` the section of it to use.
     ``attempts`` bounds the retries of reads and of writes that never left.
+    ``transport`` is who sends the requests: "botocore"'s client, or
+    "direct", our own keep-alive connections with botocore's signer
+    (:mod:`steadqd.s3.store.s3_direct`, a fraction of the CPU per request).
     """
 
     bucket: str
@@ -136,6 +141,7 @@ class S3Settings:
     read_timeout_s: float = 30.0
     attempts: int = 3
     max_connections: int = 16
+    transport: str = "botocore"
 
     def __post_init__(self) -> None:
         if not _BUCKET_NAME.fullmatch(self.bucket) or ".." in self.bucket:
@@ -149,6 +155,8 @@ class S3Settings:
             raise InvalidInput(f"attempts {self.attempts}: at least one attempt is needed")
         if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
             raise InvalidInput("S3 timeouts must be positive seconds")
+        if self.transport not in TRANSPORTS:
+            raise InvalidInput(f"transport {self.transport!r}: give one of {', '.join(TRANSPORTS)}")
 
 
 def _check_credentials_file(path: str) -> str:
@@ -300,6 +308,54 @@ class _Retry(Exception):
         self.error = error
 
 
+def _botocore_client(session: Any, settings: S3Settings, region: str) -> Any:
+    config = Config(
+        connect_timeout=settings.connect_timeout_s,
+        read_timeout=settings.read_timeout_s,
+        retries={"mode": "standard", "total_max_attempts": 1},
+        s3={"addressing_style": settings.addressing_style},
+        max_pool_connections=settings.max_connections,
+        # A ranged GET of a checksummed object returns the whole object's
+        # checksum beside part of it; automatic validation would fail it.
+        # The per-PUT SHA-256 below is explicit, and reads are re-hashed
+        # by the protocol (every record carries its digest).
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+        # Every parameter is built here from checked values; validating
+        # them again against the model costs more than a LIST parse.
+        parameter_validation=False,
+        user_agent_extra="steadqd",
+    )
+    client = session.create_client("s3", region_name=region, endpoint_url=settings.endpoint_url, config=config)
+    # botocore asks for "100 Continue" before every PUT body: a round trip
+    # per write that a record of a few hundred bytes does not need.
+    client.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
+    _trim(client)
+    return client
+
+
+def _direct_client(session: Any, settings: S3Settings, region: str) -> Any:
+    """Our own connections, signed by botocore; the endpoint found where botocore's client would find it."""
+    from botocore.configprovider import ConfiguredEndpointProvider
+
+    from steadqd.s3.store.s3_direct import DirectClient
+
+    endpoint = settings.endpoint_url
+    if endpoint is None:
+        provider = ConfiguredEndpointProvider(
+            full_config=session.full_config, scoped_config=session.get_scoped_config(), client_name="s3"
+        )
+        endpoint = provider.provide() or f"https://s3.{region}.amazonaws.com"
+    return DirectClient(
+        endpoint_url=endpoint,
+        region=region,
+        credentials=session.get_credentials(),
+        addressing_style=settings.addressing_style,
+        connect_timeout_s=settings.connect_timeout_s,
+        read_timeout_s=settings.read_timeout_s,
+    )
+
+
 class S3Store:
     """One bucket behind an S3 endpoint. Thread-safe: botocore clients are, and this holds nothing else mutable."""
 
@@ -313,31 +369,11 @@ class S3Store:
                 "or name a credentials file (never put the secret in a queue's configuration)"
             )
         region = settings.region or session.get_config_variable("region") or "us-east-1"
-        config = Config(
-            connect_timeout=settings.connect_timeout_s,
-            read_timeout=settings.read_timeout_s,
-            retries={"mode": "standard", "total_max_attempts": 1},
-            s3={"addressing_style": settings.addressing_style},
-            max_pool_connections=settings.max_connections,
-            # A ranged GET of a checksummed object returns the whole object's
-            # checksum beside part of it; automatic validation would fail it.
-            # The per-PUT SHA-256 below is explicit, and reads are re-hashed
-            # by the protocol (every record carries its digest).
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-            # Every parameter is built here from checked values; validating
-            # them again against the model costs more than a LIST parse.
-            parameter_validation=False,
-            user_agent_extra="steadqd",
-        )
-        self._client = session.create_client(
-            "s3", region_name=region, endpoint_url=settings.endpoint_url, config=config
-        )
-        # botocore asks for "100 Continue" before every PUT body: a round trip
-        # per write that a record of a few hundred bytes does not need.
-        self._client.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
-        _trim(self._client)
         self._bucket = settings.bucket
+        if settings.transport == "direct":
+            self._client = _direct_client(session, settings, region)
+        else:
+            self._client = _botocore_client(session, settings, region)
         self._location = f"s3://{settings.bucket} at {self._client.meta.endpoint_url}"
 
     @property

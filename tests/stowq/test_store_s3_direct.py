@@ -1,0 +1,167 @@
+"""The direct transport (``S3Settings(transport="direct")``): our own connections, botocore's signer.
+
+The scripted-server tests of tests/stowq/test_store_s3.py run over both
+transports; here are what only this one has (kept connections the server
+closed, the XML it parses itself), and the live SeaweedFS tests of
+tests/stowq/test_store_seaweedfs.py run again with it, certification included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from steadqd.errors import AlreadyExists, NotFound
+from steadqd.s3.store import SEAWEEDFS
+from steadqd.s3.store.s3 import S3Settings, S3Store
+from steadqd.s3.store.s3_direct import DirectClient, _client_error, _parse_listing
+from tests.stowq import test_store_seaweedfs as live
+from tests.stowq.conftest import LIVE_BUCKET
+from tests.stowq.seaweed import Seaweed
+from tests.stowq.test_store_s3 import credentials  # noqa: F401 (a fixture)
+
+
+def _direct(seaweed: Seaweed, bucket: str, *, create: bool = True) -> S3Store:
+    store = S3Store(dataclasses.replace(seaweed.settings(bucket), transport="direct"), profile=SEAWEEDFS)
+    if create:
+        store.create_bucket()
+    return store
+
+
+@pytest.fixture(scope="module")
+def direct(seaweed: Seaweed) -> Iterator[S3Store]:
+    store = _direct(seaweed, LIVE_BUCKET)
+    yield store
+    store.close()
+
+
+def test_the_direct_store_is_the_direct_client(direct: S3Store) -> None:
+    assert isinstance(direct._client, DirectClient)
+
+
+def test_primitives_over_the_direct_transport(direct: S3Store, live_prefix: str) -> None:
+    live.test_s3_store_primitives_on_seaweedfs(direct, live_prefix)
+
+
+def test_listing_pages_over_the_direct_transport(direct: S3Store, live_prefix: str) -> None:
+    live.test_s3_store_pages_a_listing_with_exclusive_start_after(direct, live_prefix)
+
+
+def test_keys_and_prefixes_that_need_escaping_are_signed_as_sent(direct: S3Store, live_prefix: str) -> None:
+    """The signature covers the escaped path and query: a key botocore would escape must round-trip."""
+    keys = [live_prefix + name for name in ("a b", "a+b=c&d", "a~b%41", "é/ü", "x?y#z")]
+    for key in keys:
+        direct.put_if_absent(key, key.encode())
+        assert direct.get(key).body == key.encode()
+    listed = direct.list_page(live_prefix).items
+    assert sorted(m.key for m in listed) == sorted(keys)
+    assert [m.key for m in direct.list_page(live_prefix + "a+b").items] == [live_prefix + "a+b=c&d"]
+    for key in keys:
+        direct.delete(key)
+
+
+def test_a_missing_bucket_is_named_over_the_direct_transport(seaweed: Seaweed) -> None:
+    missing = _direct(seaweed, "steadq-no-such-bucket", create=False)
+    with pytest.raises(NotFound, match="bucket steadq-no-such-bucket does not exist"):
+        missing.list_page("")
+    with pytest.raises(NotFound, match="bucket steadq-no-such-bucket does not exist"):
+        missing.put_if_absent("k", b"")
+    with pytest.raises(NotFound):
+        missing.head("k")  # no body to name the bucket, as with botocore: the status alone says absent
+
+
+def test_seaweedfs_is_certified_over_the_direct_transport(seaweed: Seaweed) -> None:
+    store = _direct(seaweed, "steadq-certify-direct")
+    peer = _direct(seaweed, "steadq-certify-direct", create=False)
+    result = live.certify(store, peer=peer)
+    assert result.certified, result.report()
+    assert result.measured["P7 mode"] == "the store verifies SHA-256"
+
+
+def test_the_aws_environment_alone_reaches_the_store_directly(
+    seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no endpoint in the settings, AWS_ENDPOINT_URL is found where botocore's client finds it."""
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    for name, value in seaweed.environment().items():
+        monkeypatch.setenv(name, value)
+    from_env = S3Store(S3Settings(LIVE_BUCKET, transport="direct"), profile=SEAWEEDFS)
+    assert from_env.location == f"s3://{LIVE_BUCKET} at {seaweed.endpoint}"
+    from_env.list_page("", limit=1)
+    from_env.close()
+
+
+class _OneAnswerPerConnection(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1 without ``Connection: close``, yet the server hangs up after each answer (as idle timeouts do)."""
+
+    protocol_version = "HTTP/1.1"
+    connections: list[int]
+    hung_up: threading.Event
+
+    def do_PUT(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(412)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        self.close_connection = True
+
+    def setup(self) -> None:
+        super().setup()
+        self.connections.append(1)
+
+    def finish(self) -> None:
+        super().finish()
+        self.request.close()
+        self.hung_up.set()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_kept_connection_the_server_closed_is_replaced_not_written_into(credentials: Path) -> None:  # noqa: F811
+    """Writing into a dead connection would make a clean 412 an OutcomeUnknown; it is found idle and replaced."""
+    hung_up = threading.Event()
+    connections: list[int] = []
+    handler = type("Handler", (_OneAnswerPerConnection,), {"connections": connections, "hung_up": hung_up})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        settings = S3Settings(
+            "test-bucket", endpoint_url=endpoint, credentials_file=str(credentials), attempts=1, transport="direct"
+        )
+        store = S3Store(settings)
+        for _ in range(3):
+            hung_up.clear()
+            with pytest.raises(AlreadyExists):
+                store.put_if_absent("k", b"x")
+            assert hung_up.wait(5)
+        assert len(connections) == 3
+        store.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_error_answers_are_read_as_botocore_reads_them() -> None:
+    xml = b"<Error><Code>NoSuchBucket</Code><Message>gone</Message></Error>"
+    assert _client_error(404, {}, xml, "GET").response["Error"] == {"Code": "NoSuchBucket", "Message": "gone"}
+    assert _client_error(404, {}, b"", "HEAD").response["Error"]["Code"] == "404"
+    assert _client_error(502, {}, b"<html>bad gateway", "PUT").response["ResponseMetadata"]["HTTPStatusCode"] == 502
+
+
+def test_a_listing_is_parsed_with_or_without_the_s3_namespace() -> None:
+    entry = "<Contents><Key>q/a</Key><ETag>&quot;e1&quot;</ETag><Size>3</Size><LastModified>2026-12-01T13:06:36.000Z</LastModified></Contents>"
+    for opening in ('<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">', "<ListBucketResult>"):
+        parsed = _parse_listing(f"{opening}<IsTruncated>true</IsTruncated>{entry}</ListBucketResult>".encode())
+        assert parsed["IsTruncated"] is True
+        assert [(c["Key"], c["ETag"], c["Size"]) for c in parsed["Contents"]] == [("q/a", '"e1"', 3)]
+        assert parsed["Contents"][0]["LastModified"].year == 2026
