@@ -19,7 +19,7 @@ from steadqd.s3.records import QuarantineReason
 from steadqd.s3.store.faults import Fault, FaultKind
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.seaweed import Seaweed
-from tests.stowq.test_cli_bucket import aws_env, create, field, ok, run
+from tests.stowq.test_cli_bucket import field, live_queue, ok, run
 from tests.stowq.test_views_bucket import LEASE_S, PREFIX, SECOND, _Queue
 
 
@@ -146,10 +146,7 @@ def test_quarantine_findings_are_listed_inspected_exported_and_removed(b: _Queue
 def test_admin_commands_on_a_live_bucket(
     seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seaweed.store(LIVE_BUCKET).close()
-    env = aws_env(tmp_path, **seaweed.environment())
-    url = f"s3://{LIVE_BUCKET}/{live_prefix}q"
-    create(env, url, monkeypatch)
+    env, url = live_queue(seaweed, live_prefix, tmp_path, monkeypatch)
     q = open_queue(url)
     try:
         dead = [q.enqueue(b"poison %d" % i) for i in range(2)]

@@ -156,6 +156,17 @@ def create(env: dict[str, str], url: str, monkeypatch: pytest.MonkeyPatch) -> st
         q.close()
 
 
+def live_queue(
+    seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, str], str]:
+    """(environment, URL) of a new queue in the live bucket, which is made if this is the session's first test."""
+    seaweed.store(LIVE_BUCKET).close()
+    env = aws_env(tmp_path, **seaweed.environment())
+    url = f"s3://{LIVE_BUCKET}/{live_prefix}q"
+    create(env, url, monkeypatch)
+    return env, url
+
+
 def test_a_handle_of_another_queue_is_refused(
     seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -202,10 +213,7 @@ def test_opening_fails_with_the_cause_and_the_fix(seaweed: Seaweed, live_prefix:
 def test_work_runs_a_command_on_a_bucket_job(
     seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seaweed.store(LIVE_BUCKET).close()
-    env = aws_env(tmp_path, **seaweed.environment())
-    url = f"s3://{LIVE_BUCKET}/{live_prefix}q"
-    create(env, url, monkeypatch)
+    env, url = live_queue(seaweed, live_prefix, tmp_path, monkeypatch)
     job = field(ok(env, "put", url, "-", stdin=b"payload for the child").stdout, "job_id")
     out = tmp_path / "child-read"
     ok(env, "work", url, "--once", "--lease", "4s", "--", "sh", "-c", f'cat > {out}; echo "$STEADQ_JOB_ID" >> {out}')

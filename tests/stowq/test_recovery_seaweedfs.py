@@ -20,7 +20,7 @@ from steadqd.s3.operator import BucketBackend
 from steadqd.s3.store.base import SECOND_NS
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.seaweed import Seaweed
-from tests.stowq.test_cli_bucket import aws_env, create, ok, run
+from tests.stowq.test_cli_bucket import live_queue, ok, run
 
 LEASE_S = 2
 FAST = replace(
@@ -85,10 +85,7 @@ def test_sweep_gc_and_repair_on_seaweedfs(seaweed: Seaweed, live_prefix: str) ->
 def test_steadq_recover_and_fsck_on_a_bucket(
     seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seaweed.store(LIVE_BUCKET).close()
-    env = aws_env(tmp_path, **seaweed.environment())
-    url = f"s3://{LIVE_BUCKET}/{live_prefix}q"
-    create(env, url, monkeypatch)  # the CLI's init test certifies; this one need not wait for it
+    env, url = live_queue(seaweed, live_prefix, tmp_path, monkeypatch)
     ok(env, "put", url, "-", stdin=b"a job")
 
     recovered = ok(env, "recover", url, "--json")

@@ -26,9 +26,8 @@ from steadqd.s3.store.faults import FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from steadqd.s3.verify import read_record
 from steadqd.s3.views import STATS_STATES
-from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.seaweed import Seaweed
-from tests.stowq.test_cli_bucket import aws_env, create, ok
+from tests.stowq.test_cli_bucket import live_queue, ok
 
 SECOND = 1_000_000_000
 PREFIX = "farm/"
@@ -280,10 +279,7 @@ INSPECT_KEYS = {"state", "generation", "attempt", "max_attempts", "path", "detai
 def test_stats_ls_inspect_show_on_a_live_bucket_have_the_filesystem_shapes(
     seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seaweed.store(LIVE_BUCKET).close()
-    env = aws_env(tmp_path, **seaweed.environment())
-    url = f"s3://{LIVE_BUCKET}/{live_prefix}q"
-    create(env, url, monkeypatch)
+    env, url = live_queue(seaweed, live_prefix, tmp_path, monkeypatch)
     jobs = _populate(url)
 
     stats = json.loads(ok(env, "--json", "stats", url).stdout)

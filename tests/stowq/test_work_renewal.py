@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from steadqd.backend import open_queue
-from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.seaweed import Seaweed
-from tests.stowq.test_cli_bucket import aws_env, create, field, ok
+from tests.stowq.test_cli_bucket import field, live_queue, ok
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +24,7 @@ pytestmark = pytest.mark.slow
 def test_a_job_that_outlives_half_its_lease_is_acked_once(
     seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seaweed.store(LIVE_BUCKET).close()
-    env = aws_env(tmp_path, **seaweed.environment())
-    url = f"s3://{LIVE_BUCKET}/{live_prefix}q"
-    create(env, url, monkeypatch)
+    env, url = live_queue(seaweed, live_prefix, tmp_path, monkeypatch)
     job = field(ok(env, "put", url, "-", stdin=b"slow").stdout, "job_id")
     runs = tmp_path / "runs"
     # A 2 s lease is renewed after 1 s and again after 2 s; the command ends after 2.5 s.
