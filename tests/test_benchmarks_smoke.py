@@ -44,6 +44,15 @@ def _errors(d: Any, prefix: str = "") -> list[str]:
     return out
 
 
+def _seaweed_section(results: dict[str, Any], name: str) -> dict[str, Any]:
+    """Section ``name``, which needs SeaweedFS; without a weed binary it was skipped, and so is the test (CI fails it)."""
+    section: dict[str, Any] = results[name]
+    if "skipped" in section:
+        pytest.skip(section["skipped"])
+    assert _errors(section) == []
+    return section
+
+
 def _bench(*args: str) -> list[str]:
     return [sys.executable, "-m", "benchmarks", "run", "--smoke", *args]
 
@@ -177,10 +186,7 @@ def test_scaling_and_syscalls(smoke_run: tuple[dict[str, Any], Path]) -> None:
 def test_bucket_queue_section(smoke_run: tuple[dict[str, Any], Path]) -> None:
     """Section bucket ran every configuration on SeaweedFS, returned every job once, and counted store calls."""
     results, out = smoke_run
-    b = results["bucket"]
-    if "skipped" in b:
-        pytest.skip(b["skipped"])  # no weed binary; under STEADQ_SYSTEM_TESTS=require this fails
-    assert _errors(b) == []
+    b = _seaweed_section(results, "bucket")
     configs = {(c["workers"], c["claiming"]) for c in b["configs"]}
     assert configs == {(w, how) for w in (1, 2) for how in ("single", "batched")}
     for c in b["configs"]:
@@ -356,10 +362,7 @@ def test_fs_run_refused_without_root(monkeypatch: pytest.MonkeyPatch, capsys: py
 def test_bucket_idle_section(smoke_run: tuple[dict[str, Any], Path]) -> None:
     """Section bucket_idle counted idle consumers' LISTs at the store and woke a waiting one after an enqueue."""
     results, out = smoke_run
-    b = results["bucket_idle"]
-    if "skipped" in b:
-        pytest.skip(b["skipped"])  # no weed binary; under STEADQ_SYSTEM_TESTS=require this fails
-    assert _errors(b) == []
+    b = _seaweed_section(results, "bucket_idle")
     polling, *watches = b["idle"]
     assert [w["consumer"] for w in watches] == ["ready watch, cap 2 s", "ready watch, cap 10 s"]
     assert all(0 < w["lists"] < polling["lists"] for w in watches)  # one LIST a look, against a pass per poll
