@@ -28,38 +28,10 @@ def test_the_helper_is_built_by_the_install() -> None:
     assert exec_helper.available(), f"{exec_helper.HELPER} missing: ./dev.sh setup (pip install -e .) builds it"
 
 
-def test_the_spawner_does_not_fall_back_to_fork(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a preexec_fn (and without a uid change) CPython's Popen uses vfork."""
-    seen: list[dict[str, Any]] = []
-    real = subprocess.Popen
-
-    def recording(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
-        seen.append(kwargs)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "Popen", recording)
-    payload = tmp_path / "payload"
-    payload.write_bytes(b"")
-    proc = child.spawn(WorkerConfig(command=("/bin/true",)), {"PATH": "/usr/bin:/bin"}, str(payload), {})
-    try:
-        assert proc.wait(timeout=DEADLINE) == 0
-    finally:
-        guard.process_guard().forget(proc.pid)
-        guard.process_guard().close()
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
-    assert seen, "the spawn did not go through Popen"
-    assert [kw.get("preexec_fn") for kw in seen] == [None] * len(seen)  # the job's, and the guard's if it started
-
-
-def test_a_command_run_as_another_user_is_not_started_through_the_helper(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """CPython forks for a uid change anyway, and that user may not be able to execute the helper.
-
-    (A checkout under /root, with ``user: nobody``: every job would fail to start.)
-    """
+def _spawn_true(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, creds: dict[str, Any]
+) -> list[tuple[Any, dict[str, Any]]]:
+    """Spawn ``/bin/true`` as a job with ``creds`` and wait for it: (argv, keywords) of every Popen it took."""
     seen: list[tuple[Any, dict[str, Any]]] = []
     real = subprocess.Popen
 
@@ -70,7 +42,6 @@ def test_a_command_run_as_another_user_is_not_started_through_the_helper(
     monkeypatch.setattr(subprocess, "Popen", recording)
     payload = tmp_path / "payload"
     payload.write_bytes(b"")
-    creds = {"user": os.getuid(), "group": os.getgid(), "extra_groups": os.getgroups()}
     proc = child.spawn(WorkerConfig(command=("/bin/true",)), {"PATH": "/usr/bin:/bin"}, str(payload), creds)
     try:
         assert proc.wait(timeout=DEADLINE) == 0
@@ -80,7 +51,25 @@ def test_a_command_run_as_another_user_is_not_started_through_the_helper(
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
-    argv, kwargs = seen[0]
+    return seen
+
+
+def test_the_spawner_does_not_fall_back_to_fork(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a preexec_fn (and without a uid change) CPython's Popen uses vfork."""
+    seen = _spawn_true(tmp_path, monkeypatch, {})
+    assert seen, "the spawn did not go through Popen"
+    assert [kw.get("preexec_fn") for _, kw in seen] == [None] * len(seen)  # the job's, and the guard's if it started
+
+
+def test_a_command_run_as_another_user_is_not_started_through_the_helper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPython forks for a uid change anyway, and that user may not be able to execute the helper.
+
+    (A checkout under /root, with ``user: nobody``: every job would fail to start.)
+    """
+    creds = {"user": os.getuid(), "group": os.getgid(), "extra_groups": os.getgroups()}
+    argv, kwargs = _spawn_true(tmp_path, monkeypatch, creds)[0]
     assert argv == ["/bin/true"] and kwargs["preexec_fn"] is not None
 
 
