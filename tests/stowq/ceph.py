@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -34,11 +33,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from steadqd.errors import NotCommitted, NotFound
 from steadqd.s3.store import CEPH_RGW, StoreProfile
-from steadqd.s3.store.s3 import S3Settings, S3Store
-from tests.stowq.seaweed import ACCESS_KEY, SECRET_KEY, _free_ports
+from tests.stowq.live_s3 import ACCESS_KEY, SECRET_KEY, Gateway, free_ports, write_credentials
 
 # From Debian's ceph-mon, ceph-osd and radosgw (dev.sh's CEPH_PACKAGES installs them).
 BINARIES = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph", "ceph-authtool", "monmaptool")
@@ -99,8 +97,8 @@ rgw enable usage log = false
 
 
 @dataclass
-class Ceph:
-    """A running cluster: where its gateway answers, how to reach it, how to stop it."""
+class Ceph(Gateway):
+    """A running cluster: where its gateway answers, how to reach it (:class:`Gateway`), how to stop it."""
 
     endpoint: str
     root: Path
@@ -108,30 +106,7 @@ class Ceph:
     credentials_file: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     started_in_s: dict[str, float] = field(default_factory=dict)
-
-    def settings(self, bucket: str) -> S3Settings:
-        return S3Settings(
-            bucket=bucket,
-            endpoint_url=self.endpoint,
-            region="us-east-1",
-            credentials_file=str(self.credentials_file),
-            read_timeout_s=15.0,
-        )
-
-    def store(self, bucket: str, *, profile: StoreProfile = CEPH_RGW, create: bool = True) -> S3Store:
-        store = S3Store(self.settings(bucket), profile=profile)
-        if create:
-            store.create_bucket()
-        return store
-
-    def environment(self) -> dict[str, str]:
-        """The standard AWS variables that point any S3 client (aws CLI, steadq) at this gateway."""
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_REGION": "us-east-1",
-        }
+    default_profile: ClassVar[StoreProfile] = CEPH_RGW
 
     def log_tail(self, lines: int = 20) -> str:
         tails = []
@@ -195,14 +170,6 @@ class Ceph:
                 raise RuntimeError(f"ceph {name} exited with {process.returncode}:\n{self.log_tail()}")
 
 
-def _write_credentials(root: Path) -> Path:
-    credentials = root / "aws-credentials"
-    fd = os.open(credentials, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n")
-    return credentials
-
-
 def _run(*argv: str) -> None:
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=COMMAND_TIMEOUT_S, check=False)
     if done.returncode != 0:
@@ -243,28 +210,15 @@ def _osd_up(cluster: Ceph) -> bool:
     return int(json.loads(cluster.ceph("osd", "stat", "-f", "json")).get("num_up_osds", 0)) >= 1
 
 
-def _gateway_answers(cluster: Ceph) -> bool:
-    probe = S3Store(cluster.settings("steadq-ready-probe"), profile=CEPH_RGW)
-    try:
-        probe.list_page("", limit=1)
-        return True
-    except NotFound:
-        return True  # the gateway answered: no such bucket
-    except NotCommitted:
-        return False  # not listening yet, or its pools are still being created
-    finally:
-        probe.close()
-
-
 def start(root: Path) -> Ceph:
     """Start a cluster with everything under ``root``; the caller stops it (use :func:`running`)."""
     for sub in ("run", "log", "crash", "mon/a", "osd/0"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    mon_port, rgw_port = _free_ports(2)
+    mon_port, rgw_port = free_ports(2)
     fsid = str(uuid.uuid4())
     conf = root / "ceph.conf"
     conf.write_text(_config(root, fsid, mon_port))
-    cluster = Ceph(f"http://127.0.0.1:{rgw_port}", root, conf, _write_credentials(root))
+    cluster = Ceph(f"http://127.0.0.1:{rgw_port}", root, conf, write_credentials(root))
     began = time.monotonic()
     deadline = began + READY_TIMEOUT_S
     try:
@@ -290,7 +244,7 @@ def start(root: Path) -> Ceph:
             "radosgw",
             ["radosgw", "-c", str(conf), "-f", "-n", "client.rgw", "--rgw-frontends", f"beast endpoint=127.0.0.1:{rgw_port}"],
         )  # fmt: skip
-        _wait("radosgw", cluster, lambda: _gateway_answers(cluster), deadline)
+        _wait("radosgw", cluster, cluster.answers, deadline)  # no answer while its pools are being made
         cluster.started_in_s["all"] = time.monotonic() - began
     except BaseException:
         cluster.stop()

@@ -17,20 +17,17 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from steadqd.errors import NotCommitted, NotFound
 from steadqd.s3.store import SEAWEEDFS, StoreProfile
-from steadqd.s3.store.s3 import S3Settings, S3Store
+from tests.stowq.live_s3 import ACCESS_KEY, SECRET_KEY, Gateway, free_ports, write_credentials
 
-ACCESS_KEY = "steadqtest"
-SECRET_KEY = "steadqtest-not-a-secret"  # a throw-away identity of a throw-away server
 READY_TIMEOUT_S = 60.0
 # weed server does not exit on SIGTERM in 15 s; its data is scratch, so a short grace then SIGKILL.
 STOP_GRACE_S = 0.5
@@ -45,50 +42,16 @@ def weed_binary() -> str | None:
     return shutil.which("weed")
 
 
-def _free_ports(count: int) -> list[int]:
-    """Ports the kernel calls free now; held open together so no two are the same."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-        return ports
-
-
 @dataclass
-class Seaweed:
-    """A running server: where it answers, how to reach it, how to stop it."""
+class Seaweed(Gateway):
+    """A running server: where it answers, how to reach it (:class:`Gateway`), how to stop it."""
 
     endpoint: str
     root: Path
     credentials_file: Path
     process: subprocess.Popen[bytes]
     log_path: Path
-
-    def settings(self, bucket: str) -> S3Settings:
-        return S3Settings(
-            bucket=bucket,
-            endpoint_url=self.endpoint,
-            region="us-east-1",
-            credentials_file=str(self.credentials_file),
-            read_timeout_s=15.0,
-        )
-
-    def store(self, bucket: str, *, profile: StoreProfile = SEAWEEDFS, create: bool = True) -> S3Store:
-        store = S3Store(self.settings(bucket), profile=profile)
-        if create:
-            store.create_bucket()
-        return store
-
-    def environment(self) -> dict[str, str]:
-        """The standard AWS variables that point any S3 client (aws CLI, steadq later) at this server."""
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_REGION": "us-east-1",
-        }
+    default_profile: ClassVar[StoreProfile] = SEAWEEDFS
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -142,33 +105,18 @@ def _write_identities(root: Path) -> tuple[Path, Path]:
         "actions": ["Admin", "Read", "Write", "List", "Tagging"],
     }
     identities.write_text(json.dumps({"identities": [identity]}))
-    credentials = root / "aws-credentials"
-    fd = os.open(credentials, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n")
-    return identities, credentials
+    return identities, write_credentials(root)
 
 
 def _wait_ready(server: Seaweed) -> None:
     """Until the S3 gateway answers a request (a missing bucket counts), bounded by READY_TIMEOUT_S."""
-    probe = S3Store(server.settings("steadq-ready-probe"), profile=SEAWEEDFS)
     deadline = time.monotonic() + READY_TIMEOUT_S
-    try:
-        while True:
-            if server.process.poll() is not None:
-                raise RuntimeError(f"weed server exited with {server.process.returncode}:\n{server.log_tail()}")
-            try:
-                probe.list_page("", limit=1)
-                return
-            except NotFound:
-                return  # the gateway answered: no such bucket
-            except NotCommitted:
-                pass  # the gateway, or the filer behind it, is not up yet
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"weed server not answering after {READY_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
-            time.sleep(0.2)
-    finally:
-        probe.close()
+    while not server.answers():
+        if server.process.poll() is not None:
+            raise RuntimeError(f"weed server exited with {server.process.returncode}:\n{server.log_tail()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"weed server not answering after {READY_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
+        time.sleep(0.2)
 
 
 def start(root: Path, weed: str) -> Seaweed:
@@ -176,7 +124,7 @@ def start(root: Path, weed: str) -> Seaweed:
     root.mkdir(parents=True, exist_ok=True)
     (root / "data").mkdir(exist_ok=True)
     identities, credentials = _write_identities(root)
-    ports = dict(zip(_PORT_NAMES, _free_ports(len(_PORT_NAMES)), strict=True))
+    ports = dict(zip(_PORT_NAMES, free_ports(len(_PORT_NAMES)), strict=True))
     log_path = root / "weed.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(

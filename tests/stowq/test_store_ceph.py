@@ -17,40 +17,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import botocore.session
 import pytest
-from botocore.config import Config
-from botocore.exceptions import ClientError
 
 from steadqd.s3.certify import certify
 from steadqd.s3.store.s3 import S3Store
 from tests.stowq import test_store_seaweedfs as engine_neutral
 from tests.stowq.ceph import Ceph
 from tests.stowq.conftest import LIVE_BUCKET
-from tests.stowq.seaweed import ACCESS_KEY, SECRET_KEY
+from tests.stowq.live_s3 import raw_bucket, status
 
 pytestmark = pytest.mark.ceph
 
 
 @pytest.fixture(scope="module")
 def raw(ceph: Ceph) -> Iterator[Any]:
-    """A plain botocore client: what the engine does, without our classification in between."""
-    client = botocore.session.Session().create_client(
-        "s3",
-        endpoint_url=ceph.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        config=Config(
-            s3={"addressing_style": "path"},
-            retries={"total_max_attempts": 1},
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-        ),
-    )
-    ceph.store(LIVE_BUCKET).close()  # creates the bucket
-    yield client
-    client.close()
+    with raw_bucket(ceph, LIVE_BUCKET) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
@@ -60,17 +42,10 @@ def store(ceph: Ceph) -> Iterator[S3Store]:
     s.close()
 
 
-def _status(call: Any) -> int:
-    try:
-        return int(call()["ResponseMetadata"]["HTTPStatusCode"])
-    except ClientError as exc:
-        return int(exc.response["ResponseMetadata"]["HTTPStatusCode"])
-
-
 def test_rgw_honours_if_none_match_star_on_put(raw: Any, live_prefix: str) -> None:
     key = live_prefix + "p1"
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"a", IfNoneMatch="*")) == 200
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"b", IfNoneMatch="*")) == 412
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"a", IfNoneMatch="*")) == 200
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"b", IfNoneMatch="*")) == 412
 
 
 def test_rgw_if_match_wants_the_bare_etag_and_takes_any_value_that_starts_with_it(raw: Any, live_prefix: str) -> None:
@@ -79,27 +54,27 @@ def test_rgw_if_match_wants_the_bare_etag_and_takes_any_value_that_starts_with_i
     quoted = raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"v1")["ETag"]
     bare = quoted.strip('"')
     assert quoted.startswith('"') and len(bare) == 32
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"x", IfMatch=quoted)) == 412
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"x", IfMatch="0" * 32)) == 412
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"x", IfMatch=bare[:5])) == 412
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key + "-absent", Body=b"x", IfMatch=bare)) == 412
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"v1", IfMatch=bare + "0")) == 200
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"v2", IfMatch=bare)) == 200
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"x", IfMatch=quoted)) == 412
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"x", IfMatch="0" * 32)) == 412
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"x", IfMatch=bare[:5])) == 412
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key + "-absent", Body=b"x", IfMatch=bare)) == 412
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"v1", IfMatch=bare + "0")) == 200
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"v2", IfMatch=bare)) == 200
 
 
 def test_rgw_ignores_if_match_on_delete(raw: Any, live_prefix: str) -> None:
     """The protocol never conditions a delete (GC deletes verified-terminal graphs only), so nothing rests on it."""
     key = live_prefix + "del"
     raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"v1")
-    assert _status(lambda: raw.delete_object(Bucket=LIVE_BUCKET, Key=key, IfMatch="0" * 32)) == 204
-    assert _status(lambda: raw.head_object(Bucket=LIVE_BUCKET, Key=key)) == 404
+    assert status(lambda: raw.delete_object(Bucket=LIVE_BUCKET, Key=key, IfMatch="0" * 32)) == 204
+    assert status(lambda: raw.head_object(Bucket=LIVE_BUCKET, Key=key)) == 404
 
 
 def test_rgw_does_not_check_x_amz_checksum_sha256(raw: Any, live_prefix: str) -> None:
     """CEPH_RGW.verifies_checksum=False: P7 is met by read-back (every record carries its digest)."""
     key = live_prefix + "p7"
     wrong = base64.b64encode(hashlib.sha256(b"other").digest()).decode()
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"body", ChecksumSHA256=wrong)) == 200
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"body", ChecksumSHA256=wrong)) == 200
     assert raw.get_object(Bucket=LIVE_BUCKET, Key=key)["Body"].read() == b"body"
 
 
@@ -111,7 +86,7 @@ def _cas_race(raw: Any, key: str, current: str, width: int = 8) -> list[int]:
     def racer(i: int) -> None:
         barrier.wait()
         body = f"racer {i}".encode()
-        statuses.append(_status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=body, IfMatch=current)))
+        statuses.append(status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=body, IfMatch=current)))
 
     threads = [threading.Thread(target=racer, args=(i,)) for i in range(width)]
     for t in threads:

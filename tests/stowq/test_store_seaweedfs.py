@@ -14,38 +14,21 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import botocore.session
 import pytest
-from botocore.config import Config
-from botocore.exceptions import ClientError
 
 from steadqd.errors import AlreadyExists, ErrorKind, NotCommitted, NotFound, PreconditionFailed
 from steadqd.s3.certify import certify
 from steadqd.s3.store import SEAWEEDFS
 from steadqd.s3.store.s3 import S3Settings, S3Store
 from tests.stowq.conftest import LIVE_BUCKET
-from tests.stowq.seaweed import ACCESS_KEY, SECRET_KEY, Seaweed
+from tests.stowq.live_s3 import Gateway, raw_bucket, status
+from tests.stowq.seaweed import Seaweed
 
 
 @pytest.fixture(scope="module")
 def raw(seaweed: Seaweed) -> Iterator[Any]:
-    """A plain botocore client: what the engine does, without our classification in between."""
-    client = botocore.session.Session().create_client(
-        "s3",
-        endpoint_url=seaweed.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        config=Config(
-            s3={"addressing_style": "path"},
-            retries={"total_max_attempts": 1},
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-        ),
-    )
-    seaweed.store(LIVE_BUCKET).close()  # creates the bucket
-    yield client
-    client.close()
+    with raw_bucket(seaweed, LIVE_BUCKET) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
@@ -55,37 +38,30 @@ def store(seaweed: Seaweed) -> Iterator[S3Store]:
     s.close()
 
 
-def _status(call: Any) -> int:
-    try:
-        return int(call()["ResponseMetadata"]["HTTPStatusCode"])
-    except ClientError as exc:
-        return int(exc.response["ResponseMetadata"]["HTTPStatusCode"])
-
-
 def test_seaweedfs_honours_if_none_match_star_on_put(raw: Any, live_prefix: str) -> None:
     key = live_prefix + "p1"
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"a", IfNoneMatch="*")) == 200
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"b", IfNoneMatch="*")) == 412
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"a", IfNoneMatch="*")) == 200
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"b", IfNoneMatch="*")) == 412
 
 
 def test_seaweedfs_honours_if_match_on_put_and_delete_quoted_or_bare(raw: Any, live_prefix: str) -> None:
     key = live_prefix + "p2"
     etag = raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"v1")["ETag"]
     assert etag.startswith('"')
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"x", IfMatch='"0000"')) == 412
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key + "-absent", Body=b"x", IfMatch=etag)) == 412
-    assert _status(lambda: raw.delete_object(Bucket=LIVE_BUCKET, Key=key, IfMatch='"0000"')) == 412
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"x", IfMatch='"0000"')) == 412
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key + "-absent", Body=b"x", IfMatch=etag)) == 412
+    assert status(lambda: raw.delete_object(Bucket=LIVE_BUCKET, Key=key, IfMatch='"0000"')) == 412
     assert raw.get_object(Bucket=LIVE_BUCKET, Key=key)["Body"].read() == b"v1"  # the stale DELETE did nothing
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"v2", IfMatch=etag.strip('"'))) == 200
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"v2", IfMatch=etag.strip('"'))) == 200
 
 
 def test_seaweedfs_verifies_x_amz_checksum_sha256(raw: Any, live_prefix: str) -> None:
     key = live_prefix + "p7"
     wrong = base64.b64encode(hashlib.sha256(b"other").digest()).decode()
     right = base64.b64encode(hashlib.sha256(b"body").digest()).decode()
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"body", ChecksumSHA256=wrong)) == 400
-    assert _status(lambda: raw.head_object(Bucket=LIVE_BUCKET, Key=key)) == 404
-    assert _status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"body", ChecksumSHA256=right)) == 200
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"body", ChecksumSHA256=wrong)) == 400
+    assert status(lambda: raw.head_object(Bucket=LIVE_BUCKET, Key=key)) == 404
+    assert status(lambda: raw.put_object(Bucket=LIVE_BUCKET, Key=key, Body=b"body", ChecksumSHA256=right)) == 200
 
 
 def test_seaweedfs_store_times_are_whole_seconds_on_head_and_list_and_listing_is_immediate(
@@ -140,7 +116,7 @@ def test_s3_store_pages_a_listing_with_exclusive_start_after(store: S3Store, liv
     assert [m.key for m in store.list_page(live_prefix, start_after=keys[2]).items] == keys[3:]
 
 
-def test_a_missing_bucket_and_a_wrong_key_are_named(seaweed: Seaweed, tmp_path: Any) -> None:
+def test_a_missing_bucket_and_a_wrong_key_are_named(seaweed: Gateway, tmp_path: Any) -> None:
     missing = seaweed.store("steadq-no-such-bucket", create=False)
     with pytest.raises(NotFound, match="bucket steadq-no-such-bucket does not exist"):
         missing.list_page("")
