@@ -35,6 +35,7 @@ from typing import Any, NoReturn, TypeAlias
 from steadqd.backend import Backend
 from steadqd.backend import open_queue as open_backend
 from steadqd.constants import DeadReason
+from steadqd.durable_file import fsync_directory, replace_durably
 from steadqd.durations import format_duration, parse_duration
 from steadqd.errors import OutcomeUnknown, SteadQError
 from steadqd.text import printable
@@ -249,27 +250,9 @@ def write_atomic(path: str, text: str) -> None:
     an existing file at ``path`` is untouched.
     """
     tmp = temp_sibling(path, os.urandom(16).hex())
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            data = text.encode("utf-8")
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    replace_durably(tmp, path, text.encode("utf-8"))
     with contextlib.suppress(OSError):
-        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_directory(os.path.dirname(os.path.abspath(path)))
 
 
 def read_user_file(path: str, limit: int = 1 << 20) -> bytes:

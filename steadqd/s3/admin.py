@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from steadqd.constants import ID_BYTES
+from steadqd.durable_file import fsync_directory, replace_durably
 from steadqd.errors import CorruptRecord, ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, SteadQError
 from steadqd.s3 import keys
 from steadqd.s3.gc import delete_job_graph
@@ -176,23 +177,9 @@ def _write_atomically(out_path: str, data: bytes) -> int:
         raise InvalidInput(f"output path {out_path!r} names a directory")
     tmp = os.path.join(parent, f".{base}.tmp.{os.urandom(8).hex()}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, os.path.join(parent, base))
-        dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        replace_durably(tmp, os.path.join(parent, base), data)
+        fsync_directory(parent)
     except OSError as exc:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
         raise SteadQError(f"write {out_path}: {exc.strerror or exc}", ErrorKind.IO_FAILURE) from exc
     return len(data)
 
