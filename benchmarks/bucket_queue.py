@@ -44,15 +44,8 @@ from typing import TYPE_CHECKING, Any
 from steadqd.s3.certify import certify
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.store import SEAWEEDFS
-from steadqd.s3.store.base import (
-    LIST_PAGE_MAX,
-    Committed,
-    ListPage,
-    ObjectMeta,
-    ObjectStore,
-    StoredObject,
-    StoreProfile,
-)
+from steadqd.s3.store.base import ObjectStore
+from steadqd.s3.sweep import ObservedStore
 
 from .common import payload_of
 
@@ -110,58 +103,19 @@ def _plane(rel: str) -> str:
     return head
 
 
-class CountingStore:
+class CountingStore(ObservedStore):
     """Any store, with every call counted by operation and key plane; thread-safe, adds no request."""
 
     def __init__(self, inner: ObjectStore, prefix: str) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._prefix = prefix
         self._lock = threading.Lock()
         self.calls: Counter[tuple[str, str]] = Counter()
 
-    def _count(self, op: str, key: str) -> None:
+    def observe(self, operation: str, key: str) -> None:
         plane = _plane(key[len(self._prefix) :]) if key.startswith(self._prefix) else "(outside the queue)"
         with self._lock:
-            self.calls[(op, plane)] += 1
-
-    @property
-    def profile(self) -> StoreProfile:
-        return self._inner.profile
-
-    @property
-    def location(self) -> str:
-        return self._inner.location
-
-    def put_if_absent(self, key: str, body: bytes, *, sha256: bytes | None = None) -> Committed:
-        self._count("put_if_absent", key)
-        return self._inner.put_if_absent(key, body, sha256=sha256)
-
-    def put_if_match(self, key: str, body: bytes, etag: str, *, sha256: bytes | None = None) -> Committed:
-        self._count("put_if_match", key)
-        return self._inner.put_if_match(key, body, etag, sha256=sha256)
-
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> StoredObject:
-        self._count("get", key)
-        return self._inner.get(key, byte_range)
-
-    def get_if_none_match(self, key: str, etag: str) -> StoredObject | None:
-        self._count("get_if_none_match", key)
-        return self._inner.get_if_none_match(key, etag)
-
-    def head(self, key: str) -> ObjectMeta:
-        self._count("head", key)
-        return self._inner.head(key)
-
-    def list_page(self, prefix: str, *, start_after: str | None = None, limit: int = LIST_PAGE_MAX) -> ListPage:
-        self._count("list", prefix)
-        return self._inner.list_page(prefix, start_after=start_after, limit=limit)
-
-    def delete(self, key: str) -> None:
-        self._count("delete", key)
-        self._inner.delete(key)
-
-    def close(self) -> None:
-        self._inner.close()
+            self.calls[(operation, plane)] += 1
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

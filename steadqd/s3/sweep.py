@@ -32,6 +32,7 @@ the phases stop between two entries once their share is spent.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import cast
@@ -61,6 +62,7 @@ __all__ = [
     "BudgetedStore",
     "Exhausted",
     "INDEX_PAGE",
+    "ObservedStore",
     "RecoveryReport",
     "budgeted",
     "checkpoint",
@@ -139,12 +141,22 @@ def checkpoint(budget: Budget | None) -> None:
         budget.check()
 
 
-class BudgetedStore:
-    """An ObjectStore that counts every call in a :class:`Budget`."""
+class ObservedStore(ABC):
+    """An ObjectStore that reports every call to :meth:`observe` before making it, and changes nothing else.
 
-    def __init__(self, inner: ObjectStore, budget: Budget) -> None:
+    Why a base class: the recovery budget charges every store call and the
+    benchmarks count them by kind; each needs every method forwarded
+    exactly, and a method added to the store protocol is then forwarded
+    once, here. ``observe`` gets the operation (``list`` for a LIST) and
+    the key or prefix.
+    """
+
+    def __init__(self, inner: ObjectStore) -> None:
         self._inner = inner
-        self._budget = budget
+
+    @abstractmethod
+    def observe(self, operation: str, key: str) -> None:
+        """Called before each store call is made."""
 
     @property
     def profile(self) -> StoreProfile:
@@ -155,32 +167,46 @@ class BudgetedStore:
         return self._inner.location
 
     def put_if_absent(self, key: str, body: bytes, *, sha256: bytes | None = None) -> Committed:
-        self._budget.count()
+        self.observe("put_if_absent", key)
         return self._inner.put_if_absent(key, body, sha256=sha256)
 
     def put_if_match(self, key: str, body: bytes, etag: str, *, sha256: bytes | None = None) -> Committed:
-        self._budget.count()
+        self.observe("put_if_match", key)
         return self._inner.put_if_match(key, body, etag, sha256=sha256)
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> StoredObject:
-        self._budget.count()
+        self.observe("get", key)
         return self._inner.get(key, byte_range)
 
     def get_if_none_match(self, key: str, etag: str) -> StoredObject | None:
-        self._budget.count()
+        self.observe("get_if_none_match", key)
         return self._inner.get_if_none_match(key, etag)
 
     def head(self, key: str) -> ObjectMeta:
-        self._budget.count()
+        self.observe("head", key)
         return self._inner.head(key)
 
     def list_page(self, prefix: str, *, start_after: str | None = None, limit: int = LIST_PAGE_MAX) -> ListPage:
-        self._budget.count()
+        self.observe("list", prefix)
         return self._inner.list_page(prefix, start_after=start_after, limit=limit)
 
     def delete(self, key: str) -> None:
-        self._budget.count()
+        self.observe("delete", key)
         self._inner.delete(key)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class BudgetedStore(ObservedStore):
+    """An ObjectStore that counts every call in a :class:`Budget`."""
+
+    def __init__(self, inner: ObjectStore, budget: Budget) -> None:
+        super().__init__(inner)
+        self._budget = budget
+
+    def observe(self, operation: str, key: str) -> None:
+        self._budget.count()
 
     def close(self) -> None:
         """The inner store belongs to the handle, which closes it."""
