@@ -23,10 +23,8 @@ docs/testing.md for the measured times.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import shutil
-import signal
 import subprocess
 import time
 import uuid
@@ -36,6 +34,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from steadqd.s3.store import CEPH_RGW, StoreProfile
+from tests.procs import die_with_parent
 from tests.stowq.live_s3 import ACCESS_KEY, SECRET_KEY, Gateway, free_ports, write_credentials
 
 # From Debian's ceph-mon, ceph-osd and radosgw (dev.sh's CEPH_PACKAGES installs them).
@@ -47,12 +46,6 @@ STOP_GRACE_S = 1.0
 RGW_USER = "steadq-test"
 # Stopped in this order: the gateway before the OSD before the mon, so none hunts for a peer already gone.
 _DAEMONS = ("radosgw", "osd", "mon")
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: a test run killed before stop() takes its cluster with it.
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def missing_binaries() -> list[str]:
@@ -143,7 +136,7 @@ class Ceph(Gateway):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C of the test run reaches it through stop(), not twice
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,  # a test run killed before stop() takes its cluster with it
             )
         finally:
             log.close()

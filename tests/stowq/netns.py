@@ -36,6 +36,7 @@ from typing import TypeVar
 from steadqd.errors import NotCommitted, NotFound
 from steadqd.s3.store import SEAWEEDFS
 from steadqd.s3.store.s3 import S3Settings, S3Store
+from tests.procs import alive, die_with_parent
 from tests.stowq import seaweed
 
 T = TypeVar("T")
@@ -46,7 +47,6 @@ BRIDGE = "br0"
 HOST_LINK = "eth0"
 _NAME = re.compile(r"sqmh(\d+)-[a-z0-9]+")
 _CLONE_NEWNET = 0x40000000
-_PR_SET_PDEATHSIG = 1
 _IP_TIMEOUT_S = 20.0
 # Ports are fixed: every host has its own network stack, so nothing else can hold them.
 MASTER_PORT, VOLUME_PORT, FILER_PORT, S3_PORT = 9333, 8080, 8888, 8333
@@ -81,23 +81,13 @@ def missing_prerequisite() -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reap_stale() -> list[str]:
     """Delete the namespaces of earlier runs whose test process is gone, killing what still runs in them."""
     reaped = []
     for line in ip("netns", "list").splitlines():
         name = line.split()[0] if line.strip() else ""
         found = _NAME.fullmatch(name)
-        if found is None or _alive(int(found.group(1))):
+        if found is None or alive(int(found.group(1))):
             continue
         for pid in ip("netns", "pids", name).split():
             with contextlib.suppress(ProcessLookupError):
@@ -105,11 +95,6 @@ def reap_stale() -> list[str]:
         ip("netns", "delete", name)
         reaped.append(name)
     return reaped
-
-
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: a killed test run takes its cluster and workers with it.
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -134,7 +119,7 @@ class Host:
                 env=env,
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # only prctl, between fork and exec
+                preexec_fn=die_with_parent,  # only prctl, between fork and exec
             )
         return Process(self, command[0], popen, log)
 

@@ -23,7 +23,6 @@ empty cgroup and a directory remain, which the next session removes
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import shutil
 import signal
@@ -33,6 +32,8 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from tests.procs import alive, die_with_parent
 
 HERE = Path(__file__).resolve().parent
 BOOT_SCRIPT = HERE / "boot.sh"
@@ -98,8 +99,6 @@ MASKED_UNITS = (
     "systemd-udev-trigger.service",
     "systemd-udev-settle.service",
 )
-
-_PR_SET_PDEATHSIG = 1
 
 
 class Unavailable(Exception):
@@ -190,17 +189,6 @@ def check_prerequisites() -> None:
         raise Unavailable(f"cannot create namespaces: {probe.stderr.strip() or probe.returncode}")
 
 
-def _alive(pid: int) -> bool:
-    # Not steadqd.fs.linux.pid_alive: this harness imports nothing from the package.
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _rmdir_tree(path: str) -> None:
     """Remove a cgroup directory tree depth-first (cgroupfs only allows rmdir of empty groups)."""
     if not os.path.isdir(path):
@@ -223,7 +211,7 @@ def reap_stale() -> list[str]:
             owner = int((d / "owner").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             continue
-        if _alive(owner):
+        if alive(owner):
             continue
         for mp in sorted(host_mounts_under(str(d)), key=len, reverse=True):
             subprocess.run(["umount", mp], check=False)
@@ -284,12 +272,11 @@ class SystemdRoot:
         os.mkdir(self.cgroup)
 
         cgroup_procs = os.path.join(self.cgroup, "cgroup.procs")
-        libc = ctypes.CDLL(None, use_errno=True)
 
         def child_setup() -> None:
             # Runs in the forked child before exec: die with the test process,
             # and put unshare (hence the cgroup namespace's root) in our sub-cgroup.
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            die_with_parent()
             with open(cgroup_procs, "w") as f:
                 f.write("0\n")
 
@@ -480,7 +467,7 @@ class SystemdRoot:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=30)
-        if self.pid1 is not None and _alive(self.pid1) and self._systemd_is_pid1():
+        if self.pid1 is not None and alive(self.pid1) and self._systemd_is_pid1():
             problems.append(f"namespace PID 1 ({self.pid1}) still alive")
         if self._log is not None:
             self._log.close()
