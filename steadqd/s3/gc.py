@@ -34,6 +34,7 @@ operator decides.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import cast
 
@@ -257,6 +258,32 @@ def collect_terminal(
         after = positions.termidx = layout.relative(page.next_start_after)
 
 
+def _past_horizon(
+    layout: QueueLayout,
+    prefix_rel: str,
+    horizon_ns: int,
+    floor_ns: int,
+    start_after: str | None,
+    keep: Callable[[str | None], None],
+    budget: Budget | None,
+) -> Iterator[str]:
+    """Each key under ``prefix_rel`` stored at least ``horizon_ns`` before ``floor_ns``, charged to ``budget``.
+
+    ``keep`` is told every key walked past, so the next pass resumes after
+    it, and None once the plane is walked to its end. A key old enough is
+    kept only after the budget has allowed the work on it: a pass cut short
+    there starts with that key next time.
+    """
+    for rel, meta in walk(layout, prefix_rel, start_after=start_after):
+        if saturating_add(meta.store_time_ns, horizon_ns) > floor_ns:
+            keep(rel)
+            continue
+        checkpoint(budget)
+        keep(rel)
+        yield rel
+    keep(None)
+
+
 def collect_orphan_payloads(
     layout: QueueLayout,
     floor_ns: int,
@@ -273,12 +300,11 @@ def collect_orphan_payloads(
     missing is the repair scan's finding (0x0014), not this one's.
     """
     fmt = layout.format
-    for rel, meta in walk(layout, "payloads/", start_after=positions.payloads):
-        if saturating_add(meta.store_time_ns, retention.orphan_ns) > floor_ns:
-            positions.payloads = rel
-            continue
-        checkpoint(budget)
+
+    def keep(rel: str | None) -> None:
         positions.payloads = rel
+
+    for rel in _past_horizon(layout, "payloads/", retention.orphan_ns, floor_ns, positions.payloads, keep, budget):
         try:
             parsed = keys.parse_key(rel)
         except InvalidKey:
@@ -294,7 +320,6 @@ def collect_orphan_payloads(
             report.error(exc, f"collecting the orphan payload {rel}")
             continue
         report.temp_files_deleted += 1
-    positions.payloads = None
 
 
 def collect_beacons(
@@ -306,12 +331,11 @@ def collect_beacons(
     budget: Budget | None = None,
 ) -> None:
     """Delete clock beacons older than ``retention.beacon_ns`` (their nonces are random: the whole plane is walked)."""
-    for rel, meta in walk(layout, "meta/clock/", start_after=positions.beacons):
-        if saturating_add(meta.store_time_ns, retention.beacon_ns) > floor_ns:
-            positions.beacons = rel
-            continue
-        checkpoint(budget)
+
+    def keep(rel: str | None) -> None:
         positions.beacons = rel
+
+    for rel in _past_horizon(layout, "meta/clock/", retention.beacon_ns, floor_ns, positions.beacons, keep, budget):
         try:
             if keys.parse_key(rel).kind is not KeyKind.BEACON:
                 continue
@@ -322,4 +346,3 @@ def collect_beacons(
             report.error(exc, f"deleting the clock beacon {rel}")
             continue
         report.beacons_deleted += 1
-    positions.beacons = None
