@@ -40,7 +40,7 @@ RECOVERY_PHASES = ("reap_leases", "promote_delayed", "delete_receipts", "cleanup
 REPAIR_PAGES_PER_PASS = 4
 
 
-def _phase(
+def _run_phase(
     name: str,
     work: QueueLayout,
     layout: QueueLayout,
@@ -48,26 +48,33 @@ def _phase(
     setting: RecoverySetting,
     report: RecoveryReport,
     budget: Budget,
-) -> None:
+) -> bool:
+    """Run one phase; True when the budget cut it short."""
     retention, positions = setting.retention, setting.positions
-    if name == "reap_leases":
-        sweep_leases(work, floor_ns, report, budget)
-    elif name == "promote_delayed":
-        sweep_delayed(work, floor_ns, report, budget)
-    elif name == "delete_receipts":
-        collect_terminal(work, floor_ns, retention, positions, report, budget)
-    elif name == "cleanup_temp":
-        collect_orphan_payloads(work, floor_ns, retention, positions, report, budget)
-    elif name == "collect_beacons":
-        collect_beacons(work, floor_ns, retention, positions, report, budget)
-    else:
-        step = repair_step(work, layout, floor_ns, max_pages=REPAIR_PAGES_PER_PASS, budget=budget)
-        report.indexes_regenerated += step.scan.regenerated
-        report.quarantined += step.scan.quarantined
-        if step.cycle_done:
-            report.shards_repaired += layout.format.shard_count
-        if step.error is not None:
-            raise step.error
+    try:
+        if name == "reap_leases":
+            sweep_leases(work, floor_ns, report, budget)
+        elif name == "promote_delayed":
+            sweep_delayed(work, floor_ns, report, budget)
+        elif name == "delete_receipts":
+            collect_terminal(work, floor_ns, retention, positions, report, budget)
+        elif name == "cleanup_temp":
+            collect_orphan_payloads(work, floor_ns, retention, positions, report, budget)
+        elif name == "collect_beacons":
+            collect_beacons(work, floor_ns, retention, positions, report, budget)
+        else:
+            step = repair_step(work, layout, floor_ns, max_pages=REPAIR_PAGES_PER_PASS, budget=budget)
+            report.indexes_regenerated += step.scan.regenerated
+            report.quarantined += step.scan.quarantined
+            if step.cycle_done:
+                report.shards_repaired += layout.format.shard_count
+            if step.error is not None:
+                raise step.error
+    except Exhausted:
+        return True
+    except (NotCommitted, OutcomeUnknown, StateExhausted, CorruptRecord) as exc:
+        report.error(exc, f"recovery phase {name} of {layout.location}")
+    return False
 
 
 @dataclass
@@ -144,22 +151,3 @@ def run_recovery(
     report.operations_attempted = budget.ops
     report.budget_exhausted = bool(unfinished)
     return report
-
-
-def _run_phase(
-    name: str,
-    work: QueueLayout,
-    layout: QueueLayout,
-    floor_ns: int,
-    setting: RecoverySetting,
-    report: RecoveryReport,
-    budget: Budget,
-) -> bool:
-    """Run one phase; True when the budget cut it short."""
-    try:
-        _phase(name, work, layout, floor_ns, setting, report, budget)
-    except Exhausted:
-        return True
-    except (NotCommitted, OutcomeUnknown, StateExhausted, CorruptRecord) as exc:
-        report.error(exc, f"recovery phase {name} of {layout.location}")
-    return False
