@@ -10,8 +10,12 @@ that backend leaves it None and says so in its own module.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-__all__ = ["JobEntry", "JobFile", "StateStats"]
+__all__ = ["JobEntry", "JobFile", "JobStory", "StateStats"]
+
+# A backend's own record of one object of a job (``steadq inspect``'s rows).
+ObjectT = TypeVar("ObjectT")
 
 
 @dataclass(frozen=True)
@@ -70,3 +74,25 @@ class JobFile:
     payload_head: bytes = b""
     payload_verified: bool = False
     problem: str | None = None
+
+
+@dataclass(frozen=True)
+class JobStory(Generic[ObjectT]):
+    """One job as ``steadq show`` tells it: where it is, what its file says, every object it has.
+
+    ``state`` is a state word or ``quarantine``; ``current`` is the object
+    the story is about (the live one; the receipt when only a receipt is
+    left; None in quarantine). ``file`` is None for a filesystem's receipt
+    (an acknowledged job's payload is gone); a bucket keeps a done job's
+    record and payload until garbage collection, and judges them.
+    ``reason`` is a dead job's or a quarantined object's.
+    """
+
+    job_id: str
+    state: str
+    path: str
+    objects: list[ObjectT]
+    current: ObjectT | None
+    file: JobFile | None
+    reason: int | None = None
+    quarantine_id: str | None = None

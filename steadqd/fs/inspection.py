@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from steadqd import view_records
 from steadqd.constants import (
     DEAD_DIR,
     DELAYED_DIR,
@@ -558,25 +559,8 @@ def copy_job_payload(ctx: Context, path: str, out: BinaryIO) -> int:
         linux.close(fd)
 
 
-@dataclass(frozen=True)
-class JobStory:
-    """One job as ``steadq show`` tells it: where it is, what its file says, every object it has.
-
-    ``state`` is a state word or ``quarantine``; ``current`` is the object
-    the story is about (the live one; the receipt when only a receipt is
-    left; None in quarantine). ``file`` is None for a receipt: an
-    acknowledged job's payload is gone. ``reason`` is a dead job's or a
-    quarantined object's.
-    """
-
-    job_id: str
-    state: str
-    path: str
-    objects: list[JobObject]
-    current: JobObject | None
-    file: JobFile | None
-    reason: int | None = None
-    quarantine_id: str | None = None
+# What ``show`` tells of a job, with this backend's objects.
+JobStory = view_records.JobStory[JobObject]
 
 
 # A job moves while it is looked at (a worker claims it, the sweeper reaps

@@ -27,6 +27,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
+from steadqd import view_records
 from steadqd.constants import ID_BYTES, NS_PER_SECOND, State
 from steadqd.errors import CorruptRecord, ErrorKind, InvalidInput, InvalidKey, SteadQError
 from steadqd.s3 import keys
@@ -103,22 +104,8 @@ class JobObject:
     details: dict[str, object] = field(default_factory=dict, compare=False)
 
 
-@dataclass(frozen=True)
-class JobStory:
-    """One job as ``steadq show`` tells it (the filesystem's ``JobStory`` shape).
-
-    ``file`` is the job record judged, also for a done job while its graph
-    is kept (a bucket keeps the payload until garbage collection).
-    """
-
-    job_id: str
-    state: str
-    path: str
-    objects: list[JobObject]
-    current: JobObject | None
-    file: JobFile | None
-    reason: int | None = None
-    quarantine_id: str | None = None
+# What ``show`` tells of a job, with this backend's objects.
+JobStory = view_records.JobStory[JobObject]
 
 
 # =========================================================================== keys and listings
