@@ -8,7 +8,9 @@ one at a time from one thread, with a 200-byte body (a record's size):
 put-if-absent (a create, and a losing create: the 412 of a claim race),
 CAS, GET, ranged GET, HEAD, LIST of 100 keys, delete. Beside them, the same
 PUT through plain botocore with its defaults, through boto3's client and
-through boto3's resource layer, and the same operations through obstore
+through boto3's resource layer, HEAD, GET, create and LIST over each
+transport (botocore's client, and ``s3_direct``'s own connections), and
+the same operations through obstore
 (Rust's object_store), each only where it is installed (none is a
 dependency), so the cost of each layer, and of botocore's
 ``Expect: 100-continue``, is measured rather than assumed.
@@ -28,12 +30,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from steadqd.errors import AlreadyExists
 from steadqd.s3.store import SEAWEEDFS
-from steadqd.s3.store.s3 import S3Store
+from steadqd.s3.store.s3 import TRANSPORTS, S3Store
 from tests.stowq.seaweed import ACCESS_KEY, SECRET_KEY, Seaweed, running, weed_binary
 
 BUCKET = "steadq-bench"
@@ -165,9 +168,8 @@ def _as_before(server: Seaweed) -> S3Store:
         return server.store(BUCKET, profile=SEAWEEDFS, create=False)
 
 
-def _before_after(server: Seaweed, store: S3Store, ops: int, seconds: float) -> dict[str, dict[str, float]]:
-    """HEAD, GET, create and LIST through both stores in alternating rounds, so load hits both alike."""
-    before = _as_before(server)
+def _alternating(stores: dict[str, S3Store], ops: int, seconds: float) -> dict[str, dict[str, float]]:
+    """HEAD, GET, create and LIST through each store in alternating rounds, so load hits them alike."""
     rows: dict[str, dict[str, float]] = {}
     rounds = 4
     for name, op in (
@@ -176,9 +178,9 @@ def _before_after(server: Seaweed, store: S3Store, ops: int, seconds: float) -> 
         ("put_if_absent (create)", lambda s, i: s.put_if_absent(f"ba/{id(s)}/{i:08d}", BODY)),
         ("list (100 keys)", lambda s, i: s.list_page("l/")),
     ):
-        runs: dict[str, list[dict[str, float]]] = {"now": [], "before": []}
+        runs: dict[str, list[dict[str, float]]] = {label: [] for label in stores}
         for r in range(rounds):
-            for label, which in (("now", store), ("before", before)):
+            for label, which in stores.items():
                 base = r * ops
 
                 def step(i: int, which: S3Store = which, base: int = base, op: Any = op) -> object:
@@ -186,15 +188,32 @@ def _before_after(server: Seaweed, store: S3Store, ops: int, seconds: float) -> 
 
                 runs[label].append(_time(step, max(1, ops // rounds), seconds / rounds))
         for label, parts in runs.items():
-            key = f"{name}: {'S3Store now' if label == 'now' else 'S3Store before the lean path'}"
-            rows[key] = {
+            rows[f"{name}: {label}"] = {
                 "ops": sum(p["ops"] for p in parts),
                 "median_us": statistics.median(p["median_us"] for p in parts),
                 "mean_us": statistics.fmean(p["mean_us"] for p in parts),
                 "ops_per_s": statistics.fmean(p["ops_per_s"] for p in parts),
                 "client_cpu_us": statistics.median(p["client_cpu_us"] for p in parts),
             }
+    return rows
+
+
+def _before_after(server: Seaweed, store: S3Store, ops: int, seconds: float) -> dict[str, dict[str, float]]:
+    before = _as_before(server)
+    rows = _alternating({"S3Store now": store, "S3Store before the lean path": before}, ops, seconds)
     before.close()
+    return rows
+
+
+def _transports(server: Seaweed, ops: int, seconds: float) -> dict[str, dict[str, float]]:
+    """The same store over botocore's client and over the direct transport (s3_direct.py), alternating."""
+    stores = {
+        f"{transport} transport": S3Store(replace(server.settings(BUCKET), transport=transport), profile=SEAWEEDFS)
+        for transport in TRANSPORTS
+    }
+    rows = _alternating(stores, ops, seconds)
+    for store in stores.values():
+        store.close()
     return rows
 
 
@@ -218,6 +237,7 @@ def measure(server: Seaweed, ops: int, seconds: float) -> dict[str, Any]:
     rows["list (100 keys)"] = _time(lambda i: store.list_page("l/"), ops, seconds)
     rows["delete"] = _time(lambda i: store.delete(f"c/{i:08d}"), ops, seconds)
     rows.update(_before_after(server, store, ops, seconds))
+    rows.update(_transports(server, ops, seconds))
     rows.update(_baselines(server, ops, seconds))
     rows.update(_obstore_rows(server, ops, seconds))
     store.close()

@@ -9,7 +9,8 @@ They come from the standard AWS settings only (``AWS_ENDPOINT_URL``,
 engine's quirks to expect is the same kind of setting: ``store_profile``
 (a daemon's ``s3:`` section) or ``STEADQ_STORE_PROFILE`` in the
 environment, so that every ``steadq`` command of a shell speaks to the
-engine the same way.
+engine the same way; ``STEADQ_S3_TRANSPORT`` likewise picks who sends the
+requests ("botocore", or "direct": ``steadqd.s3.store.s3_direct``).
 
 The first request to a store answers the questions an operator has when a
 queue will not open (is the endpoint there, are the credentials good, does
@@ -33,6 +34,7 @@ __all__ = ["PROFILE_VARIABLE", "SCHEME", "BucketURL", "init_bucket_queue", "open
 
 SCHEME = "s3"
 PROFILE_VARIABLE = "STEADQ_STORE_PROFILE"
+TRANSPORT_VARIABLE = "STEADQ_S3_TRANSPORT"
 PROFILES: dict[str, StoreProfile] = {p.name: p for p in (S3_GENERIC, SEAWEEDFS, CEPH_RGW)}
 # Options of the handle itself (BucketQueue and BucketBackend), passed through: the
 # sweeper's retentions are the same settings, in seconds, as a filesystem handle takes.
@@ -166,10 +168,17 @@ def _explain(exc: SteadQError, url: BucketURL, endpoint: str, profile: StoreProf
 
 
 def _build(target: str, options: dict[str, Any], make: Callable[[Any, BucketURL, dict[str, Any]], T]) -> T:
-    from steadqd.s3.store.s3 import S3Settings, S3Store
+    from steadqd.s3.store.s3 import TRANSPORTS, S3Settings, S3Store
 
     url = parse_url(target)
-    settings = S3Settings(bucket=url.bucket, **_settings_options(options))
+    chosen: dict[str, Any] = {}
+    if transport := os.environ.get(TRANSPORT_VARIABLE):
+        if transport not in TRANSPORTS:
+            raise InvalidInput(
+                f"{TRANSPORT_VARIABLE} {transport!r} is not an S3 transport; give one of {', '.join(TRANSPORTS)}"
+            )
+        chosen["transport"] = transport
+    settings = S3Settings(bucket=url.bucket, **_settings_options(options), **chosen)
     profile = _profile(options)
     store = S3Store(settings, profile=profile)
     endpoint = store.location.partition(" at ")[2] or "the AWS default endpoint"

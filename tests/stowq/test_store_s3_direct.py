@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from steadqd.errors import AlreadyExists, NotFound
+from steadqd.errors import AlreadyExists, InvalidInput, NotFound
 from steadqd.s3.store import SEAWEEDFS
 from steadqd.s3.store.s3 import S3Settings, S3Store
 from steadqd.s3.store.s3_direct import DirectClient, _client_error, _parse_listing
@@ -96,6 +96,26 @@ def test_the_aws_environment_alone_reaches_the_store_directly(
     assert from_env.location == f"s3://{LIVE_BUCKET} at {seaweed.endpoint}"
     from_env.list_page("", limit=1)
     from_env.close()
+
+
+def test_steadq_s3_transport_picks_the_transport_of_every_queue_opened(
+    seaweed: Seaweed, direct: S3Store, monkeypatch: pytest.MonkeyPatch, live_prefix: str
+) -> None:
+    """The variable is read where the profile's is, for every command and daemon (``direct`` made the bucket)."""
+    from steadqd.s3.url import TRANSPORT_VARIABLE, init_bucket_queue
+
+    for name, value in seaweed.environment().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(TRANSPORT_VARIABLE, "curl")
+    with pytest.raises(InvalidInput, match="STEADQ_S3_TRANSPORT 'curl' is not an S3 transport; give one of botocore"):
+        init_bucket_queue(f"s3://{LIVE_BUCKET}/{live_prefix}", store_profile="seaweedfs")
+    monkeypatch.setenv(TRANSPORT_VARIABLE, "direct")
+    backend = init_bucket_queue(f"s3://{LIVE_BUCKET}/{live_prefix}", store_profile="seaweedfs")
+    try:
+        store = backend.layout.store
+        assert isinstance(store, S3Store) and isinstance(store._client, DirectClient)
+    finally:
+        backend.close()
 
 
 class _OneAnswerPerConnection(http.server.BaseHTTPRequestHandler):
