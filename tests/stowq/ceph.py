@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from steadqd.demo.seaweed import free_ports
 from steadqd.s3.store import CEPH_RGW, StoreProfile
 from tests.procs import die_with_parent
-from tests.stowq.live_s3 import ACCESS_KEY, SECRET_KEY, Gateway, free_ports, write_credentials
+from tests.stowq.live_s3 import ACCESS_KEY, SECRET_KEY, Gateway, write_credentials
 
 # From Debian's ceph-mon, ceph-osd and radosgw (dev.sh's CEPH_PACKAGES installs them).
 BINARIES = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph", "ceph-authtool", "monmaptool")

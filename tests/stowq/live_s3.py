@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,17 +23,6 @@ ACCESS_KEY = "steadqtest"
 SECRET_KEY = "steadqtest-not-a-secret"  # a throw-away identity of a throw-away server
 REGION = "us-east-1"
 READY_PROBE_BUCKET = "steadq-ready-probe"
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel calls free now; held open together so no two are the same."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-        return ports
 
 
 def write_credentials(root: Path) -> Path:
