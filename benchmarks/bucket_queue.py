@@ -6,7 +6,8 @@
 Starts one same-host SeaweedFS (``tests/stowq/seaweed.py``: ``weed server``
 on 127.0.0.1, telemetry off, data under the scratch directory, stopped by
 its PID), certifies it once, then for each configuration (1 and 4 worker
-processes, single and batched claiming) enqueues ``jobs`` 100-byte jobs on a
+processes, single and batched claiming, each over both S3 transports:
+botocore's client and ``s3_direct``'s own connections) enqueues ``jobs`` 100-byte jobs on a
 fresh queue and lets the workers drain it: lease (``lease()`` or
 ``lease_many(batch)``), read and verify the payload, ack. A batch's jobs
 are delivered concurrently by the worker (the reference's harness does the
@@ -38,6 +39,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -247,6 +249,7 @@ def run_config(
     cpu = sum(r["cpu_s"] for r in reports)
     return {
         "workers": workers,
+        "transport": settings.transport,
         "batch": batch or 1,
         "claiming": "batched" if batch else "single",
         "jobs": jobs,
@@ -314,6 +317,7 @@ def section(profile: str, base: str) -> dict[str, Any]:
 
 
 def _measure(root: Path, weed: str, size: dict[str, Any], out: dict[str, Any]) -> None:
+    from steadqd.s3.store.s3 import TRANSPORTS
     from tests.stowq.seaweed import running
 
     with running(root, weed) as server:
@@ -323,16 +327,17 @@ def _measure(root: Path, weed: str, size: dict[str, Any], out: dict[str, Any]) -
             out["certified"] = certify(store).certified
             out["certify_s"] = round(time.monotonic() - t, 1)
         store.close()
-        settings = server.settings(BUCKET)
         configs = []
         for workers in size["workers"]:
             for batch in (0, size["batch"]):
-                prefix = f"w{workers}-b{batch}-{os.getpid()}/"
-                configs.append(
-                    run_config(
-                        settings, prefix, workers=workers, batch=batch, jobs=size["jobs"], seconds=size["seconds"]
+                for transport in TRANSPORTS:  # adjacent, so load hits both transports alike
+                    settings = replace(server.settings(BUCKET), transport=transport)
+                    prefix = f"w{workers}-b{batch}-{transport}-{os.getpid()}/"
+                    configs.append(
+                        run_config(
+                            settings, prefix, workers=workers, batch=batch, jobs=size["jobs"], seconds=size["seconds"]
+                        )
                     )
-                )
         out["configs"] = configs
         out["client"] = _client_rows(server, size)
 
@@ -340,7 +345,11 @@ def _measure(root: Path, weed: str, size: dict[str, Any], out: dict[str, Any]) -
 def _cells(c: dict[str, Any]) -> Iterator[str]:
     ref = REFERENCE
     rate, ops = c["jobs_per_s_per_worker"], c["ops"]["per_job"]
-    yield f"{c['workers']} × {c['claiming']}" + (f" ({c['batch']})" if c["claiming"] == "batched" else "")
+    yield (
+        f"{c['workers']} × {c['claiming']}"
+        + (f" ({c['batch']})" if c["claiming"] == "batched" else "")
+        + f", {c.get('transport', 'botocore')}"
+    )
     yield f"{c['acked_by_workers']}/{c['jobs']}"
     yield "–" if rate is None else f"{rate:,.1f}"
     yield "–" if c["jobs_per_s_aggregate"] is None else f"{c['jobs_per_s_aggregate']:,.1f}"
@@ -368,7 +377,7 @@ def markdown(r: dict[str, Any]) -> list[str]:
         f"{hi['load_1m']} on {lo['cpus']} CPUs. Reference: {ref['jobs_per_s_per_worker']:.0f} jobs/s per worker "
         f"and {ref['ops_per_job']} operations per job ({ref['store']}, batch of {ref['batch']}); ratios are ours "
         "over the reference's jobs/s and the reference's operations over ours (above 1x: better).\n",
-        "| workers × claiming | acked by workers | jobs/s per worker | jobs/s all workers | vs 72/s | "
+        "| workers × claiming, transport | acked by workers | jobs/s per worker | jobs/s all workers | vs 72/s | "
         "store ops per job | vs 14.2 | ops per job by kind | worker CPU ms per job | duplicates/lost |",
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---|",
     ]
