@@ -68,6 +68,28 @@ def _umount(mountpoint: str) -> None:
 
 
 @contextlib.contextmanager
+def _mounted(fstype: str, device: str, prefix: str, *options: str, skip_unsupported: bool = False) -> Iterator[str]:
+    """``device`` mounted on a new directory under /tmp named ``prefix``...; unmounted and removed on the way out.
+
+    A failed mount raises, or with ``skip_unsupported`` skips the test where the kernel has no ``fstype``.
+    """
+    mountpoint = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    try:
+        mounted = _run(["mount", "-t", fstype, *options, device, mountpoint])
+        if mounted.returncode != 0:
+            if skip_unsupported and not _kernel_has(fstype):
+                pytest.skip(f"kernel cannot mount {fstype}: {mounted.stderr.strip()}")
+            raise RuntimeError(f"mount -t {fstype} {device} failed: {mounted.stderr.strip()}")
+        try:
+            yield mountpoint
+        finally:
+            _umount(mountpoint)
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(mountpoint)
+
+
+@contextlib.contextmanager
 def loop_filesystem(fstype: str, size_mb: int | None = None) -> Iterator[str]:
     """Yield the mount point of a fresh ``fstype`` filesystem on a loop device.
 
@@ -103,20 +125,8 @@ def loop_filesystem(fstype: str, size_mb: int | None = None) -> Iterator[str]:
             made = _run([*mkfs, device])
             if made.returncode != 0:
                 raise RuntimeError(f"{' '.join(mkfs)} {device} failed: {made.stderr.strip()}")
-            mountpoint = tempfile.mkdtemp(prefix=f"steadq-{fstype}-mnt-", dir="/tmp")
-            try:
-                mounted = _run(["mount", "-t", fstype, device, mountpoint])
-                if mounted.returncode != 0:
-                    if not _kernel_has(fstype):
-                        pytest.skip(f"kernel cannot mount {fstype}: {mounted.stderr.strip()}")
-                    raise RuntimeError(f"mount -t {fstype} {device} failed: {mounted.stderr.strip()}")
-                try:
-                    yield mountpoint
-                finally:
-                    _umount(mountpoint)
-            finally:
-                with contextlib.suppress(OSError):
-                    os.rmdir(mountpoint)
+            with _mounted(fstype, device, f"steadq-{fstype}-mnt-", skip_unsupported=True) as mountpoint:
+                yield mountpoint
         finally:
             _run(["losetup", "-d", device])
     finally:
@@ -224,18 +234,8 @@ def ram_ext4() -> Iterator[str | None]:
         made = _run(["mkfs.ext4", "-q", "-F", "-N", str(_RAM_INODES), "-E", "nodiscard", device])
         if made.returncode != 0:
             raise RuntimeError(f"mkfs.ext4 {device} failed: {made.stderr.strip()}")
-        mountpoint = tempfile.mkdtemp(prefix=f"{_RAM_PREFIX}{os.getpid()}-", dir="/tmp")
-        try:
-            # noinit_itable: no background zeroing of inode tables into RAM.
-            mounted = _run(["mount", "-t", "ext4", "-o", "noinit_itable", device, mountpoint])
-            if mounted.returncode != 0:
-                raise RuntimeError(f"mount -t ext4 {device} failed: {mounted.stderr.strip()}")
-            try:
-                yield mountpoint
-            finally:
-                _umount(mountpoint)
-        finally:
-            with contextlib.suppress(OSError):
-                os.rmdir(mountpoint)
+        # noinit_itable: no background zeroing of inode tables into RAM.
+        with _mounted("ext4", device, f"{_RAM_PREFIX}{os.getpid()}-", "-o", "noinit_itable") as mountpoint:
+            yield mountpoint
     finally:
         _run(["losetup", "-d", device])
