@@ -353,6 +353,7 @@ def _direct_client(session: Any, settings: S3Settings, region: str) -> Any:
         addressing_style=settings.addressing_style,
         connect_timeout_s=settings.connect_timeout_s,
         read_timeout_s=settings.read_timeout_s,
+        ca_bundle=session.get_config_variable("ca_bundle"),
     )
 
 

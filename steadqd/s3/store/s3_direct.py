@@ -34,8 +34,10 @@ import http.client
 import io
 import select
 import socket
+import ssl
 import threading
 import urllib.parse
+import urllib.request
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from typing import Any
@@ -98,10 +100,19 @@ class DirectClient:
         addressing_style: str,
         connect_timeout_s: float,
         read_timeout_s: float,
+        ca_bundle: str | None = None,
     ) -> None:
         parts = urllib.parse.urlsplit(endpoint_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise InvalidInput(f"endpoint URL {endpoint_url!r}: give http://HOST[:PORT] or https://HOST[:PORT]")
+        proxy = urllib.request.getproxies().get(parts.scheme)
+        if proxy and not urllib.request.proxy_bypass(parts.hostname):
+            raise InvalidInput(
+                f"{parts.scheme}_proxy is set ({proxy}) and the direct S3 transport does not go through proxies: "
+                f"add {parts.hostname} to no_proxy, or use the botocore transport (STEADQ_S3_TRANSPORT=botocore)"
+            )
+        # AWS_CA_BUNDLE (or ca_bundle in the AWS config) as botocore honours it; else the system's CAs.
+        self._tls = ssl.create_default_context(cafile=ca_bundle) if parts.scheme == "https" else None
         self.meta = _Meta(endpoint_url.rstrip("/"), region)
         self._scheme = parts.scheme
         self._host = parts.hostname
@@ -252,8 +263,12 @@ class DirectClient:
             connection = None
         if connection is not None:
             return connection
-        kind = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
-        connection = kind(self._host, self._port, timeout=self._connect_timeout_s)
+        if self._tls is not None:
+            connection = http.client.HTTPSConnection(
+                self._host, self._port, timeout=self._connect_timeout_s, context=self._tls
+            )
+        else:
+            connection = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout_s)
         try:
             connection.connect()
         except TimeoutError as exc:
