@@ -12,7 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["JobEntry", "JobFile", "JobStory", "StateStats"]
+from steadqd.constants import NS_PER_SECOND
+
+__all__ = ["CLASSIFIED_STATES", "JobEntry", "JobFile", "JobStory", "StateStats", "StateTally"]
+
+# The states ``stats`` classifies objects into, as its output names them.
+CLASSIFIED_STATES = ("dead", "delayed", "leased", "quarantine", "ready", "receipts", "tmp")
 
 # A backend's own record of one object of a job (``steadq inspect``'s rows).
 ObjectT = TypeVar("ObjectT")
@@ -28,6 +33,30 @@ class StateStats:
 
     objects: int
     oldest_age_seconds: int | None
+
+
+class StateTally:
+    """Count and oldest entry time of one state, accumulated while streaming a listing.
+
+    An entry whose time could not be read (None) is counted but not aged.
+    """
+
+    __slots__ = ("count", "oldest_ns")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.oldest_ns: int | None = None
+
+    def add(self, time_ns: int | None) -> None:
+        self.count += 1
+        if time_ns is not None and (self.oldest_ns is None or time_ns < self.oldest_ns):
+            self.oldest_ns = time_ns
+
+    def result(self, now_ns: int) -> StateStats:
+        if self.oldest_ns is None:
+            return StateStats(self.count, None)
+        # floor(now - oldest) in seconds; a time in the future is age 0.
+        return StateStats(self.count, max(0, now_ns - self.oldest_ns) // NS_PER_SECOND)
 
 
 @dataclass(frozen=True)

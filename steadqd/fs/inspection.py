@@ -35,7 +35,6 @@ from steadqd.constants import (
     DELAYED_DIR,
     JOB_EXT,
     LEASED_DIR,
-    NS_PER_SECOND,
     QUARANTINE_DIR,
     READY_DIR,
     RECEIPT_EXT,
@@ -64,7 +63,7 @@ from steadqd.fs.names import (
 from steadqd.fs.receipt import verify_receipt
 from steadqd.fs.verify import copy_payload as verify_copy_payload
 from steadqd.fs.verify import iter_payload, read_envelope, verify_payload
-from steadqd.view_records import JobEntry, JobFile, StateStats
+from steadqd.view_records import CLASSIFIED_STATES, JobEntry, JobFile, StateStats, StateTally
 
 __all__ = [
     "STATS_STATES",
@@ -87,28 +86,7 @@ __all__ = [
 
 # The reference's state directories, in its walk order (output is sorted by name).
 STATS_STATES = (READY_DIR, LEASED_DIR, DELAYED_DIR, RECEIPTS_DIR, DEAD_DIR, QUARANTINE_DIR)
-DETAILED_STATS_STATES = ("dead", "delayed", "leased", "quarantine", "ready", "receipts", "tmp")
-
-
-class _Tally:
-    """Count and minimum mtime of one state, accumulated while streaming."""
-
-    __slots__ = ("count", "oldest_ns")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.oldest_ns: int | None = None
-
-    def add(self, mtime_ns: int) -> None:
-        self.count += 1
-        if self.oldest_ns is None or mtime_ns < self.oldest_ns:
-            self.oldest_ns = mtime_ns
-
-    def result(self, now_ns: int) -> StateStats:
-        if self.oldest_ns is None:
-            return StateStats(self.count, None)
-        # floor(now - oldest) in seconds; an mtime in the future is age 0.
-        return StateStats(self.count, max(0, now_ns - self.oldest_ns) // NS_PER_SECOND)
+DETAILED_STATS_STATES = CLASSIFIED_STATES
 
 
 def _stream_files(top: str) -> Iterator[tuple[int, os.DirEntry[str]]]:
@@ -190,7 +168,7 @@ def stats(queue_root: str, *, now_ns: int | None = None) -> dict[str, StateStats
         top = os.path.join(os.fspath(queue_root), state)
         if not os.path.isdir(top) or os.path.islink(top):  # a symlinked state dir is never followed
             continue
-        tally = _Tally()
+        tally = StateTally()
         for _, entry in _stream_files(top):
             mtime = _mtime_ns(entry)
             if mtime is not None:
@@ -259,7 +237,7 @@ def detailed_stats(ctx: Context, *, now_ns: int | None = None) -> dict[str, Stat
     is opened); a rename keeps mtime, so a job's age is its publication age.
     """
     now = time.time_ns() if now_ns is None else now_ns
-    tallies = {k: _Tally() for k in DETAILED_STATS_STATES}
+    tallies = {k: StateTally() for k in DETAILED_STATS_STATES}
     walks: list[tuple[str, Callable[[int, str], str | None]]] = [
         (READY_DIR, _classify_ready),
         (LEASED_DIR, _classifier(State.LEASED, "leased", 4)),

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
 from steadqd import view_records
-from steadqd.constants import ID_BYTES, NS_PER_SECOND, State
+from steadqd.constants import ID_BYTES, State
 from steadqd.errors import CorruptRecord, ErrorKind, InvalidInput, InvalidKey, SteadQError
 from steadqd.s3 import keys
 from steadqd.s3.keys import KeyKind, ParsedKey
@@ -46,7 +46,7 @@ from steadqd.s3.records import (
 from steadqd.s3.store.base import ObjectMeta
 from steadqd.s3.timemath import expiry_ns, is_expired, saturating_add
 from steadqd.s3.verify import read_record, verify_payload
-from steadqd.view_records import JobEntry, JobFile, StateStats
+from steadqd.view_records import CLASSIFIED_STATES, JobEntry, JobFile, StateStats, StateTally
 
 __all__ = [
     "ENTRY_STATS_STATES",
@@ -77,7 +77,7 @@ __all__ = [
 # The state word of a job that must not be delivered: an object of its graph failed verification.
 QUARANTINE = "quarantine"
 # ``stats`` (classified) and ``entry_stats`` (the reference's counting: running jobs are in ready) keys.
-STATS_STATES = ("dead", "delayed", "leased", "quarantine", "ready", "receipts", "tmp")
+STATS_STATES = CLASSIFIED_STATES
 ENTRY_STATS_STATES = ("dead", "delayed", "quarantine", "ready", "receipts")
 _TOKEN_SHOWN = 4  # bytes of a claim's worker token a view shows: it is the holder's secret
 
@@ -503,25 +503,6 @@ def list_jobs(layout: QueueLayout, states: Collection[str], floor_ns: int) -> It
 # =========================================================================== stats
 
 
-class _Tally:
-    __slots__ = ("count", "oldest_ns")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.oldest_ns: int | None = None
-
-    def add(self, store_time_ns: int | None) -> None:
-        self.count += 1
-        if store_time_ns is not None and (self.oldest_ns is None or store_time_ns < self.oldest_ns):
-            self.oldest_ns = store_time_ns
-
-    def result(self, now_ns: int) -> StateStats:
-        if not self.count:
-            return StateStats(0, None)
-        age = None if self.oldest_ns is None else max(0, now_ns - self.oldest_ns) // NS_PER_SECOND
-        return StateStats(self.count, age)
-
-
 @dataclass
 class _Listed:
     job_time: int | None = None
@@ -609,7 +590,7 @@ def stats(layout: QueueLayout, floor_ns: int) -> dict[str, StateStats]:
     is atomic, nothing is ever half-written.
     """
     jobs, delayed, finding_times, quarantined = _census(layout)
-    tallies = {k: _Tally() for k in STATS_STATES}
+    tallies = {k: StateTally() for k in STATS_STATES}
     for job_id, e in jobs.items():
         if e.terminal is not None:
             tallies[e.terminal].add(e.terminal_time)
