@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from botocore.parsers import ResponseParserError
 
 from steadqd.errors import AlreadyExists, InvalidInput, NotCommitted, NotFound
 from steadqd.s3.store import SEAWEEDFS
@@ -256,3 +257,5 @@ def test_a_listing_is_parsed_with_or_without_the_s3_namespace() -> None:
         assert parsed["IsTruncated"] is True
         assert [(c["Key"], c["ETag"], c["Size"]) for c in parsed["Contents"]] == [("q/a", '"e1"', 3)]
         assert parsed["Contents"][0]["LastModified"].year == 2026
+    with pytest.raises(ResponseParserError, match="unreadable Size or LastModified"):
+        _parse_listing(b"<ListBucketResult><Contents><Key>k</Key><Size>big</Size></Contents></ListBucketResult>")

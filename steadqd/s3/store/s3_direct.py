@@ -88,7 +88,9 @@ class DirectClient:
     """A botocore-compatible S3 client for one endpoint: the calls :class:`S3Store` makes, and no others.
 
     Thread-safe: each thread has its own connection; the signer and the
-    credentials provider are shared and hold no per-request state.
+    credentials provider are shared and hold no per-request state. The
+    capitalised argument names are botocore's, so that :class:`S3Store`
+    makes one call whichever client it holds.
     """
 
     def __init__(
@@ -132,7 +134,7 @@ class DirectClient:
 
     def put_object(
         self, *, Bucket: str, Key: str, Body: bytes, ChecksumSHA256: str, **condition: str
-    ) -> dict[str, Any]:  # noqa: N803
+    ) -> dict[str, Any]:
         headers = {"x-amz-checksum-sha256": ChecksumSHA256, "Content-Type": "application/octet-stream"}
         if "IfNoneMatch" in condition:
             headers["If-None-Match"] = condition["IfNoneMatch"]
@@ -141,7 +143,7 @@ class DirectClient:
         status, answer, _ = self._send("PUT", Bucket, Key, headers=headers, body=Body)
         return {"ETag": answer.get("etag"), "ResponseMetadata": {"HTTPStatusCode": status}}
 
-    def get_object(self, *, Bucket: str, Key: str, **extra: str) -> dict[str, Any]:  # noqa: N803
+    def get_object(self, *, Bucket: str, Key: str, **extra: str) -> dict[str, Any]:
         headers = {}
         if "Range" in extra:
             headers["Range"] = extra["Range"]
@@ -150,21 +152,21 @@ class DirectClient:
         _, answer, body = self._send("GET", Bucket, Key, headers=headers)
         return {**self._object_meta(answer), "ContentRange": answer.get("content-range"), "Body": io.BytesIO(body)}
 
-    def head_object(self, *, Bucket: str, Key: str) -> dict[str, Any]:  # noqa: N803
+    def head_object(self, *, Bucket: str, Key: str) -> dict[str, Any]:
         _, answer, _ = self._send("HEAD", Bucket, Key)
         return self._object_meta(answer)
 
-    def delete_object(self, *, Bucket: str, Key: str) -> dict[str, Any]:  # noqa: N803
+    def delete_object(self, *, Bucket: str, Key: str) -> dict[str, Any]:
         status, _, _ = self._send("DELETE", Bucket, Key)
         return {"ResponseMetadata": {"HTTPStatusCode": status}}
 
     def list_objects_v2(
         self,
         *,
-        Bucket: str,  # noqa: N803
-        Prefix: str,  # noqa: N803
-        MaxKeys: int,  # noqa: N803
-        StartAfter: str | None = None,  # noqa: N803
+        Bucket: str,
+        Prefix: str,
+        MaxKeys: int,
+        StartAfter: str | None = None,
     ) -> dict[str, Any]:
         query = [("list-type", "2"), ("max-keys", str(MaxKeys)), ("prefix", Prefix)]
         if StartAfter is not None:
@@ -172,7 +174,7 @@ class DirectClient:
         _, _, body = self._send("GET", Bucket, None, query=query)
         return _parse_listing(body)
 
-    def create_bucket(self, *, Bucket: str, CreateBucketConfiguration: dict[str, str] | None = None) -> dict[str, Any]:  # noqa: N803
+    def create_bucket(self, *, Bucket: str, CreateBucketConfiguration: dict[str, str] | None = None) -> dict[str, Any]:
         body = b""
         if CreateBucketConfiguration is not None:
             constraint = CreateBucketConfiguration["LocationConstraint"]
@@ -193,11 +195,14 @@ class DirectClient:
 
     def _object_meta(self, answer: dict[str, str]) -> dict[str, Any]:
         modified = answer.get("last-modified")
-        return {
-            "ETag": answer.get("etag"),
-            "LastModified": None if modified is None else _timestamp(modified),
-            "ContentLength": int(answer.get("content-length") or 0),
-        }
+        try:
+            return {
+                "ETag": answer.get("etag"),
+                "LastModified": None if modified is None else _timestamp(modified),
+                "ContentLength": int(answer.get("content-length") or 0),
+            }
+        except ValueError as exc:  # sorted as an answer that did not parse, like botocore's
+            raise ResponseParserError(f"unreadable Last-Modified or Content-Length: {exc}") from exc
 
     def _target(self, bucket: str, key: str | None, query: list[tuple[str, str]]) -> tuple[str, str]:
         """The Host header and the request target (path and query), as signed and as sent."""
@@ -335,9 +340,12 @@ def _entry(entry: ElementTree.Element) -> dict[str, Any]:
     if key is None:
         raise ResponseParserError("a LIST entry has no Key")
     modified = _child(entry, "LastModified")
-    return {
-        "Key": key,
-        "ETag": _child(entry, "ETag"),
-        "Size": int(_child(entry, "Size") or 0),
-        "LastModified": None if not modified else _timestamp(modified),
-    }
+    try:
+        return {
+            "Key": key,
+            "ETag": _child(entry, "ETag"),
+            "Size": int(_child(entry, "Size") or 0),
+            "LastModified": None if not modified else _timestamp(modified),
+        }
+    except ValueError as exc:
+        raise ResponseParserError(f"a LIST entry for {key!r} has an unreadable Size or LastModified: {exc}") from exc
