@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -172,10 +173,12 @@ def _alternating(stores: dict[str, S3Store], ops: int, seconds: float) -> dict[s
     """HEAD, GET, create and LIST through each store in alternating rounds, so load hits them alike."""
     rows: dict[str, dict[str, float]] = {}
     rounds = 4
+    # Fresh per call: a store freed after an earlier comparison can leave its id() to a new one.
+    run = os.urandom(4).hex()
     for name, op in (
         ("head", lambda s, i: s.head("taken")),
         ("get (200 B)", lambda s, i: s.get("taken")),
-        ("put_if_absent (create)", lambda s, i: s.put_if_absent(f"ba/{id(s)}/{i:08d}", BODY)),
+        ("put_if_absent (create)", lambda s, i: s.put_if_absent(f"ba/{run}/{id(s)}/{i:08d}", BODY)),
         ("list (100 keys)", lambda s, i: s.list_page("l/")),
     ):
         runs: dict[str, list[dict[str, float]]] = {label: [] for label in stores}
