@@ -30,10 +30,12 @@ from dataclasses import dataclass
 
 __all__ = [
     "READY_TIMEOUT_S",
+    "PORT_NAMES",
     "Seaweed",
     "SeaweedMissing",
     "free_ports",
     "running",
+    "server_command",
     "start",
     "weed_binary",
     "write_identities",
@@ -42,7 +44,7 @@ __all__ = [
 READY_TIMEOUT_S = 60.0
 # weed server does not stop on SIGTERM in 15 s; the demo's data is flushed per request, so a short grace.
 STOP_GRACE_S = 2.0
-_PORT_NAMES = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
+PORT_NAMES = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
 _IDENTITY = "identity.json"  # the key pair this data directory's gateway accepts (mode 0600)
 _REGION = "us-east-1"
 
@@ -137,7 +139,7 @@ class Seaweed:
                 self.process.wait()
 
 
-def _command(
+def server_command(
     weed: str, root: str, ports: dict[str, int], identities: str, *, volume_max: int, auto_create_bucket: bool
 ) -> list[str]:
     return [
@@ -209,8 +211,10 @@ def start(
     os.makedirs(os.path.join(root, "data"), exist_ok=True)
     access, secret = keys or _drawn_keys(root)
     identities = write_identities(root, "steadq-demo", access, secret)
-    ports = dict(zip(_PORT_NAMES, free_ports(len(_PORT_NAMES)), strict=True))
-    command = _command(weed, root, ports, identities, volume_max=volume_max, auto_create_bucket=auto_create_bucket)
+    ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
+    command = server_command(
+        weed, root, ports, identities, volume_max=volume_max, auto_create_bucket=auto_create_bucket
+    )
     log_path = os.path.join(root, "weed.log")
     with open(log_path, "ab") as log:
         process = subprocess.Popen(

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import sysconfig
-from pathlib import Path
 
 import pytest
 
+from steadqd.demo import seaweed as launcher
 from tests.stowq import seaweed
 
 from .conftest import VENV, events, journal, runs, wait_for
@@ -29,7 +29,7 @@ NAME = "bucket"
 BUCKET = "steadq-sys"
 URL = f"s3://{BUCKET}/render"
 DATA = "/var/lib/steadq-weed"  # on the root's tmpfs upper layer: gone with the root
-PORTS = dict(zip(seaweed._PORT_NAMES, range(18330, 18330 + len(seaweed._PORT_NAMES)), strict=True))
+PORTS = dict(zip(launcher.PORT_NAMES, range(18330, 18330 + len(launcher.PORT_NAMES)), strict=True))
 ENDPOINT = f"http://127.0.0.1:{PORTS['s3']}"
 CREDENTIALS = f"/etc/steadq/{NAME}.aws"
 UNIT = f"steadq-worker@{NAME}.service"
@@ -72,7 +72,9 @@ def _start_store(root: SystemdRoot) -> None:
     }
     root.run("install", "-d", "-m", "0700", f"{DATA}/data")
     root.run("install", "-m", "0600", "/dev/stdin", f"{DATA}/s3-identities.json", input=json.dumps(identities))
-    command = seaweed._command(weed, Path(DATA), PORTS, Path(f"{DATA}/s3-identities.json"))
+    command = launcher.server_command(
+        weed, DATA, PORTS, f"{DATA}/s3-identities.json", volume_max=seaweed.VOLUME_MAX, auto_create_bucket=False
+    )
     root.run("systemd-run", "--unit=steadq-test-weed", "--collect", *command)
     probe = (
         "from steadqd.s3.store.s3 import S3Settings, S3Store\n"
