@@ -25,7 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from steadqd.errors import ErrorKind, InvalidInput, NotCommitted, NotFound, SteadQError, StoreProfileViolation
+from steadqd.errors import (
+    ErrorKind,
+    InvalidInput,
+    NotCommitted,
+    NotFound,
+    NotSupportedHere,
+    SteadQError,
+    StoreProfileViolation,
+)
 from steadqd.s3.layout import DEFAULT_FORMAT, init_layout, open_layout
 from steadqd.s3.operator import BucketBackend
 from steadqd.s3.store.base import CEPH_RGW, S3_GENERIC, SEAWEEDFS, StoreProfile
@@ -168,7 +176,10 @@ def _explain(exc: SteadQError, url: BucketURL, endpoint: str, profile: StoreProf
 
 
 def _build(target: str, options: dict[str, Any], make: Callable[[Any, BucketURL, dict[str, Any]], T]) -> T:
-    from steadqd.s3.store.s3 import TRANSPORTS, S3Settings, S3Store
+    try:
+        from steadqd.s3.store.s3 import TRANSPORTS, S3Settings, S3Store
+    except ModuleNotFoundError as exc:  # an install without the s3 extra: one line, no traceback
+        raise NotSupportedHere(str(exc)) from None
 
     url = parse_url(target)
     chosen: dict[str, Any] = {}

@@ -141,7 +141,7 @@ def _processes_in(ns_link: str) -> list[int]:
 RUNTIME_MODULES = ("steadqd", "cffi", "_cffi_backend", "pycparser", "systemd", "yaml", "_yaml", "inotify_simple")
 
 
-def runtime_paths() -> list[str]:
+def runtime_paths(names: tuple[str, ...] = RUNTIME_MODULES) -> list[str]:
     """Files and package dirs of steadqd and its runtime dependencies, as installed here.
 
     They are copied into the root's venv rather than referenced: the units'
@@ -151,7 +151,7 @@ def runtime_paths() -> list[str]:
     import importlib.util
 
     paths = []
-    for name in RUNTIME_MODULES:
+    for name in names:
         spec = importlib.util.find_spec(name)
         if spec is None or spec.origin is None:
             continue  # optional (e.g. yaml's C extension)

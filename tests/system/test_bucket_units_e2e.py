@@ -13,18 +13,19 @@ with exit 78 and no restart.
 from __future__ import annotations
 
 import json
-import sysconfig
 
 import pytest
 
 from steadqd.demo import seaweed as launcher
 from tests.stowq import seaweed
 
-from .conftest import VENV, events, journal, runs, wait_for
+from .conftest import VENV, events, journal, runs, runtime_paths, wait_for
 from .sysroot import SystemdRoot
 
 pytestmark = pytest.mark.system
 
+# botocore and what it imports: an extra (steadqd[s3]) that install_project does not copy.
+S3_MODULES = ("botocore", "jmespath", "dateutil", "urllib3", "six")
 NAME = "bucket"
 BUCKET = "steadq-sys"
 URL = f"s3://{BUCKET}/render"
@@ -56,9 +57,8 @@ def _python(root: SystemdRoot, code: str) -> str:
 def _start_store(root: SystemdRoot) -> None:
     """botocore for the root's venv, then ``weed server`` as a transient unit, then the bucket."""
     site = root.run(f"{VENV}/bin/python3", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    # The host venv's site-packages, last on sys.path: botocore is an extra the system root did not copy.
-    root.run("install", "-m", "0644", "/dev/stdin", f"{site.stdout.strip()}/zz-host-extras.pth",
-             input=sysconfig.get_paths()["purelib"] + "\n")  # fmt: skip
+    # Copied, as install_project copies the rest: the units' PrivateTmp= hides a venv under /tmp (CI's clone).
+    root.run("cp", "-a", *runtime_paths(S3_MODULES), site.stdout.strip())
     weed = seaweed.weed_binary()
     assert weed is not None
     identities = {
