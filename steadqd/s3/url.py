@@ -21,7 +21,7 @@ names the thing and what to do, instead of botocore's wording.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -115,15 +115,21 @@ def _settings_options(options: dict[str, Any]) -> dict[str, Any]:
     return {name: options.pop(name) for name in ("credentials_file", "aws_profile") if name in options}
 
 
+def _chosen(given: str | None, source: str, variable: str, known: Collection[str], what: str) -> str | None:
+    """``given`` if not None, else ``variable`` if set and not empty; refused, naming where it came from, unless known."""
+    if given is None and os.environ.get(variable):
+        given, source = os.environ[variable], variable
+    if given is not None and given not in known:
+        raise InvalidInput(f"{source} {given!r} is not {what}; give one of {', '.join(known)}")
+    return given
+
+
 def _profile(options: dict[str, Any]) -> StoreProfile:
     """The option if given, else the environment's, else the generic profile."""
-    name, source = options.pop("store_profile", None), "store profile"
-    if name is None and os.environ.get(PROFILE_VARIABLE):
-        name, source = os.environ[PROFILE_VARIABLE], PROFILE_VARIABLE
-    name = S3_GENERIC.name if name is None else name
-    if name not in PROFILES:
-        raise InvalidInput(f"{source} {name!r} is not a known store profile; give one of {', '.join(PROFILES)}")
-    return PROFILES[name]
+    name = _chosen(
+        options.pop("store_profile", None), "store profile", PROFILE_VARIABLE, PROFILES, "a known store profile"
+    )
+    return PROFILES[S3_GENERIC.name if name is None else name]
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
@@ -183,11 +189,7 @@ def _build(target: str, options: dict[str, Any], make: Callable[[Any, BucketURL,
 
     url = parse_url(target)
     chosen: dict[str, Any] = {}
-    if transport := os.environ.get(TRANSPORT_VARIABLE):
-        if transport not in TRANSPORTS:
-            raise InvalidInput(
-                f"{TRANSPORT_VARIABLE} {transport!r} is not an S3 transport; give one of {', '.join(TRANSPORTS)}"
-            )
+    if transport := _chosen(None, TRANSPORT_VARIABLE, TRANSPORT_VARIABLE, TRANSPORTS, "an S3 transport"):
         chosen["transport"] = transport
     settings = S3Settings(bucket=url.bucket, **_settings_options(options), **chosen)
     profile = _profile(options)
