@@ -265,7 +265,8 @@ def _fish(tree: Tree) -> str:
         "        if test \"$pos\" = '--'; continue; end",
         "        switch $w",
         "            case '--'",
-        "                set pos -- '--'",
+        # the name before the value: `set pos -- '--'` stores both words, and the state never matches
+        "                set -- pos '--'",
         "            case '--*=*'",
         "            case '-*'",
         f"                if contains -- $w ({fn}_valued $cmd); set skip 1; end",
@@ -310,12 +311,17 @@ def _fish(tree: Tree) -> str:
             return "-a '(__fish_complete_directories)'"
         return "-x"
 
+    # Past a `--` the state's position is `--`: what follows is the job's command line, so command
+    # names are offered there (as bash and zsh do) and nothing of the program's own.
+    lines.append(
+        f"complete -c {tree.program} -n 'string match -q -- \"*:--\" ({fn}_state)' -a '(__fish_complete_command)'"
+    )
     for k, c in sorted(tree.commands.items()):
         kinds = ["words:" + " ".join(c.subcommands)] if c.subcommands else list(c.positionals)
         for i, kind in enumerate(kinds):
             if kind != "none":
                 lines.append(f"complete -c {tree.program} -n 'test ({fn}_state) = \"{k}:{i}\"' {action(kind)}")
-        cond = f"string match -q -- '{k}:*' ({fn}_state)" if k else f"string match -q -- ':*' ({fn}_state)"
+        cond = f"string match -qr -- '^{k}:[0-9]' ({fn}_state)"
         if c.rest not in (None, "none") and not kinds:
             lines.append(f'complete -c {tree.program} -n "{cond}" {action(c.rest)}')
         for opt in c.options:

@@ -76,6 +76,11 @@ CASES = [
     ("steadqd", ["--config-dir", "/x", "sweeper"], "re", {"render"}, {"mail"}),
     ("steadqd", ["check-config", "render"], "", {"render", "mail"}, set()),
     ("steadqd", ["check-config"], "--", {"--open", "--user", "--config-dir"}, set()),
+    # past `work QUEUE --` comes the job's command line: command names, never steadq's own options
+    ("steadq", ["work", "/q", "--"], "tru", {"true"}, set()),
+    ("steadq", ["work", "/q", "--", "nice"], "tru", {"true"}, set()),
+    ("steadq", ["work", "/q", "--"], "--", set(), {"--concurrency", "--once", "--json", "--help"}),
+    ("steadq", ["work", "/q", "--", "nice"], "--", set(), {"--concurrency", "--once", "--json", "--help"}),
 ]
 
 
@@ -94,7 +99,8 @@ def _zsh_offers(program: str, words: list[str], cur: str, config_dir: Path) -> s
     quoted = " ".join(f"'{w}'" for w in all_words)
     stubs = (
         'compadd() { [[ $1 == -- ]] && shift; print -rl -- "$@"; }\n'
-        "_files() { print FILES; }\n_directories() { print DIRS; }\n_command_names() { print CMDS; }\n"
+        "_files() { print FILES; }\n_directories() { print DIRS; }\n"
+        "_command_names() { print -rl -- ${(k)commands}; }\n"  # the commands on $PATH, as the real one offers
         "compdef() { :; }\n"
     )
     driver = f"\nwords=({quoted}); CURRENT={len(all_words)}; _{program}\n"
