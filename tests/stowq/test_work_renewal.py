@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from steadqd.backend import open_queue
+from steadqd.s3.operator import BucketBackend
 from tests.stowq.seaweed import Seaweed
 from tests.stowq.test_cli_bucket import field, live_queue, ok
 
@@ -33,6 +34,7 @@ def test_a_job_that_outlives_half_its_lease_is_acked_once(
     assert runs.read_text() == f"{job} 1\n"
     q = open_queue(url)
     try:
+        assert isinstance(q, BucketBackend), q  # the receipt is read from the bucket's own keys
         store = q.layout.store
         receipt = store.get(q.layout.key(q.job_key(job).replace("jobs/", "receipts/", 1)))
         assert receipt.meta.size > 0  # acked by the one run

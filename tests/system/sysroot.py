@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from tests.procs import alive, die_with_parent
 
@@ -242,7 +243,7 @@ class SystemdRoot:
         self.cgroup: str | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid1: int | None = None  # the namespace's PID 1 (systemd) as the host sees it
-        self._log = None
+        self._log: BinaryIO | None = None
         self._cleaned = False
 
     # -- boot -------------------------------------------------------------------
