@@ -34,7 +34,7 @@ from steadqd.s3 import doorbell
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.watch import DEFAULT_POLL_MAX_S, BucketReadyWatch, idle_lists_per_minute
 
-from .bucket_queue import ENGINE, CountingStore, run_alone, weed_or_skipped
+from .bucket_queue import CountingStore, run_alone, seaweed_section
 
 __all__ = ["SIZES", "markdown", "section"]
 
@@ -128,15 +128,13 @@ def _wake(
 
 
 def section(profile: str, base: str) -> dict[str, Any]:
-    weed = weed_or_skipped()
-    if isinstance(weed, dict):
-        return weed
-    size = SIZES[profile]
-    root = Path(tempfile.mkdtemp(prefix="bucket-idle-", dir=base))
+    return seaweed_section(profile, base, SIZES, "bucket-idle-", _measure_with_doorbells)
+
+
+def _measure_with_doorbells(root: Path, weed: str, size: dict[str, Any], out: dict[str, Any]) -> None:
     bells = Path(tempfile.mkdtemp(prefix="bell-", dir="/tmp"))  # a socket path has at most 107 bytes
     old = os.environ.get(doorbell.DOORBELL_DIR_ENV)
     os.environ[doorbell.DOORBELL_DIR_ENV] = str(bells)
-    out: dict[str, Any] = {"engine": ENGINE, "size": size}
     try:
         _measure(root, weed, size, out)
     finally:
@@ -145,8 +143,6 @@ def section(profile: str, base: str) -> dict[str, Any]:
         else:
             os.environ[doorbell.DOORBELL_DIR_ENV] = old
         shutil.rmtree(bells, ignore_errors=True)
-        shutil.rmtree(root, ignore_errors=True)
-    return out
 
 
 def _measure(root: Path, weed: str, size: dict[str, Any], out: dict[str, Any]) -> None:

@@ -54,7 +54,7 @@ from .common import payload_of
 if TYPE_CHECKING:  # botocore is an extra: the suite runs without it, this section is then skipped
     from steadqd.s3.store.s3 import S3Settings
 
-__all__ = ["CountingStore", "REFERENCE", "SIZES", "markdown", "section"]
+__all__ = ["CountingStore", "REFERENCE", "SIZES", "markdown", "seaweed_section", "section"]
 
 BUCKET = "steadq-bench-queue"
 PAYLOAD = 100
@@ -299,21 +299,42 @@ def weed_or_skipped() -> str | dict[str, Any]:
     return weed
 
 
-def section(profile: str, base: str) -> dict[str, Any]:
-    """The whole bucket section: a SeaweedFS under ``base``, every configuration, the client's cost."""
+# What a SeaweedFS section measures: (scratch directory, weed binary, the profile's size, the result to fill).
+Measure = Callable[[Path, str, dict[str, Any], dict[str, Any]], None]
+
+
+def seaweed_section(
+    profile: str, base: str, sizes: dict[str, dict[str, Any]], prefix: str, measure: Measure, **head: Any
+) -> dict[str, Any]:
+    """Every SeaweedFS section's frame, so that each states its skip, engine and size alike.
+
+    The result is the skip (what to install) when the server cannot run;
+    otherwise ``measure`` fills it in a scratch directory under ``base``
+    (named by ``prefix``), removed afterwards whatever happened. ``head``:
+    the section's own fixed facts, recorded after the engine."""
     weed = weed_or_skipped()
     if isinstance(weed, dict):
         return weed
-    size = SIZES[profile]
-    root = Path(tempfile.mkdtemp(prefix="bucket-", dir=base))
-    out: dict[str, Any] = {"engine": ENGINE, "reference": REFERENCE, "size": size}
-    out["load_before"] = _load()
+    size = sizes[profile]
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    out: dict[str, Any] = {"engine": ENGINE, **head, "size": size}
     try:
-        _measure(root, weed, size, out)
+        measure(root, weed, size, out)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    out["load_after"] = _load()
     return out
+
+
+def section(profile: str, base: str) -> dict[str, Any]:
+    """The whole bucket section: a SeaweedFS under ``base``, every configuration, the client's cost."""
+    return seaweed_section(profile, base, SIZES, "bucket-", _measure_loaded, reference=REFERENCE)
+
+
+def _measure_loaded(root: Path, weed: str, size: dict[str, Any], out: dict[str, Any]) -> None:
+    """The load average either side, as a shared machine's numbers are read only beside it."""
+    out["load_before"] = _load()
+    _measure(root, weed, size, out)
+    out["load_after"] = _load()
 
 
 def _measure(root: Path, weed: str, size: dict[str, Any], out: dict[str, Any]) -> None:
