@@ -40,6 +40,7 @@ import os
 import pwd
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,10 +48,10 @@ from typing import Any
 from steadqd.daemon import exec_helper
 from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.guard import die_with_parent, process_guard
-from steadqd.daemon.journal import INFO, WARNING, Log
+from steadqd.daemon.journal import INFO, WARNING, Log, short_id
 from steadqd.daemon.service import Loop, Timers
 
-__all__ = ["Child", "command_argv", "identity", "spawn"]
+__all__ = ["Child", "command_argv", "identity", "launch", "spawn", "terminate"]
 
 MAX_LINE = 16 * 1024  # bytes of one forwarded output line; the rest of the line is dropped
 READ_CHUNK = 64 * 1024
@@ -85,15 +86,19 @@ def command_argv(cfg: WorkerConfig) -> list[str]:
     return ["/bin/sh", "-c", cfg.command[0]] if cfg.shell else list(cfg.command)
 
 
-def spawn(
+def launch(
     cfg: WorkerConfig, env: Mapping[str, str], payload_path: str, credentials: Mapping[str, Any]
-) -> subprocess.Popen[bytes]:
+) -> tuple[subprocess.Popen[bytes], int | None]:
     """Start the command in a session of its own, output on pipes, with a parent-death signal.
 
-    The signal is set by ``steadq-exec`` (steadqd.daemon.exec_helper), so that
-    Popen can vfork: a ``preexec_fn`` would make it fork the whole worker. A
-    command run as another user gets it from ``preexec_fn`` as before: a
-    uid/gid change makes CPython fork anyway.
+    Returns with Popen, before the command's own exec, and the read end of
+    ``steadq-exec``'s report pipe (steadqd.daemon.exec_helper): its EOF says
+    the command runs, a number that its exec failed. None instead of a pipe:
+    the exec is already known to have worked (Popen itself raised otherwise).
+    The signal is set by ``steadq-exec`` so that Popen can vfork: a
+    ``preexec_fn`` would make it fork the whole worker. A command run as
+    another user gets it from ``preexec_fn`` as before: a uid/gid change
+    makes CPython fork anyway.
     With ``input: stdin`` its stdin is the read-only payload copy itself: a
     regular file cannot deadlock the loop the way a pipe it must feed could.
     """
@@ -115,15 +120,47 @@ def spawn(
         )
         # With user:/group: CPython forks whatever we pass, and that user need not be able to
         # execute the helper (a checkout under /root); an uninstalled tree has no helper.
+        report: int | None = None
         if exec_helper.available() and not credentials:
-            proc = exec_helper.popen(command_argv(cfg), **kwargs)
+            proc, report = exec_helper.start(command_argv(cfg), **kwargs)
         else:
             proc = subprocess.Popen(command_argv(cfg), preexec_fn=die_with_parent(), **kwargs)
         process_guard(env.get("STEADQ_QUEUE", "")).watch(proc.pid)
-        return proc
+        return proc, report
     finally:
         if stdin_file is not None:
             stdin_file.close()
+
+
+def spawn(
+    cfg: WorkerConfig, env: Mapping[str, str], payload_path: str, credentials: Mapping[str, Any]
+) -> subprocess.Popen[bytes]:
+    """:func:`launch`, returning once the command's exec worked (else its ``OSError``, as Popen's)."""
+    proc, report = launch(cfg, env, payload_path, credentials)
+    if report is not None:
+        try:
+            exec_helper.wait_report(proc, report, command_argv(cfg)[0])
+        except OSError:
+            process_guard().forget(proc.pid)
+            raise
+    return proc
+
+
+def terminate(children: list[Child]) -> None:
+    """Forced stop: SIGTERM to every group, SIGKILL to those still there after the longest kill grace."""
+    for c in children:
+        job = str(c.fields.get("job_id", "?"))
+        c.log.warning(
+            f"stopping: terminating job {short_id(job)} (SIGTERM to its process group)", **c.fields, pid=c.pid
+        )
+        c.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + max((c.cfg.kill_grace for c in children), default=0.0)
+    while children and time.monotonic() < deadline:
+        children = [c for c in children if not c.exited()]
+        if children:
+            time.sleep(0.05)
+    for c in children:
+        c.signal_group(signal.SIGKILL)
 
 
 # --- the running command -------------------------------------------------------------
@@ -150,6 +187,8 @@ class Child:
         fields: dict[str, object],
         guard: Guard,
         on_exit: Callable[[], None],
+        report_fd: int | None = None,
+        on_report: Callable[[bytes], None] | None = None,
     ) -> None:
         self.proc = proc
         self.cfg = cfg
@@ -165,6 +204,11 @@ class Child:
         self.output_deadline: float | None = None
         self.exit_check_delay = 0.01
         self.streams: dict[int, Stream] = {}
+        self._report_fd = report_fd  # steadq-exec's report pipe, until its end is read
+        self._on_report = on_report
+        self._report = b""
+        if report_fd is not None:
+            os.set_blocking(report_fd, False)
         for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             if pipe is not None:
                 os.set_blocking(pipe.fileno(), False)
@@ -184,8 +228,16 @@ class Child:
             return signal.Signals(-code).name
         return None
 
+    @property
+    def ended(self) -> str:
+        """How it ended, for the journal: ``exit 1``, ``killed by SIGKILL``."""
+        name = self.signal_name
+        return f"killed by {name}" if name else f"exit {self.returncode}"
+
     def start(self) -> None:
-        """Read its output and watch for its end (and its timeout)."""
+        """Read its output and its start report, and watch for its end (and its timeout)."""
+        if self._report_fd is not None:
+            self.loop.add_reader(self._report_fd, self._guard(self.read_report))
         for st in self.streams.values():
             self.loop.add_reader(st.fd, self._guard(functools.partial(self._on_output, st)))
         self.timers.set("exit", EXIT_CHECK_RUNNING, self.check_exit)
@@ -207,9 +259,49 @@ class Child:
             self.returncode = self.proc.wait()
         self.close_streams()
 
+    # -- the start report -----------------------------------------------------------
+
+    @property
+    def starting(self) -> bool:
+        """Its start report has not been read to its end yet."""
+        return self._report_fd is not None
+
+    def read_report(self, *, wait: bool = False) -> None:
+        """Read the start report; at its end tell ``on_report`` what it said (b"": the command runs).
+
+        ``wait`` is only for when the report is known to be complete: the
+        command has produced output or exited, so the helper's copy of the
+        pipe is closed (at the exec, or with the helper) and a read cannot block.
+        """
+        fd = self._report_fd
+        if fd is None:
+            return
+        if wait:
+            os.set_blocking(fd, True)
+        try:
+            while chunk := os.read(fd, 64):
+                self._report += chunk
+        except BlockingIOError:
+            return
+        except OSError:
+            pass  # a pipe that cannot be read says no more: what was read is the report
+        self._close_report()
+        if self._on_report is not None:
+            self._on_report(self._report)
+
+    def _close_report(self) -> None:
+        if self._report_fd is not None:
+            self.loop.remove_reader(self._report_fd)
+            os.close(self._report_fd)
+            self._report_fd = None
+
     # -- output -------------------------------------------------------------------
 
     def _on_output(self, st: Stream) -> None:
+        if self._report_fd is not None:  # output: the exec is done, and "started" comes first
+            self.read_report(wait=True)
+            if self.released:
+                return
         try:
             data = os.read(st.fd, READ_CHUNK)
         except BlockingIOError:
@@ -265,6 +357,7 @@ class Child:
                 pipe.close()
 
     def close_streams(self) -> None:
+        self._close_report()
         for st in list(self.streams.values()):
             self.close_stream(st)
 
@@ -314,6 +407,10 @@ class Child:
             self.reap()
         if self.streams and not self._output_grace_over():
             return
+        if self._report_fd is not None:  # exited before its report was read: the report is complete
+            self.read_report(wait=True)
+            if self.released:  # its exec failed: not a run that ended
+                return
         self.timers.cancel("exit")
         self._on_exit()
 

@@ -12,7 +12,9 @@ executes the command.
 A start failure stays exact: the helper writes a failed exec's errno to a
 close-on-exec pipe, and :func:`popen` raises the same ``OSError`` (with the
 command as its filename) that Popen raises for a command it cannot execute,
-which ``steadqd.daemon.hold`` relies on. Without a built helper (a source tree
+which ``steadqd.daemon.hold`` relies on. The worker does not wait for that
+report: :func:`start` returns with Popen, the report pipe becomes one of the
+loop's readers, and :func:`start_error` turns what it said into the same error. Without a built helper (a source tree
 that was never installed) :func:`available` is false and the caller falls back
 to ``preexec_fn``; it does so too for a command run as another user, for which
 CPython forks anyway and which may not be allowed to execute the helper.
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HELPER", "available", "popen"]
+__all__ = ["HELPER", "available", "popen", "start", "start_error", "wait_report"]
 
 HELPER = Path(__file__).with_name("steadq-exec")
 _REPORT_MAX = 64  # bytes; the helper writes one decimal errno
@@ -37,31 +39,59 @@ def available() -> bool:
     return os.access(HELPER, os.X_OK)
 
 
-def popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-    """``subprocess.Popen(argv, **kwargs)`` with the parent-death signal set in the command.
+def start(argv: Sequence[str], **kwargs: Any) -> tuple[subprocess.Popen[bytes], int]:
+    """Start ``argv`` through the helper; returns the process and the read end of its report pipe.
 
-    ``kwargs`` must not hold ``preexec_fn`` (it would bring the fork back) or
-    ``pass_fds`` (the helper's report descriptor is the one passed).
+    Returns as soon as Popen does, before the command's own exec: the
+    caller reads the report (EOF: the command runs; bytes: a failed exec,
+    :func:`start_error`) and closes it. ``kwargs`` must not hold
+    ``preexec_fn`` (it would bring the fork back) or ``pass_fds`` (the
+    helper's report descriptor is the one passed).
     """
     if "preexec_fn" in kwargs or "pass_fds" in kwargs:
         raise ValueError("exec_helper.popen sets the parent-death signal itself and passes its own descriptor")
     r, w = os.pipe2(os.O_CLOEXEC)
     try:
-        try:
-            proc = subprocess.Popen([str(HELPER), str(os.getpid()), str(w), *argv], pass_fds=(w,), **kwargs)
-        finally:
-            os.close(w)
-        report = b""
-        while chunk := os.read(r, _REPORT_MAX):  # EOF: the command's exec closed the helper's copy
+        proc = subprocess.Popen([str(HELPER), str(os.getpid()), str(w), *argv], pass_fds=(w,), **kwargs)
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    return proc, r
+
+
+def start_error(report: bytes, program: str) -> OSError | None:
+    """The ``OSError`` Popen would have raised for the exec the helper reported, None for a command that runs."""
+    if not report:
+        return None
+    err = int(report)
+    return OSError(err, os.strerror(err), program)
+
+
+def wait_report(proc: subprocess.Popen[bytes], report_fd: int, program: str) -> None:
+    """Read the report to its end and close it; a failed exec reaps the helper and raises its ``OSError``."""
+    report = b""
+    try:
+        while chunk := os.read(report_fd, _REPORT_MAX):  # EOF: the command's exec closed the helper's copy
             report += chunk
     finally:
-        os.close(r)
-    if report:
-        err = int(report)
+        os.close(report_fd)
+    err = start_error(report, program)
+    if err is not None:
         proc.wait()  # the helper exits 127 right after its report
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
-        raise OSError(err, os.strerror(err), argv[0])
+        raise err
+
+
+def popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(argv, **kwargs)`` with the parent-death signal set in the command.
+
+    Returns once the command's exec succeeded (:func:`start`, then :func:`wait_report`).
+    """
+    proc, report_fd = start(argv, **kwargs)
+    wait_report(proc, report_fd, argv[0])
     return proc

@@ -28,16 +28,20 @@ The payload
     :class:`~steadqd.daemon.payload_dirs.Preparer` thread with a queue
     handle of its own, so a payload of gigabytes never delays the renewals
     and output of the jobs already running; the loop's handle is touched by
-    the loop's thread only. The command is still spawned from the loop's
-    thread (its death signal follows that thread), and its first renewal is
-    scheduled from the claim or the copy's last renewal, not the spawn.
+    the loop's thread only. The command is spawned from the loop's thread
+    (its death signal follows that thread) without waiting for its exec:
+    ``steadq-exec``'s report pipe is a loop reader, and the job is
+    ``started`` at its EOF. The first renewal counts from the claim or the
+    copy's last renewal, not the spawn.
 
 Settling
-    By the exit policy (steadqd.daemon.verdict), applied here. A lease whose
-    renewal failed with LeaseLost or OutcomeUnknown belongs to whoever claims
-    the job next: it is logged loudly and never acknowledged or retried by
-    us. A handle poisoned by an OutcomeUnknown is closed and the queue
-    reopened (the tree is the truth).
+    By the exit policy (steadqd.daemon.verdict), applied by the
+    :class:`~steadqd.daemon.settler.Settler` thread with a handle of its own
+    (group commit); its journal lines, the tally and the slot stay here. A
+    lease whose renewal failed with LeaseLost or OutcomeUnknown belongs to
+    whoever claims the job next: it is logged loudly and never acknowledged
+    or retried by us. A poisoned handle is closed and reopened (the tree is
+    the truth).
 
 Attempts
     SteadQ/1 counts an attempt when a job is *claimed*. When the daemon is
@@ -52,16 +56,17 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
-import time
 from collections.abc import Callable
+from typing import cast
 
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
-from steadqd.daemon import metrics, payload_dirs, preflight
-from steadqd.daemon.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, spawn
+from steadqd.daemon import exec_helper, metrics, payload_dirs, preflight
+from steadqd.daemon.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, launch, terminate
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.hold import Hold, hand_back_unstarted
 from steadqd.daemon.journal import INFO, WARNING, Log, short_id
 from steadqd.daemon.service import Loop, Timer, Timers, open_queue
+from steadqd.daemon.settler import Group, Settlement, Settler
 from steadqd.daemon.settling import FollowUp, Tally, apply_verdict, run_story, ticket_text
 from steadqd.daemon.verdict import Verdict, verdict
 from steadqd.errors import ConfigError, ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
@@ -87,6 +92,7 @@ class _Job:
         cfg: WorkerConfig,
         proc: subprocess.Popen[bytes],
         tmpdir: str,
+        report_fd: int | None = None,
     ) -> None:
         assert role.loop is not None
         self.lease = lease
@@ -96,6 +102,7 @@ class _Job:
         self.lost: str | None = None  # why the lease is no longer ours
         self.verdict: Verdict | None = None
         self.settle_tries = 0
+        self.settling = False  # handed to the settling thread: not renewed until it reports back
         self.fields: dict[str, object] = {"job_id": lease.job_id, "attempt": lease.attempt}
         self.run_fields: dict[str, object] = {}  # how the command ended, for the `job finished` line
 
@@ -104,7 +111,15 @@ class _Job:
 
         self.timers = Timers(role.loop, guard)  # "renew", "settle"
         self.child = Child(
-            proc, cfg, loop=role.loop, log=role.log, fields=self.fields, guard=guard, on_exit=lambda: role._finish(self)
+            proc,
+            cfg,
+            loop=role.loop,
+            log=role.log,
+            fields=self.fields,
+            guard=guard,
+            on_exit=lambda: role._finish(self),
+            report_fd=report_fd,
+            on_report=lambda report: role._on_report(self, report),
         )
 
     @property
@@ -134,11 +149,7 @@ class WorkerRole:
         self._fill_timer: Timer | None = None
         self._rescan_timer: Timer | None = None
         self._reopen_timer: Timer | None = None
-        self._to_settle: list[_Job] = []  # finished in this loop pass, settled together
-        self._settle_timer: Timer | None = None
-        self._grouping = False  # inside a group settle: reopening waits for its barriers
-        self._reopen_after_group: str | None = None
-        self._group_settled: list[tuple[_Job, FollowUp]] = []  # reported once the group's barriers are done
+        self._settler: Settler | None = None  # settles finished runs with a handle of its own (daemon/settler.py)
         self._hold: Hold | None = None  # no new leases while jobs cannot be started (daemon/hold.py)
 
     # -- Role protocol ------------------------------------------------------------
@@ -162,11 +173,13 @@ class WorkerRole:
             self._ready = self.q.ready_watch()
             # The claims and the payload copies have a handle of their own, in their own thread.
             self._prep = payload_dirs.Preparer(open_queue(self.settings), lambda: open_queue(self.settings))
+            self._settler = Settler(open_queue(self.settings), lambda: open_queue(self.settings))
         except SteadQError:  # e.g. fs.inotify.max_user_instances reached
             self._close_watch()
             self._close_queue()
             raise
         loop.add_reader(self._prep.fileno(), self._guarded(self._on_prepared))
+        loop.add_reader(self._settler.fileno(), self._guarded(self._on_settled))
         stale = payload_dirs.remove_stale()
         if stale:
             self.log.notice(f"removed {len(stale)} payload copies left by a worker that was killed", count=len(stale))
@@ -246,19 +259,21 @@ class WorkerRole:
             return
         self.closed = True
         self.draining = True
-        for t in (self._fill_timer, self._rescan_timer, self._reopen_timer, self._settle_timer):
+        for t in (self._fill_timer, self._rescan_timer, self._reopen_timer):
             if t is not None:
                 t.cancel()
         if self._hold is not None:
             self._hold.cancel()
-        self._to_settle.clear()  # still in self.jobs with their verdicts: settled below
+        self._close_settler()  # what it did not start is still in self.jobs with its verdict: settled below
         self._close_preparer()
-        jobs = list(self.jobs.values())
-        for j in jobs:  # already exited (not yet noticed): settle by exit status, not as interrupted
+        for j in list(self.jobs.values()):  # already exited (not yet noticed): settle by exit status
             if j.child.returncode is None and j.child.exited():
-                j.child.reap()
+                j.child.read_report(wait=True)  # a failed exec is handed back as not started
+                if not j.child.released:
+                    j.child.reap()
+        jobs = list(self.jobs.values())
         finished = {j.pid for j in jobs if j.child.returncode is not None}
-        self._terminate([j for j in jobs if j.child.returncode is None])
+        terminate([j.child for j in jobs if j.child.returncode is None])
         for j in jobs:
             try:
                 self._shutdown_job(j, interrupted=j.pid not in finished)
@@ -267,6 +282,22 @@ class WorkerRole:
         self.jobs.clear()
         self._close_watch()
         self._close_queue()
+
+    def _close_settler(self) -> None:
+        if self._settler is None:
+            return
+        settler, self._settler = self._settler, None
+        if self.loop is not None:
+            self.loop.remove_reader(settler.fileno())
+        done, unstarted = settler.close(PREPARE_GRACE)
+        for group in done:
+            self._settled(group)
+        for it in unstarted:
+            cast(_Job, it.owner).settling = False
+            payload_dirs.remove(it.tmpdir)
+        for j in [j for j in self.jobs.values() if j.settling]:  # in a group still in its barriers
+            self.log.error(f"settling still running after {PREPARE_GRACE:g}s: recovery decides its outcome", **j.fields)
+            self._drop(j)
 
     def _close_preparer(self) -> None:
         if self._prep is None:
@@ -284,24 +315,6 @@ class WorkerRole:
                 " and recovery returns the job"
             )
         self._prep = None
-
-    def _terminate(self, running: list[_Job]) -> None:
-        """SIGTERM to every running group, SIGKILL to those still there after the longest kill grace."""
-        for j in running:
-            self.log.warning(
-                f"stopping: terminating job {short_id(j.lease.job_id)} (SIGTERM to its process group)",
-                **j.fields,
-                pid=j.pid,
-            )
-            j.child.signal_group(signal.SIGTERM)
-        grace = max((j.cfg.kill_grace for j in running), default=0.0)
-        deadline = time.monotonic() + grace
-        while running and time.monotonic() < deadline:
-            running = [j for j in running if not j.child.exited()]
-            if running:
-                time.sleep(0.05)
-        for j in running:
-            j.child.signal_group(signal.SIGKILL)
 
     # -- plumbing -------------------------------------------------------------
 
@@ -433,27 +446,43 @@ class WorkerRole:
     # -- starting a job -------------------------------------------------------------
 
     def _start_job(self, p: payload_dirs.Prepared) -> None:
+        """Spawn the command; it counts as started once its exec is reported (:meth:`_on_report`)."""
         assert self.loop is not None and p.lease is not None
         lease, cfg = p.lease, p.cfg
         try:
-            proc = spawn(cfg, p.env, p.payload_path, p.credentials)
+            proc, report = launch(cfg, p.env, p.payload_path, p.credentials)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
             payload_dirs.remove(p.tmpdir)
             self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {e}")
             return
-        if self._hold is not None:
-            self._hold.job_started()
-        job = _Job(self, lease, cfg, proc, p.tmpdir)
+        job = _Job(self, lease, cfg, proc, p.tmpdir, report)
         self.jobs[job.pid] = job
         job.child.start()
         # The claim and the copy took time: count it against the first renewal.
         job.timers.set("renew", max(0.0, cfg.renew_interval - (self.loop.now() - p.renewed)), lambda: self._renew(job))
-        self.log.info(
-            f"job {short_id(lease.job_id)} started (attempt {lease.attempt}/{lease.max_attempts}, pid {job.pid})",
-            **job.fields,
-            pid=job.pid,
-            max_attempts=lease.max_attempts,
-        )
+        if report is None:
+            self._on_report(job, b"")
+
+    def _on_report(self, job: _Job, report: bytes) -> None:
+        """The helper's report: the command runs (``job started``), or its exec failed (a start failure)."""
+        lease, cfg = job.lease, job.cfg
+        err = exec_helper.start_error(report, command_argv(cfg)[0])
+        if err is None:
+            if self._hold is not None:
+                self._hold.job_started()
+            self.log.info(
+                f"job {short_id(lease.job_id)} started (attempt {lease.attempt}/{lease.max_attempts}, pid {job.pid})",
+                **job.fields,
+                pid=job.pid,
+                max_attempts=lease.max_attempts,
+            )
+            return
+        job.timers.cancel_all()
+        job.child.kill()  # the helper exits right after its report: reap it, close its pipes
+        job.child.release()
+        self.jobs.pop(job.pid, None)
+        payload_dirs.remove(job.tmpdir)
+        self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {err}")
 
     def _prepare_failed(self, lease: LeaseHandle, cfg: WorkerConfig, e: BaseException) -> None:
         """The claimed job could not be made ready to run (its copy is already gone)."""
@@ -493,7 +522,7 @@ class WorkerRole:
     # -- renewing -------------------------------------------------------------------
 
     def _renew(self, job: _Job) -> None:
-        if job.lost is not None or job.pid not in self.jobs:
+        if job.lost is not None or job.pid not in self.jobs or job.settling:
             return
         if self.q is None:
             self._schedule_reopen()
@@ -544,12 +573,15 @@ class WorkerRole:
             "duration_ms": round((self.loop.now() - job.started) * 1000),
             "timed_out": "true" if job.child.timed_out else None,
         }
-        payload_dirs.remove(job.tmpdir)
         if outcome is Verdict.ABANDON:
+            if self._settler is not None:
+                self._settler.discard(job.tmpdir)
+            else:
+                payload_dirs.remove(job.tmpdir)
             self._report_finished(job, None)
             self._drop(job)
             return
-        self._queue_settle(job)
+        self._settle(job)
 
     def _report_finished(self, job: _Job, follow: FollowUp) -> None:
         """``job finished: <verdict>``, logged once the verdict took effect, then what followed from it."""
@@ -566,14 +598,9 @@ class WorkerRole:
         self._log_follow_up(job.lease, follow)
 
     @staticmethod
-    def _ended(job: _Job) -> str:
-        child = job.child
-        return f"killed by {child.signal_name}" if child.signal_name else f"exit {child.returncode}"
-
-    @classmethod
-    def _run_story(cls, job: _Job) -> str:
+    def _run_story(job: _Job) -> str:
         return run_story(
-            job.lease, cls._ended(job), timed_out=job.child.timed_out, duration_ms=job.run_fields.get("duration_ms")
+            job.lease, job.child.ended, timed_out=job.child.timed_out, duration_ms=job.run_fields.get("duration_ms")
         )
 
     def _report_unsettled(self, job: _Job, why: str, **extra: object) -> None:
@@ -595,105 +622,81 @@ class WorkerRole:
             policy=job.cfg.exit_status,
         )
 
-    def _queue_settle(self, job: _Job) -> None:
-        """Settle at the end of this loop pass, with every other job that finished in it."""
-        assert self.loop is not None
-        self._to_settle.append(job)
-        if self._settle_timer is None:
-            self._settle_timer = self.loop.call_later(0.0, self._guarded(self._settle_finished))
-
-    def _settle_finished(self) -> None:
-        """Group commit: the verdicts of jobs that finished together share their barriers.
-
-        Inside one ``q.batch()`` each ack/retry/bury still renames at once (its
-        linearization point) but the directory fsyncs are issued together at
-        the end, one per directory, and a journal commit covers all of them, so
-        concurrency overlaps the fsyncs as well as the commands. Nothing is
-        reported durable before the batch's sync: a failed barrier makes every
-        outcome in the group unknown, the handle is poisoned and reopened.
-        """
-        self._settle_timer = None
-        jobs, self._to_settle = self._to_settle, []
-        q = self.q
-        if q is None or len(jobs) < 2:
-            for job in jobs:
-                self._settle(job)
-            return
-        self._grouping = True
-        why: str | None = None
-        try:
-            with q.batch():
-                for job in jobs:
-                    try:
-                        self._settle(job)
-                    except Exception as e:  # one job must not leave the others unsettled
-                        self.log.error(f"internal error settling a job: {e!r}", **job.fields)
-                        self._drop(job)
-        except OutcomeUnknown as e:
-            self.log.error(
-                f"settling outcome unknown for {len(jobs)} jobs settled together (recovery decides): {e}",
-                job_ids=",".join(j.lease.job_id for j in jobs),
-            )
-            for job, _ in self._group_settled:
-                self._report_unsettled(job, "may or may not have taken effect (recovery decides)")
-            self._group_settled.clear()
-            why = f"settle: {e}"
-        finally:
-            self._grouping = False
-            why = self._reopen_after_group or why
-            self._reopen_after_group = None
-        settled, self._group_settled = self._group_settled, []
-        for job, follow in settled:  # the batch's barriers are done: now each verdict took effect
-            self._report_finished(job, follow)
-        if why is not None:
-            self._reopen(why)
-
     def _settle(self, job: _Job) -> None:
-        """Apply ``job.verdict``, and keep trying after NotCommitted for as long as the lease is ours.
+        """Hand ``job.verdict`` to the settling thread; its outcome comes back in :meth:`_settled`.
 
-        A full disk must not throw a finished run away. The renewals go on
-        while the verdict waits, and even a lease past its deadline can still
-        be settled until recovery reaps it (protocol.md: validating a lease
-        source checks the file, not the clock); the run is given up only when
-        the lease is lost (LeaseLost, from the verdict or a renewal).
+        A full disk must not throw a finished run away: after NotCommitted
+        the renewals resume and the settle is tried again for as long as the
+        lease is ours (even past its deadline it can still be settled until
+        recovery reaps it: protocol.md, validating a lease source checks the
+        file, not the clock). The run is given up only when the lease is lost.
         """
         if job.lost is not None:
             if job.verdict is not Verdict.ABANDON:
                 self._report_unsettled(job, f"failed: the lease was lost ({job.lost}); the job may run again")
             self._drop(job)
             return
+        if self._settler is None:  # closed: close() settles what is left
+            return
         job.settle_tries += 1
-        if self.q is None:
-            self._reopen_now()
-        try:
-            if self.q is None:
-                raise NotCommitted("queue is not open", ErrorKind.IO_FAILURE)
-            follow = self._apply(job.lease, job.cfg, job.verdict or Verdict.RETRY, self._ended(job))
-        except LeaseLost as e:
-            self._report_unsettled(job, f"failed: the lease was lost ({e}); the job may run again")
-        except OutcomeUnknown as e:
-            self._report_unsettled(
-                job, f"may or may not have taken effect (recovery decides): {e}", ticket=ticket_text(e)
+        job.timers.cancel("renew")  # a renewal and the settle would race on the lease
+        job.settling = True
+        verdict_ = job.verdict or Verdict.RETRY
+        self._settler.submit(Settlement(job, job.lease, job.cfg, verdict_, job.child.ended, job.tmpdir))
+        job.tmpdir = ""  # the thread removes it
+
+    def _on_settled(self) -> None:
+        assert self._settler is not None
+        for group in self._settler.collect():
+            self._settled(group)
+
+    def _settled(self, group: Group) -> None:
+        """Report a group in the order the journal always told it: failures, then the group, then the acks."""
+        for it in group.items:
+            job = cast(_Job, it.owner)
+            job.settling = False
+            self.tally.done += it.tally.done
+            self.tally.failed += it.tally.failed
+            self.tally.retried += it.tally.retried
+            if it.error is not None:
+                self._settle_failed(job, it.error)
+        applied = [it for it in group.items if it.applied]
+        if group.unknown is not None:
+            self.log.error(
+                f"settling outcome unknown for {len(group.items)} jobs settled together (recovery decides):"
+                f" {group.unknown}",
+                job_ids=",".join(it.lease.job_id for it in group.items),
             )
-            self._reopen(f"settle: {e}")
-        except NotCommitted as e:
-            if e.kind is ErrorKind.QUEUE_POISONED:
-                self._reopen(f"settle: {e}")
+        for it in applied:
+            job = cast(_Job, it.owner)
+            if group.unknown is not None:
+                self._report_unsettled(job, "may or may not have taken effect (recovery decides)")
+            else:
+                self._report_finished(job, it.follow)
+            self._drop(job)
+        if group.poisoned is not None:
+            self.log.error(f"queue handle poisoned (settle: {group.poisoned}); reopening the queue")
+
+    def _settle_failed(self, job: _Job, e: BaseException) -> None:
+        if isinstance(e, NotCommitted):
             delay = min(SETTLE_RETRY * 2 ** min(job.settle_tries - 1, 16), SETTLE_RETRY_MAX)
             self.log.warning(
                 f"settling not committed, retrying in {delay:g}s (try {job.settle_tries}): {e}",
                 **job.fields,
                 verdict=job.verdict,
             )
+            job.timers.set("renew", 0.0, lambda: self._renew(job))  # the lease is ours again
             job.timers.set("settle", delay, lambda: self._settle(job))
             return
-        except SteadQError as e:
+        if isinstance(e, LeaseLost):
+            self._report_unsettled(job, f"failed: the lease was lost ({e}); the job may run again")
+        elif isinstance(e, OutcomeUnknown):
+            why = f"may or may not have taken effect (recovery decides): {e}"
+            self._report_unsettled(job, why, ticket=ticket_text(e))
+        elif isinstance(e, SteadQError):
             self._report_unsettled(job, f"failed: {e}")
         else:
-            if self._grouping:
-                self._group_settled.append((job, follow))
-            else:
-                self._report_finished(job, follow)
+            self.log.error(f"internal error settling a job: {e!r}", **job.fields)
         self._drop(job)
 
     def _apply(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict, ended: str | None = None) -> FollowUp:
@@ -725,7 +728,7 @@ class WorkerRole:
 
     def _abandon(self, job: _Job, why: str) -> None:
         """After an internal error: make sure the job cannot hang the role forever."""
-        if job.pid not in self.jobs:
+        if job.pid not in self.jobs or job.settling:  # the settling thread reports it
             return
         child = job.child
         with contextlib.suppress(Exception):
@@ -757,7 +760,7 @@ class WorkerRole:
         if not interrupted:
             if job.verdict is None:
                 job.verdict = self._verdict(job)
-            follow = self._apply(job.lease, job.cfg, job.verdict, self._ended(job))
+            follow = self._apply(job.lease, job.cfg, job.verdict, job.child.ended)
             if job.run_fields:
                 self._report_finished(job, follow)
             else:
@@ -776,9 +779,6 @@ class WorkerRole:
 
     def _reopen(self, why: str) -> None:
         """A poisoned handle: close it and open a fresh one (the tree is the truth)."""
-        if self._grouping:  # the group's earlier settles still owe their barriers: after it
-            self._reopen_after_group = self._reopen_after_group or why
-            return
         self.log.error(f"queue handle poisoned ({why}); reopening the queue")
         self._close_queue()
         self._reopen_now()

@@ -1,0 +1,237 @@
+"""Settling finished runs off the service loop: one thread, a queue handle of its own, group commit.
+
+Why a thread
+    An ack, retry or bury ends in directory fsyncs, and on a journaled disk
+    those are most of a short job's cost. On the loop's thread they stall
+    every other job's output, renewals and spawns, and the worker runs jobs
+    one fsync at a time however high its concurrency. So the loop hands each
+    finished run to one :class:`Settler` thread and goes on. The thread
+    settles whatever has accumulated under one ``q.batch()``: while one
+    group's barriers run, the next group accumulates, so the fsyncs are
+    shared by as many runs as finish during them (the spec's barriers are
+    per directory, and a batch still renames each job at once).
+
+What stays with the loop
+    Everything a person reads and everything the role counts: the journal's
+    lines about a settle (their texts live in steadqd.daemon.settling), the
+    tally, freeing the slot, retrying after NotCommitted. The thread only
+    applies verdicts and reports each one's outcome through a pipe the loop
+    watches, as the payload Preparer does. A lease handed to the thread is
+    not renewed meanwhile (a renewal and the ack would race on one lease);
+    the loop resumes renewals when a NotCommitted settle comes back.
+
+Its handle
+    Nothing but this thread touches its queue handle. An OutcomeUnknown
+    poisons that handle only: the thread closes it and opens a new one for
+    its next group; the loop's handle and the Preparer's go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from steadqd.backend import Backend, LeaseHandle
+from steadqd.daemon import payload_dirs
+from steadqd.daemon.config import WorkerConfig
+from steadqd.daemon.settling import FollowUp, Tally, apply_verdict
+from steadqd.daemon.verdict import Verdict
+from steadqd.errors import ErrorKind, NotCommitted, SteadQError
+
+__all__ = ["Group", "Settlement", "Settler"]
+
+
+@dataclass(eq=False)
+class Settlement:
+    """One finished run to settle; the thread fills in the second half.
+
+    ``owner`` is the loop's own record of the job, carried back untouched:
+    the thread reads only the values given here, which nothing changes
+    while it holds them.
+    """
+
+    owner: object
+    lease: LeaseHandle
+    cfg: WorkerConfig
+    verdict: Verdict
+    ended: str | None
+    tmpdir: str = ""  # the payload copy, removed by the thread once the verdict is applied
+    follow: FollowUp = None  # what followed from the verdict (settling.apply_verdict)
+    tally: Tally = field(default_factory=Tally)  # what it adds to the role's counts
+    applied: bool = False  # the verdict's rename happened (its barrier: see Group.unknown)
+    error: BaseException | None = None  # why it was not applied: the backend's error, or an internal one
+
+
+@dataclass(eq=False)
+class Group:
+    """The settlements of one pass of the thread, reported together once their barriers are done."""
+
+    items: list[Settlement]
+    together: bool = False  # settled under one q.batch()
+    unknown: SteadQError | None = None  # the group's barrier failed: every applied verdict's outcome is unknown
+    poisoned: str | None = None  # the thread's handle was poisoned and closed; its next group opens a new one
+
+
+_Request = Settlement | str | None  # a run to settle, a payload directory to remove, or "stop"
+
+
+class Settler:
+    """The settling thread. The loop calls :meth:`submit`, watches :meth:`fileno`, calls :meth:`collect`."""
+
+    def __init__(self, q: Backend, reopen: Callable[[], Backend]) -> None:
+        self._q: Backend | None = q
+        self._reopen = reopen
+        self._requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self._results: list[Group] = []
+        self._lock = threading.Lock()  # guards _results and _pending
+        self._pending = 0  # settlements submitted and not yet collected
+        self._stopping = False
+        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._thread = threading.Thread(target=self._run, name="steadqd-settle", daemon=True)
+        self._thread.start()
+
+    def fileno(self) -> int:
+        return self._r
+
+    @property
+    def busy(self) -> bool:
+        """Settlements handed over whose outcome the loop has not collected yet."""
+        return self._pending > 0
+
+    def submit(self, item: Settlement) -> None:
+        with self._lock:
+            self._pending += 1
+        self._requests.put(item)
+
+    def discard(self, directory: str) -> None:
+        """Remove a payload directory on the thread (an abandoned run's: nothing to settle)."""
+        if directory:
+            self._requests.put(directory)
+
+    def collect(self) -> list[Group]:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._r, 64):
+                pass
+        with self._lock:
+            done, self._results = self._results, []
+            self._pending -= sum(len(g.items) for g in done)
+        return done
+
+    def close(self, wait: float) -> tuple[list[Group], list[Settlement]]:
+        """Stop after the group in progress; returns what was settled and what was never started.
+
+        A group still in its barriers after ``wait`` seconds is left to the
+        process's exit: its outcomes are the tree's (recovery decides), and
+        :attr:`stuck` says so.
+        """
+        self._stopping = True
+        self._requests.put(None)
+        self._thread.join(wait)
+        unstarted: list[Settlement] = []
+        while True:  # the thread takes nothing more once it is stopping: the rest is the caller's
+            try:
+                request = self._requests.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(request, Settlement):
+                unstarted.append(request)
+            elif isinstance(request, str):
+                payload_dirs.remove(request)
+        done = self.collect()
+        with self._lock:
+            self._pending -= len(unstarted)
+        if not self._thread.is_alive():
+            if self._q is not None:
+                with contextlib.suppress(SteadQError, OSError):
+                    self._q.close()
+                self._q = None
+            os.close(self._r)
+            os.close(self._w)
+        return done, unstarted
+
+    @property
+    def stuck(self) -> bool:
+        """Still settling after :meth:`close` gave up waiting."""
+        return self._stopping and self._thread.is_alive()
+
+    # -- the thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            items, directories = self._take(self._requests.get())
+            group = Group(items)
+            try:
+                if items:
+                    self._settle(group)
+            except BaseException as e:  # reported to the loop, which logs it: the thread must go on
+                for it in items:
+                    if not it.applied and it.error is None:
+                        it.error = e
+            if items:
+                with self._lock:
+                    self._results.append(group)
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._w, b"\0")
+            for d in directories:  # after the report: the verdicts do not wait for the removals
+                payload_dirs.remove(d)
+
+    def _take(self, first: _Request) -> tuple[list[Settlement], list[str]]:
+        """Everything that accumulated since the last group, without waiting for more."""
+        items: list[Settlement] = []
+        directories: list[str] = []
+        request = first
+        while True:
+            if request is None:
+                self._stopping = True
+            elif isinstance(request, str):
+                directories.append(request)
+            else:
+                items.append(request)
+                if request.tmpdir:
+                    directories.append(request.tmpdir)
+            if self._stopping:
+                return items, directories
+            try:
+                request = self._requests.get_nowait()
+            except queue.Empty:
+                return items, directories
+
+    def _settle(self, group: Group) -> None:
+        if self._q is None:
+            try:
+                self._q = self._reopen()
+            except SteadQError as e:
+                for it in group.items:
+                    it.error = NotCommitted(f"queue is not open: {e}", ErrorKind.IO_FAILURE)
+                return
+        q = self._q
+        try:
+            if len(group.items) < 2:  # alone: strict, as a single settle always was
+                for it in group.items:
+                    self._apply(q, it)
+                return
+            group.together = True
+            try:
+                with q.batch():
+                    for it in group.items:
+                        self._apply(q, it)
+            except SteadQError as e:
+                group.unknown = e
+        finally:
+            if q.poisoned is not None or group.unknown is not None:
+                group.poisoned = q.poisoned or str(group.unknown)
+                with contextlib.suppress(SteadQError, OSError):
+                    q.close()
+                self._q = None
+
+    @staticmethod
+    def _apply(q: Backend, it: Settlement) -> None:
+        try:
+            it.follow = apply_verdict(q, it.lease, it.cfg, it.verdict, it.tally, it.ended)
+            it.applied = True
+        except Exception as e:  # one run must not leave the others of its group unsettled
+            it.error = e
