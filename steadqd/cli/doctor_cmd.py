@@ -10,7 +10,7 @@ from steadqd.cli.common import Subcommands, add_command, err, error_text, out_js
 
 def add_doctor(sub: Subcommands) -> None:
     s = add_command(sub, "doctor", "check the machine and filesystem", "steadq doctor /srv/q")
-    s.add_argument("path", metavar="PATH", help="the queue directory")
+    s.add_argument("path", metavar="PATH")
     s.set_defaults(run=cmd_doctor)
 
 
