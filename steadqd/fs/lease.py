@@ -349,12 +349,15 @@ def _compute_path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, 
     return _PathFacts(parts, shard, name, path_boot, late_error=late_error)
 
 
-def validate_source(ctx: Context, lease: Lease, *, poison: bool = True) -> Source:
+def validate_source(ctx: Context, lease: Lease, *, poison: bool = True, moving: bool = False) -> Source:
     """Prove the lease's exact file is still in place and unchanged.
 
     Raises LeaseLost when it is gone, QueueCorrupt (poisoning the handle for
     mutations) when something else is there, InvalidInput for a lease of
-    another boot.
+    another boot. ``moving``: the caller's next step on the path is a
+    witnessed move of it, whose stat right before the rename proves that the
+    path still names the opened file (with the same outcomes: gone is
+    LeaseLost, another file poisons); a second stat here would ask the same.
     """
     fmt = ctx.fmt
     if lease.dev == 0 or lease.ino == 0:
@@ -427,6 +430,8 @@ def validate_source(ctx: Context, lease: Lease, *, poison: bool = True) -> Sourc
             lease.payload_digest,
         ):
             raise _corrupt(ctx, poison, "leased file header does not match the lease")
+        if moving:
+            return Source(dir_fd, dir_rel, parts[-1], fd, env)
         try:
             again = linux.stat_at(dir_fd, parts[-1])
         except OSError as e:
@@ -465,7 +470,7 @@ def renew(ctx: Context, lease: Lease, duration_ns: int) -> Lease:
         lease_token=lease.token,
     )
     target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
-    src = validate_source(ctx, lease)
+    src = validate_source(ctx, lease, moving=True)
     try:
         dst_fd = ctx.ready_dir(shard)
         destination = LeasedLocation(ctx.boot_id, bt_deadline, wall_deadline)

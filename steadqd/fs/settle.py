@@ -122,7 +122,7 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
     dest_rel = f"{RECEIPTS_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}"
     try:
-        src = validate_source(ctx, lease)
+        src = validate_source(ctx, lease, moving=True)
     except LeaseLost:
         return _probe_or_lost(ctx, lease, wall, shard)
     try:
@@ -254,7 +254,7 @@ def retry(ctx: Context, lease: Lease, *, delay: float | None = None, policy: Ret
         dest_rel = f"{DELAYED_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}"
         target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
         operation, destination, state = "retry_later", DelayedLocation(not_before), "delayed"
-    src = validate_source(ctx, lease)
+    src = validate_source(ctx, lease, moving=True)
     try:
         _move(ctx, lease, src, dest_rel, target_file, operation, destination)
     finally:
@@ -279,7 +279,7 @@ def _bury(ctx: Context, lease: Lease, reason: int, wall: int) -> None:
     )
     target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
     dest_rel = f"{DEAD_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}"
-    src = validate_source(ctx, lease)
+    src = validate_source(ctx, lease, moving=True)
     try:
         _move(ctx, lease, src, dest_rel, target_file, "bury", DeadLocation(bucket, int(reason)))
     finally:

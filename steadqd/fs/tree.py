@@ -133,6 +133,9 @@ class Tree:
         self.shard_count = shard_count
         self.deferred = deferred
         self._dirs: OrderedDict[str, int] = OrderedDict()
+        # (st_dev, st_ino) per cached fd, None until asked: an open fd's directory
+        # never changes, so it is asked once per fd, and forgotten when the fd is closed.
+        self._ids: dict[int, tuple[int, int] | None] = {}
         self._dirty: dict[tuple[int, int], int] = {}
         self._pins = 0
         self._unsynced: set[str] = set()  # parents whose new entries may not be durable yet
@@ -151,6 +154,7 @@ class Tree:
                 return fd
             fd = linux.open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             self._dirs[rel] = fd
+            self._ids[fd] = None
             if not self._pins:
                 self._trim()
             return fd
@@ -177,6 +181,7 @@ class Tree:
     def _trim(self) -> None:
         while len(self._dirs) > self.max_cached:
             _, old = self._dirs.popitem(last=False)
+            self._ids.pop(old, None)
             linux.close(old)
 
     def open_transient(self, rel: str) -> int:
@@ -193,6 +198,7 @@ class Tree:
             self._complete_buckets.discard(rel)
             fd = self._dirs.pop(rel, None)
             if fd is not None:
+                self._ids.pop(fd, None)
                 linux.close(fd)
 
     def refresh(self, rel: str) -> int:
@@ -438,12 +444,29 @@ class Tree:
             self.barrier(dst_fd, force=force)
         except OSError as e:
             raise Indeterminate("linearized", f"fsync destination directory: {e.strerror}") from e
-        if not always_both and (src_fd == dst_fd or _same_dir(src_fd, dst_fd)):
+        if not always_both and (src_fd == dst_fd or self._same_dir(src_fd, dst_fd)):
             return
         try:
             self.barrier(src_fd, force=force)
         except OSError as e:
             raise Indeterminate("destination_directory_durable", f"fsync source directory: {e.strerror}") from e
+
+    def _same_dir(self, a: int, b: int) -> bool:
+        try:
+            return self._dir_id(a) == self._dir_id(b)
+        except OSError:
+            return False
+
+    def _dir_id(self, fd: int) -> tuple[int, int]:
+        ident = self._ids.get(fd)
+        if ident is not None:
+            return ident
+        st = linux.fstat(fd)
+        ident = (st.st_dev, st.st_ino)
+        with self._lock:
+            if fd in self._ids:  # still cached (pinned by the operation in flight): remember it
+                self._ids[fd] = ident
+        return ident
 
     def close(self) -> None:
         with self._lock:
@@ -453,6 +476,7 @@ class Tree:
                 except OSError:
                     pass
             self._dirs.clear()
+            self._ids.clear()
             for fd in self._dirty.values():
                 linux.close(fd)
             self._dirty.clear()
@@ -493,14 +517,6 @@ def _absent(dir_fd: int, name: str) -> bool:
     except OSError as e:
         return e.errno == errno.ENOENT
     return False
-
-
-def _same_dir(a: int, b: int) -> bool:
-    try:
-        sa, sb = linux.fstat(a), linux.fstat(b)
-    except OSError:
-        return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 class _Pinned:

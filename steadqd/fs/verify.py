@@ -84,6 +84,32 @@ def read_envelope(fd: int, max_payload: int, st: os.stat_result | None = None) -
     return Envelope(header, extension, st.st_size, Witness.of(st), head)
 
 
+def reread_envelope(fd: int, env: Envelope, max_payload: int) -> Envelope:
+    """Read the envelope of ``env``'s file again through ``fd``; it must be byte for byte ``env``'s.
+
+    The claim re-reads its evidence after the rename (protocol.md "Claim").
+    Bytes identical to ones that decoded and authenticated decode and
+    authenticate the same, so comparing them to the verified read proves
+    what decoding and hashing them again would; anything else is the file
+    having changed. The returned envelope carries the new read, which the
+    payload check then hashes.
+    """
+    st = linux.fstat(fd)
+    check_object_stat(st)
+    if st.st_size != env.size or (st.st_dev, st.st_ino) != (env.witness.dev, env.witness.ino):
+        raise CorruptObject("claimed file changed", QuarantineReason.ENVELOPE_CORRUPT)
+    if env.payload_offset > len(env.head):  # an extension too big for one read: the full path
+        again = read_envelope(fd, max_payload, st)
+        if again.header != env.header or again.extension != env.extension:
+            raise CorruptObject("claimed file changed", QuarantineReason.ENVELOPE_CORRUPT)
+        return again
+    head = linux.pread(fd, min(st.st_size, ENVELOPE_READ_BYTES), 0)
+    end = env.payload_offset
+    if len(head) != len(env.head) or head[:end] != env.head[:end]:
+        raise CorruptObject("claimed file changed", QuarantineReason.ENVELOPE_CORRUPT)
+    return Envelope(env.header, env.extension, env.size, env.witness, head)
+
+
 def check_name_matches(header: JobHeader, name: JobName) -> None:
     """The name's job id and attempt limit must be the header's."""
     if header.job_id != name.job_id or header.max_attempts != name.max_attempts:

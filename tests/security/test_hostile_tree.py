@@ -550,8 +550,7 @@ def _corrupt_copy(path: Path) -> Path:
     "op,nth",
     [
         ("open_at", 1),  # after open: the held fd is the original, the name is the twin
-        ("stat_at", 1),  # after the re-check stat: caught by the witnessed move
-        ("stat_at", 2),  # inside the witnessed move, after its stat, before the rename
+        ("stat_at", 1),  # inside the witnessed move, after its stat (the claim's re-check), before the rename
     ],
 )
 def test_claim_never_delivers_a_file_swapped_in_after_verification(
@@ -619,7 +618,7 @@ def test_claim_of_a_twin_swapped_before_open_quarantines_it(
     assert quarantined[0].name.endswith(f".x{QuarantineReason.PAYLOAD_CORRUPT:04x}.raw")
 
 
-@pytest.mark.parametrize("when", ["before", "after_open", "after_recheck"])
+@pytest.mark.parametrize("when", ["before", "after_open"])  # after_open: validated by fd, caught by the move's stat
 def test_ack_refuses_a_swapped_leased_file(
     one_shard: tuple[Queue, str], monkeypatch: pytest.MonkeyPatch, when: str
 ) -> None:
@@ -640,7 +639,7 @@ def test_ack_refuses_a_swapped_leased_file(
     if when == "before":
         swap()
     else:
-        swapper = Swapper(monkeypatch, "open_at" if when == "after_open" else "stat_at", path.name, 1, swap)
+        swapper = Swapper(monkeypatch, "open_at", path.name, 1, swap)
     with pytest.raises(NotCommitted) as info:
         q.ack(lease)
     monkeypatch.undo()
