@@ -57,8 +57,10 @@ case "${1:-}" in
         shift
         setup
         static_checks
-        # The 30 slowest tests in every log: where the suite's time goes (docs/testing.md, "Suite time").
-        exec .venv/bin/python -m pytest -q --durations=30 "$@"
+        # Two worker processes, one per core; tests that must share one worker carry an xdist_group
+        # (tests/conftest.py). The 30 slowest tests in every log: where the suite's time goes
+        # (docs/testing.md, "Suite time").
+        exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=30 "$@"
         ;;
     check)
         shift

@@ -27,6 +27,10 @@ from typing import Any
 
 import pytest
 
+# The benchmark runs are module fixtures (a SeaweedFS each for the bucket sections): one xdist worker
+# makes each once, where two would make them twice.
+pytestmark = pytest.mark.xdist_group("test_benchmarks_smoke.py")
+
 REPO = Path(__file__).resolve().parent.parent
 
 

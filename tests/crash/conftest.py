@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests import workers
 from tests.lab.lab import Result, format_table
 from tests.lab.lazyfs import available
 
@@ -20,14 +21,30 @@ RESULTS: list[Result] = []  # lane 1
 ORACLE_RESULTS: list[Result] = []  # lane 2
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+def _sections() -> list[tuple[str, list[str]]]:
+    sections = []
     if RESULTS:
-        terminalreporter.section("crash lab lane 1 (recorded syscalls): states checked per workload")
-        for line in format_table(RESULTS).splitlines():
-            terminalreporter.write_line(line)
+        sections.append(
+            ("crash lab lane 1 (recorded syscalls): states checked per workload", format_table(RESULTS).splitlines())
+        )
     if ORACLE_RESULTS:
-        terminalreporter.section("crash lab lane 2 (LazyFS oracle): states checked per workload")
-        for line in format_table(ORACLE_RESULTS, syscalls="requests").splitlines():
+        table = format_table(ORACLE_RESULTS, syscalls="requests")
+        sections.append(("crash lab lane 2 (LazyFS oracle): states checked per workload", table.splitlines()))
+    return sections
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In an xdist worker: hand the tables to the controller, which prints them (tests/workers.py)."""
+    if workers.in_worker(session.config):
+        workers.hand_sections(session.config, _sections())
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    if workers.in_worker(config):
+        return
+    for title, lines in _sections():
+        terminalreporter.section(title)
+        for line in lines:
             terminalreporter.write_line(line)
 
 

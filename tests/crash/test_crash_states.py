@@ -31,6 +31,9 @@ from tests.lab.recorder import Create, FsyncDir, FsyncFile, Image, Link, Mkdir, 
 from tests.lab.workloads import WORKLOADS, Workload
 from tests.prereq import partial_run
 
+# One xdist worker runs every workload: test_enough_states_per_run counts what this process ran.
+pytestmark = pytest.mark.xdist_group("crash/test_crash_states.py")
+
 MIN_STATES_PER_RUN = 1000
 
 

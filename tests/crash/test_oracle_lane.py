@@ -30,7 +30,8 @@ from tests.prereq import partial_run
 MIN_STATES_PER_RUN = 500
 
 
-pytestmark = pytest.mark.usefixtures("need_lazyfs")
+# One xdist worker runs every workload: test_enough_oracle_states_per_run counts what this process ran.
+pytestmark = [pytest.mark.usefixtures("need_lazyfs"), pytest.mark.xdist_group("crash/test_oracle_lane.py")]
 
 
 @pytest.fixture

@@ -12,10 +12,15 @@ from typing import Any
 
 import pytest
 
+from tests import workers
+
 
 def emit(request: pytest.FixtureRequest, lane: str, line: str) -> None:
     """Write ``crash lab <lane>: <line>`` straight to the terminal."""
     text = f"crash lab {lane}: {line}"
+    if workers.in_worker(request.config):  # an xdist worker's terminal is nobody's: the controller prints it
+        workers.hand_line(request.node, text)
+        return
     capman: Any = request.config.pluginmanager.getplugin("capturemanager")
     tr: Any = request.config.pluginmanager.getplugin("terminalreporter")
     if capman is None or tr is None:  # plugins disabled: plain print

@@ -46,7 +46,8 @@ from steadqd.s3.verify import read_record
 from tests.stowq import netns, seaweed
 from tests.stowq.protocol_audit import audit
 
-pytestmark = pytest.mark.slow
+# The hosts and their SeaweedFS cluster are a module fixture: one xdist worker builds them once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("stowq/test_multihost.py")]
 
 BIN = Path(sys.executable).parent
 STEADQ = str(BIN / "steadq")

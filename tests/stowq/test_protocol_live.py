@@ -22,9 +22,14 @@ from steadqd.s3.records import QuarantineRecord
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.s3 import S3Store
 from steadqd.s3.verify import read_record
+from tests import workers
 from tests.stowq import test_protocol_seaweedfs as on_seaweedfs
 from tests.stowq.ceph import Ceph
 from tests.stowq.conftest import LIVE_BUCKET
+
+# Its store fixture asks for the session's `seaweed` or `ceph` by name at run time, which the rule in
+# tests/conftest.py cannot see: it joins their xdist group explicitly.
+pytestmark = pytest.mark.xdist_group(workers.LIVE_S3_GROUP)
 
 LEASE_S = on_seaweedfs.LEASE_S
 WAIT_S = 15.0
