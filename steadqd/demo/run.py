@@ -300,6 +300,28 @@ def _pump(stream: TextIO, tag: str, out: queue_mod.Queue[tuple[str, str | None]]
     out.put((tag, None))
 
 
+def _start_pumped(
+    argv: list[str], tag: str, out: queue_mod.Queue[tuple[str, str | None]], keep: TextIO | None, *, stderr_only: bool
+) -> subprocess.Popen[str]:
+    """A child whose lines reach the main loop through :func:`_pump`.
+
+    ``stderr_only``: its stdout is discarded (the daemon logs on stderr);
+    otherwise both streams are read as one (the producer's report)."""
+    child = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL if stderr_only else subprocess.PIPE,
+        stderr=subprocess.PIPE if stderr_only else subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        env=_daemon_env(),
+    )
+    stream = child.stderr if stderr_only else child.stdout
+    assert stream is not None
+    threading.Thread(target=_pump, args=(stream, tag, out, keep), daemon=True).start()
+    return child
+
+
 # --- the tree -------------------------------------------------------------------------
 
 
@@ -560,17 +582,7 @@ class Demo:
         )
         with open(log_path, "a", encoding="utf-8") as keep:
             keep.write(f"--- steadqd demo {time.strftime('%Y-%m-%d %H:%M:%S')}: {self.jobs} jobs\n")
-            self.daemon = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-                env=_daemon_env(),
-            )
-            assert self.daemon.stderr is not None
-            threading.Thread(target=_pump, args=(self.daemon.stderr, "daemon", self.events, keep), daemon=True).start()
+            self.daemon = _start_pumped(argv, "daemon", self.events, keep, stderr_only=True)
             try:
                 return self._drive(q, before)
             except KeyboardInterrupt:
@@ -601,17 +613,13 @@ class Demo:
             f"{expected['delayed']} of them delayed {DELAY_SECONDS:g}s"
         )
         self.t0 = time.monotonic()
-        self.producer = subprocess.Popen(
+        self.producer = _start_pumped(
             [sys.executable, "-m", "steadqd.demo.run", "_produce", self.queue_path, str(self.jobs)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            env=_daemon_env(),
+            "producer",
+            self.events,
+            None,
+            stderr_only=False,
         )
-        assert self.producer.stdout is not None
-        threading.Thread(target=_pump, args=(self.producer.stdout, "producer", self.events, None), daemon=True).start()
 
         settled = False
         next_status = time.monotonic() + 1.0
