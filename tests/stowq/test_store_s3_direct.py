@@ -87,21 +87,6 @@ def test_seaweedfs_is_certified_over_the_direct_transport(seaweed: Seaweed) -> N
     assert result.measured["P7 mode"] == "the store verifies SHA-256"
 
 
-def test_the_aws_environment_alone_reaches_the_store_directly(
-    seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With no endpoint in the settings, AWS_ENDPOINT_URL is found where botocore's client finds it."""
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-    for name, value in seaweed.environment().items():
-        monkeypatch.setenv(name, value)
-    from_env = S3Store(S3Settings(LIVE_BUCKET, transport="direct"), profile=SEAWEEDFS)
-    assert from_env.location == f"s3://{LIVE_BUCKET} at {seaweed.endpoint}"
-    from_env.list_page("", limit=1)
-    from_env.close()
-
-
 def test_steadq_s3_transport_picks_the_transport_of_every_queue_opened(
     seaweed: Seaweed, direct: S3Store, monkeypatch: pytest.MonkeyPatch, live_prefix: str
 ) -> None:

@@ -19,7 +19,7 @@ import pytest
 from steadqd.errors import AlreadyExists, ErrorKind, NotCommitted, NotFound, PreconditionFailed
 from steadqd.s3.certify import certify
 from steadqd.s3.store import SEAWEEDFS
-from steadqd.s3.store.s3 import S3Settings, S3Store
+from steadqd.s3.store.s3 import TRANSPORTS, S3Settings, S3Store
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.live_s3 import Gateway, raw_bucket, status
 from tests.stowq.seaweed import Seaweed
@@ -155,16 +155,19 @@ def test_the_store_benchmark_runs_end_to_end(seaweed: Seaweed) -> None:
     assert "| head |" in markdown(result)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_the_standard_aws_environment_alone_reaches_the_store(
-    seaweed: Seaweed, store: S3Store, monkeypatch: pytest.MonkeyPatch
+    seaweed: Seaweed, store: S3Store, monkeypatch: pytest.MonkeyPatch, transport: str
 ) -> None:
-    """No endpoint, region or key in the settings: AWS_ENDPOINT_URL, AWS_REGION and the key variables suffice."""
+    """No endpoint, region or key in the settings: AWS_ENDPOINT_URL, AWS_REGION and the key variables suffice.
+
+    Over both transports: the direct one finds them where botocore's client does."""
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
     for name, value in seaweed.environment().items():
         monkeypatch.setenv(name, value)
-    from_env = S3Store(S3Settings(LIVE_BUCKET), profile=SEAWEEDFS)
+    from_env = S3Store(S3Settings(LIVE_BUCKET, transport=transport), profile=SEAWEEDFS)
     assert from_env.location == f"s3://{LIVE_BUCKET} at {seaweed.endpoint}"
     from_env.list_page("", limit=1)
     from_env.close()
