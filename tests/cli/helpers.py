@@ -16,6 +16,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from tests import prereq
+
 STEADQ = shutil.which("steadq", path=os.path.dirname(sys.executable))
 
 
@@ -57,3 +61,13 @@ def payload_dir(tmp_path: Path, n: int) -> Path:
     for i in range(n):
         (d / f"p{i:05d}").write_bytes(b"payload %d" % i)
     return d
+
+
+def installed(name: str, package: str) -> str:
+    """The path of program ``name``: a developer without it skips, CI (``require``) fails naming the package."""
+    path = shutil.which(name)
+    if path is None:
+        if prereq.required():
+            pytest.fail(f"{name} is not installed (apt-get install {package})")
+        pytest.skip(f"{name} is not installed")
+    return path

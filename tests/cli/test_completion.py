@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import prereq
-
-from .helpers import steadq
+from .helpers import installed, steadq
 
 STEADQD = shutil.which("steadqd", path=os.path.dirname(sys.executable))
 
@@ -32,15 +30,6 @@ def _script(program: str, shell: str) -> str:
     assert STEADQD is not None
     p = subprocess.run([STEADQD, "completion", shell], capture_output=True, text=True, timeout=60, check=True)
     return p.stdout
-
-
-def _shell(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if prereq.required():
-            pytest.fail(f"{name} is not installed (apt-get install {name})")
-        pytest.skip(f"{name} is not installed")
-    return path
 
 
 @pytest.fixture
@@ -85,7 +74,7 @@ CASES = [
 
 
 def _bash_offers(program: str, words: list[str], cur: str, config_dir: Path) -> set[str]:
-    bash = _shell("bash")
+    bash = installed("bash", "bash")
     all_words = [program, *words, cur]
     quoted = " ".join(f"'{w}'" for w in all_words)
     fn = "_" + program
@@ -94,7 +83,7 @@ def _bash_offers(program: str, words: list[str], cur: str, config_dir: Path) -> 
 
 
 def _zsh_offers(program: str, words: list[str], cur: str, config_dir: Path) -> set[str]:
-    zsh = _shell("zsh")
+    zsh = installed("zsh", "zsh")
     all_words = [program, *words, cur]
     quoted = " ".join(f"'{w}'" for w in all_words)
     stubs = (
@@ -109,7 +98,7 @@ def _zsh_offers(program: str, words: list[str], cur: str, config_dir: Path) -> s
 
 
 def _fish_offers(program: str, words: list[str], cur: str, config_dir: Path) -> set[str]:
-    fish = _shell("fish")
+    fish = installed("fish", "fish")
     line = " ".join([program, *words, cur])
     driver = f"\ncomplete -C '{line}'\n"
     out = _run([fish, "--no-config", "-c"], _script(program, "fish") + driver, config_dir)
@@ -138,7 +127,7 @@ def test_completion_offers(
 @pytest.mark.parametrize("program", ["steadq", "steadqd"])
 @pytest.mark.parametrize("shell", sorted(OFFERS))
 def test_scripts_parse_in_their_shell(program: str, shell: str) -> None:
-    exe = _shell(shell)
+    exe = installed(shell, shell)
     p = subprocess.run([exe, "-n"], input=_script(program, shell), capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from steadqd.cli.main import build_parser
-from tests import prereq
+
+from .helpers import installed
 
 MAN = Path(__file__).resolve().parents[2] / "man"
 PAGES = sorted(MAN.glob("*.[15]"))
@@ -27,15 +27,6 @@ FOREIGN = {"sysexits(3)", "systemd.service(5)"}
 def _text(page: Path) -> str:
     """The page's words with roff's escaped hyphens as plain ones."""
     return page.read_text().replace("\\-", "-")
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if prereq.required():
-            pytest.fail(f"{name} is not installed (apt-get install groff-base man-db)")
-        pytest.skip(f"{name} is not installed")
-    return path
 
 
 def test_the_pages_are_the_expected_ones() -> None:
@@ -60,10 +51,10 @@ def test_page_has_the_sections_people_look_for(page: Path) -> None:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_page_is_clean_for_groff_and_renders_with_man(page: Path) -> None:
-    groff = _tool("groff")
+    groff = installed("groff", "groff-base")
     p = subprocess.run([groff, "-man", "-z", "-ww", str(page)], capture_output=True, text=True, timeout=60)
     assert (p.returncode, p.stderr) == (0, "")
-    man = _tool("man")
+    man = installed("man", "man-db")
     env = {"MANWIDTH": "80", "PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
     p = subprocess.run([man, "-l", str(page)], capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 0 and p.stderr == "", p.stderr
