@@ -290,27 +290,86 @@ class _Doc:
         return frozenset(d.integer(0, 255) for d in self.items())
 
 
-def _compose(text: str, path: str) -> yaml.Node:
-    """Parse with the safe loader, refusing anchors, aliases and tags first."""
+_TOO_DEEP = f"YAML nesting deeper than {MAX_CONFIG_DEPTH} levels"
+
+
+def _check_events(text: str, path: str) -> None:
+    """Refuse anchors, aliases, tags and nesting past MAX_CONFIG_DEPTH, in the order the parser meets them."""
     depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        line = event.start_mark.line + 1 if event.start_mark is not None else None
+        # yaml.compose recurses once per nesting level: refuse deep nesting
+        # here (the schema needs < 10 levels) instead of hitting RecursionError.
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_CONFIG_DEPTH:
+                raise ConfigError(_TOO_DEEP, path=path, line=line)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise ConfigError("YAML anchors and aliases are not allowed", path=path, line=line)
+        tag = getattr(event, "tag", None)
+        implicit = getattr(event, "implicit", True)
+        explicit = tag is not None and not (implicit is True or (isinstance(implicit, tuple) and any(implicit)))
+        if explicit:
+            raise ConfigError(f"YAML tags are not allowed ({tag})", path=path, line=line)
+
+
+def _deep_flow_prefix(text: str) -> str | None:
+    """The text up to the first ``[``/``{`` that a plain count puts past MAX_CONFIG_DEPTH levels, or None.
+
+    Why: PyYAML's scanner takes about a second to reach the 33rd level of a long run of
+    flow collections (it looks far ahead for a possible key at every level), so the
+    parser is given this short prefix instead, which holds the same first levels. The
+    count skips quoted strings and comments only; a bracket it wrongly counts (in a
+    block scalar, say) merely sends the text to the full parse.
+    """
+    depth = 0
+    quote = ""
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\" and quote == '"':
+                i += 1  # the escaped character
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or text[i - 1] in " \t\r\n"):
+            newline = text.find("\n", i)
+            i = len(text) if newline < 0 else newline
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_CONFIG_DEPTH:
+                return text[: i + 1]
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+        i += 1
+    return None
+
+
+def _refuse_deep_flow(text: str, path: str) -> None:
+    """Raise the nesting refusal when a prefix of ``text`` already nests too deep; else return."""
+    prefix = _deep_flow_prefix(text)
+    if prefix is None:
+        return
+    # A prefix holds the events of the whole text up to its end, or fewer levels (a ':' past
+    # the cut can only add the mapping of a key): whatever else it meets is left to the full parse.
     try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            line = event.start_mark.line + 1 if event.start_mark is not None else None
-            # yaml.compose recurses once per nesting level: refuse deep nesting
-            # here (the schema needs < 10 levels) instead of hitting RecursionError.
-            if isinstance(event, yaml.CollectionStartEvent):
-                depth += 1
-                if depth > MAX_CONFIG_DEPTH:
-                    raise ConfigError(f"YAML nesting deeper than {MAX_CONFIG_DEPTH} levels", path=path, line=line)
-            elif isinstance(event, yaml.CollectionEndEvent):
-                depth -= 1
-            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-                raise ConfigError("YAML anchors and aliases are not allowed", path=path, line=line)
-            tag = getattr(event, "tag", None)
-            implicit = getattr(event, "implicit", True)
-            explicit = tag is not None and not (implicit is True or (isinstance(implicit, tuple) and any(implicit)))
-            if explicit:
-                raise ConfigError(f"YAML tags are not allowed ({tag})", path=path, line=line)
+        _check_events(prefix, path)
+    except ConfigError as e:
+        if str(e).endswith(": " + _TOO_DEEP):
+            raise
+    except yaml.YAMLError:
+        pass
+
+
+def _compose(text: str, path: str) -> yaml.Node:
+    """Parse with the safe loader, refusing anchors, aliases, tags and deep nesting first."""
+    try:
+        _refuse_deep_flow(text, path)
+        _check_events(text, path)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
