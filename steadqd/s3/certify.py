@@ -37,12 +37,14 @@ deleted afterwards; nothing else in the bucket is touched.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from steadqd.errors import (
     AlreadyExists,
@@ -52,7 +54,7 @@ from steadqd.errors import (
     PreconditionFailed,
     StoreProfileViolation,
 )
-from steadqd.s3.store.base import ObjectStore, StoreProfile
+from steadqd.s3.store.base import ObjectStore, StoredObject, StoreProfile
 
 __all__ = ["Check", "Certification", "certify"]
 
@@ -117,6 +119,9 @@ class Certification:
         ) from first.error
 
 
+T = TypeVar("T")
+
+
 class _Failed(Exception):
     """A check's verdict, raised from deep in a probe."""
 
@@ -124,6 +129,17 @@ class _Failed(Exception):
 def _expect(condition: bool, detail: str) -> None:
     if not condition:
         raise _Failed(detail)
+
+
+def _refused(error: type[Exception], call: Callable[[], T], detail: str | Callable[[T], str]) -> None:
+    """The check fails unless ``call`` raises ``error``; ``detail`` says what the store did instead.
+
+    A callable ``detail`` is given what the call returned (the body a read should not have found)."""
+    try:
+        answer = call()
+    except error:
+        return
+    raise _Failed(detail if isinstance(detail, str) else detail(answer))
 
 
 def _sha(body: bytes) -> bytes:
@@ -195,12 +211,11 @@ def _one_winner(won: list[int], lost: list[BaseException], loser: type[Exception
 def _p1(run: _Run) -> str:
     key = run.key(f"p1/claims/0000/{_JOB}/00000001")
     run.store.put_if_absent(key, b"first")
-    try:
-        run.store.put_if_absent(key, b"second")
-    except AlreadyExists:
-        pass
-    else:
-        raise _Failed("a second create of an existing key was accepted: If-None-Match: * is ignored")
+    _refused(
+        AlreadyExists,
+        lambda: run.store.put_if_absent(key, b"second"),
+        "a second create of an existing key was accepted: If-None-Match: * is ignored",
+    )
     _expect(run.store.get(key).body == b"first", "the second create changed the body although it was refused")
     for r in range(3):
         raced = run.key(f"p1/race/{r}")
@@ -214,33 +229,26 @@ def _p2(run: _Run) -> str:
     key = run.key("p2/meta/watermark")
     v1 = run.store.put_if_absent(key, b"v1")
     for wrong in ("0" * 32, v1.etag + "0"):
-        try:
-            run.store.put_if_match(key, b"wrong", wrong)
-        except PreconditionFailed:
-            pass
-        else:
-            raise _Failed(f"a CAS naming version {wrong} replaced version {v1.etag}: If-Match is ignored")
+        _refused(
+            PreconditionFailed,
+            functools.partial(run.store.put_if_match, key, b"wrong", wrong),
+            f"a CAS naming version {wrong} replaced version {v1.etag}: If-Match is ignored",
+        )
     v2 = run.store.put_if_match(key, b"v2", v1.etag)
     _expect(v2.etag != v1.etag, "the replaced object kept its ETag: versions cannot be told apart")
     _expect(run.store.get(key).body == b"v2", "the CAS reported success but the body did not change")
-    try:
-        run.store.put_if_match(key, b"v3", v1.etag)
-    except PreconditionFailed:
-        pass
-    else:
-        raise _Failed("a CAS with a stale ETag (the previous version's) was accepted")
+    _refused(
+        PreconditionFailed,
+        lambda: run.store.put_if_match(key, b"v3", v1.etag),
+        "a CAS with a stale ETag (the previous version's) was accepted",
+    )
     absent = run.key("p2/absent")
-    try:
-        run.store.put_if_match(absent, b"x", v1.etag)
-    except PreconditionFailed:
-        pass
-    else:
-        raise _Failed("a CAS on an absent key created it: If-Match must fail when nothing is there")
-    try:
-        run.store.head(absent)
-        raise _Failed("a refused CAS on an absent key left an object there")
-    except NotFound:
-        pass
+    _refused(
+        PreconditionFailed,
+        lambda: run.store.put_if_match(absent, b"x", v1.etag),
+        "a CAS on an absent key created it: If-Match must fail when nothing is there",
+    )
+    _refused(NotFound, lambda: run.store.head(absent), "a refused CAS on an absent key left an object there")
     current = run.store.head(key).etag
     won, lost = _race(run.race_width, lambda i: run.store.put_if_match(key, f"racer {i}".encode(), current))
     unknown = [e for e in lost if isinstance(e, OutcomeUnknown)] if run.store.profile.cas_race_unknown else []
@@ -389,11 +397,7 @@ def _p7(run: _Run) -> str:
     except ChecksumMismatch:
         refused = True
     if refused:
-        try:
-            run.store.head(key)
-            raise _Failed("the store refused a wrong SHA-256 but kept the object")
-        except NotFound:
-            pass
+        _refused(NotFound, lambda: run.store.head(key), "the store refused a wrong SHA-256 but kept the object")
     _expect(
         refused or not declared,
         "the store accepted a body whose SHA-256 is wrong, but the profile declares store-side verification",
@@ -429,12 +433,12 @@ def _ranges(run: _Run) -> str:
         _expect(got.body == want, f"bytes {span} came back as {got.body!r}")
         _expect(got.meta.size == 10, f"bytes {span}: size {got.meta.size} reported, the object has 10")
     for span in ((0, 11), (12, 13), (5, 5), (6, 2)):
-        try:
-            got = run.peer.get(key, span)
-            raise _Failed(f"bytes [{span[0]}, {span[1]}) of a 10-byte object returned {got.body!r}, not absence")
-        except NotFound:
-            pass
+        _refused(NotFound, functools.partial(run.peer.get, key, span), functools.partial(_not_absence, span))
     return "half-open slices with the whole size; past-EOF, empty and inverted ranges are absence"
+
+
+def _not_absence(span: tuple[int, int], got: StoredObject) -> str:
+    return f"bytes [{span[0]}, {span[1]}) of a 10-byte object returned {got.body!r}, not absence"
 
 
 def _delete(run: _Run) -> str:
@@ -443,11 +447,7 @@ def _delete(run: _Run) -> str:
     run.store.delete(key)
     run.store.delete(key)
     run.store.delete(run.key("delete/never-written"))
-    try:
-        run.peer.head(key)
-        raise _Failed("a deleted object is still there")
-    except NotFound:
-        pass
+    _refused(NotFound, lambda: run.peer.head(key), "a deleted object is still there")
     return "deleting twice, or what was never written, succeeds"
 
 
