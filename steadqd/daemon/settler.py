@@ -162,7 +162,8 @@ class Settler:
 
     def _run(self) -> None:
         while not self._stopping:
-            items, directories = self._take(self._requests.get())
+            request = self._requests.get()
+            items, directories = self._take(request)
             group = Group(items)
             try:
                 if items:

@@ -1,0 +1,170 @@
+"""The exec report off the loop thread (issue 20, point 3): spawning does not wait for the command's exec.
+
+``steadq-exec``'s report pipe is one of the loop's readers: its EOF is the
+moment a job is ``started``; a reported errno is the same start failure a
+synchronous spawn raised (the job is handed back, leasing holds). A command
+whose exit is seen before its report was read has its report read then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import io
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from steadqd import Queue
+from steadqd.daemon import child, exec_helper, guard, payload_dirs
+from steadqd.daemon.config import WorkerConfig, parse_config
+from steadqd.daemon.journal import Log
+from steadqd.daemon.service import Loop
+from steadqd.daemon.worker import WorkerRole
+
+from .conftest import DEADLINE
+
+
+@pytest.fixture(autouse=True)
+def _helper_built() -> None:
+    assert exec_helper.available(), f"{exec_helper.HELPER} missing: ./dev.sh setup (pip install -e .) builds it"
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    lp = Loop()
+    yield lp
+    lp.close()
+
+
+def _exited(proc: Any) -> None:
+    """Wait until the leader has exited, leaving it unreaped (as the worker finds it)."""
+    deadline = time.monotonic() + DEADLINE
+    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        assert time.monotonic() < deadline, "the command did not exit"
+        time.sleep(0.01)
+
+
+def _child(loop: Loop, cfg: WorkerConfig, tmp_path: Path, seen: list[str]) -> child.Child:
+    payload = tmp_path / "payload"
+    payload.write_bytes(b"")
+    proc, report = child.launch(cfg, {"PATH": "/usr/bin:/bin"}, str(payload), {})
+    assert report is not None, "the helper's path: the report comes later"
+    c: child.Child
+
+    def on_report(data: bytes) -> None:
+        seen.append(f"report {data!r}")
+        if data:  # what the worker does with a failed exec: the run never began
+            c.kill()
+            c.release()
+
+    c = child.Child(
+        proc, cfg, loop=loop, log=Log("worker", "t", journal=False, stream=io.StringIO()), fields={},
+        guard=lambda fn: fn, on_exit=lambda: seen.append("exit"), report_fd=report, on_report=on_report,
+    )  # fmt: skip
+    return c
+
+
+def _close_output(c: child.Child) -> None:
+    for st in list(c.streams.values()):
+        c.close_stream(st)
+
+
+def test_an_exit_seen_before_the_report_reads_the_report_first(loop: Loop, tmp_path: Path) -> None:
+    seen: list[str] = []
+    c = _child(loop, WorkerConfig(command=("/bin/true",)), tmp_path, seen)
+    try:
+        _exited(c.proc)
+        _close_output(c)
+        assert c.starting
+        c.check_exit()  # the loop never read the report: the exit check reads it, then reports the end
+        assert seen == ["report b''", "exit"]
+        assert not c.starting and c.returncode == 0
+    finally:
+        guard.process_guard().forget(c.pid)
+        guard.process_guard().close()
+
+
+def test_a_failed_exec_seen_at_the_exit_is_not_a_run_that_ended(loop: Loop, tmp_path: Path) -> None:
+    seen: list[str] = []
+    c = _child(loop, WorkerConfig(command=(str(tmp_path / "gone"),)), tmp_path, seen)
+    try:
+        _exited(c.proc)
+        _close_output(c)
+        c.check_exit()
+        assert seen == [f"report {str(errno.ENOENT).encode()!r}"]  # no "exit": it never ran
+        assert c.released and c.returncode == 127  # the helper, reaped
+    finally:
+        guard.process_guard().forget(c.pid)
+        guard.process_guard().close()
+
+
+def test_output_comes_after_started(loop: Loop, tmp_path: Path) -> None:
+    """Output means the exec is done: its report is read before the first line is forwarded."""
+    seen: list[str] = []
+    c = _child(loop, WorkerConfig(command=("/bin/echo", "hello")), tmp_path, seen)
+    c.log = Log("worker", "t", journal=False, stream=io.StringIO())
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while not c.streams or c.starting:  # the stdout reader, whichever event the loop gets first
+            assert time.monotonic() < deadline
+            for st in list(c.streams.values()):
+                c._on_output(st)
+                break
+        assert seen[0] == "report b''"
+    finally:
+        c.kill()
+        guard.process_guard().close()
+
+
+@pytest.fixture
+def worker_role(make_queue: Callable[..., Queue], queue_path: str) -> Iterator[tuple[WorkerRole, Loop, io.StringIO]]:
+    with make_queue(shards=1) as q:
+        q.enqueue(b"job")
+    settings = parse_config(
+        f"queue: {queue_path}\nworker:\n  command: ['true']\n  concurrency: 2\n", path="t.yaml", name="t"
+    )
+    out = io.StringIO()
+    lp = Loop()
+    role = WorkerRole(settings, Log("worker", "t", journal=False, stream=out))
+    role.start(lp)
+    role.drain()  # the test hands it the prepared job
+    try:
+        yield role, lp, out
+    finally:
+        role.close()
+        lp.close()
+
+
+def test_a_late_exec_failure_is_the_same_start_failure(worker_role, tmp_path: Path) -> None:
+    role, lp, out = worker_role
+    assert role.q is not None and role.settings.worker is not None
+    missing = str(tmp_path / "vanished-command")
+    cfg = dataclasses.replace(role.settings.worker, command=(missing,))
+    lease = role.q.lease()
+    assert lease is not None
+    tmpdir = tempfile.mkdtemp(dir=tmp_path)
+    path = payload_dirs.write_copy(tmpdir, lambda f: f.write(b"job"))
+    prepared = payload_dirs.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path)
+    role._start_job(prepared)
+    assert len(role.jobs) == 1 and "not started" not in out.getvalue()  # spawned; the report comes later
+    deadline = time.monotonic() + DEADLINE
+    while role.jobs:
+        assert time.monotonic() < deadline, out.getvalue()
+        lp.run_once(0.05)
+    text = out.getvalue()
+    assert (
+        f"job {lease.job_id[:8]} not started: cannot start the command {missing!r}: "
+        f"[Errno 2] No such file or directory: {missing!r}"
+    ) in text
+    assert f"job {lease.job_id[:8]} handed back: ready (attempt 1/3)" in text
+    assert "started (attempt" not in text
+    assert role.held is not None and "No such file or directory" in role.held
+    assert not os.path.exists(tmpdir)
+    with Queue.open(role.settings.queue) as q:
+        assert q.stats()["ready"].objects == 1
