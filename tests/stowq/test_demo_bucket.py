@@ -22,6 +22,7 @@ from steadqd.s3.store import SEAWEEDFS
 from steadqd.s3.store.s3 import S3Settings, S3Store
 from tests import prereq
 from tests.integration.test_demo import summary
+from tests.stowq.test_cli_bucket import aws_env
 
 STEADQD = os.path.join(os.path.dirname(sys.executable), "steadqd")
 TIMEOUT = 420  # s; the demo gives up after 240 s of not settling, and SeaweedFS starts in a few
@@ -29,11 +30,9 @@ TIMEOUT = 420  # s; the demo gives up after 240 s of not settling, and SeaweedFS
 
 def _clean_env(tmp_path: Path) -> dict[str, str]:
     """This environment without any AWS setting or service-manager variable; the demo sets its own."""
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k not in ("NOTIFY_SOCKET", "JOURNAL_STREAM")
-    }
-    env["AWS_CONFIG_FILE"] = str(tmp_path / "no-aws-config")
-    env["AWS_SHARED_CREDENTIALS_FILE"] = str(tmp_path / "no-aws-credentials")
+    env = aws_env(tmp_path)
+    for name in ("NOTIFY_SOCKET", "JOURNAL_STREAM"):
+        env.pop(name, None)
     return env
 
 
