@@ -300,11 +300,11 @@ class _Scan:
             wall_deadline=wall_deadline,
             reader=self.reader,
         )
-        destination = LeasedLocation(ctx.boot_id, bt_deadline, wall_deadline)
 
         def unknown(e: Indeterminate) -> SteadQError:
             # For the ticket the source identity is the ready object's.
             source_view = Lease(**{**lease.__dict__, "generation": job.generation, "attempt": job.attempt})
+            destination = LeasedLocation(ctx.boot_id, bt_deadline, wall_deadline)
             return _claim_unknown(ctx, source_view, e, destination)
 
         after_rename: list[Envelope] = []

@@ -320,10 +320,11 @@ class Queue:
         With ``wait`` > 0, sleeps on inotify events of the ready shards (no
         polling) until a job arrives or the wait runs out.
         """
-        with _mutation("lease", self._ctx):  # a bad duration is NotCommitted(INVALID_INPUT) too
+        # A bad duration or wait is NotCommitted(INVALID_INPUT), a clock failure NotCommitted, never a bare OSError.
+        with _mutation("lease", self._ctx):
             duration_ns = lease_duration_ns(duration)
-        with _mutation("lease", self._ctx):  # a clock failure is NotCommitted too, never a bare OSError
-            deadline = linux.monotonic_ns() + checked_seconds_ns("wait", max(0.0, wait))
+            wait_ns = checked_seconds_ns("wait", max(0.0, wait))
+            deadline = linux.monotonic_ns() + wait_ns if wait > 0 else 0  # one scan answers wait=0: no deadline
         watch = self._ready_wait() if wait > 0 else None
         while True:
             try:
@@ -335,9 +336,11 @@ class Queue:
             except NotCommitted as e:
                 if e.kind is not ErrorKind.MAINTENANCE_BUSY or wait <= 0:
                     raise
+            if watch is None:
+                return None
             with _mutation("lease", self._ctx):
                 remaining = (deadline - linux.monotonic_ns()) / NS_PER_SECOND
-            if remaining <= 0 or watch is None:
+            if remaining <= 0:
                 return None
             watch.wait(min(remaining, _WAIT_RESCAN_S))
 

@@ -125,6 +125,7 @@ _GRAMMAR_RE = {state: _grammar_pattern(ext, fields) for state, (ext, fields) in 
 _OPTIONAL_FIELDS = ("boot_id", "boottime_deadline", "wall_deadline", "lease_token", "not_before", "reason")
 _U64_FIELDS = ("boottime_deadline", "wall_deadline", "not_before")
 _ID_FIELDS = ("boot_id", "lease_token")
+_NO_OPTIONAL_FIELDS = dict.fromkeys(_OPTIONAL_FIELDS)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -427,31 +428,37 @@ def parse_name(state: State, name: str | bytes) -> JobName:
     g = m.groups()
     # The grammar fixes every width, so every value is in range: build the
     # JobName without re-running the checks its constructor makes on callers' values.
-    name_obj = object.__new__(JobName)
-    values = dict.fromkeys(_OPTIONAL_FIELDS)
-    values.update(
-        state=state,
-        job_id=bytes.fromhex(g[0]),
-        generation=int(g[1], 16),
-        attempt=int(g[2], 16),
-        max_attempts=int(g[3], 16),
-        tag=bytes.fromhex(g[-1]),
-    )
+    values = dict(_NO_OPTIONAL_FIELDS)
+    values["state"] = state
+    values["job_id"] = bytes.fromhex(g[0])
+    values["generation"] = int(g[1], 16)
+    values["attempt"] = int(g[2], 16)
+    values["max_attempts"] = int(g[3], 16)
+    values["tag"] = bytes.fromhex(g[-1])
     if state is State.LEASED:
-        values.update(
-            boot_id=bytes.fromhex(g[4]),
-            boottime_deadline=int(g[5], 16),
-            wall_deadline=int(g[6], 16),
-            lease_token=bytes.fromhex(g[7]),
-        )
+        values["boot_id"] = bytes.fromhex(g[4])
+        values["boottime_deadline"] = int(g[5], 16)
+        values["wall_deadline"] = int(g[6], 16)
+        values["lease_token"] = bytes.fromhex(g[7])
     elif state is State.DELAYED:
         values["not_before"] = int(g[4], 16)
     elif state is State.DEAD:
         values["reason"] = int(g[4], 16)
     elif state is State.RECEIPT:
         values["lease_token"] = bytes.fromhex(g[4])
-    for key, value in values.items():
-        object.__setattr__(name_obj, key, value)
+    return _trusted_name(values)
+
+
+def _trusted_name(values: dict[str, Any]) -> JobName:
+    """A JobName from values already known to fit its grammar (every field given).
+
+    Skips the checks of ``__post_init__``: callers' values are checked there,
+    but a name parsed by the grammar, or made by this package from checked
+    parts, would only be checked again. (A frozen dataclass without slots keeps
+    its fields in ``__dict__``; filling it is what the generated ``__init__`` does.)
+    """
+    name_obj = object.__new__(JobName)
+    name_obj.__dict__.update(values)
     return name_obj
 
 
@@ -543,7 +550,18 @@ def compute_tag(queue_id: bytes, context: str) -> bytes:
         ctx = context.encode("ascii")
     except UnicodeEncodeError:
         raise InvalidInput(f"tag context {context!r} is not ASCII") from None
-    return hashlib.sha256(DOMAIN_NAME + qid + ctx).digest()[:NAME_TAG_BYTES]
+    prefix = _NAME_HASHERS.get(qid)
+    if prefix is None:
+        if len(_NAME_HASHERS) >= _NAME_HASHERS_MAX:
+            _NAME_HASHERS.clear()
+        prefix = _NAME_HASHERS[qid] = hashlib.sha256(DOMAIN_NAME + qid)
+    h = prefix.copy()  # every name of a queue starts with the same bytes: hash them once
+    h.update(ctx)
+    return h.digest()[:NAME_TAG_BYTES]
+
+
+_NAME_HASHERS: dict[bytes, Any] = {}  # queue id -> SHA-256 state fed with the domain and the queue id
+_NAME_HASHERS_MAX = 64  # a process opens a few queues; a full cache just starts over
 
 
 def make_filename(queue_id: bytes, name: JobName, *, shard: int, bucket: int | None = None, lease_width_ns: int) -> str:

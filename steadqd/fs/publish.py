@@ -13,6 +13,7 @@ commits.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import itertools
 import os
@@ -290,15 +291,18 @@ def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
         not_before_ns = wall + checked_seconds_ns("delay", opts.delay) if opts.delay > 0 else None
     if not_before_ns is not None and not 0 <= not_before_ns <= U64_MAX:
         raise InvalidInput(f"not_before_ns out of range: {not_before_ns}")
-    extension = encode_extension(
-        Extension(
-            content_type=opts.content_type,
-            initial_not_before=not_before_ns,
-            metadata=dict(opts.metadata) if opts.metadata else None,
-            producer_id=opts.producer_id,
-            trace_context=opts.trace_context,
+    if not_before_ns is None and not opts.metadata and opts.trace_context is None:
+        extension = _plain_extension(opts.content_type, opts.producer_id)
+    else:
+        extension = encode_extension(
+            Extension(
+                content_type=opts.content_type,
+                initial_not_before=not_before_ns,
+                metadata=dict(opts.metadata) if opts.metadata else None,
+                producer_id=opts.producer_id,
+                trace_context=opts.trace_context,
+            )
         )
-    )
     fmt = ctx.fmt
     max_attempts = opts.max_attempts
     shard = shard_of(fmt.queue_id, job_id, fmt.shard_count)
@@ -334,6 +338,20 @@ def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
     except OSError as e:
         raise not_committed(e, f"create {dest_rel}", job_id=job_hex) from e
     return _Publication(ctx, dest_rel, dest_fd, name, shard, writer, job_hex, state)
+
+
+def _plain_extension(content_type: str, producer_id: str | None) -> bytes:
+    """The extension of a job with only a content type (and producer id): most jobs, and
+    the same few bytes for each, so encoded once per value (not for another type: an
+    unhashable value is left to encode_extension to refuse by name)."""
+    if type(content_type) is str and (producer_id is None or type(producer_id) is str):
+        return _plain_extension_memo(content_type, producer_id)
+    return encode_extension(Extension(content_type=content_type, producer_id=producer_id))
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_extension_memo(content_type: str, producer_id: str | None) -> bytes:
+    return encode_extension(Extension(content_type=content_type, producer_id=producer_id))
 
 
 Writer = Callable[[int], JobHeader]

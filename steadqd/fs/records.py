@@ -256,6 +256,9 @@ class JobHeader:
 
     def encode(self) -> bytes:
         """128 bytes including the stored envelope digest (use build_header to compute it)."""
+        cached = self.__dict__.get("_encoded")
+        if cached is not None:  # set by build_header, which checked the fields encoding the draft
+            return cached
         need_bytes(self.job_id, ID_BYTES, "job_id")
         if not is_uint(self.max_attempts, U32_MAX) or self.max_attempts == 0:
             raise InvalidInput(f"maximum_attempts: must be in 1..{U32_MAX}, got {self.max_attempts!r}")
@@ -313,7 +316,12 @@ def envelope_digest(header128: bytes, extension: bytes) -> bytes:
     """
     if len(header128) != HEADER_SIZE:
         raise InvalidInput(f"envelope_digest: header must be {HEADER_SIZE} bytes, got {len(header128)}")
-    return sha256(DOMAIN_ENVELOPE + bytes(header128[:_ENVELOPE_DIGEST_OFFSET]) + _ZERO_DIGEST + bytes(extension))
+    h = _ENVELOPE_HASHER.copy()  # a copy of the domain-fed state is cheaper than a new one
+    h.update(bytes(header128[:_ENVELOPE_DIGEST_OFFSET]) + _ZERO_DIGEST + bytes(extension))
+    return h.digest()
+
+
+_ENVELOPE_HASHER = hashlib.sha256(DOMAIN_ENVELOPE)
 
 
 def build_header(
@@ -331,9 +339,15 @@ def build_header(
         raise InvalidInput(f"extension: {len(extension)} bytes, limit {MAX_EXTENSION_LENGTH}")
     draft = JobHeader(
         job_id, max_attempts, created_at_ns, len(extension), payload_length, payload_digest, _ZERO_DIGEST, minor
+    ).encode()
+    digest = envelope_digest(draft, extension)
+    header = JobHeader(
+        job_id, max_attempts, created_at_ns, len(extension), payload_length, payload_digest, digest, minor
     )
-    digest = envelope_digest(draft.encode(), extension)
-    return JobHeader(job_id, max_attempts, created_at_ns, len(extension), payload_length, payload_digest, digest, minor)
+    # The stored digest is the header's last field: the draft with it filled in is
+    # the encoding, whose other fields the draft's encode has just checked.
+    header.__dict__["_encoded"] = draft[:_ENVELOPE_DIGEST_OFFSET] + digest
+    return header
 
 
 def check_envelope(header: JobHeader, header_bytes: bytes, extension: bytes) -> None:

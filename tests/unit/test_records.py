@@ -1103,3 +1103,15 @@ def test_enqueue_ticket() -> None:
 
 def test_sha256_helper_matches_hashlib() -> None:
     assert sha256(b"abc") == hashlib.sha256(b"abc").digest()
+
+
+@pytest.mark.parametrize("minor", [0, 1])
+def test_a_built_header_encodes_as_its_fields_do(minor: int) -> None:
+    """build_header keeps the encoding it made; it must be what the fields encode to afresh."""
+    ext = encode_extension(Extension(content_type="text/plain"))
+    header = build_header(job_id=JOB_ID, max_attempts=7, created_at_ns=123, extension=ext, payload_length=5,
+                          payload_digest=sha256(b"hello"), minor=minor)  # fmt: skip
+    fresh = JobHeader(JOB_ID, 7, 123, len(ext), 5, sha256(b"hello"), header.envelope_digest, minor)
+    assert header.encode() == fresh.encode()
+    assert JobHeader.decode(header.encode()) == header
+    check_envelope(header, header.encode(), ext)

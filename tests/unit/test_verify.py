@@ -29,6 +29,7 @@ from steadqd.fs.verify import (
     copy_payload,
     read_envelope,
     read_payload,
+    reread_envelope,
     verify_payload,
 )
 
@@ -292,3 +293,54 @@ def test_a_name_that_does_not_match_the_header(open_job, name: names.JobName) ->
         QuarantineReason.FILENAME_HEADER_MISMATCH,
         "name does not match the header (job id or maximum attempts)",
     )
+
+
+# --------------------------------------------------------------------------- the claim's re-read after its rename
+
+
+@pytest.mark.parametrize("extension", [EXTENSION, bytes(ENVELOPE_READ_BYTES)], ids=["small", "beyond the first read"])
+def test_a_reread_of_the_same_bytes_carries_the_new_read(open_job, tmp_path: Path, extension: bytes) -> None:
+    data = job_bytes(b"payload", extension=extension)
+    fd = open_job(data)
+    env = read_envelope(fd, MAX_PAYLOAD)
+    again = reread_envelope(fd, env, MAX_PAYLOAD)
+    assert (again.header, again.extension, again.size, again.witness) == (
+        env.header,
+        env.extension,
+        env.size,
+        env.witness,
+    )
+    assert read_payload(fd, again) == b"payload"
+
+
+@pytest.mark.parametrize("index", [0, 100, HEADER_SIZE, HEADER_SIZE + len(EXTENSION) - 1])
+def test_a_reread_that_differs_anywhere_in_the_envelope_is_a_changed_file(open_job, tmp_path: Path, index: int) -> None:
+    """The same inode rewritten in place after verification: the claim must not go on."""
+    data = job_bytes(b"payload")
+    fd = open_job(data)
+    env = read_envelope(fd, MAX_PAYLOAD)
+    (tmp_path / "job").write_bytes(flip(data, index))  # same inode, same size
+    with pytest.raises(CorruptObject) as info:
+        reread_envelope(fd, env, MAX_PAYLOAD)
+    corrupt(info, QuarantineReason.ENVELOPE_CORRUPT, "claimed file changed")
+
+
+def test_a_reread_of_a_big_extension_that_changed_is_refused(open_job, tmp_path: Path) -> None:
+    """Beyond the first read the envelope is verified again in full; a change there is corruption too."""
+    data = job_bytes(b"payload", extension=bytes(ENVELOPE_READ_BYTES + 8))
+    fd = open_job(data)
+    env = read_envelope(fd, MAX_PAYLOAD)
+    (tmp_path / "job").write_bytes(flip(data, HEADER_SIZE + ENVELOPE_READ_BYTES + 1))
+    with pytest.raises(CorruptObject) as info:
+        reread_envelope(fd, env, MAX_PAYLOAD)
+    assert info.value.reason == QuarantineReason.ENVELOPE_CORRUPT
+
+
+def test_a_reread_of_a_file_that_grew_is_a_changed_file(open_job, tmp_path: Path) -> None:
+    data = job_bytes(b"payload")
+    fd = open_job(data)
+    env = read_envelope(fd, MAX_PAYLOAD)
+    (tmp_path / "job").write_bytes(data + b"!")
+    with pytest.raises(CorruptObject) as info:
+        reread_envelope(fd, env, MAX_PAYLOAD)
+    corrupt(info, QuarantineReason.ENVELOPE_CORRUPT, "claimed file changed")
