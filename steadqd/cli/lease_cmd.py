@@ -39,8 +39,8 @@ from steadqd.constants import MAX_LEASE_NS, MIN_LEASE_NS, NS_PER_SECOND, U16_MAX
 from steadqd.durations import format_duration
 from steadqd.errors import LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
 
-_MIN_LEASE_S = MIN_LEASE_NS // NS_PER_SECOND
-_MAX_LEASE_S = MAX_LEASE_NS // NS_PER_SECOND
+# lease --duration and work --lease: a lease the format can hold, checked alike for both
+_LEASE_DURATION = duration_in(MIN_LEASE_NS // NS_PER_SECOND, MAX_LEASE_NS // NS_PER_SECOND, "lease duration")
 _SETTLERS = "ack, retry and bury"
 _HANDLE_HELP = "the handle file lease wrote (lease --handle-file)"
 
@@ -52,7 +52,7 @@ def add_lease(sub: Subcommands) -> None:
         "--duration",
         "--duration-seconds",
         dest="duration_seconds",
-        type=duration_in(_MIN_LEASE_S, _MAX_LEASE_S, "lease duration"),
+        type=_LEASE_DURATION,
         default=30.0,
         metavar="DURATION",
         help="how long the lease lasts: 30s, 5m, 1h, or seconds",
@@ -121,7 +121,7 @@ def add_work(sub: Subcommands) -> None:
         "--lease",
         "--lease-seconds",
         dest="lease_seconds",
-        type=duration_in(_MIN_LEASE_S, _MAX_LEASE_S, "lease duration"),
+        type=_LEASE_DURATION,
         default=60.0,
         metavar="DURATION",
         help="each job's lease, renewed every half of it while the command runs (1m, 90s, or seconds)",
