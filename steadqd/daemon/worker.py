@@ -383,8 +383,8 @@ class WorkerRole:
             return
         if self.held is not None:  # the hold's own timer looks again
             return
-        if self._prep.busy:
-            self._fill_again = True  # news that arrived during a claim: look again after it
+        if self._prep.busy or any(j.child.starting for j in self.jobs.values()):
+            self._fill_again = True  # after the claim, or the exec report: a failed exec costs one job one attempt
             return
         if self.q is None:  # no handle to renew and settle with: claim nothing until it is back
             self._schedule_reopen()
@@ -476,11 +476,11 @@ class WorkerRole:
                 pid=job.pid,
                 max_attempts=lease.max_attempts,
             )
+            if self._fill_again:
+                self._schedule_fill(0.0)
             return
-        job.timers.cancel_all()
         job.child.kill()  # the helper exits right after its report: reap it, close its pipes
-        job.child.release()
-        self.jobs.pop(job.pid, None)
+        self._drop(job)  # the next fill finds the hold _start_failed sets
         payload_dirs.remove(job.tmpdir)
         self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {err}")
 

@@ -168,3 +168,26 @@ def test_a_late_exec_failure_is_the_same_start_failure(worker_role, tmp_path: Pa
     assert not os.path.exists(tmpdir)
     with Queue.open(role.settings.queue) as q:
         assert q.stats()["ready"].objects == 1
+
+
+def test_no_job_is_claimed_while_a_start_is_unreported(worker_role, tmp_path: Path) -> None:
+    """Another claim before the report would cost a second job an attempt if this exec fails (daemon/hold.py)."""
+    role, lp, out = worker_role
+    assert role.q is not None and role.settings.worker is not None and role._prep is not None
+    with Queue.open(role.settings.queue) as q:
+        q.enqueue(b"the next job")
+    lease = role.q.lease()
+    assert lease is not None
+    tmpdir = tempfile.mkdtemp(dir=tmp_path)
+    path = payload_dirs.write_copy(tmpdir, lambda f: f.write(b"job"))
+    cfg = role.settings.worker
+    role._start_job(payload_dirs.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
+    (job,) = role.jobs.values()
+    assert job.child.starting
+    role.draining = False
+    role._fill()
+    assert not role._prep.busy  # nothing claimed while the start is unreported
+    deadline = time.monotonic() + DEADLINE
+    while out.getvalue().count(" started (attempt ") < 2:  # reported: the next claim follows
+        assert time.monotonic() < deadline, out.getvalue()
+        lp.run_once(0.05)
