@@ -415,19 +415,10 @@ class Queue:
         if self._closed:
             raise InvalidInput(f"queue handle for {self.path} is closed")
 
-    @contextlib.contextmanager
-    def _validated(self, lease: Lease) -> Iterator[Source]:
+    def _validated(self, lease: Lease) -> _Validated:
         """A validated source for reading, with the dir cache pinned meanwhile."""
         self._check_open()
-        with self._ctx.tree.operation():
-            try:
-                src = validate_source(self._ctx, lease, poison=False)
-            except OSError as e:
-                raise not_committed(e, "open leased file") from e
-            try:
-                yield src
-            finally:
-                src.close()
+        return _Validated(self._ctx, lease)
 
     def _guard_payload(self, lease: Lease, src: Source, read: Callable[[], T]) -> T:
         """A payload that fails its digest is quarantined, never handed out."""
@@ -639,6 +630,35 @@ class Queue:
         if repair:
             self._ctx.check_usable()  # repair mutates: a poisoned handle refuses
         return fsck(self._ctx, deep=deep, repair=repair)
+
+
+class _Validated:
+    """``with handle._validated(lease) as src:`` (a class, not a generator: every payload() enters one)."""
+
+    __slots__ = ("ctx", "lease", "src")
+
+    def __init__(self, ctx: Context, lease: Lease) -> None:
+        self.ctx = ctx
+        self.lease = lease
+
+    def __enter__(self) -> Source:
+        tree = self.ctx.tree
+        tree.pin()
+        try:
+            self.src = validate_source(self.ctx, self.lease, poison=False)
+        except OSError as e:
+            tree.unpin()
+            raise not_committed(e, "open leased file") from e
+        except BaseException:
+            tree.unpin()
+            raise
+        return self.src
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.src.close()
+        finally:
+            self.ctx.tree.unpin()
 
 
 class _mutation:

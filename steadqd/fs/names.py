@@ -207,8 +207,17 @@ def parse_job_id(hex32: str) -> bytes:
 
 def boot_dashed(raw16: bytes) -> str:
     """Dashed 8-4-4-4-12 form used in paths and tag contexts (the ``.o`` field has no dashes)."""
+    if type(raw16) is bytes:  # a process sees one or two boot ids, in every leased name
+        return _boot_dashed_memo(raw16)
+    return _boot_dashed(raw16)
+
+
+def _boot_dashed(raw16: bytes) -> str:
     h = _check_bytes("boot id", raw16).hex()
     return f"{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+_boot_dashed_memo = functools.lru_cache(maxsize=16)(_boot_dashed)
 
 
 def boot_raw(dashed: str | bytes) -> bytes:
@@ -282,12 +291,13 @@ class JobName:
         _check_int("attempt", self.attempt, U32_MAX)
         _check_int("max_attempts", self.max_attempts, U32_MAX)
         absent, present = _FIELD_CHECKS[self.state]
+        fields = self.__dict__
         for field in absent:
-            value = getattr(self, field)
+            value = fields[field]
             if value is not None:
                 raise InvalidInput(f"{self.state.value} name has no {field} (got {value!r})")
         for field, check, limit in present:
-            value = getattr(self, field)
+            value = fields[field]
             if value is None:
                 raise InvalidInput(f"{self.state.value} name requires {field}")
             check(field, value, limit)
@@ -311,29 +321,22 @@ class JobName:
         return cached
 
     def _format_base(self) -> str:
-        parts = [
-            self.job_id.hex(),
-            f"g{self.generation:016x}",
-            f"a{self.attempt:08x}",
-            f"m{self.max_attempts:08x}",
-        ]
+        common = f"{self.job_id.hex()}.g{self.generation:016x}.a{self.attempt:08x}.m{self.max_attempts:08x}"
         st = self.state
+        if st is State.READY:
+            return common
         if st is State.LEASED:
             assert self.boot_id is not None and self.lease_token is not None
-            parts += [
-                f"o{self.boot_id.hex()}",
-                f"b{self.boottime_deadline:016x}",
-                f"w{self.wall_deadline:016x}",
-                f"t{self.lease_token.hex()}",
-            ]
-        elif st is State.DELAYED:
-            parts.append(f"d{self.not_before:016x}")
-        elif st is State.DEAD:
-            parts.append(f"x{self.reason:04x}")
-        elif st is State.RECEIPT:
-            assert self.lease_token is not None
-            parts.append(f"t{self.lease_token.hex()}")
-        return ".".join(parts)
+            return (
+                f"{common}.o{self.boot_id.hex()}.b{self.boottime_deadline:016x}"
+                f".w{self.wall_deadline:016x}.t{self.lease_token.hex()}"
+            )
+        if st is State.DELAYED:
+            return f"{common}.d{self.not_before:016x}"
+        if st is State.DEAD:
+            return f"{common}.x{self.reason:04x}"
+        assert st is State.RECEIPT and self.lease_token is not None
+        return f"{common}.t{self.lease_token.hex()}"
 
 
 # --------------------------------------------------------------------------- builders / identity changes
@@ -355,9 +358,14 @@ def next_attempt(attempt: int) -> int:
     return attempt + 1
 
 
+def _job_bytes(job_id: bytes) -> bytes:
+    """A job id as bytes (a bytearray copied); its length is checked by the JobName."""
+    return job_id if type(job_id) is bytes else _check_bytes("job_id", job_id)
+
+
 def ready_name(job_id: bytes, generation: int, attempt: int, max_attempts: int) -> JobName:
     """Untagged ready identity."""
-    return JobName(State.READY, _check_bytes("job_id", job_id), generation, attempt, max_attempts)
+    return JobName(State.READY, _job_bytes(job_id), generation, attempt, max_attempts)
 
 
 def leased_name(
@@ -374,7 +382,7 @@ def leased_name(
     """Untagged leased identity; ``boot_id`` is the raw 16 bytes (the name stores them undashed)."""
     return JobName(
         State.LEASED,
-        _check_bytes("job_id", job_id),
+        _job_bytes(job_id),
         generation,
         attempt,
         max_attempts,
@@ -387,23 +395,17 @@ def leased_name(
 
 def delayed_name(job_id: bytes, generation: int, attempt: int, max_attempts: int, *, not_before: int) -> JobName:
     """Untagged delayed identity; ``not_before`` is the exact requested instant, not the bucket start."""
-    return JobName(
-        State.DELAYED, _check_bytes("job_id", job_id), generation, attempt, max_attempts, not_before=not_before
-    )
+    return JobName(State.DELAYED, _job_bytes(job_id), generation, attempt, max_attempts, not_before=not_before)
 
 
 def dead_name(job_id: bytes, generation: int, attempt: int, max_attempts: int, *, reason: int) -> JobName:
     """Untagged dead identity with a u16 dead reason."""
-    return JobName(
-        State.DEAD, _check_bytes("job_id", job_id), generation, attempt, max_attempts, reason=_plain_int(reason)
-    )
+    return JobName(State.DEAD, _job_bytes(job_id), generation, attempt, max_attempts, reason=_plain_int(reason))
 
 
 def receipt_name(job_id: bytes, generation: int, attempt: int, max_attempts: int, *, lease_token: bytes) -> JobName:
     """Untagged receipt identity; keeps the token that acknowledged the job."""
-    return JobName(
-        State.RECEIPT, _check_bytes("job_id", job_id), generation, attempt, max_attempts, lease_token=lease_token
-    )
+    return JobName(State.RECEIPT, _job_bytes(job_id), generation, attempt, max_attempts, lease_token=lease_token)
 
 
 # --------------------------------------------------------------------------- parsing
@@ -617,7 +619,12 @@ _shard_of_memo = functools.lru_cache(maxsize=4096)(_shard_of)
 
 def shard_dir(shard: int) -> str:
     """Shard directory name: always 4 lowercase hex digits, even for small shard counts."""
+    if type(shard) is int and 0 <= shard < MAX_SHARDS:  # every step of a job names its shard
+        return _SHARD_DIRS[shard]
     return f"{_check_int('shard', shard, 0xFFFF):04x}"
+
+
+_SHARD_DIRS = tuple(f"{s:04x}" for s in range(MAX_SHARDS))
 
 
 def bucket_dir(bucket: int) -> str:
