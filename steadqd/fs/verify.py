@@ -124,15 +124,16 @@ def iter_payload(fd: int, env: Envelope) -> Iterator[bytes]:
     The digest is checked after the last chunk, so a consumer that streams
     must treat the data as untrusted until the iterator finishes.
     """
+    head = _head_payload(env)
+    if head is not None:
+        # Read together with the header: verify exactly the bytes delivered.
+        if head:
+            yield head
+        _check_payload_digest(hashlib.sha256(head).digest(), env)
+        return
     h = hashlib.sha256()
     offset = env.payload_offset
     remaining = env.header.payload_length
-    if remaining and offset + remaining <= len(env.head):
-        # Read together with the header: verify exactly the bytes delivered.
-        chunk = env.head[offset : offset + remaining]
-        h.update(chunk)
-        remaining = 0
-        yield chunk
     while remaining:
         chunk = linux.pread(fd, min(CHUNK, remaining), offset)
         if not chunk:
@@ -141,17 +142,37 @@ def iter_payload(fd: int, env: Envelope) -> Iterator[bytes]:
         offset += len(chunk)
         remaining -= len(chunk)
         yield chunk
-    if h.digest() != env.header.payload_digest:
+    _check_payload_digest(h.digest(), env)
+
+
+def _head_payload(env: Envelope) -> bytes | None:
+    """The payload, when the envelope's first read held all of it (a small job)."""
+    offset = env.payload_offset
+    end = offset + env.header.payload_length
+    return env.head[offset:end] if end <= len(env.head) else None
+
+
+def _check_payload_digest(digest: bytes, env: Envelope) -> None:
+    if digest != env.header.payload_digest:
         raise CorruptObject("payload digest mismatch", QuarantineReason.PAYLOAD_CORRUPT, payload=True)
 
 
 def verify_payload(fd: int, env: Envelope) -> None:
-    for _ in iter_payload(fd, env):
-        pass
+    """Hash the whole payload; a small one is already in hand (no generator for it)."""
+    head = _head_payload(env)
+    if head is None:
+        for _ in iter_payload(fd, env):
+            pass
+    else:
+        _check_payload_digest(hashlib.sha256(head).digest(), env)
 
 
 def read_payload(fd: int, env: Envelope) -> bytes:
-    return b"".join(iter_payload(fd, env))
+    head = _head_payload(env)
+    if head is None:
+        return b"".join(iter_payload(fd, env))
+    _check_payload_digest(hashlib.sha256(head).digest(), env)
+    return head
 
 
 def copy_payload(fd: int, env: Envelope, out: BinaryIO) -> int:
