@@ -258,3 +258,37 @@ def markdown(d: dict[str, Any]) -> list[str]:
         ratio = f"{sp['ratio_median']:.1f}×" if sp["ratio_median"] is not None else "–"
         L.append(f"\nsteadqd / reference, median of rounds: **{ratio}**\n")
     return L
+
+
+def spawner_only(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.bench_cli --reference PATH``: only the spawner comparison, on a fresh loop disk.
+
+    The whole ``bench`` section takes about nine minutes; this part alone is
+    what a change to the worker needs re-measured, in the same interleaved rounds.
+    """
+    import argparse
+    import dataclasses
+    import json
+    import tempfile
+
+    from . import loopdisk
+    from .common import PROFILES
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_cli", description=spawner_only.__doc__)
+    p.add_argument("--reference", required=True, help="the reference's built `steadq` binary")
+    p.add_argument("--fs", default="ext4", choices=loopdisk.FS_CHOICES, help="the loop filesystem (default ext4)")
+    p.add_argument("--rounds", type=int, default=PROFILES["full"].bench_cli_rounds, help="interleaved rounds")
+    p.add_argument("--jobs", type=int, default=PROFILES["full"].spawner_jobs, help="`true` jobs per run")
+    args = p.parse_args(argv)
+    profile = dataclasses.replace(PROFILES["full"], bench_cli_rounds=args.rounds, spawner_jobs=args.jobs)
+    base = tempfile.mkdtemp(prefix="steadqd-spawner-", dir="/var/tmp")
+    with loopdisk.loop_filesystem(args.fs, base) as (mnt, _):
+        result = compare_spawner(mnt, profile, os.path.abspath(args.reference))
+    print(json.dumps(result, indent=1))
+    ratio = result["ratio_median"]
+    print(f"spawner, steadqd / reference, median of {len(result['ratios'])} rounds: {ratio:.2f}x" if ratio else "-")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(spawner_only())
