@@ -30,7 +30,7 @@ import signal
 import stat
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeAlias
+from typing import Any, BinaryIO, NoReturn, TypeAlias
 
 from steadqd.backend import Backend
 from steadqd.backend import open_queue as open_backend
@@ -90,6 +90,8 @@ def error_text(e: BaseException) -> str:
 
 
 def err(*lines: str) -> None:
+    if sys.stderr is None:  # closed (2>&-): print(file=None) would write the lines into stdout
+        return
     for line in lines:
         print(printable(line), file=sys.stderr)
     sys.stderr.flush()
@@ -105,6 +107,16 @@ def out_json(doc: Any) -> None:
     """2-space pretty JSON on stdout, keys in the order given (documented shapes)."""
     print(json.dumps(doc, indent=2, default=str))
     sys.stdout.flush()
+
+
+def stdin_bytes() -> BinaryIO:
+    """Standard input as bytes, or a refusal when it was closed (``<&-``), where Python has no stdin at all."""
+    if sys.stdin is None:
+        raise CliError(
+            "cannot read the payload from stdin: stdin is closed (give a FILE, or redirect stdin from one)",
+            os_exit_code(OSError(errno.EBADF, "closed")),
+        )
+    return sys.stdin.buffer
 
 
 def escape(raw: bytes) -> str:
@@ -361,10 +373,36 @@ POSITIONAL_HELP = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with clap-like failure: one line, exit 1 (invalid input)."""
+    """argparse with clap-like failure (one line, exit 1: invalid input) and clap-like order.
+
+    Why intermixed: cli.md lets options come before or after positionals, so
+    ``steadq put Q --delay 5m FILE`` is a reference command line; argparse alone
+    would take ``Q`` and an empty FILE in one go and refuse ``FILE`` as
+    unrecognized. A command's own parser (one with no subcommands) therefore
+    parses intermixed, and refuses what it does not know under its own name.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._intermixing = False
 
     def error(self, message: str) -> NoReturn:
         raise CliError(f"{self.prog}: {message} (see '{self.prog} --help')", 1)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        has_subcommands = any(a.nargs in (argparse.PARSER, argparse.REMAINDER) for a in self._get_positional_actions())
+        if has_subcommands or self._intermixing:  # the intermixed parse calls back here twice
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            parsed, extras = super().parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         action = super().add_argument(*args, **kwargs)

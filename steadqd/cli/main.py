@@ -103,10 +103,35 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str] | None, bool]:
     return [x for x in argv if x != "--json"], command, as_json
 
 
+def fill_closed_streams() -> None:
+    """Put /dev/null on a standard descriptor that was closed (``<&-``, ``2>&-``).
+
+    Why: the first file the command opens would otherwise take the free
+    number, and a job ``work`` starts inherits descriptors 0-2: its output
+    would go into whatever the queue had open there. Python itself already
+    knows the stream was closed (``sys.stdin``/``sys.stderr`` stay None), so
+    a command that needs the stream still refuses it.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            else:
+                os.set_inheritable(fd, True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``steadq`` console script; returns the exit code."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     rest, command, as_json = split_argv(args_in)
+    if sys.stdout is None:  # >&-: a put would enqueue a job whose id no one can read, and be retried
+        err(f"{PROG}: stdout is closed: nothing was done (redirect it, e.g. >/dev/null, instead of closing it)")
+        return 1
+    fill_closed_streams()
     try:
         parser = build_parser()
         try:

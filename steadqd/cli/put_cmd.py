@@ -34,6 +34,7 @@ from steadqd.cli.common import (
     os_exit_code,
     out,
     out_json,
+    stdin_bytes,
 )
 from steadqd.constants import ENQUEUE_MANY_GROUP, U32_MAX, U64_MAX
 from steadqd.errors import EnqueueIncomplete, NotCommitted, OutcomeUnknown
@@ -133,7 +134,7 @@ def cmd_put(a: argparse.Namespace) -> int:
 def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
     """One job; the payload is streamed (never held in memory whole)."""
     if a.file == "-":
-        stream: BinaryIO = sys.stdin.buffer
+        stream: BinaryIO = stdin_bytes()
         owned = False
         if sys.stdin.isatty():
             err("put: reading the payload from stdin; end with Ctrl-D")
@@ -270,8 +271,8 @@ def _jsonl_source(path: str) -> BulkSource:
     file during validation, so memory stays flat for any input size.
     """
     if path == "-":
+        src: IO[bytes] = stdin_bytes()
         spool: IO[bytes] = tempfile.TemporaryFile()
-        src: IO[bytes] = sys.stdin.buffer
         label = "stdin"
     else:
         try:
