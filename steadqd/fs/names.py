@@ -728,11 +728,28 @@ def scan_order(
     but keeps the stride; it is a latency hint only. Lazy: a claim usually
     stops at the first shard.
     """
-    start, stride = scan_params(queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
+    if start_hint is None:
+        start, stride = scan_params(queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
+        return _walk(start, stride, shard_count)
+    hint = _check_int("start_hint", start_hint, _check_shard_count(shard_count) - 1)
+    return _hinted_walk(hint, queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
+
+
+def _walk(start: int, stride: int, shard_count: int) -> Iterator[int]:
     mask = shard_count - 1
-    if start_hint is not None:
-        start = _check_int("start_hint", start_hint, mask)
     return (((start + stride * i) & _U32_MASK) & mask for i in range(shard_count))
+
+
+def _hinted_walk(
+    hint: int, queue_id: bytes, boot_id_raw16: bytes, worker_nonce16: bytes, scan_round: int, shard_count: int
+) -> Iterator[int]:
+    """The hinted shard first; the stride is hashed only if the scan goes on
+    (a consumer that just enqueued finds its job there: no hash at all)."""
+    yield hint
+    _, stride = scan_params(queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
+    walk = _walk(hint, stride, shard_count)
+    next(walk)
+    yield from walk
 
 
 # --------------------------------------------------------------------------- temp, quarantine, compaction names

@@ -300,7 +300,19 @@ class JobHeader:
             raise _header_corrupt(f"payload_length {payload_len} exceeds {MAX_PAYLOAD_LENGTH}")
         if ext_len > MAX_EXTENSION_LENGTH:
             raise _header_corrupt(f"extension_header_length {ext_len} exceeds {MAX_EXTENSION_LENGTH}")
-        return cls(job_id, max_attempts, created, ext_len, payload_len, payload_digest, env_digest, minor)
+        # Three reads of every job (claim, payload(), ack) decode a header: fill the
+        # frozen instance's fields directly, as the generated __init__ would one by one.
+        header = object.__new__(cls)
+        fields = header.__dict__
+        fields["job_id"] = job_id
+        fields["max_attempts"] = max_attempts
+        fields["created_at_ns"] = created
+        fields["extension_length"] = ext_len
+        fields["payload_length"] = payload_len
+        fields["payload_digest"] = payload_digest
+        fields["envelope_digest"] = env_digest
+        fields["minor"] = minor
+        return header
 
     @property
     def file_size(self) -> int:
