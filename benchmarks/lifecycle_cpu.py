@@ -31,6 +31,7 @@ from pathlib import Path
 
 _CHILD = r"""
 import json, resource, sys
+import steadqd
 from steadqd import Queue
 path, jobs = sys.argv[1], int(sys.argv[2])
 Queue.init(path, allow_unsupported_fs=True).close()
@@ -46,7 +47,8 @@ r0 = resource.getrusage(resource.RUSAGE_SELF)
 for _ in range(jobs):
     life()
 r1 = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"user_us": (r1.ru_utime - r0.ru_utime) / jobs * 1e6, "sys_us": (r1.ru_stime - r0.ru_stime) / jobs * 1e6}))
+print(json.dumps({"user_us": (r1.ru_utime - r0.ru_utime) / jobs * 1e6, "sys_us": (r1.ru_stime - r0.ru_stime) / jobs * 1e6,
+                  "code": steadqd.__file__}))
 """
 
 _HERE = str(Path(__file__).resolve().parent.parent)
@@ -55,20 +57,33 @@ _HERE = str(Path(__file__).resolve().parent.parent)
 def one(code: str, base: str, jobs: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(dir=base) as d:
         env = {**os.environ, "PYTHONPATH": code}
+        # cwd: ``python -c`` puts the current directory before PYTHONPATH, and run
+        # from the checkout every side would import the checkout's steadqd.
         out = subprocess.run(
             [sys.executable, "-c", _CHILD, os.path.join(d, "q"), str(jobs)],
             env=env,
+            cwd=d,
             capture_output=True,
             text=True,
             check=True,
             timeout=600,
         ).stdout
-    return dict(json.loads(out))
+    got = json.loads(out)
+    _check_imported(got.pop("code"), code)
+    return {k: float(v) for k, v in got.items()}
+
+
+def _check_imported(imported: str, code: str) -> None:
+    """A comparison of one tree with itself would report a ratio of 1 and look like a measurement."""
+    if not os.path.realpath(imported).startswith(os.path.realpath(code) + os.sep):
+        raise SystemExit(f"the side meant to run {code} imported steadqd from {imported}")
 
 
 _LIFE_ONLY = r"""
 import sys
+import steadqd
 from steadqd import Queue
+print("steadqd from", steadqd.__file__, file=sys.stderr)
 path, jobs = sys.argv[1], int(sys.argv[2])
 Queue.init(path, allow_unsupported_fs=True).close()
 q = Queue.open(path, allow_unsupported_fs=True)
@@ -88,8 +103,9 @@ def instructions(code: str, base: str, jobs: int) -> int:
             err = subprocess.run(
                 ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", _LIFE_ONLY,
                  os.path.join(d, "q"), str(n)],
-                env={**os.environ, "PYTHONPATH": code}, capture_output=True, text=True, check=True, timeout=3600,
+                env={**os.environ, "PYTHONPATH": code}, cwd=d, capture_output=True, text=True, check=True, timeout=3600,
             ).stderr  # fmt: skip
+        _check_imported(err.split("steadqd from ", 1)[1].split("\n", 1)[0], code)
         return int(err.rsplit("Collected : ", 1)[1].split()[0])
 
     few = max(1, jobs // 5)
