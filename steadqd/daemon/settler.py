@@ -87,8 +87,7 @@ class Settler:
         self._reopen = reopen
         self._requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self._results: list[Group] = []
-        self._lock = threading.Lock()  # guards _results and _pending
-        self._pending = 0  # settlements submitted and not yet collected
+        self._lock = threading.Lock()  # guards _results
         self._stopping = False
         self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name="steadqd-settle", daemon=True)
@@ -97,14 +96,7 @@ class Settler:
     def fileno(self) -> int:
         return self._r
 
-    @property
-    def busy(self) -> bool:
-        """Settlements handed over whose outcome the loop has not collected yet."""
-        return self._pending > 0
-
     def submit(self, item: Settlement) -> None:
-        with self._lock:
-            self._pending += 1
         self._requests.put(item)
 
     def discard(self, directory: str) -> None:
@@ -118,15 +110,14 @@ class Settler:
                 pass
         with self._lock:
             done, self._results = self._results, []
-            self._pending -= sum(len(g.items) for g in done)
         return done
 
     def close(self, wait: float) -> tuple[list[Group], list[Settlement]]:
         """Stop after the group in progress; returns what was settled and what was never started.
 
         A group still in its barriers after ``wait`` seconds is left to the
-        process's exit: its outcomes are the tree's (recovery decides), and
-        :attr:`stuck` says so.
+        process's exit: its outcomes are the tree's (recovery decides); its
+        runs are neither in what is returned nor settled by the caller.
         """
         self._stopping = True
         self._requests.put(None)
@@ -142,8 +133,6 @@ class Settler:
             elif isinstance(request, str):
                 payload_dirs.remove(request)
         done = self.collect()
-        with self._lock:
-            self._pending -= len(unstarted)
         if not self._thread.is_alive():
             if self._q is not None:
                 with contextlib.suppress(SteadQError, OSError):
@@ -152,11 +141,6 @@ class Settler:
             os.close(self._r)
             os.close(self._w)
         return done, unstarted
-
-    @property
-    def stuck(self) -> bool:
-        """Still settling after :meth:`close` gave up waiting."""
-        return self._stopping and self._thread.is_alive()
 
     # -- the thread ----------------------------------------------------------------
 
