@@ -22,6 +22,7 @@ from typing import Any
 from steadqd.backend import Backend
 from steadqd.cli.common import (
     CliError,
+    Interrupts,
     Subcommands,
     add_command,
     duration_in,
@@ -299,8 +300,41 @@ def _requeue_now(q: Backend, lease: Any) -> int:
         return e.exit_code
 
 
-def work_one(q: Backend, lease: Any, command: list[str], lease_seconds: float) -> int:
-    """Run ``command`` for one leased job and settle it; returns the job's result code."""
+# How long a command may take to end after steadq work passed it the signal that stopped work.
+_STOP_GRACE_S = 10.0
+
+
+def _stop_command(proc: subprocess.Popen[bytes], signum: int, since: float | None) -> float:
+    """Pass the signal to the command once, then SIGKILL it after the grace; returns when it was passed."""
+    now = time.monotonic()
+    if since is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+        return now
+    if now - since > _STOP_GRACE_S:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    return since
+
+
+def _retry_stopped(q: Backend, lease: Any, signal_name: str) -> int:
+    """Give back a job whose command the signal stopped, and say where it went."""
+    head = f"work: interrupted by {signal_name}: job {lease.job_id}: its command was stopped"
+    try:
+        state = q.retry(lease)
+    except SteadQError as e:
+        err(f"{head}; giving the job back failed: {e.message}")
+        return 1 if isinstance(e, LeaseLost) else error_code(e)
+    err(f"{head}; the job is {state} again (attempt {lease.attempt} of {lease.max_attempts} used)")
+    return 0
+
+
+def work_one(q: Backend, lease: Any, command: list[str], lease_seconds: float, stop: Interrupts) -> int:
+    """Run ``command`` for one leased job and settle it; returns the job's result code.
+
+    Why the command is stopped with ``work``: left running, it would outlive
+    the lease's renewals and run again under the next lease, while nothing
+    settles this one until it expires."""
     # 2. verified payload (full hash first; a corrupt payload is quarantined by the library)
     try:
         q.copy_payload(lease, _NullSink())  # type: ignore[arg-type]
@@ -363,6 +397,7 @@ def work_one(q: Backend, lease: Any, command: list[str], lease_seconds: float) -
     renewing = True
     interval = lease_seconds / 2
     next_renew = time.monotonic() + interval
+    stopped_at: float | None = None
     try:
         while True:
             try:
@@ -370,6 +405,8 @@ def work_one(q: Backend, lease: Any, command: list[str], lease_seconds: float) -
                 break
             except subprocess.TimeoutExpired:
                 pass
+            if stop.signum is not None:
+                stopped_at = _stop_command(proc, stop.signum, stopped_at)
             if renewing and time.monotonic() >= next_renew:
                 next_renew += interval
                 try:
@@ -399,12 +436,13 @@ def work_one(q: Backend, lease: Any, command: list[str], lease_seconds: float) -
             return 2
         except SteadQError as e:
             return e.exit_code
-    if code == 0:
-        return max(1, _requeue_now(q, lease))
-    return max(code, _requeue_now(q, lease))
+    given_back = _retry_stopped(q, lease, stop.name) if stopped_at is not None else _requeue_now(q, lease)
+    return max(code or 1, given_back)
 
 
-def _worker(path: str, command: list[str], lease_seconds: float, once: bool, results: list[int], idx: int) -> None:
+def _worker(
+    path: str, command: list[str], lease_seconds: float, once: bool, stop: Interrupts, results: list[int], idx: int
+) -> None:
     try:
         q = open_queue(path, deferred=True)
     except CliError as e:
@@ -412,7 +450,7 @@ def _worker(path: str, command: list[str], lease_seconds: float, once: bool, res
         results[idx] = e.code
         return
     try:
-        while True:
+        while stop.signum is None:
             try:
                 lease = q.lease(wait=0.0 if once else 1.0, duration=lease_seconds)
             except OutcomeUnknown as e:
@@ -432,7 +470,7 @@ def _worker(path: str, command: list[str], lease_seconds: float, once: bool, res
                     results[idx] = 3 if quarantined else 0
                     return
                 continue
-            result = work_one(q, lease, command, lease_seconds)
+            result = work_one(q, lease, command, lease_seconds, stop)
             if once:
                 results[idx] = result
                 return
@@ -450,15 +488,22 @@ def cmd_work(a: argparse.Namespace) -> int:
         raise CliError("work: missing COMMAND (usage: steadq work PATH [options] -- COMMAND [ARGS...])", 1)
     open_queue(a.path).close()  # fail early, with the open error's code
     results = [0] * a.concurrency
-    threads = [
-        threading.Thread(target=_worker, args=(a.path, command, a.lease_seconds, a.once, results, i), daemon=True)
-        for i in range(a.concurrency)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        while t.is_alive():
-            t.join(0.2)
+    with Interrupts() as stop:
+        # From here a signal is noted: each worker stops leasing, stops its command and gives its job back.
+        stop.hold()
+        threads = [
+            threading.Thread(
+                target=_worker, args=(a.path, command, a.lease_seconds, a.once, stop, results, i), daemon=True
+            )
+            for i in range(a.concurrency)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+    if stop.signum is not None:
+        return stop.exit_code
     return max(results)
 
 

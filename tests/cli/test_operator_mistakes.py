@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -88,6 +90,52 @@ def test_stderr_closed_leaves_stdout_clean_and_the_exit_status_speaks(qpath: str
     assert p.returncode == 1 and p.stdout == b""
     p = run_with_closed(2, "--json", "ls", qpath)
     assert p.returncode == 0 and json.loads(p.stdout) == []
+
+
+# --------------------------------------------------------------------------- signals
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_work_stopped_by_a_signal_stops_its_command_and_retries_the_job(
+    qpath: str, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Not an orphaned command running on under a lease that nobody will settle for an hour."""
+    job = steadq("put", qpath, stdin=b"x").out_lines[0].split()[1]
+    pidfile = tmp_path / "command.pid"
+    assert STEADQ is not None
+    work = subprocess.Popen(
+        [STEADQ, "work", qpath, "--lease", "1h", "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        for _ in range(300):
+            if pidfile.exists() and pidfile.read_text().strip():
+                break
+            time.sleep(0.05)
+        command = int(pidfile.read_text())
+        work.send_signal(sig)
+        _, stderr = work.communicate(timeout=60)
+    finally:
+        if work.poll() is None:
+            work.kill()
+    assert work.returncode == 128 + sig, stderr
+    assert not _alive(command)
+    assert stderr.decode().splitlines() == [
+        f"work: interrupted by {sig.name}: job {job}: its command was stopped; the job is ready again (attempt 1 of 3 used)"
+    ]
+    (listed,) = json.loads(steadq("--json", "ls", qpath).out)
+    assert (listed["job_id"], listed["state"], listed["attempt"]) == (job, "ready", 1)
 
 
 # --------------------------------------------------------------------------- a planted symlink
