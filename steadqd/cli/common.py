@@ -25,6 +25,7 @@ import enum
 import errno
 import json
 import os
+import pwd
 import re
 import signal
 import stat
@@ -37,7 +38,7 @@ from steadqd.backend import open_queue as open_backend
 from steadqd.constants import DeadReason
 from steadqd.durable_file import fsync_directory, replace_durably
 from steadqd.durations import format_duration, parse_duration
-from steadqd.errors import OutcomeUnknown, SteadQError
+from steadqd.errors import OutcomeUnknown, SteadQError, UnsupportedFormat
 from steadqd.text import printable
 
 PROG = "steadq"
@@ -455,4 +456,24 @@ def open_queue(path: str, *, code: int | None = None, **options: Any) -> Backend
         if code is None:
             # cli.md: the reference opens a missing root as a raw NotFound I/O error (6); ours names it.
             code = 6 if isinstance(e.__cause__, FileNotFoundError) else error_code(e)
-        raise CliError(f"cannot open queue {path}: {error_text(e)}", code) from e
+        raise CliError(f"cannot open queue {path}: {error_text(e)}{_open_hint(path, e)}", code) from e
+
+
+def _open_hint(path: str, e: BaseException) -> str:
+    """What the operator can do about a refusal that is theirs to fix, or "" when the message says it."""
+    if isinstance(e, UnsupportedFormat):
+        return " (another steadq version made this queue: open it with that version, or upgrade this one)"
+    if isinstance(e, PermissionError) and not path.partition("://")[1]:
+        try:
+            info = os.stat(path)
+        except OSError:
+            return " (check the permissions of the directories above it)"
+        try:
+            owner = pwd.getpwuid(info.st_uid).pw_name
+        except KeyError:
+            owner = f"uid {info.st_uid}"
+        return (
+            f" (the queue belongs to {owner}, mode {stat.S_IMODE(info.st_mode):04o}: run the command as {owner}, "
+            "or as a member of its group if the queue was made with init --shared)"
+        )
+    return ""

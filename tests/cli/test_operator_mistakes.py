@@ -62,6 +62,23 @@ def test_an_unknown_option_is_named_with_its_subcommand(qpath: str) -> None:
     ]
 
 
+# --------------------------------------------------------------------------- a queue this steadq cannot read
+
+
+def test_a_queue_of_a_newer_format_says_which_version_to_use(qpath: str) -> None:
+    fmt = Path(qpath) / "FORMAT"
+    data = bytearray(fmt.read_bytes())
+    data[8:10] = (2).to_bytes(2, "big")  # the major version (records.md)
+    os.chmod(fmt, 0o600)
+    fmt.write_bytes(bytes(data))
+    r = steadq("ls", qpath)
+    assert r.code == 64
+    assert r.err_lines == [
+        f"cannot open queue {qpath}: FORMAT: unsupported format major version 2 (another steadq version made "
+        "this queue: open it with that version, or upgrade this one)"
+    ]
+
+
 # --------------------------------------------------------------------------- closed standard streams
 
 

@@ -14,13 +14,14 @@ import os
 import pytest
 
 from steadqd import Queue
-from steadqd.cli.main import main
+from steadqd.cli.main import main, version
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
 
 
 def run_as_nobody(argv: list[str]) -> tuple[int, str]:
+    version()  # imports what importlib.metadata imports lazily, which nobody could not read under /root
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -86,3 +87,14 @@ def test_init_in_a_directory_without_write_permission_exits_5(world):
     code, err = run_as_nobody(["init", os.path.join(locked, "q")])
     assert code == 5, err
     assert not os.path.exists(os.path.join(locked, "q"))
+
+
+def test_a_queue_of_another_user_is_refused_naming_its_owner(world):
+    path = os.path.join(world, "private")
+    Queue.init(path, shards=2).close()
+    code, err = run_as_nobody(["ls", path])
+    assert code == 5, err
+    assert err.splitlines() == [
+        f"cannot open queue {path}: {path}: Permission denied (the queue belongs to root, mode 0700: run the "
+        "command as root, or as a member of its group if the queue was made with init --shared)"
+    ]
