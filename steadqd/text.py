@@ -13,8 +13,12 @@ import re
 
 __all__ = ["printable"]
 
-# C0 and C1 controls, DEL, and the Unicode line and paragraph separators.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# C0 and C1 controls, DEL, the Unicode line and paragraph separators, and lone
+# surrogates: a name that is not UTF-8 arrives as surrogateescape, which a
+# stream would write back out as the raw byte (0x9b is CSI to an 8-bit terminal).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+# The surrogates surrogateescape makes of the bytes 0x80-0xff.
+_ESCAPED_BYTE = range(0xDC80, 0xDD00)
 
 
 _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -25,9 +29,12 @@ def _escape_char(m: re.Match[str]) -> str:
     if ch in _SHORT:
         return _SHORT[ch]
     c = ord(ch)
+    if c in _ESCAPED_BYTE:
+        return f"\\x{c - 0xDC00:02x}"
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 
 
 def printable(text: str) -> str:
-    """``text`` with every control character escaped as Python would (``\\n``, ``\\x1b``, ``\\u2028``)."""
+    """``text`` with every control character escaped as Python would (``\\n``, ``\\x1b``, ``\\u2028``),
+    and every byte that was not UTF-8 as ``\\xNN``."""
     return _UNPRINTABLE.sub(_escape_char, text)

@@ -8,9 +8,11 @@ terminal and a newline forged an extra output line.
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 
 from steadqd import Queue
-from tests.cli.helpers import steadq
+from tests.cli.helpers import STEADQ, steadq
 
 HOSTILE = "x\nOK\x1b[2J\r.sqj"  # ASCII: a non-ASCII name is shown as <bytes:hex> already
 
@@ -31,3 +33,20 @@ def test_printable_keeps_ordinary_text() -> None:
 
     assert printable("ready/0000/ab.sqj: état ok, 3 jobs") == "ready/0000/ab.sqj: état ok, 3 jobs"
     assert printable("\x00\x7f\x9b\u2028") == "\\x00\\x7f\\x9b\\u2028"
+
+
+def test_bulk_put_print_ids_escapes_a_source_name_that_is_not_utf8(qpath: str, tmp_path: Path) -> None:
+    """A byte that is not UTF-8 (0x9b is CSI to an 8-bit terminal) went out raw through surrogateescape."""
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / os.fsdecode(b"frame\x9b2J\xff")).write_bytes(b"x")
+    p = subprocess.run([STEADQ, "put", "--dir", source, "--print-ids", qpath], capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    (line,) = p.stdout.splitlines()
+    assert line.split(b" ", 1)[1] == b"frame\\x9b2J\\xff"
+
+
+def test_printable_escapes_undecodable_bytes_as_the_bytes_they_were() -> None:
+    from steadqd.text import printable
+
+    assert printable(b"a\x9b\xffz".decode("utf-8", "surrogateescape")) == "a\\x9b\\xffz"
