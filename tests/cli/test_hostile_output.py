@@ -40,6 +40,7 @@ def test_bulk_put_print_ids_escapes_a_source_name_that_is_not_utf8(qpath: str, t
     source = tmp_path / "in"
     source.mkdir()
     (source / os.fsdecode(b"frame\x9b2J\xff")).write_bytes(b"x")
+    assert STEADQ is not None
     p = subprocess.run([STEADQ, "put", "--dir", source, "--print-ids", qpath], capture_output=True, timeout=60)
     assert p.returncode == 0, p.stderr
     (line,) = p.stdout.splitlines()
