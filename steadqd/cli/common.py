@@ -104,6 +104,13 @@ def out(*lines: str) -> None:
     sys.stdout.flush()
 
 
+def discard_stdout() -> None:
+    """Point stdout at /dev/null once its reader is gone (``| head``), so the flush at exit cannot fail again."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def out_json(doc: Any) -> None:
     """2-space pretty JSON on stdout, keys in the order given (documented shapes)."""
     print(json.dumps(doc, indent=2, default=str))

@@ -32,7 +32,6 @@ queue only through ``steadqd.backend``.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
 import sys
@@ -48,7 +47,7 @@ from steadqd.cli import (
     put_cmd,
     view_cmd,
 )
-from steadqd.cli.common import PROG, CliError, HelpFormatter, Parser, err, error_code, error_text
+from steadqd.cli.common import PROG, CliError, HelpFormatter, Parser, discard_stdout, err, error_code, error_text
 
 GROUPS = (init_cmd, put_cmd, lease_cmd, view_cmd, maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd, admin_cmd)
 
@@ -149,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.code
     except BrokenPipeError:
         # stdout closed early (``steadq ls Q | head``): not an error of ours.
-        with contextlib.suppress(OSError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+        discard_stdout()
         return 0
     except Exception as e:  # noqa: BLE001 - never a traceback: one line and the mapped exit code
         err(f"{PROG}: {error_text(e)}")

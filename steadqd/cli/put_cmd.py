@@ -27,6 +27,7 @@ from steadqd.cli.common import (
     Interrupts,
     Subcommands,
     add_command,
+    discard_stdout,
     duration,
     err,
     int_in,
@@ -377,6 +378,7 @@ def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource, stop: 
     failure: CliError | None = None
     items = source.items()
     exhausted = False
+    reader_gone = False
 
     def group(labels: list[str], sizes: list[int]) -> Generator[BinaryIO, None, None]:
         """The next group's payload streams; each is closed when the next is asked for."""
@@ -424,9 +426,15 @@ def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource, stop: 
                 failure = error if failure is None else CliError([*failure.lines, *error.lines], error.code)
             durable += len(ids)
             nbytes += sum(sizes[: len(ids)])
-            if a.print_ids:
-                for job_id, label in zip(ids, labels, strict=False):
-                    out(f"{job_id} {label}")
+            unprinted = _print_ids(ids, labels) if a.print_ids else 0
+            if unprinted:
+                gone = CliError(
+                    "put: stdout was closed while printing the ids: stopped after the jobs counted below "
+                    f"(the ids of the last {unprinted} of them were not printed)",
+                    6,
+                )
+                failure = gone if failure is None else CliError([*failure.lines, *gone.lines], failure.code)
+                reader_gone = True
             progress.update(durable)
         if failure is None and stop.signum is not None and not exhausted:
             failure = CliError(f"interrupted by {stop.name}: stopped after the jobs counted below", stop.exit_code)
@@ -440,12 +448,27 @@ def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource, stop: 
         source.cleanup()
     elapsed = time.monotonic() - start
     rate = durable / elapsed if elapsed > 0 else 0.0
-    if a.json:
+    if a.json and not reader_gone:
         out_json({"enqueued": durable, "bytes": nbytes, "seconds": round(elapsed, 3), "failed": failure is not None})
     summary = f"enqueued {durable} jobs ({nbytes} bytes) from {source.describe} in {elapsed:.1f}s ({rate:.0f}/s)"
     if failure is not None:
         raise CliError([*failure.lines, summary], failure.code)
     err(summary)
+    return 0
+
+
+def _print_ids(ids: list[str], labels: list[str]) -> int:
+    """Print ``<job_id> <source>`` per job; returns how many could not be printed because the reader went away.
+
+    Why not let BrokenPipeError end the command as it ends a listing: these
+    jobs are enqueued, and a silent exit 0 would hide both that the rest of
+    the input was not and which ids went unseen."""
+    for done, (job_id, label) in enumerate(zip(ids, labels, strict=False)):
+        try:
+            out(f"{job_id} {label}")
+        except BrokenPipeError:
+            discard_stdout()
+            return len(ids) - done
     return 0
 
 

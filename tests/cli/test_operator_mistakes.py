@@ -21,7 +21,7 @@ from steadqd.s3.operator import BucketBackend
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from tests.invariants import check_tree
 
-from .helpers import STEADQ, steadq
+from .helpers import STEADQ, payload_dir, steadq
 
 
 def run_with_closed(fd: int, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -188,3 +188,23 @@ def test_a_stray_key_in_another_shard_does_not_list_a_bucket_job_twice() -> None
     stray = "0001" if "/0000/" in real else "0000"
     store.put_if_absent(f"farm/jobs/{stray}/{job}", b"not a record")
     assert [j.job_id for j in q.list_jobs({"ready"})] == [job]
+
+
+def test_bulk_put_whose_print_ids_reader_goes_away_stops_and_says_how_far_it_got(qpath: str, tmp_path: Path) -> None:
+    """``put --dir D --print-ids Q | head -1`` once exited 0 in silence after some of D."""
+    source = payload_dir(tmp_path, 3000)
+    assert STEADQ is not None
+    p = subprocess.Popen(
+        [STEADQ, "put", "--dir", source, "--print-ids", qpath], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.readline()
+    p.stdout.close()
+    stderr = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 6, stderr
+    enqueued = len(check_tree(qpath).ready)
+    assert 0 < enqueued < 3000
+    lines = stderr.splitlines()
+    assert len(lines) == 2, stderr
+    assert lines[0].startswith("put: stdout was closed while printing the ids: stopped after the jobs counted below")
+    assert lines[1].startswith(f"enqueued {enqueued} jobs ")
