@@ -33,6 +33,7 @@ from steadqd.cli.common import (
     open_queue,
     out,
     out_json,
+    printed,
     reason_code,
     reason_name,
     state_name,
@@ -403,14 +404,15 @@ def _act_on_each(
     done: list[dict[str, Any]] = []
     skipped: list[str] = []
     failures: list[CliError] = []
+    reader_gone = False
     for t in targets:
-        if stop.signum is not None:
+        if stop.signum is not None or reader_gone:
             break
         if a.dry_run:
             done.append({"id": t.key, "path": t.path, "reason": t.reason, "age_seconds": t.age_seconds})
             if not a.json:
                 age = "-" if t.age_seconds is None else format_duration(t.age_seconds)
-                out(f"would {verb} {t.key} reason={t.reason} age={age} {t.path}")
+                reader_gone = not printed(f"would {verb} {t.key} reason={t.reason} age={age} {t.path}")
             continue
         try:
             result = act(q, t.key)
@@ -431,7 +433,9 @@ def _act_on_each(
             doc["to"] = result
         done.append(doc)
         if not a.json:
-            out(f"{done_word} {t.key} {t.path}" + (f" -> {result}" if isinstance(result, str) else ""))
+            reader_gone = not printed(
+                f"{done_word} {t.key} {t.path}" + (f" -> {result}" if isinstance(result, str) else "")
+            )
     untouched = len(targets) - len(done) - len(skipped) - len(failures)
     counted = "would be " + done_word if a.dry_run else done_word
     summary = f"{counted}: {len(done)} of {len(targets)} {what} selected"
@@ -439,6 +443,9 @@ def _act_on_each(
         summary += f", {len(skipped)} gone meanwhile"
     if failures:
         summary += f", {len(failures)} failed"
+    if reader_gone:
+        raise CliError([*(line for f in failures for line in f.lines), f"admin {verb}: stdout was closed while "
+                        f"printing: stopped; {summary}; {untouched} untouched"], 6)  # fmt: skip
     if a.json:
         out_json({"dry_run": a.dry_run, "selected": len(targets), done_word: len(done), "skipped": len(skipped),
                   "failed": len(failures), "untouched": untouched, "interrupted": stop.name or None,

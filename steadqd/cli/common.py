@@ -111,6 +111,20 @@ def discard_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
+def printed(line: str) -> bool:
+    """Print one line that reports a change made; False when the reader is gone (``| head -1``).
+
+    Why not let BrokenPipeError end the command as it ends a listing: the
+    change was made, and a silent exit 0 would hide that the rest was not,
+    so a command that changes one thing per line stops and says how far it got."""
+    try:
+        out(line)
+    except BrokenPipeError:
+        discard_stdout()
+        return False
+    return True
+
+
 def out_json(doc: Any) -> None:
     """2-space pretty JSON on stdout, keys in the order given (documented shapes)."""
     print(json.dumps(doc, indent=2, default=str))

@@ -27,7 +27,6 @@ from steadqd.cli.common import (
     Interrupts,
     Subcommands,
     add_command,
-    discard_stdout,
     duration,
     err,
     int_in,
@@ -35,6 +34,7 @@ from steadqd.cli.common import (
     os_exit_code,
     out,
     out_json,
+    printed,
     stdin_bytes,
 )
 from steadqd.constants import ENQUEUE_MANY_GROUP, U32_MAX, U64_MAX
@@ -458,16 +458,9 @@ def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource, stop: 
 
 
 def _print_ids(ids: list[str], labels: list[str]) -> int:
-    """Print ``<job_id> <source>`` per job; returns how many could not be printed because the reader went away.
-
-    Why not let BrokenPipeError end the command as it ends a listing: these
-    jobs are enqueued, and a silent exit 0 would hide both that the rest of
-    the input was not and which ids went unseen."""
+    """Print ``<job_id> <source>`` per job; returns how many could not be printed because the reader went away."""
     for done, (job_id, label) in enumerate(zip(ids, labels, strict=False)):
-        try:
-            out(f"{job_id} {label}")
-        except BrokenPipeError:
-            discard_stdout()
+        if not printed(f"{job_id} {label}"):
             return len(ids) - done
     return 0
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from steadqd import Queue
 from steadqd.s3.layout import init_layout
 from steadqd.s3.operator import BucketBackend
 from steadqd.s3.store.memory import ManualClock, MemoryStore
@@ -208,3 +209,26 @@ def test_bulk_put_whose_print_ids_reader_goes_away_stops_and_says_how_far_it_got
     assert len(lines) == 2, stderr
     assert lines[0].startswith("put: stdout was closed while printing the ids: stopped after the jobs counted below")
     assert lines[1].startswith(f"enqueued {enqueued} jobs ")
+
+
+def test_admin_requeue_whose_reader_goes_away_stops_and_says_how_far_it_got(queue: Queue, queue_path: str) -> None:
+    for _ in queue.enqueue_many([b"x"] * 600):
+        lease = queue.lease(duration=60)
+        assert lease is not None
+        queue.bury(lease)
+    queue.close()
+    assert STEADQ is not None
+    p = subprocess.Popen(
+        [STEADQ, "admin", "requeue", queue_path, "--all"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.readline()
+    p.stdout.close()
+    stderr = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 6, stderr
+    requeued = len(check_tree(queue_path).ready)
+    assert 0 < requeued < 600
+    assert stderr.splitlines() == [
+        f"admin requeue: stdout was closed while printing: stopped; requeued: {requeued} of 600 dead jobs "
+        f"selected; {600 - requeued} untouched"
+    ]
