@@ -325,7 +325,7 @@ def _retry_stopped(q: Backend, lease: Any, signal_name: str) -> int:
     except SteadQError as e:
         err(f"{head}; giving the job back failed: {e.message}")
         return 1 if isinstance(e, LeaseLost) else error_code(e)
-    err(f"{head}; the job is {state} again (attempt {lease.attempt} of {lease.max_attempts} used)")
+    err(f"{head}; the job is now {state} (attempt {lease.attempt} of {lease.max_attempts} used)")
     return 0
 
 

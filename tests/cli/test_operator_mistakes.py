@@ -150,7 +150,7 @@ def test_work_stopped_by_a_signal_stops_its_command_and_retries_the_job(
     assert work.returncode == 128 + sig, stderr
     assert not _alive(command)
     assert stderr.decode().splitlines() == [
-        f"work: interrupted by {sig.name}: job {job}: its command was stopped; the job is ready again (attempt 1 of 3 used)"
+        f"work: interrupted by {sig.name}: job {job}: its command was stopped; the job is now ready (attempt 1 of 3 used)"
     ]
     (listed,) = json.loads(steadq("--json", "ls", qpath).out)
     assert (listed["job_id"], listed["state"], listed["attempt"]) == (job, "ready", 1)
