@@ -1,14 +1,15 @@
-"""The worker spawner's group commit (docs/performance.md, fix 4).
+"""The worker spawner's group commit on a forced stop (docs/performance.md, fix 4).
 
-Jobs whose commands finish in the same loop pass are settled inside one
-``q.batch()``: each verdict still renames at once, but the directory fsyncs
-are issued together, one per directory. Driven in-process on a real queue
-with finished ``true`` children, so which jobs finish "together" is exact.
+The group commit itself (runs handed to the settling thread together share
+their directory fsyncs; a failed group barrier makes every outcome unknown)
+is tested against the thread in tests/daemon/test_settler.py. What stays here
+is the stop: runs that finished but were never settled are settled by
+``close()``. Driven in-process on a real queue with finished ``true``
+children.
 """
 
 from __future__ import annotations
 
-import errno
 import io
 import subprocess
 import tempfile
@@ -22,7 +23,6 @@ from steadqd.daemon.config import parse_config
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop
 from steadqd.daemon.worker import WorkerRole, _Job
-from steadqd.fs import linux
 
 
 @pytest.fixture
@@ -60,40 +60,6 @@ def _finished_job(role: WorkerRole, loop: Loop, tmp: Path) -> _Job:
 
 def _receipts(qpath: str) -> int:
     return sum(1 for p in Path(qpath, "receipts").rglob("*.rct"))
-
-
-def test_jobs_finishing_in_one_pass_share_their_directory_fsyncs(worker, tmp_path: Path) -> None:
-    role, loop, qpath, _ = worker
-    first = _finished_job(role, loop, tmp_path)
-    role._finish(first)
-    loop.run_once(0)  # the first ack also creates the receipts bucket
-    assert role.tally.done == 1
-    jobs = [_finished_job(role, loop, tmp_path) for _ in range(3)]
-    with linux.trace() as events:
-        for job in jobs:
-            role._finish(job)
-        assert role.tally.done == 1  # nothing settled before the end of the pass
-        loop.run_once(0)
-    fsyncs = sum(1 for e in events if e.op == "fsync")
-    assert role.tally.done == 4 and not role.jobs
-    assert _receipts(qpath) == 4
-    # One fsync of the receipts shard and one of the ready shard for all three
-    # acks (strict settling: two per ack, six); a watermark advance may add two.
-    assert fsyncs <= 4, [e for e in events if e.op == "fsync"]
-
-
-def test_a_failed_group_barrier_makes_every_outcome_unknown_and_reopens(worker, tmp_path: Path) -> None:
-    role, loop, qpath, out = worker
-    jobs = [_finished_job(role, loop, tmp_path) for _ in range(2)]
-    old = role.q
-    for job in jobs:
-        role._finish(job)
-    with linux.inject(op="fsync", nth=1, errno=errno.EIO) as fault:
-        loop.run_once(0)
-    assert fault.fired
-    assert "settling outcome unknown for 2 jobs" in out.getvalue()
-    assert role.q is not None and role.q is not old and role.q.poisoned is None
-    assert not role.jobs
 
 
 def test_close_settles_jobs_still_waiting_for_their_group(worker, tmp_path: Path) -> None:
