@@ -38,6 +38,7 @@ from steadqd.errors import (
     InvalidInput,
     NotCommitted,
     OutcomeUnknown,
+    QueueCorrupt,
     SteadQError,
     kind_for_errno,
 )
@@ -61,6 +62,7 @@ from steadqd.fs.quarantine import quarantine
 from steadqd.fs.records import JobHeader
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, MoveFailed, SourceChanged, SourceMissing, Witness
 from steadqd.fs.verify import CHUNK, check_name_matches, iter_payload, read_envelope, verify_payload
+from steadqd.text import printable
 
 __all__ = [
     "DeadFile",
@@ -229,26 +231,68 @@ def list_dead_files(queue_root: str) -> list[DeadFile] | None:
 
     Why no queue: dead-list must work on a tree too damaged to open, so it
     shows raw names (unparseable ones too) rather than authenticated jobs.
-    None when there is no ``dead/`` directory; any other failure to read
-    raises the OSError.
+    Why no symlinks: whoever can write the tree could point ``dead/`` or a
+    bucket or shard at another directory, and listing its names would leak
+    them; a symlinked component is QueueCorrupt naming it. A non-directory
+    bucket or shard is skipped. None when there is no ``dead/`` directory;
+    any other failure to read raises the OSError.
     """
-    dead = os.path.join(os.fsencode(queue_root), DEAD_DIR.encode())
     try:
-        buckets = sorted(os.listdir(dead))
+        root_fd = linux.open_at(-100, queue_root, _DIR_FLAGS)
     except FileNotFoundError:
         return None
+    try:
+        dead_fd = _walk_dir(root_fd, DEAD_DIR.encode(), DEAD_DIR.encode(), skip_other=False)
+    finally:
+        _close(root_fd)
+    if dead_fd is None:
+        return None
     found: list[DeadFile] = []
-    for b in buckets:
-        bdir = os.path.join(dead, b)
-        if not os.path.isdir(bdir):
-            continue
-        for s in sorted(os.listdir(bdir)):
-            sdir = os.path.join(bdir, s)
-            if not os.path.isdir(sdir):
+    try:
+        for b in linux.list_dir(dead_fd):
+            rel_b = b"/".join((DEAD_DIR.encode(), b))
+            bucket_fd = _walk_dir(dead_fd, b, rel_b)
+            if bucket_fd is None:
                 continue
-            for name in sorted(os.listdir(sdir)):
-                found.append(_dead_file(name, b"/".join((DEAD_DIR.encode(), b, s, name))))
+            try:
+                for s in linux.list_dir(bucket_fd):
+                    rel_s = b"/".join((rel_b, s))
+                    shard_fd = _walk_dir(bucket_fd, s, rel_s)
+                    if shard_fd is None:
+                        continue
+                    try:
+                        found.extend(_dead_file(name, b"/".join((rel_s, name))) for name in linux.list_dir(shard_fd))
+                    finally:
+                        _close(shard_fd)
+            finally:
+                _close(bucket_fd)
+    finally:
+        _close(dead_fd)
     return found
+
+
+def _walk_dir(parent_fd: int, name: bytes, rel: bytes, *, skip_other: bool = True) -> int | None:
+    """Open one directory of the dead-list walk without following a symlink.
+
+    None if it is absent, or (``skip_other``) neither a directory nor a symlink.
+    """
+    try:
+        return linux.open_dir(parent_fd, name)
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            raise
+        try:
+            st = linux.stat_at(parent_fd, name)
+        except FileNotFoundError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            raise QueueCorrupt(
+                f"{printable(os.fsdecode(rel))} is a symlink; dead-list does not follow links out of the queue tree "
+                "(steadq fsck reports it; put the real directory there or remove the link)"
+            ) from e
+        if e.errno == errno.ELOOP or not skip_other:
+            raise
+        return None
 
 
 def _dead_file(name: bytes, path: bytes) -> DeadFile:

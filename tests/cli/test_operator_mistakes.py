@@ -159,21 +159,22 @@ def test_work_stopped_by_a_signal_stops_its_command_and_retries_the_job(
 # --------------------------------------------------------------------------- a planted symlink
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="steadqd/fs/admin.py list_dead_files follows a symlinked dead/ (or bucket, shard) out of the "
-    "tree and lists whatever it points at; it should refuse it as open_queue does",
-)
-def test_dead_list_does_not_follow_a_symlinked_dead_directory(qpath: str, tmp_path: Path) -> None:
-    outside = tmp_path / "outside" / "0000000000000001" / "0000"
-    outside.mkdir(parents=True)
-    (outside / "secret-name").write_bytes(b"")
-    dead = Path(qpath) / "dead"
-    os.rmdir(dead)
-    dead.symlink_to(tmp_path / "outside")
+@pytest.mark.parametrize("link", ["dead", "dead/0000000000000001", "dead/0000000000000001/0000"])
+def test_dead_list_does_not_follow_a_symlinked_dead_directory(qpath: str, tmp_path: Path, link: str) -> None:
+    """A symlinked dead/, bucket or shard once listed the names of whatever directory it pointed at."""
+    outside = tmp_path / "outside"
+    (outside / "0000000000000001" / "0000").mkdir(parents=True)
+    for d in (outside, outside / "0000000000000001", outside / "0000000000000001" / "0000"):
+        (d / "secret-name").write_bytes(b"")
+    planted = Path(qpath) / link
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    if planted.is_dir():
+        os.rmdir(planted)
+    planted.symlink_to(outside / os.path.relpath(link, "dead"))
     r = steadq("admin", "dead-list", qpath)
     assert "secret-name" not in r.out
-    assert r.code != 0 and "symlink" in r.err
+    assert r.code == 3, r.err
+    assert f"{link} is a symlink" in r.err
 
 
 @pytest.mark.xfail(
