@@ -160,6 +160,18 @@ def iter_keys(layout: QueueLayout, prefix_rel: str) -> Iterator[tuple[ParsedKey,
         after = layout.relative(page.next_start_after)
 
 
+def _own_shard(layout: QueueLayout, parsed: ParsedKey) -> bool:
+    """Whether a job's key sits under the shard its id maps to (namespace.md, Sharding).
+
+    Why: a key under another shard is no object of that job, even when its
+    record verifies for that key, and counting it would show the job twice.
+    A key without a job id or a shard passes.
+    """
+    if parsed.job_id is None or parsed.shard is None:
+        return True
+    return keys.shard_of(layout.queue_id, parsed.job_id, layout.format.shard_count) == parsed.shard
+
+
 def read_verified(layout: QueueLayout, rel: str) -> tuple[Record | None, ObjectMeta | None, CorruptRecord | None]:
     """(record, meta, None), (None, None, None) when absent, or (None, meta, the refusal) when corrupt."""
     found = layout.get(rel)
@@ -473,7 +485,7 @@ def _listed_jobs(layout: QueueLayout, shard: int, terminal_only: bool) -> Iterat
     ids: set[bytes] = set()
     for kind in kinds:
         for parsed, _ in iter_keys(layout, shard_prefix(kind, shard)):
-            if parsed.job_id is not None:
+            if parsed.job_id is not None and _own_shard(layout, parsed):
                 ids.add(parsed.job_id)
     yield from sorted(ids)
 
@@ -517,7 +529,9 @@ def _census(layout: QueueLayout) -> tuple[dict[bytes, _Listed], set[bytes], list
     jobs: dict[bytes, _Listed] = {}
 
     def entry(parsed: ParsedKey) -> _Listed | None:
-        return None if parsed.job_id is None else jobs.setdefault(parsed.job_id, _Listed())
+        if parsed.job_id is None or not _own_shard(layout, parsed):
+            return None
+        return jobs.setdefault(parsed.job_id, _Listed())
 
     for parsed, meta in iter_keys(layout, plane_prefix(KeyKind.JOB)):
         if (e := entry(parsed)) is not None:
@@ -532,7 +546,11 @@ def _census(layout: QueueLayout) -> tuple[dict[bytes, _Listed], set[bytes], list
         for parsed, meta in iter_keys(layout, plane_prefix(kind)):
             if (e := entry(parsed)) is not None:
                 e.terminal, e.terminal_time = word, meta.store_time_ns  # a receipt wins over a dead record
-    delayed = {p.job_id for p, _ in iter_keys(layout, plane_prefix(KeyKind.DELAY_INDEX)) if p.job_id is not None}
+    delayed = {
+        p.job_id
+        for p, _ in iter_keys(layout, plane_prefix(KeyKind.DELAY_INDEX))
+        if p.job_id is not None and _own_shard(layout, p)
+    }
     finding_times: list[int] = []
     quarantined: set[bytes] = set()
     for parsed, meta in iter_keys(layout, plane_prefix(KeyKind.QUARANTINE)):
