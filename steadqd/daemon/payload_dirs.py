@@ -36,7 +36,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
 
@@ -151,32 +151,51 @@ class Prepared:
     env: dict[str, str] = field(default_factory=dict)
 
 
+def _failed(job: Prepared, e: BaseException) -> None:
+    """The job cannot be started: the loop settles its lease (if any) by ``error``; its copy is gone."""
+    job.error = e
+    if job.tmpdir:
+        remove(job.tmpdir)
+        job.tmpdir = ""
+
+
 class Stopped(Exception):
     """The worker is stopping: the copy in progress is abandoned (never leaves this module's callers)."""
 
 
-class _RenewingWriter:
-    """The copy's file, renewing the lease between chunks while a long copy is written."""
+def renew_due(q: Backend, jobs: Sequence[Prepared]) -> None:
+    """Renew each claimed, not yet started job whose renewal is due (a long copy must not expire them)."""
+    now = time.monotonic()
+    for job in jobs:
+        if job.lease is not None and job.error is None and now - job.renewed >= job.cfg.renew_interval:
+            try:
+                job.lease = q.renew(job.lease, duration=job.cfg.lease)  # a bucket's is a new generation
+            except NotCommitted:
+                pass  # tried again one interval later; the lease still has two thirds of its time
+            job.renewed = now
 
-    def __init__(self, out: BinaryIO, q: Backend, job: Prepared, stop: threading.Event) -> None:
-        self._out, self._q, self._job, self._stop = out, q, job, stop
+
+class _RenewingWriter:
+    """The copy's file, renewing the leases of the claims waiting on it between chunks of a long copy."""
+
+    def __init__(self, out: BinaryIO, q: Backend, jobs: Sequence[Prepared], stop: threading.Event) -> None:
+        self._out, self._q, self._jobs, self._stop = out, q, jobs, stop
 
     def write(self, chunk: bytes) -> int:
         if self._stop.is_set():
             raise Stopped("the worker is stopping")
-        job = self._job
-        now = time.monotonic()
-        if job.lease is not None and now - job.renewed >= job.cfg.renew_interval:
-            try:
-                job.lease = self._q.renew(job.lease, duration=job.cfg.lease)  # a bucket's is a new generation
-            except NotCommitted:
-                pass  # tried again one interval later; the lease still has two thirds of its time
-            job.renewed = now
+        renew_due(self._q, self._jobs)
         return self._out.write(chunk)
 
 
 class Preparer:
-    """One thread that claims a job and writes its payload copy, one request at a time.
+    """One thread that claims jobs and writes their payload copies, one request at a time.
+
+    A request asks for up to ``count`` jobs: they are claimed inside one
+    ``q.batch()``, so the claims share one directory barrier, and none is
+    handed to the loop before that barrier is done (a command may start only
+    once its claim is durable). Then each payload is copied, the later
+    claims renewed while an earlier copy runs long.
 
     The loop calls :meth:`submit`, watches :meth:`fileno` and calls
     :meth:`collect` when it is readable. Nothing but this thread touches its
@@ -187,7 +206,7 @@ class Preparer:
     def __init__(self, q: Backend, reopen: Callable[[], Backend]) -> None:
         self._q: Backend | None = q
         self._reopen = reopen
-        self._requests: queue.SimpleQueue[tuple[WorkerConfig, QueueSettings, dict[str, Any]] | None]
+        self._requests: queue.SimpleQueue[tuple[WorkerConfig, QueueSettings, dict[str, Any], int] | None]
         self._requests = queue.SimpleQueue()
         self._results: collections.deque[Prepared] = collections.deque()
         self._stop = threading.Event()
@@ -199,10 +218,10 @@ class Preparer:
     def fileno(self) -> int:
         return self._r
 
-    def submit(self, cfg: WorkerConfig, settings: QueueSettings, credentials: dict[str, Any]) -> None:
+    def submit(self, cfg: WorkerConfig, settings: QueueSettings, credentials: dict[str, Any], count: int = 1) -> None:
         assert not self.busy, "one request at a time"
         self.busy = True
-        self._requests.put((cfg, settings, credentials))
+        self._requests.put((cfg, settings, credentials, max(1, count)))
 
     def collect(self) -> list[Prepared]:
         with contextlib.suppress(BlockingIOError):
@@ -245,45 +264,69 @@ class Preparer:
             request = self._requests.get()
             if request is None:
                 return
-            cfg, settings, credentials = request
-            job = Prepared(cfg, credentials)
+            cfg, settings, credentials, count = request
+            jobs: list[Prepared] = []
             try:
-                self._prepare(job, settings)
+                self._prepare(jobs, cfg, credentials, count, settings)
             except BaseException as e:  # handed to the loop, which logs it: the thread must go on
-                job.error = e
-                if job.tmpdir:
-                    remove(job.tmpdir)
-                    job.tmpdir = ""
-            self._results.append(job)
+                if not jobs or jobs[-1].lease is None:
+                    jobs.append(Prepared(cfg, credentials))
+                for job in jobs:
+                    if job.error is None and job.lease is not None or job is jobs[-1]:
+                        _failed(job, e)
+            self._results.extend(jobs)  # at once: the loop's collect() ends the request as a whole
             with contextlib.suppress(BlockingIOError):
                 os.write(self._w, b"\0")
 
-    def _prepare(self, job: Prepared, settings: QueueSettings) -> None:
+    def _prepare(
+        self, jobs: list[Prepared], cfg: WorkerConfig, credentials: dict[str, Any], count: int, settings: QueueSettings
+    ) -> None:
         if self._q is None:
             try:
                 self._q = self._reopen()
             except SteadQError as e:
-                job.lease_error = e
+                jobs.append(Prepared(cfg, credentials, lease_error=e))
                 return
         q = self._q
         try:
-            job.renewed = time.monotonic()
-            try:
-                job.lease = q.lease(wait=0.0, duration=job.cfg.lease)
-            except SteadQError as e:
-                job.lease_error = e
-                return
-            job.scan = q.last_scan
-            if job.lease is not None and not self._stop.is_set():
-                self._copy(q, job, settings)
+            self._claim(q, jobs, cfg, credentials, count)
+            for i, job in enumerate(jobs):
+                if job.lease is not None and job.error is None and not self._stop.is_set():
+                    try:
+                        self._copy(q, job, settings, jobs[i:])
+                    except BaseException as e:  # this job's; the next claim's copy goes on
+                        _failed(job, e)
         finally:
             if q.poisoned is not None:
-                job.poisoned = q.poisoned
+                if not jobs:
+                    jobs.append(Prepared(cfg, credentials))
+                jobs[-1].poisoned = q.poisoned
                 with contextlib.suppress(SteadQError, OSError):
                     q.close()
                 self._q = None
 
-    def _copy(self, q: Backend, job: Prepared, settings: QueueSettings) -> None:
+    @staticmethod
+    def _claim(q: Backend, jobs: list[Prepared], cfg: WorkerConfig, credentials: dict[str, Any], count: int) -> None:
+        """Up to ``count`` claims under one barrier; an empty queue or a failed claim ends the run of claims."""
+        try:
+            with q.batch():
+                while len(jobs) < count:
+                    job = Prepared(cfg, credentials, renewed=time.monotonic())
+                    jobs.append(job)
+                    try:
+                        job.lease = q.lease(wait=0.0, duration=cfg.lease)
+                    except SteadQError as e:
+                        job.lease_error = e
+                        break
+                    job.scan = q.last_scan
+                    if job.lease is None:
+                        break
+        except SteadQError as e:  # the shared barrier failed: no claim of the run may start its command
+            for job in jobs:
+                if job.lease is not None:
+                    job.error = e
+
+    def _copy(self, q: Backend, job: Prepared, settings: QueueSettings, waiting: Sequence[Prepared]) -> None:
         lease, cfg = job.lease, job.cfg
         assert lease is not None
         owner = None
@@ -292,7 +335,7 @@ class Preparer:
         job.tmpdir = make(lease.job_id)
 
         def copy(f: BinaryIO) -> object:
-            return q.copy_payload(lease, cast(BinaryIO, _RenewingWriter(f, q, job, self._stop)))
+            return q.copy_payload(lease, cast(BinaryIO, _RenewingWriter(f, q, waiting, self._stop)))
 
         job.payload_path = write_copy(job.tmpdir, copy, owner)
         job.env = build_environment(

@@ -151,6 +151,11 @@ class WorkerRole:
         self._reopen_timer: Timer | None = None
         self._settler: Settler | None = None  # settles finished runs with a handle of its own (daemon/settler.py)
         self._hold: Hold | None = None  # no new leases while jobs cannot be started (daemon/hold.py)
+        # The configuration whose command was last seen to start, unless a start failed since. Until one
+        # has, a claim waits for the exec report before it, so a command that never starts costs one job
+        # one attempt; after, claims overlap the reports, and one that stops starting (its binary removed
+        # mid-run) costs at most the free slots' jobs one attempt each before the hold stops leasing.
+        self._proven: WorkerConfig | None = None
 
     # -- Role protocol ------------------------------------------------------------
 
@@ -383,8 +388,8 @@ class WorkerRole:
             return
         if self.held is not None:  # the hold's own timer looks again
             return
-        if self._prep.busy or any(j.child.starting for j in self.jobs.values()):
-            self._fill_again = True  # after the claim, or the exec report: a failed exec costs one job one attempt
+        if self._prep.busy or (self._proven is not cfg and any(j.child.starting for j in self.jobs.values())):
+            self._fill_again = True  # after the claim, or the exec report of an unproven command (see _proven)
             return
         if self.q is None:  # no handle to renew and settle with: claim nothing until it is back
             self._schedule_reopen()
@@ -396,7 +401,9 @@ class WorkerRole:
             if self._hold is not None:
                 self._hold.hold(f"cannot run jobs as the configured user or group: {e}")
             return
-        self._prep.submit(cfg, self.settings, credentials)
+        # A proven command's free slots are claimed together, under one barrier; an unproven one's one by one.
+        free = cfg.concurrency - len(self.jobs) if self._proven is cfg else 1
+        self._prep.submit(cfg, self.settings, credentials, free)
 
     def _on_prepared(self) -> None:
         assert self._prep is not None
@@ -468,6 +475,7 @@ class WorkerRole:
         lease, cfg = job.lease, job.cfg
         err = exec_helper.start_error(report, command_argv(cfg)[0])
         if err is None:
+            self._proven = cfg
             if self._hold is not None:
                 self._hold.job_started()
             self.log.info(
@@ -499,6 +507,7 @@ class WorkerRole:
     def _start_failed(self, lease: LeaseHandle, cfg: WorkerConfig, why: str) -> None:
         """The worker's fault, not the job's: the job goes back at once and leasing holds (daemon/hold.py)."""
         self.log.error(f"job {short_id(lease.job_id)} not started: {why}", job_id=lease.job_id, attempt=lease.attempt)
+        self._proven = None
         metrics.job_failed_to_start()
         unknown = hand_back_unstarted(self.q, lease, self.log)
         if unknown is not None:

@@ -191,3 +191,57 @@ def test_no_job_is_claimed_while_a_start_is_unreported(worker_role, tmp_path: Pa
     while out.getvalue().count(" started (attempt ") < 2:  # reported: the next claim follows
         assert time.monotonic() < deadline, out.getvalue()
         lp.run_once(0.05)
+
+
+def _start_prepared(role: WorkerRole, lp: Loop, tmp_path: Path, cfg: WorkerConfig) -> None:
+    assert role.q is not None
+    lease = role.q.lease()
+    assert lease is not None
+    tmpdir = tempfile.mkdtemp(dir=tmp_path)
+    path = payload_dirs.write_copy(tmpdir, lambda f: f.write(b"job"))
+    role._start_job(payload_dirs.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
+
+
+def _pump_until(lp: Loop, out: io.StringIO, done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not done():
+        assert time.monotonic() < deadline, out.getvalue()
+        lp.run_once(0.05)
+
+
+def test_once_the_command_has_started_claims_overlap_the_next_exec_report(worker_role, tmp_path: Path) -> None:
+    """The wait is for an unproven command only: a proven one's next claim does not queue behind each exec."""
+    role, lp, out = worker_role
+    assert role.settings.worker is not None and role._prep is not None
+    cfg = role.settings.worker
+    with Queue.open(role.settings.queue) as q:
+        for i in range(3):
+            q.enqueue(b"job %d" % i)
+    _start_prepared(role, lp, tmp_path, cfg)
+    _pump_until(lp, out, lambda: not role.jobs)  # proven: it started (and ended, freeing its slot)
+    _start_prepared(role, lp, tmp_path, cfg)
+    assert any(j.child.starting for j in role.jobs.values())
+    role.draining = False
+    role._fill()
+    assert role._prep.busy  # claimed while the second start is still unreported
+
+
+def test_a_start_failure_brings_the_wait_for_the_report_back(worker_role, tmp_path: Path) -> None:
+    role, lp, out = worker_role
+    assert role.settings.worker is not None and role._prep is not None
+    cfg = role.settings.worker
+    with Queue.open(role.settings.queue) as q:
+        for i in range(3):
+            q.enqueue(b"job %d" % i)
+    _start_prepared(role, lp, tmp_path, cfg)
+    _pump_until(lp, out, lambda: not role.jobs)
+    _start_prepared(role, lp, tmp_path, dataclasses.replace(cfg, command=(str(tmp_path / "vanished"),)))
+    _pump_until(lp, out, lambda: " not started: " in out.getvalue() and not role.jobs)
+    assert role._hold is not None and role.held is not None
+    role._hold.cancel()
+    role._hold.reason = None  # as if the checks had passed again
+    _start_prepared(role, lp, tmp_path, cfg)
+    assert any(j.child.starting for j in role.jobs.values())
+    role.draining = False
+    role._fill()
+    assert not role._prep.busy  # unproven again: the claim waits for this report
