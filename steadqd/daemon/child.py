@@ -207,6 +207,8 @@ class Child:
         self._report_fd = report_fd  # steadq-exec's report pipe, until its end is read
         self._on_report = on_report
         self._report = b""
+        self._pidfd: int | None = None  # readable once the leader has exited (Linux 5.3+)
+        self._exit_told = False  # on_exit is called once
         if report_fd is not None:
             os.set_blocking(report_fd, False)
         for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
@@ -243,16 +245,34 @@ class Child:
         self.timers.set("exit", EXIT_CHECK_RUNNING, self.check_exit)
         if self.cfg.timeout is not None:
             self.timers.set("timeout", self.cfg.timeout, self._on_timeout)
+        with contextlib.suppress(OSError, AttributeError):  # no pidfds: the exit checks' timers alone
+            self._pidfd = os.pidfd_open(self.pid)
+            self.loop.add_reader(self._pidfd, self._guard(self._on_pidfd))
+
+    def _on_pidfd(self) -> None:
+        """The leader exited. Only when its output is closed too is that its end now (as after EOF's check):
+        while something still holds the pipes, the exit checks' timers decide, as without a pidfd."""
+        self._close_pidfd()
+        if not self.streams and not self.released:
+            self.check_exit()
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd is not None:
+            self.loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
 
     def release(self) -> None:
         """Its owner is done with it: no more callbacks, no more output."""
         self.released = True
         self.timers.cancel_all()
+        self._close_pidfd()
         self.close_streams()
 
     def kill(self) -> None:
         """Forced stop: SIGKILL what is left of the group, reap the leader, close the pipes."""
         self.timers.cancel_all()
+        self._close_pidfd()
         if self.returncode is None:
             self.signal_group(signal.SIGKILL)
             process_guard().forget(self.pid)
@@ -394,7 +414,7 @@ class Child:
     # -- the end ------------------------------------------------------------------------
 
     def check_exit(self) -> None:
-        if self.released:
+        if self.released or self._exit_told:  # a pidfd, a timer and EOF may each ask after the end was told
             return
         if self.returncode is None:
             if not self.exited():
@@ -412,6 +432,8 @@ class Child:
             if self.released:  # its exec failed: not a run that ended
                 return
         self.timers.cancel("exit")
+        self._close_pidfd()
+        self._exit_told = True
         self._on_exit()
 
     def _output_grace_over(self) -> bool:

@@ -245,3 +245,48 @@ def test_a_start_failure_brings_the_wait_for_the_report_back(worker_role, tmp_pa
     role.draining = False
     role._fill()
     assert not role._prep.busy  # unproven again: the claim waits for this report
+
+
+def test_an_exit_after_the_output_closed_is_seen_by_its_pidfd_not_by_polling(
+    loop: Loop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command that closes its output and exits later: the exit wakes the loop (no exit-check timer runs)."""
+    real_set = child.Timers.set
+
+    def no_exit_timers(self: Any, name: str, delay: float, fn: Callable[[], None]) -> None:
+        if name != "exit":  # without the pidfd, this command's end would never be noticed
+            real_set(self, name, delay, fn)
+
+    monkeypatch.setattr(child.Timers, "set", no_exit_timers)
+    seen: list[str] = []
+    cfg = WorkerConfig(command=("/bin/sh", "-c", "exec >&- 2>&-; sleep 0.2"))
+    c = _child(loop, cfg, tmp_path, seen)
+    try:
+        c.start()
+        deadline = time.monotonic() + DEADLINE
+        while "exit" not in seen:
+            assert time.monotonic() < deadline, seen
+            loop.run_once(0.05)
+        assert c.returncode == 0 and not c.streams
+    finally:
+        c.kill()
+        guard.process_guard().close()
+
+
+def test_the_end_is_told_once_though_eof_and_the_pidfd_both_report_it(loop: Loop, tmp_path: Path) -> None:
+    """The owner may hold the child a while after on_exit (the settler): later wake-ups must not tell it again."""
+    seen: list[str] = []
+    c = _child(loop, WorkerConfig(command=("/bin/true",)), tmp_path, seen)
+    try:
+        c.start()
+        deadline = time.monotonic() + DEADLINE
+        while "exit" not in seen:
+            assert time.monotonic() < deadline, seen
+            loop.run_once(0.05)
+        for _ in range(10):  # whatever else is pending (the pidfd, the exit timer) gets its turn
+            loop.run_once(0.02)
+        c.check_exit()
+        assert seen.count("exit") == 1, seen
+    finally:
+        c.kill()
+        guard.process_guard().close()
