@@ -188,6 +188,18 @@ class _RenewingWriter:
         return self._out.write(chunk)
 
 
+def close_owned(q: Backend | None, r: int, w: int) -> None:
+    """What a helper thread that has ended owned: its queue handle and the pipe that woke the loop.
+
+    Closing a poisoned or failing handle may fail too, and nothing depends on it.
+    """
+    if q is not None:
+        with contextlib.suppress(SteadQError, OSError):
+            q.close()
+    os.close(r)
+    os.close(w)
+
+
 class Preparer:
     """One thread that claims jobs and writes their payload copies, one request at a time.
 
@@ -246,12 +258,8 @@ class Preparer:
         self._thread.join(wait)
         done = self.collect()
         if not self._thread.is_alive():
-            if self._q is not None:
-                with contextlib.suppress(SteadQError, OSError):
-                    self._q.close()
-                self._q = None
-            os.close(self._r)
-            os.close(self._w)
+            close_owned(self._q, self._r, self._w)
+            self._q = None
         return done
 
     @property

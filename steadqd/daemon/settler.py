@@ -134,12 +134,8 @@ class Settler:
                 payload_dirs.remove(request)
         done = self.collect()
         if not self._thread.is_alive():
-            if self._q is not None:
-                with contextlib.suppress(SteadQError, OSError):
-                    self._q.close()
-                self._q = None
-            os.close(self._r)
-            os.close(self._w)
+            payload_dirs.close_owned(self._q, self._r, self._w)
+            self._q = None
         return done, unstarted
 
     # -- the thread ----------------------------------------------------------------

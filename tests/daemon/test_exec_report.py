@@ -209,16 +209,22 @@ def _pump_until(lp: Loop, out: io.StringIO, done: Callable[[], bool]) -> None:
         lp.run_once(0.05)
 
 
-def test_once_the_command_has_started_claims_overlap_the_next_exec_report(worker_role, tmp_path: Path) -> None:
-    """The wait is for an unproven command only: a proven one's next claim does not queue behind each exec."""
-    role, lp, out = worker_role
+def _proven(role: WorkerRole, lp: Loop, out: io.StringIO, tmp_path: Path) -> WorkerConfig:
+    """Three more jobs, and the command seen to start once (the job ended too, freeing its slot)."""
     assert role.settings.worker is not None and role._prep is not None
     cfg = role.settings.worker
     with Queue.open(role.settings.queue) as q:
         for i in range(3):
             q.enqueue(b"job %d" % i)
     _start_prepared(role, lp, tmp_path, cfg)
-    _pump_until(lp, out, lambda: not role.jobs)  # proven: it started (and ended, freeing its slot)
+    _pump_until(lp, out, lambda: not role.jobs)
+    return cfg
+
+
+def test_once_the_command_has_started_claims_overlap_the_next_exec_report(worker_role, tmp_path: Path) -> None:
+    """The wait is for an unproven command only: a proven one's next claim does not queue behind each exec."""
+    role, lp, out = worker_role
+    cfg = _proven(role, lp, out, tmp_path)
     _start_prepared(role, lp, tmp_path, cfg)
     assert any(j.child.starting for j in role.jobs.values())
     role.draining = False
@@ -228,13 +234,7 @@ def test_once_the_command_has_started_claims_overlap_the_next_exec_report(worker
 
 def test_a_start_failure_brings_the_wait_for_the_report_back(worker_role, tmp_path: Path) -> None:
     role, lp, out = worker_role
-    assert role.settings.worker is not None and role._prep is not None
-    cfg = role.settings.worker
-    with Queue.open(role.settings.queue) as q:
-        for i in range(3):
-            q.enqueue(b"job %d" % i)
-    _start_prepared(role, lp, tmp_path, cfg)
-    _pump_until(lp, out, lambda: not role.jobs)
+    cfg = _proven(role, lp, out, tmp_path)
     _start_prepared(role, lp, tmp_path, dataclasses.replace(cfg, command=(str(tmp_path / "vanished"),)))
     _pump_until(lp, out, lambda: " not started: " in out.getvalue() and not role.jobs)
     assert role._hold is not None and role.held is not None
