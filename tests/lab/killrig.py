@@ -450,13 +450,15 @@ class Rig:
     def kill_one(self) -> str:
         """SIGKILL one random live process (producer, daemon or job command); restart it if it is ours."""
         choices: list[str] = ["daemon"]
-        if any(p is not None and p.poll() is None for p in self.producers.values()):
+        # One look at the producers: one that ends between two looks left the second one empty.
+        live = [i for i, p in self.producers.items() if p is not None and p.poll() is None]
+        if live:
             choices += ["producer"] * self.producer_weight
         if self.job_pids():
             choices.append("job")
         what = self.rng.choice(choices)
         if what == "producer":
-            i = self.rng.choice([i for i, p in self.producers.items() if p is not None and p.poll() is None])
+            i = self.rng.choice(live)  # ended since: the kill below finds it finished ("none")
             p = self.producers[i]
             assert p is not None
             p.kill()
