@@ -137,14 +137,22 @@ def test_purge_dead_and_quarantine_by_age_and_reason(qpath: str) -> None:
 _SUMMARY = re.compile(r"(requeued|removed): (\d+) of (\d+) dead jobs selected")
 
 
-def _signal_at(args: list[str], delay: float, signum: int) -> tuple[int, list[str], str]:
+def _signal_at(args: list[str], delay: float, signum: int, *, after_first: bool = False) -> tuple[int, list[str], str]:
+    """Run ``steadq args`` and signal it ``delay`` s after its start, or after its first change (``after_first``).
+
+    Each change is printed (and flushed) as it is made, so the first line says the changes have begun: the
+    timed signal covers a signal before the start and after the end, the other one the middle."""
     assert STEADQ is not None
     p = subprocess.Popen([STEADQ, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = b""
+    if after_first:
+        assert p.stdout is not None
+        first = p.stdout.readline()
     time.sleep(delay)
     if p.poll() is None:
         p.send_signal(signum)
     out, err = p.communicate(timeout=120)
-    return p.returncode, out.decode().splitlines(), err.decode()
+    return p.returncode, (first + out).decode().splitlines(), err.decode()
 
 
 def test_bulk_requeue_and_purge_interrupted_leave_each_job_done_or_untouched(tmp_path: Path) -> None:
@@ -153,8 +161,10 @@ def test_bulk_requeue_and_purge_interrupted_leave_each_job_done_or_untouched(tmp
     A phase is one queue of 300 dead jobs, requeued (or purged) by runs signalled at random until none is left."""
     rng = random.Random()
     runs = interrupted = 0
-    # The signal's moment adapts: a run that finished before it makes the next ones earlier, one signalled
-    # before it began makes them later (a dry run's time is only a guess when another test shares the CPU).
+    # The timed signal's moment adapts: a run that finished before it makes the next ones earlier, one
+    # signalled before it began makes them later (a dry run's time is only a guess when another test shares
+    # the CPU). The first run of each phase is signalled just after its first change, so that every phase
+    # has a run stopped in the middle whatever the machine's load.
     scale = 1.0
     for phase in range(6):
         command = ("requeue", "purge")[phase % 2]
@@ -165,10 +175,15 @@ def test_bulk_requeue_and_purge_interrupted_leave_each_job_done_or_untouched(tmp
         start = time.monotonic()
         assert steadq(*args, "--dry-run").code == 0
         listing = time.monotonic() - start  # start-up and selection: the changes begin about then
+        first_run = True
         while _states(qpath)[State.DEAD]:
             before = _states(qpath)
             signum = (signal.SIGINT, signal.SIGTERM)[runs % 2]
-            code, out, err = _signal_at(args, scale * rng.uniform(0.5 * listing, 2.5 * listing), signum)
+            if first_run:
+                code, out, err = _signal_at(args, rng.uniform(0.0, 0.01), signum, after_first=True)
+                first_run = False
+            else:
+                code, out, err = _signal_at(args, scale * rng.uniform(0.5 * listing, 2.5 * listing), signum)
             runs += 1
             now = _states(qpath)
             gone = before[State.DEAD] - now[State.DEAD]
