@@ -11,6 +11,7 @@ tests slower, not flaky.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -250,6 +251,39 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+@contextlib.contextmanager
+def worker_in_process(
+    queue: Queue, queue_path: str, *, jobs: int, concurrency: int, lease: bool = False
+) -> Iterator[tuple[Any, Any, io.StringIO]]:
+    """A WorkerRole on a running loop in this process, its journal lines in a StringIO.
+
+    ``queue`` (closed here) gets ``jobs`` jobs first. Without ``lease`` the role is drained at once, so it claims
+    nothing of its own and the test hands it jobs; with it the role leases as a daemon would.
+    """
+    from steadqd.daemon.config import parse_config
+    from steadqd.daemon.journal import Log
+    from steadqd.daemon.service import Loop
+    from steadqd.daemon.worker import WorkerRole
+
+    with queue as q:
+        for i in range(jobs):
+            q.enqueue(f"job {i}".encode())
+    settings = parse_config(
+        f"queue: {queue_path}\nworker:\n  command: ['true']\n  concurrency: {concurrency}\n", path="t.yaml", name="t"
+    )
+    out = io.StringIO()
+    loop = Loop()
+    role = WorkerRole(settings, Log("worker", "t", journal=False, stream=out))
+    role.start(loop)
+    if not lease:
+        role.drain()
+    try:
+        yield role, loop, out
+    finally:
+        role.close()
+        loop.close()
 
 
 @pytest.fixture

@@ -22,13 +22,12 @@ import pytest
 from steadqd import Queue
 from steadqd.daemon import payload_dirs
 from steadqd.daemon.config import QueueSettings, parse_config
-from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop
 from steadqd.daemon.worker import WorkerRole
 from steadqd.errors import OutcomeUnknown
 from steadqd.fs import linux
 
-from .conftest import DEADLINE
+from .conftest import DEADLINE, worker_in_process
 
 
 def _settings(queue_path: str, concurrency: int = 4) -> QueueSettings:
@@ -117,18 +116,8 @@ def test_a_failed_shared_barrier_hands_over_no_claim_to_start(queue_path: str, p
 
 @pytest.fixture
 def role(make_queue: Callable[..., Queue], queue_path: str) -> Iterator[tuple[WorkerRole, Loop, io.StringIO]]:
-    with make_queue(shards=1) as q:
-        for i in range(8):
-            q.enqueue(b"job %d" % i)
-    out = io.StringIO()
-    lp = Loop()
-    worker = WorkerRole(_settings(queue_path, concurrency=3), Log("worker", "t", journal=False, stream=out))
-    worker.start(lp)
-    try:
-        yield worker, lp, out
-    finally:
-        worker.close()
-        lp.close()
+    with worker_in_process(make_queue(shards=1), queue_path, jobs=8, concurrency=3, lease=True) as role:
+        yield role
 
 
 def test_requests_ask_for_one_job_until_a_start_is_seen_then_for_the_free_slots(

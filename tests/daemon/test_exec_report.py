@@ -22,12 +22,12 @@ import pytest
 
 from steadqd import Queue
 from steadqd.daemon import child, exec_helper, guard, payload_dirs
-from steadqd.daemon.config import WorkerConfig, parse_config
+from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop
 from steadqd.daemon.worker import WorkerRole
 
-from .conftest import DEADLINE
+from .conftest import DEADLINE, worker_in_process
 
 
 @pytest.fixture(autouse=True)
@@ -124,21 +124,9 @@ def test_output_comes_after_started(loop: Loop, tmp_path: Path) -> None:
 
 @pytest.fixture
 def worker_role(make_queue: Callable[..., Queue], queue_path: str) -> Iterator[tuple[WorkerRole, Loop, io.StringIO]]:
-    with make_queue(shards=1) as q:
-        q.enqueue(b"job")
-    settings = parse_config(
-        f"queue: {queue_path}\nworker:\n  command: ['true']\n  concurrency: 2\n", path="t.yaml", name="t"
-    )
-    out = io.StringIO()
-    lp = Loop()
-    role = WorkerRole(settings, Log("worker", "t", journal=False, stream=out))
-    role.start(lp)
-    role.drain()  # the test hands it the prepared job
-    try:
-        yield role, lp, out
-    finally:
-        role.close()
-        lp.close()
+    """No leasing of its own: the test hands it the prepared job."""
+    with worker_in_process(make_queue(shards=1), queue_path, jobs=1, concurrency=2) as role:
+        yield role
 
 
 def test_a_late_exec_failure_is_the_same_start_failure(worker_role, tmp_path: Path) -> None:
@@ -202,10 +190,11 @@ def _start_prepared(role: WorkerRole, lp: Loop, tmp_path: Path, cfg: WorkerConfi
     role._start_job(payload_dirs.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
 
 
-def _pump_until(lp: Loop, out: io.StringIO, done: Callable[[], bool]) -> None:
+def _pump_until(lp: Loop, done: Callable[[], bool], shown: Callable[[], object]) -> None:
+    """Run the loop until ``done()``; past the deadline the failure shows ``shown()`` (the log, the events)."""
     deadline = time.monotonic() + DEADLINE
     while not done():
-        assert time.monotonic() < deadline, out.getvalue()
+        assert time.monotonic() < deadline, shown()
         lp.run_once(0.05)
 
 
@@ -217,7 +206,7 @@ def _proven(role: WorkerRole, lp: Loop, out: io.StringIO, tmp_path: Path) -> Wor
         for i in range(3):
             q.enqueue(b"job %d" % i)
     _start_prepared(role, lp, tmp_path, cfg)
-    _pump_until(lp, out, lambda: not role.jobs)
+    _pump_until(lp, lambda: not role.jobs, out.getvalue)
     return cfg
 
 
@@ -236,7 +225,7 @@ def test_a_start_failure_brings_the_wait_for_the_report_back(worker_role, tmp_pa
     role, lp, out = worker_role
     cfg = _proven(role, lp, out, tmp_path)
     _start_prepared(role, lp, tmp_path, dataclasses.replace(cfg, command=(str(tmp_path / "vanished"),)))
-    _pump_until(lp, out, lambda: " not started: " in out.getvalue() and not role.jobs)
+    _pump_until(lp, lambda: " not started: " in out.getvalue() and not role.jobs, out.getvalue)
     assert role._hold is not None and role.held is not None
     role._hold.cancel()
     role._hold.reason = None  # as if the checks had passed again
@@ -263,10 +252,7 @@ def test_an_exit_after_the_output_closed_is_seen_by_its_pidfd_not_by_polling(
     c = _child(loop, cfg, tmp_path, seen)
     try:
         c.start()
-        deadline = time.monotonic() + DEADLINE
-        while "exit" not in seen:
-            assert time.monotonic() < deadline, seen
-            loop.run_once(0.05)
+        _pump_until(loop, lambda: "exit" in seen, lambda: seen)
         assert c.returncode == 0 and not c.streams
     finally:
         c.kill()
@@ -279,10 +265,7 @@ def test_the_end_is_told_once_though_eof_and_the_pidfd_both_report_it(loop: Loop
     c = _child(loop, WorkerConfig(command=("/bin/true",)), tmp_path, seen)
     try:
         c.start()
-        deadline = time.monotonic() + DEADLINE
-        while "exit" not in seen:
-            assert time.monotonic() < deadline, seen
-            loop.run_once(0.05)
+        _pump_until(loop, lambda: "exit" in seen, lambda: seen)
         for _ in range(10):  # whatever else is pending (the pidfd, the exit timer) gets its turn
             loop.run_once(0.02)
         c.check_exit()

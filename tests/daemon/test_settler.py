@@ -22,34 +22,19 @@ import pytest
 
 from steadqd import Queue
 from steadqd.daemon import settler, worker
-from steadqd.daemon.config import parse_config
-from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop
 from steadqd.daemon.worker import WorkerRole, _Job
 from steadqd.fs import linux
-from tests.daemon.conftest import DEADLINE
+from tests.daemon.conftest import DEADLINE, worker_in_process
 
 Worker = tuple[WorkerRole, Loop, str, io.StringIO]
 
 
 @pytest.fixture
 def worker_role(make_queue: Callable[..., Queue], queue_path: str) -> Iterator[Worker]:
-    with make_queue(shards=1) as q:
-        for i in range(6):
-            q.enqueue(f"job {i}".encode())
-    settings = parse_config(
-        f"queue: {queue_path}\nworker:\n  command: ['true']\n  concurrency: 8\n", path="t.yaml", name="t"
-    )
-    out = io.StringIO()
-    loop = Loop()
-    role = WorkerRole(settings, Log("worker", "t", journal=False, stream=out))
-    role.start(loop)
-    role.drain()  # no leasing of its own: the test hands it finished jobs
-    try:
+    """No leasing of its own: the test hands it finished jobs."""
+    with worker_in_process(make_queue(shards=1), queue_path, jobs=6, concurrency=8) as (role, loop, out):
         yield role, loop, queue_path, out
-    finally:
-        role.close()
-        loop.close()
 
 
 class Gate:
