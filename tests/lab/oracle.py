@@ -93,12 +93,13 @@ def run_oracle(
     max_states: int | None = None,
     samples: int = 8,
     mutate: Callable[[], AbstractContextManager[object]] | None = None,
+    keep: int = 5,
 ) -> Result:
     """Run ``wl`` on a private LazyFS mount and check its crash states."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"steadq-oracle-{wl.name}-") as mnt:
         rec = record_on_lazyfs(wl, mnt, mutate=mutate)
-    res = check_journaled(rec, max_states=max_states, samples=samples)
+    res = check_journaled(rec, max_states=max_states, samples=samples, keep=keep)
     res.seconds = round(time.monotonic() - t0, 2)
     return res
 
