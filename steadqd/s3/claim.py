@@ -109,7 +109,9 @@ class Miss(enum.Enum):
     TERMINAL = "terminal"  # a receipt or dead record is there (monotone: a scan may skip the job from now on)
     NOT_READY = "not-ready"  # leased, delayed, backing off, or settled just now as attempts_exhausted
     LOST = "lost"  # another worker created the generation first
-    UNUSABLE = "unusable"  # an object of the job is corrupt (quarantined) or was collected meanwhile
+    # An object of the job is corrupt (quarantined) or was collected meanwhile, or the key is under a
+    # shard the id does not map to (no key of the job: keys.in_own_shard; the repair scan names it).
+    UNUSABLE = "unusable"
 
 
 class _Unusable(Exception):
@@ -190,6 +192,8 @@ def claim_job(
     lease_duration_ns: int,
 ) -> Lease | Miss:
     """Claim the job if it is ready by ``floor_ns``; otherwise say why not."""
+    if not keys.in_own_shard(layout.queue_id, layout.format.shard_count, shard, job_id):
+        return Miss.UNUSABLE
     try:
         return _claim(layout, shard, job_id, floor_ns, lease_duration_ns)
     except _Unusable:

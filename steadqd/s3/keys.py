@@ -66,6 +66,7 @@ __all__ = [
     "delay_index_key_for",
     "encode_tail_hint",
     "fail_key",
+    "in_own_shard",
     "job_key",
     "key_tag",
     "lease_index_key",
@@ -436,6 +437,17 @@ def shard_hash(queue_id: bytes, job_id: bytes) -> int:
 def shard_of(queue_id: bytes, job_id: bytes, shard_count: int) -> int:
     """A job's shard: the low log2(shard_count) bits of :func:`shard_hash`."""
     return shard_hash(queue_id, job_id) & (check_shard_count(shard_count) - 1)
+
+
+def in_own_shard(queue_id: bytes, shard_count: int, shard: int, job_id: bytes) -> bool:
+    """Whether a key of ``job_id`` under ``shard`` sits where the id maps to (namespace.md, Sharding).
+
+    Why: the shard is a function of the id, so a key under another shard is
+    no key of that job even when the record there verifies for that key.
+    Readers ignore such a key (a claim there would start a second chain for
+    the job) and the repair scan names it.
+    """
+    return shard_of(queue_id, job_id, shard_count) == shard
 
 
 def key_tag(queue_id: bytes, key: str) -> bytes:

@@ -300,6 +300,12 @@ def _parsed(scan: Scan, rel: str, meta: ObjectMeta, kind: KeyKind, shard: int) -
             rel, QuarantineReason.KEY_PARSE_FAILED, "key_grammar", "not a key of this plane", meta.store_time_ns
         )
         return None
+    queue_id, count = scan.layout.queue_id, scan.layout.format.shard_count
+    if parsed.job_id is not None and not keys.in_own_shard(queue_id, count, shard, parsed.job_id):
+        home = replace(parsed, shard=keys.shard_of(queue_id, parsed.job_id, count))
+        why = f"under a shard its job id does not map to: no key of the job, whose key would be {home}"
+        scan.finding(rel, QuarantineReason.KEY_PARSE_FAILED, "key_grammar", why, meta.store_time_ns)
+        return None
     return parsed
 
 

@@ -161,15 +161,13 @@ def iter_keys(layout: QueueLayout, prefix_rel: str) -> Iterator[tuple[ParsedKey,
 
 
 def _own_shard(layout: QueueLayout, parsed: ParsedKey) -> bool:
-    """Whether a job's key sits under the shard its id maps to (namespace.md, Sharding).
+    """:func:`keys.in_own_shard` for a listed key: counting a stray one would show the job twice.
 
-    Why: a key under another shard is no object of that job, even when its
-    record verifies for that key, and counting it would show the job twice.
     A key without a job id or a shard passes.
     """
     if parsed.job_id is None or parsed.shard is None:
         return True
-    return keys.shard_of(layout.queue_id, parsed.job_id, layout.format.shard_count) == parsed.shard
+    return keys.in_own_shard(layout.queue_id, layout.format.shard_count, parsed.shard, parsed.job_id)
 
 
 def read_verified(layout: QueueLayout, rel: str) -> tuple[Record | None, ObjectMeta | None, CorruptRecord | None]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from steadqd.s3 import keys
-from steadqd.s3.layout import DEFAULT_FORMAT, init_layout
+from steadqd.s3.layout import DEFAULT_FORMAT, init_layout, open_layout
 from steadqd.s3.operator import BucketBackend
 from steadqd.s3.store.base import SECOND_NS
 from tests.stowq.conftest import LIVE_BUCKET
@@ -95,9 +95,11 @@ def test_steadq_recover_and_fsck_on_a_bucket(
     clean = ok(env, "fsck", url)
     assert "objects: " in clean.stderr and clean.stdout == ""
 
-    stray = keys.job_key(0, os.urandom(16))
     store = seaweed.store(LIVE_BUCKET)
     try:
+        layout = open_layout(store, f"{live_prefix}q/", certify_store=False)
+        junk_id = os.urandom(16)
+        stray = keys.job_key(keys.shard_of(layout.queue_id, junk_id, layout.format.shard_count), junk_id)
         store.put_if_absent(f"{live_prefix}q/{stray}", b"not a record")
     finally:
         store.close()
