@@ -355,7 +355,21 @@ def duration(text: str) -> float:
     try:
         return parse_duration(text)
     except ValueError as e:
+        if _is_negative_duration(text):
+            raise argparse.ArgumentTypeError(f"invalid duration {text!r}: negative; give 0s or more") from None
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _is_negative_duration(text: str) -> bool:
+    """Whether ``text`` is a duration with a minus sign, which the grammar only calls malformed."""
+    body = text.strip()
+    if not body.startswith("-"):
+        return False
+    try:
+        parse_duration(body[1:])
+    except ValueError:
+        return False
+    return True
 
 
 def duration_in(lo: float, hi: float, what: str) -> Callable[[str], float]:
@@ -407,6 +421,10 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._intermixing = False
+        # argparse takes a value that starts with '-' for an option unless it is a plain negative number,
+        # so "--after -5s" failed as "expected one argument": any '-' and digit is a value, to be refused
+        # by the option's own type, naming what is wrong with it (no option of ours looks like '-1').
+        self._negative_number_matcher = re.compile(r"^-\.?[0-9]")
 
     def error(self, message: str) -> NoReturn:
         raise CliError(f"{self.prog}: {message} (see '{self.prog} --help')", 1)

@@ -255,3 +255,19 @@ def test_admin_requeue_whose_reader_goes_away_stops_and_says_how_far_it_got(queu
         f"admin requeue: stdout was closed while printing: stopped; requeued: {requeued} of 600 dead jobs "
         f"selected; {600 - requeued} untouched"
     ]
+
+
+# --------------------------------------------------------------------------- option values
+
+
+@pytest.mark.parametrize("value", [["--after", "-5s"], ["--after=-5s"], ["--after-seconds", "-5"], ["--after", "-1m"]])
+def test_a_negative_retry_delay_is_refused_as_negative_by_its_option(
+    qpath: str, tmp_path: Path, value: list[str]
+) -> None:
+    """Not argparse's "expected one argument": a value that starts with '-' is still the option's value."""
+    handle = tmp_path / "h.json"
+    r = steadq("retry", qpath, "--handle-file", handle, *value)
+    assert r.code == 1, r.err
+    [line] = r.err_lines
+    assert line.startswith("steadq retry: argument --after/--after-seconds: invalid duration "), line
+    assert "negative" in line, line
