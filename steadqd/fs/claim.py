@@ -38,7 +38,6 @@ from steadqd.fs.names import (
     authenticate,
     bucket_dir,
     dead_name,
-    leased_name,
     looks_ready,
     make_filename,
     next_attempt,
@@ -49,6 +48,7 @@ from steadqd.fs.names import (
     shard_dir,
     shard_of,
     terminal_bucket,
+    trusted_leased_name,
 )
 from steadqd.fs.quarantine import quarantine, quarantine_special
 from steadqd.fs.records import decode_extension
@@ -276,15 +276,9 @@ class _Scan:
             return None
         token = ctx.random(16)
         generation, attempt = next_generation(job.generation), next_attempt(job.attempt)
-        target = leased_name(
-            job.job_id,
-            generation,
-            attempt,
-            job.max_attempts,
-            boot_id=ctx.boot_raw,
-            boottime_deadline=bt_deadline,
-            wall_deadline=wall_deadline,
-            lease_token=token,
+        # Every part was parsed by the grammar or computed and checked just above.
+        target = trusted_leased_name(
+            job.job_id, generation, attempt, job.max_attempts, ctx.boot_raw, bt_deadline, wall_deadline, token
         )
         target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
         target_rel = f"{rel}/{target_file}"

@@ -62,6 +62,7 @@ __all__ = [
     "job_hex",
     "lease_bucket",
     "leased_name",
+    "trusted_leased_name",
     "make_compact_temp_name",
     "make_filename",
     "make_quarantine_name",
@@ -261,13 +262,15 @@ _FIELD_CHECKS = {state: _checks_for(state) for state in State}
 # --------------------------------------------------------------------------- JobName
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class JobName:
     """The identity a job object's filename encodes (one of the five job grammars).
 
     Only the fields of ``state``'s grammar may be set; the rest must be None.
     Construction validates widths so that :meth:`base` can never produce a
-    non-canonical (and therefore unauthenticatable) name.
+    non-canonical (and therefore unauthenticatable) name. The constructor is
+    written out because the generated one of a frozen dataclass sets each
+    field through ``object.__setattr__``, and every claim, ack and enqueue builds one.
     """
 
     state: State
@@ -283,7 +286,37 @@ class JobName:
     reason: int | None = None
     tag: bytes | None = None
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        state: State,
+        job_id: bytes,
+        generation: int,
+        attempt: int,
+        max_attempts: int,
+        boot_id: bytes | None = None,
+        boottime_deadline: int | None = None,
+        wall_deadline: int | None = None,
+        lease_token: bytes | None = None,
+        not_before: int | None = None,
+        reason: int | None = None,
+        tag: bytes | None = None,
+    ) -> None:
+        f = self.__dict__
+        f["state"] = state
+        f["job_id"] = job_id
+        f["generation"] = generation
+        f["attempt"] = attempt
+        f["max_attempts"] = max_attempts
+        f["boot_id"] = boot_id
+        f["boottime_deadline"] = boottime_deadline
+        f["wall_deadline"] = wall_deadline
+        f["lease_token"] = lease_token
+        f["not_before"] = not_before
+        f["reason"] = reason
+        f["tag"] = tag
+        self._check()
+
+    def _check(self) -> None:
         if not isinstance(self.state, State):
             raise InvalidInput(f"state must be a State, got {self.state!r}")
         _check_bytes("job_id", self.job_id)
@@ -454,7 +487,7 @@ def parse_name(state: State, name: str | bytes) -> JobName:
 def _trusted_name(values: dict[str, Any]) -> JobName:
     """A JobName from values already known to fit its grammar (every field given).
 
-    Skips the checks of ``__post_init__``: callers' values are checked there,
+    Skips the checks of the constructor: callers' values are checked there,
     but a name parsed by the grammar, or made by this package from checked
     parts, would only be checked again. (A frozen dataclass without slots keeps
     its fields in ``__dict__``; filling it is what the generated ``__init__`` does.)
@@ -462,6 +495,39 @@ def _trusted_name(values: dict[str, Any]) -> JobName:
     name_obj = object.__new__(JobName)
     name_obj.__dict__.update(values)
     return name_obj
+
+
+def trusted_leased_name(
+    job_id: bytes,
+    generation: int,
+    attempt: int,
+    max_attempts: int,
+    boot_id: bytes,
+    boottime_deadline: int,
+    wall_deadline: int,
+    lease_token: bytes,
+) -> JobName:
+    """A leased identity of parts the claim has just parsed or computed, built unchecked.
+
+    Only for values already known to fit: a job id and attempt limit parsed
+    by the grammar, a generation and attempt from next_generation and
+    next_attempt, the handle's boot id, deadlines checked against u64, a
+    fresh 16-byte token. Anything from a caller goes through :func:`leased_name`.
+    """
+    name = object.__new__(JobName)
+    name.__dict__.update(_NO_OPTIONAL_FIELDS)
+    f = name.__dict__
+    f["state"] = State.LEASED
+    f["job_id"] = job_id
+    f["generation"] = generation
+    f["attempt"] = attempt
+    f["max_attempts"] = max_attempts
+    f["boot_id"] = boot_id
+    f["boottime_deadline"] = boottime_deadline
+    f["wall_deadline"] = wall_deadline
+    f["lease_token"] = lease_token
+    f["tag"] = None
+    return name
 
 
 def _explain_mismatch(state: State, name: object, text: str) -> CorruptObject:

@@ -241,9 +241,13 @@ def _header_corrupt(message: str) -> CorruptObject:
     return CorruptObject(f"job header: {message}", QuarantineReason.ENVELOPE_CORRUPT)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class JobHeader:
-    """The 128-byte header of a job file; never rewritten after publication."""
+    """The 128-byte header of a job file; never rewritten after publication.
+
+    The constructor fills the frozen fields directly (every enqueue builds two):
+    the generated one would set each through ``object.__setattr__``.
+    """
 
     job_id: bytes
     max_attempts: int
@@ -253,6 +257,27 @@ class JobHeader:
     payload_digest: bytes
     envelope_digest: bytes
     minor: int = FORMAT_MINOR
+
+    def __init__(
+        self,
+        job_id: bytes,
+        max_attempts: int,
+        created_at_ns: int,
+        extension_length: int,
+        payload_length: int,
+        payload_digest: bytes,
+        envelope_digest: bytes,
+        minor: int = FORMAT_MINOR,
+    ) -> None:
+        f = self.__dict__
+        f["job_id"] = job_id
+        f["max_attempts"] = max_attempts
+        f["created_at_ns"] = created_at_ns
+        f["extension_length"] = extension_length
+        f["payload_length"] = payload_length
+        f["payload_digest"] = payload_digest
+        f["envelope_digest"] = envelope_digest
+        f["minor"] = minor
 
     def encode(self) -> bytes:
         """128 bytes including the stored envelope digest (use build_header to compute it)."""

@@ -93,12 +93,20 @@ class Indeterminate(Exception):
         self.cause = cause
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Witness:
-    """Identity of a verified object: renames keep (st_dev, st_ino)."""
+    """Identity of a verified object: renames keep (st_dev, st_ino).
+
+    The constructor fills the frozen fields directly (every read of a job makes one).
+    """
 
     dev: int
     ino: int
+
+    def __init__(self, dev: int, ino: int) -> None:
+        f = self.__dict__
+        f["dev"] = dev
+        f["ino"] = ino
 
     @classmethod
     def of(cls, st: os.stat_result) -> Witness:
@@ -175,7 +183,7 @@ class Tree:
     def unpin(self) -> None:
         with self._lock:
             self._pins -= 1
-            if not self._pins:
+            if not self._pins and len(self._dirs) > self.max_cached:  # _trim's test, without its call
                 self._trim()
 
     def _trim(self) -> None:

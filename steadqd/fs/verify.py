@@ -25,9 +25,13 @@ from steadqd.fs.tree import Witness
 CHUNK = 1 << 20
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Envelope:
-    """A job file whose header and extension authenticated."""
+    """A job file whose header and extension authenticated.
+
+    The constructor fills the frozen fields directly: a strict lifecycle reads
+    four envelopes, and the generated one sets each field through ``object.__setattr__``.
+    """
 
     header: JobHeader
     extension: bytes
@@ -36,6 +40,14 @@ class Envelope:
     # The file's first bytes as read with the header (up to ENVELOPE_READ_BYTES):
     # for a small job the whole file, so the payload needs no second read.
     head: bytes = field(default=b"", repr=False, compare=False)
+
+    def __init__(self, header: JobHeader, extension: bytes, size: int, witness: Witness, head: bytes = b"") -> None:
+        f = self.__dict__
+        f["header"] = header
+        f["extension"] = extension
+        f["size"] = size
+        f["witness"] = witness
+        f["head"] = head
 
     @property
     def payload_offset(self) -> int:

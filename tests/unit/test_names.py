@@ -550,6 +550,34 @@ def test_round_trip_property(nb: tuple[JobName, int | None], shard: int, width: 
     assert names.authenticate(QID, parsed, shard=shard, bucket=bucket, lease_width_ns=width)
 
 
+@_FAST
+@given(_id, _u64, _u32, _u32, _id, _u64, _u64, _id)
+def test_trusted_leased_name_is_the_checked_one(
+    job: bytes, gen: int, att: int, mx: int, boot: bytes, bt: int, wall: int, token: bytes
+) -> None:
+    """The claim's unchecked builder makes the very name the checked builder makes, field for field
+    (an unset or misnamed field would differ in ``__dict__``, and so in the name and its tag)."""
+    trusted = names.trusted_leased_name(job, gen, att, mx, boot, bt, wall, token)
+    checked = names.leased_name(
+        job, gen, att, mx, boot_id=boot, boottime_deadline=bt, wall_deadline=wall, lease_token=token
+    )
+    assert trusted.__dict__ == checked.__dict__
+    assert names.make_filename(QID, trusted, shard=3, lease_width_ns=LEASE_W) == names.make_filename(
+        QID, checked, shard=3, lease_width_ns=LEASE_W
+    )
+
+
+def test_written_out_constructors_keep_their_dataclass_behaviour() -> None:
+    """JobName fills its frozen fields itself: keyword use, replace(), equality and frozenness still hold."""
+    n = JobName(state=State.READY, job_id=JOB, generation=1, attempt=0, max_attempts=3)
+    assert n == names.ready_name(JOB, 1, 0, 3)
+    assert dataclasses.replace(n, generation=2) == names.ready_name(JOB, 2, 0, 3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        n.generation = 5  # type: ignore[misc]
+    with pytest.raises(InvalidInput):
+        dataclasses.replace(n, generation=2**64)
+
+
 _NAME_CHARS = "0123456789abcdefABCDEFgkmotwbdx.-_ qrsj\x00\u00e9"
 
 
