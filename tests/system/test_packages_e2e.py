@@ -55,15 +55,25 @@ JOB = "/usr/local/bin/steadq-e2e-job"
 UNITS = ("steadq-worker@demo.service", "steadq-sweeper@demo.service", "steadq-promoter@demo.service")
 DEADLINE = 90.0  # generous for a loaded 2-core box; every wait ends as soon as its fact holds
 
-# The job command: payloads containing "slow" take 0.5 s. Every run appends
-# "<job_id> <attempt> <worker pid> start|done" to runs.log ($PPID is the daemon that spawned it,
-# so the log shows which worker process, before or after an upgrade, ran each job).
-JOB_SCRIPT = r"""#!/bin/sh
+HOLD = f"{RESULTS}/hold"
+HOLD_CAP_S = 4  # a held job's longest run: what a drain waits for, and the pace while held
+
+# The job command: payloads containing "slow" take 0.5 s, and while HOLD exists up to
+# HOLD_CAP_S, so the upgrade and the removal find jobs still queued however slowly apt runs
+# on a loaded machine (24 jobs at 0.5 s were once all done before the removal stopped the
+# worker). Every run appends "<job_id> <attempt> <worker pid> start|done" to runs.log ($PPID
+# is the daemon that spawned it, so the log shows which worker process, before or after an
+# upgrade, ran each job).
+JOB_SCRIPT = rf"""#!/bin/sh
 set -u
 payload=$(cat)
-log=/var/lib/steadq/results/runs.log
+log={RESULTS}/runs.log
 echo "$STEADQ_JOB_ID $STEADQ_ATTEMPT $PPID start" >> "$log"
-case "$payload" in *slow*) sleep 0.5 ;; esac
+case "$payload" in *slow*)
+    sleep 0.5
+    i=0
+    while [ -e {HOLD} ] && [ $i -lt {HOLD_CAP_S * 10 - 5} ]; do sleep 0.1; i=$((i + 1)); done ;;
+esac
 echo "$STEADQ_JOB_ID $STEADQ_ATTEMPT $PPID done" >> "$log"
 """
 
@@ -251,6 +261,14 @@ def _still_queued(root: SystemdRoot, ids: list[str], when: str) -> set[str]:
     return ready
 
 
+def _hold(root: SystemdRoot, on: bool) -> None:
+    """Slow jobs run at HOLD_CAP_S each while the hold is on (see JOB_SCRIPT)."""
+    if on:
+        root.run("touch", HOLD)
+    else:
+        root.run("rm", "-f", HOLD)
+
+
 @dataclass(frozen=True)
 class Installer:
     """How one artefact is installed, upgraded, removed and reinstalled inside the root."""
@@ -281,17 +299,20 @@ def _cycle(root: SystemdRoot, inst: Installer) -> None:
     # 2. upgrade while jobs are queued: worker restarted, no job lost or run twice.
     pid_before = main_pid(root, "steadq-worker@demo.service")
     assert pid_before > 0
+    _hold(root, True)
     burst = _put(root, inst.steadq, [f"slow-up-{i}" for i in range(24)])
     _still_queued(root, burst, "when the upgrade starts")
     inst.upgrade(root)
     wait_for("worker active after the upgrade", lambda: _active(root, "steadq-worker@demo.service") == "active")
     pid_after = main_pid(root, "steadq-worker@demo.service")
     assert pid_after not in (0, pid_before), f"the upgrade did not restart the worker (MainPID {pid_before})"
+    _hold(root, False)
     _wait_done_once(root, burst, "across the upgrade")
     ran_by = {r[2] for r in _runs(root) if r[0] in set(burst) and r[3] == "done"}
     assert str(pid_after) in ran_by, f"no queued job ran in the upgraded worker {pid_after}: {ran_by}"
 
     # 3. remove while jobs are queued: units stopped, every job still on disk.
+    _hold(root, True)
     burst2 = _put(root, inst.steadq, [f"slow-rm-{i}" for i in range(16)])
     _still_queued(root, burst2, "when the removal starts")
     inst.remove(root)
@@ -310,6 +331,7 @@ def _cycle(root: SystemdRoot, inst: Installer) -> None:
     assert root.run("getent", "passwd", "steadq").stdout.strip()
 
     # 4. reinstall: the still-enabled queue starts again by itself and finishes every job.
+    _hold(root, False)
     inst.upgrade(root)
     wait_for("worker active after the reinstall", lambda: _active(root, "steadq-worker@demo.service") == "active")
     _wait_done_once(root, burst2, "across remove + reinstall")
