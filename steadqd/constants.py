@@ -54,6 +54,9 @@ U16_MAX = (1 << 16) - 1
 U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
 I63_MAX = (1 << 63) - 1
+# A job's maximum_attempts (u32 >= 1, spec README job fields): a job allowed no attempt could never be leased.
+MIN_MAXIMUM_ATTEMPTS = 1
+MAX_MAXIMUM_ATTEMPTS = U32_MAX
 
 NS_PER_SECOND = 1_000_000_000
 MIN_LEASE_NS = 1 * NS_PER_SECOND

@@ -37,7 +37,7 @@ from steadqd.cli.common import (
     printed,
     stdin_bytes,
 )
-from steadqd.constants import ENQUEUE_MANY_GROUP, U32_MAX, U64_MAX
+from steadqd.constants import ENQUEUE_MANY_GROUP, MAX_MAXIMUM_ATTEMPTS, MIN_MAXIMUM_ATTEMPTS, U64_MAX
 from steadqd.errors import EnqueueIncomplete, NotCommitted, OutcomeUnknown
 
 _METADATA_KEY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -54,7 +54,7 @@ def add_put(sub: Subcommands) -> None:
     )
     s.add_argument(
         "--max-attempts",
-        type=int_in(0, U32_MAX, "max attempts"),
+        type=int_in(MIN_MAXIMUM_ATTEMPTS, MAX_MAXIMUM_ATTEMPTS, "max attempts"),
         default=3,
         help="leases before the job goes to dead/ (reason exhausted)",
     )

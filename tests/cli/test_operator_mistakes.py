@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from steadqd import Queue
+from steadqd.constants import MAX_MAXIMUM_ATTEMPTS, MIN_MAXIMUM_ATTEMPTS
 from steadqd.s3 import keys
 from steadqd.s3.layout import DEFAULT_FORMAT, init_layout
 from steadqd.s3.operator import BucketBackend
@@ -271,3 +272,18 @@ def test_a_negative_retry_delay_is_refused_as_negative_by_its_option(
     [line] = r.err_lines
     assert line.startswith("steadq retry: argument --after/--after-seconds: invalid duration "), line
     assert "negative" in line, line
+
+
+@pytest.mark.parametrize("extra", [[], ["--dir", "DIR"]])
+def test_put_with_no_attempts_allowed_is_bad_input_refused_before_anything_is_written(
+    qpath: str, tmp_path: Path, extra: list[str]
+) -> None:
+    """Not the library's "not committed": the option is wrong, and the message says which values it takes."""
+    args = [str(payload_dir(tmp_path, 2)) if a == "DIR" else a for a in extra]
+    r = steadq("put", qpath, "--max-attempts", "0", *args, stdin=b"x")
+    assert r.code == 1, r.err
+    [line] = r.err_lines
+    allowed = f"{MIN_MAXIMUM_ATTEMPTS}..{MAX_MAXIMUM_ATTEMPTS}"
+    assert line.startswith(f"steadq put: argument --max-attempts: invalid max attempts '0': must be in {allowed}")
+    assert "not committed" not in line and r.out == ""
+    assert not check_tree(qpath).ready
