@@ -39,6 +39,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 from steadqd.daemon.journal import Log
@@ -46,6 +47,7 @@ from steadqd.daemon.journal import Log
 __all__ = ["GroupGuard", "die_with_parent", "main", "process_guard"]
 
 _PR_SET_PDEATHSIG = 1
+READ_PACE = 0.05  # s; the guard's shortest time between two reads of the worker's lines (see _read_groups)
 _libc = ctypes.CDLL(None, use_errno=True)
 _prctl = _libc.prctl
 _prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
@@ -157,16 +159,26 @@ def process_guard(queue: str = "") -> GroupGuard:
 
 
 def _read_groups(fd: int) -> set[int]:
-    """Follow the worker's +/- lines until EOF; what is left is still running."""
+    """Follow the worker's +/- lines until EOF; what is left is still running.
+
+    After each read the guard sleeps :data:`READ_PACE` before the next: a
+    worker starting hundreds of jobs a second would otherwise wake it twice
+    per job, and on a small machine each wake-up takes the CPU from the
+    worker. The lines wait in the pipe meanwhile (its 64 KiB are thousands
+    of them), and everything written before the worker's end is read before
+    its EOF, so a ``-PGID`` written before a reap is still seen first; only
+    the reaction to the EOF waits up to one pace.
+    """
     groups: set[int] = set()
     buf = b""
     while True:
         try:
-            chunk = os.read(fd, 4096)
+            chunk = os.read(fd, 65536)
         except InterruptedError:
             continue
         if not chunk:
             return groups
+        time.sleep(READ_PACE)
         buf += chunk
         *lines, buf = buf.split(b"\n")
         for line in lines:

@@ -142,6 +142,37 @@ def test_a_forgotten_group_is_not_killed(tmp_path: Path) -> None:
         p.wait()
 
 
+def _wake_ups(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no voluntary_ctxt_switches in /proc/{pid}/status")
+
+
+def test_the_guard_reads_a_fast_worker_s_lines_in_few_wake_ups(tmp_path: Path) -> None:
+    """A worker starting hundreds of jobs a second must not wake the guard for each +/- line (issue 20)."""
+    p = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    g = guard.GroupGuard("t")
+    try:
+        g.watch(p.pid)
+        pid = _guard_pids(g)
+        wait_for(lambda: _ignores(pid, signal.SIGTERM), DEADLINE, "the guard to set up its signals")
+        time.sleep(0.2)  # its first read has returned: it now waits for the next lines
+        before = _wake_ups(pid)
+        for fake in range(1_000_000, 1_000_200):  # 400 lines over at least 0.2 s, one write each
+            g.watch(fake)
+            g.forget(fake)
+            time.sleep(0.001)
+        woken = _wake_ups(pid) - before
+        assert woken < 100, f"the guard woke {woken} times for 400 lines"
+        g.close()  # the lines were all read: the live group is still on its list
+        assert p.wait(timeout=DEADLINE) == -signal.SIGKILL
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def test_the_guard_survives_the_stop_signals(tmp_path: Path) -> None:
     """SIGTERM/SIGINT to the worker's process group (a terminal's Ctrl-C) must not take the guard first."""
     p = subprocess.Popen(["sleep", "1000"], start_new_session=True)
