@@ -384,7 +384,8 @@ class WorkerRole:
         self._fill_timer = None
         cfg = self.settings.worker
         assert cfg is not None
-        if self.draining or self.closed or self._prep is None or len(self.jobs) >= cfg.concurrency:
+        busy = self._slots_taken()
+        if self.draining or self.closed or self._prep is None or busy >= cfg.concurrency:
             return
         if self.held is not None:  # the hold's own timer looks again
             return
@@ -402,8 +403,15 @@ class WorkerRole:
                 self._hold.hold(f"cannot run jobs as the configured user or group: {e}")
             return
         # A proven command's free slots are claimed together, under one barrier; an unproven one's one by one.
-        free = cfg.concurrency - len(self.jobs) if self._proven is cfg else 1
+        free = cfg.concurrency - busy if self._proven is cfg else 1
         self._prep.submit(cfg, self.settings, credentials, free)
+
+    def _slots_taken(self) -> int:
+        """Jobs that count against ``concurrency``: all but those whose command ended and the settling
+        thread holds. Their fsyncs then overlap the next jobs' claims and runs instead of keeping a slot;
+        one that comes back unsettled (NotCommitted) takes its slot again while it waits to retry, so a
+        disk that cannot settle does not let finished runs pile up."""
+        return sum(1 for j in self.jobs.values() if not j.settling)
 
     def _on_prepared(self) -> None:
         assert self._prep is not None
@@ -653,6 +661,7 @@ class WorkerRole:
         verdict_ = job.verdict or Verdict.RETRY
         self._settler.submit(Settlement(job, job.lease, job.cfg, verdict_, job.child.ended, job.tmpdir))
         job.tmpdir = ""  # the thread removes it
+        self._schedule_fill(0.0)  # its slot is free: _slots_taken
 
     def _on_settled(self) -> None:
         assert self._settler is not None

@@ -260,3 +260,35 @@ def test_a_forced_stop_gives_up_on_a_stuck_settler_and_says_so(worker_role: Work
         in out.getvalue()
     )
     assert not role.jobs
+
+
+def test_a_run_in_the_settler_frees_its_slot_for_the_next_job(
+    make_queue: Callable[..., Queue], queue_path: str, monkeypatch
+):
+    """Concurrency counts commands: a run whose settle waits on the thread's fsyncs no longer holds a
+    slot, so the next claim and run overlap them (issue 20, point 3: the spawner's chain per slot)."""
+    gate = Gate(monkeypatch)
+    with worker_in_process(make_queue(shards=1), queue_path, jobs=3, concurrency=1, lease=True) as (role, loop, out):
+        _pump(loop, lambda: any(j.settling for j in role.jobs.values()), "the first run to be handed over")
+        assert gate.held.wait(DEADLINE)
+        _pump(loop, lambda: any(not j.settling for j in role.jobs.values()), "the second job, started meanwhile")
+        assert sum(1 for j in role.jobs.values() if not j.settling) == 1  # never more than one command
+        gate.open()
+        _pump(loop, lambda: _receipts(queue_path) == 3 and not role.jobs, "all three acks")
+        text = out.getvalue()
+        assert text.count(" finished: ack") == 3 and text.count(" started (attempt 1/") == 3
+        assert role.tally.done == 3
+
+
+def test_a_run_that_comes_back_unsettled_takes_its_slot_again(worker_role: Worker, tmp_path, monkeypatch):
+    """NotCommitted: the finished run waits to retry with its slot, so an unsettleable disk does not let
+    finished runs pile up while new jobs are claimed."""
+    role, loop, _, out = worker_role
+    job = _finished_job(role, tmp_path)
+    assert role._slots_taken() == 1
+    with linux.inject(op="rename_noreplace", nth=1, errno=errno.ENOSPC):
+        role._finish(job)
+        assert job.settling and role._slots_taken() == 0
+        _pump(loop, lambda: "settling not committed" in out.getvalue(), "the NotCommitted report")
+    assert not job.settling and role._slots_taken() == 1
+    _pump(loop, lambda: not role.jobs, "the retried ack")
