@@ -183,7 +183,7 @@ def test_put_errors_map_to_spec_exit_codes(qpath: str, tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()
     r = steadq("put", tmp_path / "plain", stdin=b"x")
     assert r.code == 3 and "not a queue" in r.err and len(r.err_lines) == 1
-    r = steadq("put", qpath, "--max-attempts", "0", stdin=b"x")  # library validation: NotCommitted(InvalidInput)
+    r = steadq("put", qpath, "--content-type", "a" * 300, stdin=b"x")  # library validation: NotCommitted(InvalidInput)
     assert r.code == 1 and r.err.startswith("not committed: ")
     assert check_tree(qpath).all_ids == frozenset()
 
