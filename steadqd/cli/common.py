@@ -30,7 +30,7 @@ import re
 import signal
 import stat
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO, NoReturn, TypeAlias
 
 from steadqd.backend import Backend
@@ -250,6 +250,26 @@ class Interrupts:
         self._holding = True
         for sig in self._saved:
             signal.siginterrupt(sig, False)
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Inside a held block, a step during which a signal raises :class:`Interrupted` again.
+
+        For a step that commits nothing and may wait without end, such as
+        reading a payload from a pipe or a terminal: the signal stops the wait
+        instead of being noted until the input ends.
+        """
+        self._holding = False
+        for sig in self._saved:
+            signal.siginterrupt(sig, True)
+        try:
+            if self.signum is not None:  # noted before this step began
+                raise Interrupted(self.signum)
+            yield
+        finally:
+            self._holding = True
+            for sig in self._saved:
+                signal.siginterrupt(sig, False)
 
     @property
     def name(self) -> str:

@@ -133,7 +133,30 @@ def cmd_put(a: argparse.Namespace) -> int:
 
 
 def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
-    """One job; the payload is streamed (never held in memory whole)."""
+    """One job; the payload is streamed (never held in memory whole).
+
+    A signal stops the payload's reading (nothing is committed before it
+    ends) and is otherwise held until the enqueue's outcome is known, so
+    the line it leads to can say whether the job was committed.
+    """
+    with Interrupts() as stop:
+        try:
+            job_id, path = _put_one(a, opts, stop)
+        except Interrupted as e:
+            raise CliError(
+                f"put: interrupted by {stop.name}: not committed: nothing was enqueued", stop.exit_code
+            ) from e
+    if a.json:
+        out_json({"job_id": job_id, "path": path})
+    else:
+        out(f"job_id: {job_id}", f"path: {path}")
+    if stop.signum is not None:
+        err(f"put: interrupted by {stop.name}: job {job_id} was committed")
+        return stop.exit_code
+    return 0
+
+
+def _put_one(a: argparse.Namespace, opts: PutOptions, stop: Interrupts) -> tuple[str, str]:
     if a.file == "-":
         stream: BinaryIO = stdin_bytes()
         owned = False
@@ -148,8 +171,10 @@ def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
         owned = True
     try:
         q = open_queue(a.path)
+        stop.hold()
         try:
-            job_id, path = q.enqueue_detailed(_progress_reader(stream), **opts.kwargs())
+            payload = cast(BinaryIO, _StoppableReads(_progress_reader(stream), stop))
+            return q.enqueue_detailed(payload, **opts.kwargs())
         except OutcomeUnknown as e:
             t = e.ticket
             lines = [f"outcome unknown: {e.message}"]
@@ -168,11 +193,21 @@ def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
     finally:
         if owned:
             stream.close()
-    if a.json:
-        out_json({"job_id": job_id, "path": path})
-    else:
-        out(f"job_id: {job_id}", f"path: {path}")
-    return 0
+
+
+class _StoppableReads:
+    """A payload stream read with signals live (``Interrupts.interruptible``), up to its end."""
+
+    def __init__(self, stream: BinaryIO, stop: Interrupts) -> None:
+        self.stream, self.stop, self.ended = stream, stop, False
+
+    def read(self, n: int = -1) -> bytes:
+        if self.ended:
+            return b""
+        with self.stop.interruptible():
+            chunk = self.stream.read(n)
+        self.ended = not chunk
+        return chunk
 
 
 # A single payload at least this large shows its progress on a terminal.
