@@ -470,6 +470,9 @@ def parse_name(state: State, name: str | bytes) -> JobName:
     values["attempt"] = int(g[2], 16)
     values["max_attempts"] = int(g[3], 16)
     values["tag"] = bytes.fromhex(g[-1])
+    # What base() would format: the grammar fixed every width and digit, so the
+    # text before ".k<16 hex><ext>" is that very string.
+    values["_base"] = text[: -_TAIL_LENGTH[state]]
     if state is State.LEASED:
         values["boot_id"] = bytes.fromhex(g[4])
         values["boottime_deadline"] = int(g[5], 16)
@@ -482,6 +485,9 @@ def parse_name(state: State, name: str | bytes) -> JobName:
     elif state is State.RECEIPT:
         values["lease_token"] = bytes.fromhex(g[4])
     return _trusted_name(values)
+
+
+_TAIL_LENGTH = {state: len(".k") + 2 * NAME_TAG_BYTES + len(ext) for state, (ext, _) in _GRAMMAR.items()}
 
 
 def _trusted_name(values: dict[str, Any]) -> JobName:
@@ -613,12 +619,13 @@ def tag_context(name: JobName, *, shard: int, bucket: int | None, lease_width_ns
 
 def compute_tag(queue_id: bytes, context: str) -> bytes:
     """First 8 bytes of SHA256("SteadQ-1-name\\0" || queue_id || context)."""
-    qid = _check_bytes("queue_id", queue_id)
+    # A queue id found among the hashers was checked when its hasher was made.
+    prefix = _NAME_HASHERS.get(queue_id) if type(queue_id) is bytes else None
+    qid = queue_id if prefix is not None else _check_bytes("queue_id", queue_id)
     try:
         ctx = context.encode("ascii")
     except UnicodeEncodeError:
         raise InvalidInput(f"tag context {context!r} is not ASCII") from None
-    prefix = _NAME_HASHERS.get(qid)
     if prefix is None:
         if len(_NAME_HASHERS) >= _NAME_HASHERS_MAX:
             _NAME_HASHERS.clear()
@@ -635,7 +642,8 @@ _NAME_HASHERS_MAX = 64  # a process opens a few queues; a full cache just starts
 def make_filename(queue_id: bytes, name: JobName, *, shard: int, bucket: int | None = None, lease_width_ns: int) -> str:
     """Tag and format ``name`` for the directory identified by ``shard``/``bucket``."""
     ctx = tag_context(name, shard=shard, bucket=bucket, lease_width_ns=lease_width_ns)
-    return format_name(name, compute_tag(queue_id, ctx))
+    # format_name without its check of the tag, which compute_tag has just made 8 bytes long
+    return f"{name.base()}.k{compute_tag(queue_id, ctx).hex()}{_GRAMMAR[name.state][0]}"
 
 
 def authenticate(queue_id: bytes, name: JobName, *, shard: int, bucket: int | None = None, lease_width_ns: int) -> bool:

@@ -95,6 +95,8 @@ def test_fast_path_accepts_exactly_the_grammar(case: tuple[State, str]) -> None:
     assert names.format_name(got, got.tag) == text
     rebuilt = names.JobName(**{f: getattr(got, f) for f in got.__dataclass_fields__})
     assert rebuilt == got and hash(rebuilt) == hash(got)
+    # parse_name keeps the text before the tag as the name's base; formatting the fields gives the same.
+    assert rebuilt.base() == got.base()
 
 
 @pytest.mark.parametrize(
