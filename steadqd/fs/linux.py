@@ -2,16 +2,18 @@
 
 SteadQ/1 compatibility depends on a handful of exact primitives that ``os``
 does not expose (``renameat2(RENAME_NOREPLACE)``, ``openat2`` resolve flags,
-``linkat(AT_EMPTY_PATH)``, ``statfs.f_type``), so they are reached through
-cffi in ABI mode; everything else uses ``os`` with ``dir_fd``.
+``linkat(AT_EMPTY_PATH)``, ``statfs.f_type``); :mod:`steadqd.fs.libc` reaches
+them through cffi in ABI mode; everything else uses ``os`` with ``dir_fd``.
 
-Every wrapper performs its system call through one private function,
-:func:`_call`. That single point is what makes the protocol testable: tests
-and the crash lab can count syscall positions (:func:`trace`) and make the
-Nth call fail before or after its side effect (:func:`inject`) without
-monkeypatching. Op names are a stable contract (see :data:`OPS`).
+Every wrapper performs its system call through one function,
+:func:`steadqd.fs.syscall_hook.call` (here ``_call``). That single point is
+what makes the protocol testable: tests and the crash lab can count syscall
+positions (:func:`trace`) and make the Nth call fail before or after its side
+effect (:func:`inject`) without monkeypatching. Op names are a stable
+contract (see :data:`OPS`). Both are re-exported here: callers and tests use
+``linux.trace``, ``linux.inject`` and the wrappers of this module only.
 
-This module imports nothing else from steadqd: it is the lowest layer.
+This module imports nothing else from steadqd but those two: with them it is the lowest layer.
 """
 
 from __future__ import annotations
@@ -20,17 +22,16 @@ import contextlib
 import errno as _errno
 import fcntl
 import os
-import platform
 import re
 import stat
 import struct
-import threading
+import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
 
-import cffi
+from steadqd.fs import libc as _libc
+from steadqd.fs.syscall_hook import OPS, Fault, TraceEvent, _armed, _traces, inject, trace
+from steadqd.fs.syscall_hook import _lock as _lock  # the crash lab's recorder takes it as linux._lock
+from steadqd.fs.syscall_hook import call as _call
 
 __all__ = [
     "AT_EMPTY_PATH",
@@ -87,7 +88,6 @@ __all__ = [
     "write_all",
 ]
 
-T = TypeVar("T")
 Name = str | bytes
 
 # --- Constants (linux/fcntl.h, linux/openat2.h, linux/fs.h). ---
@@ -103,54 +103,6 @@ F_OFD_SETLK: int = getattr(fcntl, "F_OFD_SETLK", 37)
 F_RDLCK = 0
 F_WRLCK = 1
 SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of the dirty pages, do not wait
-
-OPS = frozenset(
-    {
-        "open", "openat2", "close", "mkdir", "stat", "fstat", "fsync", "write", "pwrite", "read",
-        "rename_noreplace", "rename", "link", "unlink", "rmdir", "listdir", "lock", "statfs",
-        "clock", "getrandom", "fchmod", "tmpfile", "dup", "sync_file_range",
-    }
-)  # fmt: skip
-"""Every op name :func:`_call` is used with; tests and the crash lab key on these strings."""
-
-_MACHINE = platform.machine()
-# openat2 has the same number on every architecture using the unified syscall table.
-_SYS_OPENAT2 = 437
-_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276}.get(_MACHINE)
-
-_ffi = cffi.FFI()
-_ffi.cdef(
-    """
-    struct open_how { uint64_t flags; uint64_t mode; uint64_t resolve; };
-    long syscall(long number, ...);
-    int linkat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, int flags);
-    int fstatfs(int fd, void *buf);
-    int statfs(const char *path, void *buf);
-    """
-)
-_libc: Any = _ffi.dlopen(None)
-try:  # glibc >= 2.28; declared separately so an older libc still imports this module.
-    _ffi.cdef(
-        "int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);"
-    )
-    _renameat2_fn: Any = _libc.renameat2
-except (AttributeError, cffi.FFIError):
-    _renameat2_fn = None
-
-
-try:  # glibc >= 2.30; the raw syscall otherwise.
-    _ffi.cdef("ssize_t getdents64(int fd, void *dirp, size_t count);")
-    _getdents64_fn: Any = _libc.getdents64
-except (AttributeError, cffi.FFIError):
-    _getdents64_fn = None
-_SYS_GETDENTS64 = {"x86_64": 217, "aarch64": 61}.get(_MACHINE)
-_DIRENT64 = struct.Struct("<QqHB")  # d_ino, d_off, d_reclen, d_type; then the NUL-terminated name
-
-try:  # glibc >= 2.6 on every architecture we run on.
-    _ffi.cdef("int sync_file_range(int fd, int64_t offset, int64_t nbytes, unsigned int flags);")
-    _sync_file_range_fn: Any = _libc.sync_file_range
-except (AttributeError, cffi.FFIError):
-    _sync_file_range_fn = None
 
 
 class ShortRead(Exception):
@@ -197,162 +149,16 @@ class TmpfileLinkUnsupported(Exception):
         self.attempts = attempts
 
 
-# --- The fault-injection / tracing point. ---
-
-
-class TraceEvent(NamedTuple):
-    """One syscall attempt: the op name, a small tuple of its interesting arguments,
-    and the errno the real call failed with (0: it succeeded, or was never made)."""
-
-    op: str
-    detail: tuple[Any, ...]
-    failed: int = 0
-
-
-@dataclass
-class Fault:
-    """An armed fault: the ``nth`` call matching ``op`` (all ops if None) fails with ``errno``.
-
-    ``fired`` becomes True only when the injected error was actually raised
-    (with ``after=True``, a target call whose real syscall failed propagates
-    the real error, consumes the fault and leaves ``fired`` False).
-    ``calls_seen`` counts every matching call while armed, also after the
-    fault fired, so arming a huge ``nth`` counts an operation's positions.
-    """
-
-    nth: int
-    errno: int
-    op: str | None = None
-    after: bool = False
-    fired: bool = False
-    fired_op: str | None = None
-    calls_seen: int = 0
-
-
-_lock = threading.Lock()
-_armed: Fault | None = None
-_traces: list[list[TraceEvent]] = []
-
-
-def _call(
-    op: str,
-    fn: Callable[..., T],
-    *args: Any,
-    detail: tuple[Any, ...] = (),
-    discard: Callable[[T], object] | None = None,
-) -> T:
-    """Run one syscall wrapper ``fn(*args)`` as op ``op``: record it, maybe fail it.
-
-    ``discard`` undoes a returned resource (closes an fd) when an after-fault
-    throws the result away, so injected failures do not leak descriptors.
-    """
-    if _armed is None and not _traces:
-        # Nothing armed or tracing (the production case): skip the lock. Arming
-        # and tracing happen before the calls they are meant to see, so an
-        # unlocked read cannot miss one of those. The hottest wrappers make this
-        # same test themselves and call ``fn`` directly: a frame less per syscall.
-        return fn(*args)
-    fire = False
-    after = False
-    code = 0
-    # Names travel raw and are decoded only here, for the trace (str, lossless).
-    detail = tuple(_s(x) if isinstance(x, (bytes, os.PathLike)) else x for x in detail)
-    with _lock:
-        # Appended before the call, under the lock, so that the trace keeps the
-        # order in which threads made their calls; a real failure is noted below
-        # in the plain lists of trace() (other hooks, such as the crash lab's
-        # recorder, only receive appends).
-        recorded = [(events, len(events)) for events in _traces if type(events) is list]
-        for events in _traces:
-            events.append(TraceEvent(op, detail))
-        fault = _armed
-        if fault is not None and (fault.op is None or fault.op == op):
-            fault.calls_seen += 1
-            if fault.calls_seen == fault.nth:
-                fire, after, code = True, fault.after, fault.errno
-                if not after:
-                    fault.fired, fault.fired_op = True, op
-    if fire and not after:
-        raise OSError(code, os.strerror(code))
-    try:
-        result = fn(*args)
-    except OSError as e:
-        if recorded:
-            with _lock:
-                for events, i in recorded:
-                    events[i] = events[i]._replace(failed=e.errno or _errno.EIO)
-        raise
-    if fire:
-        with _lock:
-            assert fault is not None
-            fault.fired, fault.fired_op = True, op
-        if discard is not None:
-            with contextlib.suppress(OSError):
-                discard(result)
-        raise OSError(code, os.strerror(code))
-    return result
-
-
-@contextlib.contextmanager
-def inject(*, nth: int, errno: int, op: str | None = None, after: bool = False) -> Iterator[Fault]:
-    """Arm one fault for the duration of the block; it fires at most once.
-
-    With ``after=False`` the Nth matching call raises ``OSError(errno)`` before
-    the real syscall (no side effect); with ``after=True`` the real syscall runs
-    and succeeds, then the caller still gets the error (a crash-lab stand-in
-    for "the rename happened but we never learned it").
-    """
-    global _armed
-    if nth < 1:
-        raise ValueError("nth is 1-based")
-    if op is not None and op not in OPS:
-        raise ValueError(f"unknown op {op!r}")
-    fault = Fault(nth=nth, errno=errno, op=op, after=after)
-    with _lock:
-        if _armed is not None:
-            raise RuntimeError("a fault is already armed")
-        _armed = fault
-    try:
-        yield fault
-    finally:
-        with _lock:
-            _armed = None
-
-
-@contextlib.contextmanager
-def trace() -> Iterator[list[TraceEvent]]:
-    """Record every syscall made (by any thread) while the block runs; nested traces all see them."""
-    events: list[TraceEvent] = []
-    with _lock:
-        _traces.append(events)
-    try:
-        yield events
-    finally:
-        with _lock:
-            for i, active in enumerate(_traces):
-                if active is events:
-                    del _traces[i]
-                    break
-
-
 # --- Helpers. ---
 
 
 def _b(name: Name) -> bytes:
+    if type(name) is str:  # os.fsencode's own first case, without its frame
+        return name.encode(_FS_ENCODING, _FS_ERRORS)
     return os.fsencode(name)
 
 
-def _s(name: Name | os.PathLike[str] | os.PathLike[bytes]) -> str:
-    """Names in trace details are str (surrogateescape keeps them lossless)."""
-    return os.fsdecode(name)
-
-
-def _check(ret: int, *names: Name) -> int:
-    """Turn a libc ``-1`` return into OSError with the real errno."""
-    if ret < 0:
-        err = _ffi.errno
-        raise OSError(err, os.strerror(err), *(_s(n) for n in names[:1]))
-    return ret
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
 def _close_quietly(fd: int) -> None:
@@ -366,7 +172,7 @@ def _close_quietly(fd: int) -> None:
 def open_at(dirfd: int, name: Name, flags: int, mode: int = 0o600) -> int:
     """openat(2) relative to ``dirfd``; O_CLOEXEC is always added so fds never leak into children."""
     flags |= os.O_CLOEXEC
-    if _armed is None and not _traces:  # _call's fast path, inlined (hot)
+    if not _armed and not _traces:  # _call's fast path, inlined (hot)
         return _open(dirfd, name, flags, mode)
     return _call("open", _open, dirfd, name, flags, mode, detail=(dirfd, name, flags), discard=os.close)
 
@@ -388,7 +194,7 @@ def open_regular(
     unchanged. Failures are :class:`NotRegularFile` naming ``label`` (default:
     ``name``), or the open's OSError.
     """
-    where = label if label is not None else _s(name)
+    where = label if label is not None else os.fsdecode(name)
     try:
         fd = open_at(dirfd, name, flags | os.O_NONBLOCK | os.O_NOFOLLOW, mode)
     except OSError as e:
@@ -421,24 +227,6 @@ def open_dir(dirfd: int, name: Name) -> int:
     return open_at(dirfd, name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
 
 
-_openat2_missing = False
-
-
-def _openat2_raw(dirfd: int, path: bytes, flags: int, mode: int, resolve: int) -> int:
-    global _openat2_missing
-    how = _ffi.new("struct open_how *", {"flags": flags, "mode": mode, "resolve": resolve})
-    ret = _libc.syscall(
-        _ffi.cast("long", _SYS_OPENAT2),
-        _ffi.cast("long", dirfd),
-        _ffi.new("char[]", path),
-        how,
-        _ffi.cast("size_t", _ffi.sizeof("struct open_how")),
-    )
-    if ret < 0 and _ffi.errno == _errno.ENOSYS:
-        _openat2_missing = True  # only a real kernel ENOSYS is remembered, never an injected one
-    return _check(ret, path)
-
-
 def _split_beneath(relpath: str) -> list[str]:
     """Validate a relative path for open_beneath; the same rules apply with or without openat2."""
     if relpath.startswith("/"):
@@ -462,13 +250,13 @@ def open_beneath(rootfd: int, relpath: str, flags: int, mode: int = 0) -> int:
     """
     parts = _split_beneath(relpath)
     flags |= os.O_CLOEXEC
-    if not _openat2_missing:
+    if not _libc.openat2_missing:
         how_mode = mode if flags & (os.O_CREAT | O_TMPFILE) else 0  # openat2 rejects a mode otherwise
         resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
         try:
             return _call(
                 "openat2",
-                _openat2_raw,
+                _libc.openat2,
                 rootfd,
                 _b(relpath),
                 flags,
@@ -495,7 +283,7 @@ def open_beneath(rootfd: int, relpath: str, flags: int, mode: int = 0) -> int:
 
 def close(fd: int) -> None:
     """close(2); with an after-fault the fd is closed and the caller still sees the error (like EINTR on Linux)."""
-    if _armed is None and not _traces:  # _call's fast path, inlined (hot)
+    if not _armed and not _traces:  # _call's fast path, inlined (hot)
         os.close(fd)
         return
     _call("close", os.close, fd, detail=(fd,))
@@ -509,6 +297,8 @@ def dup(fd: int) -> int:
 def open_tmpfile(dirfd: int, mode: int = 0o600) -> int:
     """An unnamed O_TMPFILE inode in ``dirfd``; errors (EISDIR/ENOENT/EOPNOTSUPP = unsupported) are raised as is."""
     flags = O_TMPFILE | os.O_RDWR | os.O_CLOEXEC
+    if not _armed and not _traces:  # _call's fast path, inlined (every enqueue)
+        return _open(dirfd, ".", flags, mode)
     return _call("tmpfile", _open, dirfd, ".", flags, mode, detail=(dirfd, flags), discard=os.close)
 
 
@@ -530,7 +320,7 @@ def _mkdir(dirfd: int, name: Name, mode: int) -> None:
 
 def stat_at(dirfd: int, name: Name) -> os.stat_result:
     """fstatat(AT_SYMLINK_NOFOLLOW): identity checks must see the link itself, never its target."""
-    if _armed is None and not _traces:  # _call's fast path, inlined (hot)
+    if not _armed and not _traces:  # _call's fast path, inlined (hot)
         return _stat_nofollow(dirfd, name)
     return _call("stat", _stat_nofollow, dirfd, name, detail=(dirfd, name))
 
@@ -541,30 +331,24 @@ def _stat_nofollow(dirfd: int, name: Name) -> os.stat_result:
 
 def fstat(fd: int) -> os.stat_result:
     """fstat(2)."""
-    if _armed is None and not _traces:  # _call's fast path, inlined (hot)
+    if not _armed and not _traces:  # _call's fast path, inlined (hot)
         return os.fstat(fd)
     return _call("fstat", os.fstat, fd, detail=(fd,))
 
 
 def fsync(fd: int) -> None:
     """fsync(2) of a file or directory: the durability barrier."""
-    if _armed is None and not _traces:  # _call's fast path, inlined (hot)
+    if not _armed and not _traces:  # _call's fast path, inlined (hot)
         os.fsync(fd)
         return
     _call("fsync", os.fsync, fd, detail=(fd,))
-
-
-def _sync_file_range_raw(fd: int, offset: int, nbytes: int, flags: int) -> None:
-    if _sync_file_range_fn is None:
-        raise OSError(_errno.ENOSYS, "sync_file_range unavailable")
-    _check(_sync_file_range_fn(fd, offset, nbytes, flags))
 
 
 def sync_file_range(fd: int, offset: int, nbytes: int, flags: int) -> None:
     """sync_file_range(2): with SYNC_FILE_RANGE_WRITE, start writeback of a byte range
     (``nbytes`` 0 = to the end of the file). No durability promise of its own, no
     metadata: it only lets a later fsync find the data already on its way."""
-    _call("sync_file_range", _sync_file_range_raw, fd, offset, nbytes, flags, detail=(fd, offset, nbytes, flags))
+    _call("sync_file_range", _libc.sync_file_range, fd, offset, nbytes, flags, detail=(fd, offset, nbytes, flags))
 
 
 def fchmod(fd: int, mode: int) -> None:
@@ -590,45 +374,22 @@ def list_dir(dirfd: int) -> list[bytes]:
     return sorted(os.fsencode(n) for n in names)
 
 
-_dents = threading.local()  # one reusable getdents buffer per thread (a claim reads a chunk per shard)
-
-
-def _getdents_raw(dirfd: int, size: int) -> list[bytes]:
-    buf = getattr(_dents, "buf", None)
-    if buf is None or len(buf) < size:
-        buf = _dents.buf = _ffi.new("char[]", size)
-    if _getdents64_fn is not None:
-        n = _getdents64_fn(dirfd, buf, size)
-    elif _SYS_GETDENTS64 is not None:
-        n = _libc.syscall(
-            _ffi.cast("long", _SYS_GETDENTS64), _ffi.cast("long", dirfd), buf, _ffi.cast("unsigned long", size)
-        )
-    else:
-        raise OSError(_errno.ENOSYS, "getdents64 unavailable")
-    _check(n)
-    data = _ffi.buffer(buf, n)[:]
-    names: list[bytes] = []
-    pos = 0
-    while pos < n:
-        reclen = _DIRENT64.unpack_from(data, pos)[2]
-        name = data[pos + _DIRENT64.size : pos + reclen].split(b"\0", 1)[0]
-        if name not in (b".", b".."):
-            names.append(name)
-        pos += reclen
-    return names
-
-
 def read_dir_chunk(dirfd: int, size: int) -> list[bytes]:
     """The next entries of ``dirfd`` from its current offset, in directory order
     (``[]`` at the end): what lets a claim scan walk a deep directory a piece at a
     time instead of listing all of it. The offset is the fd's own, so it persists
     while the fd is cached; :func:`list_dir` and :func:`rewind_dir` reset it."""
-    return _call("getdents", _getdents_raw, dirfd, size, detail=(dirfd,))
+    if not _armed and not _traces:  # _call's fast path, inlined (every claim scan)
+        return _libc.getdents(dirfd, size)
+    return _call("getdents", _libc.getdents, dirfd, size, detail=(dirfd,))
 
 
 def rewind_dir(dirfd: int) -> None:
     """Back to the first entry (on btrfs this also lets the fd see entries created
     since it was opened; see :func:`list_dir`)."""
+    if not _armed and not _traces:  # _call's fast path, inlined (every claim scan)
+        os.lseek(dirfd, 0, os.SEEK_SET)
+        return
     _call("lseek", os.lseek, dirfd, 0, os.SEEK_SET, detail=(dirfd,))
 
 
@@ -644,7 +405,10 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     """Write every byte, looping on short writes; a zero-byte write is EIO (it would loop forever)."""
     view = _byte_view(data)
     while view:
-        n = _call("write", os.write, fd, view, detail=(fd, len(view)))
+        if not _armed and not _traces:  # _call's fast path, inlined (every enqueue)
+            n = os.write(fd, view)
+        else:
+            n = _call("write", os.write, fd, view, detail=(fd, len(view)))
         if n <= 0:
             raise OSError(_errno.EIO, "write returned 0 bytes")
         view = view[n:]
@@ -663,7 +427,7 @@ def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> No
 
 def pread(fd: int, n: int, offset: int) -> bytes:
     """One pread(2); may return fewer than ``n`` bytes at EOF."""
-    if _armed is None and not _traces:  # _call's fast path, inlined (hot)
+    if not _armed and not _traces:  # _call's fast path, inlined (hot)
         return os.pread(fd, n, offset)
     return _call("read", os.pread, fd, n, offset, detail=(fd, n, offset))
 
@@ -684,34 +448,17 @@ def read_exact(fd: int, n: int, offset: int) -> bytes:
 # --- Renames, links, removal. ---
 
 
-def _renameat2_raw(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int) -> None:
-    if _renameat2_fn is not None:
-        ret = _renameat2_fn(olddirfd, old, newdirfd, new, flags)
-    elif _SYS_RENAMEAT2 is not None:
-        ret = _libc.syscall(
-            _ffi.cast("long", _SYS_RENAMEAT2),
-            _ffi.cast("long", olddirfd),
-            _ffi.new("char[]", old),
-            _ffi.cast("long", newdirfd),
-            _ffi.new("char[]", new),
-            _ffi.cast("unsigned long", flags),
-        )
-    else:
-        raise OSError(_errno.ENOSYS, "renameat2 unavailable")
-    _check(ret, old)
-
-
 def rename_noreplace(olddirfd: int, oldname: Name, newdirfd: int, newname: Name) -> None:
     """renameat2(RENAME_NOREPLACE): the linearization point of every state move; EEXIST = collision.
 
     Never emulated with link+unlink: that is not atomic and not what the reference does.
     """
-    if _armed is None and not _traces:  # _call's fast path, inlined (hot)
-        _renameat2_raw(olddirfd, _b(oldname), newdirfd, _b(newname), RENAME_NOREPLACE)
+    if not _armed and not _traces:  # _call's fast path, inlined (hot)
+        _libc.renameat2(olddirfd, _b(oldname), newdirfd, _b(newname), RENAME_NOREPLACE)
         return
     _call(
         "rename_noreplace",
-        _renameat2_raw,
+        _libc.renameat2,
         olddirfd,
         _b(oldname),
         newdirfd,
@@ -756,17 +503,19 @@ def _rmdir(dirfd: int, name: Name) -> None:
     os.rmdir(name, dir_fd=dirfd)
 
 
-def _linkat_raw(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int) -> None:
-    _check(_libc.linkat(olddirfd, old, newdirfd, new, flags), new)
-
-
 def _link_direct(fd: int, dirfd: int, name: bytes) -> None:
-    _call("link", _linkat_raw, fd, b"", dirfd, name, AT_EMPTY_PATH, detail=("direct", fd, dirfd, name))
+    if not _armed and not _traces:  # _call's fast path, inlined (every enqueue)
+        _libc.linkat(fd, b"", dirfd, name, AT_EMPTY_PATH)
+        return
+    _call("link", _libc.linkat, fd, b"", dirfd, name, AT_EMPTY_PATH, detail=("direct", fd, dirfd, name))
 
 
 def _link_proc(fd: int, dirfd: int, name: bytes) -> None:
     src = f"/proc/self/fd/{fd}".encode()
-    _call("link", _linkat_raw, AT_FDCWD, src, dirfd, name, AT_SYMLINK_FOLLOW, detail=("proc", fd, dirfd, name))
+    if not _armed and not _traces:  # _call's fast path, inlined (every enqueue)
+        _libc.linkat(AT_FDCWD, src, dirfd, name, AT_SYMLINK_FOLLOW)
+        return
+    _call("link", _libc.linkat, AT_FDCWD, src, dirfd, name, AT_SYMLINK_FOLLOW, detail=("proc", fd, dirfd, name))
 
 
 _RETRY_DIRECT = frozenset({_errno.EINVAL, _errno.ENOENT, _errno.EOPNOTSUPP})
@@ -830,22 +579,14 @@ def ofd_lock(fd: int, *, exclusive: bool) -> bool:
 # --- Filesystem type. ---
 
 
-def _statfs_raw(fd: int | None, path: bytes | None) -> int:
-    buf = _ffi.new("unsigned char[256]")  # zeroed; struct statfs is 120 bytes on x86_64/aarch64
-    ret = _libc.fstatfs(fd, buf) if fd is not None else _libc.statfs(path, buf)
-    _check(ret, *(() if path is None else (path,)))
-    # f_type is the first field, a native long; glibc makes it signed, so compare as u32.
-    return int(_ffi.cast("long *", buf)[0]) & 0xFFFFFFFF
-
-
 def fstatfs_type(fd: int) -> int:
     """statfs f_type of the filesystem holding ``fd``, as unsigned 32-bit (0xEF53 = ext4)."""
-    return _call("statfs", _statfs_raw, fd, None, detail=(fd,))
+    return _call("statfs", _libc.statfs_f_type, fd, None, detail=(fd,))
 
 
 def statfs_type(path: str) -> int:
     """statfs f_type of ``path`` as unsigned 32-bit (init checks a root that may not exist yet via its parent)."""
-    return _call("statfs", _statfs_raw, None, _b(path), detail=(path,))
+    return _call("statfs", _libc.statfs_f_type, None, _b(path), detail=(path,))
 
 
 # --- Clocks and randomness. ---
@@ -853,28 +594,29 @@ def statfs_type(path: str) -> int:
 
 def boottime_ns() -> int:
     """CLOCK_BOOTTIME: lease deadlines and temp ages; keeps counting across suspend."""
-    if _armed is None and not _traces:  # _call's fast path, inlined (hot)
+    if not _armed and not _traces:  # _call's fast path, inlined (hot)
         return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     return _call("clock", time.clock_gettime_ns, time.CLOCK_BOOTTIME, detail=("boottime",))
 
 
 def realtime_ns() -> int:
     """CLOCK_REALTIME (Unix ns): raw wall time, only ever used through the watermarked wall floor."""
-    if _armed is None and not _traces:  # _call's fast path, inlined (hot)
+    if not _armed and not _traces:  # _call's fast path, inlined (hot)
         return time.clock_gettime_ns(time.CLOCK_REALTIME)
     return _call("clock", time.clock_gettime_ns, time.CLOCK_REALTIME, detail=("realtime",))
 
 
 def monotonic_ns() -> int:
     """CLOCK_MONOTONIC: budgets and wait loops; never stored."""
-    if _armed is None and not _traces:  # _call's fast path, inlined (hot)
+    if not _armed and not _traces:  # _call's fast path, inlined (hot)
         return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     return _call("clock", time.clock_gettime_ns, time.CLOCK_MONOTONIC, detail=("monotonic",))
 
 
 def getrandom(n: int) -> bytes:
     """``n`` bytes from getrandom(2), retrying EINTR and short returns; never falls back to zeros."""
-    out = b""
+    # _call's fast path, inlined (every enqueue and claim); a short return goes on below.
+    out = os.getrandom(n) if n > 0 and not _armed and not _traces else b""
     while len(out) < n:
         try:
             out += _call("getrandom", os.getrandom, n - len(out), detail=(n - len(out),))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from steadqd.fs import libc
 from steadqd.fs import linux as L
 
 IS_ROOT = os.geteuid() == 0
@@ -76,9 +77,9 @@ def test_rename_noreplace_across_dirs(tmp_path: Path, dfd: int) -> None:
 
 
 def test_rename_noreplace_raw_syscall_path(tmp_path: Path, dfd: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    if L._SYS_RENAMEAT2 is None:
+    if libc._SYS_RENAMEAT2 is None:
         pytest.skip("no renameat2 syscall number for this architecture")
-    monkeypatch.setattr(L, "_renameat2_fn", None)  # as on glibc < 2.28
+    monkeypatch.setattr(libc, "_renameat2_fn", None)  # as on glibc < 2.28
     (tmp_path / "a").write_bytes(b"A")
     (tmp_path / "b").write_bytes(b"B")
     with pytest.raises(FileExistsError):
@@ -356,7 +357,7 @@ def test_open_beneath_refuses(tree: Path, dfd: int, beneath_mode: str, relpath: 
 
 
 def test_open_beneath_uses_openat2(tree: Path, dfd: int) -> None:
-    if L._openat2_missing:
+    if libc.openat2_missing:
         pytest.skip("kernel without openat2")
     with L.trace() as events:
         L.close(L.open_beneath(dfd, "a/b/f", os.O_RDONLY))
@@ -368,7 +369,7 @@ def test_open_beneath_walk_ops(tree: Path, dfd: int) -> None:
     with L.trace() as events:
         L.close(_beneath("walk", dfd, "a/b/f", os.O_RDONLY))
     ops = [e.op for e in events]
-    prefix = [] if L._openat2_missing else ["openat2"]
+    prefix = [] if libc.openat2_missing else ["openat2"]
     assert ops == [*prefix, "open", "open", "close", "open", "close", "close"]
 
 
