@@ -390,6 +390,10 @@ def _sweep(
 ) -> None:
     for rel, parsed in _due_entries(layout, kind, width_ns, slack_ns, floor_ns):
         checkpoint(budget)
+        shard, job_id = cast(int, parsed.shard), cast(bytes, parsed.job_id)
+        if not keys.in_own_shard(layout.queue_id, layout.format.shard_count, shard, job_id):
+            prune(layout, rel, report)  # an entry of no job's keys: acting on it would settle planted objects
+            continue
         try:
             delete = evaluate(layout, parsed, floor_ns, report)
         except Unusable:

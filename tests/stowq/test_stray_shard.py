@@ -8,12 +8,14 @@ must name it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from steadqd.s3 import keys
 from steadqd.s3.records import JobRecord, QuarantineReason
 from steadqd.s3.verify import read_record
-from tests.stowq.recovery_world import World, world
+from tests.stowq.recovery_world import LEASE_S, MINUTE, World, world
 
 
 def _plant_under_other_shard(w: World, job_id: str) -> str:
@@ -63,3 +65,24 @@ def test_fsck_names_a_correctly_tagged_record_under_another_shard(repair: bool) 
         record = read_record(w.memory.get("q/" + rel).body, w.q.layout.queue_id, rel, required_feature_bits=1)
         assert record.source_key == stray  # type: ignore[union-attr]
         assert record.reason == QuarantineReason.KEY_PARSE_FAILED  # type: ignore[union-attr]
+
+
+def test_the_lease_sweep_does_not_settle_a_chain_planted_under_another_shard() -> None:
+    """A lease entry of a stray chain is pruned unread: no dead record is made from planted objects."""
+    w = world()
+    job_id = w.q.enqueue(b"p", max_attempts=1)
+    lease = w.q.lease(duration=LEASE_S)
+    assert lease is not None
+    layout = w.q.layout
+    other = (lease.shard + 1) % layout.format.shard_count
+    _plant_under_other_shard(w, job_id)
+    for rel in w.keys("claims/") + w.keys("leases/"):  # the claim and its lease entry, under the other shard
+        stray = str(replace(keys.parse_key(rel), shard=other))
+        body = w.memory.get("q/" + rel).body
+        if rel.startswith("claims/"):
+            body = layout.encode(stray, read_record(body, layout.queue_id, rel, required_feature_bits=1))
+        w.put(stray, body)
+    w.advance(2 * MINUTE)
+    w.q.recover(phases=("reap_leases",))
+    assert w.keys("dead/") == [keys.dead_key(lease.shard, lease.job_id_bytes)]  # the real job's attempt ran out
+    assert [k for k in w.keys("leases/") if keys.parse_key(k).shard == other] == []
