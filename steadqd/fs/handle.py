@@ -324,8 +324,12 @@ class Queue:
         with _mutation("lease", self._ctx):
             duration_ns = lease_duration_ns(duration)
             wait_ns = checked_seconds_ns("wait", max(0.0, wait))
-            deadline = linux.monotonic_ns() + wait_ns if wait > 0 else 0  # one scan answers wait=0: no deadline
-        watch = self._ready_wait() if wait > 0 else None
+            if not wait > 0:  # one scan answers wait=0 (or NaN): no deadline, no watch, one pin of the cache
+                lease, report = claim(self._ctx, duration_ns, self)
+                self.last_scan = report
+                return lease
+            deadline = linux.monotonic_ns() + wait_ns
+        watch = self._ready_wait()
         while True:
             try:
                 with _mutation("lease", self._ctx):
@@ -334,10 +338,8 @@ class Queue:
                 if lease is not None:
                     return lease
             except NotCommitted as e:
-                if e.kind is not ErrorKind.MAINTENANCE_BUSY or wait <= 0:
+                if e.kind is not ErrorKind.MAINTENANCE_BUSY:
                     raise
-            if watch is None:
-                return None
             with _mutation("lease", self._ctx):
                 remaining = (deadline - linux.monotonic_ns()) / NS_PER_SECOND
             if remaining <= 0:

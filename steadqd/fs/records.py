@@ -354,7 +354,9 @@ def envelope_digest(header128: bytes, extension: bytes) -> bytes:
     if len(header128) != HEADER_SIZE:
         raise InvalidInput(f"envelope_digest: header must be {HEADER_SIZE} bytes, got {len(header128)}")
     h = _ENVELOPE_HASHER.copy()  # a copy of the domain-fed state is cheaper than a new one
-    h.update(bytes(header128[:_ENVELOPE_DIGEST_OFFSET]) + _ZERO_DIGEST + bytes(extension))
+    h.update(header128[:_ENVELOPE_DIGEST_OFFSET])
+    h.update(_ZERO_DIGEST)
+    h.update(extension)
     return h.digest()
 
 
