@@ -15,7 +15,10 @@ and the median of the per-round ratios new/old.
 ``--instructions`` counts instead what the load of a shared machine cannot
 move: the user-space instructions per lifecycle under valgrind's callgrind
 (``valgrind`` must be installed; about 25x slower), each side run at K/5
-and K lifecycles so that start-up cancels out.
+and K lifecycles so that start-up cancels out. The count still moves by a
+few per cent between runs of one tree (random job ids and tokens, address
+layout; ``PYTHONHASHSEED`` is fixed for it), so ``--repeat R`` runs each
+side R times, alternating, and reports the medians.
 """
 
 from __future__ import annotations
@@ -103,7 +106,8 @@ def instructions(code: str, base: str, jobs: int) -> int:
             err = subprocess.run(
                 ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", _LIFE_ONLY,
                  os.path.join(d, "q"), str(n)],
-                env={**os.environ, "PYTHONPATH": code}, cwd=d, capture_output=True, text=True, check=True, timeout=3600,
+                env={**os.environ, "PYTHONPATH": code, "PYTHONHASHSEED": "0"}, cwd=d, capture_output=True, text=True,
+                check=True, timeout=3600,
             ).stderr  # fmt: skip
         _check_imported(err.split("steadqd from ", 1)[1].split("\n", 1)[0], code)
         return int(err.rsplit("Collected : ", 1)[1].split()[0])
@@ -119,12 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2000)
     ap.add_argument("--dir", default="/dev/shm")
     ap.add_argument("--instructions", action="store_true", help="count instructions under callgrind instead")
+    ap.add_argument("--repeat", type=int, default=1, help="with --instructions: runs per side (medians reported)")
     a = ap.parse_args(argv)
     sides = {"old": a.code, "new": _HERE}
     if a.instructions:
-        counts = {side: instructions(sides[side], a.dir, a.jobs) for side in ("old", "new")}
+        runs: dict[str, list[int]] = {"old": [], "new": []}
+        for _ in range(a.repeat):
+            for side in ("old", "new"):
+                runs[side].append(instructions(sides[side], a.dir, a.jobs))
+        counts = {side: int(statistics.median(runs[side])) for side in ("old", "new")}
         for side in ("old", "new"):
-            print(f"{side} ({sides[side]}): {counts[side]} user-space instructions per strict lifecycle")
+            each = ", ".join(f"{c:,}" for c in runs[side])
+            print(f"{side} ({sides[side]}): {counts[side]:,} user-space instructions per strict lifecycle ({each})")
         print(f"ratio new/old: {counts['new'] / counts['old']:.3f}")
         return 0
     got: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
