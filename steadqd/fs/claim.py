@@ -21,7 +21,6 @@ from typing import Any
 from steadqd.constants import (
     CLAIM_SCAN_CHUNK_BYTES,
     DEAD_DIR,
-    READY_DIR,
     U64_MAX,
     DeadReason,
     QuarantineReason,
@@ -89,13 +88,19 @@ class _Scan:
             hint, ctx.last_enqueued_shard = ctx.last_enqueued_shard, None
         order = scan_order(ctx.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
         for shard in order:
+            # A shard found empty last time is rewound and read once, as the full
+            # way would start; only if that read lists anything (or fails, or is
+            # traced) does the shard take the full way, from the same rewind.
+            fd = ctx.drained_ready_dir(shard)
+            if fd is not None and linux.lists_nothing_from_start(fd, CLAIM_SCAN_CHUNK_BYTES):
+                continue
             lease = self.scan_shard(shard)
             if lease is not None:
                 return lease
         return None
 
     def scan_shard(self, shard: int) -> Lease | None:
-        rel = f"{READY_DIR}/{shard_dir(shard)}"
+        rel = self.ctx.ready_rels[shard]
         # A scan pins the directory cache; with more shards than the cache
         # holds, each shard gets a short-lived fd instead so one scan never
         # keeps thousands of descriptors open.
@@ -118,11 +123,9 @@ class _Scan:
         # name that vanished meanwhile (claimed elsewhere) fails to open with
         # ENOENT and is skipped.
         tried: set[str] = set()
-        while True:
-            try:
-                name = cand.names.popleft()
-            except IndexError:
-                break
+        names_left = cand.names
+        while names_left:  # tested, not popped into an IndexError: most scans find it empty
+            name = names_left.popleft()
             tried.add(name)
             lease = self._try_name(shard, dir_fd, rel, name)
             if lease is not None:

@@ -273,6 +273,7 @@ class _PathFacts:
     path_boot: str = ""
     early_error: str | None = None
     late_error: str | None = None
+    dir_rel: str = ""  # the lease's directory (set with a name): joined once per path, not per use
 
 
 _FactsKey = tuple[bytes, int, int, str]
@@ -316,7 +317,8 @@ def remember_own_lease_path(
     if name is None:
         name = parse_name(State.LEASED, parts[-1])
     _remember_facts(
-        (queue_id, shard_count, lease_width_ns, path), _PathFacts(parts, shard, name, boot_dashed(name.boot_id or b""))
+        (queue_id, shard_count, lease_width_ns, path),
+        _PathFacts(parts, shard, name, boot_dashed(name.boot_id or b""), dir_rel="/".join(parts[:-1])),
     )
 
 
@@ -346,7 +348,7 @@ def _compute_path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, 
         late_error = "legacy lease bucket does not match its deadline"
     elif not authenticate(queue_id, name, shard=shard, lease_width_ns=lease_width_ns):
         late_error = "leased name tag does not authenticate"
-    return _PathFacts(parts, shard, name, path_boot, late_error=late_error)
+    return _PathFacts(parts, shard, name, path_boot, late_error=late_error, dir_rel="/".join(parts[:-1]))
 
 
 def validate_source(ctx: Context, lease: Lease, *, poison: bool = True, moving: bool = False) -> Source:
@@ -364,7 +366,9 @@ def validate_source(ctx: Context, lease: Lease, *, poison: bool = True, moving: 
         raise _corrupt(ctx, poison, "lease handle has a zero device or inode (forged handle)")
     if lease.queue_id and lease.queue_id != fmt.queue_id:
         raise InvalidInput("lease belongs to another queue (queue_id differs)")
-    facts = _path_facts(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path)
+    facts = _FACTS.get((fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path))  # _path_facts' memo
+    if facts is None:
+        facts = _path_facts(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path)
     if facts.early_error is not None:
         raise _corrupt(ctx, poison, facts.early_error)
     name, shard, parts, path_boot = facts.name, facts.shard, facts.parts, facts.path_boot
@@ -396,7 +400,7 @@ def validate_source(ctx: Context, lease: Lease, *, poison: bool = True, moving: 
         raise _corrupt(ctx, poison, "leased name does not match the lease")
     if facts.late_error is not None:
         raise _corrupt(ctx, poison, facts.late_error)
-    dir_rel = "/".join(parts[:-1])
+    dir_rel = facts.dir_rel
     try:
         dir_fd = ctx.tree.dir(dir_rel)
     except OSError as e:

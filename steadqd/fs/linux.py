@@ -27,6 +27,7 @@ import stat
 import struct
 import sys
 import time
+from collections.abc import Sequence
 
 from steadqd.fs import libc as _libc
 from steadqd.fs.syscall_hook import OPS, Fault, TraceEvent, _armed, _traces, inject, trace
@@ -172,8 +173,8 @@ def _close_quietly(fd: int) -> None:
 def open_at(dirfd: int, name: Name, flags: int, mode: int = 0o600) -> int:
     """openat(2) relative to ``dirfd``; O_CLOEXEC is always added so fds never leak into children."""
     flags |= os.O_CLOEXEC
-    if not _armed and not _traces:  # _call's fast path, inlined (hot)
-        return _open(dirfd, name, flags, mode)
+    if not _armed and not _traces:  # _call's fast path, inlined (hot), and _open's body too
+        return os.open(name, flags, mode, dir_fd=dirfd)
     return _call("open", _open, dirfd, name, flags, mode, detail=(dirfd, name, flags), discard=os.close)
 
 
@@ -320,8 +321,8 @@ def _mkdir(dirfd: int, name: Name, mode: int) -> None:
 
 def stat_at(dirfd: int, name: Name) -> os.stat_result:
     """fstatat(AT_SYMLINK_NOFOLLOW): identity checks must see the link itself, never its target."""
-    if not _armed and not _traces:  # _call's fast path, inlined (hot)
-        return _stat_nofollow(dirfd, name)
+    if not _armed and not _traces:  # _call's fast path, inlined (hot), and _stat_nofollow's body too
+        return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
     return _call("stat", _stat_nofollow, dirfd, name, detail=(dirfd, name))
 
 
@@ -391,6 +392,31 @@ def rewind_dir(dirfd: int) -> None:
         os.lseek(dirfd, 0, os.SEEK_SET)
         return
     _call("lseek", os.lseek, dirfd, 0, os.SEEK_SET, detail=(dirfd,))
+
+
+def first_listing(dirfds: Sequence[int | None], start: int, size: int) -> int:
+    """Rewind ``dirfds[start]``, ``dirfds[start + 1]``, ... in turn and read one chunk of each:
+    the index of the first whose :func:`read_dir_chunk` would not be ``[]``, or ``len(dirfds)``.
+
+    The claim scan's probe of the ready shards it found empty last time (most
+    shards of an idle queue, on every lease): per directory the same rewind and
+    read as :func:`rewind_dir` and :func:`read_dir_chunk`, without building a
+    list or a frame for either. It stops early, the safe way, at a None, at a
+    call that fails, and whenever a fault is armed or a trace is running: the
+    caller then reads that directory through the two wrappers, where the hook
+    sees every call (same ops, same positions).
+    """
+    for i in range(start, len(dirfds)):
+        fd = dirfds[i]
+        if fd is None or _armed or _traces:
+            return i
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            if not _libc.getdents_dots_only(fd, size):
+                return i
+        except OSError:
+            return i
+    return len(dirfds)
 
 
 # --- Reading and writing. ---

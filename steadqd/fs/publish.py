@@ -86,10 +86,12 @@ class Published:
     state: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Options:
     """The caller's options of one enqueue call, validated once: with
-    :func:`enqueue_many` they apply to every job of the call."""
+    :func:`enqueue_many` they apply to every job of the call. (Not frozen:
+    built once per enqueue and never changed, and a frozen dataclass's
+    generated constructor sets each field through ``object.__setattr__``.)"""
 
     max_attempts: int
     content_type: str
