@@ -121,6 +121,34 @@ def getdents(dirfd: int, size: int) -> list[bytes]:
     return names
 
 
+# What a chunk of an empty directory holds on Linux: "." then "..", each a
+# 24-byte record (the kernel aligns the 19 header bytes + name + NUL to 8).
+_DOT_RECORD_BYTES = 24
+_DOTS_CHUNK_BYTES = 2 * _DOT_RECORD_BYTES
+_DOT_NAME = slice(_DIRENT64.size, _DIRENT64.size + 2)  # b".\0"
+_DOTDOT_NAME = slice(_DOT_RECORD_BYTES + _DIRENT64.size, _DOT_RECORD_BYTES + _DIRENT64.size + 3)  # b"..\0"
+
+
+def getdents_dots_only(dirfd: int, size: int) -> bool:
+    """Whether the next chunk of ``dirfd`` lists nothing but ``.`` and ``..`` (as :func:`getdents` would be empty).
+
+    It decodes no name: an empty ready shard is read on every empty lease, and
+    building the list costs more than the read. A chunk of any other shape
+    answers False (the claim scan then reads it again the full way), so this
+    may be wrong only towards the slow path.
+    """
+    if _getdents64_fn is None:
+        return not getdents(dirfd, size)
+    buf = getattr(_dents, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = _dents.buf = _ffi.new("char[]", size)
+    n = check(_getdents64_fn(dirfd, buf, size))
+    if n != _DOTS_CHUNK_BYTES:
+        return n == 0
+    head = _ffi.unpack(buf, _DOTS_CHUNK_BYTES)
+    return head[_DOT_NAME] == b".\0" and head[_DOTDOT_NAME] == b"..\0"
+
+
 def renameat2(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int) -> None:
     if _renameat2_fn is not None:
         ret = _renameat2_fn(olddirfd, old, newdirfd, new, flags)
@@ -135,11 +163,13 @@ def renameat2(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int) 
         )
     else:
         raise OSError(_errno.ENOSYS, "renameat2 unavailable")
-    check(ret, old)
+    if ret < 0:
+        check(ret, old)
 
 
 def linkat(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int) -> None:
-    check(_libc.linkat(olddirfd, old, newdirfd, new, flags), new)
+    if _libc.linkat(olddirfd, old, newdirfd, new, flags) < 0:
+        check(-1, new)
 
 
 def statfs_f_type(fd: int | None, path: bytes | None) -> int:

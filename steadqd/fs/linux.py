@@ -479,8 +479,10 @@ def rename_noreplace(olddirfd: int, oldname: Name, newdirfd: int, newname: Name)
 
     Never emulated with link+unlink: that is not atomic and not what the reference does.
     """
-    if not _armed and not _traces:  # _call's fast path, inlined (hot)
-        _libc.renameat2(olddirfd, _b(oldname), newdirfd, _b(newname), RENAME_NOREPLACE)
+    if not _armed and not _traces:  # _call's fast path, inlined (hot); str names encoded as _b would
+        old = oldname.encode(_FS_ENCODING, _FS_ERRORS) if type(oldname) is str else _b(oldname)
+        new = newname.encode(_FS_ENCODING, _FS_ERRORS) if type(newname) is str else _b(newname)
+        _libc.renameat2(olddirfd, old, newdirfd, new, RENAME_NOREPLACE)
         return
     _call(
         "rename_noreplace",

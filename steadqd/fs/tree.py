@@ -25,7 +25,7 @@ import os
 import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from steadqd.constants import PRIVATE_MODES, READY_DIR, Modes
@@ -166,6 +166,20 @@ class Tree:
             if not self._pins:
                 self._trim()
             return fd
+
+    def cached_fds(self, rels: Iterable[str | None]) -> list[int | None]:
+        """The cached fd of each of ``rels`` (now the most recently used), None for one not cached; opens nothing."""
+        fds: list[int | None] = []
+        with self._lock:
+            dirs = self._dirs
+            for rel in rels:
+                fd = None
+                if rel is not None:
+                    fd = dirs.get(rel)
+                    if fd is not None:
+                        dirs.move_to_end(rel)
+                fds.append(fd)
+        return fds
 
     def operation(self) -> _Pinned:
         """Pin the cache for one public operation (a context manager).
@@ -358,7 +372,9 @@ class Tree:
             if e.errno == errno.ENOENT:
                 raise SourceMissing(src_name) from e
             raise MoveFailed(e.errno, "stat source") from e
-        if not (witness.matches(st) and is_single_regular(st)):
+        # witness.matches and is_single_regular, inlined: two moves per strict lifecycle ask each twice.
+        dev, ino = witness.dev, witness.ino
+        if not (st.st_dev == dev and st.st_ino == ino and stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
             raise SourceChanged(f"{src_name} no longer names the verified file")
         self._rename(src_fd, src_name, dst_fd, dst_name, witness)
         dst_st: os.stat_result | None
@@ -372,7 +388,9 @@ class Tree:
             if e.errno != errno.ENOENT or not _absent(src_fd, src_name):
                 raise Indeterminate("linearized", f"stat destination: {e.strerror}") from e
             dst_st = None
-        if dst_st is not None and not (witness.matches(dst_st) and is_single_regular(dst_st)):
+        if dst_st is not None and not (
+            dst_st.st_dev == dev and dst_st.st_ino == ino and stat.S_ISREG(dst_st.st_mode) and dst_st.st_nlink == 1
+        ):
             raise Indeterminate("linearized", "destination does not name the moved file")
         if after is not None:
             try:
