@@ -308,7 +308,7 @@ class JobHeader:
         if len(data) != HEADER_SIZE:
             raise _header_corrupt(f"size {len(data)}, expected {HEADER_SIZE}")
         (magic, major, minor, ext_len, payload_len, flags, digest_alg, res29, job_id, max_attempts, res52,
-         created, payload_digest, env_digest) = _HEADER.unpack_from(bytes(data))  # fmt: skip
+         created, payload_digest, env_digest) = _HEADER.unpack_from(data)  # fmt: skip
         if magic != JOB_MAGIC:
             raise _header_corrupt("bad magic")
         if major != FORMAT_MAJOR:

@@ -93,7 +93,7 @@ def read_envelope(fd: int, max_payload: int, st: os.stat_result | None = None) -
     if len(extension) != header.extension_length:
         raise CorruptObject("short read of the extension", QuarantineReason.ENVELOPE_CORRUPT)
     check_envelope(header, raw, extension)
-    return Envelope(header, extension, st.st_size, Witness.of(st), head)
+    return Envelope(header, extension, st.st_size, Witness(st.st_dev, st.st_ino), head)
 
 
 def reread_envelope(fd: int, env: Envelope, max_payload: int) -> Envelope:
