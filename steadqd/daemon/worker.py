@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from typing import cast
 
@@ -80,6 +81,10 @@ SETTLE_RETRY_MAX = 30.0  # s; the longest wait between two tries while the lease
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
 PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in flight
+# s; the longest the claiming or settling thread keeps the GIL once the loop's thread wants it back (CPython's
+# default: 5 ms). The loop gives it up at every syscall, several times per job, and a late loop delays every
+# running job's output and renewals and the next spawn.
+LOOP_SWITCH_INTERVAL = 0.0005
 
 
 class _Job:
@@ -143,6 +148,7 @@ class WorkerRole:
         self.draining = False
         self.closed = False
         self.tally = Tally()
+        self._switch_interval: float | None = None  # the process's own, restored by close()
         self._ready: ReadyWatch | None = None
         self._prep: payload_dirs.Preparer | None = None
         self._fill_again = False  # a fill was asked for while a claim was in flight
@@ -183,6 +189,8 @@ class WorkerRole:
             self._close_watch()
             self._close_queue()
             raise
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, LOOP_SWITCH_INTERVAL))
         loop.add_reader(self._prep.fileno(), self._guarded(self._on_prepared))
         loop.add_reader(self._settler.fileno(), self._guarded(self._on_settled))
         stale = payload_dirs.remove_stale()
@@ -287,6 +295,8 @@ class WorkerRole:
         self.jobs.clear()
         self._close_watch()
         self._close_queue()
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
 
     def _close_settler(self) -> None:
         if self._settler is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import io
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -292,3 +293,13 @@ def test_a_run_that_comes_back_unsettled_takes_its_slot_again(worker_role: Worke
         _pump(loop, lambda: "settling not committed" in out.getvalue(), "the NotCommitted report")
     assert not job.settling and role._slots_taken() == 1
     _pump(loop, lambda: not role.jobs, "the retried ack")
+
+
+def test_the_loop_thread_gets_the_gil_back_soon_while_the_worker_runs(
+    make_queue: Callable[..., Queue], queue_path: str
+):
+    """The claiming and settling threads must not keep the loop waiting CPython's default 5 ms at each syscall."""
+    before = sys.getswitchinterval()
+    with worker_in_process(make_queue(shards=1), queue_path, jobs=0, concurrency=1) as _:
+        assert sys.getswitchinterval() <= worker.LOOP_SWITCH_INTERVAL < 0.005
+    assert sys.getswitchinterval() == before  # close() restores the process's own
