@@ -15,7 +15,9 @@ import errno
 import os
 import stat
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from steadqd.constants import (
@@ -67,6 +69,9 @@ class ScanReport:
     ignored: list[str]
 
 
+_PROBE_RUN_MAX = 16  # shards looked up and probed together (_Scan.shards_to_read)
+
+
 class _Scan:
     def __init__(self, ctx: Context, duration_ns: int, reader: Any) -> None:
         self.ctx = ctx
@@ -87,17 +92,32 @@ class _Scan:
             ctx.scan_round = next_scan_round(round_)
             hint, ctx.last_enqueued_shard = ctx.last_enqueued_shard, None
         order = scan_order(ctx.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
-        for shard in order:
-            # A shard found empty last time is rewound and read once, as the full
-            # way would start; only if that read lists anything (or fails, or is
-            # traced) does the shard take the full way, from the same rewind.
-            fd = ctx.drained_ready_dir(shard)
-            if fd is not None and linux.lists_nothing_from_start(fd, CLAIM_SCAN_CHUNK_BYTES):
-                continue
+        for shard in self.shards_to_read(order):
             lease = self.scan_shard(shard)
             if lease is not None:
                 return lease
         return None
+
+    def shards_to_read(self, order: Iterator[int]) -> Iterator[int]:
+        """The shards of ``order``, in order, less those a probe shows still empty.
+
+        A shard this handle found empty last time would be rewound and read
+        once, and the scan would stop there if the read listed nothing: the
+        probe (linux.first_listing) makes that same rewind and read for a run
+        of them at a time, without the per-shard work. A shard whose read lists
+        anything is yielded and scanned from the start, rewound again. Runs
+        grow from one shard (a queue with work usually has it in the first) to
+        :data:`_PROBE_RUN_MAX`.
+        """
+        ctx = self.ctx
+        run = 1
+        while block := list(islice(order, run)):
+            fds = ctx.drained_ready_dirs(block)
+            i = linux.first_listing(fds, 0, CLAIM_SCAN_CHUNK_BYTES)
+            while i < len(block):
+                yield block[i]
+                i = linux.first_listing(fds, i + 1, CLAIM_SCAN_CHUNK_BYTES)
+            run = min(2 * run, _PROBE_RUN_MAX)
 
     def scan_shard(self, shard: int) -> Lease | None:
         rel = self.ctx.ready_rels[shard]

@@ -12,6 +12,7 @@ import errno
 import os
 import threading
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from steadqd.constants import (
@@ -64,6 +65,8 @@ class Context:
     nonce: bytes = field(init=False)
     # Why this process may not write or judge boottime deadlines (a time namespace), or None.
     boottime_problem: str | None = field(init=False)
+    # "ready/<S>" for every shard S, formatted once: the claim scan looks each one up per lease.
+    ready_rels: tuple[str, ...] = field(init=False)
     scan_round: int = 0
     last_enqueued_shard: int | None = None
     claim_candidates: dict[int, ShardCandidates] = field(default_factory=dict)
@@ -80,6 +83,7 @@ class Context:
         self.control_fd = linux.open_dir(self.root_fd, CONTROL_DIR)
         self.wall = WallFloor(self.control_fd, self.fmt.delayed_width_ns, modes=self.modes)
         self.boot_raw = boot_raw(self.boot_id)
+        self.ready_rels = tuple(f"{READY_DIR}/{shard_dir(s)}" for s in range(self.fmt.shard_count))
         self.nonce = linux.getrandom(16)
         self.boottime_problem = clock.boottime_problem()
         if self.fs_magic == ZFS_MAGIC:
@@ -125,7 +129,19 @@ class Context:
 
     def ready_dir(self, shard: int) -> int:
         """The ready shard directory, recreated if someone deleted it."""
-        return self.tree.ensure_dir(f"{READY_DIR}/{shard_dir(shard)}")
+        return self.tree.ensure_dir(self.ready_rels[shard])
+
+    def drained_ready_dirs(self, shards: Iterable[int]) -> list[int | None]:
+        """For each of ``shards``, its cached fd if this handle's last scan of it read to its end and kept no names, else None.
+
+        Such a shard is rewound before it is read again, so one read tells
+        whether it is still empty: the claim scan probes these together
+        (linux.first_listing) instead of doing each one's per-shard work.
+        """
+        cands, rels = self.claim_candidates, self.ready_rels
+        return self.tree.cached_fds(
+            rels[s] if (c := cands.get(s)) is not None and c.at_end and not c.names else None for s in shards
+        )
 
     def quarantine_dir(self) -> int:
         return self.tree.ensure_dir(QUARANTINE_DIR)

@@ -123,30 +123,26 @@ def getdents(dirfd: int, size: int) -> list[bytes]:
 
 # What a chunk of an empty directory holds on Linux: "." then "..", each a
 # 24-byte record (the kernel aligns the 19 header bytes + name + NUL to 8).
-_DOT_RECORD_BYTES = 24
-_DOTS_CHUNK_BYTES = 2 * _DOT_RECORD_BYTES
-_DOT_NAME = slice(_DIRENT64.size, _DIRENT64.size + 2)  # b".\0"
-_DOTDOT_NAME = slice(_DOT_RECORD_BYTES + _DIRENT64.size, _DOT_RECORD_BYTES + _DIRENT64.size + 3)  # b"..\0"
+DOT_RECORD_BYTES = 24
+DOTS_CHUNK_BYTES = 2 * DOT_RECORD_BYTES
+DOT_AT = _DIRENT64.size  # where the first record's name starts
+DOTDOT_AT = DOT_RECORD_BYTES + _DIRENT64.size  # and the second's
+
+getdents64_raw: Any = _getdents64_fn
+"""``getdents64(fd, buffer, size)`` as libc has it (-1 and errno on failure, no OSError), or None
+on a glibc without it: for a loop that reads many directories, without a frame for each."""
 
 
-def getdents_dots_only(dirfd: int, size: int) -> bool:
-    """Whether the next chunk of ``dirfd`` lists nothing but ``.`` and ``..`` (as :func:`getdents` would be empty).
+def probe_buffer(size: int) -> tuple[bytearray, Any]:
+    """This thread's buffer for :data:`getdents64_raw`: a bytearray and the cffi pointer into it.
 
-    It decodes no name: an empty ready shard is read on every empty lease, and
-    building the list costs more than the read. A chunk of any other shape
-    answers False (the claim scan then reads it again the full way), so this
-    may be wrong only towards the slow path.
+    A chunk read into it is tested in place, byte by byte, with no copy.
     """
-    if _getdents64_fn is None:
-        return not getdents(dirfd, size)
-    buf = getattr(_dents, "buf", None)
-    if buf is None or len(buf) < size:
-        buf = _dents.buf = _ffi.new("char[]", size)
-    n = check(_getdents64_fn(dirfd, buf, size))
-    if n != _DOTS_CHUNK_BYTES:
-        return n == 0
-    head = _ffi.unpack(buf, _DOTS_CHUNK_BYTES)
-    return head[_DOT_NAME] == b".\0" and head[_DOTDOT_NAME] == b"..\0"
+    pair: tuple[bytearray, Any] | None = getattr(_dents, "probe", None)
+    if pair is None or len(pair[0]) < size:
+        data = bytearray(size)
+        pair = _dents.probe = (data, _ffi.from_buffer(data))
+    return pair
 
 
 def renameat2(olddirfd: int, old: bytes, newdirfd: int, new: bytes, flags: int) -> None:

@@ -400,21 +400,28 @@ def first_listing(dirfds: Sequence[int | None], start: int, size: int) -> int:
 
     The claim scan's probe of the ready shards it found empty last time (most
     shards of an idle queue, on every lease): per directory the same rewind and
-    read as :func:`rewind_dir` and :func:`read_dir_chunk`, without building a
-    list or a frame for either. It stops early, the safe way, at a None, at a
-    call that fails, and whenever a fault is armed or a trace is running: the
-    caller then reads that directory through the two wrappers, where the hook
-    sees every call (same ops, same positions).
+    read as :func:`rewind_dir` and :func:`read_dir_chunk`, but no name is
+    decoded and no frame made. It stops early, the safe way, at a None, at a
+    call that fails, at a chunk of any shape but "." and "..", and whenever a
+    fault is armed or a trace is running: the caller then reads that directory
+    through the two wrappers, where the hook sees every call (same ops, same
+    positions).
     """
+    raw = _libc.getdents64_raw
+    if raw is None:
+        return start
+    data, buf = _libc.probe_buffer(size)
+    dots, dot, dotdot = _libc.DOTS_CHUNK_BYTES, _libc.DOT_AT, _libc.DOTDOT_AT
     for i in range(start, len(dirfds)):
         fd = dirfds[i]
         if fd is None or _armed or _traces:
             return i
         try:
             os.lseek(fd, 0, os.SEEK_SET)
-            if not _libc.getdents_dots_only(fd, size):
-                return i
         except OSError:
+            return i
+        n = raw(fd, buf, size)
+        if n != 0 and not (n == dots and data.startswith(b".\0", dot) and data.startswith(b"..\0", dotdot)):
             return i
     return len(dirfds)
 
