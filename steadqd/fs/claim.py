@@ -43,9 +43,7 @@ from steadqd.fs.names import (
     make_filename,
     next_attempt,
     next_generation,
-    next_scan_round,
     parse_name,
-    scan_order,
     shard_dir,
     shard_of,
     terminal_bucket,
@@ -53,6 +51,7 @@ from steadqd.fs.names import (
 )
 from steadqd.fs.quarantine import quarantine, quarantine_special
 from steadqd.fs.records import decode_extension
+from steadqd.fs.scan_order import next_scan_round, scan_order
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, SourceMissing, Witness
 from steadqd.fs.verify import Envelope, check_name_matches, read_envelope, reread_envelope, verify_payload
 

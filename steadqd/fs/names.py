@@ -1,4 +1,4 @@
-"""Filename grammar, name tags, shards, buckets and the claim scan order.
+"""Filename grammar, name tags, shards and buckets (the claim scan order is steadqd.fs.scan_order).
 
 Spec: ``names.md``, ``reference/filenames.abnf``, ``clocks.md`` (bucket
 arithmetic) and ``protocol.md`` ("Identity changes per transition").
@@ -19,15 +19,13 @@ import functools
 import hashlib
 import hmac
 import re
-import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from steadqd.constants import (
     COMPACT_TMP_PREFIX,
     DOMAIN_NAME,
-    DOMAIN_SCAN,
     DOMAIN_SHARD,
     ID_BYTES,
     JOB_EXT,
@@ -69,7 +67,6 @@ __all__ = [
     "make_temp_name",
     "next_attempt",
     "next_generation",
-    "next_scan_round",
     "parse_bucket_dir",
     "parse_job_id",
     "parse_name",
@@ -79,8 +76,6 @@ __all__ = [
     "parse_temp_name",
     "ready_name",
     "receipt_name",
-    "scan_order",
-    "scan_params",
     "shard_dir",
     "shard_of",
     "tag_context",
@@ -89,7 +84,6 @@ __all__ = [
 ]
 
 _HEX_RUN = re.compile("[0-9a-f]*")
-_U32_MASK = 0xFFFF_FFFF
 
 # Per state: (extension, ordered (prefix, hex width) of the components after the
 # job id and before ".k"). Component counts follow: 1 (job) + len(fields) + 1 (tag).
@@ -520,20 +514,10 @@ def trusted_leased_name(
     next_attempt, the handle's boot id, deadlines checked against u64, a
     fresh 16-byte token. Anything from a caller goes through :func:`leased_name`.
     """
-    name = object.__new__(JobName)
-    name.__dict__.update(_NO_OPTIONAL_FIELDS)
-    f = name.__dict__
-    f["state"] = State.LEASED
-    f["job_id"] = job_id
-    f["generation"] = generation
-    f["attempt"] = attempt
-    f["max_attempts"] = max_attempts
-    f["boot_id"] = boot_id
-    f["boottime_deadline"] = boottime_deadline
-    f["wall_deadline"] = wall_deadline
-    f["lease_token"] = lease_token
-    f["tag"] = None
-    return name
+    values = dict(_NO_OPTIONAL_FIELDS, state=State.LEASED, job_id=job_id, generation=generation, attempt=attempt)
+    values.update(max_attempts=max_attempts, boot_id=boot_id, boottime_deadline=boottime_deadline, tag=None)
+    values.update(wall_deadline=wall_deadline, lease_token=lease_token)
+    return _trusted_name(values)
 
 
 def _explain_mismatch(state: State, name: object, text: str) -> CorruptObject:
@@ -758,72 +742,6 @@ def bucket_end(bucket: int, width: int) -> int:
     if end > U64_MAX:
         raise StateExhausted(f"end of bucket {bucket} (width {width}) overflows u64")
     return end
-
-
-# --------------------------------------------------------------------------- claim scan order
-
-
-def next_scan_round(scan_round: int) -> int:
-    """The per-handle scan round increments with u64 wrap-around."""
-    return (_check_int("scan_round", scan_round, U64_MAX) + 1) & U64_MAX
-
-
-def scan_params(
-    queue_id: bytes, boot_id_raw16: bytes, worker_nonce16: bytes, scan_round: int, shard_count: int
-) -> tuple[int, int]:
-    """(start, stride) of this handle's shard permutation for ``scan_round`` (names.md).
-
-    Not observable on disk; reproduced because the reference pins the values.
-    """
-    mask = _check_shard_count(shard_count) - 1
-    h = hashlib.sha256(
-        DOMAIN_SCAN
-        + _check_bytes("queue_id", queue_id)
-        + _check_bytes("boot id", boot_id_raw16)
-        + _check_bytes("worker nonce", worker_nonce16)
-        + struct.pack(">Q", _check_int("scan_round", scan_round, U64_MAX))
-    ).digest()
-    start = int.from_bytes(h[0:8], "big") & mask
-    stride = (int.from_bytes(h[8:16], "big") | 1) & mask
-    return start, stride or 1
-
-
-def scan_order(
-    queue_id: bytes,
-    boot_id_raw16: bytes,
-    worker_nonce16: bytes,
-    scan_round: int,
-    shard_count: int,
-    start_hint: int | None = None,
-) -> Iterator[int]:
-    """Every shard exactly once, in this handle's order for ``scan_round``.
-
-    ``start_hint`` (the shard the handle just enqueued into) replaces the start
-    but keeps the stride; it is a latency hint only. Lazy: a claim usually
-    stops at the first shard.
-    """
-    if start_hint is None:
-        start, stride = scan_params(queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
-        return _walk(start, stride, shard_count)
-    hint = _check_int("start_hint", start_hint, _check_shard_count(shard_count) - 1)
-    return _hinted_walk(hint, queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
-
-
-def _walk(start: int, stride: int, shard_count: int) -> Iterator[int]:
-    mask = shard_count - 1
-    return (((start + stride * i) & _U32_MASK) & mask for i in range(shard_count))
-
-
-def _hinted_walk(
-    hint: int, queue_id: bytes, boot_id_raw16: bytes, worker_nonce16: bytes, scan_round: int, shard_count: int
-) -> Iterator[int]:
-    """The hinted shard first; the stride is hashed only if the scan goes on
-    (a consumer that just enqueued finds its job there: no hash at all)."""
-    yield hint
-    _, stride = scan_params(queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
-    walk = _walk(hint, stride, shard_count)
-    next(walk)
-    yield from walk
 
 
 # --------------------------------------------------------------------------- temp, quarantine, compaction names

@@ -15,7 +15,7 @@ import pytest
 from steadqd.backoff import RetryPolicy, retry_delay_ms
 from steadqd.constants import MAX_EXTENSION_LENGTH, U64_MAX
 from steadqd.errors import InvalidInput
-from steadqd.fs import names
+from steadqd.fs import names, scan_order
 from steadqd.fs.cbor import Extension, decode_extension, encode_extension
 from steadqd.fs.records import JobHeader, build_header
 
@@ -59,9 +59,9 @@ def test_the_last_shard_directory() -> None:
 
 def test_the_scan_round_spans_the_whole_u64() -> None:
     """The round is packed unsigned: the last round before wrap-around is a valid round."""
-    start, stride = names.scan_params(QID, JOB, QID, U64_MAX, 4096)
+    start, stride = scan_order.scan_params(QID, JOB, QID, U64_MAX, 4096)
     assert 0 <= start < 4096 and stride % 2 == 1
-    assert names.next_scan_round(U64_MAX) == 0
+    assert scan_order.next_scan_round(U64_MAX) == 0
 
 
 @pytest.mark.parametrize(

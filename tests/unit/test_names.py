@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from steadqd.constants import DOMAIN_NAME, QuarantineReason, State
 from steadqd.errors import CorruptObject, InvalidInput, StateExhausted
-from steadqd.fs import names
+from steadqd.fs import names, scan_order
 from steadqd.fs.names import JobName
 
 # --- vectors.md "Fixed inputs" -------------------------------------------------------------
@@ -174,7 +174,7 @@ def test_shard_count_invalid(count: int) -> None:
 
 
 def test_scan_params_pinned() -> None:
-    assert names.scan_params(b"\x42" * 16, bytes(16), bytes(16), 0, 64) == (46, 23)
+    assert scan_order.scan_params(b"\x42" * 16, bytes(16), bytes(16), 0, 64) == (46, 23)
 
 
 @pytest.mark.parametrize(
@@ -187,24 +187,24 @@ def test_scan_params_pinned() -> None:
 )
 def test_scan_order_vectors(rnd: int, start: int, stride: int, first: list[int]) -> None:
     nonce = bytes(range(16))
-    assert names.scan_params(QID, BOOT, nonce, rnd, SHARDS) == (start, stride)
-    order = list(names.scan_order(QID, BOOT, nonce, rnd, SHARDS))
+    assert scan_order.scan_params(QID, BOOT, nonce, rnd, SHARDS) == (start, stride)
+    order = list(scan_order.scan_order(QID, BOOT, nonce, rnd, SHARDS))
     assert order[:8] == first
     assert sorted(order) == list(range(SHARDS))
 
 
 def test_scan_order_start_hint_and_edges() -> None:
     nonce = bytes(range(16))
-    order = list(names.scan_order(QID, BOOT, nonce, 0, SHARDS, start_hint=10))
+    order = list(scan_order.scan_order(QID, BOOT, nonce, 0, SHARDS, start_hint=10))
     assert order[:3] == [10, 39, 4]  # stride 29 kept
     assert sorted(order) == list(range(SHARDS))
-    assert list(names.scan_order(QID, BOOT, nonce, 0, 1)) == [0]
-    assert names.scan_params(QID, BOOT, nonce, 0, 1) == (0, 1)
+    assert list(scan_order.scan_order(QID, BOOT, nonce, 0, 1)) == [0]
+    assert scan_order.scan_params(QID, BOOT, nonce, 0, 1) == (0, 1)
     for count in (2, 4096):
-        assert sorted(names.scan_order(QID, BOOT, nonce, 7, count)) == list(range(count))
+        assert sorted(scan_order.scan_order(QID, BOOT, nonce, 7, count)) == list(range(count))
     with pytest.raises(InvalidInput):
-        list(names.scan_order(QID, BOOT, nonce, 0, SHARDS, start_hint=64))
-    assert names.next_scan_round(2**64 - 1) == 0
+        list(scan_order.scan_order(QID, BOOT, nonce, 0, SHARDS, start_hint=64))
+    assert scan_order.next_scan_round(2**64 - 1) == 0
 
 
 # --- temp, quarantine, compaction names -----------------------------------------------------

@@ -29,7 +29,7 @@ from steadqd.constants import (
     State,
 )
 from steadqd.errors import CorruptObject, InvalidInput, QueueCorrupt, StateExhausted, SteadQError
-from steadqd.fs import names
+from steadqd.fs import names, scan_order
 from steadqd.fs.cbor import Extension, decode_extension
 from steadqd.fs.json_records import TransitionTicket, reset_cursor_json, validate_cursor
 from steadqd.fs.records import (
@@ -206,14 +206,14 @@ CASES: list[tuple[str, Callable[[], object], type[SteadQError], str]] = [
         StateExhausted,
         f"end of bucket {U64_MAX} (width 1) overflows u64",
     ),
-    ("next_scan_round", lambda: names.next_scan_round(-1), InvalidInput, u64("scan_round", -1)),
-    ("scan queue_id", lambda: names.scan_params(SHORT, ID, ID, 0, 4), InvalidInput, id16("queue_id", SHORT)),
-    ("scan boot id", lambda: names.scan_params(ID, SHORT, ID, 0, 4), InvalidInput, id16("boot id", SHORT)),
-    ("scan nonce", lambda: names.scan_params(ID, ID, SHORT, 0, 4), InvalidInput, id16("worker nonce", SHORT)),
-    ("scan round", lambda: names.scan_params(ID, ID, ID, 1 << 64, 4), InvalidInput, u64("scan_round", 1 << 64)),
+    ("next_scan_round", lambda: scan_order.next_scan_round(-1), InvalidInput, u64("scan_round", -1)),
+    ("scan queue_id", lambda: scan_order.scan_params(SHORT, ID, ID, 0, 4), InvalidInput, id16("queue_id", SHORT)),
+    ("scan boot id", lambda: scan_order.scan_params(ID, SHORT, ID, 0, 4), InvalidInput, id16("boot id", SHORT)),
+    ("scan nonce", lambda: scan_order.scan_params(ID, ID, SHORT, 0, 4), InvalidInput, id16("worker nonce", SHORT)),
+    ("scan round", lambda: scan_order.scan_params(ID, ID, ID, 1 << 64, 4), InvalidInput, u64("scan_round", 1 << 64)),
     (
         "scan start_hint",
-        lambda: list(names.scan_order(ID, ID, ID, 0, 4, start_hint=4)),
+        lambda: list(scan_order.scan_order(ID, ID, ID, 0, 4, start_hint=4)),
         InvalidInput,
         "start_hint must be an integer in 0..3, got 4",
     ),

@@ -1,0 +1,84 @@
+"""The claim scan's shard order: each handle's own permutation of the ready shards, per scan round.
+
+Spec: ``names.md`` ("Claim scan order"). Not observable on disk; the values
+are reproduced because the reference pins them (``vectors.md``). Kept apart
+from :mod:`steadqd.fs.names` because it answers another question: not what a
+name is, but in which order a handle looks for one. The argument checks are
+names' own, so that each field has one rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterator
+
+from steadqd.constants import DOMAIN_SCAN, U64_MAX
+from steadqd.fs.names import _check_bytes, _check_int, _check_shard_count
+
+__all__ = ["next_scan_round", "scan_order", "scan_params"]
+
+_U32_MASK = 0xFFFF_FFFF
+
+
+def next_scan_round(scan_round: int) -> int:
+    """The per-handle scan round increments with u64 wrap-around."""
+    return (_check_int("scan_round", scan_round, U64_MAX) + 1) & U64_MAX
+
+
+def scan_params(
+    queue_id: bytes, boot_id_raw16: bytes, worker_nonce16: bytes, scan_round: int, shard_count: int
+) -> tuple[int, int]:
+    """(start, stride) of this handle's shard permutation for ``scan_round`` (names.md).
+
+    Not observable on disk; reproduced because the reference pins the values.
+    """
+    mask = _check_shard_count(shard_count) - 1
+    h = hashlib.sha256(
+        DOMAIN_SCAN
+        + _check_bytes("queue_id", queue_id)
+        + _check_bytes("boot id", boot_id_raw16)
+        + _check_bytes("worker nonce", worker_nonce16)
+        + struct.pack(">Q", _check_int("scan_round", scan_round, U64_MAX))
+    ).digest()
+    start = int.from_bytes(h[0:8], "big") & mask
+    stride = (int.from_bytes(h[8:16], "big") | 1) & mask
+    return start, stride or 1
+
+
+def scan_order(
+    queue_id: bytes,
+    boot_id_raw16: bytes,
+    worker_nonce16: bytes,
+    scan_round: int,
+    shard_count: int,
+    start_hint: int | None = None,
+) -> Iterator[int]:
+    """Every shard exactly once, in this handle's order for ``scan_round``.
+
+    ``start_hint`` (the shard the handle just enqueued into) replaces the start
+    but keeps the stride; it is a latency hint only. Lazy: a claim usually
+    stops at the first shard.
+    """
+    if start_hint is None:
+        start, stride = scan_params(queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
+        return _walk(start, stride, shard_count)
+    hint = _check_int("start_hint", start_hint, _check_shard_count(shard_count) - 1)
+    return _hinted_walk(hint, queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
+
+
+def _walk(start: int, stride: int, shard_count: int) -> Iterator[int]:
+    mask = shard_count - 1
+    return (((start + stride * i) & _U32_MASK) & mask for i in range(shard_count))
+
+
+def _hinted_walk(
+    hint: int, queue_id: bytes, boot_id_raw16: bytes, worker_nonce16: bytes, scan_round: int, shard_count: int
+) -> Iterator[int]:
+    """The hinted shard first; the stride is hashed only if the scan goes on
+    (a consumer that just enqueued finds its job there: no hash at all)."""
+    yield hint
+    _, stride = scan_params(queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
+    walk = _walk(hint, stride, shard_count)
+    next(walk)
+    yield from walk
