@@ -179,6 +179,7 @@ class _Scan:
             for i, name in enumerate(names):
                 if name in tried:
                     continue
+                tried.add(name)  # once per scan: the pass after the rewind may list it again
                 lease = self._try_name(shard, dir_fd, rel, name)
                 if lease is not None:
                     cand.names = deque(names[i + 1 :])

@@ -312,11 +312,6 @@ def read_only_view(qpath: str) -> Iterator[str]:
         os.rmdir(mountpoint)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="steadqd/fs/claim.py (_scan_entries): after its rewind the directory pass tries again a name it "
-    "already tried in this scan, so each claim error is reported twice; the fix belongs to steadqd/fs/",
-)
 def test_lease_on_a_read_only_filesystem_says_its_error_once(qpath: str, read_only_view: str) -> None:
     assert steadq("put", qpath, stdin=b"x").code == 0
     r = steadq("lease", read_only_view)
