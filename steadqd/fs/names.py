@@ -514,10 +514,13 @@ def trusted_leased_name(
     next_attempt, the handle's boot id, deadlines checked against u64, a
     fresh 16-byte token. Anything from a caller goes through :func:`leased_name`.
     """
-    values = dict(_NO_OPTIONAL_FIELDS, state=State.LEASED, job_id=job_id, generation=generation, attempt=attempt)
-    values.update(max_attempts=max_attempts, boot_id=boot_id, boottime_deadline=boottime_deadline, tag=None)
-    values.update(wall_deadline=wall_deadline, lease_token=lease_token)
-    return _trusted_name(values)
+    name = object.__new__(JobName)
+    name.__dict__.update({
+        "state": State.LEASED, "job_id": job_id, "generation": generation, "attempt": attempt,
+        "max_attempts": max_attempts, "boot_id": boot_id, "boottime_deadline": boottime_deadline,
+        "wall_deadline": wall_deadline, "lease_token": lease_token, "not_before": None, "reason": None, "tag": None,
+    })  # fmt: skip
+    return name
 
 
 def _explain_mismatch(state: State, name: object, text: str) -> CorruptObject:
