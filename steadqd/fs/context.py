@@ -139,9 +139,10 @@ class Context:
         (linux.first_listing) instead of doing each one's per-shard work.
         """
         cands, rels = self.claim_candidates, self.ready_rels
-        return self.tree.cached_fds(
-            rels[s] if (c := cands.get(s)) is not None and c.at_end and not c.names else None for s in shards
-        )
+        wanted = [rels[s] if (c := cands.get(s)) is not None and c.at_end and not c.names else None for s in shards]
+        if not any(wanted):  # most leases that find work: no lock taken
+            return [None] * len(wanted)
+        return self.tree.cached_fds(wanted)
 
     def quarantine_dir(self) -> int:
         return self.tree.ensure_dir(QUARANTINE_DIR)

@@ -408,14 +408,14 @@ def first_listing(dirfds: Sequence[int | None], start: int, size: int) -> int:
     positions).
     """
     raw = _libc.getdents64_raw
-    if raw is None:
-        return start
-    data, buf = _libc.probe_buffer(size)
-    dots, dot, dotdot = _libc.DOTS_CHUNK_BYTES, _libc.DOT_AT, _libc.DOTDOT_AT
+    buf = None
     for i in range(start, len(dirfds)):
         fd = dirfds[i]
-        if fd is None or _armed or _traces:
+        if fd is None or _armed or _traces or raw is None:
             return i
+        if buf is None:  # a lease that finds work in its first shard probes nothing: no buffer either
+            data, buf = _libc.probe_buffer(size)
+            dots, dot, dotdot = _libc.DOTS_CHUNK_BYTES, _libc.DOT_AT, _libc.DOTDOT_AT
         try:
             os.lseek(fd, 0, os.SEEK_SET)
         except OSError:
