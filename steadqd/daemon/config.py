@@ -25,8 +25,9 @@ from steadqd.constants import (
     DEFAULT_BACKOFF_BASE_S,
     DEFAULT_BACKOFF_MAX_S,
     DEFAULT_MAX_CLOCK_SKEW_NS,
+    MAX_MAXIMUM_ATTEMPTS,
+    MIN_MAXIMUM_ATTEMPTS,
     NS_PER_SECOND,
-    U32_MAX,
 )
 from steadqd.durations import parse_duration
 from steadqd.errors import ConfigError, SteadQError
@@ -606,7 +607,9 @@ def _inbox(d: _Doc) -> InboxConfig:
         payload=payload,
         after=after,
         move_to=move_to,
-        max_attempts=m["max_attempts"].integer(1, U32_MAX) if "max_attempts" in m else InboxConfig.max_attempts,
+        max_attempts=m["max_attempts"].integer(MIN_MAXIMUM_ATTEMPTS, MAX_MAXIMUM_ATTEMPTS)
+        if "max_attempts" in m
+        else InboxConfig.max_attempts,
     )
 
 

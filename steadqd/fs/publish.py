@@ -25,10 +25,11 @@ from steadqd.constants import (
     DELAYED_DIR,
     ENQUEUE_MANY_GROUP,
     HEADER_SIZE,
+    MAX_MAXIMUM_ATTEMPTS,
     MAX_PAYLOAD_LENGTH,
+    MIN_MAXIMUM_ATTEMPTS,
     READY_DIR,
     TMP_DIR,
-    U32_MAX,
     U64_MAX,
 )
 from steadqd.errors import (
@@ -106,8 +107,10 @@ class _Options:
 
     def __post_init__(self) -> None:
         m = self.max_attempts
-        if not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= U32_MAX:
-            raise InvalidInput(f"max_attempts must be an integer in 1..{U32_MAX}, got {m!r}")
+        if not isinstance(m, int) or isinstance(m, bool) or not MIN_MAXIMUM_ATTEMPTS <= m <= MAX_MAXIMUM_ATTEMPTS:
+            raise InvalidInput(
+                f"max_attempts must be an integer in {MIN_MAXIMUM_ATTEMPTS}..{MAX_MAXIMUM_ATTEMPTS}, got {m!r}"
+            )
         if self.delay is not None and self.not_before_ns is not None:
             raise InvalidInput("give either delay or not_before_ns, not both")
         if self.delay is not None:
