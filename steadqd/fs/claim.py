@@ -15,7 +15,6 @@ import errno
 import os
 import stat
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -68,7 +67,7 @@ class ScanReport:
     ignored: list[str]
 
 
-_PROBE_RUN_MAX = 16  # shards looked up and probed together (_Scan.shards_to_read)
+_PROBE_RUN_MAX = 16  # shards looked up and probed together (_Scan.run)
 
 
 class _Scan:
@@ -91,32 +90,28 @@ class _Scan:
             ctx.scan_round = next_scan_round(round_)
             hint, ctx.last_enqueued_shard = ctx.last_enqueued_shard, None
         order = scan_order(ctx.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
-        for shard in self.shards_to_read(order):
-            lease = self.scan_shard(shard)
-            if lease is not None:
-                return lease
-        return None
-
-    def shards_to_read(self, order: Iterator[int]) -> Iterator[int]:
-        """The shards of ``order``, in order, less those a probe shows still empty.
-
-        A shard this handle found empty last time would be rewound and read
-        once, and the scan would stop there if the read listed nothing: the
-        probe (linux.first_listing) makes that same rewind and read for a run
-        of them at a time, without the per-shard work. A shard whose read lists
-        anything is yielded and scanned from the start, rewound again. Runs
-        grow from one shard (a queue with work usually has it in the first) to
-        :data:`_PROBE_RUN_MAX`.
-        """
-        ctx = self.ctx
+        # A shard this handle found empty last time would be rewound and read
+        # once, and the scan would go on if the read listed nothing: the probe
+        # (linux.first_listing) makes that same rewind and read for a run of
+        # them at a time, without the per-shard work. A shard whose read lists
+        # anything is scanned the full way, from its own rewind. Runs grow from
+        # one shard (a queue with work usually has it in the first) to
+        # _PROBE_RUN_MAX; a loop, not a generator, for the lease that stops there.
         run = 1
         while block := list(islice(order, run)):
             fds = ctx.drained_ready_dirs(block)
-            i = linux.first_listing(fds, 0, CLAIM_SCAN_CHUNK_BYTES)
+            i = 0
             while i < len(block):
-                yield block[i]
-                i = linux.first_listing(fds, i + 1, CLAIM_SCAN_CHUNK_BYTES)
+                if fds[i] is not None:
+                    i = linux.first_listing(fds, i, CLAIM_SCAN_CHUNK_BYTES)
+                    if i == len(block):
+                        break
+                lease = self.scan_shard(block[i])
+                if lease is not None:
+                    return lease
+                i += 1
             run = min(2 * run, _PROBE_RUN_MAX)
+        return None
 
     def scan_shard(self, shard: int) -> Lease | None:
         rel = self.ctx.ready_rels[shard]
