@@ -120,6 +120,11 @@ def is_single_regular(st: os.stat_result) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
 
 
+def _is_verified_file(st: os.stat_result, witness: Witness) -> bool:
+    """``witness.matches(st) and is_single_regular(st)`` in one frame: each witnessed move asks it twice."""
+    return st.st_dev == witness.dev and st.st_ino == witness.ino and stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
 class Tree:
     """Directory fds beneath one queue root, and the barrier policy.
 
@@ -372,9 +377,7 @@ class Tree:
             if e.errno == errno.ENOENT:
                 raise SourceMissing(src_name) from e
             raise MoveFailed(e.errno, "stat source") from e
-        # witness.matches and is_single_regular, inlined: two moves per strict lifecycle ask each twice.
-        dev, ino = witness.dev, witness.ino
-        if not (st.st_dev == dev and st.st_ino == ino and stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
+        if not _is_verified_file(st, witness):
             raise SourceChanged(f"{src_name} no longer names the verified file")
         self._rename(src_fd, src_name, dst_fd, dst_name, witness)
         dst_st: os.stat_result | None
@@ -388,9 +391,7 @@ class Tree:
             if e.errno != errno.ENOENT or not _absent(src_fd, src_name):
                 raise Indeterminate("linearized", f"stat destination: {e.strerror}") from e
             dst_st = None
-        if dst_st is not None and not (
-            dst_st.st_dev == dev and dst_st.st_ino == ino and stat.S_ISREG(dst_st.st_mode) and dst_st.st_nlink == 1
-        ):
+        if dst_st is not None and not _is_verified_file(dst_st, witness):
             raise Indeterminate("linearized", "destination does not name the moved file")
         if after is not None:
             try:
