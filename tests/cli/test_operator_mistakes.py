@@ -27,6 +27,7 @@ from steadqd.s3.records import encode_record
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from steadqd.s3.verify import read_record
 from tests.invariants import check_tree
+from tests.procs import alive
 
 from .helpers import STEADQ, payload_dir, steadq
 
@@ -119,14 +120,6 @@ def test_stderr_closed_leaves_stdout_clean_and_the_exit_status_speaks(qpath: str
 # --------------------------------------------------------------------------- signals
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_work_stopped_by_a_signal_stops_its_command_and_retries_the_job(
     qpath: str, tmp_path: Path, sig: signal.Signals
@@ -154,7 +147,7 @@ def test_work_stopped_by_a_signal_stops_its_command_and_retries_the_job(
         if work.poll() is None:
             work.kill()
     assert work.returncode == 128 + sig, stderr
-    assert not _alive(command)
+    assert not alive(command)
     assert stderr.decode().splitlines() == [
         f"work: interrupted by {sig.name}: job {job}: its command was stopped; the job is now ready (attempt 1 of 3 used)"
     ]
