@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+from steadqd import Queue
 from tests.invariants import check_tree
 
 from .helpers import STEADQ, payload_dir
@@ -65,6 +67,7 @@ def _check_run(
 
 
 def test_bulk_put_interrupted_at_random_moments_reports_exactly_what_it_published(qpath: str, tmp_path: Path) -> None:
+    assert STEADQ is not None
     d = payload_dir(tmp_path, 800)
     rng = random.Random()
     seed = rng.randrange(1 << 32)
@@ -82,12 +85,18 @@ def test_bulk_put_interrupted_at_random_moments_reports_exactly_what_it_publishe
         signum = (signal.SIGINT, signal.SIGTERM)[runs % 2]
         during = runs % 4 < 2
         delay = rng.uniform(0, full / 2) if during else rng.uniform(0, full)
-        code, out, err = _interrupted_put([qpath, "--dir", str(d), "--print-ids"], delay, signum, after_first_id=during)
-        new = _check_run(qpath, seen, code, out, err, signum, 800)
+        # Each run gets a queue of its own: in one shared queue every check_tree re-read all earlier runs' jobs
+        # (up to 48,000 by the last run).
+        run_queue = str(tmp_path / f"queue-{runs}")
+        Queue.init(run_queue, shards=4).close()
+        code, out, err = _interrupted_put(
+            [run_queue, "--dir", str(d), "--print-ids"], delay, signum, after_first_id=during
+        )
+        new = _check_run(run_queue, frozenset(), code, out, err, signum, 800)
         runs += 1
         interrupted += code != 0
         midway += 0 < len(new) < 800
-        seen = seen | new
+        shutil.rmtree(run_queue)
     assert interrupted >= 20 and midway >= 10, f"{interrupted} interrupted, {midway} mid-way, of {runs} (seed {seed})"
 
 
