@@ -324,19 +324,28 @@ def test_bury_refuses_a_reason_that_is_not_a_u16() -> None:
 
 WORKER_SCRIPT = textwrap.dedent(
     """
-    import os, sys, time
+    import logging, os, sys, time
     from steadqd import tasks
     queue, marks, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    logging.basicConfig(level=logging.INFO, filename=os.path.join(marks, "worker.log"))
+    release = os.path.join(marks, "release")
+
+    def released(deadline):  # bounded: a failed test never leaves a handler running
+        return os.path.exists(release) or time.monotonic() > deadline
 
     def handler(job):
+        deadline = time.monotonic() + 30
         open(os.path.join(marks, job.id + ".start"), "w").close()
-        time.sleep(2)
+        while not released(deadline):
+            time.sleep(0.02)
         open(os.path.join(marks, job.id + ".end"), "w").close()
 
     async def ahandler(job):
         import asyncio
+        deadline = time.monotonic() + 30
         open(os.path.join(marks, job.id + ".start"), "w").close()
-        await asyncio.sleep(2)
+        while not released(deadline):
+            await asyncio.sleep(0.02)
         open(os.path.join(marks, job.id + ".end"), "w").close()
 
     if mode == "async":
@@ -359,6 +368,16 @@ def _start_worker(tmp_path: Path, queue_path: str, mode: str) -> tuple[subproces
     return proc, marks
 
 
+def _wait_draining(marks: Path) -> None:
+    """Until the worker has taken the first SIGTERM: a second one sent sooner may merge with it."""
+
+    def draining() -> bool:
+        log = marks / "worker.log"
+        return log.exists() and "stopping: draining" in log.read_text()
+
+    wait_for(draining, "the worker to log that it drains")
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_sigterm_drains_the_running_handler_and_takes_no_new_job(
     tmp_path: Path, queue: Queue, queue_path: str, mode: str
@@ -367,8 +386,12 @@ def test_sigterm_drains_the_running_handler_and_takes_no_new_job(
     proc, marks = _start_worker(tmp_path, queue_path, mode)
     try:
         wait_for(lambda: (marks / f"{first}.start").exists(), "the handler to start")
+        # The handler runs until released, so a slow enqueue here cannot let it end (and the worker
+        # take the second job) before the signal; it is released once the worker says it drains.
         second = queue.enqueue(b"2")
         proc.send_signal(signal.SIGTERM)
+        _wait_draining(marks)
+        (marks / "release").touch()
         out, _ = proc.communicate(timeout=DEADLINE)
     finally:
         if proc.poll() is None:
@@ -386,7 +409,7 @@ def test_a_second_sigterm_hands_the_running_job_back(tmp_path: Path, queue: Queu
     try:
         wait_for(lambda: (marks / f"{job}.start").exists(), "the handler to start")
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
+        _wait_draining(marks)  # never released: the handler is still running at the second signal
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=DEADLINE)
     finally:
