@@ -264,11 +264,15 @@ def test_sigterm_drains_running_jobs_and_takes_no_new_ones(denv: Env, daemons) -
     denv.write_config(concurrency=1)
     d = daemons(denv)
     with Queue.open(denv.queue_path) as q:
-        running = q.enqueue(job_spec(sleep=2))
+        # The running job waits at a barrier the test completes once the worker drains: a job that
+        # slept 2 s could end during a slow enqueue below, and the worker then lease the waiting one.
+        running = q.enqueue(job_spec(barrier={"tag": "held", "n": 2, "timeout": DEADLINE}))
         d.ready()
         denv.started(running, 1)
         waiting = q.enqueue(job_spec(exit=0))
         d.signal(signal.SIGTERM)
+        d.wait_log("stopping: draining")
+        (denv.results / "held-release.here").touch()  # the barrier's second arrival
         assert d.wait() == 0
     tree = check_tree(denv.queue_path)
     assert tree.receipts == {running}  # finished during the drain and acked once
