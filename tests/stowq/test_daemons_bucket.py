@@ -149,9 +149,13 @@ def test_sigterm_drains_the_running_job_then_exits_0(benv: BucketEnv) -> None:
     worker = benv.start()
     try:
         worker.ready()
-        job = _enqueue(benv, job_spec(sleep=2))
+        # Held at a barrier the test completes once the worker drains: a job that slept 2 s could
+        # be done before a slow SIGTERM, and the log then says nothing is running.
+        job = _enqueue(benv, job_spec(barrier={"tag": "held", "n": 2, "timeout": DEADLINE}))
         benv.started(job, 1, timeout=DEADLINE)
         worker.signal(signal.SIGTERM)
+        worker.wait_log("stopping: draining 1 running job", timeout=DEADLINE)
+        (benv.results / "held-release.here").touch()  # the barrier's second arrival
         assert worker.wait(DEADLINE) == 0
         assert benv.settled(job) == "receipt"
         assert "stopping: draining 1 running job" in worker.log()
