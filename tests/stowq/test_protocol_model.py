@@ -12,6 +12,7 @@ stale generation settled, nothing committed lost, ack idempotent.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -38,7 +39,8 @@ class ModelJob:
     tail: int = 0  # generation of the chain's tail (0: never claimed)
     attempt: int = 0
     expires_ns: int = 0  # the tail's store time + lease (the skew guard is 1 ns on this store)
-    retry_at_ns: int = 0
+    retry_at_ns: int = 0  # the retry deadline of the fail record at generation retry_generation
+    retry_generation: int = 0  # 0: no nack yet
     terminal: str | None = None  # "receipt" | "dead"
     terminal_generation: int = 0
     leases: list[Lease] = field(default_factory=list)
@@ -109,7 +111,8 @@ class BucketQueueMachine(RuleBasedStateMachine):
         assert job.terminal is None and lease.generation == before[lease.job_id] + 1
         if job.tail:
             assert lease.claim_store_time_ns >= job.expires_ns, "taken over before the lease expired"
-            assert lease.claim_store_time_ns >= job.retry_at_ns, "taken over before the retry deadline"
+            if job.retry_generation == job.tail:  # readiness honours the tail's fail record only
+                assert lease.claim_store_time_ns >= job.retry_at_ns, "taken over before the retry deadline"
         assert lease.attempt == job.attempt + 1 <= job.max_attempts
         job.tail, job.attempt = lease.generation, lease.attempt
         job.expires_ns = lease.claim_store_time_ns + lease.lease_duration_ns
@@ -176,7 +179,9 @@ class BucketQueueMachine(RuleBasedStateMachine):
             job.terminal, job.terminal_generation = "dead", lease.generation
         else:
             assert state == "delayed"
-            job.retry_at_ns = max(job.retry_at_ns, self.clock.peek_ns() + delay * SECOND - 10**6)
+            if job.retry_generation != lease.generation:  # put-if-absent: a second nack keeps the first deadline
+                job.retry_generation = lease.generation
+                job.retry_at_ns = self.clock.peek_ns() + delay * SECOND - 10**6
 
     @precondition(lambda self: self.leases)
     @rule(data=st.data())
@@ -210,3 +215,28 @@ class BucketQueueMachine(RuleBasedStateMachine):
 
 TestBucketQueueModel = BucketQueueMachine.TestCase
 TestBucketQueueModel.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+class _Drawn:
+    """Stands in for ``st.data()`` when a case the machine found is replayed step by step."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+
+    def draw(self, strategy: object) -> Lease:
+        return self.lease
+
+
+def test_a_second_nack_of_one_generation_keeps_the_first_deadline() -> None:
+    """A case the machine found (STEADQ_HYPOTHESIS_SEED=3422274240): the fail record is put-if-absent,
+    so a second nack of the same generation, with a longer delay, changes nothing (records.md, "Retry")."""
+    m = BucketQueueMachine()
+    m.enqueue(payload=b"", attempts=2)
+    m.claim(w=0)
+    m.advance(seconds=5)
+    (lease,) = m.leases
+    m.nack(data=cast(st.DataObject, _Drawn(lease)), delay=0)
+    m.nack(data=cast(st.DataObject, _Drawn(lease)), delay=1)
+    m.claim(w=0)  # a takeover at the first nack's deadline
+    m.gates_hold_in_the_bucket()
+    m.teardown()
