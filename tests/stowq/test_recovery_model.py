@@ -102,7 +102,7 @@ class RecoveryMachine(RuleBasedStateMachine):
 
     @invariant()
     def gates(self) -> None:
-        states = audit(self.worker, self.memory)
+        states = audit(self.worker, self.memory, collecting=True)
         self.settled |= {job for job, state in states.items() if state != "open"}
         present = job_ids(self.memory, PREFIX)
         lost = self.enqueued - present - self.settled
@@ -112,7 +112,7 @@ class RecoveryMachine(RuleBasedStateMachine):
         for _ in range(200):
             got = self.worker.lease(duration=LEASE_S)
             if got is None:
-                if all(s != "open" for s in audit(self.worker, self.memory).values()):
+                if all(s != "open" for s in audit(self.worker, self.memory, collecting=True).values()):
                     return
                 self.clock.advance(400 * SECOND)
                 continue
