@@ -218,13 +218,20 @@ def test_idle_worker_is_woken_by_inotify_not_by_polling(denv: Env, daemons) -> N
         status = Path(f"/proc/{d.pid}/status").read_text()
         return int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))
 
+    def wakeups_in_5s() -> int:
+        before = switches()
+        time.sleep(5.0)
+        return switches() - before
+
     # An idle worker sleeps in one select(): every wake-up is one voluntary context
     # switch. In 5 s only the service's 5 s status timer may fire (once, at most
-    # twice); a polling loop of period <= 1.5 s would add 3 or more.
-    before = switches()
-    time.sleep(5.0)
-    idle_wakeups = switches() - before
-    assert idle_wakeups <= 3, f"idle worker woke {idle_wakeups} times in 5 s"
+    # twice); a polling loop of period <= 1.5 s would add 3 or more in every window.
+    # A second window is measured only if the first was busy: on a slow machine the
+    # start-up scan may not be over after the 0.5 s above.
+    windows = [wakeups_in_5s()]
+    if windows[0] > 3:
+        windows.append(wakeups_in_5s())
+    assert min(windows) <= 3, f"idle worker woke {windows} times in consecutive 5 s windows"
     with Queue.open(denv.queue_path) as q:
         t0 = time.monotonic()
         job = q.enqueue(job_spec(exit=0))
