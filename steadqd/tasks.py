@@ -579,6 +579,8 @@ class Task:
     only fail on every attempt.
     """
 
+    __name__: str  # and the wrapped function's other attributes: functools.update_wrapper copies them
+
     def __init__(
         self,
         fn: Callable[..., object],

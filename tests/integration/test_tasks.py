@@ -59,7 +59,9 @@ def serve(w: Worker, until: Callable[[], bool], what: str) -> None:
 
 def dead_reason(queue: Queue, job: str) -> int:
     (obj,) = [o for o in queue.inspect_detailed(job) if o.state == "dead"]
-    return int(obj.details["reason"])
+    reason = obj.details["reason"]
+    assert isinstance(reason, int), obj.details
+    return reason
 
 
 def promote_now(queue: Queue) -> None:
@@ -113,7 +115,9 @@ def test_the_backoff_is_the_policy_given(queue: Queue, queue_path: str) -> None:
     serve(w, lambda: w.stats.retried == 1, "the retry")
     (obj,) = queue.inspect_detailed(job)
     assert obj.state == "delayed"
-    assert obj.details["not_before_ns"] - queue.wall_floor_ns() > 1800 * 10**9  # the upper half of an hour
+    not_before = obj.details["not_before_ns"]
+    assert isinstance(not_before, int), obj.details
+    assert not_before - queue.wall_floor_ns() > 1800 * 10**9  # the upper half of an hour
 
 
 def test_bury_dead_letters_with_the_application_reason(queue: Queue, queue_path: str) -> None:
