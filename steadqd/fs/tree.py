@@ -115,14 +115,13 @@ class Witness:
     def matches(self, st: os.stat_result) -> bool:
         return st.st_dev == self.dev and st.st_ino == self.ino
 
+    def names_single_file(self, st: os.stat_result) -> bool:
+        """``matches(st) and is_single_regular(st)``, written out in one frame: each witnessed move asks it twice."""
+        return st.st_dev == self.dev and st.st_ino == self.ino and stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
 
 def is_single_regular(st: os.stat_result) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
-
-
-def _is_verified_file(st: os.stat_result, witness: Witness) -> bool:
-    """``witness.matches(st) and is_single_regular(st)`` in one frame: each witnessed move asks it twice."""
-    return st.st_dev == witness.dev and st.st_ino == witness.ino and stat.S_ISREG(st.st_mode) and st.st_nlink == 1
 
 
 class Tree:
@@ -377,7 +376,7 @@ class Tree:
             if e.errno == errno.ENOENT:
                 raise SourceMissing(src_name) from e
             raise MoveFailed(e.errno, "stat source") from e
-        if not _is_verified_file(st, witness):
+        if not witness.names_single_file(st):
             raise SourceChanged(f"{src_name} no longer names the verified file")
         self._rename(src_fd, src_name, dst_fd, dst_name, witness)
         dst_st: os.stat_result | None
@@ -391,7 +390,7 @@ class Tree:
             if e.errno != errno.ENOENT or not _absent(src_fd, src_name):
                 raise Indeterminate("linearized", f"stat destination: {e.strerror}") from e
             dst_st = None
-        if dst_st is not None and not _is_verified_file(dst_st, witness):
+        if dst_st is not None and not witness.names_single_file(dst_st):
             raise Indeterminate("linearized", "destination does not name the moved file")
         if after is not None:
             try:

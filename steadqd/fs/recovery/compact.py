@@ -22,7 +22,7 @@ from steadqd.fs.recovery.objects import locked_receipt
 from steadqd.fs.recovery.state import Pass
 from steadqd.fs.recovery.temp import delete_temp
 from steadqd.fs.recovery.walk import NOT_BUCKET, Level, leaf_name, shard_level, walk
-from steadqd.fs.tree import Witness, is_single_regular
+from steadqd.fs.tree import Witness
 
 
 def compact_receipts(p: Pass) -> None:
@@ -122,7 +122,7 @@ def _rename_over(p: Pass, dir_fd: int, rel: str, name: str, tmp: str, witness: W
             st = linux.stat_at(dir_fd, name)
         except FileNotFoundError:
             return False  # deleted meanwhile: nothing to compact
-        if not (witness.matches(st) and is_single_regular(st)):
+        if not witness.names_single_file(st):
             p.error("receipt_compact_failed", f"{rel}/{name}: destination changed")
             return False
         linux.rename_replace(dir_fd, tmp, dir_fd, name)

@@ -32,7 +32,7 @@ from steadqd.fs.receipt import verify_receipt
 from steadqd.fs.recovery.objects import locked_receipt, validate
 from steadqd.fs.recovery.state import Key, Pass
 from steadqd.fs.recovery.walk import Level, ascii_name, dirs, entries, open_dir, shard_level
-from steadqd.fs.tree import Indeterminate, MoveFailed, SourceMissing, Witness, is_single_regular
+from steadqd.fs.tree import Indeterminate, MoveFailed, SourceMissing, Witness
 
 # 0xff sorts after any bucket name, so the receipt walk's keys all come first.
 _DEAD_KEY: Key = (b"\xffdead",)
@@ -178,7 +178,7 @@ def _unlink_verified(p: Pass, dir_fd: int, rel: str, name: str, witness: Witness
     except OSError as e:
         p.error(f"{code}_failed", f"{rel}/{name}: {e.strerror}")
         return False, False
-    if not (witness.matches(st) and is_single_regular(st)):
+    if not witness.names_single_file(st):
         p.error(f"{code}_failed", f"{rel}/{name}: replaced while being verified; kept")
         return False, False
     p.op()
