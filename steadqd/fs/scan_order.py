@@ -18,8 +18,6 @@ from steadqd.fs.names import _check_bytes, _check_int, _check_shard_count
 
 __all__ = ["next_scan_round", "scan_order", "scan_params"]
 
-_U32_MASK = 0xFFFF_FFFF
-
 
 def next_scan_round(scan_round: int) -> int:
     """The per-handle scan round increments with u64 wrap-around."""
@@ -68,9 +66,9 @@ def scan_order(
 
 
 def _walk(start: int, stride: int, shard_count: int) -> Iterator[int]:
-    # (start + stride * i) mod 2^32 mod shard_count, as one mask (shard_count is a power of two
-    # <= 2^32); a strided range and map run in C, ~40% cheaper than a generator expression.
-    mask = (shard_count - 1) & _U32_MASK
+    # (start + stride * i) mod 2^32 mod shard_count is one mask, shard_count - 1: shard_count is a
+    # power of two <= 2^32. A strided range and map run in C, ~40% cheaper than a generator expression.
+    mask = shard_count - 1
     return map(mask.__and__, range(start, start + stride * shard_count, stride))
 
 
