@@ -11,6 +11,7 @@ cap, so a config file can never make the daemon do something it does not say.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import re
 import stat
@@ -31,6 +32,7 @@ from steadqd.constants import (
 )
 from steadqd.durations import parse_duration
 from steadqd.errors import ConfigError, SteadQError
+from steadqd.text import printable
 
 DEFAULT_CONFIG_DIR = "/etc/steadq/queues"
 CONFIG_DIR_ENV = "STEADQ_CONFIG_DIR"
@@ -241,11 +243,38 @@ class _Doc:
             raise self.error("expected a list")
         return [_Doc(self.path, n, f"{self.key}[{i}]") for i, n in enumerate(self.node.value)]
 
+    def written(self) -> str | None:
+        """The text of an unquoted scalar as typed (``010``, ``yes``), None for a quoted or non-scalar one."""
+        if isinstance(self.node, yaml.ScalarNode) and self.node.style is None:
+            return str(self.node.value)
+        return None
+
+    def got(self, v: object) -> str:
+        """``got …`` for an error: an unquoted value YAML read as no text is shown as typed, with the fix.
+
+        YAML 1.1 reads ``true``, ``yes``, ``off``, ``8`` and ``2024-01-31``
+        unquoted as a boolean, a number or a date, which surprises anyone who
+        meant the word (``command: [true]`` for /bin/true).
+        """
+        typed = self.written()
+        if typed is None or isinstance(v, str) or v is None:
+            return f"got {v!r}"
+        kind = (
+            "a boolean"
+            if isinstance(v, bool)
+            else "a number"
+            if isinstance(v, int | float)
+            else "a date"
+            if isinstance(v, datetime.date)
+            else "no text"
+        )
+        return f'got {printable(typed)}, which YAML reads as {kind}: write it in quotes ("{printable(typed)}")'
+
     # typed readers
     def string(self, *, allow_empty: bool = False) -> str:
         v = self.scalar()
         if not isinstance(v, str) or (not v and not allow_empty):
-            raise self.error(f"expected a non-empty string, got {v!r}")
+            raise self.error(f"expected a non-empty string, {self.got(v)}")
         if "\0" in v:
             raise self.error("must not contain NUL")
         return v
@@ -460,8 +489,9 @@ def _environment(d: _Doc) -> dict[str, str]:
             raise child.error("STEADQ_* variables are set by the worker for each job")
         v = child.scalar()
         if isinstance(v, bool) or v is None or not isinstance(v, str | int | float):
-            raise child.error(f"expected a string value, got {v!r}")
-        out[name] = str(v)
+            raise child.error(f"expected a string value, {child.got(v)}")
+        # A number is passed as typed: YAML 1.1 reads 010 as 8 and 0x1F as 31.
+        out[name] = v if isinstance(v, str) else (child.written() or str(v))
     return out
 
 

@@ -250,3 +250,55 @@ def test_bad_durations(text):
 
 def test_format_duration():
     assert [format_duration(x) for x in (5, 200, 7500, 273600)] == ["5s", "3m20s", "2h5m", "3d4h"]
+
+
+def test_environment_numbers_reach_the_job_as_written():
+    """YAML 1.1 reads 010 as 8 and 0x1F as 31: an unquoted number must not change on its way to the job."""
+    s = parse(
+        """\
+        queue: /q/a
+        worker:
+          command: [a]
+          environment:
+            ZERO_PADDED: 010
+            HEX: 0x1F
+            GROUPED: 1_000
+            DECIMAL: 1.50
+            SCIENTIFIC: 6.0e3
+            PLAIN: 8
+            NEGATIVE: -3
+            QUOTED: "010"
+        """
+    )
+    assert s.worker is not None
+    assert s.worker.environment == {
+        "ZERO_PADDED": "010",
+        "HEX": "0x1F",
+        "GROUPED": "1_000",
+        "DECIMAL": "1.50",
+        "SCIENTIFIC": "6.0e3",
+        "PLAIN": "8",
+        "NEGATIVE": "-3",
+        "QUOTED": "010",
+    }
+
+
+@pytest.mark.parametrize(
+    "written,kind",
+    [("true", "a boolean"), ("yes", "a boolean"), ("off", "a boolean"), ("8", "a number"), ("2024-01-31", "a date")],
+)
+def test_an_unquoted_value_yaml_reads_as_no_text_is_named_as_written_with_the_fix(written, kind):
+    """`command: [true]` meaning /bin/true: the error shows what was typed and says to quote it."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"queue: /q/a\nworker:\n  command: [{written}]\n", path="/etc/q.yaml", name="q")
+    message = str(info.value)
+    assert message.startswith("/etc/q.yaml:3: worker.command[0]: expected a non-empty string")
+    assert f"got {written}, which YAML reads as {kind}" in message
+    assert f'write it in quotes ("{written}")' in message
+
+
+def test_an_unquoted_boolean_in_the_environment_is_named_as_written_with_the_fix():
+    with pytest.raises(ConfigError) as info:
+        parse("queue: /q/a\nworker:\n  command: [a]\n  environment:\n    VERBOSE: on\n")
+    assert 'got on, which YAML reads as a boolean: write it in quotes ("on")' in str(info.value)
+    assert str(info.value).startswith("/etc/steadq/queues/render.yaml:5: worker.environment.VERBOSE: ")
