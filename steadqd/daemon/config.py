@@ -321,6 +321,7 @@ class _Doc:
 
 
 _TOO_DEEP = f"YAML nesting deeper than {MAX_CONFIG_DEPTH} levels"
+_QUOTE_STAR = 'a value that starts with * or & must be in quotes, for example pattern: "*.mkv"'
 
 
 def _check_events(text: str, path: str) -> None:
@@ -337,7 +338,7 @@ def _check_events(text: str, path: str) -> None:
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            raise ConfigError("YAML anchors and aliases are not allowed", path=path, line=line)
+            raise ConfigError(f"YAML anchors and aliases are not allowed ({_QUOTE_STAR})", path=path, line=line)
         tag = getattr(event, "tag", None)
         implicit = getattr(event, "implicit", True)
         explicit = tag is not None and not (implicit is True or (isinstance(implicit, tuple) and any(implicit)))
@@ -404,7 +405,9 @@ def _compose(text: str, path: str) -> yaml.Node:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else None
-        raise ConfigError(f"not valid YAML: {e.problem or e}", path=path, line=line) from None
+        # A glob (pattern: *.mkv) is alias syntax to YAML, and the scanner's own words do not say so.
+        hint = f" ({_QUOTE_STAR})" if e.context in ("while scanning an alias", "while scanning an anchor") else ""
+        raise ConfigError(f"not valid YAML: {e.problem or e}{hint}", path=path, line=line) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"not valid YAML: {e}", path=path) from None
     if node is None:

@@ -302,3 +302,13 @@ def test_an_unquoted_boolean_in_the_environment_is_named_as_written_with_the_fix
         parse("queue: /q/a\nworker:\n  command: [a]\n  environment:\n    VERBOSE: on\n")
     assert 'got on, which YAML reads as a boolean: write it in quotes ("on")' in str(info.value)
     assert str(info.value).startswith("/etc/steadq/queues/render.yaml:5: worker.environment.VERBOSE: ")
+
+
+@pytest.mark.parametrize("value", ["*.mkv", "*mkv", "&later"])
+def test_an_unquoted_glob_or_ampersand_says_to_quote_it(value):
+    """`pattern: *.mkv` is YAML alias syntax: the error must say what to do, not only what the scanner saw."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"queue: /q/a\ninbox:\n  path: /srv/in\n  pattern: {value}\n", path="/etc/q.yaml", name="q")
+    message = str(info.value)
+    assert message.startswith("/etc/q.yaml:4: ")
+    assert 'a value that starts with * or & must be in quotes, for example pattern: "*.mkv"' in message
