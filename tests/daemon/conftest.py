@@ -157,6 +157,16 @@ def wait_for(pred: Callable[[], Any], timeout: float = DEADLINE, what: str = "co
         time.sleep(every)
 
 
+def payload_copies_removed(env: Env) -> None:
+    """Wait until every per-job payload copy is gone.
+
+    The settling thread removes a job's copy after it has reported the
+    verdict (steadqd/daemon/settler.py), so a settled tree and a "finished"
+    line can come before the removal.
+    """
+    wait_for(lambda: not any(env.jobtmp.iterdir()), what=f"every payload copy under {env.jobtmp} to be removed")
+
+
 class Daemon:
     """A ``steadqd <role> <queue>`` subprocess with its stderr captured to a file."""
 

@@ -26,7 +26,15 @@ from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.environment import build_environment, meta_env_name, meta_env_value
 from steadqd.daemon.worker import SAFETY_RESCAN
 from steadqd.fs.ready_watch import is_ready_name
-from tests.daemon.conftest import DEADLINE, Env, job_spec, kill_group, live_group_members, wait_for
+from tests.daemon.conftest import (
+    DEADLINE,
+    Env,
+    job_spec,
+    kill_group,
+    live_group_members,
+    payload_copies_removed,
+    wait_for,
+)
 from tests.invariants import check_tree, live_tree
 
 FAST_RETRY = {"backoff_base": "1ms", "backoff_max": "10ms", "jitter": False}
@@ -129,7 +137,7 @@ def test_exit_statuses_settle_jobs_and_output_reaches_the_log(denv: Env, daemons
     assert tree.objects[rejected].name.reason == 300  # bury_reason from the config
     assert tree.objects[exhausted].name.reason == 4  # attempts exhausted
     assert not tree.ready and not tree.leased and not tree.delayed
-    assert not list(denv.jobtmp.iterdir())  # every per-job payload directory was removed
+    payload_copies_removed(denv)
     assert denv.results_of(flaky)[2]["env"]["STEADQ_ATTEMPT"] == "2"
     assert (
         denv.results_of(ok)[1]["payload"]
@@ -155,7 +163,7 @@ def test_exit_statuses_settle_jobs_and_output_reaches_the_log(denv: Env, daemons
 def test_environment_metadata_and_payload_file_are_data(denv: Env, daemons, tmp_path: Path) -> None:
     pwned = tmp_path / "pwned"
     denv.write_config(input="file", environment={"GREETING": "hello world"}, pass_environment=["PATH", "LANG"])
-    meta = {
+    meta: dict[str, bool | int | str | bytes] = {
         "evil": f"$(touch {pwned}); `touch {pwned}`",
         "quote": 'it\'s "quoted" \\',
         "multi.line": "first\nsecond",
@@ -216,7 +224,9 @@ def test_idle_worker_is_woken_by_inotify_not_by_polling(denv: Env, daemons) -> N
 
     def switches() -> int:
         status = Path(f"/proc/{d.pid}/status").read_text()
-        return int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))
+        found = re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M)
+        assert found is not None, status
+        return int(found.group(1))
 
     def wakeups_in_5s() -> int:
         before = switches()
