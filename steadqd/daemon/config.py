@@ -259,16 +259,16 @@ class _Doc:
         typed = self.written()
         if typed is None or isinstance(v, str) or v is None:
             return f"got {v!r}"
-        kind = (
-            "a boolean"
-            if isinstance(v, bool)
-            else "a number"
-            if isinstance(v, int | float)
-            else "a date"
-            if isinstance(v, datetime.date)
-            else "no text"
-        )
-        return f'got {printable(typed)}, which YAML reads as {kind}: write it in quotes ("{printable(typed)}")'
+        if isinstance(v, bool):  # before the number test: a bool is an int
+            kind = "a boolean"
+        elif isinstance(v, int | float):
+            kind = "a number"
+        elif isinstance(v, datetime.date):
+            kind = "a date"
+        else:
+            kind = "no text"
+        shown = printable(typed)
+        return f'got {shown}, which YAML reads as {kind}: write it in quotes ("{shown}")'
 
     # typed readers
     def string(self, *, allow_empty: bool = False) -> str:
