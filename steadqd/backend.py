@@ -4,8 +4,8 @@ The daemons (``steadqd.daemon``), the command line (``steadqd.cli``) and the
 demo never import a backend package; they open a queue here and talk to it
 through the protocols below. That keeps the exit policy, the renewal schedule,
 the journal story and every command written once, whichever store holds the
-jobs: SteadQ/1 on a local filesystem (``steadqd.fs``) today, StowQ/1 on an
-object store behind the same seam next. ``lint-imports`` (pyproject.toml)
+jobs: SteadQ/1 on a local filesystem (``steadqd.fs``) or StowQ/1 on an object
+store (``steadqd.s3``), behind the same seam. ``lint-imports`` (pyproject.toml)
 fails the build when a program imports a backend directly.
 
 The protocols are structural (``typing.Protocol``): a backend implements them

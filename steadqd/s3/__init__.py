@@ -1,4 +1,4 @@
-"""StowQ/1: the same job queue on an S3-compatible object store (issue 19).
+"""StowQ/1: the same job queue on an S3-compatible object store.
 
 A queue is a key prefix in a bucket. A job is an immutable object whose key
 carries its identity; taking it is creating the next numbered claim object
@@ -8,7 +8,7 @@ conditional creates too, and the only overwrite is the watermark (CAS with
 ``If-Match``). Time is the store's: every deadline is measured against
 timestamps the store assigned, never a worker's clock. The format is the
 reference's StowQ/1, byte for byte, so a queue written by either is usable
-by the other; ``docs/stowq.md`` says what works today.
+by the other; ``docs/stowq.md`` says what works today and ``docs/stowq-format.md`` the bytes.
 
 Module map, lowest layer first (``lint-imports`` holds the format modules
 apart from the store layer, and this package apart from ``steadqd.fs``):

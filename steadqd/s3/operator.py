@@ -198,7 +198,7 @@ class BucketBackend(BucketQueue):
     def sync(self) -> None:
         """Nothing is buffered: every create is durable when the store answers it."""
 
-    # -- refused until their step of issue 19 lands ------------------------------------
+    # -- recovery, and the watches a bucket does (or does not) need ---------------------
 
     def recover(
         self, budget_ops: int = 1000, budget_ms: int = 100, *, phases: tuple[str, ...] | None = None
