@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from steadqd import Queue
+from tests.fabricate import plant_in_dead
 from tests.invariants import check_tree
 from tests.spec_oracle import State  # check_tree keys its states by the oracle's own enum
 
@@ -132,6 +133,29 @@ def test_purge_dead_and_quarantine_by_age_and_reason(qpath: str) -> None:
     r = steadq("admin", "purge", qpath, "quarantine")
     assert r.code == 0 and r.err_lines == ["removed: 2 of 2 quarantined objects selected"], r
     assert json.loads(steadq("admin", "quarantine-list", qpath, "--json").out) == []
+
+
+def test_stats_ls_requeue_and_purge_agree_on_what_a_dead_job_is(qpath: str) -> None:
+    """Issue 30: with a symlink, a FIFO, a garbage name and a wrongly tagged name planted beside one dead job,
+    ``stats`` said 5 dead jobs while purge and requeue selected 1. Every view now says 1, and stats shows the
+    four others as strays; purging removes the job and leaves the strays for fsck."""
+    (job,) = _bury_many(qpath, [1])
+    with Queue.open(qpath) as q:
+        (dead,) = q.list_dead()
+        planted = plant_in_dead(q, dead.path)
+    doc = json.loads(steadq("stats", qpath, "--json").out)
+    assert (doc["dead"]["objects"], doc["stray"]["objects"]) == (1, 4)
+    assert "steadq_dead_objects 1" in steadq("stats", qpath, "--prometheus").out.splitlines()
+    assert [e["job_id"] for e in json.loads(steadq("ls", qpath, "dead", "--json").out)] == [job]
+    for args in (("requeue", qpath, "--all"), ("purge", qpath, "dead")):
+        r = steadq("admin", *args, "--dry-run")
+        assert r.code == 0 and [line.split()[2] for line in r.out.splitlines()] == [job], r
+        assert "1 of 1 dead jobs selected" in r.err
+    r = steadq("admin", "purge", qpath, "dead")
+    assert r.code == 0 and r.out.split()[1] == job, r
+    assert all(os.path.lexists(os.path.join(qpath, rel)) for rel in planted.values())
+    doc = json.loads(steadq("stats", qpath, "--json").out)
+    assert (doc["dead"]["objects"], doc["stray"]["objects"]) == (0, 4)
 
 
 _SUMMARY = re.compile(r"(requeued|removed): (\d+) of (\d+) dead jobs selected")
