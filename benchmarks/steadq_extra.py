@@ -212,7 +212,8 @@ def scaling_point(root: str, n: int, leases: int) -> dict[str, Any]:
         finally:
             q.close()
         t = time.perf_counter()
-        s = insp.stats(path)
+        with Queue.open(path) as opened:
+            s = insp.stats(opened._ctx)  # noqa: SLF001
         out["stats_inprocess_s"] = round(time.perf_counter() - t, 4)
         steadq = os.path.join(os.path.dirname(sys.executable), "steadq")
         argv = (

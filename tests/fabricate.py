@@ -50,3 +50,36 @@ def write_ready_jobs(q: Queue, n: int, payload: bytes = b"template payload") -> 
     finally:
         for fd in dir_fds.values():
             os.close(fd)
+
+
+def plant_in_dead(q: Queue, dead_rel: str) -> dict[str, str]:
+    """Plant, beside the dead job at ``dead_rel``, what a group member can put in ``dead/`` that is not a dead job.
+
+    Each with a name the queue would accept if it were a file: a symlink and a FIFO bearing other jobs'
+    authentic dead names (tagged for this bucket and shard), a file with a garbage name, and a file whose
+    dead name carries a wrong tag. Returns {what: relative path}; none of them is a dead job.
+    """
+    rel, _, _ = dead_rel.rpartition("/")
+    _, bucket_text, shard_text = rel.split("/")
+    bucket, shard = int(bucket_text, 16), int(shard_text, 16)
+    fmt = q.format
+
+    def dead_file_name() -> str:
+        for _ in range(10_000):  # a job of this shard: 1 in shard_count random ids
+            job = os.urandom(16)
+            if names.shard_of(fmt.queue_id, job, q.shard_count) == shard:
+                jn = names.dead_name(job, 1, 1, 3, reason=1)
+                return names.make_filename(fmt.queue_id, jn, shard=shard, bucket=bucket,
+                                           lease_width_ns=fmt.lease_width_ns)  # fmt: skip
+        raise AssertionError("no job id of this shard in 10,000 tries")
+
+    planted = {"symlink": f"{rel}/{dead_file_name()}", "fifo": f"{rel}/{dead_file_name()}",
+               "garbage": f"{rel}/not-a-job.txt"}  # fmt: skip
+    os.symlink("/etc/passwd", os.path.join(q.path, planted["symlink"]))
+    os.mkfifo(os.path.join(q.path, planted["fifo"]))
+    Path(q.path, planted["garbage"]).write_bytes(b"garbage")
+    bad_tag = dead_file_name()
+    tag = bad_tag.rsplit(".k", 1)[1][:16]
+    planted["bad tag"] = f"{rel}/{bad_tag.replace('.k' + tag, '.k' + ('0' if tag[0] != '0' else '1') + tag[1:])}"
+    Path(q.path, planted["bad tag"]).write_bytes(Path(q.path, dead_rel).read_bytes())
+    return planted

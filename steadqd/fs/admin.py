@@ -46,7 +46,7 @@ from steadqd.fs import linux
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import EnqueueTicket
 from steadqd.fs.names import (
-    authenticate,
+    dead_job,
     make_filename,
     next_generation,
     parse_bucket_dir,
@@ -177,20 +177,41 @@ def _close(fd: int) -> None:
         linux.close(fd)
 
 
-def _dead_in(ctx: Context, bucket: int, shard: int, rel: str, raw: bytes) -> DeadJob | None:
-    """A DeadJob if ``raw`` parses as a dead name that authenticates in ``rel``."""
+def _dead_in(ctx: Context, bucket: int, shard: int, rel: str, prefix: bytes = b"") -> Iterator[DeadJob]:
+    """The dead jobs (:func:`names.dead_job`) of ``dead/<bucket>/<shard>/`` = ``rel`` whose names start with ``prefix``.
+
+    Each candidate is lstat'ed: a symlink or a FIFO bearing a job's name is
+    not a dead job, so no admin command selects it (fsck reports it).
+    """
     fmt = ctx.fmt
     try:
-        name = parse_name(State.DEAD, raw)
-    except CorruptObject:
-        return None
-    if shard_of(fmt.queue_id, name.job_id, fmt.shard_count) != shard:
-        return None
-    if not authenticate(fmt.queue_id, name, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns):
-        return None
-    assert name.reason is not None
-    return DeadJob(name.job_hex, name.generation, name.attempt, name.max_attempts, name.reason,
-                   f"{rel}/{raw.decode('ascii')}")  # fmt: skip
+        dir_fd = linux.open_beneath(ctx.root_fd, rel, _DIR_FLAGS)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return
+        raise _io(e, f"open {rel}") from e
+    try:
+        try:
+            entries = linux.list_dir(dir_fd)
+        except OSError as e:
+            raise _io(e, f"list {rel}") from e
+        for raw in entries:
+            if not raw.startswith(prefix):
+                continue
+            try:
+                mode = linux.stat_at(dir_fd, raw).st_mode
+            except FileNotFoundError:
+                continue  # moved on since it was listed
+            except OSError as e:
+                raise _io(e, f"stat {rel}") from e
+            name = dead_job(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, bucket, shard, raw, mode)
+            if name is None:
+                continue
+            assert name.reason is not None
+            yield DeadJob(name.job_hex, name.generation, name.attempt, name.max_attempts, name.reason,
+                          f"{rel}/{raw.decode('ascii')}")  # fmt: skip
+    finally:
+        _close(dir_fd)
 
 
 def _buckets(ctx: Context) -> list[tuple[int, str]]:
@@ -219,11 +240,7 @@ def list_dead(ctx: Context) -> Iterator[DeadJob]:
             shard = parse_shard_dir(sraw, ctx.fmt.shard_count)
             if shard is None:
                 continue
-            rel = f"{DEAD_DIR}/{bname}/{shard_dir(shard)}"
-            for raw in _list(ctx.root_fd, rel) or []:
-                job = _dead_in(ctx, bucket, shard, rel, raw)
-                if job is not None:
-                    yield job
+            yield from _dead_in(ctx, bucket, shard, f"{DEAD_DIR}/{bname}/{shard_dir(shard)}")
 
 
 def list_dead_files(queue_root: str) -> list[DeadFile] | None:
@@ -313,12 +330,8 @@ def find_dead(ctx: Context, job_id: str) -> DeadJob | None:
     shard = shard_of(ctx.fmt.queue_id, job, ctx.fmt.shard_count)
     prefix = job_id.encode("ascii") + b"."
     for bucket, bname in _buckets(ctx):
-        rel = f"{DEAD_DIR}/{bname}/{shard_dir(shard)}"
-        for raw in _list(ctx.root_fd, rel) or []:
-            if raw.startswith(prefix):
-                found = _dead_in(ctx, bucket, shard, rel, raw)
-                if found is not None:
-                    return found
+        for found in _dead_in(ctx, bucket, shard, f"{DEAD_DIR}/{bname}/{shard_dir(shard)}", prefix):
+            return found
     return None
 
 

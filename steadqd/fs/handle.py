@@ -617,14 +617,14 @@ class Queue:
         return detailed_stats(self._ctx)
 
     def entry_stats(self) -> dict[str, StateStats]:
-        """Entries per state directory, whatever their names: the reference CLI's ``stats``."""
+        """Jobs per state directory in the reference CLI's shape (``steadq stats``), and the strays beside them."""
         self._check_open()
-        return stats(self.path)
+        return stats(self._ctx)
 
     def list_jobs(self, states: Collection[str]) -> Iterator[JobEntry]:
         """Every job object in ``states`` (state words), streamed, by name only (``steadq ls``)."""
         self._check_open()
-        return list_jobs(self.path, states)
+        return list_jobs(self._ctx, states)
 
     def fsck(self, deep: bool = False, repair: bool = False) -> FsckResult:
         """Check every object (recovery.md "fsck"); ``repair`` quarantines the bad ones."""

@@ -3,16 +3,19 @@
 
 Spec: ``cli.md`` (``stats``, ``inspect``), ``open-questions.md`` item 17.
 ``fsck`` (steadqd.fs.fsck) is the verifier; nothing here authenticates more
-than ``inspect`` needs, and nothing here writes.
+than ``inspect`` and the one definition of a dead job
+(:func:`steadqd.fs.names.dead_job`) need, and nothing here writes.
 
-Two flavours of ``stats`` exist on purpose:
+Two flavours of ``stats`` exist on purpose, both counting a state's jobs by
+the rule its listing uses, and anything else under a state directory as a
+``stray`` (issue 30: stats once counted a planted FIFO in dead/ as a dead job
+that no admin command would select):
 
-* :func:`stats` reproduces the reference CLI byte for byte (every
-  non-directory entry counts, colocated leases count as *ready*, *leased* is
-  only the legacy tree) so dashboards built for the reference keep working;
-* :func:`detailed_stats` is what an operator actually wants: objects are
-  classified by their parsed *name*, so colocated leases are *leased*, stray
-  files are not jobs, and temporaries get their own ``tmp`` line.
+* :func:`stats` keeps the reference CLI's shape (colocated leases count as
+  *ready*, *leased* is only the legacy tree) so dashboards built for the
+  reference keep working;
+* :func:`detailed_stats` is what an operator actually wants: colocated
+  leases are *leased*, and temporaries get their own ``tmp`` line.
 
 Both stream the tree with ``os.scandir`` (one directory iterator per level,
 never a list of names), so memory stays flat for millions of jobs.
@@ -24,6 +27,7 @@ import errno
 import functools
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
@@ -50,6 +54,7 @@ from steadqd.fs.names import (
     JobName,
     authenticate,
     boot_dashed,
+    dead_job,
     is_compact_temp_name,
     lease_bucket,
     parse_bucket_dir,
@@ -57,6 +62,7 @@ from steadqd.fs.names import (
     parse_name,
     parse_quarantine_name,
     parse_ready_dir_entry,
+    parse_shard_dir,
     shard_dir,
     shard_of,
 )
@@ -68,6 +74,7 @@ from steadqd.view_records import CLASSIFIED_STATES, JobEntry, JobFile, StateStat
 __all__ = [
     "STATS_STATES",
     "DETAILED_STATS_STATES",
+    "STRAY",
     "StateStats",
     "stats",
     "detailed_stats",
@@ -87,12 +94,15 @@ __all__ = [
 # The reference's state directories, in its walk order (output is sorted by name).
 STATS_STATES = (READY_DIR, LEASED_DIR, DELAYED_DIR, RECEIPTS_DIR, DEAD_DIR, QUARANTINE_DIR)
 DETAILED_STATS_STATES = CLASSIFIED_STATES
+# What stats counts an entry of a state directory that is no job (nor temp) of its place under.
+STRAY = "stray"
 
 
-def _stream_files(top: str) -> Iterator[tuple[int, os.DirEntry[str]]]:
-    """Yield ``(depth, entry)`` for every non-directory entry below ``top``.
+def _stream_files(top: str) -> Iterator[tuple[tuple[str, ...], os.DirEntry[str]]]:
+    """Yield ``(dirs, entry)`` for every non-directory entry below ``top``.
 
-    Depth 1 is a direct child of ``top``. One ``os.scandir`` iterator per
+    ``dirs`` names the directories between ``top`` and the entry (empty for a
+    direct child of ``top``). One ``os.scandir`` iterator per
     open level, nothing else is retained, so memory does not grow with the
     number of entries. Symlinks are entries, never followed: every level,
     ``top`` included, is opened with O_NOFOLLOW relative to its parent's fd,
@@ -104,15 +114,15 @@ def _stream_files(top: str) -> Iterator[tuple[int, os.DirEntry[str]]]:
     """
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     top_fd = os.open(top, flags)
-    stack: list[tuple[int, int, Iterator[os.DirEntry[str]]]] = []
+    stack: list[tuple[tuple[str, ...], int, Iterator[os.DirEntry[str]]]] = []
     try:
-        stack.append((1, top_fd, os.scandir(top_fd)))
+        stack.append(((), top_fd, os.scandir(top_fd)))
     except BaseException:
         os.close(top_fd)
         raise
     try:
         while stack:
-            depth, dir_fd, it = stack[-1]
+            dirs, dir_fd, it = stack[-1]
             entry = next(it, None)
             if entry is None:
                 it.close()  # type: ignore[attr-defined]
@@ -124,7 +134,7 @@ def _stream_files(top: str) -> Iterator[tuple[int, os.DirEntry[str]]]:
             except FileNotFoundError:
                 continue
             if not is_dir:
-                yield depth, entry
+                yield dirs, entry
                 continue
             try:
                 child = os.open(entry.name, flags, dir_fd=dir_fd)
@@ -135,7 +145,7 @@ def _stream_files(top: str) -> Iterator[tuple[int, os.DirEntry[str]]]:
                     continue
                 raise
             try:
-                stack.append((depth + 1, child, os.scandir(child)))
+                stack.append(((*dirs, entry.name), child, os.scandir(child)))
             except BaseException:
                 os.close(child)
                 raise
@@ -151,30 +161,6 @@ def _mtime_ns(entry: os.DirEntry[str]) -> int | None:
         return entry.stat(follow_symlinks=False).st_mtime_ns
     except FileNotFoundError:
         return None
-
-
-def stats(queue_root: str, *, now_ns: int | None = None) -> dict[str, StateStats]:
-    """Per-state counts with the reference CLI's exact semantics (cli.md "stats").
-
-    Keys are the state directories that exist among ready, leased, delayed,
-    receipts, dead, quarantine. Every non-directory entry below each one
-    counts, whatever its name (open-questions 17): colocated leases count as
-    *ready*, *leased* is the legacy tree only, stray temps count too. Use
-    :func:`detailed_stats` for a classification by name.
-    """
-    now = time.time_ns() if now_ns is None else now_ns
-    out: dict[str, StateStats] = {}
-    for state in STATS_STATES:
-        top = os.path.join(os.fspath(queue_root), state)
-        if not os.path.isdir(top) or os.path.islink(top):  # a symlinked state dir is never followed
-            continue
-        tally = StateTally()
-        for _, entry in _stream_files(top):
-            mtime = _mtime_ns(entry)
-            if mtime is not None:
-                tally.add(mtime)
-        out[state] = tally.result(now)
-    return out
 
 
 # The names.md grammars as regular expressions: stats only needs "does this
@@ -197,33 +183,109 @@ NAME_PATTERNS: dict[State, re.Pattern[str]] = {
 }
 
 
-def _classify_ready(depth: int, name: str) -> str | None:
-    if depth != 2:
+_Classify = Callable[[tuple[str, ...], os.DirEntry[str]], str | None]
+
+
+def _regular(entry: os.DirEntry[str]) -> bool:
+    """A job object is a regular file: a symlink or a FIFO wearing a job's name is a stray (never followed)."""
+    try:
+        return entry.is_file(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def _classify_ready(dirs: tuple[str, ...], entry: os.DirEntry[str]) -> str | None:
+    if len(dirs) != 1 or not _regular(entry):
         return None
-    if NAME_PATTERNS[State.READY].fullmatch(name):
+    if NAME_PATTERNS[State.READY].fullmatch(entry.name):
         return "ready"
-    if NAME_PATTERNS[State.LEASED].fullmatch(name):
+    if NAME_PATTERNS[State.LEASED].fullmatch(entry.name):
         return "leased"
     return None
 
 
-def _classifier(state: State, key: str, depth: int) -> Callable[[int, str], str | None]:
+def _classifier(state: State, key: str, depth: int) -> _Classify:
     pattern = NAME_PATTERNS[state]
 
-    def classify(d: int, name: str) -> str | None:
-        if d != depth:
+    def classify(dirs: tuple[str, ...], entry: os.DirEntry[str]) -> str | None:
+        if len(dirs) != depth - 1:
             return None
-        if pattern.fullmatch(name):
+        if pattern.fullmatch(entry.name) and _regular(entry):
             return key
-        if state is State.RECEIPT and is_compact_temp_name(name):
+        if state is State.RECEIPT and is_compact_temp_name(entry.name):
             return "tmp"
         return None
 
     return classify
 
 
-def _classify_quarantine(depth: int, name: str) -> str | None:
-    return "quarantine" if depth == 1 and parse_quarantine_name(name) is not None else None
+def _dead_classifier(ctx: Context) -> _Classify:
+    """``dead`` for exactly what the admin commands select (:func:`names.dead_job`), else None."""
+    fmt = ctx.fmt
+
+    def classify(dirs: tuple[str, ...], entry: os.DirEntry[str]) -> str | None:
+        if len(dirs) != 2 or not NAME_PATTERNS[State.DEAD].fullmatch(entry.name):
+            return None  # the cheap test first: most strays fail it
+        bucket, shard = parse_bucket_dir(dirs[0]), parse_shard_dir(dirs[1], fmt.shard_count)
+        if bucket is None or shard is None:
+            return None
+        try:
+            mode = entry.stat(follow_symlinks=False).st_mode
+        except OSError:
+            return None
+        found = dead_job(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, bucket, shard, entry.name, mode)
+        return None if found is None else "dead"
+
+    return classify
+
+
+def _classify_quarantine(_dirs: tuple[str, ...], entry: os.DirEntry[str]) -> str | None:
+    return "quarantine" if parse_quarantine_name(entry.name) is not None else None
+
+
+def _tally(ctx: Context, walks: list[tuple[str, _Classify]], keys: Collection[str], now_ns: int | None,
+           merge: dict[str, str] | None = None) -> dict[str, StateStats]:  # fmt: skip
+    """Walk each top directory that exists (a symlinked one is never followed; each gets a key of its name) and
+    count each entry under the key ``classify`` names, renamed by ``merge``; one it names nothing is a ``stray``,
+    a key present only when there is one."""
+    now = time.time_ns() if now_ns is None else now_ns
+    tallies = {k: StateTally() for k in keys}
+    merge = merge or {}
+    for top, classify in walks:
+        path = os.path.join(ctx.path, top)
+        if not os.path.isdir(path) or os.path.islink(path):
+            continue
+        tallies.setdefault(top, StateTally())
+        for dirs, entry in _stream_files(path):
+            key = classify(dirs, entry)
+            key = STRAY if key is None else merge.get(key, key)
+            mtime = _mtime_ns(entry)
+            if mtime is not None:
+                tallies.setdefault(key, StateTally()).add(mtime)
+    return {k: t.result(now) for k, t in tallies.items()}
+
+
+def stats(ctx: Context, *, now_ns: int | None = None) -> dict[str, StateStats]:
+    """Per-state counts in the reference CLI's shape (cli.md "stats"): ``steadq stats``.
+
+    Keys are the state directories that exist among ready, leased, delayed,
+    receipts, dead, quarantine, and ``stray`` when there is any. Colocated
+    leases count as *ready* and *leased* is the legacy tree only, as in the
+    reference. Unlike the reference (open-questions 17), a state counts only
+    its jobs, by the rule its listing uses (``ls``; for dead,
+    :func:`names.dead_job`, what requeue and purge select): a symlink, a FIFO,
+    a stray temp or a name that does not parse there is a ``stray``, which
+    ``fsck`` names one by one (issue 30).
+    """
+    walks: list[tuple[str, _Classify]] = [
+        (READY_DIR, _classify_ready),  # "leased" here is a colocated lease: the reference counts it as ready
+        (LEASED_DIR, _classifier(State.LEASED, "legacy", 4)),
+        (DELAYED_DIR, _classifier(State.DELAYED, "delayed", 3)),
+        (RECEIPTS_DIR, _classifier(State.RECEIPT, "receipts", 3)),
+        (DEAD_DIR, _dead_classifier(ctx)),
+        (QUARANTINE_DIR, _classify_quarantine),
+    ]
+    return _tally(ctx, walks, (), now_ns, {"leased": "ready", "legacy": "leased", "tmp": STRAY})
 
 
 def detailed_stats(ctx: Context, *, now_ns: int | None = None) -> dict[str, StateStats]:
@@ -231,34 +293,22 @@ def detailed_stats(ctx: Context, *, now_ns: int | None = None) -> dict[str, Stat
 
     Keys (always all present): ready, leased (colocated in ``ready/<S>/``
     **and** legacy ``leased/``), delayed, dead, receipts, quarantine, tmp
-    (publication temps under ``tmp/`` plus stale receipt-compaction temps).
-    Entries whose names do not parse for their place are not counted here;
-    ``fsck`` reports them. Ages use mtime like :func:`stats` (cheap: no file
-    is opened); a rename keeps mtime, so a job's age is its publication age.
+    (publication temps under ``tmp/`` plus stale receipt-compaction temps),
+    stray (entries of the state directories that are no object of theirs:
+    the same rule as :func:`stats`; ``fsck`` names them). Ages use mtime like
+    :func:`stats` (cheap: no file is opened); a rename keeps mtime, so a
+    job's age is its publication age.
     """
-    now = time.time_ns() if now_ns is None else now_ns
-    tallies = {k: StateTally() for k in DETAILED_STATS_STATES}
-    walks: list[tuple[str, Callable[[int, str], str | None]]] = [
+    walks: list[tuple[str, _Classify]] = [
         (READY_DIR, _classify_ready),
         (LEASED_DIR, _classifier(State.LEASED, "leased", 4)),
         (DELAYED_DIR, _classifier(State.DELAYED, "delayed", 3)),
-        (DEAD_DIR, _classifier(State.DEAD, "dead", 3)),
+        (DEAD_DIR, _dead_classifier(ctx)),
         (RECEIPTS_DIR, _classifier(State.RECEIPT, "receipts", 3)),
         (QUARANTINE_DIR, _classify_quarantine),
-        (TMP_DIR, lambda _d, _n: "tmp"),
+        (TMP_DIR, lambda _d, _e: "tmp"),
     ]
-    for top, classify in walks:
-        path = os.path.join(ctx.path, top)
-        if not os.path.isdir(path) or os.path.islink(path):  # a symlinked state dir is never followed
-            continue
-        for depth, entry in _stream_files(path):
-            key = classify(depth, entry.name)
-            if key is None:
-                continue
-            mtime = _mtime_ns(entry)
-            if mtime is not None:
-                tallies[key].add(mtime)
-    return {k: t.result(now) for k, t in tallies.items()}
+    return _tally(ctx, walks, DETAILED_STATS_STATES, now_ns)
 
 
 # =========================================================================== inspect
@@ -417,53 +467,78 @@ def _verified_receipt(ctx: Context, rel: str, name: str, bucket: int, shard: int
 # =========================================================================== ls
 
 
-def list_jobs(queue_root: str, states: Collection[str]) -> Iterator[JobEntry]:
+def list_jobs(ctx: Context, states: Collection[str]) -> Iterator[JobEntry]:
     """Every job object in ``states`` (state words: ready, leased, delayed, dead, receipt), streamed.
 
     A plain directory walk in sorted order, one directory listed at a time
-    so memory stays flat; no tag authentication (``fsck`` is the verifier).
-    Entries whose names do not parse for their directory are skipped, and an
-    unreadable directory lists as empty.
+    so memory stays flat. A job object is a regular file whose name parses
+    for its directory; dead jobs are exactly :func:`names.dead_job`'s (what
+    requeue and purge select), the only state whose tags are checked here
+    (``fsck`` is the verifier). Anything else is skipped (``stats`` counts it
+    as a stray); a symlinked directory is not followed, and an unreadable one
+    lists as empty.
     """
+    queue_root = ctx.path
+    fmt = ctx.fmt
 
     def listdir(rel: str) -> list[str]:
+        path = os.path.join(queue_root, rel)
+        if os.path.islink(path):
+            return []
         try:
-            return sorted(os.listdir(os.path.join(queue_root, rel)))
+            return sorted(os.listdir(path))
         except OSError:
             return []
 
-    def entries(rel: str, parse: Callable[[str], JobName]) -> Iterator[JobEntry]:
+    def entries(rel: str, parse: Callable[[str, int], JobName | None]) -> Iterator[JobEntry]:
         for name in listdir(rel):
             try:
-                jn = parse(name)
-            except SteadQError:
-                continue
-            state = jn.state.value
-            if state not in states:
-                continue
-            try:
-                mtime_ns: int | None = os.lstat(os.path.join(queue_root, rel, name)).st_mtime_ns
+                st = os.lstat(os.path.join(queue_root, rel, name))
             except OSError:
-                mtime_ns = None
+                continue  # moved on since it was listed
+            jn = parse(name, st.st_mode)
+            if jn is None or jn.state.value not in states:
+                continue
             deadline = jn.wall_deadline if jn.state is State.LEASED else jn.not_before
-            yield JobEntry(state, jn.job_hex, jn.generation, jn.attempt, jn.max_attempts, f"{rel}/{name}", mtime_ns,
-                           deadline, jn.reason)  # fmt: skip
+            yield JobEntry(jn.state.value, jn.job_hex, jn.generation, jn.attempt, jn.max_attempts, f"{rel}/{name}",
+                           st.st_mtime_ns, deadline, jn.reason)  # fmt: skip
+
+    def parsed(parse: Callable[[str], JobName]) -> Callable[[str, int], JobName | None]:
+        def job(name: str, mode: int) -> JobName | None:
+            if not stat.S_ISREG(mode):
+                return None
+            try:
+                return parse(name)
+            except SteadQError:
+                return None
+
+        return job
+
+    def dead_in(bucket: int, shard: int) -> Callable[[str, int], JobName | None]:
+        return lambda name, mode: dead_job(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, bucket, shard, name,
+                                           mode)  # fmt: skip
 
     if {State.READY.value, State.LEASED.value} & set(states):
         for shard in listdir(READY_DIR):
-            yield from entries(f"{READY_DIR}/{shard}", parse_ready_dir_entry)
+            yield from entries(f"{READY_DIR}/{shard}", parsed(parse_ready_dir_entry))
     for top, state in ((DELAYED_DIR, State.DELAYED), (DEAD_DIR, State.DEAD), (RECEIPTS_DIR, State.RECEIPT)):
         if state.value not in states:
             continue
         for bucket in listdir(top):
             for shard in listdir(f"{top}/{bucket}"):
-                yield from entries(f"{top}/{bucket}/{shard}", functools.partial(parse_name, state))
+                if state is State.DEAD:
+                    b, sh = parse_bucket_dir(bucket), parse_shard_dir(shard, fmt.shard_count)
+                    if b is None or sh is None:
+                        continue
+                    yield from entries(f"{top}/{bucket}/{shard}", dead_in(b, sh))
+                else:
+                    yield from entries(f"{top}/{bucket}/{shard}", parsed(functools.partial(parse_name, state)))
     if State.LEASED.value in states:
         for boot in listdir(LEASED_DIR):
             for bucket in listdir(f"{LEASED_DIR}/{boot}"):
                 for shard in listdir(f"{LEASED_DIR}/{boot}/{bucket}"):
                     yield from entries(
-                        f"{LEASED_DIR}/{boot}/{bucket}/{shard}", functools.partial(parse_name, State.LEASED)
+                        f"{LEASED_DIR}/{boot}/{bucket}/{shard}", parsed(functools.partial(parse_name, State.LEASED))
                     )
 
 

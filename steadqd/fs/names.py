@@ -19,6 +19,7 @@ import functools
 import hashlib
 import hmac
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ from steadqd.errors import CorruptObject, InvalidInput, StateExhausted
 __all__ = [
     "JobName",
     "authenticate",
+    "dead_job",
     "boot_dashed",
     "boot_raw",
     "bucket_dir",
@@ -644,6 +646,33 @@ def authenticate(queue_id: bytes, name: JobName, *, shard: int, bucket: int | No
         return False
     ctx = tag_context(name, shard=shard, bucket=bucket, lease_width_ns=lease_width_ns)
     return hmac.compare_digest(compute_tag(queue_id, ctx), name.tag)
+
+
+def dead_job(
+    queue_id: bytes, shard_count: int, lease_width_ns: int, bucket: int, shard: int, name: str | bytes, mode: int
+) -> JobName | None:
+    """The one definition of a dead job: the parsed name if the entry ``name`` of ``dead/<bucket>/<shard>/``
+    (``mode`` its lstat st_mode) is one, else None.
+
+    A dead job is a regular file whose name parses as a dead name, whose job id
+    maps to ``shard`` and whose tag authenticates for this bucket and shard.
+    Why one function: stats, ``ls``, the dead listing, requeue and purge once
+    each had their own test, and stats counted a planted symlink, FIFO or
+    garbage name as dead jobs that no admin command would select (issue 30).
+    Anything else in ``dead/`` is a stray that fsck names; every view counts
+    it as such, never as a job.
+    """
+    if not stat.S_ISREG(mode):
+        return None
+    try:
+        jn = parse_name(State.DEAD, name)
+    except CorruptObject:
+        return None
+    if shard_of(queue_id, jn.job_id, shard_count) != shard:
+        return None
+    if not authenticate(queue_id, jn, shard=shard, bucket=bucket, lease_width_ns=lease_width_ns):
+        return None
+    return jn
 
 
 # --------------------------------------------------------------------------- shards and buckets

@@ -13,12 +13,15 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from steadqd import Queue
+from steadqd.fs import names
+from tests.fabricate import plant_in_dead
 from tests.invariants import check_tree
 from tests.spec_oracle import State  # check_tree keys its states by the oracle's own enum
 
@@ -134,6 +137,29 @@ def test_purge_dead_and_quarantine_by_age_and_reason(qpath: str) -> None:
     assert json.loads(steadq("admin", "quarantine-list", qpath, "--json").out) == []
 
 
+def test_stats_ls_requeue_and_purge_agree_on_what_a_dead_job_is(qpath: str) -> None:
+    """Issue 30: with a symlink, a FIFO, a garbage name and a wrongly tagged name planted beside one dead job,
+    ``stats`` said 5 dead jobs while purge and requeue selected 1. Every view now says 1, and stats shows the
+    four others as strays; purging removes the job and leaves the strays for fsck."""
+    (job,) = _bury_many(qpath, [1])
+    with Queue.open(qpath) as q:
+        (dead,) = q.list_dead()
+        planted = plant_in_dead(q, dead.path)
+    doc = json.loads(steadq("stats", qpath, "--json").out)
+    assert (doc["dead"]["objects"], doc["stray"]["objects"]) == (1, 4)
+    assert "steadq_dead_objects 1" in steadq("stats", qpath, "--prometheus").out.splitlines()
+    assert [e["job_id"] for e in json.loads(steadq("ls", qpath, "dead", "--json").out)] == [job]
+    for args in (("requeue", qpath, "--all"), ("purge", qpath, "dead")):
+        r = steadq("admin", *args, "--dry-run")
+        assert r.code == 0 and [line.split()[2] for line in r.out.splitlines()] == [job], r
+        assert "1 of 1 dead jobs selected" in r.err
+    r = steadq("admin", "purge", qpath, "dead")
+    assert r.code == 0 and r.out.split()[1] == job, r
+    assert all(os.path.lexists(os.path.join(qpath, rel)) for rel in planted.values())
+    doc = json.loads(steadq("stats", qpath, "--json").out)
+    assert (doc["dead"]["objects"], doc["stray"]["objects"]) == (0, 4)
+
+
 _SUMMARY = re.compile(r"(requeued|removed): (\d+) of (\d+) dead jobs selected")
 
 
@@ -143,7 +169,11 @@ def _signal_at(args: list[str], delay: float, signum: int, *, after_first: bool 
     Each change is printed (and flushed) as it is made, so the first line says the changes have begun: the
     timed signal covers a signal before the start and after the end, the other one the middle."""
     assert STEADQ is not None
-    p = subprocess.Popen([STEADQ, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # Unbuffered: readline() then reads its line byte by byte, never past it. A buffered reader reads ahead,
+    # and communicate() reads the pipe itself, so a line read ahead was lost: a run that said "removed: 13"
+    # printed only 12 ids here (issue 30 B); the command had printed all 13.
+    p = subprocess.Popen([STEADQ, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         bufsize=0)  # fmt: skip
     first = b""
     if after_first:
         assert p.stdout is not None
@@ -203,3 +233,60 @@ def test_bulk_requeue_and_purge_interrupted_leave_each_job_done_or_untouched(tmp
                 assert now[State.DEAD] == set(), err
                 scale *= 0.5
     assert interrupted >= 3, f"only {interrupted} of {runs} runs were interrupted mid-way"
+
+
+# A run of the CLI whose backend call sends ``signum`` to the process itself on its ``after``-th return: the
+# object is removed (or requeued) and its line is not printed yet, the window a signal must not open.
+_SIGNAL_AFTER_CHANGE = """
+import os, sys
+from steadqd.cli.main import main
+from steadqd.fs.handle import Queue
+after, signum, method = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+real = getattr(Queue, method)
+calls = 0
+def signalled_after(self, key, *args, **kwargs):
+    global calls
+    result = real(self, key, *args, **kwargs)
+    calls += 1
+    if calls == after:
+        os.kill(os.getpid(), signum)  # its handler runs here, before the return: the change made, not reported
+    return result
+setattr(Queue, method, signalled_after)
+sys.exit(main(sys.argv[4:]))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize(
+    ("command", "method"),
+    [("requeue", "requeue_dead"), ("purge dead", "remove_dead"), ("purge quarantine", "remove_quarantine")],
+)
+def test_a_signal_between_a_change_and_its_line_still_prints_every_change(
+    qpath: str, command: str, method: str, signum: signal.Signals
+) -> None:
+    """Issue 30 B, without timing: the signal lands exactly after the 3rd change and before its line. Every
+    printed id is a changed object, every changed object is printed, the summary counts them, the rest stay."""
+    if command == "purge quarantine":
+        for _ in range(6):
+            Path(qpath, "quarantine", names.make_quarantine_name(os.urandom(16), 2)).write_bytes(b"q")
+        args = ["admin", "purge", qpath, "quarantine"]
+    else:
+        _bury_many(qpath, [1] * 6)
+        args = ["admin", "requeue", qpath, "--all"] if command == "requeue" else ["admin", "purge", qpath, "dead"]
+    place = "quarantine" if command == "purge quarantine" else "dead"
+
+    def left() -> set[str]:
+        with Queue.open(qpath) as q:
+            if place == "quarantine":
+                return {o.quarantine_id for o in q.list_quarantine()}
+            return {j.job_id for j in q.list_dead()}
+
+    before = left()
+    r = subprocess.run([sys.executable, "-c", _SIGNAL_AFTER_CHANGE, "3", str(int(signum)), method, *args],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)  # fmt: skip
+    changed = before - left()
+    printed = [line.split()[1] for line in r.stdout.splitlines()]
+    assert len(changed) == 3 and sorted(printed) == sorted(changed), (r.stdout, r.stderr)
+    what = "quarantined objects" if place == "quarantine" else "dead jobs"
+    assert f": 3 of 6 {what} selected; 3 untouched" in r.stderr, r.stderr
+    assert f"interrupted by {signum.name}:" in r.stderr and r.returncode == 128 + signum, (r.returncode, r.stderr)

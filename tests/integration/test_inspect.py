@@ -33,7 +33,9 @@ import pytest
 
 from steadqd import (
     CorruptObject,
+    ErrorKind,
     InvalidInput,
+    NotCommitted,
     Queue,
     State,
 )
@@ -43,7 +45,7 @@ from steadqd.fs import names
 from steadqd.fs.fsck import FsckResult
 from steadqd.fs.linux import ofd_lock, read_boot_id
 from steadqd.fs.records import Extension, build_header, encode_extension
-from tests.fabricate import write_ready_jobs
+from tests.fabricate import plant_in_dead, write_ready_jobs
 from tests.invariants import check_tree
 
 SEC = 1_000_000_000
@@ -135,7 +137,7 @@ def quarantine_of(r: FsckResult, rel: str) -> tuple[str, int]:
 
 
 def test_empty_queue_stats_exact_outputs(q: Queue) -> None:
-    s = insp.stats(q.path)
+    s = q.entry_stats()
     assert list(s) == ["ready", "leased", "delayed", "receipts", "dead", "quarantine"]
     assert view_cmd.format_stats_text(s) == "".join(f"{k}: 0\n" for k in STATES6)
     expected_json = "{\n" + ",\n".join(
@@ -199,10 +201,10 @@ def test_stats_reference_semantics_and_detailed_breakdown(q: Queue) -> None:
     os.makedirs(os.path.join(root, "tmp/some-boot/0000"))
     Path(root, "tmp/some-boot/0000", names.make_temp_name(1, os.urandom(16))).write_bytes(b"t")
 
-    s = insp.stats(root)
+    s = q.entry_stats()
     counts = {k: v.objects for k, v in s.items()}
-    # Reference: the colocated lease and the stray count as ready; leased = legacy tree only.
-    assert counts == {"ready": 3, "leased": 1, "delayed": 1, "receipts": 1, "dead": 1, "quarantine": 1}
+    # As the reference: the colocated lease counts as ready; leased = legacy tree only. The stray is no job.
+    assert counts == {"ready": 2, "leased": 1, "delayed": 1, "receipts": 1, "dead": 1, "quarantine": 1, "stray": 1}
     assert all((v.oldest_age_seconds is None) == (v.objects == 0) for v in s.values())
 
     d = q.stats()
@@ -214,7 +216,63 @@ def test_stats_reference_semantics_and_detailed_breakdown(q: Queue) -> None:
         "receipts": 1,
         "quarantine": 1,
         "tmp": 1,
+        "stray": 1,  # ready/0000/stray.txt
     }
+
+
+def test_one_definition_of_a_dead_job_in_every_view(q: Queue) -> None:
+    """Issue 30: stats counted a planted symlink, FIFO, garbage name or wrongly tagged name in dead/ as dead jobs,
+    while ls, the dead listing and the admin commands (which select what they act on) saw none of them.
+    Every view now counts only what the admin commands would select; the rest is "stray", never a job."""
+    q.enqueue(b"doomed")
+    lease = q.lease()
+    assert lease is not None
+    q.bury(lease)
+    (real,) = q.list_dead()
+    planted = plant_in_dead(q, real.path)
+
+    assert [j.job_id for j in q.list_dead()] == [real.job_id]
+    assert [e.job_id for e in q.list_jobs({"dead"})] == [real.job_id]
+    for job_rel in (planted["symlink"], planted["fifo"]):
+        job_hex = job_rel.rsplit("/", 1)[1][:32]
+        assert q.find_dead(job_hex) is None
+        with pytest.raises(NotCommitted) as e:
+            q.requeue_dead(job_hex)
+        assert e.value.kind is ErrorKind.NOT_FOUND
+    s = q.entry_stats()
+    assert s["dead"].objects == 1
+    assert s["stray"].objects == len(planted)
+    d = q.stats()
+    assert d["dead"].objects == 1
+    assert d["stray"].objects == len(planted)
+    assert "stray: 4 (oldest 0s)" in view_cmd.format_stats_text(s).splitlines()
+    assert "steadq_stray_objects 4" in view_cmd.format_stats_prometheus(s).splitlines()
+    assert all(os.path.lexists(os.path.join(q.path, rel)) for rel in planted.values())  # looked at, never touched
+
+
+def test_stats_counts_in_each_state_only_what_ls_lists(q: Queue) -> None:
+    """ready, delayed and receipts: an entry ls skips (garbage name, symlink, FIFO) is a stray for stats too."""
+    _, ready_rel = q.enqueue_detailed(b"r")
+    q.enqueue(b"later", delay=3600)
+    q.enqueue(b"done")
+    lease = q.lease()
+    assert lease is not None
+    q.ack(lease)
+    (rct,) = list(q.list_jobs({"receipt"}))
+    (dly,) = list(q.list_jobs({"delayed"}))
+    for rel in (ready_rel, dly.path, rct.path):
+        Path(os.path.dirname(os.path.join(q.path, rel)), "garbage").write_bytes(b"x")
+    ready_dir = os.path.dirname(os.path.join(q.path, ready_rel))
+    shard = int(os.path.basename(ready_dir), 16)
+    os.symlink("/etc/passwd", os.path.join(ready_dir, ready_filename(q, os.urandom(16), shard=shard)[1]))
+    os.mkfifo(os.path.join(ready_dir, ready_filename(q, os.urandom(16), shard=shard)[1]))
+    counts = {k: v.objects for k, v in q.entry_stats().items()}
+    assert counts["ready"] == sum(1 for _ in q.list_jobs({"ready", "leased"})) == 1
+    assert counts["delayed"] == sum(1 for _ in q.list_jobs({"delayed"})) == 1
+    assert counts["receipts"] == sum(1 for _ in q.list_jobs({"receipt"})) == 1
+    assert counts["stray"] == 5
+    d = {k: v.objects for k, v in q.stats().items()}
+    assert (d["ready"], d["delayed"], d["receipts"], d["stray"]) == (1, 1, 1, 5)
 
 
 def test_stats_age_is_floor_of_oldest_mtime_and_zero_in_the_future(q: Queue) -> None:
@@ -223,10 +281,10 @@ def test_stats_age_is_floor_of_oldest_mtime_and_zero_in_the_future(q: Queue) -> 
     now = 1_000_000 * SEC
     os.utime(os.path.join(q.path, rel_a), ns=(now - 7 * SEC - 999_999_999, now - 7 * SEC - 999_999_999))
     os.utime(os.path.join(q.path, rel_b), ns=(now - 3 * SEC, now - 3 * SEC))
-    s = insp.stats(q.path, now_ns=now)
+    s = insp.stats(q._ctx, now_ns=now)  # noqa: SLF001
     assert s["ready"] == insp.StateStats(2, 7)
     future = now - 50 * SEC  # both mtimes are after this "now"
-    assert insp.stats(q.path, now_ns=future)["ready"] == insp.StateStats(2, 0)
+    assert insp.stats(q._ctx, now_ns=future)["ready"] == insp.StateStats(2, 0)  # noqa: SLF001
     assert insp.detailed_stats(q._ctx, now_ns=now)["ready"] == insp.StateStats(2, 7)  # noqa: SLF001
     assert view_cmd.format_stats_text(s).splitlines()[4] == "ready: 2 (oldest 7s)"
 
@@ -275,7 +333,7 @@ def test_stats_streams_100k_jobs_in_flat_memory(q: Queue) -> None:
         write_ready_jobs(q, n)
         tracemalloc.start()
         try:
-            s = insp.stats(q.path)
+            s = q.entry_stats()
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.reset_peak()
             d = q.stats()
