@@ -66,6 +66,7 @@ from steadqd.errors import (
 )
 from steadqd.fsck_report import Finding, FsckResult
 from steadqd.s3 import keys
+from steadqd.s3.clock import rebuild_watermark
 from steadqd.s3.keys import KeyKind, TermKind
 from steadqd.s3.layout import Oversized, QueueLayout
 from steadqd.s3.quarantine import flag
@@ -603,6 +604,29 @@ _SCANNED_PLANES = frozenset(("jobs", "claims", "receipts", "dead"))
 _APPLICATION = keys.OUTPUTS_PREFIX
 
 
+def _watermark(scan: Scan, rel: str, meta: ObjectMeta) -> None:
+    """Check ``meta/watermark``; an unreadable one stops delayed jobs and takeovers, so a repair rebuilds it."""
+    if _read(scan, rel, meta, None) is not None:
+        return
+    if not scan.write:
+        scan.findings.append(Finding("ERROR", rel, "watermark_unreadable", "run fsck --repair to rebuild it"))
+        return
+    try:
+        rebuilt = rebuild_watermark(scan.layout)
+    except (NotCommitted, OutcomeUnknown) as exc:
+        scan.findings.append(Finding("ERROR", rel, "watermark_unreadable", f"not rebuilt: {exc}"))
+        return
+    if rebuilt is not None:
+        scan.findings.append(
+            Finding(
+                "WARN",
+                rel,
+                "watermark_rebuilt",
+                f"rebuilt at bucket {rebuilt.highest_observed_wall_bucket}, the bucket of a floor proven now",
+            )
+        )
+
+
 def fsck(layout: QueueLayout, floor_ns: int, *, deep: bool = False, repair: bool = False) -> FsckReport:
     """Check every object of the queue: one listing of the whole prefix, then the repair scan of every shard.
 
@@ -628,7 +652,9 @@ def fsck(layout: QueueLayout, floor_ns: int, *, deep: bool = False, repair: bool
                     rel, QuarantineReason.KEY_PARSE_FAILED, "key_grammar", "shard out of range", meta.store_time_ns
                 )
             continue
-        if parsed.kind in (KeyKind.FAIL, KeyKind.QUARANTINE, KeyKind.FORMAT, KeyKind.WATERMARK):
+        if parsed.kind is KeyKind.WATERMARK:
+            _watermark(scan, rel, meta)
+        elif parsed.kind in (KeyKind.FAIL, KeyKind.QUARANTINE, KeyKind.FORMAT):
             _read(scan, rel, meta, parsed.job_id)
     for shard in range(layout.format.shard_count):
         for _ in scan_shard(scan, shard):

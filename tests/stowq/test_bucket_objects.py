@@ -12,6 +12,7 @@ import os
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,11 +20,12 @@ import pytest
 from steadqd.errors import CorruptRecord, InvalidInput, QueueCorrupt
 from steadqd.s3 import keys
 from steadqd.s3.claim import Miss, claim_job
+from steadqd.s3.clock import WatermarkUnreadable, rebuild_watermark
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.layout import DEFAULT_FORMAT, Oversized, init_layout, open_layout
 from steadqd.s3.operator import BucketBackend
 from steadqd.s3.publish import enqueue
-from steadqd.s3.records import RECORD_FIELDS_MAX, QuarantineReason, QuarantineRecord, record_limit
+from steadqd.s3.records import RECORD_FIELDS_MAX, QuarantineReason, QuarantineRecord, WatermarkRecord, record_limit
 from steadqd.s3.store.base import SEAWEEDFS, StoredObject
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore
@@ -32,6 +34,7 @@ from steadqd.s3.verify import read_record
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.recovery_world import LEASE_S, PREFIX, RETENTION, URL, World
 from tests.stowq.seaweed import Seaweed
+from tests.stowq.test_cli_bucket import live_queue, ok, run
 
 GARBAGE = 3 * 1024 * 1024  # well past the default queue's 128 KiB record limit
 
@@ -258,3 +261,128 @@ def test_a_64mb_garbage_job_on_seaweedfs_is_quarantined_unread_and_not_refetched
         reads.delete(live_prefix + rel)
     finally:
         reads.close()
+
+
+# -- a garbage meta/watermark ---------------------------------------------------------------
+
+WATERMARK = "meta/watermark"
+GARBAGE_WATERMARK = b"\x87" + os.urandom(118)  # 119 bytes, as the issue's
+
+
+def _bad_watermark(w: World) -> None:
+    """A watermark exists (a floor made it), then another tenant overwrites it with garbage."""
+    w.q.wall_floor_ns()
+    assert WATERMARK in w.keys("meta/")
+    w.delete(WATERMARK)
+    w.put(WATERMARK, GARBAGE_WATERMARK)
+
+
+def test_a_garbage_watermark_names_its_key_and_the_fix() -> None:
+    w, _ = _world()
+    _bad_watermark(w)
+    w.q.enqueue(b"work")
+    with pytest.raises(WatermarkUnreadable) as raised:
+        w.q.lease(duration=LEASE_S)
+    message = raised.value.message
+    assert f"{PREFIX}{WATERMARK} in memory:memory (fault injector) is not a watermark record" in message
+    assert "119 bytes" in message and "steadq fsck --repair QUEUE" in message
+    report = w.q.fsck()  # a plain fsck reports it instead of failing on it
+    assert ("watermark_unreadable", WATERMARK) in {(f.finding_type, f.path) for f in report.errors}
+    assert w.memory.get(PREFIX + WATERMARK).body == GARBAGE_WATERMARK  # nothing written
+
+
+def test_fsck_repair_rebuilds_the_watermark_by_cas_and_a_job_then_flows() -> None:
+    w, _ = _world()
+    _bad_watermark(w)
+    bad_etag = w.memory.head(PREFIX + WATERMARK).etag
+    job = w.q.enqueue(b"work")
+    w.store.trace.clear()
+    report = w.q.fsck(repair=True)
+    assert ("watermark_rebuilt", WATERMARK) in {(f.finding_type, f.path) for f in report.findings}
+    writes = [c for c in w.store.trace if c.key == PREFIX + WATERMARK and c.op.startswith("put")]
+    assert [c.op for c in writes] == ["put_if_match"]  # the protocol's CAS, on the bad object's version
+    rebuilt = read_record(
+        w.memory.get(PREFIX + WATERMARK).body, w.q.layout.queue_id, WATERMARK, required_feature_bits=0
+    )
+    assert isinstance(rebuilt, WatermarkRecord)
+    # The bucket of a floor proven during the repair: a lower bound of store time, never ahead of it.
+    width = w.q.layout.format.delayed_bucket_width_ns
+    assert rebuilt.highest_observed_wall_bucket * width <= w.clock.peek_ns()
+    assert any(q.source_key == WATERMARK for q in _findings(w))
+    assert w.memory.head(PREFIX + WATERMARK).etag != bad_etag
+    lease = w.q.lease(duration=LEASE_S)
+    assert lease is not None and lease.job_id == job
+    w.q.ack(lease)
+    assert not [f for f in w.q.fsck().errors if f.finding_type == "watermark_unreadable"]
+
+
+class _Racer:
+    """A store on which another participant replaces the watermark just before our CAS of it reaches the store."""
+
+    def __init__(self, inner: MemoryStore, replacement: bytes) -> None:
+        self.inner = inner
+        self.replacement = replacement
+        self.raced = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def put_if_match(self, key: str, body: bytes, etag: str, *, sha256: bytes | None = None) -> Any:
+        if key.endswith(WATERMARK) and not self.raced:
+            self.raced += 1
+            self.inner.put_if_match(key, self.replacement, etag)
+        return self.inner.put_if_match(key, body, etag, sha256=sha256)
+
+
+def test_a_rebuild_that_loses_the_cas_leaves_the_other_writers_watermark() -> None:
+    w, _ = _world()
+    _bad_watermark(w)
+    theirs = WatermarkRecord(highest_observed_wall_bucket=7, sequence=0)
+    racer = _Racer(w.memory, w.q.layout.encode(WATERMARK, theirs))
+    layout = open_layout(racer, PREFIX, certify_store=False)  # type: ignore[arg-type]
+    assert rebuild_watermark(layout) is None  # lost the race; what is there now reads fine
+    assert racer.raced == 1
+    assert w.memory.get(PREFIX + WATERMARK).body == w.q.layout.encode(WATERMARK, theirs)
+    assert rebuild_watermark(layout) is None  # nothing to do for a readable watermark
+
+
+def test_an_oversized_watermark_is_refused_unread_and_rebuilt() -> None:
+    w, reads = _world()
+    w.q.wall_floor_ns()
+    w.delete(WATERMARK)
+    w.put(WATERMARK, os.urandom(GARBAGE))
+    with pytest.raises(WatermarkUnreadable, match="bytes, more than the"):
+        w.q.wall_floor_ns()
+    w.q.fsck(repair=True)
+    assert all(fetched <= w.q.layout.record_limit + 1 for _, _, fetched in reads.of(PREFIX + WATERMARK))
+    assert w.q.wall_floor_ns() > 0
+
+
+def test_a_garbage_watermark_on_seaweedfs_via_the_cli(
+    seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env, url = live_queue(seaweed, live_prefix, tmp_path, monkeypatch)
+    ok(env, "put", url, "-", stdin=b"before")
+    ok(env, "stats", url)  # a floor, and with it the watermark
+    store = seaweed.store(LIVE_BUCKET)
+    key = f"{live_prefix}q/{WATERMARK}"
+    try:
+        assert store.head(key).size > 0
+        store.delete(key)
+        store.put_if_absent(key, GARBAGE_WATERMARK)
+        for command in ("stats", "ls"):
+            done = run(env, command, url)
+            assert done.returncode == 3, done.stderr
+            assert f"{key} in s3://{LIVE_BUCKET} at http" in done.stderr, done.stderr  # the key, no credential
+            assert "119 bytes" in done.stderr and "steadq fsck --repair QUEUE" in done.stderr
+            assert seaweed.environment()["AWS_SECRET_ACCESS_KEY"] not in done.stderr
+        checked = run(env, "fsck", url)
+        assert checked.returncode == 3 and "meta/watermark: watermark_unreadable" in checked.stdout
+        repaired = run(env, "fsck", "--repair", url)
+        assert "meta/watermark: watermark_rebuilt" in repaired.stdout, repaired.stdout + repaired.stderr
+        assert "meta/watermark: quarantined" in repaired.stdout
+        ok(env, "stats", url)
+        ok(env, "lease", url, "--duration-seconds", "2")  # the job put before the damage flows again
+        assert run(env, "fsck", url).stdout.count("watermark_unreadable") == 0
+    finally:
+        store.close()
