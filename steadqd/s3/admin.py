@@ -37,7 +37,7 @@ from steadqd.errors import CorruptRecord, ErrorKind, InvalidInput, NotCommitted,
 from steadqd.s3 import keys
 from steadqd.s3.gc import delete_job_graph
 from steadqd.s3.keys import KeyKind, TermKind
-from steadqd.s3.layout import QueueLayout
+from steadqd.s3.layout import Oversized, QueueLayout
 from steadqd.s3.publish import enqueue
 from steadqd.s3.records import QuarantineReason, QuarantineRecord
 from steadqd.s3.timemath import bucket_number
@@ -270,7 +270,10 @@ def inspect_quarantine(layout: QueueLayout, quarantine_id: str) -> QuarantinedOb
 def export_quarantine(layout: QueueLayout, quarantine_id: str, out_path: str) -> int:
     """Write the raw bytes of the object the finding is about to ``out_path`` (one more GET)."""
     found = inspect_quarantine(layout, quarantine_id)
-    obj = layout.get(found.path)
+    try:
+        obj = layout.get(found.path)
+    except Oversized as exc:
+        raise InvalidInput(f"{exc.message}; not exported: copy it with an S3 client if you need its bytes") from exc
     if obj is None:
         raise _not_found(
             f"{layout.key(found.path)}, the object of finding {quarantine_id}, no longer exists; "

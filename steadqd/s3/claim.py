@@ -29,7 +29,7 @@ from steadqd.errors import CorruptRecord, InvalidKey, NotCommitted, NotFound
 from steadqd.s3 import keys
 from steadqd.s3.chain import AttemptsExhausted, next_claim
 from steadqd.s3.keys import KeyKind, TermKind
-from steadqd.s3.layout import QueueLayout
+from steadqd.s3.layout import Oversized, QueueLayout
 from steadqd.s3.quarantine import flag
 from steadqd.s3.records import (
     TOKEN_BYTES,
@@ -124,7 +124,11 @@ Unusable = _Unusable
 
 def read_checked(layout: QueueLayout, rel: str, job_id: bytes) -> tuple[Record, ObjectMeta] | None:
     """The record at ``rel`` (None if absent); a corrupt one is quarantined and raises _Unusable."""
-    found = layout.get(rel)
+    try:
+        found = layout.get(rel)
+    except Oversized as exc:
+        flag(layout, rel, exc.reason, exc.meta.store_time_ns, job_id=job_id, why=str(exc))
+        raise _Unusable(rel) from exc
     if found is None:
         return None
     data, meta = found

@@ -20,15 +20,23 @@ import threading
 import time
 from collections.abc import Callable
 
-from steadqd.errors import AlreadyExists, NotCommitted, OutcomeUnknown, PreconditionFailed, StoreProfileViolation
+from steadqd.errors import (
+    AlreadyExists,
+    CorruptRecord,
+    NotCommitted,
+    OutcomeUnknown,
+    PreconditionFailed,
+    StoreProfileViolation,
+)
 from steadqd.s3 import keys
-from steadqd.s3.layout import QueueLayout
+from steadqd.s3.layout import Oversized, QueueLayout
 from steadqd.s3.quarantine import flag
 from steadqd.s3.records import QuarantineReason, WatermarkRecord
-from steadqd.s3.timemath import WatermarkWrite, advance_watermark
+from steadqd.s3.store.base import ObjectMeta
+from steadqd.s3.timemath import WatermarkWrite, advance_watermark, bucket_number
 from steadqd.s3.verify import read_record
 
-__all__ = ["BEACON_TRIES", "FloorClock", "beacon_floor", "establish_floor"]
+__all__ = ["BEACON_TRIES", "FloorClock", "WatermarkUnreadable", "beacon_floor", "establish_floor", "rebuild_watermark"]
 
 # Beacons are content-free: after a lost or unknown create a fresh nonce is always right.
 BEACON_TRIES = 3
@@ -47,14 +55,74 @@ def beacon_floor(layout: QueueLayout) -> int:
     raise NotCommitted(f"no clock beacon could be created on {layout.store.location} ({last}); try again")
 
 
+class WatermarkUnreadable(CorruptRecord):
+    """``meta/watermark`` is there but is no watermark record: floors cannot be checked against it.
+
+    Wall-sensitive work fails closed (time.md) until it is rebuilt; the
+    message names the object and the command that rebuilds it. ``meta`` is
+    the bad object's (its ETag is what the rebuild's CAS names).
+    """
+
+    def __init__(self, layout: QueueLayout, cause: CorruptRecord, meta: ObjectMeta) -> None:
+        super().__init__(
+            f"{layout.key(keys.WATERMARK_KEY)} in {layout.store.location} is not a watermark record "
+            f"({cause.message}); delayed jobs "
+            "and takeovers wait until it is rebuilt: steadq fsck --repair QUEUE",
+            cause.reason,
+            error_class=cause.error_class,
+        )
+        self.meta = meta
+
+
 def _read_watermark(layout: QueueLayout) -> tuple[WatermarkRecord, str, int] | None:
-    found = layout.get(keys.WATERMARK_KEY)
+    try:
+        found = layout.get(keys.WATERMARK_KEY)
+    except Oversized as exc:
+        raise WatermarkUnreadable(layout, exc, exc.meta) from None
     if found is None:
         return None
     data, meta = found
-    record = read_record(data, layout.queue_id, keys.WATERMARK_KEY, required_feature_bits=0)
+    try:
+        record = read_record(data, layout.queue_id, keys.WATERMARK_KEY, required_feature_bits=0)
+    except CorruptRecord as exc:
+        raise WatermarkUnreadable(layout, exc, meta) from None
     assert isinstance(record, WatermarkRecord)  # check_key_binding allows nothing else at meta/watermark
     return record, meta.etag, meta.store_time_ns
+
+
+def rebuild_watermark(layout: QueueLayout, *, tries: int = 3) -> WatermarkRecord | None:
+    """Replace an unreadable ``meta/watermark`` with one a fresh floor proves; None when it reads fine.
+
+    Why this value: the watermark may only name a bucket the store has
+    provably reached (time.md: it raises floors), and the bucket of a beacon
+    created now is one; whatever higher bucket the bad object hid is lost,
+    which only weakens the regression check until the watermark is raised
+    again. The replacement is a CAS on the bad object's ETag, the write every
+    participant makes, so a participant that replaced it meanwhile wins and
+    its watermark stands. The bad object gets a quarantine finding first.
+    """
+    width = layout.format.delayed_bucket_width_ns
+    for _ in range(tries):
+        try:
+            _read_watermark(layout)
+            return None
+        except WatermarkUnreadable as bad:
+            flag(layout, keys.WATERMARK_KEY, bad.reason, bad.meta.store_time_ns, why=bad.message)
+            record = WatermarkRecord(
+                highest_observed_wall_bucket=bucket_number(beacon_floor(layout), width), sequence=0
+            )
+            try:
+                layout.store.put_if_match(
+                    layout.key(keys.WATERMARK_KEY), layout.encode(keys.WATERMARK_KEY, record), bad.meta.etag
+                )
+            except PreconditionFailed:
+                continue  # replaced meanwhile: read what is there now
+            except OutcomeUnknown:
+                continue  # the read tells whether it happened
+            return record
+    raise NotCommitted(
+        f"{layout.key(keys.WATERMARK_KEY)} in {layout.store.location} changed during each of {tries} rebuilds; run fsck --repair again"
+    )
 
 
 def _write_watermark(layout: QueueLayout, write: WatermarkWrite, bucket: int, sequence: int, etag: str | None) -> None:

@@ -170,14 +170,14 @@ def _collect_entry(layout: QueueLayout, rel: str, parsed: ParsedKey, floor_ns: i
     shard, job_id, term = cast(int, parsed.shard), cast(bytes, parsed.job_id), cast(TermKind, parsed.term)
     receipt_rel, dead_rel = keys.receipt_key(shard, job_id), keys.dead_key(shard, job_id)
     terminal_rel, other_rel = (receipt_rel, dead_rel) if term is TermKind.RECEIPT else (dead_rel, receipt_rel)
-    found = layout.get(terminal_rel)
-    if found is None:
-        _delete(layout, rel)  # the graph is gone (collected, or the entry is stale): only the entry is left
-        return "stale"
-    data, meta = found
     try:
+        found = layout.get(terminal_rel)
+        if found is None:
+            _delete(layout, rel)  # the graph is gone (collected, or the entry is stale): only the entry is left
+            return "stale"
+        data, meta = found
         read_record(data, layout.queue_id, terminal_rel, required_feature_bits=layout.format.required_feature_bits)
-    except CorruptRecord:
+    except CorruptRecord:  # Oversized too
         # A corrupt tombstone proves nothing: the graph stays, and the repair scan records the finding
         # once (flagging it here would log it again on every pass).
         return "kept"

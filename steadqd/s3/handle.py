@@ -44,8 +44,10 @@ from steadqd.s3.keys import KeyKind
 from steadqd.s3.layout import QueueLayout, init_layout, open_layout
 from steadqd.s3.lease import renew
 from steadqd.s3.publish import enqueue
+from steadqd.s3.quarantine import flag
+from steadqd.s3.records import QuarantineReason
 from steadqd.s3.settle import ack, bury, read_payload, retry
-from steadqd.s3.store.base import ObjectStore
+from steadqd.s3.store.base import ObjectMeta, ObjectStore
 
 __all__ = ["BATCH_MAX", "BATCH_THREADS", "BucketQueue", "TERMINAL_MEMO_S", "seconds_ns"]
 
@@ -240,8 +242,8 @@ class BucketQueue:
                 self._terminal.clear()
             self._terminal[(shard, job_id)] = self._monotonic()
 
-    def _listed(self, kind: KeyKind, prefix: str) -> Iterator[bytes]:
-        """The job ids of the ``kind`` keys listed under ``prefix``, every page."""
+    def _listed(self, kind: KeyKind, prefix: str) -> Iterator[tuple[bytes, ObjectMeta]]:
+        """The job ids of the ``kind`` keys listed under ``prefix``, with their listing entries, every page."""
         after: str | None = None
         while True:
             page = self._layout.list_page(prefix, start_after=after)
@@ -251,7 +253,7 @@ class BucketQueue:
                 except InvalidKey:
                     continue  # not a key of the grammar: the repair scan's business, never a delivery
                 if parsed.kind is kind and parsed.job_id is not None:
-                    yield parsed.job_id
+                    yield parsed.job_id, meta
             if page.next_start_after is None:
                 return
             after = self._layout.relative(page.next_start_after)
@@ -263,11 +265,36 @@ class BucketQueue:
         came back terminal), the shard's receipts are listed too: one LIST
         instead of a HEAD for every job some other worker already acked.
         """
-        ids = [j for j in self._listed(KeyKind.JOB, _shard_prefix(keys.job_key, shard)) if not self._settled(shard, j)]
+        ids = [
+            j
+            for j, meta in self._listed(KeyKind.JOB, _shard_prefix(keys.job_key, shard))
+            if not self._settled(shard, j) and self._fits(shard, j, meta)
+        ]
         if self._others_settle and ids:
-            done = set(self._listed(KeyKind.RECEIPT, _shard_prefix(keys.receipt_key, shard)))
+            done = {j for j, _ in self._listed(KeyKind.RECEIPT, _shard_prefix(keys.receipt_key, shard))}
             ids = [j for j in ids if j not in done]
         return ids
+
+    def _fits(self, shard: int, job_id: bytes, meta: ObjectMeta) -> bool:
+        """Whether a listed job object may be a job record; one too big is flagged from its listed size.
+
+        So an oversized object under ``jobs/`` is never fetched at all, by
+        this worker or by the next one started: the listing says its size.
+        """
+        layout = self._layout
+        if meta.size <= layout.record_limit:
+            return True
+        rel = layout.relative(meta.key)
+        flag(
+            layout,
+            rel,
+            QuarantineReason.ENVELOPE_CORRUPT,
+            meta.store_time_ns,
+            job_id=job_id,
+            why=layout.oversized(rel, meta.size, layout.record_limit),
+        )
+        self._remember_settled(shard, job_id)
+        return False
 
     def _try(self, shard: int, job_id: bytes, floor_ns: int, lease_ns: int) -> Lease | Miss:
         got = claim_job(self._layout, shard, job_id, floor_ns=floor_ns, lease_duration_ns=lease_ns)

@@ -32,7 +32,19 @@ from steadqd.errors import (
 )
 from steadqd.s3 import keys
 from steadqd.s3.certify import certify
-from steadqd.s3.records import MAGIC, MAJOR, MINOR, QUEUE_ID_BYTES, FeatureBit, FormatRecord, Record, encode_record
+from steadqd.s3.records import (
+    MAGIC,
+    MAJOR,
+    MINOR,
+    QUEUE_ID_BYTES,
+    RECORD_FIELDS_MAX,
+    FeatureBit,
+    FormatRecord,
+    QuarantineReason,
+    Record,
+    encode_record,
+    record_limit,
+)
 from steadqd.s3.store.base import LIST_PAGE_MAX, ListPage, ObjectMeta, ObjectStore, PendingWrite, sha256_of
 from steadqd.s3.verify import read_format, read_record, validate_format
 
@@ -40,6 +52,7 @@ __all__ = [
     "DEFAULT_FORMAT",
     "default_worker_id",
     "with_worker",
+    "Oversized",
     "QueueLayout",
     "READ_TRIES",
     "envelope_queue_id",
@@ -86,6 +99,18 @@ def _check_prefix(prefix: str) -> str:
     return prefix if not prefix or prefix.endswith("/") else prefix + "/"
 
 
+class Oversized(CorruptRecord):
+    """An object larger than anything that may be at its key; only its first bytes were fetched.
+
+    ``meta`` is the object's (its store time dates the quarantine finding).
+    """
+
+    def __init__(self, message: str, meta: ObjectMeta, *, payload: bool = False) -> None:
+        reason = QuarantineReason.PAYLOAD_CORRUPT if payload else QuarantineReason.ENVELOPE_CORRUPT
+        super().__init__(message, reason, error_class="size", payload=payload)
+        self.meta = meta
+
+
 @dataclass(frozen=True)
 class QueueLayout:
     """One open queue: where it is and what its FORMAT says. Immutable; share it between threads.
@@ -109,25 +134,53 @@ class QueueLayout:
         """The store key of a queue-relative key."""
         return self.prefix + rel
 
+    @property
+    def record_limit(self) -> int:
+        """The largest record this queue holds: readers fetch no more, writers write no more."""
+        return record_limit(self.format.inline_limit)
+
     def encode(self, rel: str, record: Record) -> bytes:
-        return encode_record(record, self.queue_id, keys.key_tag(self.queue_id, rel))
+        body = encode_record(record, self.queue_id, keys.key_tag(self.queue_id, rel))
+        if len(body) > self.record_limit:
+            raise InvalidInput(
+                f"the record for {self.key(rel)} would be {len(body)} bytes, more than the {self.record_limit} "
+                "a reader of this queue fetches; send a smaller payload (or fewer outputs)"
+            )
+        return body
 
     def feature(self, bit: FeatureBit) -> bool:
         return bool(self.format.required_feature_bits & bit)
 
-    def get(self, rel: str) -> tuple[bytes, ObjectMeta] | None:
-        """The object at ``rel`` (None when absent), repeating a read that failed without a verdict."""
+    def get(self, rel: str, *, limit: int | None = None, payload: bool = False) -> tuple[bytes, ObjectMeta] | None:
+        """The object at ``rel`` (None when absent), repeating a read that failed without a verdict.
+
+        At most ``limit`` bytes are wanted (the queue's record limit unless
+        given) and at most one more is fetched: a larger object raises
+        :class:`Oversized` without being read whole (``payload``: it was a
+        payload, so the finding is payload_corrupt).
+        """
+        wanted = self.record_limit if limit is None else limit
         for attempt in range(READ_TRIES):
             try:
-                obj = self.store.get(self.key(rel))
+                obj = self.store.get(self.key(rel), max_bytes=wanted + 1)
             except NotFound:
                 return None
             except NotCommitted:
                 if attempt + 1 == READ_TRIES:
                     raise
                 continue
+            if len(obj.body) > wanted or obj.meta.size > wanted:
+                size = max(obj.meta.size, len(obj.body))
+                raise Oversized(self.oversized(rel, size, wanted), obj.meta, payload=payload)
             return obj.body, obj.meta
         raise AssertionError("unreachable")
+
+    def oversized(self, rel: str, size: int, limit: int) -> str:
+        """The one wording of "this object is too big to be what its key says"."""
+        return (
+            f"{self.key(rel)} is {size} bytes, more than the {limit} anything at that key can be; "
+            "not read (it was not written by this queue's protocol)"
+        )
 
     def exists(self, rel: str) -> bool:
         for attempt in range(READ_TRIES):
@@ -275,9 +328,15 @@ def open_layout(
     if certify_store:
         _certify(store)
     try:
-        data = store.get(prefix + keys.FORMAT_KEY).body
+        found = store.get(prefix + keys.FORMAT_KEY, max_bytes=RECORD_FIELDS_MAX + 1)
     except NotFound:
         raise NotFound(f"{store.location}/{prefix} is not a queue (no meta/FORMAT); create it with init") from None
+    data = found.body
+    if len(data) > RECORD_FIELDS_MAX or found.meta.size > RECORD_FIELDS_MAX:
+        raise QueueCorrupt(
+            f"{store.location}/{prefix}meta/FORMAT is {found.meta.size} bytes, more than a FORMAT record can be "
+            f"({RECORD_FIELDS_MAX}): this prefix is not a queue"
+        )
     found_id = envelope_queue_id(data)
     if queue_id is not None and bytes(queue_id) != found_id:
         raise QueueCorrupt(

@@ -32,6 +32,7 @@ from steadqd.errors import (
 )
 from steadqd.s3 import admin, keys, views
 from steadqd.s3.claim import Lease
+from steadqd.s3.clock import WatermarkUnreadable, beacon_floor
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.layout import QueueLayout
 from steadqd.s3.records import QUEUE_ID_BYTES, TOKEN_BYTES, ClaimRecord, JobRecord
@@ -260,7 +261,12 @@ class BucketBackend(BucketQueue):
 
     def fsck(self, deep: bool = False, repair: bool = False) -> FsckReport:
         """Every object checked (steadqd/s3/repair.py: fsck); ``repair`` regenerates indexes and records findings."""
-        return fsck(self.layout, self._clock.floor(), deep=deep, repair=repair)
+        try:
+            floor = self._clock.floor()
+        except WatermarkUnreadable:
+            # The scan reports it (and a repair rebuilds it); the scan needs only a floor, which a beacon proves.
+            floor = beacon_floor(self.layout)
+        return fsck(self.layout, floor, deep=deep, repair=repair)
 
     def resolve(self, ticket: Any, stabilize: bool = False) -> NoReturn:
         _refuse("resolving a ticket (every bucket operation resolves its own outcome by reading the key)")

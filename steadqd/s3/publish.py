@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from steadqd.constants import ID_BYTES, U64_MAX
 from steadqd.errors import AlreadyExists, InvalidInput, NotCommitted
 from steadqd.s3 import keys
-from steadqd.s3.layout import QueueLayout
+from steadqd.s3.layout import Oversized, QueueLayout
 from steadqd.s3.records import JobRecord, new_job
 from steadqd.s3.resolve import WRITE_TRIES, Won, best_effort, create
 from steadqd.s3.store.base import sha256_of
@@ -46,7 +46,10 @@ def _put_payload(layout: QueueLayout, job: JobRecord, payload: bytes) -> None:
     for _ in range(WRITE_TRIES):
         if best_effort(layout, rel, payload):
             return
-    found = layout.get(rel)
+    try:
+        found = layout.get(rel, limit=len(payload), payload=True)
+    except Oversized:
+        found = None  # longer than ours, so not ours
     if found is None or sha256_of(found[0]) != digest:
         raise NotCommitted(f"the payload of job {job.job_id.hex()} could not be stored at {layout.key(rel)}; try again")
 

@@ -47,6 +47,8 @@ __all__ = [
     "MAGIC",
     "MAJOR",
     "MINOR",
+    "RECORD_FIELDS_MAX",
+    "INLINE_READ_MAX",
     "ClaimBasis",
     "ClaimRecord",
     "DeadReason",
@@ -67,6 +69,7 @@ __all__ = [
     "new_job",
     "new_quarantine",
     "payload_digest",
+    "record_limit",
     "record_type",
     "stores_inline",
     "wire_order",
@@ -744,6 +747,22 @@ def decode_record(data: bytes, queue_id: bytes, key_tag: bytes) -> Record:
 
 def payload_digest(payload: bytes) -> bytes:
     return hashlib.sha256(payload).digest()
+
+
+# The most bytes a record may take besides an inline payload. records.md sets no maximum, but no
+# record grows without bound except through ``payload_inline``: the others are 115-336 B (docs/stowq.md,
+# "Records"), a receipt 210 B plus 34 B per output, short text fields (content type, worker id). So
+# 64 KiB is ample for every valid record, and a reader fetches no more than this: any object under
+# the prefix may be another tenant's, and one of gigabytes must not be read whole to be refused.
+RECORD_FIELDS_MAX = 64 * 1024
+# The most inline payload a reader fetches, whatever the FORMAT's inline_limit (which may be 2^64-1):
+# beyond it a queue's jobs carry their payloads as separate objects.
+INLINE_READ_MAX = 16 * 1024 * 1024
+
+
+def record_limit(inline_limit: int) -> int:
+    """The largest record of a queue with this FORMAT ``inline_limit``: what a reader fetches and a writer may write."""
+    return RECORD_FIELDS_MAX + min(inline_limit, INLINE_READ_MAX)
 
 
 def stores_inline(payload_length: int, inline_limit: int) -> bool:

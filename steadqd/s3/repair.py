@@ -66,10 +66,12 @@ from steadqd.errors import (
 )
 from steadqd.fsck_report import Finding, FsckResult
 from steadqd.s3 import keys
+from steadqd.s3.clock import rebuild_watermark
 from steadqd.s3.keys import KeyKind, TermKind
-from steadqd.s3.layout import QueueLayout
+from steadqd.s3.layout import Oversized, QueueLayout
 from steadqd.s3.quarantine import flag
 from steadqd.s3.records import (
+    RECORD_FIELDS_MAX,
     ClaimRecord,
     FailRecord,
     FeatureBit,
@@ -166,7 +168,7 @@ def decode_cursor(data: bytes, shard_count: int) -> Cursor:
 def read_cursor(layout: QueueLayout) -> tuple[Cursor, str | None]:
     """The stored cursor and its ETag (None: no cursor yet); an unreadable one reads as a fresh cursor."""
     try:
-        obj = layout.store.get(layout.key(REPAIR_CURSOR_KEY))
+        obj = layout.store.get(layout.key(REPAIR_CURSOR_KEY), max_bytes=RECORD_FIELDS_MAX)  # a longer one is garbage
     except NotFound:
         return Cursor(), None
     try:
@@ -277,12 +279,12 @@ class Scan:
 def _read(scan: Scan, rel: str, meta: ObjectMeta, job_id: bytes | None) -> Record | None:
     """The checked record at ``rel`` (None: gone since it was listed, or flagged as corrupt)."""
     layout = scan.layout
-    found = layout.get(rel)
-    if found is None:
-        return None
     try:
+        found = layout.get(rel)
+        if found is None:
+            return None
         record = read_record(found[0], layout.queue_id, rel, required_feature_bits=layout.format.required_feature_bits)
-    except CorruptRecord as exc:
+    except CorruptRecord as exc:  # Oversized too: refused from its size, never read whole
         scan.finding(rel, exc.reason, "record_corrupt", exc.error_class, meta.store_time_ns, job_id=job_id)
         return None
     scan.verified += 1
@@ -334,8 +336,14 @@ def _job(scan: Scan, shard: int, rel: str, meta: ObjectMeta) -> None:
     elif job.payload_key is not None:
         missing = False
         if scan.deep:
-            found = layout.get(job.payload_key)
-            missing = found is None
+            try:
+                found = layout.get(job.payload_key, limit=job.payload_length, payload=True)
+                missing = found is None
+            except Oversized as exc:  # longer than the job says: refused by its size, never read whole
+                scan.finding(
+                    job.payload_key, exc.reason, "payload_corrupt", exc.error_class, meta.store_time_ns, job_id=job_id
+                )
+                found = None
             if found is not None:
                 try:
                     verify_payload(job, found[0])
@@ -447,7 +455,11 @@ def _chain(scan: Scan, shard: int, job_id: bytes, links: list[tuple[int, str, Ob
         )
         scan.ensure_index(entry, f"{tail_rel} holds its lease")
     fail_rel = keys.fail_key(shard, job_id, tail_generation)
-    found = layout.get(fail_rel)
+    try:
+        found = layout.get(fail_rel)
+    except Oversized as exc:
+        scan.finding(fail_rel, exc.reason, "record_corrupt", exc.error_class, exc.meta.store_time_ns, job_id=job_id)
+        found = None
     if found is not None:
         fail = _read(scan, fail_rel, found[1], job_id)
         if isinstance(fail, FailRecord):
@@ -592,6 +604,29 @@ _SCANNED_PLANES = frozenset(("jobs", "claims", "receipts", "dead"))
 _APPLICATION = keys.OUTPUTS_PREFIX
 
 
+def _watermark(scan: Scan, rel: str, meta: ObjectMeta) -> None:
+    """Check ``meta/watermark``; an unreadable one stops delayed jobs and takeovers, so a repair rebuilds it."""
+    if _read(scan, rel, meta, None) is not None:
+        return
+    if not scan.write:
+        scan.findings.append(Finding("ERROR", rel, "watermark_unreadable", "run fsck --repair to rebuild it"))
+        return
+    try:
+        rebuilt = rebuild_watermark(scan.layout)
+    except (NotCommitted, OutcomeUnknown) as exc:
+        scan.findings.append(Finding("ERROR", rel, "watermark_unreadable", f"not rebuilt: {exc}"))
+        return
+    if rebuilt is not None:
+        scan.findings.append(
+            Finding(
+                "WARN",
+                rel,
+                "watermark_rebuilt",
+                f"rebuilt at bucket {rebuilt.highest_observed_wall_bucket}, the bucket of a floor proven now",
+            )
+        )
+
+
 def fsck(layout: QueueLayout, floor_ns: int, *, deep: bool = False, repair: bool = False) -> FsckReport:
     """Check every object of the queue: one listing of the whole prefix, then the repair scan of every shard.
 
@@ -617,7 +652,9 @@ def fsck(layout: QueueLayout, floor_ns: int, *, deep: bool = False, repair: bool
                     rel, QuarantineReason.KEY_PARSE_FAILED, "key_grammar", "shard out of range", meta.store_time_ns
                 )
             continue
-        if parsed.kind in (KeyKind.FAIL, KeyKind.QUARANTINE, KeyKind.FORMAT, KeyKind.WATERMARK):
+        if parsed.kind is KeyKind.WATERMARK:
+            _watermark(scan, rel, meta)
+        elif parsed.kind in (KeyKind.FAIL, KeyKind.QUARANTINE, KeyKind.FORMAT):
             _read(scan, rel, meta, parsed.job_id)
     for shard in range(layout.format.shard_count):
         for _ in scan_shard(scan, shard):

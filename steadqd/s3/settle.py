@@ -36,34 +36,37 @@ __all__ = ["ack", "bury", "read_payload", "retry"]
 
 def read_payload(layout: QueueLayout, job: JobRecord, job_time: int = 0) -> bytes:
     """The job's payload, verified against its digest; a corrupt or missing one is quarantined, never returned."""
-    if job.payload_inline is not None:
-        body = job.payload_inline
-    else:
-        assert job.payload_key is not None
-        found = layout.get(job.payload_key)
-        if found is None:
-            shard = keys.shard_of(layout.queue_id, job.job_id, layout.format.shard_count)
-            flag(
-                layout,
-                job.payload_key,
-                QuarantineReason.ORPHAN_REFERENCED_PAYLOAD_MISSING,
-                job_time,
-                job_id=job.job_id,
-                why="payload absent",
-            )
-            raise NotFound(
-                f"the payload of job {job.job_id.hex()} is missing at {layout.key(job.payload_key)} "
-                f"(job record {keys.job_key(shard, job.job_id)}); bury the job"
-            )
-        body = found[0]
     try:
-        return verify_payload(job, body)
+        return verify_payload(job, _payload_body(layout, job, job_time))
     except CorruptRecord as exc:
         source = job.payload_key or keys.job_key(
             keys.shard_of(layout.queue_id, job.job_id, layout.format.shard_count), job.job_id
         )
         flag(layout, source, exc.reason, job_time, job_id=job.job_id, why=str(exc))
         raise
+
+
+def _payload_body(layout: QueueLayout, job: JobRecord, job_time: int) -> bytes:
+    """The payload's bytes, no more than the job says it has plus one (a longer object is Oversized)."""
+    if job.payload_inline is not None:
+        return job.payload_inline
+    assert job.payload_key is not None
+    found = layout.get(job.payload_key, limit=job.payload_length, payload=True)
+    if found is None:
+        shard = keys.shard_of(layout.queue_id, job.job_id, layout.format.shard_count)
+        flag(
+            layout,
+            job.payload_key,
+            QuarantineReason.ORPHAN_REFERENCED_PAYLOAD_MISSING,
+            job_time,
+            job_id=job.job_id,
+            why="payload absent",
+        )
+        raise NotFound(
+            f"the payload of job {job.job_id.hex()} is missing at {layout.key(job.payload_key)} "
+            f"(job record {keys.job_key(shard, job.job_id)}); bury the job"
+        )
+    return found[0]
 
 
 def _fence(layout: QueueLayout, lease: Lease, what: str) -> None:

@@ -174,9 +174,9 @@ class ObservedStore(ABC):
         self.observe("put_if_match", key)
         return self._inner.put_if_match(key, body, etag, sha256=sha256)
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> StoredObject:
+    def get(self, key: str, byte_range: tuple[int, int] | None = None, *, max_bytes: int | None = None) -> StoredObject:
         self.observe("get", key)
-        return self._inner.get(key, byte_range)
+        return self._inner.get(key, byte_range, max_bytes=max_bytes)
 
     def get_if_none_match(self, key: str, etag: str) -> StoredObject | None:
         self.observe("get_if_none_match", key)

@@ -32,7 +32,7 @@ from steadqd.constants import ID_BYTES, State
 from steadqd.errors import CorruptRecord, ErrorKind, InvalidInput, InvalidKey, SteadQError
 from steadqd.s3 import keys
 from steadqd.s3.keys import KeyKind, ParsedKey
-from steadqd.s3.layout import QueueLayout
+from steadqd.s3.layout import Oversized, QueueLayout
 from steadqd.s3.records import (
     ClaimRecord,
     DeadRecord,
@@ -172,7 +172,10 @@ def _own_shard(layout: QueueLayout, parsed: ParsedKey) -> bool:
 
 def read_verified(layout: QueueLayout, rel: str) -> tuple[Record | None, ObjectMeta | None, CorruptRecord | None]:
     """(record, meta, None), (None, None, None) when absent, or (None, meta, the refusal) when corrupt."""
-    found = layout.get(rel)
+    try:
+        found = layout.get(rel)
+    except Oversized as exc:
+        return None, exc.meta, exc
     if found is None:
         return None, None, None
     data, meta = found
@@ -389,7 +392,7 @@ def read_payload_verified(layout: QueueLayout, job: JobRecord) -> bytes:
     if job.payload_inline is not None:
         return verify_payload(job, job.payload_inline)
     assert job.payload_key is not None
-    found = layout.get(job.payload_key)
+    found = layout.get(job.payload_key, limit=job.payload_length, payload=True)
     if found is None:
         raise SteadQError(
             f"the payload of job {job.job_id.hex()} is missing at {layout.key(job.payload_key)}", ErrorKind.NOT_FOUND

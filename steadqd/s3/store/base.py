@@ -48,6 +48,7 @@ __all__ = [
     "StoreProfile",
     "StoredObject",
     "check_if_match",
+    "check_max_bytes",
     "check_range",
     "check_sha256",
     "quantize",
@@ -205,9 +206,17 @@ class ObjectStore(Protocol):
         """P2: replace ``key`` only if it is at version ``etag`` (``PreconditionFailed`` otherwise, also if absent)."""
         ...
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> StoredObject:
+    def get(self, key: str, byte_range: tuple[int, int] | None = None, *, max_bytes: int | None = None) -> StoredObject:
         """The object, or the half-open ``[start, end)`` slice of it; an empty, inverted or past-EOF
-        range is ``NotFound``, as store-profiles.md's ranged-read rules want."""
+        range is ``NotFound``, as store-profiles.md's ranged-read rules want.
+
+        ``max_bytes`` (not with ``byte_range``) bounds what is transferred:
+        the body is the object's first ``max_bytes`` bytes (all of it when
+        shorter) and ``meta.size`` the whole object's, so a reader learns an
+        object is too big for what it expects without fetching it. Every
+        object in a bucket may have been written by another tenant, so the
+        protocol reads nothing unbounded.
+        """
         ...
 
     def get_if_none_match(self, key: str, etag: str) -> StoredObject | None:
@@ -250,6 +259,16 @@ def check_range(key: str, byte_range: tuple[int, int] | None, size: int) -> tupl
     if start >= end or end > size:
         raise NotFound(f"{key}: no bytes [{start}, {end}) in an object of {size} bytes")
     return start, end
+
+
+def check_max_bytes(key: str, byte_range: tuple[int, int] | None, max_bytes: int | None) -> None:
+    """Refuse a bound that cannot be honoured: a bounded read is of the object's head, not of a range."""
+    if max_bytes is None:
+        return
+    if byte_range is not None:
+        raise InvalidInput(f"get {key}: give a byte range or max_bytes, not both")
+    if max_bytes < 1:
+        raise InvalidInput(f"get {key}: max_bytes {max_bytes} must be at least 1")
 
 
 def check_if_match(profile: StoreProfile, key: str, etag: str) -> str:

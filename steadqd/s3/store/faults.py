@@ -253,8 +253,8 @@ class FaultyStore:
     def delete(self, key: str) -> None:
         self._run("delete", key, lambda: self._inner.delete(key), PendingWrite("delete", key, None))
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> StoredObject:
-        return self._run("get", key, lambda: self._inner.get(key, byte_range), None)
+    def get(self, key: str, byte_range: tuple[int, int] | None = None, *, max_bytes: int | None = None) -> StoredObject:
+        return self._run("get", key, lambda: self._inner.get(key, byte_range, max_bytes=max_bytes), None)
 
     def get_if_none_match(self, key: str, etag: str) -> StoredObject | None:
         return self._run("get_if_none_match", key, lambda: self._inner.get_if_none_match(key, etag), None)

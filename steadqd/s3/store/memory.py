@@ -33,6 +33,7 @@ from steadqd.s3.store.base import (
     StoreProfile,
     check_if_match,
     check_list_limit,
+    check_max_bytes,
     check_range,
     check_sha256,
     quantize,
@@ -190,11 +191,14 @@ class MemoryStore:
             raise NotFound(f"{key}: no such object")
         return entry
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> StoredObject:
+    def get(self, key: str, byte_range: tuple[int, int] | None = None, *, max_bytes: int | None = None) -> StoredObject:
+        check_max_bytes(key, byte_range, max_bytes)
         with self._bucket.lock:
             entry = self._entry(key)
         span = check_range(key, byte_range, len(entry.body))
         body = entry.body if span is None else entry.body[span[0] : span[1]]
+        if max_bytes is not None:
+            body = body[:max_bytes]
         return StoredObject(self._meta(key, entry), body)
 
     def get_if_none_match(self, key: str, etag: str) -> StoredObject | None:

@@ -82,6 +82,7 @@ from steadqd.s3.store.base import (
     StoreProfile,
     check_if_match,
     check_list_limit,
+    check_max_bytes,
     check_sha256,
     quantize,
 )
@@ -528,28 +529,61 @@ class S3Store:
             _store_time_ns(answer.get("LastModified"), self._profile.granularity_ns),
         )
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> StoredObject:
+    def get(self, key: str, byte_range: tuple[int, int] | None = None, *, max_bytes: int | None = None) -> StoredObject:
+        check_max_bytes(key, byte_range, max_bytes)
         if byte_range is not None:
             start, end = byte_range
             if start < 0:
                 raise InvalidInput(f"byte range of {key}: start {start} is negative")
             if start >= end:
                 raise NotFound(f"{key}: the range [{start}, {end}) is empty")
-        return self._read(f"get {key}", lambda: self._get_once(key, byte_range))
+        return self._read(f"get {key}", lambda: self._get_once(key, byte_range, max_bytes))
 
-    def _get_once(self, key: str, byte_range: tuple[int, int] | None, **condition: str) -> StoredObject:
+    def _get_once(
+        self, key: str, byte_range: tuple[int, int] | None, max_bytes: int | None = None, **condition: str
+    ) -> StoredObject:
         extra = dict(condition)
         if byte_range is not None:
             extra["Range"] = f"bytes={byte_range[0]}-{byte_range[1] - 1}"
-        answer = self._client.get_object(Bucket=self._bucket, Key=key, **extra)
+        elif max_bytes is not None:
+            # The object's head only: a clamped answer for a shorter object, at most max_bytes for a longer.
+            extra["Range"] = f"bytes=0-{max_bytes - 1}"
+        try:
+            answer = self._client.get_object(Bucket=self._bucket, Key=key, **extra)
+        except ClientError as exc:
+            if max_bytes is not None and _status(exc) == 416:
+                return self._empty(key)
+            raise
         stream = answer["Body"]
         try:
-            body = stream.read()
+            # A bounded read stops at max_bytes even when the engine ignored the Range and sent it all;
+            # closing the stream then drops the connection instead of draining the rest.
+            body = stream.read() if max_bytes is None else stream.read(max_bytes)
         finally:
             stream.close()
+        if max_bytes is not None:
+            return StoredObject(self._meta(key, answer, self._whole_size(answer, body)), body)
         if byte_range is None:
             return StoredObject(self._meta(key, answer, len(body)), body)
         return StoredObject(self._meta(key, answer, self._ranged_size(key, answer, byte_range, body)), body)
+
+    def _empty(self, key: str) -> StoredObject:
+        """A bounded GET answered 416: S3 has no bytes [0, n) of an empty object, which is not absence."""
+        answer = self._client.head_object(Bucket=self._bucket, Key=key)
+        size = int(answer.get("ContentLength", 0))
+        if size:  # rewritten between the two requests: read it again
+            raise _Retry(NotCommitted(f"get {key}: the object changed while it was read"))
+        return StoredObject(self._meta(key, answer, 0), b"")
+
+    def _whole_size(self, answer: dict[str, Any], body: bytes) -> int:
+        """The whole object's size for a bounded read: Content-Range's total, else the 200's Content-Length."""
+        content_range = answer.get("ContentRange")
+        if content_range is not None:
+            total = content_range.rpartition("/")[2]
+            if total.isdigit():
+                return int(total)
+        length = answer.get("ContentLength")
+        return int(length) if length is not None else len(body)
 
     def _ranged_size(self, key: str, answer: dict[str, Any], byte_range: tuple[int, int], body: bytes) -> int:
         """The whole object's size from Content-Range; a clamped slice is absence, an ignored Range a violation."""
@@ -574,7 +608,7 @@ class S3Store:
     def get_if_none_match(self, key: str, etag: str) -> StoredObject | None:
         def once() -> StoredObject | None:
             try:
-                return self._get_once(key, None, IfNoneMatch=f'"{etag}"')
+                return self._get_once(key, None, None, IfNoneMatch=f'"{etag}"')
             except ClientError as exc:
                 if _status(exc) == 304:
                     return None

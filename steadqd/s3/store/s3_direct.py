@@ -31,7 +31,6 @@ is never written into a connection known to be dead.
 from __future__ import annotations
 
 import http.client
-import io
 import select
 import socket
 import ssl
@@ -149,8 +148,9 @@ class DirectClient:
             headers["Range"] = extra["Range"]
         if "IfNoneMatch" in extra:
             headers["If-None-Match"] = extra["IfNoneMatch"]
-        _, answer, body = self._send("GET", Bucket, Key, headers=headers)
-        return {**self._object_meta(answer), "ContentRange": answer.get("content-range"), "Body": io.BytesIO(body)}
+        connection, response, answer = self._exchange("GET", Bucket, Key, headers=headers)
+        body = _Body(self, connection, response)
+        return {**self._object_meta(answer), "ContentRange": answer.get("content-range"), "Body": body}
 
     def head_object(self, *, Bucket: str, Key: str) -> dict[str, Any]:
         _, answer, _ = self._send("HEAD", Bucket, Key)
@@ -237,26 +237,41 @@ class DirectClient:
         body: bytes = b"",
         query: list[tuple[str, str]] | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
+        connection, response, answer = self._exchange(method, bucket, key, headers=headers, body=body, query=query)
+        data = _Body(self, connection, response).read()
+        return response.status, answer, data
+
+    def _exchange(
+        self,
+        method: str,
+        bucket: str,
+        key: str | None,
+        *,
+        headers: dict[str, str] | None = None,
+        body: bytes = b"",
+        query: list[tuple[str, str]] | None = None,
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, dict[str, str]]:
+        """Send one request and read the answer's status and headers; the body is the caller's to read.
+
+        An error status is raised here (its body, the engine's short XML, read whole).
+        """
         host, target = self._target(bucket, key, query or [])
         signed = self._sign(method, host, target, dict(headers or {}), body)
         connection = self._connection()
         try:
             connection.request(method, target, body=body if method in ("PUT", "POST") else None, headers=signed)
             response = connection.getresponse()
-            status = response.status
-            answer = {name.lower(): value for name, value in response.getheaders()}
-            data = response.read()
-            if response.will_close:
-                self._discard(connection)
         except TimeoutError as exc:
             self._discard(connection)
             raise ReadTimeoutError(endpoint_url=self.meta.endpoint_url, error=exc) from exc
         except (OSError, http.client.HTTPException) as exc:
             self._discard(connection)
             raise ConnectionClosedError(endpoint_url=self.meta.endpoint_url, error=exc) from exc
-        if status >= 300:
-            raise _client_error(status, answer, data, method)
-        return status, answer, data
+        answer = {name.lower(): value for name, value in response.getheaders()}
+        if response.status >= 300:
+            data = _Body(self, connection, response).read()
+            raise _client_error(response.status, answer, data, method)
+        return connection, response, answer
 
     # -- connections -----------------------------------------------------------------------
 
@@ -296,6 +311,37 @@ class DirectClient:
             self._local.connection = None
         with self._lock:
             self._open.discard(connection)
+
+
+class _Body:
+    """An answer's body, read on demand: a bounded reader takes only the bytes it wants.
+
+    A connection is kept for the next request only once its answer was read
+    to the end; one closed with bytes still unread is dropped, since they
+    would otherwise be taken for the next answer.
+    """
+
+    def __init__(self, client: DirectClient, connection: http.client.HTTPConnection, response: Any) -> None:
+        self._client = client
+        self._connection = connection
+        self._response = response
+
+    def read(self, amt: int | None = None) -> bytes:
+        try:
+            data: bytes = self._response.read() if amt is None else self._response.read(amt)
+        except TimeoutError as exc:
+            self._client._discard(self._connection)
+            raise ReadTimeoutError(endpoint_url=self._client.meta.endpoint_url, error=exc) from exc
+        except (OSError, http.client.HTTPException) as exc:
+            self._client._discard(self._connection)
+            raise ConnectionClosedError(endpoint_url=self._client.meta.endpoint_url, error=exc) from exc
+        if amt is None:
+            self.close()
+        return data
+
+    def close(self) -> None:
+        if not self._response.isclosed() or self._response.will_close:
+            self._client._discard(self._connection)
 
 
 def _idle_and_open(connection: http.client.HTTPConnection) -> bool:
