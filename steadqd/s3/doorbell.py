@@ -19,8 +19,10 @@ and never raises, so it cannot fail or delay an enqueue.
 
 Security: the datagram's bytes are ignored. Whoever may write to a socket
 (the directory's group, as the queue's users) can only make a worker look
-at the bucket sooner, which it also does by enqueueing; a worker coalesces
-a burst of rings into one look, at most one per :data:`RING_MIN_INTERVAL_S`.
+at the bucket sooner, and a ring costs its sender nothing (no store
+credentials, no request), while each look costs the worker a claim pass.
+So the watch (``steadqd.s3.watch``) hears one ring at once and coalesces
+the rest into at most one look per ``s3.doorbell_interval`` (1 s by default).
 """
 
 from __future__ import annotations
@@ -31,11 +33,10 @@ import os
 import socket
 import stat
 
-__all__ = ["DOORBELL_DIR_ENV", "Doorbell", "RING_MIN_INTERVAL_S", "RUN_DIR", "bases", "ring"]
+__all__ = ["DOORBELL_DIR_ENV", "Doorbell", "RUN_DIR", "bases", "ring"]
 
 DOORBELL_DIR_ENV = "STEADQ_DOORBELL_DIR"
 RUN_DIR = "/run/steadq/doorbell"
-RING_MIN_INTERVAL_S = 0.05  # a worker looks at most this often because of rings
 _SUFFIX = ".sock"
 _MAX_RUNG = 64  # sockets one ring reaches: bounds the cost of an enqueue on a crowded host
 _STALE = (errno.ECONNREFUSED, errno.ENOENT)  # a socket whose process is gone

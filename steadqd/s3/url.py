@@ -52,6 +52,7 @@ _HANDLE_OPTIONS = (
     "sleep",
     "first_shard",
     "idle_poll_max",
+    "doorbell_interval",
     "receipt_retention",
     "dead_retention",
     "temp_ttl",

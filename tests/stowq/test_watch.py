@@ -12,6 +12,8 @@ import shutil
 import socket
 import stat
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +27,7 @@ from steadqd.s3.keys import KeyKind, parse_key
 from steadqd.s3.layout import DEFAULT_FORMAT
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import MemoryStore, WallClock
-from steadqd.s3.watch import BucketReadyWatch, check_poll_max, idle_lists_per_minute
+from steadqd.s3.watch import DEFAULT_RING_INTERVAL_S, BucketReadyWatch, check_poll_max, idle_lists_per_minute
 
 SECOND = 1_000_000_000
 PREFIX = "farm/"
@@ -287,3 +289,70 @@ def test_a_dead_listeners_socket_is_removed_by_the_next_ring(queue: _Queue, bell
     sock.close()  # its process died: the name stays, nobody reads it
     assert doorbell.ring(queue.q.queue_id) == 0
     assert not stale.exists()
+
+
+def _flood(queue_id: str, seconds: float) -> int:
+    """What a member of the queue's group with no store credentials can do: ring as fast as it can.
+
+    Paced at about a thousand datagrams a second (ten times the issue's 93/s) so the flood
+    does not starve the consumer thread of the shared CPU; returns how many rings were sent."""
+    sent, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        doorbell.ring(queue_id)
+        sent += 1
+        time.sleep(0.001)
+    return sent
+
+
+def test_a_flood_of_rings_costs_at_most_one_claim_pass_per_ring_interval(queue: _Queue, bells: Path) -> None:
+    """Issue 30 B: rings are free to send, so what they make a worker LIST must be bounded by a setting."""
+    watch = queue.watch(poll_first_s=3600, poll_max_s=3600)  # no polling: every LIST below is a ring's
+    stop = threading.Event()
+    passes = [0]
+
+    def worker() -> None:  # what the daemon's worker does on news: one claim pass over every shard
+        while not stop.is_set():
+            if watch.wait(0.1):
+                passes[0] += 1
+                assert queue.q.claim_once() is None
+
+    consumer = threading.Thread(target=worker)
+    try:
+        watch.watch_missing()
+        before = queue.store.count("list")
+        consumer.start()
+        seconds = 3.0
+        sent = _flood(queue.q.queue_id, seconds)
+        stop.set()
+        consumer.join()
+        lists = queue.store.count("list") - before
+    finally:
+        stop.set()
+        watch.close()
+    shards = queue.q.layout.format.shard_count
+    # The first ring is heard at once, then at most one per interval (the trailing one included).
+    bound_passes = int(seconds / DEFAULT_RING_INTERVAL_S) + 2
+    assert sent > 1000 and watch.rings > 0
+    assert passes[0] <= bound_passes, (passes[0], sent)
+    assert lists <= bound_passes * shards + watch.lists, (lists, sent)
+
+
+def test_a_ring_wakes_an_idle_watch_at_once_and_rings_within_the_interval_are_one(queue: _Queue, bells: Path) -> None:
+    watch = queue.watch(poll_first_s=3600, poll_max_s=3600, ring_interval_s=3600)
+    try:
+        watch.watch_missing()
+        assert watch.wait(0.0) is False
+        doorbell.ring(queue.q.queue_id)
+        assert watch.wait(60.0) is True  # the first ring is not held back by the hour's interval
+        for _ in range(50):
+            doorbell.ring(queue.q.queue_id)
+        assert watch.wait(0.5) is False  # coalesced: heard again only an hour after the first
+        assert watch.rings == 1
+    finally:
+        watch.close()
+
+
+@pytest.mark.parametrize("bad", [0, 0.01, -1, 7200, True, "1s"])
+def test_the_ring_interval_is_a_setting_refused_out_of_range(queue: _Queue, bad: object) -> None:
+    with pytest.raises(InvalidInput, match="ring interval"):
+        queue.watch(ring_interval_s=bad)
