@@ -28,6 +28,7 @@ from steadqd.s3.layout import DEFAULT_FORMAT
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import MemoryStore, WallClock
 from steadqd.s3.watch import DEFAULT_RING_INTERVAL_S, BucketReadyWatch, check_poll_max, idle_lists_per_minute
+from tests.integration.test_shared_queue import PRODUCER, QUEUE_GID, as_user
 
 SECOND = 1_000_000_000
 PREFIX = "farm/"
@@ -356,3 +357,108 @@ def test_a_ring_wakes_an_idle_watch_at_once_and_rings_within_the_interval_are_on
 def test_the_ring_interval_is_a_setting_refused_out_of_range(queue: _Queue, bad: object) -> None:
     with pytest.raises(InvalidInput, match="ring interval"):
         queue.watch(ring_interval_s=bad)
+
+
+# -- the doorbell against a member of the queue's group (issue 30 C) ---------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
+
+
+@pytest.fixture
+def root_only() -> Iterator[Path]:
+    """A 0700 root directory outside the doorbell base: what a member must never reach through a ring."""
+    d = Path(tempfile.mkdtemp(prefix="secret-", dir="/tmp"))
+    d.chmod(0o700)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _shared_with_members(bells: Path) -> None:
+    os.chown(bells, 0, QUEUE_GID)
+    bells.chmod(0o2770)
+
+
+@needs_root
+def test_a_ring_does_not_follow_a_members_symlink_to_a_root_only_socket(
+    queue: _Queue, bells: Path, root_only: Path
+) -> None:
+    _shared_with_members(bells)
+    hidden = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+    hidden.bind(str(root_only / "x.sock"))
+    directory = bells / queue.q.queue_id
+
+    def plant() -> None:
+        directory.mkdir()
+        os.symlink(root_only / "x.sock", directory / "evil.sock")
+
+    try:
+        assert as_user(PRODUCER, plant) == "ok"
+        assert doorbell.ring(queue.q.queue_id) == 0  # as root, as `steadq put` would
+        with pytest.raises(BlockingIOError):
+            hidden.recv(16)  # nothing reached the socket in the 0700 directory
+        assert (directory / "evil.sock").is_symlink()  # and the member's link is not the ringer's to remove
+    finally:
+        hidden.close()
+
+
+@needs_root
+def test_a_ring_skips_a_socket_of_an_unexpected_owner(queue: _Queue, bells: Path) -> None:
+    _shared_with_members(bells)
+    bell, problem = doorbell.Doorbell.bind(queue.q.queue_id)  # root's own: rung
+    assert bell is not None, problem
+    received: list[bytes] = []
+    read_end, write_end = os.pipe()
+
+    def member_socket() -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.bind(str(bells / queue.q.queue_id / "1.member.sock"))
+        os.write(write_end, b"bound")
+        s.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            received.append(s.recv(16))
+
+    child = threading.Thread(target=as_user, args=(PRODUCER, member_socket))
+    try:
+        child.start()
+        assert os.read(read_end, 5) == b"bound"
+        assert doorbell.ring(queue.q.queue_id) == 1  # root's socket, not the member's
+        child.join()
+        assert bell.drain() == 1
+    finally:
+        child.join()
+        bell.close()
+        os.close(read_end)
+        os.close(write_end)
+
+
+@needs_root
+def test_binding_changes_no_mode_by_path_that_a_member_can_swap(
+    queue: _Queue, bells: Path, root_only: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The member wins the race between bind and the mode change: the socket's name is a link by then."""
+    _shared_with_members(bells)
+    victim = root_only / "key"
+    victim.write_text("secret\n")
+    victim.chmod(0o600)
+    os.chmod(root_only, 0o711)  # the member may not list it, but a link may name a file in it
+    real_bind = socket.socket.bind
+
+    def bind_then_swap(self: socket.socket, address: str) -> None:
+        real_bind(self, address)
+        entry = os.path.realpath(address)
+
+        def swap() -> None:
+            os.rename(entry, entry + ".moved")
+            os.symlink(victim, entry)
+
+        assert as_user(PRODUCER, swap) == "ok"
+
+    monkeypatch.setattr(socket.socket, "bind", bind_then_swap)
+    bell, problem = doorbell.Doorbell.bind(queue.q.queue_id)
+    monkeypatch.undo()
+    if bell is not None:
+        bell.close()
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600 and victim.read_text() == "secret\n"
+    assert bell is None and problem is not None and "replaced" in problem, problem
