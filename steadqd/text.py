@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["printable"]
+__all__ = ["printable", "redacted"]
 
 # C0 and C1 controls, DEL, the Unicode line and paragraph separators, and lone
 # surrogates: a name that is not UTF-8 arrives as surrogateescape, which a
@@ -38,3 +38,26 @@ def printable(text: str) -> str:
     """``text`` with every control character escaped as Python would (``\\n``, ``\\x1b``, ``\\u2028``),
     and every byte that was not UTF-8 as ``\\xNN``."""
     return _UNPRINTABLE.sub(_escape_char, text)
+
+
+# The userinfo of a URL (``http://user:pass@host``): everything between ``//`` and the last ``@``
+# before the path, so an unencoded ``@`` in a password is hidden too.
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s?#\"'<>]*@")
+# Query parameters that carry a secret: a presigned URL's signature and credentials, and the usual names.
+_SECRET_PARAM = re.compile(
+    r"([?&](?:X-Amz-(?:Signature|Credential|Security-Token)|AWSAccessKeyId|Signature|password|passwd|pwd|"
+    r"secret|token|access_token|api_key|apikey)=)[^&\s#\"'<>]*",
+    re.IGNORECASE,
+)
+
+
+def redacted(text: str) -> str:
+    """``text`` with the secrets of every URL in it hidden as ``***``: the userinfo and secret query values.
+
+    Why one function for any text: an endpoint reaches the operator inside
+    messages built by botocore and by us alike (``Could not connect to the
+    endpoint URL: "http://user:pass@host/..."``), so the CLI's error lines and
+    the daemons' log lines pass through it, as does every place that names a
+    store (``S3Store.location``). A bare ``user@host`` without a scheme is left.
+    """
+    return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub(r"\1***@", text))

@@ -39,7 +39,7 @@ from steadqd.constants import DeadReason
 from steadqd.durable_file import fsync_directory, replace_durably
 from steadqd.durations import format_duration, parse_duration
 from steadqd.errors import OutcomeUnknown, SteadQError, UnsupportedFormat
-from steadqd.text import printable
+from steadqd.text import printable, redacted
 
 PROG = "steadq"
 HEX32 = re.compile(r"[0-9a-f]{32}")
@@ -94,7 +94,7 @@ def err(*lines: str) -> None:
     if sys.stderr is None:  # closed (2>&-): print(file=None) would write the lines into stdout
         return
     for line in lines:
-        print(printable(line), file=sys.stderr)
+        print(printable(redacted(line)), file=sys.stderr)
     sys.stderr.flush()
 
 

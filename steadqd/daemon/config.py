@@ -149,6 +149,7 @@ class S3Config:
     aws_profile: str | None = None
     store_profile: str | None = None
     idle_poll_max: float | None = None
+    doorbell_interval: float | None = None
     certify: bool = True  # the worker certifies the store once at start
 
 
@@ -187,7 +188,7 @@ def open_options(settings: QueueSettings, *, certify: bool = False) -> dict[str,
         return {"allow_unsupported_fs": settings.allow_unsupported_fs}
     cfg = settings.s3 or S3Config()
     options: dict[str, Any] = {"certify_store": certify and cfg.certify}
-    for name in ("credentials_file", "aws_profile", "store_profile", "idle_poll_max"):
+    for name in ("credentials_file", "aws_profile", "store_profile", "idle_poll_max", "doorbell_interval"):
         value = getattr(cfg, name)
         if value is not None:
             options[name] = value
@@ -661,7 +662,7 @@ _SECRET_KEYS = frozenset(
         "password",
     }
 )
-_S3_KEYS = {"credentials_file", "aws_profile", "store_profile", "idle_poll_max", "certify"}
+_S3_KEYS = {"credentials_file", "aws_profile", "store_profile", "idle_poll_max", "doorbell_interval", "certify"}
 
 
 def _refuse_secrets(d: _Doc) -> None:
@@ -695,6 +696,7 @@ def _s3(d: _Doc) -> S3Config:
         aws_profile=m["aws_profile"].string() if "aws_profile" in m else None,
         store_profile=m["store_profile"].string() if "store_profile" in m else None,
         idle_poll_max=m["idle_poll_max"].duration(0.05, 3600.0) if "idle_poll_max" in m else None,
+        doorbell_interval=m["doorbell_interval"].duration(0.05, 3600.0) if "doorbell_interval" in m else None,
         certify=m["certify"].boolean() if "certify" in m else True,
     )
 

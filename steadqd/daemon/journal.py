@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import TextIO
 
 from steadqd.constants import DeadReason
-from steadqd.text import printable
+from steadqd.text import printable, redacted
 
 EMERG, ALERT, CRIT, ERR, WARNING, NOTICE, INFO, DEBUG = range(8)
 IDENTIFIER = "steadqd"
@@ -108,7 +108,9 @@ class Log:
         return self._send is not None
 
     def log(self, priority: int, message: str, **fields: object) -> None:
-        pairs = {_field_name(k): _field_value(v) for k, v in fields.items() if v is not None}
+        # An endpoint reaches a log inside error texts: its credentials never do (steadqd.text.redacted).
+        message = redacted(message)
+        pairs = {_field_name(k): redacted(_field_value(v)) for k, v in fields.items() if v is not None}
         pairs["STEADQ_QUEUE"] = self.queue
         pairs["STEADQ_ROLE"] = self.role
         if self._send is not None:

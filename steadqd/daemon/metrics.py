@@ -6,7 +6,8 @@ listening socket per queue and role would be one more thing to secure. node-expo
 textfile collector already runs on the machines that are scraped; it reads
 every ``*.prom`` file of its directory at each scrape. The file is written to
 a temporary name beside it and renamed over it, so a scrape never reads half
-a file.
+a file. The directory must be one only root or the daemon's user can change
+(:func:`directory_problem`), and no name in it is followed as a link.
 
 The three roles of a queue are three processes reading one YAML file, so each
 process writes its own file: the configured path with the process's role
@@ -23,8 +24,11 @@ prints it: queue depths read from the tree, for a cron job or a scrape script.
 from __future__ import annotations
 
 import atexit
+import errno
 import math
 import os
+import secrets
+import stat
 import threading
 from collections.abc import Iterable
 
@@ -32,16 +36,21 @@ from steadqd.backend import RecoveryReport
 from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop
+from steadqd.durable_file import replace_durably
+from steadqd.text import printable
 
 __all__ = [
     "DURATION_BUCKETS",
     "JOB_STATES",
     "Metrics",
+    "UncontrolledDirectory",
     "attach",
+    "directory_problem",
     "job_failed_to_start",
     "job_finished",
     "recovered",
     "textfile_for",
+    "write_textfile",
 ]
 
 WRITE_INTERVAL = 5.0  # seconds between rewrites while something changed
@@ -156,19 +165,64 @@ class Metrics:
         return out
 
 
+class UncontrolledDirectory(PermissionError):
+    """The metrics directory is one somebody else may change: the file is not written there."""
+
+
+_TEMP_TRIES = 8  # random temp names tried before giving up (a clash needs 64 bits guessed)
+
+
+def directory_problem(directory: str, info: os.stat_result) -> str | None:
+    """Why the daemon does not control ``directory``, or None when it does.
+
+    Control means nobody but root and the daemon's own user can add, swap or
+    remove an entry in it: owned by root or by the daemon's user, and not
+    writable by group or others unless sticky (a sticky directory, like
+    /tmp, lets nobody replace another user's entry). node-exporter's
+    textfile directory is usually root-owned 0755, or owned by the service
+    user; a group-writable one is the attack: a member of the queue's group
+    plants a symlink where the daemon, perhaps as root, writes.
+    """
+    where = printable(directory)
+    if info.st_uid not in (0, os.geteuid()):
+        return (
+            f"metrics directory {where} is owned by uid {info.st_uid}, who could swap the file for a link; "
+            f"chown root {where} (or the service user) (metrics_textfile:)"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+        return (
+            f"metrics directory {where} is writable by its group or others, who could plant a link there; "
+            f"chmod go-w {where} (metrics_textfile:)"
+        )
+    return None
+
+
 def write_textfile(path: str, text: str) -> None:
-    """Replace ``path`` atomically: node-exporter reads only ``*.prom``, so the temporary name is not read."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    """Replace ``path`` atomically: node-exporter reads only ``*.prom``, so the temporary name is not read.
+
+    Everything happens relative to the directory opened once without
+    following a link, and the temp file is created with ``O_EXCL`` under a
+    random name, so a link planted at any name is never followed (the pid a
+    predictable name would use is public). A directory the daemon does not
+    control (:func:`directory_problem`) is refused with UncontrolledDirectory.
+    """
+    directory, name = os.path.split(path)
+    dir_fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        problem = directory_problem(directory, os.fstat(dir_fd))
+        if problem is not None:
+            raise UncontrolledDirectory(errno.EPERM, problem)
+        data = text.encode("utf-8")
+        for attempt in range(_TEMP_TRIES):
+            tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+            try:
+                replace_durably(tmp, name, data, dir_fd=dir_fd, mode=0o644)
+                return
+            except FileExistsError:
+                if attempt == _TEMP_TRIES - 1:
+                    raise
+    finally:
+        os.close(dir_fd)
 
 
 class _Writer:
@@ -185,6 +239,11 @@ class _Writer:
             return
         try:
             write_textfile(self.path, self.metrics.render())
+        except UncontrolledDirectory as e:
+            if not self._failing:
+                self._failing = True
+                self.log.warning(f"cannot write the metrics file {self.path}: {e.strerror}", path=self.path)
+            return
         except OSError as e:
             if not self._failing:  # once per outage, not every interval
                 self._failing = True

@@ -39,7 +39,13 @@ from steadqd.s3.records import QUEUE_ID_BYTES, TOKEN_BYTES, ClaimRecord, JobReco
 from steadqd.s3.recovery import check_phases, recovery_setting, run_recovery
 from steadqd.s3.repair import FsckReport, fsck
 from steadqd.s3.sweep import Budget, RecoveryReport
-from steadqd.s3.watch import DEFAULT_POLL_MAX_S, BucketReadyWatch, check_poll_max
+from steadqd.s3.watch import (
+    DEFAULT_POLL_MAX_S,
+    DEFAULT_RING_INTERVAL_S,
+    BucketReadyWatch,
+    check_poll_max,
+    check_ring_interval,
+)
 
 __all__ = ["BucketBackend", "HANDLE_FORMAT"]
 
@@ -81,6 +87,7 @@ class BucketBackend(BucketQueue):
         *,
         url: str,
         idle_poll_max: float = DEFAULT_POLL_MAX_S,
+        doorbell_interval: float = DEFAULT_RING_INTERVAL_S,
         receipt_retention: float = DEFAULT_RECEIPT_RETENTION_NS / NS_PER_SECOND,
         dead_retention: float | None = None,
         temp_ttl: float = DEFAULT_TEMP_TTL_NS / NS_PER_SECOND,
@@ -89,6 +96,7 @@ class BucketBackend(BucketQueue):
         super().__init__(layout, **handle)
         self._url = url.rstrip("/")
         self._idle_poll_max = check_poll_max(idle_poll_max)
+        self._doorbell_interval = check_ring_interval(doorbell_interval)
         self._recovery = recovery_setting(
             receipt_retention, dead_retention, temp_ttl, handle.get("floor_staleness_s", 1.0)
         )
@@ -221,7 +229,7 @@ class BucketBackend(BucketQueue):
 
     def ready_watch(self) -> BucketReadyWatch:
         """A polling watch with a doorbell (``steadqd.s3.watch``); it starts at ``watch_missing()``."""
-        return BucketReadyWatch(self.layout, poll_max_s=self._idle_poll_max)
+        return BucketReadyWatch(self.layout, poll_max_s=self._idle_poll_max, ring_interval_s=self._doorbell_interval)
 
     def delayed_watch(self, report: Callable[[str, str], None]) -> NoReturn:
         raise NotSupportedHere(

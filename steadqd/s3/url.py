@@ -37,6 +37,7 @@ from steadqd.errors import (
 from steadqd.s3.layout import DEFAULT_FORMAT, init_layout, open_layout
 from steadqd.s3.operator import BucketBackend
 from steadqd.s3.store.base import CEPH_RGW, S3_GENERIC, SEAWEEDFS, StoreProfile
+from steadqd.text import redacted
 
 __all__ = ["PROFILE_VARIABLE", "SCHEME", "BucketURL", "init_bucket_queue", "open_bucket_queue", "parse_url"]
 
@@ -52,6 +53,7 @@ _HANDLE_OPTIONS = (
     "sleep",
     "first_shard",
     "idle_poll_max",
+    "doorbell_interval",
     "receipt_retention",
     "dead_retention",
     "temp_ttl",
@@ -167,8 +169,8 @@ def _explain(exc: SteadQError, url: BucketURL, endpoint: str, profile: StoreProf
                 )
         if isinstance(cause, EndpointConnectionError | BotoConnectionError):
             return NotCommitted(
-                f"cannot reach the object store at {endpoint} ({cause}): check AWS_ENDPOINT_URL and that the "
-                "store is running",
+                f"cannot reach the object store at {endpoint} ({redacted(str(cause))}): check AWS_ENDPOINT_URL "
+                "and that the store is running",
                 ErrorKind.IO_FAILURE,
             )
     if isinstance(exc, StoreProfileViolation) and profile is S3_GENERIC:

@@ -26,7 +26,13 @@ lost, a lease expiring inside its bucket) waits for the bucket's end or
 the safety rescan.
 
 The doorbell (``steadqd.s3.doorbell``) makes the same-host case immediate:
-a ring wakes the worker at once and resets the backoff.
+a ring wakes the worker at once. A ring costs its sender nothing (a
+datagram, no store credentials) and each wake costs the worker a claim pass
+(``shard_count`` LISTs), so rings are coalesced and bounded: one is heard at
+once, and any that come within ``ring_interval_s`` (``s3.doorbell_interval``,
+1 s by default) after it are heard together, once, when it has passed. So
+rings add at most one claim pass per interval, idle or busy, however many
+come; they leave the poll schedule alone.
 
 The polling runs in a thread of its own, so a slow store never stalls the
 worker's event loop (its renewals and job output); ``fileno()`` is an
@@ -45,7 +51,7 @@ from dataclasses import dataclass
 
 from steadqd.errors import InvalidInput, InvalidKey, SteadQError
 from steadqd.s3 import keys
-from steadqd.s3.doorbell import RING_MIN_INTERVAL_S, Doorbell
+from steadqd.s3.doorbell import Doorbell
 from steadqd.s3.keys import KeyKind
 from steadqd.s3.layout import QueueLayout
 from steadqd.s3.timemath import bucket_end_ns, bucket_start_ns
@@ -54,14 +60,18 @@ __all__ = [
     "BucketReadyWatch",
     "DEFAULT_POLL_FIRST_S",
     "DEFAULT_POLL_MAX_S",
+    "DEFAULT_RING_INTERVAL_S",
     "ReadyNewsOf",
     "check_poll_max",
+    "check_ring_interval",
     "idle_lists_per_minute",
 ]
 
 DEFAULT_POLL_FIRST_S = 0.25
 DEFAULT_POLL_MAX_S = 2.0
 POLL_MAX_LIMIT_S = 3600.0
+DEFAULT_RING_INTERVAL_S = 1.0  # the shortest time between two wakes the doorbell causes
+RING_INTERVAL_MIN_S = 0.05
 _PAGE = 1000
 _SOURCES = ("jobs", "delayed", "leases")
 _SEEN_CAP = 1_000_000  # job keys remembered between two rounds of jobs/ (about 100 MB at the cap)
@@ -76,6 +86,17 @@ def check_poll_max(seconds: float) -> float:
     """The poll cap, refused unless a sane number of seconds (it is a YAML setting)."""
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0.05 <= seconds <= POLL_MAX_LIMIT_S:
         raise InvalidInput(f"idle poll cap {seconds!r}: give a number of seconds from 0.05 to {POLL_MAX_LIMIT_S:g}")
+    return float(seconds)
+
+
+def check_ring_interval(seconds: float) -> float:
+    """The doorbell's interval, refused unless a sane number of seconds (it is a YAML setting)."""
+    ok = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+    if not ok or not RING_INTERVAL_MIN_S <= seconds <= POLL_MAX_LIMIT_S:
+        raise InvalidInput(
+            f"doorbell ring interval {seconds!r}: give a number of seconds from {RING_INTERVAL_MIN_S:g} "
+            f"to {POLL_MAX_LIMIT_S:g}"
+        )
     return float(seconds)
 
 
@@ -139,9 +160,11 @@ class BucketReadyWatch:
         poll_first_s: float = DEFAULT_POLL_FIRST_S,
         poll_max_s: float = DEFAULT_POLL_MAX_S,
         doorbell: bool = True,
+        ring_interval_s: float = DEFAULT_RING_INTERVAL_S,
         now_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self._layout = layout
+        self._ring_interval = check_ring_interval(ring_interval_s)
         self._first = min(float(poll_first_s), check_poll_max(poll_max_s))
         self._max = check_poll_max(poll_max_s)
         self.pause = self._first
@@ -270,9 +293,10 @@ class BucketReadyWatch:
         return cursor.judge(rels, self._now_ns(), self._margin_ns)
 
     def ring(self) -> None:
-        """A ring heard (or a test's): news at once, the backoff starts again."""
+        """A ring heard (the thread calls it at most once per ring interval): news at once.
+
+        It leaves the poll schedule alone, so rings cannot make the watch LIST more often."""
         self.rings += 1
-        self.pause = self._first
         self._signal()
 
     def _signal(self) -> None:
@@ -284,18 +308,31 @@ class BucketReadyWatch:
     # -- the thread ------------------------------------------------------------------
 
     def _run(self) -> None:
-        fds = [self._stop_r] + ([self._bell.fileno()] if self._bell is not None else [])
-        due = time.monotonic()
+        bell = self._bell.fileno() if self._bell is not None else None
+        due = time.monotonic()  # the next tick
+        heard = -self._ring_interval  # when a ring was last heard (monotonic)
+        pending = False  # a ring came within the interval: heard once the interval has passed
         while True:
-            readable, _, _ = select.select(fds, [], [], max(0.0, due - time.monotonic()))
+            now = time.monotonic()
+            timeout = due - now
+            fds = [self._stop_r]
+            if pending:
+                timeout = min(timeout, heard + self._ring_interval - now)
+            elif bell is not None:
+                fds.append(bell)  # while one is pending, more rings wait in the socket: they add nothing
+            readable, _, _ = select.select(fds, [], [], max(0.0, timeout))
             if self._stop_r in readable:
                 return
-            if self._bell is not None and self._bell.fileno() in readable:
-                self._bell.drain()
+            if bell is not None and bell in readable:
+                pending = True
+            now = time.monotonic()
+            if pending and now >= heard + self._ring_interval:
+                assert self._bell is not None
+                self._bell.drain()  # every ring that came meanwhile is this one
+                pending = False
+                heard = now
                 self.ring()
+            if now >= due:
+                if self.tick():
+                    self._signal()
                 due = time.monotonic() + self.pause
-                time.sleep(RING_MIN_INTERVAL_S)  # a burst of rings is one look
-                continue
-            if self.tick():
-                self._signal()
-            due = time.monotonic() + self.pause

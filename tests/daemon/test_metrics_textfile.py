@@ -9,6 +9,7 @@ start; promotions; reaps; the run-time histogram.
 from __future__ import annotations
 
 import math
+import os
 import re
 import stat
 import subprocess
@@ -18,8 +19,9 @@ import pytest
 import yaml
 
 from steadqd import Queue
-from steadqd.daemon.metrics import DURATION_BUCKETS, Metrics, textfile_for
+from steadqd.daemon.metrics import DURATION_BUCKETS, Metrics, UncontrolledDirectory, textfile_for, write_textfile
 from tests.daemon.conftest import STEADQD, Daemon, Env, job_spec, wait_for
+from tests.integration.test_shared_queue import PRODUCER, QUEUE_GID, as_user
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*"'
@@ -147,3 +149,89 @@ def test_check_config_refuses_a_textfile_node_exporter_would_not_read(tmp_path: 
     r = subprocess.run([STEADQD, "--config-dir", str(tmp_path), "check-config"], capture_output=True, text=True)
     assert r.returncode == 78, (r.stdout, r.stderr)
     assert "metrics_textfile" in r.stderr and ".prom" in r.stderr and "q.yaml:2" in r.stderr, r.stderr
+
+
+# -- the metrics directory against a member of the queue's group (issue 30 A) -----------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
+
+
+def _traversable(path: Path) -> None:
+    """pytest's base directories are 0700: let the test users reach ``path``."""
+    parent = str(path)
+    while parent != "/":
+        os.chmod(parent, os.stat(parent).st_mode | 0o011)
+        parent = os.path.dirname(parent)
+
+
+def _victim(tmp_path: Path) -> Path:
+    """A root-only file the member would like overwritten."""
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    victim = private / "shadow"
+    victim.write_text("root's data\n")
+    return victim
+
+
+def _plant_links(directory: Path, final: str, victim: Path) -> None:
+    """As the member: a symlink at the final name and at every temp name it can predict (pids are public)."""
+
+    def plant() -> None:
+        os.symlink(victim, directory / final)
+        for pid in range(max(2, os.getpid() - 200), os.getpid() + 200):
+            os.symlink(victim, directory / f".{final}.{pid}.tmp")
+
+    assert as_user(PRODUCER, plant) == "ok"
+
+
+@needs_root
+def test_a_group_writable_metrics_directory_is_refused_and_nothing_is_followed(tmp_path: Path) -> None:
+    _traversable(tmp_path)
+    victim = _victim(tmp_path)
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    os.chown(directory, 0, QUEUE_GID)
+    os.chmod(directory, 0o2770)  # the attack case: the queue's group may write the directory
+    _plant_links(directory, "q.worker.prom", victim)
+    with pytest.raises(UncontrolledDirectory) as caught:
+        write_textfile(str(directory / "q.worker.prom"), "steadqd_jobs_total 1\n")
+    message = str(caught.value)
+    assert str(directory) in message and "chmod" in message and "\n" not in message, message
+    assert victim.read_text() == "root's data\n"
+    assert (directory / "q.worker.prom").is_symlink()  # left as planted: never written through
+
+
+@needs_root
+def test_a_sticky_metrics_directory_is_written_without_following_a_planted_link(tmp_path: Path) -> None:
+    _traversable(tmp_path)
+    victim = _victim(tmp_path)
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    os.chown(directory, 0, QUEUE_GID)
+    os.chmod(directory, 0o1777)  # like /tmp: anyone creates, nobody replaces another's entry
+    _plant_links(directory, "q.worker.prom", victim)
+    write_textfile(str(directory / "q.worker.prom"), "steadqd_jobs_total 1\n")
+    assert victim.read_text() == "root's data\n"
+    final = directory / "q.worker.prom"
+    info = final.lstat()
+    assert stat.S_ISREG(info.st_mode) and info.st_uid == 0 and info.st_mode & stat.S_IROTH
+    assert final.read_text() == "steadqd_jobs_total 1\n"
+
+
+@needs_root
+def test_a_metrics_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "metrics"
+    directory.mkdir(mode=0o755)
+    os.chown(directory, PRODUCER[0], PRODUCER[1])  # its owner could swap anything in it
+    with pytest.raises(UncontrolledDirectory, match="chown"):
+        write_textfile(str(directory / "q.worker.prom"), "x 1\n")
+    assert list(directory.iterdir()) == []
+
+
+def test_a_symlinked_metrics_directory_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir(mode=0o755)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(OSError):
+        write_textfile(str(tmp_path / "link" / "q.worker.prom"), "x 1\n")
+    assert list(real.iterdir()) == []

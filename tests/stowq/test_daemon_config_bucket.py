@@ -9,6 +9,10 @@ import pytest
 from steadqd.daemon.config import QueueSettings, S3Config, open_options, parse_config
 from steadqd.daemon.preflight import Account, credentials_problems
 from steadqd.errors import ConfigError
+from steadqd.s3.layout import init_layout
+from steadqd.s3.operator import BucketBackend
+from steadqd.s3.store.memory import MemoryStore
+from steadqd.s3.url import _split
 
 COMMAND = "worker:\n  command: [/bin/true]\n"
 
@@ -31,6 +35,24 @@ def test_a_bucket_queue_with_its_s3_settings() -> None:
         "idle_poll_max": 5.0,
     }
     assert open_options(s, certify=True)["certify_store"] is True
+
+
+def test_the_doorbell_interval_reaches_the_ready_watch() -> None:
+    """Issue 30 B: the bound on what rings may cost is a setting the worker's watch really uses."""
+    s = _parse("queue: s3://render/farm\ns3:\n  doorbell_interval: 2.5s\n" + COMMAND)
+    assert s.s3 == S3Config(doorbell_interval=2.5)
+    options = open_options(s)
+    assert options["doorbell_interval"] == 2.5
+    rest, handle = _split(dict(options))  # what open_bucket_queue passes to the handle
+    assert rest == {"certify_store": False}
+    layout = init_layout(MemoryStore(), "farm/", worker_id="w", certify_store=False)
+    q = BucketBackend(layout, url="s3://render/farm", **handle)
+    watch = q.ready_watch()
+    try:
+        assert watch._ring_interval == 2.5
+    finally:
+        watch.close()
+        q.close()
 
 
 def test_without_an_s3_section_everything_comes_from_the_aws_environment() -> None:
@@ -60,6 +82,8 @@ def test_a_directory_queue_keeps_its_options() -> None:
         ("queue: s3://render\nsweeper:\n  max_clock_skew: 60s\n", "sweeper.max_clock_skew", "the store's"),
         ("queue: s3://render\ns3:\n  credentials_file: render.aws\n", "s3.credentials_file", "absolute path"),
         ("queue: s3://render\ns3:\n  idle_poll_max: 2h\n", "s3.idle_poll_max", "between"),
+        ("queue: s3://render\ns3:\n  doorbell_interval: 10ms\n", "s3.doorbell_interval", "between"),
+        ("queue: s3://render\ns3:\n  doorbell_interval: 2h\n", "s3.doorbell_interval", "between"),
         ("queue: s3://render\ns3:\n  endpoint: http://x\n", "s3.endpoint", "unknown key"),
     ],
 )

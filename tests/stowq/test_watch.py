@@ -12,6 +12,8 @@ import shutil
 import socket
 import stat
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +27,8 @@ from steadqd.s3.keys import KeyKind, parse_key
 from steadqd.s3.layout import DEFAULT_FORMAT
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import MemoryStore, WallClock
-from steadqd.s3.watch import BucketReadyWatch, check_poll_max, idle_lists_per_minute
+from steadqd.s3.watch import DEFAULT_RING_INTERVAL_S, BucketReadyWatch, check_poll_max, idle_lists_per_minute
+from tests.integration.test_shared_queue import PRODUCER, QUEUE_GID, as_user
 
 SECOND = 1_000_000_000
 PREFIX = "farm/"
@@ -287,3 +290,175 @@ def test_a_dead_listeners_socket_is_removed_by_the_next_ring(queue: _Queue, bell
     sock.close()  # its process died: the name stays, nobody reads it
     assert doorbell.ring(queue.q.queue_id) == 0
     assert not stale.exists()
+
+
+def _flood(queue_id: str, seconds: float) -> int:
+    """What a member of the queue's group with no store credentials can do: ring as fast as it can.
+
+    Paced at about a thousand datagrams a second (ten times the issue's 93/s) so the flood
+    does not starve the consumer thread of the shared CPU; returns how many rings were sent."""
+    sent, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        doorbell.ring(queue_id)
+        sent += 1
+        time.sleep(0.001)
+    return sent
+
+
+def test_a_flood_of_rings_costs_at_most_one_claim_pass_per_ring_interval(queue: _Queue, bells: Path) -> None:
+    """Issue 30 B: rings are free to send, so what they make a worker LIST must be bounded by a setting."""
+    watch = queue.watch(poll_first_s=3600, poll_max_s=3600)  # no polling: every LIST below is a ring's
+    stop = threading.Event()
+    passes = [0]
+
+    def worker() -> None:  # what the daemon's worker does on news: one claim pass over every shard
+        while not stop.is_set():
+            if watch.wait(0.1):
+                passes[0] += 1
+                assert queue.q.claim_once() is None
+
+    consumer = threading.Thread(target=worker)
+    try:
+        watch.watch_missing()
+        before = queue.store.count("list")
+        consumer.start()
+        seconds = 3.0
+        sent = _flood(queue.q.queue_id, seconds)
+        stop.set()
+        consumer.join()
+        lists = queue.store.count("list") - before
+    finally:
+        stop.set()
+        watch.close()
+    shards = queue.q.layout.format.shard_count
+    # The first ring is heard at once, then at most one per interval (the trailing one included).
+    bound_passes = int(seconds / DEFAULT_RING_INTERVAL_S) + 2
+    assert sent > 1000 and watch.rings > 0
+    assert passes[0] <= bound_passes, (passes[0], sent)
+    assert lists <= bound_passes * shards + watch.lists, (lists, sent)
+
+
+def test_a_ring_wakes_an_idle_watch_at_once_and_rings_within_the_interval_are_one(queue: _Queue, bells: Path) -> None:
+    watch = queue.watch(poll_first_s=3600, poll_max_s=3600, ring_interval_s=3600)
+    try:
+        watch.watch_missing()
+        assert watch.wait(0.0) is False
+        doorbell.ring(queue.q.queue_id)
+        assert watch.wait(60.0) is True  # the first ring is not held back by the hour's interval
+        for _ in range(50):
+            doorbell.ring(queue.q.queue_id)
+        assert watch.wait(0.5) is False  # coalesced: heard again only an hour after the first
+        assert watch.rings == 1
+    finally:
+        watch.close()
+
+
+@pytest.mark.parametrize("bad", [0, 0.01, -1, 7200, True, "1s"])
+def test_the_ring_interval_is_a_setting_refused_out_of_range(queue: _Queue, bad: object) -> None:
+    with pytest.raises(InvalidInput, match="ring interval"):
+        queue.watch(ring_interval_s=bad)
+
+
+# -- the doorbell against a member of the queue's group (issue 30 C) ---------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
+
+
+@pytest.fixture
+def root_only() -> Iterator[Path]:
+    """A 0700 root directory outside the doorbell base: what a member must never reach through a ring."""
+    d = Path(tempfile.mkdtemp(prefix="secret-", dir="/tmp"))
+    d.chmod(0o700)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _shared_with_members(bells: Path) -> None:
+    os.chown(bells, 0, QUEUE_GID)
+    bells.chmod(0o2770)
+
+
+@needs_root
+def test_a_ring_does_not_follow_a_members_symlink_to_a_root_only_socket(
+    queue: _Queue, bells: Path, root_only: Path
+) -> None:
+    _shared_with_members(bells)
+    hidden = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+    hidden.bind(str(root_only / "x.sock"))
+    directory = bells / queue.q.queue_id
+
+    def plant() -> None:
+        directory.mkdir()
+        os.symlink(root_only / "x.sock", directory / "evil.sock")
+
+    try:
+        assert as_user(PRODUCER, plant) == "ok"
+        assert doorbell.ring(queue.q.queue_id) == 0  # as root, as `steadq put` would
+        with pytest.raises(BlockingIOError):
+            hidden.recv(16)  # nothing reached the socket in the 0700 directory
+        assert (directory / "evil.sock").is_symlink()  # and the member's link is not the ringer's to remove
+    finally:
+        hidden.close()
+
+
+@needs_root
+def test_a_ring_skips_a_socket_of_an_unexpected_owner(queue: _Queue, bells: Path) -> None:
+    _shared_with_members(bells)
+    bell, problem = doorbell.Doorbell.bind(queue.q.queue_id)  # root's own: rung
+    assert bell is not None, problem
+    received: list[bytes] = []
+    read_end, write_end = os.pipe()
+
+    def member_socket() -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.bind(str(bells / queue.q.queue_id / "1.member.sock"))
+        os.write(write_end, b"bound")
+        s.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            received.append(s.recv(16))
+
+    child = threading.Thread(target=as_user, args=(PRODUCER, member_socket))
+    try:
+        child.start()
+        assert os.read(read_end, 5) == b"bound"
+        assert doorbell.ring(queue.q.queue_id) == 1  # root's socket, not the member's
+        child.join()
+        assert bell.drain() == 1
+    finally:
+        child.join()
+        bell.close()
+        os.close(read_end)
+        os.close(write_end)
+
+
+@needs_root
+def test_binding_changes_no_mode_by_path_that_a_member_can_swap(
+    queue: _Queue, bells: Path, root_only: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The member wins the race between bind and the mode change: the socket's name is a link by then."""
+    _shared_with_members(bells)
+    victim = root_only / "key"
+    victim.write_text("secret\n")
+    victim.chmod(0o600)
+    os.chmod(root_only, 0o711)  # the member may not list it, but a link may name a file in it
+    real_bind = socket.socket.bind
+
+    def bind_then_swap(self: socket.socket, address: str) -> None:
+        real_bind(self, address)
+        entry = os.path.realpath(address)
+
+        def swap() -> None:
+            os.rename(entry, entry + ".moved")
+            os.symlink(victim, entry)
+
+        assert as_user(PRODUCER, swap) == "ok"
+
+    monkeypatch.setattr(socket.socket, "bind", bind_then_swap)
+    bell, problem = doorbell.Doorbell.bind(queue.q.queue_id)
+    monkeypatch.undo()
+    if bell is not None:
+        bell.close()
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600 and victim.read_text() == "secret\n"
+    assert bell is None and problem is not None and "replaced" in problem, problem

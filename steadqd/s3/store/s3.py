@@ -86,6 +86,7 @@ from steadqd.s3.store.base import (
     check_sha256,
     quantize,
 )
+from steadqd.text import redacted
 
 __all__ = ["S3Settings", "S3Store"]
 
@@ -376,7 +377,7 @@ class S3Store:
             self._client = _direct_client(session, settings, region)
         else:
             self._client = _botocore_client(session, settings, region)
-        self._location = f"s3://{settings.bucket} at {self._client.meta.endpoint_url}"
+        self._location = f"s3://{settings.bucket} at {redacted(self._client.meta.endpoint_url)}"
 
     @property
     def profile(self) -> StoreProfile:
@@ -416,7 +417,7 @@ class S3Store:
                     return AlreadyExists(f"{ticket.key}: an object is already there")
                 return PreconditionFailed(f"{ticket.key}: not at version {ticket.if_match} (or gone)")
             if status == 404 and code == "NoSuchBucket":
-                return NotFound(f"bucket {self._bucket} does not exist at {self._client.meta.endpoint_url}")
+                return NotFound(f"bucket {self._bucket} does not exist at {redacted(self._client.meta.endpoint_url)}")
             if status == 404 and ticket.op == "put_if_match":
                 return PreconditionFailed(f"{ticket.key}: no object to replace (expected version {ticket.if_match})")
             if status == 409:
@@ -438,18 +439,18 @@ class S3Store:
                 )
             return NotCommitted(f"{what}: refused with HTTP {status} {code}")
         if isinstance(exc, BotoConnectionError):
-            return _Retry(NotCommitted(f"{what}: could not connect ({exc}); nothing was sent"))
+            return _Retry(NotCommitted(f"{what}: could not connect ({redacted(str(exc))}); nothing was sent"))
         if isinstance(exc, _BEFORE_SEND):
-            return NotCommitted(f"{what}: {exc}; nothing was sent")
+            return NotCommitted(f"{what}: {redacted(str(exc))}; nothing was sent")
         # Anything else (a timeout, a lost connection, an answer botocore could
         # not parse) may have come after the store applied the write.
-        return OutcomeUnknown(f"{what}: {exc}; re-read the key", ticket)
+        return OutcomeUnknown(f"{what}: {redacted(str(exc))}; re-read the key", ticket)
 
     def _read_error(self, exc: Exception, what: str) -> Exception:
         if isinstance(exc, ClientError):
             status, code = _status(exc), _code(exc)
             if status == 404 and code == "NoSuchBucket":
-                return NotFound(f"bucket {self._bucket} does not exist at {self._client.meta.endpoint_url}")
+                return NotFound(f"bucket {self._bucket} does not exist at {redacted(self._client.meta.endpoint_url)}")
             if status in (404, 416):
                 return NotFound(f"{what}: no such object (HTTP {status})")
             if status == 403:
@@ -460,7 +461,7 @@ class S3Store:
             if status >= 500:
                 return _Retry(NotCommitted(f"{what}: HTTP {status} {code}"))
             return NotCommitted(f"{what}: refused with HTTP {status} {code}")
-        return _Retry(NotCommitted(f"{what}: {exc}"))
+        return _Retry(NotCommitted(f"{what}: {redacted(str(exc))}"))
 
     def _write(self, ticket: PendingWrite, request: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         def once() -> dict[str, Any]:

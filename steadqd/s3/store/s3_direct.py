@@ -55,6 +55,7 @@ from botocore.parsers import ResponseParserError
 
 from steadqd.errors import InvalidInput
 from steadqd.s3.store.s3 import _timestamp
+from steadqd.text import redacted
 
 __all__ = ["DirectClient"]
 
@@ -105,7 +106,9 @@ class DirectClient:
     ) -> None:
         parts = urllib.parse.urlsplit(endpoint_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise InvalidInput(f"endpoint URL {endpoint_url!r}: give http://HOST[:PORT] or https://HOST[:PORT]")
+            raise InvalidInput(
+                f"endpoint URL {redacted(endpoint_url)!r}: give http://HOST[:PORT] or https://HOST[:PORT]"
+            )
         proxy = urllib.request.getproxies().get(parts.scheme)
         if proxy and not urllib.request.proxy_bypass(parts.hostname):
             raise InvalidInput(
