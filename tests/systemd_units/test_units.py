@@ -465,8 +465,8 @@ def test_tmpfiles_line_never_ages_anything_out() -> None:
     lines = _config_lines(UNITS / "steadq.tmpfiles.conf")
     assert lines == [
         ["d", "/var/lib/steadq", "2770", "steadq", "steadq", "-"],
-        ["d", "/run/steadq", "2770", "steadq", "steadq", "-"],
-        ["d", "/run/steadq/doorbell", "2770", "steadq", "steadq", "-"],
+        ["d", "/run/steadq", "3770", "steadq", "steadq", "-"],
+        ["d", "/run/steadq/doorbell", "3770", "steadq", "steadq", "-"],
     ]
 
 
