@@ -41,6 +41,11 @@ MAX_CONFIG_DEPTH = 32  # nesting levels; bounds yaml.compose recursion
 DEAD_RETENTION_MIN = 3600.0  # seconds; sweeper.dead_retention's lower bound
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The store's secrets the daemons read from their own environment (botocore's environment provider, the
+# "env" source of steadqd.s3.store.s3): the daemon's, so `pass_environment` never hands them to a job.
+DAEMON_CREDENTIAL_VARIABLES = frozenset(
+    {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"}
+)
 # A queue there would put the daemon's renames and unlinks into system trees.
 _FORBIDDEN_QUEUE_ROOTS = {
     "/",
@@ -537,6 +542,16 @@ def _worker(d: _Doc) -> WorkerConfig:
     for i, name in enumerate(passed):
         if not _ENV_NAME.fullmatch(name):
             raise m["pass_environment"].items()[i].error("not a valid environment variable name")
+        if name in DAEMON_CREDENTIAL_VARIABLES:
+            raise (
+                m["pass_environment"]
+                .items()[i]
+                .error(
+                    f"{name} is the daemon's own store credential, never a job's: remove it from pass_environment "
+                    "(a job that needs the store gets credentials of its own, e.g. "
+                    "environment: {AWS_SHARED_CREDENTIALS_FILE: /path/it/may/read})"
+                )
+            )
     return WorkerConfig(
         command=_command(m["command"], shell),
         shell=shell,
