@@ -30,6 +30,7 @@ from steadqd.constants import (
     MIN_MAXIMUM_ATTEMPTS,
     NS_PER_SECOND,
 )
+from steadqd.daemon.process import DAEMON_CREDENTIAL_VARIABLES
 from steadqd.durations import parse_duration
 from steadqd.errors import ConfigError, SteadQError
 from steadqd.text import printable
@@ -41,11 +42,6 @@ MAX_CONFIG_DEPTH = 32  # nesting levels; bounds yaml.compose recursion
 DEAD_RETENTION_MIN = 3600.0  # seconds; sweeper.dead_retention's lower bound
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# The store's secrets the daemons read from their own environment (botocore's environment provider, the
-# "env" source of steadqd.s3.store.s3): the daemon's, so `pass_environment` never hands them to a job.
-DAEMON_CREDENTIAL_VARIABLES = frozenset(
-    {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"}
-)
 # A queue there would put the daemon's renames and unlinks into system trees.
 _FORBIDDEN_QUEUE_ROOTS = {
     "/",

@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 
 from steadqd.daemon.journal import Log
+from steadqd.daemon.process import without_credentials
 
 __all__ = ["GroupGuard", "die_with_parent", "main", "process_guard"]
 
@@ -131,6 +132,7 @@ class GroupGuard:
                 stdin=r,
                 close_fds=True,
                 process_group=0,  # a terminal's Ctrl-C is for the worker; the guard waits for its EOF
+                env=without_credentials(os.environ),  # the guard is dumpable: /proc/<guard>/environ is readable
             )
         except OSError:
             os.close(w)
