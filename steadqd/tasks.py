@@ -64,7 +64,7 @@ from steadqd.constants import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, Dea
 from steadqd.errors import InvalidInput, LeaseLost, OutcomeUnknown, SteadQError
 from steadqd.text import printable
 
-__all__ = ["Bury", "Job", "Retry", "Task", "WorkStats", "Worker", "task", "work", "work_async"]
+__all__ = ["BadPayload", "Bury", "Job", "Retry", "Task", "WorkStats", "Worker", "task", "work", "work_async"]
 
 log = logging.getLogger("steadqd.tasks")
 
@@ -92,6 +92,18 @@ class Bury(Exception):
         self.reason = int(reason)
 
 
+class BadPayload(Bury, ValueError):
+    """The payload cannot be decoded (not JSON, not UTF-8, nested deeper than the decoder goes).
+
+    No retry can make it readable, so, uncaught, it buries the job at once
+    as an unsupported content type rather than burning every attempt; a
+    ValueError too, for the handlers that catch the one ``json.loads`` raises.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, DeadReason.UNSUPPORTED_CONTENT_TYPE)
+
+
 class Retry(Exception):
     """Raised by a handler: give the job back now, or after ``delay`` seconds,
     instead of after the backoff (it still uses up the attempt)."""
@@ -116,8 +128,11 @@ class Job:
     _lost: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     def json(self) -> Any:
-        """The payload as JSON (ValueError if it is not)."""
-        return json.loads(self.payload)
+        """The payload as JSON; :class:`BadPayload` (a ValueError) if the decoder cannot read it."""
+        try:
+            return json.loads(self.payload)
+        except (ValueError, RecursionError) as e:  # RecursionError: arrays nested ~100k deep
+            raise BadPayload(f"job {self.id} has a bad payload, not JSON: {e}") from e
 
     def text(self) -> str:
         return self.payload.decode()
@@ -655,10 +670,7 @@ class Task:
         return await self.worker(**options).run_async()
 
     def _arguments(self, job: Job) -> tuple[list[Any], dict[str, Any]]:
-        try:
-            body = job.json()
-        except ValueError as e:
-            raise Bury(f"job {job.id} is not JSON: {e}", DeadReason.UNSUPPORTED_CONTENT_TYPE) from e
+        body = job.json()  # BadPayload buries what cannot be decoded
         if (
             not isinstance(body, dict)
             or not isinstance(body.get("args"), list)

@@ -125,7 +125,7 @@ def launch(
             proc, report = exec_helper.start(command_argv(cfg), **kwargs)
         else:
             proc = subprocess.Popen(command_argv(cfg), preexec_fn=die_with_parent(), **kwargs)
-        process_guard(env.get("STEADQ_QUEUE", "")).watch(proc.pid)
+        process_guard(env.get("STEADQ_QUEUE", "")).watch(proc.pid, env.get("STEADQ_JOB_ID", ""))
         return proc, report
     finally:
         if stdin_file is not None:

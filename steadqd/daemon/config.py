@@ -30,6 +30,7 @@ from steadqd.constants import (
     MIN_MAXIMUM_ATTEMPTS,
     NS_PER_SECOND,
 )
+from steadqd.daemon.process import DAEMON_CREDENTIAL_VARIABLES
 from steadqd.durations import parse_duration
 from steadqd.errors import ConfigError, SteadQError
 from steadqd.text import printable
@@ -538,6 +539,16 @@ def _worker(d: _Doc) -> WorkerConfig:
     for i, name in enumerate(passed):
         if not _ENV_NAME.fullmatch(name):
             raise m["pass_environment"].items()[i].error("not a valid environment variable name")
+        if name in DAEMON_CREDENTIAL_VARIABLES:
+            raise (
+                m["pass_environment"]
+                .items()[i]
+                .error(
+                    f"{name} is the daemon's own store credential, never a job's: remove it from pass_environment "
+                    "(a job that needs the store gets credentials of its own, e.g. "
+                    "environment: {AWS_SHARED_CREDENTIALS_FILE: /path/it/may/read})"
+                )
+            )
     return WorkerConfig(
         command=_command(m["command"], shell),
         shell=shell,

@@ -28,30 +28,33 @@ The guard process
     stop drains or hands back jobs is the worker's business.
 
 A command that leaves its process group (``setsid`` of its own) escapes
-both, as it escapes the worker's timeout; only a cgroup holds such a one.
+both. While the worker lives it is a child subreaper, so such a process comes
+to it and dies when its job has ended (steadqd.daemon.process.kill_escaped).
+For the worker's own death the guard gets each job's id with its group
+(``+PGID JOBID``) and, after the group kills, SIGKILLs every process whose
+environment still says ``STEADQ_JOB_ID=`` one of them, in a few rounds (a
+process forking meanwhile). A process that also replaced its environment
+escapes this; under systemd the unit's cgroup (``KillMode=mixed``) holds it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from steadqd.daemon.journal import Log
+from steadqd.daemon.process import PR_SET_PDEATHSIG, prctl, without_credentials
 
 __all__ = ["GroupGuard", "die_with_parent", "main", "process_guard"]
 
-_PR_SET_PDEATHSIG = 1
 READ_PACE = 0.05  # s; the guard's shortest time between two reads of the worker's lines (see _read_groups)
-_libc = ctypes.CDLL(None, use_errno=True)
-_prctl = _libc.prctl
-_prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
-_prctl.restype = ctypes.c_int
 
 
 def die_with_parent() -> Callable[[], None]:
@@ -67,7 +70,7 @@ def die_with_parent() -> Callable[[], None]:
     parent = os.getpid()
 
     def preexec() -> None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:
             os._exit(255)
 
@@ -80,18 +83,25 @@ class GroupGuard:
     def __init__(self, queue: str = "") -> None:
         self.queue = queue
         self.groups: set[int] = set()
+        self.jobs: dict[int, str] = {}  # the job id of each group, for its escaped processes
         self._proc: subprocess.Popen[bytes] | None = None
         self._fd = -1
 
-    def watch(self, pgid: int) -> None:
-        """A command was started as group ``pgid``; never raises (the job runs either way)."""
+    def watch(self, pgid: int, job_id: str = "") -> None:
+        """A command was started as group ``pgid`` for ``job_id``; never raises (the job runs either way)."""
         self.groups.add(pgid)
-        self._send(f"+{pgid}\n")
+        self.jobs[pgid] = job_id
+        self._send(self._line(pgid))
+
+    def _line(self, pgid: int) -> str:
+        job = self.jobs.get(pgid, "")
+        return f"+{pgid} {job}\n" if _JOB_ID.fullmatch(job) else f"+{pgid}\n"
 
     def forget(self, pgid: int) -> None:
         """Its leader is about to be reaped: the id may be reused after that."""
         if pgid in self.groups:
             self.groups.discard(pgid)
+            self.jobs.pop(pgid, None)
             self._send(f"-{pgid}\n")
 
     def running(self) -> bool:
@@ -121,7 +131,7 @@ class GroupGuard:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         self._proc.wait(timeout=1)
                 self._proc = None
-                line = "".join(f"+{g}\n" for g in sorted(self.groups))
+                line = "".join(self._line(g) for g in sorted(self.groups))
 
     def _start(self) -> bool:
         r, w = os.pipe2(os.O_CLOEXEC)
@@ -131,6 +141,7 @@ class GroupGuard:
                 stdin=r,
                 close_fds=True,
                 process_group=0,  # a terminal's Ctrl-C is for the worker; the guard waits for its EOF
+                env=without_credentials(os.environ),  # the guard is dumpable: /proc/<guard>/environ is readable
             )
         except OSError:
             os.close(w)
@@ -138,7 +149,7 @@ class GroupGuard:
         finally:
             os.close(r)
         self._fd = w
-        initial = "".join(f"+{g}\n" for g in sorted(self.groups))
+        initial = "".join(self._line(g) for g in sorted(self.groups))
         if initial:
             try:
                 os.write(w, initial.encode())
@@ -158,7 +169,7 @@ def process_guard(queue: str = "") -> GroupGuard:
     return _guard
 
 
-def _read_groups(fd: int) -> set[int]:
+def _read_groups(fd: int) -> dict[int, str]:
     """Follow the worker's +/- lines until EOF; what is left is still running.
 
     After each read the guard sleeps :data:`READ_PACE` before the next: a
@@ -169,7 +180,7 @@ def _read_groups(fd: int) -> set[int]:
     its EOF, so a ``-PGID`` written before a reap is still seen first; only
     the reaction to the EOF waits up to one pace.
     """
-    groups: set[int] = set()
+    groups: dict[int, str] = {}
     buf = b""
     while True:
         try:
@@ -182,12 +193,13 @@ def _read_groups(fd: int) -> set[int]:
         buf += chunk
         *lines, buf = buf.split(b"\n")
         for line in lines:
-            with contextlib.suppress(ValueError):
-                pgid = int(line[1:])
+            with contextlib.suppress(ValueError, UnicodeDecodeError):
+                number, _, job = line[1:].decode().partition(" ")
+                pgid = int(number)
                 if line[:1] == b"+":
-                    groups.add(pgid)
+                    groups[pgid] = job
                 elif line[:1] == b"-":
-                    groups.discard(pgid)
+                    groups.pop(pgid, None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,14 +214,67 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
             killed += 1
+    escaped = _kill_escaped({job for job in groups.values() if _JOB_ID.fullmatch(job)})
+    log = Log("guard", queue)
     if killed:
         what = "1 job command" if killed == 1 else f"{killed} job commands"
-        Log("guard", queue).warning(
+        log.warning(
             f"worker {worker} died with {what} still running; killed their process groups",
             count=killed,
             worker_pid=worker,
         )
+    if escaped:
+        log.warning(
+            f"killed {escaped} process(es) of those jobs that had left their process groups",
+            count=escaped,
+            worker_pid=worker,
+        )
     return 0
+
+
+_JOB_ID = re.compile(r"[0-9a-f]{32}")
+ESCAPED_ROUNDS = 5  # passes over /proc: a process forking while the last pass ran is found by the next
+ESCAPED_PACE = 0.05  # s between two passes
+
+
+def _kill_escaped(jobs: set[str]) -> int:
+    """SIGKILL every process whose environment names one of ``jobs``; how many were killed.
+
+    The job id is 128 random bits, set by the worker in each command's
+    environment and inherited by whatever it starts, so a match is that job's
+    process. Its pid is checked again through a pidfd before the signal, so a
+    process that exited between the read and the kill is never confused with
+    a new one under its number.
+    """
+    if not jobs:
+        return 0
+    marks = {f"STEADQ_JOB_ID={job}".encode() for job in jobs}
+    killed: set[int] = set()
+    me = os.getpid()
+    for _ in range(ESCAPED_ROUNDS):
+        found = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == me:
+                continue
+            pid = int(name)
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                if marks.intersection(environ):
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    killed.add(pid)
+                    found += 1
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        if not found:
+            break
+        time.sleep(ESCAPED_PACE)
+    return len(killed)
 
 
 if __name__ == "__main__":

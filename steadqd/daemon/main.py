@@ -175,6 +175,9 @@ def daemon_main(argv: list[str] | None = None) -> int:
     if ns.command == "completion":
         sys.stdout.write(script(ns.shell, build_tree(ap, "steadqd", queue_is_name=True, anywhere=("--config-dir",))))
         return 0
+    from steadqd.daemon.process import keep_secrets
+
+    keep_secrets()  # before any configuration or credential is loaded (steadqd.daemon.process)
     if ns.command == "check-config":
         return check_config(ns.queues, ns.config_dir, open_queues=ns.open, user=ns.user)
     roles = COMMAND_ROLES.get(ns.command, (ns.command,))

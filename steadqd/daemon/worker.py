@@ -57,11 +57,12 @@ import contextlib
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from typing import cast
 
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
-from steadqd.daemon import exec_helper, metrics, payload_dirs, preflight
+from steadqd.daemon import exec_helper, metrics, payload_dirs, preflight, process
 from steadqd.daemon.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, launch, terminate
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.hold import Hold, hand_back_unstarted
@@ -85,6 +86,7 @@ PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in fl
 # default: 5 ms). The loop gives it up at every syscall, several times per job, and a late loop delays every
 # running job's output and renewals and the next spawn.
 LOOP_SWITCH_INTERVAL = 0.0005
+ESCAPED_SWEEP = 0.5  # s; after a job's end, when its killed group's escaped descendants have come to us
 
 
 class _Job:
@@ -155,6 +157,7 @@ class WorkerRole:
         self._fill_timer: Timer | None = None
         self._rescan_timer: Timer | None = None
         self._reopen_timer: Timer | None = None
+        self._sweep_timer: Timer | None = None  # the next look for escaped job processes (process.kill_escaped)
         self._settler: Settler | None = None  # settles finished runs with a handle of its own (daemon/settler.py)
         self._hold: Hold | None = None  # no new leases while jobs cannot be started (daemon/hold.py)
         # The configuration whose command was last seen to start, unless a start failed since. Until one
@@ -170,6 +173,10 @@ class WorkerRole:
         # An inherited SIG_IGN for SIGCHLD would make the kernel reap our children
         # itself, and exit statuses (hence acks) would be lost. No handler: default.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # A job's process that leaves its group (setsid) comes to us when its parent dies, not to init:
+        # killed when its job has ended (_sweep_escaped). Without it (an old kernel) only a cgroup holds it.
+        if not process.become_subreaper():
+            self.log.warning("cannot become a child subreaper: a job's process that calls setsid outlives the job")
         # Before any lease: a command that cannot start would otherwise cost every job an attempt.
         problems = preflight.worker_problems(self.settings)
         fatal = [p for p in problems if not p.transient]
@@ -272,7 +279,7 @@ class WorkerRole:
             return
         self.closed = True
         self.draining = True
-        for t in (self._fill_timer, self._rescan_timer, self._reopen_timer):
+        for t in (self._fill_timer, self._rescan_timer, self._reopen_timer, self._sweep_timer):
             if t is not None:
                 t.cancel()
         if self._hold is not None:
@@ -293,10 +300,19 @@ class WorkerRole:
             except Exception as e:  # one job must not keep the others' leases
                 self.log.error(f"handing back job failed: {e!r}", **j.fields)
         self.jobs.clear()
+        self._kill_all_escaped()
         self._close_watch()
         self._close_queue()
         if self._switch_interval is not None:
             sys.setswitchinterval(self._switch_interval)
+
+    def _kill_all_escaped(self) -> None:
+        """At the stop no job runs: every escaped process goes, in a few bounded rounds (each takes a generation)."""
+        for _ in range(10):
+            killed, reaped = process.kill_escaped(())
+            if not (killed or reaped):
+                return
+            time.sleep(0.05)
 
     def _close_settler(self) -> None:
         if self._settler is None:
@@ -379,9 +395,24 @@ class WorkerRole:
         if news.appeared or news.overflowed:
             self._schedule_fill(0.0)
 
+    def _sweep_escaped(self) -> None:
+        """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any."""
+        self._sweep_timer = None
+        killed, reaped = process.kill_escaped([j.pid for j in self.jobs.values() if j.child.returncode is None])
+        if killed:
+            what = "1 process" if killed == 1 else f"{killed} processes"
+            self.log.warning(f"killed {what} that ended jobs left outside their process groups", count=killed)
+        if killed or reaped:  # their own children come to us as they die
+            self._schedule_sweep(0.1)
+
+    def _schedule_sweep(self, delay: float) -> None:
+        if self.loop is not None and self._sweep_timer is None and not self.closed:
+            self._sweep_timer = self.loop.call_later(delay, self._guarded(self._sweep_escaped))
+
     def _safety_rescan(self) -> None:
         assert self.loop is not None
         self._rescan_timer = self.loop.call_later(SAFETY_RESCAN, self._guarded(self._safety_rescan))
+        self._sweep_escaped()  # one that exited by itself is reaped here at the latest
         if self._ready is not None:
             self._watch_shards()
             self._ready.recount()
@@ -593,6 +624,8 @@ class WorkerRole:
         code = job.child.returncode
         assert code is not None
         outcome = job.verdict = self._verdict(job)
+        self._sweep_escaped()
+        self._schedule_sweep(ESCAPED_SWEEP)  # what the group kill orphaned is ours once its parents are gone
         job.run_fields = {
             "exit_status": code if code >= 0 else None,
             "signal": job.child.signal_name,

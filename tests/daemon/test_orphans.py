@@ -190,3 +190,56 @@ def test_the_guard_survives_the_stop_signals(tmp_path: Path) -> None:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+# --- a job's process that leaves its group (issue 30 A) --------------------------------------
+
+_ESCAPE = 'setsid sleep 1000 & echo $! > "$RESULTS/$STEADQ_JOB_ID.escaped"; '
+
+
+def _escaped_pid(denv: Env, job: str) -> int:
+    path = denv.results / f"{job}.escaped"
+    wait_for(lambda: path.exists() and path.read_text().strip(), DEADLINE, "the escaped sleeper's pid")
+    pid = int(path.read_text())
+    wait_for(lambda: os.getsid(pid) == pid, DEADLINE, "setsid to give the sleeper a session of its own")
+    return pid
+
+
+def _escape_config(denv: Env, then: str) -> None:
+    denv.write_config(command=[_ESCAPE + then], shell=True, environment={"RESULTS": str(denv.results)}, lease="30s")
+
+
+def test_a_process_that_left_the_job_s_group_dies_when_the_job_ends(denv: Env, daemons) -> None:
+    _escape_config(denv, "exit 0")
+    d = daemons(denv)
+    sleeper = None
+    try:
+        with Queue.open(denv.queue_path) as q:
+            job = q.enqueue(b"")
+        d.ready()
+        sleeper = _escaped_pid(denv, job)
+        d.wait_log(r"finished: ack")
+        wait_for(lambda: not _alive(sleeper), DEADLINE, "the escaped sleeper to die with its job")
+        d.wait_log(r"killed 1 process that ended jobs left outside their process groups")
+    finally:
+        if sleeper is not None and _alive(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("role", ["worker", "run"])
+def test_a_process_that_left_the_job_s_group_dies_with_a_sigkilled_daemon(denv: Env, daemons, role: str) -> None:
+    _escape_config(denv, "exec sleep 1000")
+    d = daemons(denv, role)
+    sleeper = None
+    try:
+        with Queue.open(denv.queue_path) as q:
+            job = q.enqueue(b"")
+        d.ready()
+        sleeper = _escaped_pid(denv, job)
+        d.proc.kill()
+        d.wait()
+        wait_for(lambda: not _alive(sleeper), DEADLINE, "the escaped sleeper to die with the daemon")
+        wait_for(lambda: "had left their process groups" in d.log(), DEADLINE, "the guard's journal line")
+    finally:
+        if sleeper is not None and _alive(sleeper):
+            os.kill(sleeper, signal.SIGKILL)

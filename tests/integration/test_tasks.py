@@ -276,6 +276,38 @@ def test_a_worker_buries_a_job_of_another_task_or_not_a_task_call(queue: Queue, 
     assert dead_reason(queue, garbage) == DeadReason.UNSUPPORTED_CONTENT_TYPE
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"[" * 100_000 + b"]" * 100_000,  # json.loads: RecursionError, not ValueError (issue 30)
+        b'{"task": "t", "args": ["\xff"], "kwargs": {}}',  # not UTF-8: UnicodeDecodeError
+    ],
+    ids=["too-deep", "not-utf8"],
+)
+def test_an_undecodable_payload_is_buried_once_never_retried(queue: Queue, queue_path: str, payload: bytes) -> None:
+    """A payload the decoder fails on is a bad payload: buried at its first attempt, not retried to the end."""
+
+    @task(queue_path, name="t")
+    def t(*args: object) -> None:
+        raise AssertionError("must not run")
+
+    job = queue.enqueue(payload, max_attempts=5)
+    w = t.worker(poll=0.1, retry=FAST)
+    serve(w, lambda: w.stats.buried + w.stats.retried >= 1, "the job settled")
+    assert (w.stats.buried, w.stats.retried) == (1, 0)
+    (obj,) = queue.inspect_detailed(job)
+    assert obj.state == "dead" and obj.attempt == 1
+    assert dead_reason(queue, job) == DeadReason.UNSUPPORTED_CONTENT_TYPE
+
+
+def test_job_json_of_a_too_deep_payload_is_a_value_error_that_buries() -> None:
+    """A plain handler's ``job.json()`` keeps its documented ValueError, and uncaught it buries the job."""
+    job = Job("j", 1, 3, "application/json", {}, b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ValueError, match="bad payload, not JSON") as e:
+        job.json()
+    assert isinstance(e.value, Bury) and e.value.reason == DeadReason.UNSUPPORTED_CONTENT_TYPE
+
+
 def test_task_arguments_must_be_json(queue_path: str, queue: Queue) -> None:
     @task(queue_path, name="t")
     def t(x: object) -> None:

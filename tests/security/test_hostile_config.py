@@ -128,3 +128,19 @@ def test_system_directories_are_refused_by_check_config(
     _write(tmp_path, "sys", path)
     assert daemon_main(["--config-dir", str(tmp_path), "check-config", "sys"]) == 78
     assert "refusing" in capsys.readouterr().err
+
+
+def test_a_config_passing_the_daemon_s_secret_key_to_jobs_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pass_environment: [AWS_SECRET_ACCESS_KEY]` would hand the store's secret to every job (issue 30 C)."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "daemon-secret")
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "q.yaml").write_text(
+        f"queue: {tmp_path / 'q'}\nworker:\n  command: [/usr/bin/env]\n  pass_environment: [PATH, AWS_SECRET_ACCESS_KEY]\n"
+    )
+    assert daemon_main(["--config-dir", str(cfg), "check-config", "q"]) == 78
+    err = capsys.readouterr().err
+    assert "worker.pass_environment[1]" in err and "AWS_SECRET_ACCESS_KEY" in err, err
+    assert "daemon-secret" not in err

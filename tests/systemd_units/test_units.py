@@ -236,6 +236,7 @@ def test_service_contract(units: dict, role: str) -> None:
     assert single(u, "Service", "Group") == "steadq"
     assert not values(u, "Service", "DynamicUser"), "a dynamic user would lock producers out"
     assert single(u, "Service", "UMask") == "0007"
+    assert single(u, "Service", "LimitCORE") == "0", "a core dump would hold the store's credentials"
     assert "%i" in single(u, "Unit", "Description")
 
 

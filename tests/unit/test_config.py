@@ -312,3 +312,16 @@ def test_an_unquoted_glob_or_ampersand_says_to_quote_it(value):
     message = str(info.value)
     assert message.startswith("/etc/q.yaml:4: ")
     assert 'a value that starts with * or & must be in quotes, for example pattern: "*.mkv"' in message
+
+
+@pytest.mark.parametrize(
+    "name", ["AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"]
+)
+def test_pass_environment_refuses_the_daemon_s_own_credentials(name):
+    """The store's keys in the daemon's environment are the daemon's, never a job's (issue 30 C)."""
+    text = f"queue: /q/a\nworker:\n  command: [a]\n  pass_environment: [PATH, {name}]\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, path="/etc/steadq/queues/q.yaml", name="q")
+    e = info.value
+    assert (e.line, e.key) == (4, "worker.pass_environment[1]")
+    assert name in str(e) and "remove it from pass_environment" in str(e)

@@ -1,0 +1,154 @@
+"""Attributes a daemon sets on its own process.
+
+Secrets stay in memory
+    A bucket queue's daemon holds the store's keys (from its environment or
+    a credentials file). :func:`keep_secrets` runs before the configuration
+    is loaded and does two things, because each covers what the other cannot:
+
+    * ``PR_SET_DUMPABLE 0``: no core dump (unless an administrator set
+      ``fs.suid_dumpable=2``, and then only root can read it), and no other
+      process of the same user may ptrace the daemon or read its
+      ``/proc/<pid>/environ`` and ``mem``: a job command runs as the
+      daemon's user by default, and the environment is where
+      ``AWS_SECRET_ACCESS_KEY`` lives. The daemon's own uses of ``/proc/self``
+      still work: ``fd/N`` and ``ns/`` are allowed to the process itself
+      whatever their owner, and ``timens_offsets`` is world-readable.
+    * ``RLIMIT_CORE`` 0 (soft and hard): a core-dump helper that honours the
+      limit (systemd-coredump, apport) stores nothing even with
+      ``suid_dumpable=2``. The units say ``LimitCORE=0`` as well.
+
+    Both are reset or inherited in the job commands the way the kernel
+    does it: the dumpable flag is set again by their ``execve``, the core
+    limit is inherited (a job cannot dump core either, as under the units).
+
+Escaped job processes
+    The worker is a child subreaper (:func:`become_subreaper`): a job's
+    process that left its group is re-parented to the worker when its
+    parent dies, and :func:`kill_escaped` kills it once its job has ended.
+    The guard covers the worker's own death (steadqd.daemon.guard).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+import signal
+from collections.abc import Collection, Mapping
+
+__all__ = [
+    "DAEMON_CREDENTIAL_VARIABLES",
+    "become_subreaper",
+    "children",
+    "keep_secrets",
+    "kill_escaped",
+    "prctl",
+    "without_credentials",
+]
+
+# The store's secrets the daemons read from their own environment (botocore's environment provider, the
+# "env" source of steadqd.s3.store.s3): the daemon's own, never a job's or a helper's.
+DAEMON_CREDENTIAL_VARIABLES = frozenset(
+    {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"}
+)
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+_prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+_prctl.restype = ctypes.c_int
+
+
+def prctl(option: int, arg: int = 0) -> int:
+    """``prctl(option, arg, 0, 0, 0)``; async-signal-safe enough for a ``preexec_fn`` (one call, no allocation)."""
+    return int(_prctl(option, arg, 0, 0, 0))
+
+
+def keep_secrets() -> None:
+    """No core dump of this process and no peeking at it by same-user processes; raises OSError if refused."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if prctl(PR_SET_DUMPABLE, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), "prctl(PR_SET_DUMPABLE, 0)")
+
+
+def without_credentials(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` less the daemon's credentials: for a helper process, which is dumpable again after its exec."""
+    return {k: v for k, v in env.items() if k not in DAEMON_CREDENTIAL_VARIABLES}
+
+
+# --- escaped job processes ---------------------------------------------------------------
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Orphans among our descendants become our children rather than init's (False: not on this kernel).
+
+    A job's process that leaves its group (``setsid``) escapes the group kill
+    of the job's end; once its parent has died it is re-parented here, where
+    :func:`kill_escaped` finds it.
+    """
+    return prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
+
+
+def _stat(pid: int | str) -> tuple[str, int, int] | None:
+    """(state, session id, start time in clock ticks) of a process, None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # after the ")": state ppid pgrp session ... starttime is the 20th
+    return fields[0].decode(), int(fields[3]), int(fields[19])
+
+
+def children() -> set[int]:
+    """This process's children (of every thread: an orphan is re-parented to any of them)."""
+    found: set[int] = set()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                found.update(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def kill_escaped(leaders: Collection[int]) -> tuple[int, int]:
+    """SIGKILL and reap the children that escaped from job process groups that have ended.
+
+    ``leaders`` are the running jobs' unreaped leaders. Any other child in a
+    session not ours came out of a job (the guard and the preflight's forks
+    share our session). One that started after the oldest running leader may
+    still be that job's, so it is left for a later sweep; the others belong
+    to jobs that have ended. Only children are touched: an unreaped child's
+    pid cannot be reused, so the signal cannot hit another process. Their own
+    children come to us when they die, for the next sweep. Returns how many
+    were killed and how many reaped ((0, 0): nothing escaped, no follow-up sweep needed).
+    """
+    own_session = os.getsid(0)
+    oldest = min((s[2] for s in (_stat(p) for p in leaders) if s is not None), default=None)
+    killed = reaped = 0
+    for pid in children() - set(leaders):
+        st = _stat(pid)
+        if st is None or st[1] == own_session:
+            continue
+        state, _, started = st
+        if state != "Z":
+            if oldest is not None and started >= oldest:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                reaped += 1
+    return killed, reaped
