@@ -1,13 +1,13 @@
 """What settling a verdict does to a lease, and the sentences the journal tells about it.
 
-Why apart from the worker role (steadqd.daemon.worker): the role decides
+Why apart from the worker role (steadqd.daemon.worker.role): the role decides
 *when* a run is settled (group commit, trying again after NotCommitted,
 giving up on a lost lease); this module is *what* settling a verdict does
 to the queue, and the one home of the lines a person reads about it
 ("job 3d1f6a0c finished: ack (exit 0, 1.0 s, attempt 1/3)", "... buried:
 exit 100 (consumer_rejected)"), which docs/operations.md and the system
 tests quote. The verdict itself comes from the exit policy
-(steadqd.daemon.verdict).
+(steadqd.daemon.worker.policy).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from steadqd.backoff import RetryPolicy
 from steadqd.constants import DeadReason
 from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.journal import INFO, WARNING, reason_name, short_id
-from steadqd.daemon.verdict import Verdict
+from steadqd.daemon.worker.policy import Verdict
 from steadqd.errors import OutcomeUnknown
 
 __all__ = ["FollowUp", "Tally", "apply_verdict", "retry_policy", "run_story", "ticket_text"]

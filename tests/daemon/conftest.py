@@ -275,7 +275,7 @@ def worker_in_process(
     from steadqd.daemon.config import parse_config
     from steadqd.daemon.journal import Log
     from steadqd.daemon.service import Loop
-    from steadqd.daemon.worker import WorkerRole
+    from steadqd.daemon.worker.role import WorkerRole
 
     with queue as q:
         for i in range(jobs):

@@ -127,7 +127,7 @@ class GroupGuard:
         r, w = os.pipe2(os.O_CLOEXEC)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "steadqd.daemon.guard", str(os.getpid()), self.queue],
+                [sys.executable, "-m", "steadqd.daemon.worker.run.guard", str(os.getpid()), self.queue],
                 stdin=r,
                 close_fds=True,
                 process_group=0,  # a terminal's Ctrl-C is for the worker; the guard waits for its EOF

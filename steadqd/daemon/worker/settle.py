@@ -36,10 +36,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from steadqd.backend import Backend, LeaseHandle
-from steadqd.daemon import payload_dirs
 from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.settling import FollowUp, Tally, apply_verdict
-from steadqd.daemon.verdict import Verdict
+from steadqd.daemon.worker import claim
+from steadqd.daemon.worker.policy import Verdict
 from steadqd.errors import ErrorKind, NotCommitted, SteadQError
 
 __all__ = ["Group", "Settlement", "Settler"]
@@ -131,10 +131,10 @@ class Settler:
             if isinstance(request, Settlement):
                 unstarted.append(request)
             elif isinstance(request, str):
-                payload_dirs.remove(request)
+                claim.remove(request)
         done = self.collect()
         if not self._thread.is_alive():
-            payload_dirs.close_owned(self._q, self._r, self._w)
+            claim.close_owned(self._q, self._r, self._w)
             self._q = None
         return done, unstarted
 
@@ -158,7 +158,7 @@ class Settler:
                 with contextlib.suppress(BlockingIOError):
                     os.write(self._w, b"\0")
             for d in directories:  # after the report: the verdicts do not wait for the removals
-                payload_dirs.remove(d)
+                claim.remove(d)
 
     def _take(self, first: _Request) -> tuple[list[Settlement], list[str]]:
         """Everything that accumulated since the last group, without waiting for more."""

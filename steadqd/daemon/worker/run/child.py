@@ -45,11 +45,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from steadqd.daemon import exec_helper
 from steadqd.daemon.config import WorkerConfig
-from steadqd.daemon.guard import die_with_parent, process_guard
 from steadqd.daemon.journal import INFO, WARNING, Log, short_id
 from steadqd.daemon.service import Loop, Timers
+from steadqd.daemon.worker.run import exec_helper
+from steadqd.daemon.worker.run.guard import die_with_parent, process_guard
 
 __all__ = ["Child", "command_argv", "identity", "launch", "spawn", "terminate"]
 

@@ -23,9 +23,9 @@ The payload
     corrupt payload is quarantined by the backend and never reaches a
     command. ``input: file`` passes the copy's path in STEADQ_PAYLOAD_FILE;
     ``input: stdin`` opens the same copy read-only as the command's stdin
-    (steadqd.daemon.child). The directory is removed when the job ends.
+    (steadqd.daemon.worker.run.child). The directory is removed when the job ends.
     The claim (which hashes the payload) and the copy run in the
-    :class:`~steadqd.daemon.payload_dirs.Preparer` thread with a queue
+    :class:`~steadqd.daemon.worker.claim.Preparer` thread with a queue
     handle of its own, so a payload of gigabytes never delays the renewals
     and output of the jobs already running; the loop's handle is touched by
     the loop's thread only. The command is spawned from the loop's thread
@@ -35,8 +35,8 @@ The payload
     copy's last renewal, not the spawn.
 
 Settling
-    By the exit policy (steadqd.daemon.verdict), applied by the
-    :class:`~steadqd.daemon.settler.Settler` thread with a handle of its own
+    By the exit policy (steadqd.daemon.worker.policy), applied by the
+    :class:`~steadqd.daemon.worker.settle.Settler` thread with a handle of its own
     (group commit); its journal lines, the tally and the slot stay here. A
     lease whose renewal failed with LeaseLost or OutcomeUnknown belongs to
     whoever claims the job next: it is logged loudly and never acknowledged
@@ -61,15 +61,17 @@ from collections.abc import Callable
 from typing import cast
 
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
-from steadqd.daemon import exec_helper, metrics, payload_dirs, preflight
-from steadqd.daemon.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, launch, terminate
+from steadqd.daemon import metrics, preflight
 from steadqd.daemon.config import QueueSettings, WorkerConfig
-from steadqd.daemon.hold import Hold, hand_back_unstarted
 from steadqd.daemon.journal import INFO, WARNING, Log, short_id
 from steadqd.daemon.service import Loop, Timer, Timers, open_queue
-from steadqd.daemon.settler import Group, Settlement, Settler
 from steadqd.daemon.settling import FollowUp, Tally, apply_verdict, run_story, ticket_text
-from steadqd.daemon.verdict import Verdict, verdict
+from steadqd.daemon.worker import claim
+from steadqd.daemon.worker.policy import Verdict, verdict
+from steadqd.daemon.worker.run import exec_helper
+from steadqd.daemon.worker.run.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, launch, terminate
+from steadqd.daemon.worker.run.hold import Hold, hand_back_unstarted
+from steadqd.daemon.worker.settle import Group, Settlement, Settler
 from steadqd.errors import ConfigError, ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
 from steadqd.text import printable
 
@@ -150,7 +152,7 @@ class WorkerRole:
         self.tally = Tally()
         self._switch_interval: float | None = None  # the process's own, restored by close()
         self._ready: ReadyWatch | None = None
-        self._prep: payload_dirs.Preparer | None = None
+        self._prep: claim.Preparer | None = None
         self._fill_again = False  # a fill was asked for while a claim was in flight
         self._fill_timer: Timer | None = None
         self._rescan_timer: Timer | None = None
@@ -183,7 +185,7 @@ class WorkerRole:
         try:
             self._ready = self.q.ready_watch()
             # The claims and the payload copies have a handle of their own, in their own thread.
-            self._prep = payload_dirs.Preparer(open_queue(self.settings), lambda: open_queue(self.settings))
+            self._prep = claim.Preparer(open_queue(self.settings), lambda: open_queue(self.settings))
             self._settler = Settler(open_queue(self.settings), lambda: open_queue(self.settings))
         except SteadQError:  # e.g. fs.inotify.max_user_instances reached
             self._close_watch()
@@ -193,7 +195,7 @@ class WorkerRole:
         sys.setswitchinterval(min(self._switch_interval, LOOP_SWITCH_INTERVAL))
         loop.add_reader(self._prep.fileno(), self._guarded(self._on_prepared))
         loop.add_reader(self._settler.fileno(), self._guarded(self._on_settled))
-        stale = payload_dirs.remove_stale()
+        stale = claim.remove_stale()
         if stale:
             self.log.notice(f"removed {len(stale)} payload copies left by a worker that was killed", count=len(stale))
         self._watch_shards()
@@ -309,7 +311,7 @@ class WorkerRole:
             self._settled(group)
         for it in unstarted:
             cast(_Job, it.owner).settling = False
-            payload_dirs.remove(it.tmpdir)
+            claim.remove(it.tmpdir)
         for j in [j for j in self.jobs.values() if j.settling]:  # in a group still in its barriers
             self.log.error(f"settling still running after {PREPARE_GRACE:g}s: recovery decides its outcome", **j.fields)
             self._drop(j)
@@ -430,7 +432,7 @@ class WorkerRole:
         if self._fill_again:
             self._schedule_fill(0.0)
 
-    def _take(self, p: payload_dirs.Prepared) -> None:
+    def _take(self, p: claim.Prepared) -> None:
         if p.poisoned is not None:
             self.log.error(f"queue handle poisoned ({p.poisoned}); a new one claims the next job")
         if p.lease_error is not None:
@@ -470,14 +472,14 @@ class WorkerRole:
 
     # -- starting a job -------------------------------------------------------------
 
-    def _start_job(self, p: payload_dirs.Prepared) -> None:
+    def _start_job(self, p: claim.Prepared) -> None:
         """Spawn the command; it counts as started once its exec is reported (:meth:`_on_report`)."""
         assert self.loop is not None and p.lease is not None
         lease, cfg = p.lease, p.cfg
         try:
             proc, report = launch(cfg, p.env, p.payload_path, p.credentials)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
-            payload_dirs.remove(p.tmpdir)
+            claim.remove(p.tmpdir)
             self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {e}")
             return
         job = _Job(self, lease, cfg, proc, p.tmpdir, report)
@@ -507,7 +509,7 @@ class WorkerRole:
             return
         job.child.kill()  # the helper exits right after its report: reap it, close its pipes
         self._drop(job)  # the next fill finds the hold _start_failed sets
-        payload_dirs.remove(job.tmpdir)
+        claim.remove(job.tmpdir)
         self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {err}")
 
     def _prepare_failed(self, lease: LeaseHandle, cfg: WorkerConfig, e: BaseException) -> None:
@@ -535,12 +537,12 @@ class WorkerRole:
         if self._hold is not None and not self.closed:
             self._hold.hold(why)
 
-    def _hand_back(self, p: payload_dirs.Prepared) -> None:
+    def _hand_back(self, p: claim.Prepared) -> None:
         """close(): a job claimed but never started goes back at once (its attempt is counted)."""
-        payload_dirs.remove(p.tmpdir)
+        claim.remove(p.tmpdir)
         if p.lease is None:
             return
-        if p.error is not None and not isinstance(p.error, payload_dirs.Stopped):
+        if p.error is not None and not isinstance(p.error, claim.Stopped):
             self._prepare_failed(p.lease, p.cfg, p.error)
             return
         self.log.warning("job handed back on stop before its command started", job_id=p.lease.job_id)
@@ -604,7 +606,7 @@ class WorkerRole:
             if self._settler is not None:
                 self._settler.discard(job.tmpdir)
             else:
-                payload_dirs.remove(job.tmpdir)
+                claim.remove(job.tmpdir)
             self._report_finished(job, None)
             self._drop(job)
             return
@@ -777,7 +779,7 @@ class WorkerRole:
         """close(): reap, then hand an interrupted job's lease back; settle a finished one."""
         job.timers.cancel_all()
         job.child.kill()
-        payload_dirs.remove(job.tmpdir)
+        claim.remove(job.tmpdir)
         if job.lost is not None:
             return
         if self.q is None:

@@ -1,0 +1,1 @@
+"""The worker role: a job from its claim to its settlement (see role.py)."""
