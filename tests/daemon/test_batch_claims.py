@@ -22,7 +22,7 @@ import pytest
 from steadqd import Queue
 from steadqd.daemon.config import QueueSettings, parse_config
 from steadqd.daemon.service import Loop
-from steadqd.daemon.worker import claim
+from steadqd.daemon.worker import claim, payload
 from steadqd.daemon.worker.role import WorkerRole
 from steadqd.errors import OutcomeUnknown
 from steadqd.fs import linux
@@ -51,7 +51,7 @@ def preparer(make_queue: Callable[..., Queue], queue_path: str) -> Iterator[clai
         yield prep
     finally:
         for done in prep.close(DEADLINE):
-            claim.remove(done.tmpdir)
+            payload.remove(done.tmpdir)
 
 
 def _claims(prep: claim.Preparer, settings: QueueSettings, count: int) -> tuple[list[Any], int]:
@@ -78,7 +78,7 @@ def test_one_request_claims_up_to_its_count_under_one_barrier(queue_path: str, p
         assert p.payload_path and open(p.payload_path, "rb").read().startswith(b"job ")
     assert three == one, "three claims in one batch share the single claim's barriers"
     for p in [first, single, *together]:
-        claim.remove(p.tmpdir)
+        payload.remove(p.tmpdir)
 
 
 def test_a_request_for_more_than_is_ready_ends_with_the_empty_answer(queue_path: str, preparer: claim.Preparer) -> None:
@@ -89,7 +89,7 @@ def test_a_request_for_more_than_is_ready_ends_with_the_empty_answer(queue_path:
     assert [p.lease is not None for p in done] == [True, True, False]
     assert done[-1].error is None and done[-1].lease_error is None
     for p in done:
-        claim.remove(p.tmpdir)
+        payload.remove(p.tmpdir)
 
 
 def test_a_failed_shared_barrier_hands_over_no_claim_to_start(queue_path: str, preparer: claim.Preparer) -> None:

@@ -24,7 +24,7 @@ from steadqd import Queue
 from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop
-from steadqd.daemon.worker import claim
+from steadqd.daemon.worker import claim, payload
 from steadqd.daemon.worker.role import WorkerRole
 from steadqd.daemon.worker.run import child, exec_helper, guard
 
@@ -138,7 +138,7 @@ def test_a_late_exec_failure_is_the_same_start_failure(worker_role, tmp_path: Pa
     lease = role.q.lease()
     assert lease is not None
     tmpdir = tempfile.mkdtemp(dir=tmp_path)
-    path = claim.write_copy(tmpdir, lambda f: f.write(b"job"))
+    path = payload.write_copy(tmpdir, lambda f: f.write(b"job"))
     prepared = claim.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path)
     role._start_job(prepared)
     assert len(role.jobs) == 1 and "not started" not in out.getvalue()  # spawned; the report comes later
@@ -168,7 +168,7 @@ def test_no_job_is_claimed_while_a_start_is_unreported(worker_role, tmp_path: Pa
     lease = role.q.lease()
     assert lease is not None
     tmpdir = tempfile.mkdtemp(dir=tmp_path)
-    path = claim.write_copy(tmpdir, lambda f: f.write(b"job"))
+    path = payload.write_copy(tmpdir, lambda f: f.write(b"job"))
     cfg = role.settings.worker
     role._start_job(claim.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
     (job,) = role.jobs.values()
@@ -187,7 +187,7 @@ def _start_prepared(role: WorkerRole, lp: Loop, tmp_path: Path, cfg: WorkerConfi
     lease = role.q.lease()
     assert lease is not None
     tmpdir = tempfile.mkdtemp(dir=tmp_path)
-    path = claim.write_copy(tmpdir, lambda f: f.write(b"job"))
+    path = payload.write_copy(tmpdir, lambda f: f.write(b"job"))
     role._start_job(claim.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
 
 

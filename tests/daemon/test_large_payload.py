@@ -30,7 +30,7 @@ from steadqd.constants import HEADER_SIZE, State
 from steadqd.daemon.config import QueueSettings, parse_config
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop
-from steadqd.daemon.worker import claim
+from steadqd.daemon.worker import claim, payload
 from steadqd.daemon.worker.role import WorkerRole
 from steadqd.errors import SteadQError
 from steadqd.fs import linux, names
@@ -227,7 +227,7 @@ def test_a_long_copy_renews_its_own_lease(make_queue: Callable[..., Queue], queu
         assert done.env["STEADQ_JOB_ID"] == job and done.env["STEADQ_QUEUE"] == "t"
         with contextlib.closing(backend.open_queue(queue_path)) as q:  # the lease handed over is current
             q.ack(done.lease)
-        claim.remove(done.tmpdir)
+        payload.remove(done.tmpdir)
     finally:
         prep.close(DEADLINE)
     assert check_tree(queue_path).receipts == {job}

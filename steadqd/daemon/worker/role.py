@@ -65,13 +65,21 @@ from steadqd.daemon import metrics, preflight
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.journal import INFO, WARNING, Log, short_id
 from steadqd.daemon.service import Loop, Timer, Timers, open_queue
-from steadqd.daemon.settling import FollowUp, Tally, apply_verdict, run_story, ticket_text
-from steadqd.daemon.worker import claim
+from steadqd.daemon.worker import claim, payload
 from steadqd.daemon.worker.policy import Verdict, verdict
 from steadqd.daemon.worker.run import exec_helper
 from steadqd.daemon.worker.run.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, launch, terminate
 from steadqd.daemon.worker.run.hold import Hold, hand_back_unstarted
-from steadqd.daemon.worker.settle import Group, Settlement, Settler
+from steadqd.daemon.worker.settle import (
+    FollowUp,
+    Group,
+    Settlement,
+    Settler,
+    Tally,
+    apply_verdict,
+    run_story,
+    ticket_text,
+)
 from steadqd.errors import ConfigError, ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
 from steadqd.text import printable
 
@@ -195,7 +203,7 @@ class WorkerRole:
         sys.setswitchinterval(min(self._switch_interval, LOOP_SWITCH_INTERVAL))
         loop.add_reader(self._prep.fileno(), self._guarded(self._on_prepared))
         loop.add_reader(self._settler.fileno(), self._guarded(self._on_settled))
-        stale = claim.remove_stale()
+        stale = payload.remove_stale()
         if stale:
             self.log.notice(f"removed {len(stale)} payload copies left by a worker that was killed", count=len(stale))
         self._watch_shards()
@@ -311,7 +319,7 @@ class WorkerRole:
             self._settled(group)
         for it in unstarted:
             cast(_Job, it.owner).settling = False
-            claim.remove(it.tmpdir)
+            payload.remove(it.tmpdir)
         for j in [j for j in self.jobs.values() if j.settling]:  # in a group still in its barriers
             self.log.error(f"settling still running after {PREPARE_GRACE:g}s: recovery decides its outcome", **j.fields)
             self._drop(j)
@@ -479,7 +487,7 @@ class WorkerRole:
         try:
             proc, report = launch(cfg, p.env, p.payload_path, p.credentials)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
-            claim.remove(p.tmpdir)
+            payload.remove(p.tmpdir)
             self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {e}")
             return
         job = _Job(self, lease, cfg, proc, p.tmpdir, report)
@@ -509,7 +517,7 @@ class WorkerRole:
             return
         job.child.kill()  # the helper exits right after its report: reap it, close its pipes
         self._drop(job)  # the next fill finds the hold _start_failed sets
-        claim.remove(job.tmpdir)
+        payload.remove(job.tmpdir)
         self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {err}")
 
     def _prepare_failed(self, lease: LeaseHandle, cfg: WorkerConfig, e: BaseException) -> None:
@@ -539,7 +547,7 @@ class WorkerRole:
 
     def _hand_back(self, p: claim.Prepared) -> None:
         """close(): a job claimed but never started goes back at once (its attempt is counted)."""
-        claim.remove(p.tmpdir)
+        payload.remove(p.tmpdir)
         if p.lease is None:
             return
         if p.error is not None and not isinstance(p.error, claim.Stopped):
@@ -606,7 +614,7 @@ class WorkerRole:
             if self._settler is not None:
                 self._settler.discard(job.tmpdir)
             else:
-                claim.remove(job.tmpdir)
+                payload.remove(job.tmpdir)
             self._report_finished(job, None)
             self._drop(job)
             return
@@ -779,7 +787,7 @@ class WorkerRole:
         """close(): reap, then hand an interrupted job's lease back; settle a finished one."""
         job.timers.cancel_all()
         job.child.kill()
-        claim.remove(job.tmpdir)
+        payload.remove(job.tmpdir)
         if job.lost is not None:
             return
         if self.q is None:

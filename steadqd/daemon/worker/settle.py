@@ -1,4 +1,13 @@
-"""Settling finished runs off the service loop: one thread, a queue handle of its own, group commit.
+"""The settle step: what settling a verdict does to a lease, the words the journal says about it, and the thread that does it.
+
+What settling does
+    :func:`apply_verdict` acks, buries or retries a lease by the verdict of
+    the exit policy (policy.py). It is the one home of the lines a person
+    reads about it ("job 3d1f6a0c finished: ack (exit 0, 1.0 s, attempt
+    1/3)", "... buried: exit 100 (consumer_rejected)"), which
+    docs/operations.md and the system tests quote. The role (role.py)
+    decides *when* a run is settled: group commit, trying again after
+    NotCommitted, giving up on a lost lease.
 
 Why a thread
     An ack, retry or bury ends in directory fsyncs, and on a journaled disk
@@ -13,11 +22,11 @@ Why a thread
 
 What stays with the loop
     Everything a person reads and everything the role counts: the journal's
-    lines about a settle (their texts live in steadqd.daemon.settling), the
+    lines about a settle (their texts are this module's functions), the
     tally, freeing the slot, retrying after NotCommitted. The thread only
     applies verdicts and reports each one's outcome through a pipe the loop
-    watches, as the payload Preparer does. A lease handed to the thread is
-    not renewed meanwhile (a renewal and the ack would race on one lease);
+    watches, as the claim step's Preparer does. A lease handed to the thread
+    is not renewed meanwhile (a renewal and the ack would race on one lease);
     the loop resumes renewals when a NotCommitted settle comes back.
 
 Its handle
@@ -36,13 +45,96 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from steadqd.backend import Backend, LeaseHandle
+from steadqd.backoff import RetryPolicy
+from steadqd.constants import DeadReason
 from steadqd.daemon.config import WorkerConfig
-from steadqd.daemon.settling import FollowUp, Tally, apply_verdict
-from steadqd.daemon.worker import claim
+from steadqd.daemon.journal import INFO, WARNING, reason_name, short_id
+from steadqd.daemon.worker import claim, payload
 from steadqd.daemon.worker.policy import Verdict
-from steadqd.errors import ErrorKind, NotCommitted, SteadQError
+from steadqd.errors import ErrorKind, NotCommitted, OutcomeUnknown, SteadQError
 
-__all__ = ["Group", "Settlement", "Settler"]
+__all__ = [
+    "FollowUp",
+    "Group",
+    "Settlement",
+    "Settler",
+    "Tally",
+    "apply_verdict",
+    "retry_policy",
+    "run_story",
+    "ticket_text",
+]
+
+FollowUp = tuple[int, str, dict[str, object]] | None  # (priority, message, fields) of a line to log
+
+
+@dataclass
+class Tally:
+    """The worker's counts for STATUS=: jobs acknowledged, dead-lettered, and given back."""
+
+    done: int = 0
+    failed: int = 0
+    retried: int = 0
+
+
+def retry_policy(cfg: WorkerConfig) -> RetryPolicy:
+    r = cfg.retry
+    base = max(1, round(r.backoff_base * 1000))
+    return RetryPolicy(base_ms=base, cap_ms=max(base, round(r.backoff_max * 1000)), use_jitter=r.jitter)
+
+
+def apply_verdict(
+    q: Backend, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict, tally: Tally, ended: str | None = None
+) -> FollowUp:
+    """Ack, bury or retry the lease; returns the line that tells what followed (logged after ``job finished``).
+
+    ``ended`` is how the command ended ("exit 100"), when it ran. The
+    queue's errors pass through: the caller knows whether to try again.
+    """
+    if outcome is Verdict.ACK:
+        q.ack(lease)
+        tally.done += 1
+        return None
+    if outcome is Verdict.BURY:
+        reason = cfg.exit_status.bury_reason
+        q.bury(lease, reason=reason)
+        tally.failed += 1
+        why = f"{ended} ({reason_name(reason)})" if ended else reason_name(reason)
+        return WARNING, f"job {short_id(lease.job_id)} buried: {why}", {"reason": f"0x{reason:04x}"}
+    state = q.retry(lease, policy=retry_policy(cfg))
+    if state == "dead":
+        tally.failed += 1
+        text = (
+            f"job {short_id(lease.job_id)} buried: no attempts left"
+            f" ({lease.attempt}/{lease.max_attempts}, {reason_name(DeadReason.ATTEMPTS_EXHAUSTED)})"
+        )
+        return WARNING, text, {"reason": f"0x{DeadReason.ATTEMPTS_EXHAUSTED:04x}"}
+    tally.retried += 1
+    return INFO, f"job {short_id(lease.job_id)} retried: {state}", {"state": state}
+
+
+def run_story(lease: LeaseHandle, ended: str, *, timed_out: bool, duration_ms: object) -> str:
+    """How the run ended, for a person: ``exit 0, 1.0 s, attempt 1/3``."""
+    how = f"timed out, {ended}" if timed_out else ended
+    seconds = duration_ms / 1000 if isinstance(duration_ms, int) else 0.0
+    return f"{how}, {seconds:.1f} s, attempt {lease.attempt}/{lease.max_attempts}"
+
+
+def ticket_text(e: OutcomeUnknown) -> str | None:
+    """The outcome-unknown ticket as one journal field, so an operator can resolve it by hand."""
+    t = getattr(e, "ticket", None)
+    if t is None:
+        return None
+    for attr in ("to_json", "encode"):
+        fn = getattr(t, attr, None)
+        if callable(fn):
+            with contextlib.suppress(Exception):
+                out = fn()
+                return out.hex() if isinstance(out, bytes) else str(out)
+    return repr(t)
+
+
+# -- the settling thread ------------------------------------------------------------
 
 
 @dataclass(eq=False)
@@ -60,7 +152,7 @@ class Settlement:
     verdict: Verdict
     ended: str | None
     tmpdir: str = ""  # the payload copy, removed by the thread once the verdict is applied
-    follow: FollowUp = None  # what followed from the verdict (settling.apply_verdict)
+    follow: FollowUp = None  # what followed from the verdict (apply_verdict)
     tally: Tally = field(default_factory=Tally)  # what it adds to the role's counts
     applied: bool = False  # the verdict's rename happened (its barrier: see Group.unknown)
     error: BaseException | None = None  # why it was not applied: the backend's error, or an internal one
@@ -131,7 +223,7 @@ class Settler:
             if isinstance(request, Settlement):
                 unstarted.append(request)
             elif isinstance(request, str):
-                claim.remove(request)
+                payload.remove(request)
         done = self.collect()
         if not self._thread.is_alive():
             claim.close_owned(self._q, self._r, self._w)
@@ -158,7 +250,7 @@ class Settler:
                 with contextlib.suppress(BlockingIOError):
                     os.write(self._w, b"\0")
             for d in directories:  # after the report: the verdicts do not wait for the removals
-                claim.remove(d)
+                payload.remove(d)
 
     def _take(self, first: _Request) -> tuple[list[Settlement], list[str]]:
         """Everything that accumulated since the last group, without waiting for more."""
