@@ -31,8 +31,8 @@ from typing import Any, BinaryIO, cast
 from steadqd.backend import Backend, LeaseHandle, ScanReport
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.environment import build_environment
-from steadqd.daemon.worker import payload
-from steadqd.errors import NotCommitted, SteadQError
+from steadqd.daemon.worker import payload, renew
+from steadqd.errors import SteadQError
 
 
 @dataclass
@@ -74,10 +74,10 @@ def renew_due(q: Backend, jobs: Sequence[Prepared]) -> None:
     now = time.monotonic()
     for job in jobs:
         if job.lease is not None and job.error is None and now - job.renewed >= job.cfg.renew_interval:
-            try:
-                job.lease = q.renew(job.lease, duration=job.cfg.lease)  # a bucket's is a new generation
-            except NotCommitted:
-                pass  # tried again one interval later; the lease still has two thirds of its time
+            r = renew.renew(q, job.lease, job.cfg.lease)
+            if r.error is not None and not r.not_committed:
+                raise r.error  # lost or unknown: the copy in progress fails, as the loop's renewal would
+            job.lease = r.lease  # a bucket's is a new generation; not committed: tried again one interval later
             job.renewed = now
 
 

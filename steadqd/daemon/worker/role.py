@@ -65,7 +65,7 @@ from steadqd.daemon import metrics, preflight
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.journal import INFO, WARNING, Log, short_id
 from steadqd.daemon.service import Loop, Timer, Timers, open_queue
-from steadqd.daemon.worker import claim, payload
+from steadqd.daemon.worker import claim, payload, renew
 from steadqd.daemon.worker.policy import Verdict, verdict
 from steadqd.daemon.worker.run import exec_helper
 from steadqd.daemon.worker.run.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, launch, terminate
@@ -564,23 +564,21 @@ class WorkerRole:
         if self.q is None:
             self._schedule_reopen()
         else:
-            try:
-                # The lease the renewal returns is the one to settle with: on a bucket queue a
-                # renewal is a new generation of the claim, and the old one is fenced off.
-                job.lease = self.q.renew(job.lease, duration=job.cfg.lease)
-            except LeaseLost as e:
-                self._lose(job, f"renewal: lease lost: {e}")
+            r = renew.renew(self.q, job.lease, job.cfg.lease)
+            job.lease = r.lease  # the one to settle with: a bucket's renewal is a new generation (renew.py)
+            if r.lost:
+                self._lose(job, f"renewal: lease lost: {r.error}")
                 return
-            except OutcomeUnknown as e:
-                self._lose(job, f"renewal outcome unknown: {e}")
-                self._reopen(f"renew: {e}")
+            if r.unknown:  # the spawner takes it for lost: whoever claims the job next owns it
+                self._lose(job, f"renewal outcome unknown: {r.error}")
+                self._reopen(f"renew: {r.error}")
                 return
-            except NotCommitted as e:
+            if r.error is not None:  # not committed: the lease is still ours; tried again one interval later
                 self.log.warning(
-                    f"lease renewal not committed; retrying in {job.cfg.renew_interval:g}s: {e}", **job.fields
+                    f"lease renewal not committed; retrying in {job.cfg.renew_interval:g}s: {r.error}", **job.fields
                 )
-                if e.kind is ErrorKind.QUEUE_POISONED:
-                    self._reopen(f"renew: {e}")
+                if r.error.kind is ErrorKind.QUEUE_POISONED:
+                    self._reopen(f"renew: {r.error}")
         job.timers.set("renew", job.cfg.renew_interval, lambda: self._renew(job))
 
     def _lose(self, job: _Job, reason: str) -> None:
