@@ -63,21 +63,17 @@ from typing import cast
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
 from steadqd.daemon import metrics, preflight
 from steadqd.daemon.config import QueueSettings, WorkerConfig
-from steadqd.daemon.journal import INFO, WARNING, Log, short_id
-from steadqd.daemon.service import Loop, Timer, Timers, open_queue
+from steadqd.daemon.journal import Log, short_id
+from steadqd.daemon.service import Loop, Timer, open_queue
 from steadqd.daemon.worker import claim, payload, renew
-from steadqd.daemon.worker.policy import Verdict, verdict
-from steadqd.daemon.worker.run import exec_helper
-from steadqd.daemon.worker.run.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, launch, terminate
+from steadqd.daemon.worker.policy import Verdict
+from steadqd.daemon.worker.run import _Job, exec_helper
+from steadqd.daemon.worker.run.child import EXIT_CHECK_RUNNING, command_argv, identity, launch, terminate
 from steadqd.daemon.worker.run.hold import Hold, hand_back_unstarted
 from steadqd.daemon.worker.settle import (
-    FollowUp,
-    Group,
-    Settlement,
+    RoleSettling,
     Settler,
     Tally,
-    apply_verdict,
-    run_story,
     ticket_text,
 )
 from steadqd.errors import ConfigError, ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
@@ -86,8 +82,6 @@ from steadqd.text import printable
 __all__ = ["SAFETY_RESCAN", "WorkerRole"]
 
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
-SETTLE_RETRY = 1.0  # s; first wait before settling again after NotCommitted (then doubling)
-SETTLE_RETRY_MAX = 30.0  # s; the longest wait between two tries while the lease is still ours
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
 PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in flight
@@ -97,52 +91,7 @@ PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in fl
 LOOP_SWITCH_INTERVAL = 0.0005
 
 
-class _Job:
-    """A leased job whose command was started: the lease's side of a :class:`Child`."""
-
-    def __init__(
-        self,
-        role: WorkerRole,
-        lease: LeaseHandle,
-        cfg: WorkerConfig,
-        proc: subprocess.Popen[bytes],
-        tmpdir: str,
-        report_fd: int | None = None,
-    ) -> None:
-        assert role.loop is not None
-        self.lease = lease
-        self.cfg = cfg  # the configuration it started with: a reload does not change a running job
-        self.tmpdir = tmpdir
-        self.started = role.loop.now()
-        self.lost: str | None = None  # why the lease is no longer ours
-        self.verdict: Verdict | None = None
-        self.settle_tries = 0
-        self.settling = False  # handed to the settling thread: not renewed until it reports back
-        self.fields: dict[str, object] = {"job_id": lease.job_id, "attempt": lease.attempt}
-        self.run_fields: dict[str, object] = {}  # how the command ended, for the `job finished` line
-
-        def guard(fn: Callable[[], None]) -> Callable[[], None]:
-            return role._guarded(fn, self)
-
-        self.timers = Timers(role.loop, guard)  # "renew", "settle"
-        self.child = Child(
-            proc,
-            cfg,
-            loop=role.loop,
-            log=role.log,
-            fields=self.fields,
-            guard=guard,
-            on_exit=lambda: role._finish(self),
-            report_fd=report_fd,
-            on_report=lambda report: role._on_report(self, report),
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.child.pid
-
-
-class WorkerRole:
+class WorkerRole(RoleSettling):
     """Runs ``worker.command`` for leased jobs, up to ``worker.concurrency`` at once."""
 
     name = "worker"
@@ -590,171 +539,6 @@ class WorkerRole:
             **job.fields,
             reason=reason,
         )
-
-    # -- settling -----------------------------------------------------------------
-
-    def _finish(self, job: _Job) -> None:
-        """The command has ended: judge the run, then settle it with this loop pass's others."""
-        assert self.loop is not None
-        job.child.timers.cancel("timeout")
-        job.child.timers.cancel("kill")
-        code = job.child.returncode
-        assert code is not None
-        outcome = job.verdict = self._verdict(job)
-        job.run_fields = {
-            "exit_status": code if code >= 0 else None,
-            "signal": job.child.signal_name,
-            "verdict": outcome,
-            "duration_ms": round((self.loop.now() - job.started) * 1000),
-            "timed_out": "true" if job.child.timed_out else None,
-        }
-        if outcome is Verdict.ABANDON:
-            if self._settler is not None:
-                self._settler.discard(job.tmpdir)
-            else:
-                payload.remove(job.tmpdir)
-            self._report_finished(job, None)
-            self._drop(job)
-            return
-        self._settle(job)
-
-    def _report_finished(self, job: _Job, follow: FollowUp) -> None:
-        """``job finished: <verdict>``, logged once the verdict took effect, then what followed from it."""
-        outcome = job.verdict
-        self.log.log(
-            INFO if outcome is Verdict.ACK else WARNING,
-            f"job {short_id(job.lease.job_id)} finished: {outcome} ({self._run_story(job)})",
-            **job.fields,
-            **job.run_fields,
-        )
-        metrics.job_finished(
-            str(outcome), job.run_fields.get("duration_ms"), dead=bool(follow and "reason" in follow[2])
-        )
-        self._log_follow_up(job.lease, follow)
-
-    @staticmethod
-    def _run_story(job: _Job) -> str:
-        return run_story(
-            job.lease, job.child.ended, timed_out=job.child.timed_out, duration_ms=job.run_fields.get("duration_ms")
-        )
-
-    def _report_unsettled(self, job: _Job, why: str, **extra: object) -> None:
-        """The run ended but its verdict did not take effect: never logged as ``job finished: <verdict>``."""
-        self.log.error(
-            f"job {short_id(job.lease.job_id)} finished ({self._run_story(job)}), but its {job.verdict} {why}",
-            **job.fields,
-            **job.run_fields,
-            **extra,
-        )
-
-    @staticmethod
-    def _verdict(job: _Job) -> Verdict:
-        assert job.child.returncode is not None
-        return verdict(
-            job.child.returncode,
-            timed_out=job.child.timed_out,
-            lease_lost=job.lost is not None,
-            policy=job.cfg.exit_status,
-        )
-
-    def _settle(self, job: _Job) -> None:
-        """Hand ``job.verdict`` to the settling thread; its outcome comes back in :meth:`_settled`.
-
-        A full disk must not throw a finished run away: after NotCommitted
-        the renewals resume and the settle is tried again for as long as the
-        lease is ours (even past its deadline it can still be settled until
-        recovery reaps it: protocol.md, validating a lease source checks the
-        file, not the clock). The run is given up only when the lease is lost.
-        """
-        if job.lost is not None:
-            if job.verdict is not Verdict.ABANDON:
-                self._report_unsettled(job, f"failed: the lease was lost ({job.lost}); the job may run again")
-            self._drop(job)
-            return
-        if self._settler is None:  # closed: close() settles what is left
-            return
-        job.settle_tries += 1
-        job.timers.cancel("renew")  # a renewal and the settle would race on the lease
-        job.settling = True
-        verdict_ = job.verdict or Verdict.RETRY
-        self._settler.submit(Settlement(job, job.lease, job.cfg, verdict_, job.child.ended, job.tmpdir))
-        job.tmpdir = ""  # the thread removes it
-        self._schedule_fill(0.0)  # its slot is free: _slots_taken
-
-    def _on_settled(self) -> None:
-        assert self._settler is not None
-        for group in self._settler.collect():
-            self._settled(group)
-
-    def _settled(self, group: Group) -> None:
-        """Report a group in the order the journal always told it: failures, then the group, then the acks."""
-        for it in group.items:
-            job = cast(_Job, it.owner)
-            job.settling = False
-            self.tally.done += it.tally.done
-            self.tally.failed += it.tally.failed
-            self.tally.retried += it.tally.retried
-            if it.error is not None:
-                self._settle_failed(job, it.error)
-        applied = [it for it in group.items if it.applied]
-        if group.unknown is not None:
-            self.log.error(
-                f"settling outcome unknown for {len(group.items)} jobs settled together (recovery decides):"
-                f" {group.unknown}",
-                job_ids=",".join(it.lease.job_id for it in group.items),
-            )
-        for it in applied:
-            job = cast(_Job, it.owner)
-            if group.unknown is not None:
-                self._report_unsettled(job, "may or may not have taken effect (recovery decides)")
-            else:
-                self._report_finished(job, it.follow)
-            self._drop(job)
-        if group.poisoned is not None:
-            self.log.error(f"queue handle poisoned (settle: {group.poisoned}); reopening the queue")
-
-    def _settle_failed(self, job: _Job, e: BaseException) -> None:
-        if isinstance(e, NotCommitted):
-            delay = min(SETTLE_RETRY * 2 ** min(job.settle_tries - 1, 16), SETTLE_RETRY_MAX)
-            self.log.warning(
-                f"settling not committed, retrying in {delay:g}s (try {job.settle_tries}): {e}",
-                **job.fields,
-                verdict=job.verdict,
-            )
-            job.timers.set("renew", 0.0, lambda: self._renew(job))  # the lease is ours again
-            job.timers.set("settle", delay, lambda: self._settle(job))
-            return
-        if isinstance(e, LeaseLost):
-            self._report_unsettled(job, f"failed: the lease was lost ({e}); the job may run again")
-        elif isinstance(e, OutcomeUnknown):
-            why = f"may or may not have taken effect (recovery decides): {e}"
-            self._report_unsettled(job, why, ticket=ticket_text(e))
-        elif isinstance(e, SteadQError):
-            self._report_unsettled(job, f"failed: {e}")
-        else:
-            self.log.error(f"internal error settling a job: {e!r}", **job.fields)
-        self._drop(job)
-
-    def _apply(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict, ended: str | None = None) -> FollowUp:
-        assert self.q is not None
-        return apply_verdict(self.q, lease, cfg, outcome, self.tally, ended)
-
-    def _log_follow_up(self, lease: LeaseHandle, follow: FollowUp) -> None:
-        if follow is not None:
-            priority, message, fields = follow
-            self.log.log(priority, message, job_id=lease.job_id, attempt=lease.attempt, **fields)
-
-    def _settle_simple(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict) -> None:
-        """Settle a lease whose command never ran (preparation or spawn failed)."""
-        try:
-            if self.q is None:
-                raise NotCommitted("queue is not open", ErrorKind.IO_FAILURE)
-            self._log_follow_up(lease, self._apply(lease, cfg, outcome))
-        except OutcomeUnknown as e:
-            self.log.error(f"settling outcome unknown: {e}", job_id=lease.job_id, ticket=ticket_text(e))
-            self._reopen(str(e))
-        except SteadQError as e:
-            self.log.error(f"settling failed; the lease expires and recovery returns the job: {e}", job_id=lease.job_id)
 
     def _drop(self, job: _Job) -> None:
         job.timers.cancel_all()
