@@ -37,8 +37,9 @@ The payload
 Settling
     By the exit policy (steadqd.daemon.worker.policy), applied by the
     :class:`~steadqd.daemon.worker.settle.Settler` thread with a handle of its own
-    (group commit); its journal lines, the tally and the slot stay here. A
-    lease whose renewal failed with LeaseLost or OutcomeUnknown belongs to
+    (group commit); its journal lines, the tally and the slot stay with the
+    role (its settling side is settle.py's RoleSettling). A lease whose
+    renewal (renew.py) failed with LeaseLost or OutcomeUnknown belongs to
     whoever claims the job next: it is logged loudly and never acknowledged
     or retried by us. A poisoned handle is closed and reopened (the tree is
     the truth).
