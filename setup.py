@@ -1,4 +1,4 @@
-"""Builds ``steadq-exec``, the job commands' exec helper (steadqd/daemon/exec_helper.c).
+"""Builds ``steadq-exec``, the job commands' exec helper (steadqd/daemon/worker/run/exec_helper.c).
 
 Everything else is in pyproject.toml. The helper is an executable, not an
 extension module, so it is linked by hand after ``build_ext``; the
@@ -16,7 +16,7 @@ from typing import Any
 from setuptools import Distribution, setup
 from setuptools.command.build_ext import build_ext
 
-HELPER_SOURCE = os.path.join("steadqd", "daemon", "exec_helper.c")
+HELPER_SOURCE = os.path.join("steadqd", "daemon", "worker", "run", "exec_helper.c")
 HELPER_NAME = "steadq-exec"
 
 

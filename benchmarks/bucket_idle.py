@@ -39,7 +39,7 @@ from .bucket_queue import CountingStore, run_alone, seaweed_section
 __all__ = ["SIZES", "markdown", "section"]
 
 BUCKET = "steadq-bench-idle"
-SAFETY_RESCAN_S = 60.0  # the worker daemon's (daemon/worker.py SAFETY_RESCAN), for the stated bound
+SAFETY_RESCAN_S = 60.0  # the worker daemon's (daemon/worker/role.py SAFETY_RESCAN), for the stated bound
 SIZES: dict[str, dict[str, Any]] = {
     # settle_s: how long a consumer idles before the enqueue (4 s: past the ramp of short pauses),
     # phase_s: the random time added, to land anywhere in the rotation (6 s: three pauses at 2 s).

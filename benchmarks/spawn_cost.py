@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import steadqd.daemon.worker  # noqa: F401 - the worker's imports make the fork's page tables worker-sized
-from steadqd.daemon import exec_helper
-from steadqd.daemon.guard import die_with_parent
+import steadqd.daemon.worker.role  # noqa: F401 - the worker's imports make the fork's page tables worker-sized
+from steadqd.daemon.worker.run import exec_helper
+from steadqd.daemon.worker.run.guard import die_with_parent
 
 Spawn = Callable[[list[str]], subprocess.Popen[bytes]]
 _KW: dict[str, Any] = dict(

@@ -61,6 +61,7 @@ from typing import Any
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, open_queue
 from steadqd.backoff import RetryPolicy
 from steadqd.constants import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DeadReason
+from steadqd.daemon.worker.renew import Renewal, interval, renew
 from steadqd.errors import InvalidInput, LeaseLost, OutcomeUnknown, SteadQError
 from steadqd.text import printable
 
@@ -261,7 +262,7 @@ class Worker:
         for name, value in (("lease", lease), ("poll", poll)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise InvalidInput(f"{name} must be a positive number of seconds, got {value!r}")
-        renew = lease / 3 if renew_every is None else renew_every
+        renew = interval(lease, renew_every)
         if isinstance(renew, bool) or not isinstance(renew, int | float) or not 0 < renew < lease:
             raise InvalidInput(f"renew_every must be positive and shorter than the lease ({lease:g}s), got {renew!r}")
         self.queue = queue
@@ -476,14 +477,18 @@ class Worker:
             if r.settling or r.job.lease_lost:
                 return q
             try:
-                r.lease = q.renew(r.lease, duration=self.lease_s)
+                renewal = renew(q, r.lease, self.lease_s)
+            except SteadQError as e:  # not a renewal's outcome: a failure of the queue, handled alike
+                renewal = Renewal(r.lease, e)
+            r.lease = renewal.lease  # a bucket's renewal is a new generation (steadqd.daemon.worker.renew)
+            if renewal.error is None:
                 r.next_renew = time.monotonic() + self.renew_s
-            except LeaseLost as e:
-                r.lose(str(e))
+            elif renewal.lost:
+                r.lose(str(renewal.error))
                 self._cancel(r)
-            except SteadQError as e:
+            else:  # not committed, or unknown: a new handle (if poisoned) tries again soon
                 r.next_renew = time.monotonic() + min(ERROR_PAUSE, self.renew_s)
-                if not self._after_error(q, f"renew {r.job.id}", e):
+                if not self._after_error(q, f"renew {r.job.id}", renewal.error):
                     q.close()
                     return None
         return q

@@ -10,7 +10,7 @@ tracked and untracked, not ignored, files) under ``--workdir``, so mutmut's
 what changed. The copy gets a ``shared`` link to the real spec because the
 tests find it beside the project root, and mutmut runs them from
 ``<copy>/mutants``. Hypothesis runs with one fixed seed so two runs of the
-same code give the same score. Patterns (``'steadqd.daemon.verdict.*'``) run
+same code give the same score. Patterns (``'steadqd.daemon.worker.policy.*'``) run
 only the mutants they match, as ``mutmut run`` does.
 
 The whole run takes about an hour on the 2-core machine, so ``--sample N``

@@ -37,6 +37,8 @@ from steadqd.cli.common import (
     write_atomic,
 )
 from steadqd.constants import MAX_LEASE_NS, MIN_LEASE_NS, NS_PER_SECOND, U16_MAX, U64_MAX, AckResult
+from steadqd.daemon.worker.renew import interval as renew_interval
+from steadqd.daemon.worker.renew import renew
 from steadqd.durations import format_duration
 from steadqd.errors import LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
 
@@ -393,9 +395,9 @@ def work_one(q: Backend, lease: Any, command: list[str], lease_seconds: float, s
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    # 4. poll every 50 ms, renew every S/2
+    # 4. poll every 50 ms, renew every S/2 (the lease keeper: steadqd.daemon.worker.renew)
     renewing = True
-    interval = lease_seconds / 2
+    interval = renew_interval(lease_seconds, lease_seconds / 2)
     next_renew = time.monotonic() + interval
     stopped_at: float | None = None
     try:
@@ -409,14 +411,14 @@ def work_one(q: Backend, lease: Any, command: list[str], lease_seconds: float, s
                 stopped_at = _stop_command(proc, stop.signum, stopped_at)
             if renewing and time.monotonic() >= next_renew:
                 next_renew += interval
-                try:
-                    # A bucket lease is immutable: the renewed generation is a new handle, which ack needs.
-                    lease = q.renew(lease, duration=lease_seconds)
-                except (LeaseLost, OutcomeUnknown) as e:
-                    err(f"work: job {lease.job_id}: renew failed, no further renewals: {e.message}")
+                r = renew(q, lease, lease_seconds)
+                lease = r.lease  # a bucket's renewal is a new generation, which ack needs
+                if r.lost or r.unknown:
+                    assert r.error is not None
+                    err(f"work: job {lease.job_id}: renew failed, no further renewals: {r.error.message}")
                     renewing = False
-                except NotCommitted as e:
-                    err(f"work: job {lease.job_id}: renew not committed (will retry): {e.message}")
+                elif r.error is not None:
+                    err(f"work: job {lease.job_id}: renew not committed (will retry): {r.error.message}")
     except OSError as e:
         err(f"work: waiting for the command failed: {e.strerror}")
         os.close(fd)

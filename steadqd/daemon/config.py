@@ -66,7 +66,7 @@ _FORBIDDEN_QUEUE_ROOTS = {
 
 @dataclass(frozen=True)
 class ExitPolicy:
-    """How a command's exit status settles its job (applied by steadqd.daemon.verdict)."""
+    """How a command's exit status settles its job (applied by steadqd.daemon.worker.policy)."""
 
     ack: frozenset[int] = frozenset({0})
     retry: frozenset[int] = frozenset({75})  # EX_TEMPFAIL

@@ -43,7 +43,7 @@ def _role_factory(names: tuple[str, ...]) -> Callable[..., list]:
         # Only the roles asked for are imported: one role's module (and its
         # dependencies) must not be able to keep another role from starting.
         classes = {
-            "worker": ("worker", "WorkerRole"),
+            "worker": ("worker.role", "WorkerRole"),
             "sweeper": ("sweeper", "SweeperRole"),
             "promoter": ("promoter", "PromoterRole"),
             "inbox": ("inbox", "InboxRole"),

@@ -25,7 +25,7 @@ Escaped job processes
     The worker is a child subreaper (:func:`become_subreaper`): a job's
     process that left its group is re-parented to the worker when its
     parent dies, and :func:`kill_escaped` kills it once its job has ended.
-    The guard covers the worker's own death (steadqd.daemon.guard).
+    The guard covers the worker's own death (steadqd.daemon.worker.run.guard).
 """
 
 from __future__ import annotations

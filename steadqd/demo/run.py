@@ -185,7 +185,7 @@ def _produce_jobs(path: str, jobs: int) -> int:
 
 _LINE = re.compile(r"^<(?P<prio>\d)>(?P<role>[\w-]+)\[(?P<queue>[^\]]*)\]: (?P<rest>.*)$")
 _FIELD = re.compile(r"\s(STEADQ_[A-Z0-9_]+)=('(?:[^'\\]|\\.)*'|\S+)")
-# The worker's sentences about a job (daemon/worker.py): "job 3d1f6a0c finished: ack (...)" and its follow-ups.
+# The worker's sentences about a job (daemon/worker/settle.py): "job 3d1f6a0c finished: ack (...)" and its follow-ups.
 _FINISHED = re.compile(r"job \S+ finished: (\w+)")
 _RETRIED = re.compile(r"job \S+ retried: ")
 _BURIED = re.compile(r"job \S+ buried: ")

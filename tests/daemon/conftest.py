@@ -161,7 +161,7 @@ def payload_copies_removed(env: Env) -> None:
     """Wait until every per-job payload copy is gone.
 
     The settling thread removes a job's copy after it has reported the
-    verdict (steadqd/daemon/settler.py), so a settled tree and a "finished"
+    verdict (steadqd/daemon/worker/settle.py), so a settled tree and a "finished"
     line can come before the removal.
     """
     wait_for(lambda: not any(env.jobtmp.iterdir()), what=f"every payload copy under {env.jobtmp} to be removed")
@@ -275,7 +275,7 @@ def worker_in_process(
     from steadqd.daemon.config import parse_config
     from steadqd.daemon.journal import Log
     from steadqd.daemon.service import Loop
-    from steadqd.daemon.worker import WorkerRole
+    from steadqd.daemon.worker.role import WorkerRole
 
     with queue as q:
         for i in range(jobs):

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from steadqd import Queue
-from steadqd.daemon import payload_dirs
 from steadqd.daemon.config import QueueSettings, parse_config
 from steadqd.daemon.service import Loop
-from steadqd.daemon.worker import WorkerRole
+from steadqd.daemon.worker import claim, payload
+from steadqd.daemon.worker.role import WorkerRole
 from steadqd.errors import OutcomeUnknown
 from steadqd.fs import linux
 
@@ -36,7 +36,7 @@ def _settings(queue_path: str, concurrency: int = 4) -> QueueSettings:
     )
 
 
-def _answer(prep: payload_dirs.Preparer) -> list[payload_dirs.Prepared]:
+def _answer(prep: claim.Preparer) -> list[claim.Prepared]:
     """The whole answer to the one request in flight, as the loop collects it."""
     ready, _, _ = select.select([prep.fileno()], [], [], DEADLINE)
     assert ready, "the preparing thread never answered"
@@ -44,17 +44,17 @@ def _answer(prep: payload_dirs.Preparer) -> list[payload_dirs.Prepared]:
 
 
 @pytest.fixture
-def preparer(make_queue: Callable[..., Queue], queue_path: str) -> Iterator[payload_dirs.Preparer]:
+def preparer(make_queue: Callable[..., Queue], queue_path: str) -> Iterator[claim.Preparer]:
     make_queue(shards=1).close()
-    prep = payload_dirs.Preparer(Queue.open(queue_path), lambda: Queue.open(queue_path))
+    prep = claim.Preparer(Queue.open(queue_path), lambda: Queue.open(queue_path))
     try:
         yield prep
     finally:
         for done in prep.close(DEADLINE):
-            payload_dirs.remove(done.tmpdir)
+            payload.remove(done.tmpdir)
 
 
-def _claims(prep: payload_dirs.Preparer, settings: QueueSettings, count: int) -> tuple[list[Any], int]:
+def _claims(prep: claim.Preparer, settings: QueueSettings, count: int) -> tuple[list[Any], int]:
     assert settings.worker is not None
     with linux.trace() as events:
         prep.submit(settings.worker, settings, {}, count)
@@ -62,7 +62,7 @@ def _claims(prep: payload_dirs.Preparer, settings: QueueSettings, count: int) ->
     return done, sum(1 for e in events if e.op == "fsync")
 
 
-def test_one_request_claims_up_to_its_count_under_one_barrier(queue_path: str, preparer: payload_dirs.Preparer) -> None:
+def test_one_request_claims_up_to_its_count_under_one_barrier(queue_path: str, preparer: claim.Preparer) -> None:
     with Queue.open(queue_path) as q:
         for i in range(6):
             q.enqueue(b"job %d" % i)
@@ -78,12 +78,10 @@ def test_one_request_claims_up_to_its_count_under_one_barrier(queue_path: str, p
         assert p.payload_path and open(p.payload_path, "rb").read().startswith(b"job ")
     assert three == one, "three claims in one batch share the single claim's barriers"
     for p in [first, single, *together]:
-        payload_dirs.remove(p.tmpdir)
+        payload.remove(p.tmpdir)
 
 
-def test_a_request_for_more_than_is_ready_ends_with_the_empty_answer(
-    queue_path: str, preparer: payload_dirs.Preparer
-) -> None:
+def test_a_request_for_more_than_is_ready_ends_with_the_empty_answer(queue_path: str, preparer: claim.Preparer) -> None:
     with Queue.open(queue_path) as q:
         for i in range(2):
             q.enqueue(b"job %d" % i)
@@ -91,10 +89,10 @@ def test_a_request_for_more_than_is_ready_ends_with_the_empty_answer(
     assert [p.lease is not None for p in done] == [True, True, False]
     assert done[-1].error is None and done[-1].lease_error is None
     for p in done:
-        payload_dirs.remove(p.tmpdir)
+        payload.remove(p.tmpdir)
 
 
-def test_a_failed_shared_barrier_hands_over_no_claim_to_start(queue_path: str, preparer: payload_dirs.Preparer) -> None:
+def test_a_failed_shared_barrier_hands_over_no_claim_to_start(queue_path: str, preparer: claim.Preparer) -> None:
     with Queue.open(queue_path) as q:
         for i in range(4):
             q.enqueue(b"job %d" % i)

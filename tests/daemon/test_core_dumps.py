@@ -114,7 +114,9 @@ def test_the_guard_process_does_not_carry_the_daemon_s_credentials(denv: Env, da
     guards = [
         p.name
         for p in Path("/proc").iterdir()
-        if p.name.isdigit() and _parent(int(p.name)) == d.pid and b"steadqd.daemon.guard" in _cmdline(int(p.name))
+        if p.name.isdigit()
+        and _parent(int(p.name)) == d.pid
+        and b"steadqd.daemon.worker.run.guard" in _cmdline(int(p.name))
     ]
     assert len(guards) == 1
     assert b"AWS_SECRET_ACCESS_KEY" not in Path(f"/proc/{guards[0]}/environ").read_bytes()

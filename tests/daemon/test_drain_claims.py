@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from steadqd import Queue
-from steadqd.daemon import payload_dirs
 from steadqd.daemon.service import Loop
+from steadqd.daemon.worker.claim import Preparer
 from tests.daemon.conftest import DEADLINE, worker_in_process
 
 
@@ -34,7 +34,7 @@ def _hold_claim(monkeypatch: pytest.MonkeyPatch, nth: int) -> tuple[threading.Ev
     """The ``nth`` request's claims are made and durable, then held before the loop hears of them."""
     claimed, release = threading.Event(), threading.Event()
     counts: list[int] = []
-    real = payload_dirs.Preparer._claim
+    real = Preparer._claim
 
     def claim(q: Any, jobs: list[Any], cfg: Any, credentials: Any, count: int) -> None:
         real(q, jobs, cfg, credentials, count)
@@ -43,7 +43,7 @@ def _hold_claim(monkeypatch: pytest.MonkeyPatch, nth: int) -> tuple[threading.Ev
             claimed.set()
             release.wait(DEADLINE)
 
-    monkeypatch.setattr(payload_dirs.Preparer, "_claim", staticmethod(claim))
+    monkeypatch.setattr(Preparer, "_claim", staticmethod(claim))
     return claimed, release, counts
 
 

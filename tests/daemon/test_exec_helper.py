@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from steadqd.daemon import child, exec_helper, guard
 from steadqd.daemon.config import WorkerConfig
+from steadqd.daemon.worker.run import child, exec_helper, guard
 
 from .conftest import DEADLINE
 

@@ -21,11 +21,12 @@ from typing import Any
 import pytest
 
 from steadqd import Queue
-from steadqd.daemon import child, exec_helper, guard, payload_dirs
 from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop
-from steadqd.daemon.worker import WorkerRole
+from steadqd.daemon.worker import claim, payload
+from steadqd.daemon.worker.role import WorkerRole
+from steadqd.daemon.worker.run import child, exec_helper, guard
 
 from .conftest import DEADLINE, worker_in_process
 
@@ -137,8 +138,8 @@ def test_a_late_exec_failure_is_the_same_start_failure(worker_role, tmp_path: Pa
     lease = role.q.lease()
     assert lease is not None
     tmpdir = tempfile.mkdtemp(dir=tmp_path)
-    path = payload_dirs.write_copy(tmpdir, lambda f: f.write(b"job"))
-    prepared = payload_dirs.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path)
+    path = payload.write_copy(tmpdir, lambda f: f.write(b"job"))
+    prepared = claim.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path)
     role._start_job(prepared)
     assert len(role.jobs) == 1 and "not started" not in out.getvalue()  # spawned; the report comes later
     deadline = time.monotonic() + DEADLINE
@@ -159,7 +160,7 @@ def test_a_late_exec_failure_is_the_same_start_failure(worker_role, tmp_path: Pa
 
 
 def test_no_job_is_claimed_while_a_start_is_unreported(worker_role, tmp_path: Path) -> None:
-    """Another claim before the report would cost a second job an attempt if this exec fails (daemon/hold.py)."""
+    """Another claim before the report would cost a second job an attempt if this exec fails (daemon/worker/run/hold.py)."""
     role, lp, out = worker_role
     assert role.q is not None and role.settings.worker is not None and role._prep is not None
     with Queue.open(role.settings.queue) as q:
@@ -167,9 +168,9 @@ def test_no_job_is_claimed_while_a_start_is_unreported(worker_role, tmp_path: Pa
     lease = role.q.lease()
     assert lease is not None
     tmpdir = tempfile.mkdtemp(dir=tmp_path)
-    path = payload_dirs.write_copy(tmpdir, lambda f: f.write(b"job"))
+    path = payload.write_copy(tmpdir, lambda f: f.write(b"job"))
     cfg = role.settings.worker
-    role._start_job(payload_dirs.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
+    role._start_job(claim.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
     (job,) = role.jobs.values()
     assert job.child.starting
     role.draining = False
@@ -186,8 +187,8 @@ def _start_prepared(role: WorkerRole, lp: Loop, tmp_path: Path, cfg: WorkerConfi
     lease = role.q.lease()
     assert lease is not None
     tmpdir = tempfile.mkdtemp(dir=tmp_path)
-    path = payload_dirs.write_copy(tmpdir, lambda f: f.write(b"job"))
-    role._start_job(payload_dirs.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
+    path = payload.write_copy(tmpdir, lambda f: f.write(b"job"))
+    role._start_job(claim.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
 
 
 def _pump_until(lp: Loop, done: Callable[[], bool], shown: Callable[[], object]) -> None:

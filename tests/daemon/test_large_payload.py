@@ -27,11 +27,11 @@ import pytest
 
 from steadqd import Queue, backend
 from steadqd.constants import HEADER_SIZE, State
-from steadqd.daemon import payload_dirs
 from steadqd.daemon.config import QueueSettings, parse_config
 from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop
-from steadqd.daemon.worker import WorkerRole
+from steadqd.daemon.worker import claim, payload
+from steadqd.daemon.worker.role import WorkerRole
 from steadqd.errors import SteadQError
 from steadqd.fs import linux, names
 from steadqd.fs.records import build_header
@@ -201,7 +201,7 @@ def _worker_settings(queue_path: str, **worker: str) -> QueueSettings:
     return parse_config(f"queue: {queue_path}\nworker:\n  command: ['true']{extra}\n", path="t.yaml", name="t")
 
 
-def _one(prep: payload_dirs.Preparer) -> payload_dirs.Prepared:
+def _one(prep: claim.Preparer) -> claim.Prepared:
     """Wait (as the loop would, on the pipe) for the answer to the one request in flight."""
     ready, _, _ = select.select([prep.fileno()], [], [], DEADLINE)
     assert ready, "the preparing thread never answered"
@@ -216,7 +216,7 @@ def test_a_long_copy_renews_its_own_lease(make_queue: Callable[..., Queue], queu
     job = plant_giant_job(queue_path, size, valid=True)
     settings = _worker_settings(queue_path, lease="2s", renew_every="0.1s")
     assert settings.worker is not None
-    prep = payload_dirs.Preparer(Queue.open(queue_path), lambda: Queue.open(queue_path))
+    prep = claim.Preparer(Queue.open(queue_path), lambda: Queue.open(queue_path))
     try:
         prep.submit(settings.worker, settings, {})
         done = _one(prep)
@@ -227,7 +227,7 @@ def test_a_long_copy_renews_its_own_lease(make_queue: Callable[..., Queue], queu
         assert done.env["STEADQ_JOB_ID"] == job and done.env["STEADQ_QUEUE"] == "t"
         with contextlib.closing(backend.open_queue(queue_path)) as q:  # the lease handed over is current
             q.ack(done.lease)
-        payload_dirs.remove(done.tmpdir)
+        payload.remove(done.tmpdir)
     finally:
         prep.close(DEADLINE)
     assert check_tree(queue_path).receipts == {job}
@@ -247,7 +247,7 @@ def test_a_stop_abandons_a_copy_in_progress_and_keeps_the_lease(
     def copies() -> list[str]:  # this job's payload directories (the temp directory is shared)
         return [d for d in os.listdir(base) if d.startswith("steadqd-") and f"-{os.getpid()}-{job[:12]}-" in d]
 
-    prep = payload_dirs.Preparer(Queue.open(queue_path), lambda: Queue.open(queue_path))
+    prep = claim.Preparer(Queue.open(queue_path), lambda: Queue.open(queue_path))
     try:
         prep.submit(settings.worker, settings, {})
 
@@ -257,7 +257,7 @@ def test_a_stop_abandons_a_copy_in_progress_and_keeps_the_lease(
         wait_for(copying, DEADLINE + 10 * size / 1e8, "the copy to start")
     finally:
         (done,) = prep.close(DEADLINE)
-    assert isinstance(done.error, payload_dirs.Stopped), done
+    assert isinstance(done.error, claim.Stopped), done
     assert done.lease is not None and done.lease.job_id == job
     assert not done.tmpdir and not copies()  # the partial copy is gone
     with contextlib.closing(backend.open_queue(queue_path)) as q:  # still ours: WorkerRole.close hands it back

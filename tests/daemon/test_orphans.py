@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from steadqd import Queue
-from steadqd.daemon import guard
-from steadqd.daemon.child import spawn
 from steadqd.daemon.config import WorkerConfig
+from steadqd.daemon.worker.run import guard
+from steadqd.daemon.worker.run.child import spawn
 
 from .conftest import DEADLINE, Env, job_spec, kill_group, live_group_members, wait_for
 

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 from steadqd import Queue
-from steadqd.daemon import settler, worker
 from steadqd.daemon.service import Loop
-from steadqd.daemon.worker import WorkerRole, _Job
+from steadqd.daemon.worker import role as worker
+from steadqd.daemon.worker import settle
+from steadqd.daemon.worker.role import WorkerRole, _Job
 from steadqd.fs import linux
 from tests.daemon.conftest import DEADLINE, worker_in_process
 
@@ -44,14 +45,14 @@ class Gate:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.held = threading.Event()  # the thread is waiting at the gate
         self._open = threading.Event()
-        real = settler.Settler._take
+        real = settle.Settler._take
 
-        def take(s: settler.Settler, first: Any) -> Any:
+        def take(s: settle.Settler, first: Any) -> Any:
             self.held.set()
             self._open.wait(DEADLINE)
             return real(s, first)
 
-        monkeypatch.setattr(settler.Settler, "_take", take)
+        monkeypatch.setattr(settle.Settler, "_take", take)
 
     def open(self) -> None:
         self._open.set()
@@ -195,7 +196,7 @@ def test_a_failed_group_barrier_makes_every_outcome_unknown(worker_role: Worker,
 
 def test_a_settler_error_is_reported_and_the_thread_goes_on(worker_role: Worker, tmp_path: Path, monkeypatch):
     role, loop, qpath, out = worker_role
-    real = settler.apply_verdict
+    real = settle.apply_verdict
     calls = []
 
     class Boom(BaseException):
@@ -207,7 +208,7 @@ def test_a_settler_error_is_reported_and_the_thread_goes_on(worker_role: Worker,
             raise Boom("settler bug")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(settler, "apply_verdict", failing_once)
+    monkeypatch.setattr(settle, "apply_verdict", failing_once)
     job = _finished_job(role, tmp_path)
     role._finish(job)
     _pump(loop, lambda: not role.jobs, "the failed settle")

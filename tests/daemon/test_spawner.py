@@ -24,7 +24,7 @@ from steadqd import Queue
 from steadqd.constants import State
 from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.environment import build_environment, meta_env_name, meta_env_value
-from steadqd.daemon.worker import SAFETY_RESCAN
+from steadqd.daemon.worker.role import SAFETY_RESCAN
 from steadqd.fs.ready_watch import is_ready_name
 from tests.daemon.conftest import (
     DEADLINE,

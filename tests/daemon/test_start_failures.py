@@ -64,7 +64,7 @@ def _as_nobody(argv: list[str]) -> tuple[int, str, str]:
     # Everything the child may import lazily, imported while /root (the interpreter's home) is readable.
     import importlib.metadata  # noqa: F401
 
-    import steadqd.daemon.worker  # noqa: F401
+    import steadqd.daemon.worker.role  # noqa: F401
 
     with contextlib.suppress(Exception):  # reads the package metadata (steadqd --version): its imports too
         importlib.metadata.version("steadqd")

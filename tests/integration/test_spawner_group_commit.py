@@ -20,7 +20,7 @@ import pytest
 
 from steadqd import Queue
 from steadqd.daemon.service import Loop
-from steadqd.daemon.worker import WorkerRole, _Job
+from steadqd.daemon.worker.role import WorkerRole, _Job
 from tests.daemon.conftest import worker_in_process
 
 

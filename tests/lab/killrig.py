@@ -58,7 +58,7 @@ SETTLED_WALKS = 3  # consecutive walks that find no active job before the daemon
 STOP_TIMEOUT = 2.0  # seconds for a job command to stop on SIGSTOP before the rig gives up killing it
 
 # The rig worker's exit policy (its YAML's ``worker.exit_status``). The rig reads
-# it itself, by docs/configuration.md, never through steadqd.daemon.verdict: the
+# it itself, by docs/configuration.md, never through steadqd.daemon.worker.policy: the
 # check must not inherit a bug of the code it checks.
 EXIT_POLICY: dict[str, Any] = {"ack": [0], "retry": [75], "bury": [100], "other": "retry", "bury_reason": 300}
 UNSETTLED = "unsettled"  # a possible end of a claim: its daemon died first, the lease expired and was reaped
@@ -210,7 +210,7 @@ def run_outcomes(run: Run | None, killed_daemons: set[int], daemon_kills: int) -
         ways = {policy_outcome(run.did)}
     elif run.daemon in killed_daemons:
         # Its daemon was SIGKILLed mid-run, and the daemon's guard killed the job's process
-        # group with it (steadqd.daemon.guard): it ended unsettled, without an "E" line.
+        # group with it (steadqd.daemon.worker.run.guard): it ended unsettled, without an "E" line.
         return {UNSETTLED}
     else:  # started, never reached its end, and neither its daemon nor the rig was killed: impossible
         return set()

@@ -261,7 +261,7 @@ def test_deb_contents(deb_build: DebBuild) -> None:
         "/usr/lib/python3/dist-packages/steadqd/fs/handle.py",
         "/usr/lib/python3/dist-packages/steadqd/cli/main.py",
         "/usr/lib/python3/dist-packages/steadqd/daemon/main.py",
-        "/usr/lib/python3/dist-packages/steadqd/daemon/steadq-exec",
+        "/usr/lib/python3/dist-packages/steadqd/daemon/worker/run/steadq-exec",
     }
     assert expected <= paths, sorted(expected - paths)
     # The spool is created by tmpfiles.d, never shipped: dpkg would otherwise own (and on removal
@@ -302,7 +302,7 @@ def test_deb_conffile_and_dependencies(deb_build: DebBuild) -> None:
     names = {d.strip().split()[0] for d in depends.group(1).split(",")}
     assert {"python3-systemd", "python3-cffi", "python3-yaml"} <= names
     assert not any("inotify" in n for n in names), "Debian 12 has no python3-inotify-simple: it is vendored"
-    # any, not all: steadq-exec, the job commands' exec helper (steadqd/daemon/exec_helper.c), is compiled
+    # any, not all: steadq-exec, the job commands' exec helper (steadqd/daemon/worker/run/exec_helper.c), is compiled
     assert re.search(rf"^Architecture: {_deb_arch()}$", control, re.M)
 
 

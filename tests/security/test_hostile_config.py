@@ -21,7 +21,7 @@ from steadqd import Queue, SteadQError
 from steadqd.daemon.config import parse_config
 from steadqd.daemon.journal import Log
 from steadqd.daemon.main import daemon_main
-from steadqd.daemon.worker import WorkerRole
+from steadqd.daemon.worker.role import WorkerRole
 from tests.security.test_hostile_tree import Frozen
 
 

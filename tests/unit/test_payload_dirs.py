@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from steadqd.daemon import payload_dirs
+from steadqd.daemon.worker import payload
 
 
 def _dead_pid() -> int:
@@ -26,7 +26,7 @@ def tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_make_names_the_creator_and_is_private(tmp: Path) -> None:
-    d = Path(payload_dirs.make("0123456789abcdef0123456789abcdef"))
+    d = Path(payload.make("0123456789abcdef0123456789abcdef"))
     assert d.parent == tmp
     ns = os.stat("/proc/self/ns/pid").st_ino
     assert d.name.startswith(f"steadqd-{ns}-{os.getpid()}-0123456789ab-")
@@ -37,7 +37,7 @@ def test_remove_stale_takes_only_dead_workers_of_this_namespace(tmp: Path) -> No
     ns = os.stat("/proc/self/ns/pid").st_ino
     dead = tmp / f"steadqd-{ns}-{_dead_pid()}-0123456789ab-x1"
     live = tmp / f"steadqd-{ns}-{os.getppid()}-0123456789ab-x2"
-    mine = Path(payload_dirs.make("ab" * 16))
+    mine = Path(payload.make("ab" * 16))
     other_ns = tmp / f"steadqd-{ns + 1}-{_dead_pid()}-0123456789ab-x3"
     old_style = tmp / "steadqd-0123456789ab-x4"
     stranger = tmp / "unrelated-dir"
@@ -47,7 +47,7 @@ def test_remove_stale_takes_only_dead_workers_of_this_namespace(tmp: Path) -> No
     os.chmod(dead / "payload", 0o400)
     if os.geteuid() == 0:
         os.chmod(dead, 0o500)  # as when the job ran as another user (only root removes that)
-    removed = payload_dirs.remove_stale()
+    removed = payload.remove_stale()
     assert removed == [str(dead)]
     assert not dead.exists()
     for d in (live, mine, other_ns, old_style, stranger):

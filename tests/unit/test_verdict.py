@@ -21,7 +21,7 @@ import pytest
 from steadqd import Queue
 from steadqd.daemon.config import ExitPolicy, parse_config
 from steadqd.daemon.journal import Log
-from steadqd.daemon.verdict import Verdict, verdict
+from steadqd.daemon.worker.policy import Verdict, verdict
 from tests.invariants import check_tree
 
 ACK, RETRY, BURY, ABANDON = Verdict.ACK, Verdict.RETRY, Verdict.BURY, Verdict.ABANDON
@@ -99,7 +99,7 @@ def test_the_journal_shows_the_verdict_as_a_word() -> None:
 def test_the_worker_applies_a_verdict(
     tmp_path: Path, applied: Verdict, max_attempts: int, states: set[str], reason: int | None
 ) -> None:
-    from steadqd.daemon.worker import WorkerRole
+    from steadqd.daemon.worker.role import WorkerRole
 
     qpath = str(tmp_path / "q")
     Queue.init(qpath, shards=1).close()

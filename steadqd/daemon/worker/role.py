@@ -23,9 +23,9 @@ The payload
     corrupt payload is quarantined by the backend and never reaches a
     command. ``input: file`` passes the copy's path in STEADQ_PAYLOAD_FILE;
     ``input: stdin`` opens the same copy read-only as the command's stdin
-    (steadqd.daemon.child). The directory is removed when the job ends.
+    (steadqd.daemon.worker.run.child). The directory is removed when the job ends.
     The claim (which hashes the payload) and the copy run in the
-    :class:`~steadqd.daemon.payload_dirs.Preparer` thread with a queue
+    :class:`~steadqd.daemon.worker.claim.Preparer` thread with a queue
     handle of its own, so a payload of gigabytes never delays the renewals
     and output of the jobs already running; the loop's handle is touched by
     the loop's thread only. The command is spawned from the loop's thread
@@ -35,10 +35,11 @@ The payload
     copy's last renewal, not the spawn.
 
 Settling
-    By the exit policy (steadqd.daemon.verdict), applied by the
-    :class:`~steadqd.daemon.settler.Settler` thread with a handle of its own
-    (group commit); its journal lines, the tally and the slot stay here. A
-    lease whose renewal failed with LeaseLost or OutcomeUnknown belongs to
+    By the exit policy (steadqd.daemon.worker.policy), applied by the
+    :class:`~steadqd.daemon.worker.settle.Settler` thread with a handle of its own
+    (group commit); its journal lines, the tally and the slot stay with the
+    role (its settling side is settle.py's RoleSettling). A lease whose
+    renewal (renew.py) failed with LeaseLost or OutcomeUnknown belongs to
     whoever claims the job next: it is logged loudly and never acknowledged
     or retried by us. A poisoned handle is closed and reopened (the tree is
     the truth).
@@ -62,23 +63,27 @@ from collections.abc import Callable
 from typing import cast
 
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
-from steadqd.daemon import exec_helper, metrics, payload_dirs, preflight, process
-from steadqd.daemon.child import EXIT_CHECK_RUNNING, Child, command_argv, identity, launch, terminate
+from steadqd.daemon import metrics, preflight, process
 from steadqd.daemon.config import QueueSettings, WorkerConfig
-from steadqd.daemon.hold import Hold, hand_back_unstarted
-from steadqd.daemon.journal import INFO, WARNING, Log, short_id
-from steadqd.daemon.service import Loop, Timer, Timers, open_queue
-from steadqd.daemon.settler import Group, Settlement, Settler
-from steadqd.daemon.settling import FollowUp, Tally, apply_verdict, run_story, ticket_text
-from steadqd.daemon.verdict import Verdict, verdict
+from steadqd.daemon.journal import Log, short_id
+from steadqd.daemon.service import Loop, Timer, open_queue
+from steadqd.daemon.worker import claim, payload, renew
+from steadqd.daemon.worker.policy import Verdict
+from steadqd.daemon.worker.run import _Job, exec_helper
+from steadqd.daemon.worker.run.child import EXIT_CHECK_RUNNING, command_argv, identity, launch, terminate
+from steadqd.daemon.worker.run.hold import Hold, hand_back_unstarted
+from steadqd.daemon.worker.settle import (
+    RoleSettling,
+    Settler,
+    Tally,
+    ticket_text,
+)
 from steadqd.errors import ConfigError, ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
 from steadqd.text import printable
 
 __all__ = ["SAFETY_RESCAN", "WorkerRole"]
 
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
-SETTLE_RETRY = 1.0  # s; first wait before settling again after NotCommitted (then doubling)
-SETTLE_RETRY_MAX = 30.0  # s; the longest wait between two tries while the lease is still ours
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
 PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in flight
@@ -89,52 +94,7 @@ LOOP_SWITCH_INTERVAL = 0.0005
 ESCAPED_SWEEP = 0.5  # s; after a job's end, when its killed group's escaped descendants have come to us
 
 
-class _Job:
-    """A leased job whose command was started: the lease's side of a :class:`Child`."""
-
-    def __init__(
-        self,
-        role: WorkerRole,
-        lease: LeaseHandle,
-        cfg: WorkerConfig,
-        proc: subprocess.Popen[bytes],
-        tmpdir: str,
-        report_fd: int | None = None,
-    ) -> None:
-        assert role.loop is not None
-        self.lease = lease
-        self.cfg = cfg  # the configuration it started with: a reload does not change a running job
-        self.tmpdir = tmpdir
-        self.started = role.loop.now()
-        self.lost: str | None = None  # why the lease is no longer ours
-        self.verdict: Verdict | None = None
-        self.settle_tries = 0
-        self.settling = False  # handed to the settling thread: not renewed until it reports back
-        self.fields: dict[str, object] = {"job_id": lease.job_id, "attempt": lease.attempt}
-        self.run_fields: dict[str, object] = {}  # how the command ended, for the `job finished` line
-
-        def guard(fn: Callable[[], None]) -> Callable[[], None]:
-            return role._guarded(fn, self)
-
-        self.timers = Timers(role.loop, guard)  # "renew", "settle"
-        self.child = Child(
-            proc,
-            cfg,
-            loop=role.loop,
-            log=role.log,
-            fields=self.fields,
-            guard=guard,
-            on_exit=lambda: role._finish(self),
-            report_fd=report_fd,
-            on_report=lambda report: role._on_report(self, report),
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.child.pid
-
-
-class WorkerRole:
+class WorkerRole(RoleSettling):
     """Runs ``worker.command`` for leased jobs, up to ``worker.concurrency`` at once."""
 
     name = "worker"
@@ -152,14 +112,14 @@ class WorkerRole:
         self.tally = Tally()
         self._switch_interval: float | None = None  # the process's own, restored by close()
         self._ready: ReadyWatch | None = None
-        self._prep: payload_dirs.Preparer | None = None
+        self._prep: claim.Preparer | None = None
         self._fill_again = False  # a fill was asked for while a claim was in flight
         self._fill_timer: Timer | None = None
         self._rescan_timer: Timer | None = None
         self._reopen_timer: Timer | None = None
         self._sweep_timer: Timer | None = None  # the next look for escaped job processes (process.kill_escaped)
-        self._settler: Settler | None = None  # settles finished runs with a handle of its own (daemon/settler.py)
-        self._hold: Hold | None = None  # no new leases while jobs cannot be started (daemon/hold.py)
+        self._settler: Settler | None = None  # settles finished runs with a handle of its own (daemon/worker/settle.py)
+        self._hold: Hold | None = None  # no new leases while jobs cannot be started (daemon/worker/run/hold.py)
         # The configuration whose command was last seen to start, unless a start failed since. Until one
         # has, a claim waits for the exec report before it, so a command that never starts costs one job
         # one attempt; after, claims overlap the reports, and one that stops starting (its binary removed
@@ -190,7 +150,7 @@ class WorkerRole:
         try:
             self._ready = self.q.ready_watch()
             # The claims and the payload copies have a handle of their own, in their own thread.
-            self._prep = payload_dirs.Preparer(open_queue(self.settings), lambda: open_queue(self.settings))
+            self._prep = claim.Preparer(open_queue(self.settings), lambda: open_queue(self.settings))
             self._settler = Settler(open_queue(self.settings), lambda: open_queue(self.settings))
         except SteadQError:  # e.g. fs.inotify.max_user_instances reached
             self._close_watch()
@@ -200,7 +160,7 @@ class WorkerRole:
         sys.setswitchinterval(min(self._switch_interval, LOOP_SWITCH_INTERVAL))
         loop.add_reader(self._prep.fileno(), self._guarded(self._on_prepared))
         loop.add_reader(self._settler.fileno(), self._guarded(self._on_settled))
-        stale = payload_dirs.remove_stale()
+        stale = payload.remove_stale()
         if stale:
             self.log.notice(f"removed {len(stale)} payload copies left by a worker that was killed", count=len(stale))
         self._watch_shards()
@@ -325,7 +285,7 @@ class WorkerRole:
             self._settled(group)
         for it in unstarted:
             cast(_Job, it.owner).settling = False
-            payload_dirs.remove(it.tmpdir)
+            payload.remove(it.tmpdir)
         for j in [j for j in self.jobs.values() if j.settling]:  # in a group still in its barriers
             self.log.error(f"settling still running after {PREPARE_GRACE:g}s: recovery decides its outcome", **j.fields)
             self._drop(j)
@@ -409,6 +369,11 @@ class WorkerRole:
         if self.loop is not None and self._sweep_timer is None and not self.closed:
             self._sweep_timer = self.loop.call_later(delay, self._guarded(self._sweep_escaped))
 
+    def _sweep_after_job(self) -> None:
+        """A job has ended: kill what it left outside its group now, and look again once their parents are gone."""
+        self._sweep_escaped()
+        self._schedule_sweep(ESCAPED_SWEEP)  # what the group kill orphaned is ours once its parents are gone
+
     def _safety_rescan(self) -> None:
         assert self.loop is not None
         self._rescan_timer = self.loop.call_later(SAFETY_RESCAN, self._guarded(self._safety_rescan))
@@ -461,7 +426,7 @@ class WorkerRole:
         if self._fill_again:
             self._schedule_fill(0.0)
 
-    def _take(self, p: payload_dirs.Prepared) -> None:
+    def _take(self, p: claim.Prepared) -> None:
         if p.poisoned is not None:
             self.log.error(f"queue handle poisoned ({p.poisoned}); a new one claims the next job")
         if p.lease_error is not None:
@@ -501,14 +466,14 @@ class WorkerRole:
 
     # -- starting a job -------------------------------------------------------------
 
-    def _start_job(self, p: payload_dirs.Prepared) -> None:
+    def _start_job(self, p: claim.Prepared) -> None:
         """Spawn the command; it counts as started once its exec is reported (:meth:`_on_report`)."""
         assert self.loop is not None and p.lease is not None
         lease, cfg = p.lease, p.cfg
         try:
             proc, report = launch(cfg, p.env, p.payload_path, p.credentials)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
-            payload_dirs.remove(p.tmpdir)
+            payload.remove(p.tmpdir)
             self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {e}")
             return
         job = _Job(self, lease, cfg, proc, p.tmpdir, report)
@@ -538,7 +503,7 @@ class WorkerRole:
             return
         job.child.kill()  # the helper exits right after its report: reap it, close its pipes
         self._drop(job)  # the next fill finds the hold _start_failed sets
-        payload_dirs.remove(job.tmpdir)
+        payload.remove(job.tmpdir)
         self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {err}")
 
     def _prepare_failed(self, lease: LeaseHandle, cfg: WorkerConfig, e: BaseException) -> None:
@@ -554,7 +519,7 @@ class WorkerRole:
             self._start_failed(lease, cfg, f"cannot prepare the job: {e if isinstance(e, SteadQError) else repr(e)}")
 
     def _start_failed(self, lease: LeaseHandle, cfg: WorkerConfig, why: str) -> None:
-        """The worker's fault, not the job's: the job goes back at once and leasing holds (daemon/hold.py)."""
+        """The worker's fault, not the job's: the job goes back at once and leasing holds (daemon/worker/run/hold.py)."""
         self.log.error(f"job {short_id(lease.job_id)} not started: {why}", job_id=lease.job_id, attempt=lease.attempt)
         self._proven = None
         metrics.job_failed_to_start()
@@ -566,12 +531,12 @@ class WorkerRole:
         if self._hold is not None and not self.closed:
             self._hold.hold(why)
 
-    def _hand_back(self, p: payload_dirs.Prepared) -> None:
+    def _hand_back(self, p: claim.Prepared) -> None:
         """close(): a job claimed but never started goes back at once (its attempt is counted)."""
-        payload_dirs.remove(p.tmpdir)
+        payload.remove(p.tmpdir)
         if p.lease is None:
             return
-        if p.error is not None and not isinstance(p.error, payload_dirs.Stopped):
+        if p.error is not None and not isinstance(p.error, claim.Stopped):
             self._prepare_failed(p.lease, p.cfg, p.error)
             return
         self.log.warning("job handed back on stop before its command started", job_id=p.lease.job_id)
@@ -585,23 +550,21 @@ class WorkerRole:
         if self.q is None:
             self._schedule_reopen()
         else:
-            try:
-                # The lease the renewal returns is the one to settle with: on a bucket queue a
-                # renewal is a new generation of the claim, and the old one is fenced off.
-                job.lease = self.q.renew(job.lease, duration=job.cfg.lease)
-            except LeaseLost as e:
-                self._lose(job, f"renewal: lease lost: {e}")
+            r = renew.renew(self.q, job.lease, job.cfg.lease)
+            job.lease = r.lease  # the one to settle with: a bucket's renewal is a new generation (renew.py)
+            if r.lost:
+                self._lose(job, f"renewal: lease lost: {r.error}")
                 return
-            except OutcomeUnknown as e:
-                self._lose(job, f"renewal outcome unknown: {e}")
-                self._reopen(f"renew: {e}")
+            if r.unknown:  # the spawner takes it for lost: whoever claims the job next owns it
+                self._lose(job, f"renewal outcome unknown: {r.error}")
+                self._reopen(f"renew: {r.error}")
                 return
-            except NotCommitted as e:
+            if r.error is not None:  # not committed: the lease is still ours; tried again one interval later
                 self.log.warning(
-                    f"lease renewal not committed; retrying in {job.cfg.renew_interval:g}s: {e}", **job.fields
+                    f"lease renewal not committed; retrying in {job.cfg.renew_interval:g}s: {r.error}", **job.fields
                 )
-                if e.kind is ErrorKind.QUEUE_POISONED:
-                    self._reopen(f"renew: {e}")
+                if r.error.kind is ErrorKind.QUEUE_POISONED:
+                    self._reopen(f"renew: {r.error}")
         job.timers.set("renew", job.cfg.renew_interval, lambda: self._renew(job))
 
     def _lose(self, job: _Job, reason: str) -> None:
@@ -613,173 +576,6 @@ class WorkerRole:
             **job.fields,
             reason=reason,
         )
-
-    # -- settling -----------------------------------------------------------------
-
-    def _finish(self, job: _Job) -> None:
-        """The command has ended: judge the run, then settle it with this loop pass's others."""
-        assert self.loop is not None
-        job.child.timers.cancel("timeout")
-        job.child.timers.cancel("kill")
-        code = job.child.returncode
-        assert code is not None
-        outcome = job.verdict = self._verdict(job)
-        self._sweep_escaped()
-        self._schedule_sweep(ESCAPED_SWEEP)  # what the group kill orphaned is ours once its parents are gone
-        job.run_fields = {
-            "exit_status": code if code >= 0 else None,
-            "signal": job.child.signal_name,
-            "verdict": outcome,
-            "duration_ms": round((self.loop.now() - job.started) * 1000),
-            "timed_out": "true" if job.child.timed_out else None,
-        }
-        if outcome is Verdict.ABANDON:
-            if self._settler is not None:
-                self._settler.discard(job.tmpdir)
-            else:
-                payload_dirs.remove(job.tmpdir)
-            self._report_finished(job, None)
-            self._drop(job)
-            return
-        self._settle(job)
-
-    def _report_finished(self, job: _Job, follow: FollowUp) -> None:
-        """``job finished: <verdict>``, logged once the verdict took effect, then what followed from it."""
-        outcome = job.verdict
-        self.log.log(
-            INFO if outcome is Verdict.ACK else WARNING,
-            f"job {short_id(job.lease.job_id)} finished: {outcome} ({self._run_story(job)})",
-            **job.fields,
-            **job.run_fields,
-        )
-        metrics.job_finished(
-            str(outcome), job.run_fields.get("duration_ms"), dead=bool(follow and "reason" in follow[2])
-        )
-        self._log_follow_up(job.lease, follow)
-
-    @staticmethod
-    def _run_story(job: _Job) -> str:
-        return run_story(
-            job.lease, job.child.ended, timed_out=job.child.timed_out, duration_ms=job.run_fields.get("duration_ms")
-        )
-
-    def _report_unsettled(self, job: _Job, why: str, **extra: object) -> None:
-        """The run ended but its verdict did not take effect: never logged as ``job finished: <verdict>``."""
-        self.log.error(
-            f"job {short_id(job.lease.job_id)} finished ({self._run_story(job)}), but its {job.verdict} {why}",
-            **job.fields,
-            **job.run_fields,
-            **extra,
-        )
-
-    @staticmethod
-    def _verdict(job: _Job) -> Verdict:
-        assert job.child.returncode is not None
-        return verdict(
-            job.child.returncode,
-            timed_out=job.child.timed_out,
-            lease_lost=job.lost is not None,
-            policy=job.cfg.exit_status,
-        )
-
-    def _settle(self, job: _Job) -> None:
-        """Hand ``job.verdict`` to the settling thread; its outcome comes back in :meth:`_settled`.
-
-        A full disk must not throw a finished run away: after NotCommitted
-        the renewals resume and the settle is tried again for as long as the
-        lease is ours (even past its deadline it can still be settled until
-        recovery reaps it: protocol.md, validating a lease source checks the
-        file, not the clock). The run is given up only when the lease is lost.
-        """
-        if job.lost is not None:
-            if job.verdict is not Verdict.ABANDON:
-                self._report_unsettled(job, f"failed: the lease was lost ({job.lost}); the job may run again")
-            self._drop(job)
-            return
-        if self._settler is None:  # closed: close() settles what is left
-            return
-        job.settle_tries += 1
-        job.timers.cancel("renew")  # a renewal and the settle would race on the lease
-        job.settling = True
-        verdict_ = job.verdict or Verdict.RETRY
-        self._settler.submit(Settlement(job, job.lease, job.cfg, verdict_, job.child.ended, job.tmpdir))
-        job.tmpdir = ""  # the thread removes it
-        self._schedule_fill(0.0)  # its slot is free: _slots_taken
-
-    def _on_settled(self) -> None:
-        assert self._settler is not None
-        for group in self._settler.collect():
-            self._settled(group)
-
-    def _settled(self, group: Group) -> None:
-        """Report a group in the order the journal always told it: failures, then the group, then the acks."""
-        for it in group.items:
-            job = cast(_Job, it.owner)
-            job.settling = False
-            self.tally.done += it.tally.done
-            self.tally.failed += it.tally.failed
-            self.tally.retried += it.tally.retried
-            if it.error is not None:
-                self._settle_failed(job, it.error)
-        applied = [it for it in group.items if it.applied]
-        if group.unknown is not None:
-            self.log.error(
-                f"settling outcome unknown for {len(group.items)} jobs settled together (recovery decides):"
-                f" {group.unknown}",
-                job_ids=",".join(it.lease.job_id for it in group.items),
-            )
-        for it in applied:
-            job = cast(_Job, it.owner)
-            if group.unknown is not None:
-                self._report_unsettled(job, "may or may not have taken effect (recovery decides)")
-            else:
-                self._report_finished(job, it.follow)
-            self._drop(job)
-        if group.poisoned is not None:
-            self.log.error(f"queue handle poisoned (settle: {group.poisoned}); reopening the queue")
-
-    def _settle_failed(self, job: _Job, e: BaseException) -> None:
-        if isinstance(e, NotCommitted):
-            delay = min(SETTLE_RETRY * 2 ** min(job.settle_tries - 1, 16), SETTLE_RETRY_MAX)
-            self.log.warning(
-                f"settling not committed, retrying in {delay:g}s (try {job.settle_tries}): {e}",
-                **job.fields,
-                verdict=job.verdict,
-            )
-            job.timers.set("renew", 0.0, lambda: self._renew(job))  # the lease is ours again
-            job.timers.set("settle", delay, lambda: self._settle(job))
-            return
-        if isinstance(e, LeaseLost):
-            self._report_unsettled(job, f"failed: the lease was lost ({e}); the job may run again")
-        elif isinstance(e, OutcomeUnknown):
-            why = f"may or may not have taken effect (recovery decides): {e}"
-            self._report_unsettled(job, why, ticket=ticket_text(e))
-        elif isinstance(e, SteadQError):
-            self._report_unsettled(job, f"failed: {e}")
-        else:
-            self.log.error(f"internal error settling a job: {e!r}", **job.fields)
-        self._drop(job)
-
-    def _apply(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict, ended: str | None = None) -> FollowUp:
-        assert self.q is not None
-        return apply_verdict(self.q, lease, cfg, outcome, self.tally, ended)
-
-    def _log_follow_up(self, lease: LeaseHandle, follow: FollowUp) -> None:
-        if follow is not None:
-            priority, message, fields = follow
-            self.log.log(priority, message, job_id=lease.job_id, attempt=lease.attempt, **fields)
-
-    def _settle_simple(self, lease: LeaseHandle, cfg: WorkerConfig, outcome: Verdict) -> None:
-        """Settle a lease whose command never ran (preparation or spawn failed)."""
-        try:
-            if self.q is None:
-                raise NotCommitted("queue is not open", ErrorKind.IO_FAILURE)
-            self._log_follow_up(lease, self._apply(lease, cfg, outcome))
-        except OutcomeUnknown as e:
-            self.log.error(f"settling outcome unknown: {e}", job_id=lease.job_id, ticket=ticket_text(e))
-            self._reopen(str(e))
-        except SteadQError as e:
-            self.log.error(f"settling failed; the lease expires and recovery returns the job: {e}", job_id=lease.job_id)
 
     def _drop(self, job: _Job) -> None:
         job.timers.cancel_all()
@@ -810,7 +606,7 @@ class WorkerRole:
         """close(): reap, then hand an interrupted job's lease back; settle a finished one."""
         job.timers.cancel_all()
         job.child.kill()
-        payload_dirs.remove(job.tmpdir)
+        payload.remove(job.tmpdir)
         if job.lost is not None:
             return
         if self.q is None:

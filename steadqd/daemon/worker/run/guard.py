@@ -10,12 +10,12 @@ such net. Two defences, because each covers what the other cannot:
 Parent-death signal
     Each command's leader gets ``PR_SET_PDEATHSIG(SIGKILL)`` between fork
     and exec, after the uid/gid change, which would clear it: from
-    ``steadq-exec`` (steadqd.daemon.exec_helper), or from
+    ``steadq-exec`` (steadqd.daemon.worker.run.exec_helper), or from
     :func:`die_with_parent` as Popen's ``preexec_fn`` for a command run as
     another user and in a source tree where that helper was never built. It covers the leader only: the signal is not inherited.
 
 The guard process
-    One small process per worker (``python -m steadqd.daemon.guard``) holds
+    One small process per worker (``python -m steadqd.daemon.worker.run.guard``) holds
     the read end of a pipe; the worker, the only holder of the write end,
     sends ``+PGID`` when it starts a command and ``-PGID`` just before it
     reaps the command's leader. When the pipe reaches EOF the worker is gone:
@@ -137,7 +137,7 @@ class GroupGuard:
         r, w = os.pipe2(os.O_CLOEXEC)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "steadqd.daemon.guard", str(os.getpid()), self.queue],
+                [sys.executable, "-m", "steadqd.daemon.worker.run.guard", str(os.getpid()), self.queue],
                 stdin=r,
                 close_fds=True,
                 process_group=0,  # a terminal's Ctrl-C is for the worker; the guard waits for its EOF

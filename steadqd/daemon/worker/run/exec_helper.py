@@ -12,7 +12,7 @@ executes the command.
 A start failure stays exact: the helper writes a failed exec's errno to a
 close-on-exec pipe, and :func:`popen` raises the same ``OSError`` (with the
 command as its filename) that Popen raises for a command it cannot execute,
-which ``steadqd.daemon.hold`` relies on. The worker does not wait for that
+which ``steadqd.daemon.worker.run.hold`` relies on. The worker does not wait for that
 report: :func:`start` returns with Popen, the report pipe becomes one of the
 loop's readers, and :func:`start_error` turns what it said into the same error. Without a built helper (a source tree
 that was never installed) :func:`available` is false and the caller falls back

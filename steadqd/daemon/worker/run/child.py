@@ -14,7 +14,7 @@ Children without SIGCHLD
 
 The worker's own death
     A SIGKILLed worker cannot clean up: each leader has a parent-death signal
-    and a guard process kills the groups left behind (steadqd.daemon.guard).
+    and a guard process kills the groups left behind (steadqd.daemon.worker.run.guard).
 
 Output
     Each line of output is one journal entry (stdout at INFO, stderr at
@@ -24,7 +24,7 @@ Output
 
 Timeout
     SIGTERM to the group, SIGKILL after ``kill_grace``; what the run then
-    counts as is the exit policy's business (steadqd.daemon.verdict).
+    counts as is the exit policy's business (steadqd.daemon.worker.policy).
 
 A :class:`Child` knows nothing of leases or queues: it tells its owner
 once, through ``on_exit``, that the command has ended and its output is
@@ -45,11 +45,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from steadqd.daemon import exec_helper
 from steadqd.daemon.config import WorkerConfig
-from steadqd.daemon.guard import die_with_parent, process_guard
 from steadqd.daemon.journal import INFO, WARNING, Log, short_id
 from steadqd.daemon.service import Loop, Timers
+from steadqd.daemon.worker.run import exec_helper
+from steadqd.daemon.worker.run.guard import die_with_parent, process_guard
 
 __all__ = ["Child", "command_argv", "identity", "launch", "spawn", "terminate"]
 
@@ -92,7 +92,7 @@ def launch(
     """Start the command in a session of its own, output on pipes, with a parent-death signal.
 
     Returns with Popen, before the command's own exec, and the read end of
-    ``steadq-exec``'s report pipe (steadqd.daemon.exec_helper): its EOF says
+    ``steadq-exec``'s report pipe (steadqd.daemon.worker.run.exec_helper): its EOF says
     the command runs, a number that its exec failed. None instead of a pipe:
     the exec is already known to have worked (Popen itself raised otherwise).
     The signal is set by ``steadq-exec`` so that Popen can vfork: a

@@ -1,0 +1,107 @@
+"""Per-job payload copies: a private read-only file per job, removed when the job ends or its worker is gone.
+
+Each job's verified payload is copied to ``<tmp>/steadqd-<pidns>-<pid>-<job>-XXXX/payload``
+before its command starts (the command reads it on stdin or from STEADQ_PAYLOAD_FILE), and
+the directory is removed when the job is settled. A worker that is SIGKILLed cannot remove
+its copies, and payloads may be sensitive, so a starting worker removes the directories
+whose creating process is gone. The pid namespace in the name matters: in a /tmp shared
+between pid namespaces a process number means nothing, so only directories made in this
+worker's own namespace are judged. (Under the systemd units /tmp is private to the service
+and vanishes with it; this is for ``steadqd run`` in containers and shells.)
+
+The claim step (claim.py) makes and fills a copy; the run step starts the command on it;
+the settle step (settle.py) removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import BinaryIO
+
+__all__ = ["make", "remove", "remove_stale", "write_copy"]
+
+_NAME = re.compile(r"steadqd-(\d+)-(\d+)-[0-9a-f]{12}-")
+
+
+@functools.cache
+def _pid_namespace() -> int:
+    """This process's pid namespace (fixed for its life: steadqd never calls setns)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists in this pid namespace (``kill(pid, 0)``);
+    a process of another user counts as alive: its directory is not ours to judge."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def make(job_id: str) -> str:
+    """A fresh private directory (0700) for one job's payload copy."""
+    return tempfile.mkdtemp(prefix=f"steadqd-{_pid_namespace()}-{os.getpid()}-{job_id[:12]}-")
+
+
+def write_copy(directory: str, copy: Callable[[BinaryIO], object], owner: tuple[int, int] | None = None) -> str:
+    """Fill ``<directory>/payload`` through ``copy`` and make it read-only; returns its path.
+
+    ``copy`` is the backend's verified copy: a corrupt payload raises (after
+    the backend quarantined it) and never reaches a command. ``owner``
+    (uid, gid) hands file and directory to a command that runs as another
+    user and opens the file itself; the directory stays unwritable to it.
+    """
+    path = os.path.join(directory, "payload")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        copy(f)
+        os.fchmod(f.fileno(), 0o400)
+        if owner is not None:
+            os.fchown(f.fileno(), *owner)
+    if owner is not None:
+        os.chown(directory, *owner)
+        os.chmod(directory, 0o500)
+    return path
+
+
+def remove(directory: str) -> None:
+    """Remove a job's payload directory, read-only as it may be; never raises."""
+    if not directory:
+        return
+    with contextlib.suppress(OSError):
+        os.chmod(directory, 0o700)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def remove_stale(directory: str | None = None) -> list[str]:
+    """Remove payload directories of workers in this pid namespace that no longer run."""
+    base = directory or tempfile.gettempdir()
+    ns = _pid_namespace()
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _NAME.match(entry.name)
+        if m is None or int(m.group(1)) != ns or not entry.is_dir(follow_symlinks=False):
+            continue
+        pid = int(m.group(2))
+        if pid == os.getpid() or _alive(pid):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.lexists(entry.path):
+            removed.append(entry.path)
+    return removed

@@ -1,0 +1,70 @@
+"""The run step: start a job's command and follow it until it ends.
+
+- :class:`_Job` (here): a leased job whose command was started, the lease's side of a :class:`Child`;
+- child.py: the command's process (spawn, output, exit, timeout, kill);
+- exec_helper.py and exec_helper.c: ``steadq-exec``, which lets Popen vfork and reports the exec;
+- guard.py: the process that kills the groups a SIGKILLed worker leaves;
+- hold.py: no new leases while jobs cannot be started.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from steadqd.backend import LeaseHandle
+from steadqd.daemon.config import WorkerConfig
+from steadqd.daemon.service import Timers
+from steadqd.daemon.worker.policy import Verdict
+from steadqd.daemon.worker.run.child import Child
+
+if TYPE_CHECKING:
+    from steadqd.daemon.worker.role import WorkerRole
+
+__all__ = ["_Job"]
+
+
+class _Job:
+    """A leased job whose command was started: the lease's side of a :class:`Child`."""
+
+    def __init__(
+        self,
+        role: WorkerRole,
+        lease: LeaseHandle,
+        cfg: WorkerConfig,
+        proc: subprocess.Popen[bytes],
+        tmpdir: str,
+        report_fd: int | None = None,
+    ) -> None:
+        assert role.loop is not None
+        self.lease = lease
+        self.cfg = cfg  # the configuration it started with: a reload does not change a running job
+        self.tmpdir = tmpdir
+        self.started = role.loop.now()
+        self.lost: str | None = None  # why the lease is no longer ours
+        self.verdict: Verdict | None = None
+        self.settle_tries = 0
+        self.settling = False  # handed to the settling thread: not renewed until it reports back
+        self.fields: dict[str, object] = {"job_id": lease.job_id, "attempt": lease.attempt}
+        self.run_fields: dict[str, object] = {}  # how the command ended, for the `job finished` line
+
+        def guard(fn: Callable[[], None]) -> Callable[[], None]:
+            return role._guarded(fn, self)
+
+        self.timers = Timers(role.loop, guard)  # "renew", "settle"
+        self.child = Child(
+            proc,
+            cfg,
+            loop=role.loop,
+            log=role.log,
+            fields=self.fields,
+            guard=guard,
+            on_exit=lambda: role._finish(self),
+            report_fd=report_fd,
+            on_report=lambda report: role._on_report(self, report),
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.child.pid
