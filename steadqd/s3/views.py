@@ -23,7 +23,7 @@ length and SHA-256 are the job record's.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
@@ -506,15 +506,22 @@ def list_jobs(layout: QueueLayout, states: Collection[str], floor_ns: int) -> It
     then :func:`read_graph` for each job found, so a listing of N jobs
     makes about N × (2 LISTs + 3 to 5 GETs). Memory holds one shard's ids.
     A job in quarantine is not listed (``stats`` counts the findings,
-    ``show`` tells its story).
+    ``show`` tells its story): one whose objects fail verification, and,
+    by ``stats``' rule, one a finding names (a live job a finding about any
+    key of it names, a done or dead job a finding about its receipt or dead
+    key), which costs one more LIST pass over quarantine/ and a GET per
+    finding.
     """
     wanted = set(states)
+    found = findings(layout)
     for shard in range(layout.format.shard_count):
         for job_id in _listed_jobs(layout, shard, wanted <= _TERMINAL_STATES):
             g = read_graph(layout, job_id)
             d = derive(layout, g, floor_ns)
             if d is None or d.state not in wanted:
                 continue
+            if d.path in found.finding_sources if d.state in _TERMINAL_STATES else job_id in found.quarantined:
+                continue  # counted under quarantine, by its finding
             generation, attempt, maximum = _counts(g)
             yield JobEntry(d.state, job_id.hex(), generation, attempt, maximum, d.path, d.since_ns, d.deadline_ns,
                            d.reason)  # fmt: skip
@@ -596,7 +603,13 @@ def _census(layout: QueueLayout) -> _Census:
     for parsed, t in listed(KeyKind.DEAD):
         entry(parsed).dead_time = t
     c.delayed = {p.job_id for p, _ in listed(KeyKind.DELAY_INDEX) if p.job_id is not None}
-    for parsed, t in listed(KeyKind.QUARANTINE):
+    _read_findings(layout, c, listed(KeyKind.QUARANTINE))
+    return c
+
+
+def _read_findings(layout: QueueLayout, c: _Census, listed: Iterable[tuple[ParsedKey, int]]) -> None:
+    """Each listed finding's time, the key it is about, and the job that key is of (a GET each)."""
+    for parsed, t in listed:
         c.finding_times.append(t)
         record, _, _ = read_verified(layout, str(parsed))
         if isinstance(record, QuarantineRecord):
@@ -607,6 +620,12 @@ def _census(layout: QueueLayout) -> _Census:
                 continue
             if source.job_id is not None and _own_shard(layout, source):  # a stray key names no job
                 c.quarantined.add(source.job_id)
+
+
+def findings(layout: QueueLayout) -> _Census:
+    """The findings alone (one LIST pass over quarantine/, a GET each): what ``ls`` needs of the census."""
+    c = _Census()
+    _read_findings(layout, c, ((p, m.store_time_ns) for p, m in listed_plane(layout, KeyKind.QUARANTINE) if p))
     return c
 
 

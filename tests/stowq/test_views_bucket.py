@@ -451,3 +451,22 @@ def test_a_finding_about_a_key_under_another_shard_does_not_hide_the_job(b: _Que
     assert [f.path for f in b.q.list_quarantine()] == [stray]
     assert [e.job_id for e in b.q.list_jobs({"ready"})] == [job]
     assert b.counts() == {"ready": 1, "quarantine": 1}  # the stray is counted by its finding now
+
+
+def test_a_job_a_finding_names_is_in_quarantine_for_ls_as_for_stats(b: _Queue) -> None:
+    """A worker found the detached payload corrupt and recorded the finding: stats counted the job under
+    quarantine (by its finding) while ls still listed it leased, and ready once the lease ran out."""
+    size = DEFAULT_FORMAT.inline_limit + 1
+    job = b.q.enqueue(b"y" * size)
+    record = b.record(b.q.job_key(job))
+    assert isinstance(record, JobRecord) and record.payload_key is not None
+    b.overwrite(record.payload_key, b"z" * size)
+    lease = b.q.lease(duration=LEASE_S)
+    assert lease is not None
+    with pytest.raises(CorruptRecord):
+        b.q.read_payload(lease)
+    assert b.counts() == {"quarantine": 1} and b.state(job) == "quarantine"
+    assert list(b.q.list_jobs({"ready", "leased", "delayed", "dead", "receipt"})) == []
+    b.clock.advance(int(LEASE_S * SECOND) + 10 * SECOND)
+    assert b.counts() == {"quarantine": 1}
+    assert list(b.q.list_jobs({"ready", "leased", "delayed"})) == []
