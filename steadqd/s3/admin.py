@@ -88,7 +88,14 @@ def _termidx_candidates(layout: QueueLayout, g: Graph) -> list[str]:
 
 
 def _dead_graph(layout: QueueLayout, job_id: str) -> Graph:
-    """The graph of a dead job, its dead record verified; NOT_FOUND when the job is not dead."""
+    """The graph of a dead job: NOT_FOUND when the job is not dead, refused when it is not only dead.
+
+    The one definition of a dead job (``views.stats`` counts them by the
+    same keys): a dead record under its job's own shard (the only key
+    ``read_graph`` reads), no receipt beside it, and the record verifies.
+    The job record may be gone: a removal that stopped after deleting it
+    leaves a dead job, which a removal finishes.
+    """
     g = read_graph(layout, parse_job_id(job_id))
     dead_rel = keys.dead_key(g.shard, g.job_id)
     for rel, exc, _ in g.problems:
@@ -96,6 +103,11 @@ def _dead_graph(layout: QueueLayout, job_id: str) -> Graph:
             raise CorruptRecord(f"{layout.key(rel)}: {exc}; see steadq show", exc.reason, error_class=exc.error_class)
     if g.dead is None:
         raise _not_found(f"no dead record for job {job_id}")
+    if g.receipt_time is not None:
+        raise InvalidInput(
+            f"job {job_id} has both a receipt and a dead record (a conflict the repair scan records); "
+            "resolve it with steadq fsck --repair before requeueing or removing it"
+        )
     return g
 
 
@@ -107,11 +119,6 @@ def remove_dead(layout: QueueLayout, job_id: str) -> None:
     GC's reads of the chain and a DELETE per key.
     """
     g = _dead_graph(layout, job_id)
-    if g.receipt is not None:
-        raise InvalidInput(
-            f"job {job_id} has both a receipt and a dead record (a conflict the repair scan records); "
-            "resolve it with steadq fsck --repair before removing either"
-        )
     try:
         for rel in _termidx_candidates(layout, g):
             layout.store.delete(layout.key(rel))
@@ -149,8 +156,12 @@ def requeue_dead(layout: QueueLayout, job_id: str, *, max_attempts_reset: bool =
         )
     g = _dead_graph(layout, job_id)
     if g.job is None:
+        # Not NOT_FOUND: the dead job is there (a bulk requeue would report it "gone since it was listed").
         why = "is missing" if not g.problems else f"fails verification ({g.problems[0][1]})"
-        raise _not_found(f"job {job_id} is dead but its job record {g.job_rel} {why}: nothing to requeue")
+        raise InvalidInput(
+            f"job {job_id} is dead but its job record {g.job_rel} {why}: nothing to requeue; "
+            "remove it with steadq admin dead-remove"
+        )
     payload = read_payload_verified(layout, g.job)
     for n in range(1, _REQUEUE_GENERATIONS + 1):
         new_id = requeued_id(layout.queue_id, g.job_id, n)

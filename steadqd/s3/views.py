@@ -23,7 +23,7 @@ length and SHA-256 are the job record's.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
@@ -52,6 +52,7 @@ __all__ = [
     "ENTRY_STATS_STATES",
     "QUARANTINE",
     "STATS_STATES",
+    "STRAY",
     "Graph",
     "JobEntry",
     "JobFile",
@@ -65,6 +66,7 @@ __all__ = [
     "iter_keys",
     "job_story",
     "list_jobs",
+    "listed_plane",
     "parse_job_id",
     "plane_prefix",
     "read_graph",
@@ -72,6 +74,7 @@ __all__ = [
     "read_verified",
     "shard_prefix",
     "stats",
+    "terminal_key",
 ]
 
 # The state word of a job that must not be delivered: an object of its graph failed verification.
@@ -79,6 +82,8 @@ QUARANTINE = "quarantine"
 # ``stats`` (classified) and ``entry_stats`` (the reference's counting: running jobs are in ready) keys.
 STATS_STATES = CLASSIFIED_STATES
 ENTRY_STATS_STATES = ("dead", "delayed", "quarantine", "ready", "receipts")
+# What stats counts a key under a plane as when no job's graph has it (the filesystem views' word).
+STRAY = "stray"
 _TOKEN_SHOWN = 4  # bytes of a claim's worker token a view shows: it is the holder's secret
 
 
@@ -347,12 +352,17 @@ def _counts(g: Graph) -> tuple[int, int, int]:
 
 
 def _terminals(g: Graph) -> list[Derived]:
-    """The receipt and the dead record of the graph as states (both only in a conflict the repair scan records)."""
+    """The receipt and the dead record of the graph as states (both only in a conflict the repair scan records).
+
+    A receipt object decides, as in ``stats`` (which sees keys, not records):
+    when it fails verification, the dead record beside it does not make the
+    job dead; the job is quarantine, by the receipt's problem.
+    """
     out = []
     if g.receipt is not None:
         out.append(Derived(State.RECEIPT.value, keys.receipt_key(g.shard, g.job_id), g.receipt_time,
                            details={"worker_id": g.receipt.worker_id, "outputs": len(g.receipt.output_digests)}))  # fmt: skip
-    if g.dead is not None:
+    if g.dead is not None and (g.receipt is not None or g.receipt_time is None):
         out.append(Derived(State.DEAD.value, keys.dead_key(g.shard, g.job_id), g.dead_time, reason=g.dead.reason,
                            details={"reason": g.dead.reason}))  # fmt: skip
     return out
@@ -499,15 +509,22 @@ def list_jobs(layout: QueueLayout, states: Collection[str], floor_ns: int) -> It
     then :func:`read_graph` for each job found, so a listing of N jobs
     makes about N × (2 LISTs + 3 to 5 GETs). Memory holds one shard's ids.
     A job in quarantine is not listed (``stats`` counts the findings,
-    ``show`` tells its story).
+    ``show`` tells its story): one whose objects fail verification, and,
+    by ``stats``' rule, one a finding names (a live job a finding about any
+    key of it names, a done or dead job a finding about its receipt or dead
+    key), which costs one more LIST pass over quarantine/ and a GET per
+    finding.
     """
     wanted = set(states)
+    found = findings(layout)
     for shard in range(layout.format.shard_count):
         for job_id in _listed_jobs(layout, shard, wanted <= _TERMINAL_STATES):
             g = read_graph(layout, job_id)
             d = derive(layout, g, floor_ns)
             if d is None or d.state not in wanted:
                 continue
+            if d.path in found.finding_sources if d.state in _TERMINAL_STATES else job_id in found.quarantined:
+                continue  # counted under quarantine, by its finding
             generation, attempt, maximum = _counts(g)
             yield JobEntry(d.state, job_id.hex(), generation, attempt, maximum, d.path, d.since_ns, d.deadline_ns,
                            d.reason)  # fmt: skip
@@ -521,52 +538,104 @@ class _Listed:
     job_time: int | None = None
     tail: tuple[int, int] | None = None  # (generation, store time)
     fails: set[int] = field(default_factory=set)
-    terminal: str | None = None
-    terminal_time: int | None = None
+    receipt_time: int | None = None
+    dead_time: int | None = None
 
 
-def _census(layout: QueueLayout) -> tuple[dict[bytes, _Listed], set[bytes], list[int], set[bytes]]:
-    """One LIST pass over each plane: per job what its keys say; delayed ids; findings' times; quarantined ids."""
-    jobs: dict[bytes, _Listed] = {}
+@dataclass
+class _Census:
+    """What one LIST pass over each plane says (and the findings, which are read)."""
 
-    def entry(parsed: ParsedKey) -> _Listed | None:
-        if parsed.job_id is None or not _own_shard(layout, parsed):
-            return None
-        return jobs.setdefault(parsed.job_id, _Listed())
+    jobs: dict[bytes, _Listed] = field(default_factory=dict)
+    delayed: set[bytes] = field(default_factory=set)
+    finding_times: list[int] = field(default_factory=list)
+    quarantined: set[bytes] = field(default_factory=set)  # jobs a finding about a key of theirs names
+    finding_sources: set[str] = field(default_factory=set)  # the relative keys the findings are about
+    strays: list[tuple[str, int]] = field(default_factory=list)  # (relative key, store time)
 
-    for parsed, meta in iter_keys(layout, plane_prefix(KeyKind.JOB)):
-        if (e := entry(parsed)) is not None:
-            e.job_time = meta.store_time_ns
-    for parsed, meta in iter_keys(layout, plane_prefix(KeyKind.CLAIM)):
-        if (e := entry(parsed)) is not None and parsed.generation is not None:
-            e.tail = (parsed.generation, meta.store_time_ns)  # key order: the last listed is the tail
-    for parsed, _ in iter_keys(layout, plane_prefix(KeyKind.FAIL)):
-        if (e := entry(parsed)) is not None and parsed.generation is not None:
-            e.fails.add(parsed.generation)
-    for kind, word in ((KeyKind.DEAD, "dead"), (KeyKind.RECEIPT, "receipts")):
-        for parsed, meta in iter_keys(layout, plane_prefix(kind)):
-            if (e := entry(parsed)) is not None:
-                e.terminal, e.terminal_time = word, meta.store_time_ns  # a receipt wins over a dead record
-    delayed = {
-        p.job_id
-        for p, _ in iter_keys(layout, plane_prefix(KeyKind.DELAY_INDEX))
-        if p.job_id is not None and _own_shard(layout, p)
-    }
-    finding_times: list[int] = []
-    quarantined: set[bytes] = set()
-    for parsed, meta in iter_keys(layout, plane_prefix(KeyKind.QUARANTINE)):
-        if parsed.kind is not KeyKind.QUARANTINE:
-            continue
-        finding_times.append(meta.store_time_ns)
-        record, _, _ = read_verified(layout, layout.relative(meta.key))
+
+def listed_plane(layout: QueueLayout, kind: KeyKind) -> Iterator[tuple[ParsedKey | None, ObjectMeta]]:
+    """Every key under ``kind``'s plane, parsed when it is a key of that kind in its job's own shard, else None.
+
+    None is a *stray*: a key that no job's graph has (no key of the grammar,
+    another kind's shape, or a shard its job id does not map to, which
+    readers ignore: :func:`keys.in_own_shard`). This is all a listing can
+    tell; a record's key tag and fields are inside the object.
+    """
+    after: str | None = None
+    while True:
+        page = layout.list_page(plane_prefix(kind), start_after=after)
+        for meta in page.items:
+            try:
+                parsed: ParsedKey | None = keys.parse_key(layout.relative(meta.key))
+            except InvalidKey:
+                parsed = None
+            if parsed is not None and (parsed.kind is not kind or not _own_shard(layout, parsed)):
+                parsed = None
+            yield parsed, meta
+        if page.next_start_after is None:
+            return
+        after = layout.relative(page.next_start_after)
+
+
+def _census(layout: QueueLayout) -> _Census:
+    """One LIST pass over each plane: per job what its keys say, delayed ids, the findings, and the strays."""
+    c = _Census()
+
+    def listed(kind: KeyKind) -> Iterator[tuple[ParsedKey, int]]:
+        for parsed, meta in listed_plane(layout, kind):
+            if parsed is None:
+                c.strays.append((layout.relative(meta.key), meta.store_time_ns))
+            else:
+                yield parsed, meta.store_time_ns
+
+    def entry(parsed: ParsedKey) -> _Listed:
+        assert parsed.job_id is not None
+        return c.jobs.setdefault(parsed.job_id, _Listed())
+
+    for parsed, t in listed(KeyKind.JOB):
+        entry(parsed).job_time = t
+    for parsed, t in listed(KeyKind.CLAIM):
+        assert parsed.generation is not None
+        entry(parsed).tail = (parsed.generation, t)  # key order: the last listed is the tail
+    for parsed, _ in listed(KeyKind.FAIL):
+        assert parsed.generation is not None
+        entry(parsed).fails.add(parsed.generation)
+    for parsed, t in listed(KeyKind.RECEIPT):
+        entry(parsed).receipt_time = t
+    for parsed, t in listed(KeyKind.DEAD):
+        entry(parsed).dead_time = t
+    c.delayed = {p.job_id for p, _ in listed(KeyKind.DELAY_INDEX) if p.job_id is not None}
+    _read_findings(layout, c, listed(KeyKind.QUARANTINE))
+    return c
+
+
+def _read_findings(layout: QueueLayout, c: _Census, listed: Iterable[tuple[ParsedKey, int]]) -> None:
+    """Each listed finding's time, the key it is about, and the job that key is of (a GET each)."""
+    for parsed, t in listed:
+        c.finding_times.append(t)
+        record, _, _ = read_verified(layout, str(parsed))
         if isinstance(record, QuarantineRecord):
+            c.finding_sources.add(record.source_key)
             try:
                 source = keys.parse_key(record.source_key)
             except InvalidKey:
                 continue
-            if source.job_id is not None:
-                quarantined.add(source.job_id)
-    return jobs, delayed, finding_times, quarantined
+            if source.job_id is not None and _own_shard(layout, source):  # a stray key names no job
+                c.quarantined.add(source.job_id)
+
+
+def findings(layout: QueueLayout) -> _Census:
+    """The findings alone (one LIST pass over quarantine/, a GET each): what ``ls`` needs of the census."""
+    c = _Census()
+    _read_findings(layout, c, ((p, m.store_time_ns) for p, m in listed_plane(layout, KeyKind.QUARANTINE) if p))
+    return c
+
+
+def terminal_key(layout: QueueLayout, job_id: bytes, receipt: bool) -> str:
+    """The job's receipt or dead key in its own shard."""
+    shard = keys.shard_of(layout.queue_id, job_id, layout.format.shard_count)
+    return keys.receipt_key(shard, job_id) if receipt else keys.dead_key(shard, job_id)
 
 
 def _live_state(layout: QueueLayout, job_id: bytes, e: _Listed, delayed: set[bytes], floor_ns: int) -> str:
@@ -596,7 +665,18 @@ def _live_state(layout: QueueLayout, job_id: bytes, e: _Listed, delayed: set[byt
 
 
 def stats(layout: QueueLayout, floor_ns: int) -> dict[str, StateStats]:
-    """Jobs per state (STATS_STATES), and quarantine findings; ages by store time against the floor.
+    """Jobs per state (STATS_STATES), quarantine findings, and strays; ages by store time against the floor.
+
+    The one definition of a done or dead job, as far as a listing can check
+    it (docs/stowq.md, "What stats counts"): its key in its job's own shard
+    (:func:`listed_plane`), a receipt key deciding over a dead key, and no
+    finding about that key. ``ls``, ``admin requeue`` and ``admin purge``
+    select by the same rule (they read the job's own-shard keys, the receipt
+    first) and also verify the record; a key that fails is counted here
+    until a finding about it is recorded (``fsck --repair``), then under
+    ``quarantine`` only. A key that no job's graph has (no key of the
+    grammar, or under a shard its id does not map to) is a ``stray``, a key
+    present only when there is one, unless a finding about it counts it.
 
     Cost: one LIST pass over each of jobs/, claims/, fails/, receipts/,
     dead/, delayed/ and quarantine/ (a page per 1,000 keys), one GET per
@@ -608,19 +688,24 @@ def stats(layout: QueueLayout, floor_ns: int) -> dict[str, StateStats]:
     it (``ls`` and ``show`` read its record). ``tmp`` is always 0: a create
     is atomic, nothing is ever half-written.
     """
-    jobs, delayed, finding_times, quarantined = _census(layout)
+    c = _census(layout)
     tallies = {k: StateTally() for k in STATS_STATES}
-    for job_id, e in jobs.items():
-        if e.terminal is not None:
-            tallies[e.terminal].add(e.terminal_time)
+    for job_id, e in c.jobs.items():
+        if e.receipt_time is not None or e.dead_time is not None:
+            receipt, t = (True, e.receipt_time) if e.receipt_time is not None else (False, e.dead_time)
+            if terminal_key(layout, job_id, receipt) not in c.finding_sources:  # else: counted by its finding
+                tallies["receipts" if receipt else "dead"].add(t)
             continue
-        if e.job_time is None or job_id in quarantined:
+        if e.job_time is None or job_id in c.quarantined:
             continue  # an orphan graph or a quarantined job: counted by its finding
-        state = _live_state(layout, job_id, e, delayed, floor_ns)
+        state = _live_state(layout, job_id, e, c.delayed, floor_ns)
         if state != QUARANTINE:
             tallies[state].add(e.job_time)
-    for t in finding_times:
+    for t in c.finding_times:
         tallies["quarantine"].add(t)
+    for rel, t in c.strays:
+        if rel not in c.finding_sources:
+            tallies.setdefault(STRAY, StateTally()).add(t)
     return {k: t.result(floor_ns) for k, t in tallies.items()}
 
 
@@ -634,4 +719,4 @@ def entry_stats(layout: QueueLayout, floor_ns: int) -> dict[str, StateStats]:
     ready, leased = s["ready"], s["leased"]
     ages = [a for a in (ready.oldest_age_seconds, leased.oldest_age_seconds) if a is not None]
     merged = StateStats(ready.objects + leased.objects, max(ages) if ages else None)
-    return {k: merged if k == "ready" else s[k] for k in ENTRY_STATS_STATES}
+    return {k: merged if k == "ready" else s[k] for k in (*ENTRY_STATS_STATES, STRAY) if k in s}

@@ -12,11 +12,12 @@ import pytest
 from steadqd.backend import open_queue
 from steadqd.constants import DeadReason
 from steadqd.errors import NotCommitted, SteadQError
-from steadqd.s3 import admin
+from steadqd.s3 import admin, keys
 from steadqd.s3.keys import KeyKind, parse_key
 from steadqd.s3.layout import DEFAULT_FORMAT
 from steadqd.s3.records import QuarantineReason
 from steadqd.s3.store.faults import Fault, FaultKind
+from steadqd.s3.verify import read_record
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.seaweed import Seaweed
 from tests.stowq.test_cli_bucket import field, live_queue, ok, run
@@ -189,3 +190,49 @@ def test_admin_commands_on_a_live_bucket(
     assert finding["path"] == rel and finding["reason"] == QuarantineReason.ENVELOPE_CORRUPT
     assert "removed" in ok(env, "admin", "quarantine-remove", url, finding["quarantine_id"]).stderr
     assert json.loads(ok(env, "--json", "admin", "quarantine-list", url).stdout) == []
+
+
+def test_stats_ls_requeue_and_purge_agree_on_what_a_dead_job_is_on_a_live_bucket(
+    seaweed: Seaweed, live_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30 on a bucket: with a key of no grammar and a correctly sealed dead record under the wrong shard
+    planted in dead/ beside one dead job, stats said 2 dead jobs (by key names) while ls, requeue and purge
+    selected 1. Every view now says 1, stats counts the two others as strays, and purge leaves them alone."""
+    env, url = live_queue(seaweed, live_prefix, tmp_path, monkeypatch)
+    q = open_queue(url)
+    try:
+        job = q.enqueue(b"poison")
+        lease = q.lease(duration=600)
+        assert lease is not None
+        q.bury(lease, reason=DeadReason.CONSUMER_REJECTED)
+        layout = q.layout  # type: ignore[attr-defined]
+    finally:
+        q.close()
+    raw = bytes.fromhex(job)
+    home = keys.shard_of(layout.queue_id, raw, layout.format.shard_count)
+    real = keys.dead_key(home, raw)
+    wrong_shard = keys.dead_key(home + 1, raw)  # the live queue has one shard: 0001 is no shard of it
+    garbage = f"dead/{home:04x}/not-a-job.txt"
+    store = seaweed.store(LIVE_BUCKET, create=False)
+    try:
+        record = read_record(store.get(f"{live_prefix}q/{real}").body, layout.queue_id, real,
+                             required_feature_bits=DEFAULT_FORMAT.required_feature_bits)  # fmt: skip
+        store.put_if_absent(f"{live_prefix}q/{wrong_shard}", layout.encode(wrong_shard, record))
+        store.put_if_absent(f"{live_prefix}q/{garbage}", b"garbage")
+    finally:
+        store.close()
+
+    doc = json.loads(ok(env, "--json", "stats", url).stdout)
+    assert (doc["dead"]["objects"], doc["stray"]["objects"]) == (1, 2), doc
+    assert "steadq_stray_objects 2" in ok(env, "stats", url, "--prometheus").stdout.splitlines()
+    assert "stray: 2" in ok(env, "stats", url).stdout
+    assert [d["job_id"] for d in json.loads(ok(env, "--json", "ls", url, "dead").stdout)] == [job]
+    assert [d["job_id"] for d in json.loads(ok(env, "--json", "admin", "dead-list", url).stdout)] == [job]
+    for args in (("requeue", url, "--all"), ("purge", url, "dead")):
+        dry = ok(env, "admin", *args, "--dry-run")
+        assert [line.split()[2] for line in dry.stdout.splitlines()] == [job], dry
+        assert "1 of 1 dead jobs selected" in dry.stderr
+    purged = ok(env, "admin", "purge", url, "dead")
+    assert purged.stdout.split()[1] == job, purged
+    doc = json.loads(ok(env, "--json", "stats", url).stdout)
+    assert (doc["dead"]["objects"], doc["stray"]["objects"]) == (0, 2), doc

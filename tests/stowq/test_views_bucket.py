@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,12 +17,13 @@ from pathlib import Path
 import pytest
 
 from steadqd.backend import open_queue
-from steadqd.cli.view_cmd import story_lines
+from steadqd.cli.view_cmd import format_stats_prometheus, story_lines
 from steadqd.constants import DeadReason
-from steadqd.errors import CorruptRecord, InvalidInput, SteadQError
+from steadqd.errors import CorruptRecord, ErrorKind, InvalidInput, SteadQError
+from steadqd.s3 import keys
 from steadqd.s3.layout import DEFAULT_FORMAT, init_layout
 from steadqd.s3.operator import BucketBackend
-from steadqd.s3.records import JobRecord, QuarantineReason
+from steadqd.s3.records import DeadRecord, JobRecord, QuarantineReason
 from steadqd.s3.store.faults import FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from steadqd.s3.verify import read_record
@@ -327,3 +329,144 @@ def test_claims_without_a_job_record_are_quarantined_under_the_repair_scans_find
     b.q.fsck(repair=True)
     story = b.q.job_story(job)
     assert story is not None and story.quarantine_id in {f.quarantine_id for f in b.q.list_quarantine()}
+
+
+# -- one definition of a dead job: stats, ls, requeue and purge agree (issue 30) -------------------
+
+
+def _id_in(b: _Queue, shard: int | None = None, not_shard: int | None = None) -> bytes:
+    """A fresh job id that maps to ``shard`` (or to any shard but ``not_shard``)."""
+    count = b.q.layout.format.shard_count
+    for _ in range(10_000):
+        raw = os.urandom(16)
+        home = keys.shard_of(b.q.layout.queue_id, raw, count)
+        if (shard is None or home == shard) and home != not_shard:
+            return raw
+    raise AssertionError("no such job id in 10,000 tries")
+
+
+def plant_in_dead(b: _Queue, dead_job: str) -> dict[str, str]:
+    """Plant, beside the dead job ``dead_job``, what a writer to the bucket can put under ``dead/`` that is not a
+    dead job of the queue: a key of no grammar, and a correctly sealed copy of its dead record under a shard its
+    id does not map to. Returns {what: relative key}."""
+    raw = bytes.fromhex(dead_job)
+    count = b.q.layout.format.shard_count
+    home = keys.shard_of(b.q.layout.queue_id, raw, count)
+    record = b.record(keys.dead_key(home, raw))
+    assert isinstance(record, DeadRecord)
+    wrong_shard = keys.dead_key((home + 1) % count, raw)
+    planted = {"garbage": f"dead/{home:04x}/not-a-job.txt", "wrong shard": wrong_shard}
+    b.memory.put_if_absent(PREFIX + planted["garbage"], b"garbage")
+    b.memory.put_if_absent(PREFIX + wrong_shard, b.q.layout.encode(wrong_shard, record))
+    return planted
+
+
+def _bury(b: _Queue, n: int) -> list[str]:
+    jobs = [b.q.enqueue(b"poison %d" % i) for i in range(n)]
+    for _ in jobs:
+        lease = b.q.lease(duration=LEASE_S)
+        assert lease is not None
+        b.q.bury(lease, reason=DeadReason.CONSUMER_REJECTED)
+    return sorted(jobs)
+
+
+def test_stats_counts_as_dead_only_what_ls_requeue_and_purge_select_and_the_rest_as_stray(b: _Queue) -> None:
+    """Issue 30: stats counted a dead key by its name alone, ls by its verified record. A garbage key and a
+    correctly sealed dead record under the wrong shard are no dead job: stats now counts them as strays."""
+    (job,) = _bury(b, 1)
+    planted = plant_in_dead(b, job)
+    counts = b.counts()
+    assert (counts.get("dead"), counts.get("stray")) == (1, 2), counts
+    entry = {k: v.objects for k, v in b.q.entry_stats().items()}
+    assert (entry["dead"], entry["stray"]) == (1, 2)
+    assert "steadq_stray_objects 2" in format_stats_prometheus(b.q.entry_stats()).splitlines()
+    assert [e.job_id for e in b.q.list_jobs({"dead"})] == [job]
+    b.q.remove_dead(job)
+    assert set(planted.values()) <= set(b.rels("dead/"))  # looked at, never touched
+    counts = b.counts()
+    assert (counts.get("dead"), counts.get("stray")) == (None, 2), counts
+
+
+def test_a_dead_record_that_fails_verification_is_dead_to_stats_until_its_finding_then_quarantine(b: _Queue) -> None:
+    """The listing cannot check a record's key tag: stats counts an own-shard dead key whose record is bound to
+    another key as dead (docs/stowq.md says so), ls and the admin commands do not select it, and once fsck
+    --repair has recorded its finding stats counts it under quarantine, no longer as dead."""
+    (job,) = _bury(b, 1)
+    raw = bytes.fromhex(job)
+    body = b.memory.snapshot()[PREFIX + keys.dead_key(keys.shard_of(b.q.layout.queue_id, raw, 16), raw)]
+    other = _id_in(b)
+    rel = keys.dead_key(keys.shard_of(b.q.layout.queue_id, other, 16), other)
+    b.memory.put_if_absent(PREFIX + rel, body)  # job's dead record under another job's key: the key tag fails
+    assert b.counts() == {"dead": 2}
+    assert [e.job_id for e in b.q.list_jobs({"dead"})] == [job]
+    with pytest.raises(CorruptRecord):
+        b.q.requeue_dead(other.hex())
+    b.q.fsck(repair=True)
+    assert b.counts() == {"dead": 1, "quarantine": 1}
+    (finding,) = b.q.list_quarantine()
+    assert finding.path == rel
+
+
+def test_a_dead_record_beside_a_receipt_that_fails_verification_is_no_dead_job(b: _Queue) -> None:
+    """A receipt key decides, as in stats (which cannot read it): a corrupt receipt does not let the dead record
+    beside it make the job dead in ls, requeue or purge; the job is quarantine (show tells)."""
+    (job,) = _bury(b, 1)
+    raw = bytes.fromhex(job)
+    shard = keys.shard_of(b.q.layout.queue_id, raw, 16)
+    b.memory.put_if_absent(PREFIX + keys.receipt_key(shard, raw), b"not a receipt")
+    assert b.counts() == {"receipts": 1}
+    assert list(b.q.list_jobs({"dead", "receipt"})) == []
+    assert b.state(job) == "quarantine"
+    for act in (b.q.requeue_dead, b.q.remove_dead):
+        with pytest.raises(InvalidInput, match="receipt"):
+            act(job)
+
+
+def test_a_dead_job_whose_job_record_is_gone_is_dead_everywhere_and_purge_finishes_it(b: _Queue) -> None:
+    """A removal stopped after the job record went leaves a dead record alone: still a dead job for every view;
+    requeue names why it cannot (not "gone"), and removal finishes the graph."""
+    (job,) = _bury(b, 1)
+    raw = bytes.fromhex(job)
+    b.memory.delete(PREFIX + keys.job_key(keys.shard_of(b.q.layout.queue_id, raw, 16), raw))
+    assert b.counts() == {"dead": 1}
+    assert [e.job_id for e in b.q.list_jobs({"dead"})] == [job]
+    with pytest.raises(SteadQError, match="job record") as e:
+        b.q.requeue_dead(job)
+    assert e.value.kind is not ErrorKind.NOT_FOUND  # bulk requeue would say "gone since it was listed"
+    b.q.remove_dead(job)
+    assert b.counts() == {}
+
+
+def test_a_finding_about_a_key_under_another_shard_does_not_hide_the_job(b: _Queue) -> None:
+    """fsck --repair records a finding about a stray key under the wrong shard; stats took the finding's job id
+    for the real job's and stopped counting it, while ls listed it ready."""
+    job = b.q.enqueue(b"real")
+    raw = bytes.fromhex(job)
+    home = keys.shard_of(b.q.layout.queue_id, raw, 16)
+    record = b.record(keys.job_key(home, raw))
+    stray = keys.job_key((home + 1) % 16, raw)
+    b.memory.put_if_absent(PREFIX + stray, b.q.layout.encode(stray, record))  # type: ignore[arg-type]
+    assert b.counts() == {"ready": 1, "stray": 1}
+    b.q.fsck(repair=True)
+    assert [f.path for f in b.q.list_quarantine()] == [stray]
+    assert [e.job_id for e in b.q.list_jobs({"ready"})] == [job]
+    assert b.counts() == {"ready": 1, "quarantine": 1}  # the stray is counted by its finding now
+
+
+def test_a_job_a_finding_names_is_in_quarantine_for_ls_as_for_stats(b: _Queue) -> None:
+    """A worker found the detached payload corrupt and recorded the finding: stats counted the job under
+    quarantine (by its finding) while ls still listed it leased, and ready once the lease ran out."""
+    size = DEFAULT_FORMAT.inline_limit + 1
+    job = b.q.enqueue(b"y" * size)
+    record = b.record(b.q.job_key(job))
+    assert isinstance(record, JobRecord) and record.payload_key is not None
+    b.overwrite(record.payload_key, b"z" * size)
+    lease = b.q.lease(duration=LEASE_S)
+    assert lease is not None
+    with pytest.raises(CorruptRecord):
+        b.q.read_payload(lease)
+    assert b.counts() == {"quarantine": 1} and b.state(job) == "quarantine"
+    assert list(b.q.list_jobs({"ready", "leased", "delayed", "dead", "receipt"})) == []
+    b.clock.advance(int(LEASE_S * SECOND) + 10 * SECOND)
+    assert b.counts() == {"quarantine": 1}
+    assert list(b.q.list_jobs({"ready", "leased", "delayed"})) == []
