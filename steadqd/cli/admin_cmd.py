@@ -24,6 +24,7 @@ from steadqd.cli.common import (
     Parser,
     Subcommands,
     add_command,
+    add_queue_argument,
     duration,
     err,
     error_text,
@@ -49,7 +50,7 @@ def add_admin(sub: Subcommands) -> None:
     asub.required = True
     for name, args, help_text, run in _ADMIN_COMMANDS:
         a = add_command(asub, name, help_text, f"steadq admin {name} /srv/q {' '.join(args)}".rstrip())
-        a.add_argument("path", metavar="PATH")
+        add_queue_argument(a)
         for arg in args:
             a.add_argument(arg.lower(), metavar=arg)
         a.set_defaults(run=run)
@@ -274,7 +275,7 @@ _ADMIN_COMMANDS: tuple[tuple[str, tuple[str, ...], str, Callable[[argparse.Names
 def _add_requeue(asub: Subcommands) -> None:
     a = add_command(asub, "requeue", "move dead jobs back to ready with fresh attempts (one, some, or a selection)",
                     "steadq admin requeue /srv/q --reason attempts_exhausted --older-than 1h --dry-run")  # fmt: skip
-    a.add_argument("path", metavar="PATH")
+    add_queue_argument(a)
     a.add_argument("job_ids", metavar="JOB_ID", nargs="*", help="the dead jobs to requeue (or select with the options)")
     a.add_argument("--all", action="store_true", help="every dead job")
     _add_selection(a, "dead jobs", "attempts_exhausted, consumer_rejected, 0x0004")
@@ -284,7 +285,7 @@ def _add_requeue(asub: Subcommands) -> None:
 def _add_purge(asub: Subcommands) -> None:
     a = add_command(asub, "purge", "delete dead jobs or quarantined objects for good, one durable unlink at a time",
                     "steadq admin purge /srv/q dead --older-than 7d --dry-run")  # fmt: skip
-    a.add_argument("path", metavar="PATH")
+    add_queue_argument(a)
     a.add_argument("place", metavar="dead|quarantine", choices=("dead", "quarantine"),
                    help="what to purge (with no option: all of it)")  # fmt: skip
     _add_selection(a, "objects", "a dead reason for dead (attempts_exhausted, 0x0004), a quarantine reason "

@@ -38,7 +38,8 @@ from steadqd.backend import open_queue as open_backend
 from steadqd.constants import DeadReason
 from steadqd.durable_file import fsync_directory, replace_durably
 from steadqd.durations import format_duration, parse_duration
-from steadqd.errors import OutcomeUnknown, SteadQError, UnsupportedFormat
+from steadqd.errors import ConfigError, OutcomeUnknown, SteadQError, UnsupportedFormat
+from steadqd.queue_names import QueueEntry, config_path, did_you_mean, is_queue_name, read_queue_entry
 from steadqd.text import printable
 
 PROG = "steadq"
@@ -421,7 +422,7 @@ def job_id(text: str) -> str:
 # What a positional argument is, by its metavar: one wording for every command that takes it.
 POSITIONAL_HELP = {
     "PATH": "the queue directory",
-    "QUEUE": "the queue directory",
+    "QUEUE": "the queue: a configured queue's name (<config dir>/NAME.yaml), or its directory or s3:// URL",
     "JOB_ID": "a job id: 32 lowercase hex characters",
     "ID": "a quarantine id, as admin quarantine-list prints it",
     "OUTPUT": "the file to write the copy to",
@@ -506,16 +507,63 @@ def add_command(sub: Subcommands, name: str, help_text: str, example: str = "") 
 
 # =========================================================================== queues
 
+CONFIG_DIR_HELP = "directory of the daemons' <queue>.yaml files (default $STEADQ_CONFIG_DIR or /etc/steadq/queues)"
+
+# The queues this run named by their config files, by the target each resolved to: open_queue
+# opens them with the options their daemons use (credentials, allow_unsupported_fs).
+_configured: dict[str, QueueEntry] = {}
+
+
+def add_queue_argument(s: argparse.ArgumentParser, *, existing: bool = True, help: str | None = None) -> None:
+    """The QUEUE positional (``a.path``), which ``main`` resolves by :func:`resolve_queue` before the command runs.
+
+    ``existing=False``: a command that may be given a queue that does not exist yet (init, doctor)."""
+    s.add_argument("path", metavar="QUEUE", help=help)
+    s.set_defaults(queue_must_exist=existing)
+
+
+def resolve_queue(text: str, directory: str | None, *, must_exist: bool = True) -> str:
+    """The directory or URL that the QUEUE argument ``text`` means: a path as given, else a configured queue's.
+
+    A path is anything with a '/' (or a URL), or an existing file or directory; any other
+    word is a queue's name, read from ``<config dir>/<name>.yaml`` as its daemons read it.
+    A word that is neither is refused naming both places looked at (exit 6, as a missing
+    queue root is), unless the command creates the queue (``must_exist=False``).
+    """
+    if "/" in text or os.path.lexists(text) or not is_queue_name(text):
+        return text
+    try:
+        entry = read_queue_entry(text, directory)
+    except FileNotFoundError:
+        if not must_exist:
+            return text
+        raise CliError(
+            f"no queue {text}: no directory {os.path.abspath(text)}, and no configuration "
+            f"{config_path(text, directory)}{did_you_mean(text, directory)}",
+            6,
+        ) from None
+    except ConfigError as e:
+        raise CliError(f"queue {text}: {e.message}", 1) from e
+    except OSError as e:
+        raise CliError(
+            f"queue {text}: cannot read {config_path(text, directory)}: {e.strerror}", os_exit_code(e)
+        ) from e
+    _configured[entry.queue] = entry
+    return entry.queue
+
 
 def open_queue(path: str, *, code: int | None = None, **options: Any) -> Backend:
-    """Open with default options; failure -> one line and the error's code (or ``code``)."""
+    """Open with default options (a configured queue's, when it was named); failure -> one line and the
+    error's code (or ``code``)."""
+    entry = _configured.get(path)
     try:
-        return open_backend(path, **options)
+        return open_backend(path, **({**entry.options, **options} if entry else options))
     except Exception as e:  # noqa: BLE001 - every failure must become one line and an exit code
         if code is None:
             # cli.md: the reference opens a missing root as a raw NotFound I/O error (6); ours names it.
             code = 6 if isinstance(e.__cause__, FileNotFoundError) else error_code(e)
-        raise CliError(f"cannot open queue {path}: {error_text(e)}{_open_hint(path, e)}", code) from e
+        named = f" (queue {entry.name}, from {entry.config})" if entry else ""
+        raise CliError(f"cannot open queue {path}{named}: {error_text(e)}{_open_hint(path, e)}", code) from e
 
 
 def _open_hint(path: str, e: BaseException) -> str:

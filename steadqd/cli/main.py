@@ -32,6 +32,7 @@ queue only through ``steadqd.backend``.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import os
 import sys
@@ -47,7 +48,18 @@ from steadqd.cli import (
     put_cmd,
     view_cmd,
 )
-from steadqd.cli.common import PROG, CliError, HelpFormatter, Parser, discard_stdout, err, error_code, error_text
+from steadqd.cli.common import (
+    CONFIG_DIR_HELP,
+    PROG,
+    CliError,
+    HelpFormatter,
+    Parser,
+    discard_stdout,
+    err,
+    error_code,
+    error_text,
+    resolve_queue,
+)
 
 GROUPS = (init_cmd, put_cmd, lease_cmd, view_cmd, maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd, admin_cmd)
 
@@ -72,12 +84,23 @@ def build_parser() -> Parser:
     )
     p.add_argument("--version", action="version", version=f"{PROG} {version()}", help="print the version and exit")
     p.add_argument("--json", action="store_true", help="machine-readable output (stats, doctor, listings)")
+    p.add_argument("--config-dir", metavar="DIR", help=CONFIG_DIR_HELP)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     adders = {name: add for group in GROUPS for name, add in group.COMMANDS.items()}
     for name in sorted(adders, key=HELP_ORDER.index):  # ValueError: a command missing from HELP_ORDER
         adders[name](sub)
+    _config_dir_anywhere(sub)
     return p
+
+
+def _config_dir_anywhere(sub: argparse._SubParsersAction) -> None:
+    """``--config-dir`` after the command too (``steadq stats transcode --config-dir DIR``), as steadqd takes it."""
+    for parser in sub.choices.values():
+        parser.add_argument("--config-dir", metavar="DIR", default=argparse.SUPPRESS, help=CONFIG_DIR_HELP)
+        for action in parser._subparsers._group_actions if parser._subparsers else ():
+            if isinstance(action, argparse._SubParsersAction):
+                _config_dir_anywhere(action)
 
 
 def version() -> str:
@@ -142,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         a.parser = parser
         if command is not None and a.command != "work":
             raise CliError(f"{PROG} {a.command}: unexpected arguments after '--'", 1)
+        if hasattr(a, "queue_must_exist"):  # a QUEUE argument: a name means a configured queue
+            a.path = resolve_queue(a.path, a.config_dir, must_exist=a.queue_must_exist)
         return int(a.run(a))
     except CliError as e:
         err(*e.lines)
