@@ -29,8 +29,10 @@ from steadqd.cli.common import (
     err,
     error_text,
     escape,
+    find_job,
     job_id,
     job_object_json,
+    match_job,
     open_queue,
     out,
     out_json,
@@ -42,6 +44,8 @@ from steadqd.cli.common import (
 from steadqd.constants import NS_PER_SECOND, DeadReason, QuarantineReason
 from steadqd.durations import format_duration
 from steadqd.errors import ErrorKind, OutcomeUnknown, SteadQError
+
+DEAD = frozenset({"dead"})  # where the dead-letter commands look up a job id prefix
 
 
 def add_admin(sub: Subcommands) -> None:
@@ -127,6 +131,7 @@ def cmd_admin_dead_inspect(a: argparse.Namespace) -> int:
     job = job_id(a.job_id)
     q = _open_admin(a)
     try:
+        job = find_job(q, job, DEAD)
         objs = [o for o in q.inspect_detailed(job) if state_name(o.state) == "dead"]
     finally:
         q.close()
@@ -158,14 +163,14 @@ def _admin_call(a: argparse.Namespace, fn: Callable[[Backend], Any]) -> Any:
 
 def cmd_admin_dead_export(a: argparse.Namespace) -> int:
     job = job_id(a.job_id)
-    n = _admin_call(a, lambda q: q.export_dead(job, a.output))
+    n = _admin_call(a, lambda q: q.export_dead(find_job(q, job, DEAD), a.output))
     err(f"exported {n} bytes")
     return 0
 
 
 def cmd_admin_dead_remove(a: argparse.Namespace) -> int:
     job = job_id(a.job_id)
-    _admin_call(a, lambda q: q.remove_dead(job))
+    _admin_call(a, lambda q: q.remove_dead(find_job(q, job, DEAD)))
     err("removed")
     return 0
 
@@ -181,6 +186,7 @@ def _requeue_one(a: argparse.Namespace, job: str) -> int:
     """Not in cli.md (an extra): not found -> 1, OutcomeUnknown -> 2, else the error kind's code."""
     q = _open_admin(a)
     try:
+        job = find_job(q, job, DEAD)
         path = q.requeue_dead(job)
     except OutcomeUnknown as e:
         raise CliError([f"outcome unknown: {e.message}", f"job_id: {job}"], 2) from e
@@ -322,19 +328,28 @@ def _selected(targets: Iterable[_Target], older_than: float | None) -> list[_Tar
 
 def _dead_targets(q: Backend, a: argparse.Namespace, now_ns: int) -> list[_Target]:
     code = None if a.reason is None else reason_code(a.reason, DeadReason)
-    wanted = set(getattr(a, "job_ids", None) or ())
+    given = list(getattr(a, "job_ids", None) or ())
+    dead = list(q.list_jobs(DEAD))
+    wanted: set[str] = set()
+    problems: list[str] = []
+    for text in given:  # each a whole id or a prefix (the journal's short id), resolved among the dead
+        if HEX32.fullmatch(text) and not any(j.job_id == text for j in dead):
+            problems.append(f"not found: no dead object for job {text}")
+            continue
+        try:
+            wanted.add(match_job(text, (j.job_id for j in dead), f"the dead letters of {a.path}"))
+        except CliError as e:
+            problems += e.lines
+    if problems:
+        raise CliError([*problems, "nothing was changed"], 1)
     seen: set[str] = set()
     found: list[_Target] = []
-    for job in q.list_jobs({"dead"}):
+    for job in dead:
         if job.job_id in seen or (wanted and job.job_id not in wanted) or (code is not None and job.reason != code):
             continue
         seen.add(job.job_id)
         found.append(_Target(job.job_id, job.path, reason_name(job.reason), _age(job.mtime_ns, now_ns)))
-    found = _selected(found, a.older_than)
-    missing = [j for j in getattr(a, "job_ids", None) or () if j not in seen]
-    if missing:
-        raise CliError([f"not found: no dead object for job {j}" for j in missing] + ["nothing was changed"], 1)
-    return found
+    return _selected(found, a.older_than)
 
 
 def _quarantine_targets(q: Backend, a: argparse.Namespace, now_ns: int) -> list[_Target]:

@@ -30,12 +30,12 @@ import re
 import signal
 import stat
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO, NoReturn, TypeAlias
 
 from steadqd.backend import Backend
 from steadqd.backend import open_queue as open_backend
-from steadqd.constants import DeadReason
+from steadqd.constants import DeadReason, State
 from steadqd.durable_file import fsync_directory, replace_durably
 from steadqd.durations import format_duration, parse_duration
 from steadqd.errors import ConfigError, OutcomeUnknown, SteadQError, UnsupportedFormat
@@ -44,6 +44,9 @@ from steadqd.text import printable
 
 PROG = "steadq"
 HEX32 = re.compile(r"[0-9a-f]{32}")
+JOB_PREFIX_MIN = 6
+JOB_REF = re.compile(rf"[0-9a-f]{{{JOB_PREFIX_MIN},32}}")  # a whole job id, or a prefix of one
+ALL_STATES = tuple(s.value for s in State)  # the words Backend.list_jobs takes, in the order cli.md lists them
 
 
 # =========================================================================== errors and output
@@ -410,10 +413,40 @@ def duration_in(lo: float, hi: float, what: str) -> Callable[[str], float]:
 
 
 def job_id(text: str) -> str:
-    """A job id argument, checked where the command runs (its error is the command's, exit 1)."""
-    if not HEX32.fullmatch(text):
-        raise CliError("invalid job_id: expected 32 lowercase hex chars", 1)
+    """A job id argument, checked where the command runs (its error is the command's, exit 1): a whole id,
+    or a prefix that :func:`find_job` resolves once the queue is open."""
+    if not JOB_REF.fullmatch(text):
+        raise CliError(
+            f"invalid job_id: expected 32 lowercase hex chars, or a unique prefix of at least {JOB_PREFIX_MIN} "
+            "(as the journal shows it: job fed535fe)",
+            1,
+        )
     return text
+
+
+def match_job(text: str, ids: Iterable[str], where: str) -> str:
+    """The one id of ``ids`` that begins with ``text`` (a whole id is itself).
+
+    Why prefixes: the journal's sentences show 8 hex digits (``job fed535fe finished``),
+    and an operator copies what they see. None found is "not found"; more than one lists
+    them all, so the next try can be exact (exit 1 either way: nothing was done)."""
+    found = sorted({i for i in ids if i.startswith(text)})
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise CliError(f"not found: no job {text} in {where}", 1)
+    raise CliError([f"job id {text} is ambiguous: {len(found)} jobs in {where} begin with it:", *found], 1)
+
+
+def find_job(q: Backend, text: str, states: Collection[str]) -> str:
+    """The job a JOB_ID argument names among the jobs of ``states`` (state words) of queue ``q``.
+
+    A whole id is taken as it is (the command says if it is nowhere); a prefix is
+    looked up in the backend's listing of those states."""
+    if HEX32.fullmatch(text):
+        return text
+    where = f"{q.path} ({', '.join(s for s in ALL_STATES if s in states)})"
+    return match_job(text, (j.job_id for j in q.list_jobs(states)), where)
 
 
 # =========================================================================== parser
@@ -423,7 +456,7 @@ def job_id(text: str) -> str:
 POSITIONAL_HELP = {
     "PATH": "the queue directory",
     "QUEUE": "the queue: a configured queue's name (<config dir>/NAME.yaml), or its directory or s3:// URL",
-    "JOB_ID": "a job id: 32 lowercase hex characters",
+    "JOB_ID": "a job id: 32 lowercase hex characters, or a unique prefix of at least 6 (job fed535fe)",
     "ID": "a quarantine id, as admin quarantine-list prints it",
     "OUTPUT": "the file to write the copy to",
 }

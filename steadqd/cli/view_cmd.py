@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from steadqd.cli.common import (
+    ALL_STATES,
     CliError,
     Subcommands,
     add_command,
@@ -24,6 +25,7 @@ from steadqd.cli.common import (
     duration,
     error_code,
     error_text,
+    find_job,
     int_in,
     job_id,
     job_object_json,
@@ -292,6 +294,7 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     job = job_id(a.job_id)
     q = open_queue(a.path)
     try:
+        job = find_job(q, job, ALL_STATES)
         try:
             objs = q.inspect_detailed(job)
         except Exception as e:  # noqa: BLE001
@@ -338,6 +341,12 @@ def cmd_show(a: argparse.Namespace) -> int:
     job = job_id(a.job_id)
     q = open_queue(a.path)
     try:
+        try:
+            job = find_job(q, job, ALL_STATES)
+        except CliError as e:
+            if e.lines[0].startswith("not found"):  # the prefix search reads names; quarantine has no job names
+                e.lines[0] += "; a job in quarantine is found by its whole id"
+            raise
         if a.payload:
             return _show_payload(q, job)
         try:
