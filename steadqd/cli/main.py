@@ -15,7 +15,8 @@ in the module of its group, its parser beside its handler:
 ``init_cmd``           init
 ``put_cmd``            put (one job, or bulk with --dir / --jsonl)
 ``lease_cmd``          lease, ack, retry, bury, work
-``view_cmd``           stats, watch, ls, inspect (read-only views)
+``view_cmd``           stats, watch, ls, inspect, show (read-only views)
+``status_cmd``         list, status (the configured queues, their counts and units)
 ``maintenance_cmd``    fsck, verify, format-dump, recover, resolve
 ``admin_cmd``          admin dead-* / quarantine-* / requeue / compact-receipts
 ``doctor_cmd``         doctor
@@ -46,6 +47,7 @@ from steadqd.cli import (
     lease_cmd,
     maintenance_cmd,
     put_cmd,
+    status_cmd,
     view_cmd,
 )
 from steadqd.cli.common import (
@@ -61,13 +63,16 @@ from steadqd.cli.common import (
     resolve_queue,
 )
 
-GROUPS = (init_cmd, put_cmd, lease_cmd, view_cmd, maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd, admin_cmd)
+GROUPS = (
+    init_cmd, put_cmd, lease_cmd, view_cmd, status_cmd, maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd,
+    admin_cmd,
+)  # fmt: skip
 
 # The order ``steadq --help`` (and an invalid-choice error) lists the commands
 # in: the reference's, which is not group by group.
 HELP_ORDER = (
     "init", "put", "lease", "ack", "retry", "bury", "work", "stats", "fsck", "doctor", "inspect", "verify",
-    "format-dump", "recover", "resolve", "bench", "ls", "watch", "show", "completion", "admin",
+    "format-dump", "recover", "resolve", "bench", "ls", "watch", "show", "completion", "admin", "list", "status",
 )  # fmt: skip
 
 
