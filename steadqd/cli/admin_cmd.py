@@ -24,12 +24,15 @@ from steadqd.cli.common import (
     Parser,
     Subcommands,
     add_command,
+    add_queue_argument,
     duration,
     err,
     error_text,
     escape,
+    find_job,
     job_id,
     job_object_json,
+    match_job,
     open_queue,
     out,
     out_json,
@@ -42,6 +45,8 @@ from steadqd.constants import NS_PER_SECOND, DeadReason, QuarantineReason
 from steadqd.durations import format_duration
 from steadqd.errors import ErrorKind, OutcomeUnknown, SteadQError
 
+DEAD = frozenset({"dead"})  # where the dead-letter commands look up a job id prefix
+
 
 def add_admin(sub: Subcommands) -> None:
     adm = add_command(sub, "admin", "operator commands for dead letters and quarantine")
@@ -49,7 +54,7 @@ def add_admin(sub: Subcommands) -> None:
     asub.required = True
     for name, args, help_text, run in _ADMIN_COMMANDS:
         a = add_command(asub, name, help_text, f"steadq admin {name} /srv/q {' '.join(args)}".rstrip())
-        a.add_argument("path", metavar="PATH")
+        add_queue_argument(a)
         for arg in args:
             a.add_argument(arg.lower(), metavar=arg)
         a.set_defaults(run=run)
@@ -126,6 +131,7 @@ def cmd_admin_dead_inspect(a: argparse.Namespace) -> int:
     job = job_id(a.job_id)
     q = _open_admin(a)
     try:
+        job = find_job(q, job, DEAD)
         objs = [o for o in q.inspect_detailed(job) if state_name(o.state) == "dead"]
     finally:
         q.close()
@@ -157,14 +163,14 @@ def _admin_call(a: argparse.Namespace, fn: Callable[[Backend], Any]) -> Any:
 
 def cmd_admin_dead_export(a: argparse.Namespace) -> int:
     job = job_id(a.job_id)
-    n = _admin_call(a, lambda q: q.export_dead(job, a.output))
+    n = _admin_call(a, lambda q: q.export_dead(find_job(q, job, DEAD), a.output))
     err(f"exported {n} bytes")
     return 0
 
 
 def cmd_admin_dead_remove(a: argparse.Namespace) -> int:
     job = job_id(a.job_id)
-    _admin_call(a, lambda q: q.remove_dead(job))
+    _admin_call(a, lambda q: q.remove_dead(find_job(q, job, DEAD)))
     err("removed")
     return 0
 
@@ -180,6 +186,7 @@ def _requeue_one(a: argparse.Namespace, job: str) -> int:
     """Not in cli.md (an extra): not found -> 1, OutcomeUnknown -> 2, else the error kind's code."""
     q = _open_admin(a)
     try:
+        job = find_job(q, job, DEAD)
         path = q.requeue_dead(job)
     except OutcomeUnknown as e:
         raise CliError([f"outcome unknown: {e.message}", f"job_id: {job}"], 2) from e
@@ -274,7 +281,7 @@ _ADMIN_COMMANDS: tuple[tuple[str, tuple[str, ...], str, Callable[[argparse.Names
 def _add_requeue(asub: Subcommands) -> None:
     a = add_command(asub, "requeue", "move dead jobs back to ready with fresh attempts (one, some, or a selection)",
                     "steadq admin requeue /srv/q --reason attempts_exhausted --older-than 1h --dry-run")  # fmt: skip
-    a.add_argument("path", metavar="PATH")
+    add_queue_argument(a)
     a.add_argument("job_ids", metavar="JOB_ID", nargs="*", help="the dead jobs to requeue (or select with the options)")
     a.add_argument("--all", action="store_true", help="every dead job")
     _add_selection(a, "dead jobs", "attempts_exhausted, consumer_rejected, 0x0004")
@@ -284,7 +291,7 @@ def _add_requeue(asub: Subcommands) -> None:
 def _add_purge(asub: Subcommands) -> None:
     a = add_command(asub, "purge", "delete dead jobs or quarantined objects for good, one durable unlink at a time",
                     "steadq admin purge /srv/q dead --older-than 7d --dry-run")  # fmt: skip
-    a.add_argument("path", metavar="PATH")
+    add_queue_argument(a)
     a.add_argument("place", metavar="dead|quarantine", choices=("dead", "quarantine"),
                    help="what to purge (with no option: all of it)")  # fmt: skip
     _add_selection(a, "objects", "a dead reason for dead (attempts_exhausted, 0x0004), a quarantine reason "
@@ -321,19 +328,28 @@ def _selected(targets: Iterable[_Target], older_than: float | None) -> list[_Tar
 
 def _dead_targets(q: Backend, a: argparse.Namespace, now_ns: int) -> list[_Target]:
     code = None if a.reason is None else reason_code(a.reason, DeadReason)
-    wanted = set(getattr(a, "job_ids", None) or ())
+    given = list(getattr(a, "job_ids", None) or ())
+    dead = list(q.list_jobs(DEAD))
+    wanted: set[str] = set()
+    problems: list[str] = []
+    for text in given:  # each a whole id or a prefix (the journal's short id), resolved among the dead
+        if HEX32.fullmatch(text) and not any(j.job_id == text for j in dead):
+            problems.append(f"not found: no dead object for job {text}")
+            continue
+        try:
+            wanted.add(match_job(text, (j.job_id for j in dead), f"the dead letters of {a.path}"))
+        except CliError as e:
+            problems += e.lines
+    if problems:
+        raise CliError([*problems, "nothing was changed"], 1)
     seen: set[str] = set()
     found: list[_Target] = []
-    for job in q.list_jobs({"dead"}):
+    for job in dead:
         if job.job_id in seen or (wanted and job.job_id not in wanted) or (code is not None and job.reason != code):
             continue
         seen.add(job.job_id)
         found.append(_Target(job.job_id, job.path, reason_name(job.reason), _age(job.mtime_ns, now_ns)))
-    found = _selected(found, a.older_than)
-    missing = [j for j in getattr(a, "job_ids", None) or () if j not in seen]
-    if missing:
-        raise CliError([f"not found: no dead object for job {j}" for j in missing] + ["nothing was changed"], 1)
-    return found
+    return _selected(found, a.older_than)
 
 
 def _quarantine_targets(q: Backend, a: argparse.Namespace, now_ns: int) -> list[_Target]:

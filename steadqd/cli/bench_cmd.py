@@ -20,7 +20,17 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Literal
 
-from steadqd.cli.common import CliError, Subcommands, add_command, duration, err, error_text, int_in, open_queue
+from steadqd.cli.common import (
+    CliError,
+    Subcommands,
+    add_command,
+    add_queue_argument,
+    duration,
+    err,
+    error_text,
+    int_in,
+    open_queue,
+)
 
 Role = Literal["producer", "consumer"]
 COUNTERS = ("enqueued", "leased", "acked")
@@ -30,7 +40,7 @@ def add_bench(sub: Subcommands) -> None:
     s = add_command(
         sub, "bench", "throughput test on an existing queue", "steadq bench /srv/q --producers 2 --consumers 2"
     )
-    s.add_argument("path", metavar="PATH")
+    add_queue_argument(s)
     s.add_argument("--producers", type=int_in(0, 4096, "count"), default=1, help="producer processes")
     s.add_argument("--consumers", type=int_in(0, 4096, "count"), default=1, help="consumer processes")
     s.add_argument(

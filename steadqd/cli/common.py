@@ -30,19 +30,23 @@ import re
 import signal
 import stat
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO, NoReturn, TypeAlias
 
 from steadqd.backend import Backend
 from steadqd.backend import open_queue as open_backend
-from steadqd.constants import DeadReason
+from steadqd.constants import DeadReason, State
 from steadqd.durable_file import fsync_directory, replace_durably
 from steadqd.durations import format_duration, parse_duration
-from steadqd.errors import OutcomeUnknown, SteadQError, UnsupportedFormat
+from steadqd.errors import ConfigError, OutcomeUnknown, SteadQError, UnsupportedFormat
+from steadqd.queue_names import QueueEntry, config_path, did_you_mean, is_queue_name, read_queue_entry
 from steadqd.text import printable, redacted
 
 PROG = "steadq"
 HEX32 = re.compile(r"[0-9a-f]{32}")
+JOB_PREFIX_MIN = 6
+JOB_REF = re.compile(rf"[0-9a-f]{{{JOB_PREFIX_MIN},32}}")  # a whole job id, or a prefix of one
+ALL_STATES = tuple(s.value for s in State)  # the words Backend.list_jobs takes, in the order cli.md lists them
 
 
 # =========================================================================== errors and output
@@ -409,10 +413,40 @@ def duration_in(lo: float, hi: float, what: str) -> Callable[[str], float]:
 
 
 def job_id(text: str) -> str:
-    """A job id argument, checked where the command runs (its error is the command's, exit 1)."""
-    if not HEX32.fullmatch(text):
-        raise CliError("invalid job_id: expected 32 lowercase hex chars", 1)
+    """A job id argument, checked where the command runs (its error is the command's, exit 1): a whole id,
+    or a prefix that :func:`find_job` resolves once the queue is open."""
+    if not JOB_REF.fullmatch(text):
+        raise CliError(
+            f"invalid job_id: expected 32 lowercase hex chars, or a unique prefix of at least {JOB_PREFIX_MIN} "
+            "(as the journal shows it: job fed535fe)",
+            1,
+        )
     return text
+
+
+def match_job(text: str, ids: Iterable[str], where: str) -> str:
+    """The one id of ``ids`` that begins with ``text`` (a whole id is itself).
+
+    Why prefixes: the journal's sentences show 8 hex digits (``job fed535fe finished``),
+    and an operator copies what they see. None found is "not found"; more than one lists
+    them all, so the next try can be exact (exit 1 either way: nothing was done)."""
+    found = sorted({i for i in ids if i.startswith(text)})
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise CliError(f"not found: no job {text} in {where}", 1)
+    raise CliError([f"job id {text} is ambiguous: {len(found)} jobs in {where} begin with it:", *found], 1)
+
+
+def find_job(q: Backend, text: str, states: Collection[str]) -> str:
+    """The job a JOB_ID argument names among the jobs of ``states`` (state words) of queue ``q``.
+
+    A whole id is taken as it is (the command says if it is nowhere); a prefix is
+    looked up in the backend's listing of those states."""
+    if HEX32.fullmatch(text):
+        return text
+    where = f"{q.path} ({', '.join(s for s in ALL_STATES if s in states)})"
+    return match_job(text, (j.job_id for j in q.list_jobs(states)), where)
 
 
 # =========================================================================== parser
@@ -421,8 +455,8 @@ def job_id(text: str) -> str:
 # What a positional argument is, by its metavar: one wording for every command that takes it.
 POSITIONAL_HELP = {
     "PATH": "the queue directory",
-    "QUEUE": "the queue directory",
-    "JOB_ID": "a job id: 32 lowercase hex characters",
+    "QUEUE": "the queue: a configured queue's name (<config dir>/NAME.yaml), or its directory or s3:// URL",
+    "JOB_ID": "a job id: 32 lowercase hex characters, or a unique prefix of at least 6 (job fed535fe)",
     "ID": "a quarantine id, as admin quarantine-list prints it",
     "OUTPUT": "the file to write the copy to",
 }
@@ -506,16 +540,63 @@ def add_command(sub: Subcommands, name: str, help_text: str, example: str = "") 
 
 # =========================================================================== queues
 
+CONFIG_DIR_HELP = "directory of the daemons' <queue>.yaml files (default $STEADQ_CONFIG_DIR or /etc/steadq/queues)"
+
+# The queues this run named by their config files, by the target each resolved to: open_queue
+# opens them with the options their daemons use (credentials, allow_unsupported_fs).
+_configured: dict[str, QueueEntry] = {}
+
+
+def add_queue_argument(s: argparse.ArgumentParser, *, existing: bool = True, help: str | None = None) -> None:
+    """The QUEUE positional (``a.path``), which ``main`` resolves by :func:`resolve_queue` before the command runs.
+
+    ``existing=False``: a command that may be given a queue that does not exist yet (init, doctor)."""
+    s.add_argument("path", metavar="QUEUE", help=help)
+    s.set_defaults(queue_must_exist=existing)
+
+
+def resolve_queue(text: str, directory: str | None, *, must_exist: bool = True) -> str:
+    """The directory or URL that the QUEUE argument ``text`` means: a path as given, else a configured queue's.
+
+    A path is anything with a '/' (or a URL), or an existing file or directory; any other
+    word is a queue's name, read from ``<config dir>/<name>.yaml`` as its daemons read it.
+    A word that is neither is refused naming both places looked at (exit 6, as a missing
+    queue root is), unless the command creates the queue (``must_exist=False``).
+    """
+    if "/" in text or os.path.lexists(text) or not is_queue_name(text):
+        return text
+    try:
+        entry = read_queue_entry(text, directory)
+    except FileNotFoundError:
+        if not must_exist:
+            return text
+        raise CliError(
+            f"no queue {text}: no directory {os.path.abspath(text)}, and no configuration "
+            f"{config_path(text, directory)}{did_you_mean(text, directory)}",
+            6,
+        ) from None
+    except ConfigError as e:
+        raise CliError(f"queue {text}: {e.message}", 1) from e
+    except OSError as e:
+        raise CliError(
+            f"queue {text}: cannot read {config_path(text, directory)}: {e.strerror}", os_exit_code(e)
+        ) from e
+    _configured[entry.queue] = entry
+    return entry.queue
+
 
 def open_queue(path: str, *, code: int | None = None, **options: Any) -> Backend:
-    """Open with default options; failure -> one line and the error's code (or ``code``)."""
+    """Open with default options (a configured queue's, when it was named); failure -> one line and the
+    error's code (or ``code``)."""
+    entry = _configured.get(path)
     try:
-        return open_backend(path, **options)
+        return open_backend(path, **({**entry.options, **options} if entry else options))
     except Exception as e:  # noqa: BLE001 - every failure must become one line and an exit code
         if code is None:
             # cli.md: the reference opens a missing root as a raw NotFound I/O error (6); ours names it.
             code = 6 if isinstance(e.__cause__, FileNotFoundError) else error_code(e)
-        raise CliError(f"cannot open queue {path}: {error_text(e)}{_open_hint(path, e)}", code) from e
+        named = f" (queue {entry.name}, from {entry.config})" if entry else ""
+        raise CliError(f"cannot open queue {path}{named}: {error_text(e)}{_open_hint(path, e)}", code) from e
 
 
 def _open_hint(path: str, e: BaseException) -> str:

@@ -6,13 +6,27 @@ import argparse
 import os
 
 from steadqd.backend import init_queue
-from steadqd.cli.common import CliError, Subcommands, add_command, err, error_code, error_text, int_in, out
+from steadqd.cli.common import (
+    CliError,
+    Subcommands,
+    add_command,
+    add_queue_argument,
+    err,
+    error_code,
+    error_text,
+    int_in,
+    out,
+)
 from steadqd.constants import DEFAULT_SHARDS, DEFAULT_TERMINAL_WIDTH_NS, MAX_SHARDS, U64_MAX
 
 
 def add_init(sub: Subcommands) -> None:
     s = add_command(sub, "init", "create a queue", "Q_ID=$(steadq init /srv/q --shards 64)")
-    s.add_argument("path", metavar="PATH", help="the queue directory to create (its parent must exist)")
+    add_queue_argument(
+        s,
+        existing=False,
+        help="the queue directory to create (its parent must exist), or a configured queue's name",
+    )
     s.add_argument(
         "--shards",
         type=int_in(1, MAX_SHARDS, "shard count"),

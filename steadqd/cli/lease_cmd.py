@@ -25,6 +25,7 @@ from steadqd.cli.common import (
     Interrupts,
     Subcommands,
     add_command,
+    add_queue_argument,
     duration_in,
     err,
     error_code,
@@ -50,7 +51,7 @@ _HANDLE_HELP = "the handle file lease wrote (lease --handle-file)"
 
 def add_lease(sub: Subcommands) -> None:
     s = add_command(sub, "lease", "claim one job", "steadq lease /srv/q --handle-file h.json")
-    s.add_argument("path", metavar="PATH")
+    add_queue_argument(s)
     s.add_argument(
         "--duration",
         "--duration-seconds",
@@ -69,7 +70,7 @@ def add_lease(sub: Subcommands) -> None:
 
 def add_ack(sub: Subcommands) -> None:
     s = add_command(sub, "ack", "acknowledge a leased job", "steadq ack /srv/q --handle-file h.json")
-    s.add_argument("path", metavar="PATH")
+    add_queue_argument(s)
     s.add_argument("--handle-file", required=True, metavar="FILE", help=_HANDLE_HELP)
     s.set_defaults(run=cmd_ack)
 
@@ -81,7 +82,7 @@ def add_retry(sub: Subcommands) -> None:
         "give a leased job back (now or later)",
         "steadq retry /srv/q --handle-file h.json --after 1m",
     )
-    s.add_argument("path", metavar="PATH")
+    add_queue_argument(s)
     s.add_argument("--handle-file", required=True, metavar="FILE", help=_HANDLE_HELP)
     s.add_argument(
         "--after",
@@ -97,7 +98,7 @@ def add_retry(sub: Subcommands) -> None:
 
 def add_bury(sub: Subcommands) -> None:
     s = add_command(sub, "bury", "dead-letter a leased job", "steadq bury /srv/q --handle-file h.json --reason 1")
-    s.add_argument("path", metavar="PATH")
+    add_queue_argument(s)
     s.add_argument("--handle-file", required=True, metavar="FILE", help=_HANDLE_HELP)
     s.add_argument(
         "--reason",
@@ -116,7 +117,7 @@ def add_work(sub: Subcommands) -> None:
         "run a command for every job (payload on its stdin)",
         "steadq work /srv/q --concurrency 4 -- ./handle.sh",
     )
-    s.add_argument("path", metavar="PATH")
+    add_queue_argument(s)
     s.add_argument(
         "--concurrency", type=int_in(1, 4096, "concurrency"), default=1, metavar="N", help="jobs run at once"
     )

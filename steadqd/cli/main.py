@@ -15,7 +15,8 @@ in the module of its group, its parser beside its handler:
 ``init_cmd``           init
 ``put_cmd``            put (one job, or bulk with --dir / --jsonl)
 ``lease_cmd``          lease, ack, retry, bury, work
-``view_cmd``           stats, watch, ls, inspect (read-only views)
+``view_cmd``           stats, watch, ls, inspect, show (read-only views)
+``status_cmd``         list, status (the configured queues, their counts and units)
 ``maintenance_cmd``    fsck, verify, format-dump, recover, resolve
 ``admin_cmd``          admin dead-* / quarantine-* / requeue / compact-receipts
 ``doctor_cmd``         doctor
@@ -32,6 +33,7 @@ queue only through ``steadqd.backend``.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import os
 import sys
@@ -45,17 +47,32 @@ from steadqd.cli import (
     lease_cmd,
     maintenance_cmd,
     put_cmd,
+    status_cmd,
     view_cmd,
 )
-from steadqd.cli.common import PROG, CliError, HelpFormatter, Parser, discard_stdout, err, error_code, error_text
+from steadqd.cli.common import (
+    CONFIG_DIR_HELP,
+    PROG,
+    CliError,
+    HelpFormatter,
+    Parser,
+    discard_stdout,
+    err,
+    error_code,
+    error_text,
+    resolve_queue,
+)
 
-GROUPS = (init_cmd, put_cmd, lease_cmd, view_cmd, maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd, admin_cmd)
+GROUPS = (
+    init_cmd, put_cmd, lease_cmd, view_cmd, status_cmd, maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd,
+    admin_cmd,
+)  # fmt: skip
 
 # The order ``steadq --help`` (and an invalid-choice error) lists the commands
 # in: the reference's, which is not group by group.
 HELP_ORDER = (
     "init", "put", "lease", "ack", "retry", "bury", "work", "stats", "fsck", "doctor", "inspect", "verify",
-    "format-dump", "recover", "resolve", "bench", "ls", "watch", "show", "completion", "admin",
+    "format-dump", "recover", "resolve", "bench", "ls", "watch", "show", "completion", "admin", "list", "status",
 )  # fmt: skip
 
 
@@ -72,12 +89,23 @@ def build_parser() -> Parser:
     )
     p.add_argument("--version", action="version", version=f"{PROG} {version()}", help="print the version and exit")
     p.add_argument("--json", action="store_true", help="machine-readable output (stats, doctor, listings)")
+    p.add_argument("--config-dir", metavar="DIR", help=CONFIG_DIR_HELP)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     adders = {name: add for group in GROUPS for name, add in group.COMMANDS.items()}
     for name in sorted(adders, key=HELP_ORDER.index):  # ValueError: a command missing from HELP_ORDER
         adders[name](sub)
+    _config_dir_anywhere(sub)
     return p
+
+
+def _config_dir_anywhere(sub: argparse._SubParsersAction) -> None:
+    """``--config-dir`` after the command too (``steadq stats transcode --config-dir DIR``), as steadqd takes it."""
+    for parser in sub.choices.values():
+        parser.add_argument("--config-dir", metavar="DIR", default=argparse.SUPPRESS, help=CONFIG_DIR_HELP)
+        for action in parser._subparsers._group_actions if parser._subparsers else ():
+            if isinstance(action, argparse._SubParsersAction):
+                _config_dir_anywhere(action)
 
 
 def version() -> str:
@@ -142,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         a.parser = parser
         if command is not None and a.command != "work":
             raise CliError(f"{PROG} {a.command}: unexpected arguments after '--'", 1)
+        if hasattr(a, "queue_must_exist"):  # a QUEUE argument: a name means a configured queue
+            a.path = resolve_queue(a.path, a.config_dir, must_exist=a.queue_must_exist)
         return int(a.run(a))
     except CliError as e:
         err(*e.lines)

@@ -18,6 +18,7 @@ from steadqd.cli.common import (
     CliError,
     Subcommands,
     add_command,
+    add_queue_argument,
     err,
     error_code,
     error_text,
@@ -34,7 +35,7 @@ from steadqd.errors import QueueCorrupt, SteadQError, UnsupportedFormat
 
 def add_fsck(sub: Subcommands) -> None:
     s = add_command(sub, "fsck", "check (and optionally repair) the whole tree", "steadq fsck /srv/q --deep")
-    s.add_argument("path", metavar="PATH")
+    add_queue_argument(s)
     s.add_argument("--deep", action="store_true", help="also read every payload and check its digest (slow)")
     s.add_argument(
         "--repair", action="store_true", help="move what is corrupt to quarantine/ and remove stray temporary files"
@@ -61,7 +62,7 @@ def add_recover(sub: Subcommands) -> None:
     s = add_command(
         sub, "recover", "run a recovery pass (reap, promote, clean up)", "steadq recover /srv/q --budget-ops 5000"
     )
-    s.add_argument("path", metavar="PATH")
+    add_queue_argument(s)
     s.add_argument("--watch", action="store_true", help="repeat the pass every 5 seconds until interrupted (Ctrl-C)")
     s.add_argument(
         "--budget-ops",
@@ -87,7 +88,7 @@ def add_resolve(sub: Subcommands) -> None:
         "decide an indeterminate transition from its ticket",
         "steadq resolve /srv/q --result-file t.json",
     )
-    s.add_argument("path", metavar="PATH")
+    add_queue_argument(s)
     s.add_argument(
         "--result-file", required=True, metavar="TICKET.json", help="the ticket an outcome-unknown command wrote"
     )

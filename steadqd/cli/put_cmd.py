@@ -27,6 +27,7 @@ from steadqd.cli.common import (
     Interrupts,
     Subcommands,
     add_command,
+    add_queue_argument,
     duration,
     err,
     int_in,
@@ -47,7 +48,7 @@ def add_put(sub: Subcommands) -> None:
     s = add_command(
         sub, "put", "enqueue a job (or many with --dir / --jsonl)", "echo hello | steadq put /srv/q --meta user=ann"
     )
-    s.add_argument("path", metavar="PATH")
+    add_queue_argument(s)
     s.add_argument("file", metavar="FILE", nargs="?", default="-", help="payload file; '-' or omitted: stdin")
     s.add_argument(
         "--content-type", default=None, help="default application/octet-stream (application/json for --jsonl)"

@@ -17,12 +17,15 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from steadqd.cli.common import (
+    ALL_STATES,
     CliError,
     Subcommands,
     add_command,
+    add_queue_argument,
     duration,
     error_code,
     error_text,
+    find_job,
     int_in,
     job_id,
     job_object_json,
@@ -43,21 +46,21 @@ LISTABLE_STATES = tuple(s.value for s in State)
 
 def add_stats(sub: Subcommands) -> None:
     s = add_command(sub, "stats", "object counts and oldest age per state", "steadq stats /srv/q --prometheus")
-    s.add_argument("path", metavar="PATH")
+    add_queue_argument(s)
     s.add_argument("--prometheus", action="store_true", help="print Prometheus text exposition instead")
     s.set_defaults(run=cmd_stats)
 
 
 def add_inspect(sub: Subcommands) -> None:
     s = add_command(sub, "inspect", "every object of one job", "steadq inspect /srv/q 0123456789abcdef0123456789abcdef")
-    s.add_argument("path", metavar="PATH")
+    add_queue_argument(s)
     s.add_argument("job_id", metavar="JOB_ID")
     s.set_defaults(run=cmd_inspect)
 
 
 def add_ls(sub: Subcommands) -> None:
     s = add_command(sub, "ls", "list jobs with state, attempt, age and deadline", "steadq ls /srv/q leased")
-    s.add_argument("path", metavar="QUEUE")
+    add_queue_argument(s)
     s.add_argument("state", metavar="STATE", nargs="?", default=None,
                    help="ready | leased | delayed | dead | receipt | all (default: all but receipts)")  # fmt: skip
     s.set_defaults(run=cmd_ls)
@@ -65,7 +68,7 @@ def add_ls(sub: Subcommands) -> None:
 
 def add_watch(sub: Subcommands) -> None:
     s = add_command(sub, "watch", "live view of counts, throughput and oldest job per state", "steadq watch /srv/q")
-    s.add_argument("path", metavar="QUEUE")
+    add_queue_argument(s)
     s.add_argument("--interval", type=duration, default=1.0, metavar="DURATION", help="time between frames")
     s.add_argument("--count", type=int_in(0, U32_MAX, "count"), default=0, metavar="N", help="stop after N frames")
     s.set_defaults(run=cmd_watch)
@@ -291,6 +294,7 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     job = job_id(a.job_id)
     q = open_queue(a.path)
     try:
+        job = find_job(q, job, ALL_STATES)
         try:
             objs = q.inspect_detailed(job)
         except Exception as e:  # noqa: BLE001
@@ -324,7 +328,7 @@ _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-nd
 def add_show(sub: Subcommands) -> None:
     s = add_command(sub, "show", "one job's whole story: state, attempts, ages, metadata, payload, journal",
                     "steadq show /srv/q 0123456789abcdef0123456789abcdef")  # fmt: skip
-    s.add_argument("path", metavar="QUEUE")
+    add_queue_argument(s)
     s.add_argument("job_id", metavar="JOB_ID")
     s.add_argument("--payload", action="store_true",
                    help="write the whole payload to stdout, and only once it has verified (nothing else is printed)")  # fmt: skip
@@ -337,6 +341,12 @@ def cmd_show(a: argparse.Namespace) -> int:
     job = job_id(a.job_id)
     q = open_queue(a.path)
     try:
+        try:
+            job = find_job(q, job, ALL_STATES)
+        except CliError as e:
+            if e.lines[0].startswith("not found"):  # the prefix search reads names; quarantine has no job names
+                e.lines[0] += "; a job in quarantine is found by its whole id"
+            raise
         if a.payload:
             return _show_payload(q, job)
         try:

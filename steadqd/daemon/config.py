@@ -10,11 +10,9 @@ cap, so a config file can never make the daemon do something it does not say.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import re
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,14 +31,13 @@ from steadqd.constants import (
 from steadqd.daemon.process import DAEMON_CREDENTIAL_VARIABLES
 from steadqd.durations import parse_duration
 from steadqd.errors import ConfigError, SteadQError
+from steadqd.queue_names import MAX_CONFIG_BYTES, config_path, did_you_mean
+from steadqd.queue_names import config_dir as config_dir
+from steadqd.queue_names import read_regular as _read_regular
 from steadqd.text import printable
 
-DEFAULT_CONFIG_DIR = "/etc/steadq/queues"
-CONFIG_DIR_ENV = "STEADQ_CONFIG_DIR"
-MAX_CONFIG_BYTES = 256 * 1024
 MAX_CONFIG_DEPTH = 32  # nesting levels; bounds yaml.compose recursion
 DEAD_RETENTION_MIN = 3600.0  # seconds; sweeper.dead_retention's lower bound
-_QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A queue there would put the daemon's renames and unlinks into system trees.
 _FORBIDDEN_QUEUE_ROOTS = {
@@ -782,49 +779,15 @@ def _metrics_textfile(d: _Doc) -> str:
     return os.path.normpath(p)
 
 
-def config_dir(override: str | None = None) -> str:
-    return override or os.environ.get(CONFIG_DIR_ENV) or DEFAULT_CONFIG_DIR
-
-
-def config_path(name: str, directory: str | None = None) -> str:
-    if not _QUEUE_NAME.fullmatch(name):
-        raise ConfigError(f"invalid queue name {name!r}: letters, digits, '.', '_' and '-', at most 64")
-    return os.path.join(config_dir(directory), f"{name}.yaml")
-
-
-def _read_regular(path: str, limit: int) -> bytes:
-    """Up to ``limit`` bytes of a regular file (a symlink to one is fine), never waiting.
-
-    A plain open() of a FIFO blocks until a writer appears, so the daemon and
-    check-config would hang; a FIFO, socket or directory is refused instead.
-    """
-    refusal = ConfigError("is not a regular file; it must be the queue's YAML configuration", path=path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise
-    except OSError:
-        with contextlib.suppress(OSError):
-            if not stat.S_ISREG(os.stat(path).st_mode):
-                raise refusal from None  # ENXIO: a socket, EISDIR: a directory, ...
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise refusal
-    except BaseException:
-        os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as f:
-        return f.read(limit)
-
-
 def load_config(name: str, directory: str | None = None) -> QueueSettings:
     """Read and validate ``<config dir>/<name>.yaml``."""
     path = config_path(name, directory)
     try:
         raw = _read_regular(path, MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
-        raise ConfigError(f"no configuration for queue {name!r} (expected {path})", path=path) from None
+        raise ConfigError(
+            f"no configuration for queue {name!r} (expected {path}){did_you_mean(name, directory)}", path=path
+        ) from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", path=path) from None
     if len(raw) > MAX_CONFIG_BYTES:

@@ -39,9 +39,14 @@ class Result:
 
 
 def steadq(
-    *args: str | os.PathLike[str], stdin: bytes | None = None, cwd: str | None = None, timeout: float = 60
+    *args: str | os.PathLike[str],
+    stdin: bytes | None = None,
+    cwd: str | None = None,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
 ) -> Result:
-    """Run the console script; stdin is empty unless given (never the test runner's)."""
+    """Run the console script; stdin is empty unless given (never the test runner's); ``env`` is added
+    to the runner's environment."""
     assert STEADQ is not None, "steadq console script not installed: run .venv/bin/pip install -e ."
     p = subprocess.run(
         [STEADQ, *map(str, args)],
@@ -49,6 +54,7 @@ def steadq(
         capture_output=True,
         cwd=cwd,
         timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
     )
     return Result(p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace"))
 

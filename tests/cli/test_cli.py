@@ -522,9 +522,10 @@ def test_inspect(qpath: str, tmp_path: Path) -> None:
     assert docs[0]["state"] == "receipt" and docs[0]["generation"] == 2
     r = steadq("inspect", qpath, "0" * 32)
     assert (r.code, r.err_lines, r.out) == (1, ["not found"], "")
-    for bad in ("XYZ", job.upper(), job[:-1]):
+    for bad in ("XYZ", job.upper(), job[:5], job + "0"):
         r = steadq("inspect", qpath, bad)
-        assert (r.code, r.err_lines) == (1, ["invalid job_id: expected 32 lowercase hex chars"])
+        assert r.code == 1 and r.err.startswith("invalid job_id: expected 32 lowercase hex chars, or a unique prefix")
+    assert steadq("inspect", qpath, job[:-1]).out_lines == [line]  # a prefix names the job (issue 33 #5)
 
 
 # --------------------------------------------------------------------------- verify / format-dump
