@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from steadqd.completion import SHELLS, build_tree, script
 from steadqd.daemon.config import QueueSettings, config_dir, load_config
-from steadqd.demo.run import main as demo_main
 from steadqd.errors import ConfigError, SteadQError
 
 if TYPE_CHECKING:
@@ -143,6 +142,9 @@ def _version() -> str:
 def daemon_main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["demo"]:
+        # Imported here: a daemon start loads none of the demo (nor its SeaweedFS launcher).
+        from steadqd.demo.run import main as demo_main
+
         return demo_main(args[1:])
     ap = argparse.ArgumentParser(prog="steadqd", description="SteadQ/1 queue daemons.", allow_abbrev=False)
     ap.add_argument("--version", action="version", version=f"steadqd {_version()}", help="print the version and exit")

@@ -11,7 +11,7 @@ It is an ordinary job command, written the way any job command for
   journal (or to the daemon's stderr) with the job's fields;
 * the exit status decides what happens to the job: 0 acknowledges it,
   75 (EX_TEMPFAIL) asks for a retry with backoff, 100 buries it (the demo's
-  configuration maps exactly these; see ``steadqd/demo.py``).
+  configuration maps exactly these; see ``steadqd/demo/queue_setup.py``).
 
 The payload is a small JSON object ``{"frame": N, "kind": K}``. ``plain``
 jobs succeed, ``flaky`` jobs fail with 75 on their first attempt only (so the

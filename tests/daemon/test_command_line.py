@@ -77,3 +77,12 @@ def test_every_option_and_argument_has_help_text() -> None:
         d = steadqd(name, "--help")
         assert d.returncode == 0, d.stderr
         assert _undocumented(d.stdout) == [], (name, d.stdout)
+
+
+def test_the_daemon_command_loads_the_demo_only_for_steadqd_demo() -> None:
+    """Every daemon start imports steadqd.daemon.main; the demo (and its SeaweedFS launcher) waits for `demo`."""
+    probe = "import sys, steadqd.daemon.main; print(sorted(m for m in sys.modules if m.startswith('steadqd.demo')))"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert r.stdout.strip() == "[]", r.stdout
+    d = steadqd("demo", "--help")
+    assert d.returncode == 0 and d.stdout.startswith("usage: steadqd demo"), (d.stdout, d.stderr)

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from steadqd import Queue
+from steadqd.demo.daemon_log import LogLine, Tally
 from steadqd.demo.job import EXIT_ACK, EXIT_BAD_INPUT, EXIT_BURY, EXIT_RETRY, run
-from steadqd.demo.run import LogLine, Tally, job_delay, job_kind, payload, plan_counts
+from steadqd.demo.plan import job_delay, job_kind, payload, plan_counts
 from tests.invariants import check_tree
 
 STEADQD = os.path.join(os.path.dirname(sys.executable), "steadqd")

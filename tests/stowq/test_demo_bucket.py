@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from steadqd.demo import seaweed
-from steadqd.demo.run import BUCKET_URL, plan_counts
+from steadqd.demo.bucket import BUCKET_URL
+from steadqd.demo.plan import plan_counts
 from steadqd.s3.store import SEAWEEDFS
 from steadqd.s3.store.s3 import S3Settings, S3Store
 from tests import prereq
