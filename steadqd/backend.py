@@ -33,7 +33,7 @@ from steadqd.fs.objects import dump_file as fs_dump_file
 from steadqd.fs.objects import verify_file as fs_verify_file
 
 if TYPE_CHECKING:
-    from steadqd.s3.operator import BucketBackend
+    from steadqd.s3.backend import BucketBackend
 
 __all__ = [
     "Backend",
@@ -446,7 +446,7 @@ def check_queue_url(target: str) -> str:
     _check_target(target)
     if not _is_bucket(target):
         raise InvalidInput(f"{target!r} is not a queue URL; write s3://BUCKET/PREFIX")
-    from steadqd.s3.url import parse_url
+    from steadqd.s3.open import parse_url
 
     return str(parse_url(target))
 
@@ -456,7 +456,7 @@ def open_queue(target: str, **options: Any) -> Backend:
     _check_target(target)
     if _is_bucket(target):
         # Imported here: botocore is an extra, and a filesystem queue must open without it.
-        from steadqd.s3.url import open_bucket_queue
+        from steadqd.s3.open import open_bucket_queue
 
         return open_bucket_queue(target, **options)
     return FsQueue.open(target, **options)
@@ -466,7 +466,7 @@ def init_queue(target: str, **options: Any) -> Backend:
     """Create a queue at ``target`` (refused if one is there) and open it."""
     _check_target(target)
     if _is_bucket(target):
-        from steadqd.s3.url import init_bucket_queue
+        from steadqd.s3.open import init_bucket_queue
 
         return init_bucket_queue(target, **options)
     return FsQueue.init(target, **options)

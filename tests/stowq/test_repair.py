@@ -13,7 +13,7 @@ from steadqd.s3 import keys
 from steadqd.s3.claim import settle_dead
 from steadqd.s3.layout import DEFAULT_FORMAT
 from steadqd.s3.records import ClaimBasis, ClaimRecord, QuarantineReason, QuarantineRecord
-from steadqd.s3.repair import (
+from steadqd.s3.recovery.repair import (
     REPAIR_CURSOR_KEY,
     Cursor,
     Finding,

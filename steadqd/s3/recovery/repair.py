@@ -79,8 +79,8 @@ from steadqd.s3.records import (
     QuarantineReason,
     Record,
 )
+from steadqd.s3.recovery.sweep import Budget, checkpoint
 from steadqd.s3.store.base import LIST_PAGE_MAX, ObjectMeta
-from steadqd.s3.sweep import Budget, checkpoint
 from steadqd.s3.timemath import bucket_number, is_expired
 from steadqd.s3.verify import read_record, verify_payload
 from steadqd.text import printable
