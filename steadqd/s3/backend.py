@@ -31,11 +31,11 @@ from steadqd.errors import (
     StoreProfileViolation,
 )
 from steadqd.s3 import admin, keys, views
-from steadqd.s3.claim import Lease
 from steadqd.s3.clock import WatermarkUnreadable, beacon_floor
 from steadqd.s3.fsck import FsckReport, fsck
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.layout import QueueLayout
+from steadqd.s3.lease import Lease
 from steadqd.s3.records import QUEUE_ID_BYTES, TOKEN_BYTES, ClaimRecord, JobRecord
 from steadqd.s3.recovery.driver import check_phases, recovery_setting, run_recovery
 from steadqd.s3.recovery.sweep import Budget, RecoveryReport
