@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
 from steadqd.backoff import RetryPolicy
 from steadqd.errors import InvalidInput
@@ -40,6 +40,7 @@ __all__ = [
     "DelayedNews",
     "DelayedWatch",
     "LeaseHandle",
+    "OutcomeTicket",
     "Payload",
     "ReadyNews",
     "ReadyWatch",
@@ -64,6 +65,22 @@ URL_SCHEMES: tuple[str, ...] = ("s3",)
 
 # What a payload may be: bytes, or a binary file object that is streamed.
 Payload = bytes | bytearray | memoryview | BinaryIO
+
+
+@runtime_checkable
+class OutcomeTicket(Protocol):
+    """The ticket of an enqueue whose outcome is unknown (``OutcomeUnknown.ticket``), whichever backend wrote it.
+
+    Why a method and not a test of the ticket's fields: the command prints
+    what the backend knows of where the job may be (a filesystem's job id
+    and path, a bucket's unanswered write) without knowing which backend it
+    was: :class:`steadqd.fs.json_records.EnqueueTicket`,
+    :class:`steadqd.s3.store.base.PendingWrite`.
+    """
+
+    def outcome_lines(self) -> list[str]:
+        """The lines ``steadq put`` prints under "outcome unknown", each "name: value"."""
+        ...
 
 
 class LeaseHandle(Protocol):
