@@ -9,18 +9,20 @@ share (``files``: an export written whole or not at all, a durable unlink).
 from steadqd.fs.admin.dead import (
     DeadFile,
     DeadJob,
-    QuarantinedObject,
     export_dead,
-    export_quarantine,
     find_dead,
-    find_quarantined,
-    inspect_quarantine,
     list_dead,
     list_dead_files,
-    list_quarantine,
     remove_dead,
-    remove_quarantine,
     requeue_dead,
+)
+from steadqd.fs.admin.quarantine import (
+    QuarantinedObject,
+    export_quarantine,
+    find_quarantined,
+    inspect_quarantine,
+    list_quarantine,
+    remove_quarantine,
 )
 
 __all__ = [

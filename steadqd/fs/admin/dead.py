@@ -1,37 +1,24 @@
-"""Operator tools for the two places jobs end up when nobody will process them:
-``dead/`` (dead letters) and ``quarantine/`` (corrupt objects).
+"""Operator tools for ``dead/`` (dead letters): list, export, remove and requeue (protocol.md
+"Administrative operations", cli.md ``admin dead …``, open-questions 6, 7 and 20).
 
-Spec: protocol.md "Administrative operations", cli.md ``admin …``,
-open-questions 6, 7 and 20. Where the reference is careless this module is
-deliberately stricter, without changing anything on disk that the
-reference reads:
-
-* exports write a temp file next to the output, fsync it, rename it into
-  place and fsync the output directory, so a crash never leaves a partial
-  export that looks complete (the reference copies in place);
-* quarantine removal fsyncs the directory (the reference does not);
-* exports never follow a symlink: quarantine can hold symlinks wearing job
-  names (claim isolates them), and copying through one would read an
-  arbitrary file;
-* ``requeue_dead`` exists (the reference lists it in its state machine but
-  never implemented it): the dead object is renamed back into ``ready/``
-  with the next generation and attempt 0, header untouched, so the reference
-  claims it like any ready job.
-
-Listing functions only report names that parse and authenticate for the
-directory they are in: a stray file must not be mistaken for a dead job.
+``requeue_dead`` exists although the reference only lists it in its state
+machine: the dead object is renamed back into ``ready/`` with the next
+generation and attempt 0, header untouched, so the reference claims it like
+any ready job. Listing functions only report names that parse and
+authenticate for the directory they are in: a stray file must not be
+mistaken for a dead job. The file handling (exports, durable unlinks) is
+``files``, shared with ``quarantine``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from steadqd.constants import DEAD_DIR, HEADER_SIZE, QUARANTINE_DIR, READY_DIR, QuarantineReason, State
+from steadqd.constants import DEAD_DIR, READY_DIR, QuarantineReason, State
 from steadqd.errors import (
     CorruptObject,
     ErrorKind,
@@ -43,6 +30,21 @@ from steadqd.errors import (
     kind_for_errno,
 )
 from steadqd.fs import linux
+from steadqd.fs.admin.files import (
+    DIR_FLAGS,
+    FILE_FLAGS,
+    close_quietly,
+    fstat_object,
+    io_error,
+    list_names,
+    mutation,
+    not_found,
+    open_object,
+    raw_chunks,
+    split_path,
+    unlink_durably,
+    write_atomically,
+)
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import EnqueueTicket
 from steadqd.fs.names import (
@@ -52,38 +54,26 @@ from steadqd.fs.names import (
     parse_bucket_dir,
     parse_job_id,
     parse_name,
-    parse_quarantine_name,
     parse_shard_dir,
     ready_name,
     shard_dir,
     shard_of,
 )
 from steadqd.fs.quarantine import quarantine
-from steadqd.fs.records import JobHeader
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, MoveFailed, SourceChanged, SourceMissing, Witness
-from steadqd.fs.verify import CHUNK, check_name_matches, iter_payload, read_envelope, verify_payload
+from steadqd.fs.verify import check_name_matches, iter_payload, read_envelope, verify_payload
 from steadqd.text import printable
 
 __all__ = [
     "DeadFile",
     "DeadJob",
-    "QuarantinedObject",
     "export_dead",
-    "export_quarantine",
     "find_dead",
-    "find_quarantined",
-    "inspect_quarantine",
     "list_dead",
     "list_dead_files",
-    "list_quarantine",
     "remove_dead",
-    "remove_quarantine",
     "requeue_dead",
 ]
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # O_CLOEXEC is always added by linux.open_at
-_MAX_QUARANTINE_DEPTH = 16  # nested layouts are tolerated, not unbounded recursion
 
 
 @dataclass(frozen=True)
@@ -114,69 +104,6 @@ class DeadFile:
     reason: int | None = None
 
 
-@dataclass(frozen=True)
-class QuarantinedObject:
-    """One quarantined object; ``size`` and ``mtime_ns`` are its lstat's (it may be a symlink or a directory)."""
-
-    quarantine_id: str
-    reason: int
-    path: str
-    size: int
-    mtime_ns: int | None = field(default=None, compare=False)  # its age for selection, not its identity
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-@contextlib.contextmanager
-def _mutation(ctx: Context, what: str) -> Iterator[None]:
-    """Admin mutations report only the outcome classes, like queue mutations.
-
-    Anything before the linearizing unlink/rename (bad id, not found, poisoned
-    handle, I/O) is NotCommitted with its kind; OutcomeUnknown passes through.
-    The directory cache is pinned for the whole operation.
-    """
-    try:
-        with ctx.tree.operation():
-            yield
-    except (NotCommitted, OutcomeUnknown):
-        raise
-    except SteadQError as e:
-        raise NotCommitted(f"{what}: {e.message}", e.kind) from e
-    except OSError as e:
-        raise not_committed(e, what) from e
-
-
-def _not_found(what: str) -> SteadQError:
-    return SteadQError(f"not found: {what}", ErrorKind.NOT_FOUND)
-
-
-def _io(e: OSError, what: str) -> SteadQError:
-    return SteadQError(f"{what}: {e.strerror or e}", kind_for_errno(e.errno) if e.errno else ErrorKind.IO_FAILURE)
-
-
-def _list(root_fd: int, rel: str, *, missing_ok: bool = True) -> list[bytes] | None:
-    """Sorted raw entries of ``rel`` beneath the root; None if it does not exist."""
-    try:
-        fd = linux.open_beneath(root_fd, rel, _DIR_FLAGS)
-    except OSError as e:
-        if missing_ok and e.errno in (errno.ENOENT, errno.ENOTDIR):
-            return None
-        raise _io(e, f"open {rel}") from e
-    try:
-        return linux.list_dir(fd)
-    except OSError as e:
-        raise _io(e, f"list {rel}") from e
-    finally:
-        with contextlib.suppress(OSError):
-            linux.close(fd)
-
-
-def _close(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        linux.close(fd)
-
-
 def _dead_in(ctx: Context, bucket: int, shard: int, rel: str, prefix: bytes = b"") -> Iterator[DeadJob]:
     """The dead jobs (:func:`names.dead_job`) of ``dead/<bucket>/<shard>/`` = ``rel`` whose names start with ``prefix``.
 
@@ -185,16 +112,16 @@ def _dead_in(ctx: Context, bucket: int, shard: int, rel: str, prefix: bytes = b"
     """
     fmt = ctx.fmt
     try:
-        dir_fd = linux.open_beneath(ctx.root_fd, rel, _DIR_FLAGS)
+        dir_fd = linux.open_beneath(ctx.root_fd, rel, DIR_FLAGS)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR):
             return
-        raise _io(e, f"open {rel}") from e
+        raise io_error(e, f"open {rel}") from e
     try:
         try:
             entries = linux.list_dir(dir_fd)
         except OSError as e:
-            raise _io(e, f"list {rel}") from e
+            raise io_error(e, f"list {rel}") from e
         for raw in entries:
             if not raw.startswith(prefix):
                 continue
@@ -203,7 +130,7 @@ def _dead_in(ctx: Context, bucket: int, shard: int, rel: str, prefix: bytes = b"
             except FileNotFoundError:
                 continue  # moved on since it was listed
             except OSError as e:
-                raise _io(e, f"stat {rel}") from e
+                raise io_error(e, f"stat {rel}") from e
             name = dead_job(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, bucket, shard, raw, mode)
             if name is None:
                 continue
@@ -211,20 +138,17 @@ def _dead_in(ctx: Context, bucket: int, shard: int, rel: str, prefix: bytes = b"
             yield DeadJob(name.job_hex, name.generation, name.attempt, name.max_attempts, name.reason,
                           f"{rel}/{raw.decode('ascii')}")  # fmt: skip
     finally:
-        _close(dir_fd)
+        close_quietly(dir_fd)
 
 
 def _buckets(ctx: Context) -> list[tuple[int, str]]:
-    entries = _list(ctx.root_fd, DEAD_DIR) or []
+    entries = list_names(ctx.root_fd, DEAD_DIR) or []
     out = []
     for raw in entries:
         b = parse_bucket_dir(raw)
         if b is not None:
             out.append((b, raw.decode("ascii")))
     return out
-
-
-# --------------------------------------------------------------------------- dead letters
 
 
 def list_dead(ctx: Context) -> Iterator[DeadJob]:
@@ -235,7 +159,7 @@ def list_dead(ctx: Context) -> Iterator[DeadJob]:
     skipped (fsck reports them); a missing ``dead/`` is an empty listing.
     """
     for bucket, bname in _buckets(ctx):
-        shards = _list(ctx.root_fd, f"{DEAD_DIR}/{bname}") or []
+        shards = list_names(ctx.root_fd, f"{DEAD_DIR}/{bname}") or []
         for sraw in shards:
             shard = parse_shard_dir(sraw, ctx.fmt.shard_count)
             if shard is None:
@@ -255,13 +179,13 @@ def list_dead_files(queue_root: str) -> list[DeadFile] | None:
     any other failure to read raises the OSError.
     """
     try:
-        root_fd = linux.open_at(-100, queue_root, _DIR_FLAGS)
+        root_fd = linux.open_at(-100, queue_root, DIR_FLAGS)
     except FileNotFoundError:
         return None
     try:
         dead_fd = _walk_dir(root_fd, DEAD_DIR.encode(), DEAD_DIR.encode(), skip_other=False)
     finally:
-        _close(root_fd)
+        close_quietly(root_fd)
     if dead_fd is None:
         return None
     found: list[DeadFile] = []
@@ -280,11 +204,11 @@ def list_dead_files(queue_root: str) -> list[DeadFile] | None:
                     try:
                         found.extend(_dead_file(name, b"/".join((rel_s, name))) for name in linux.list_dir(shard_fd))
                     finally:
-                        _close(shard_fd)
+                        close_quietly(shard_fd)
             finally:
-                _close(bucket_fd)
+                close_quietly(bucket_fd)
     finally:
-        _close(dead_fd)
+        close_quietly(dead_fd)
     return found
 
 
@@ -338,34 +262,8 @@ def find_dead(ctx: Context, job_id: str) -> DeadJob | None:
 def _require_dead(ctx: Context, job_id: str) -> DeadJob:
     found = find_dead(ctx, job_id)
     if found is None:
-        raise _not_found(f"no dead object for job {job_id}")
+        raise not_found(f"no dead object for job {job_id}")
     return found
-
-
-def _split(path: str) -> tuple[str, str]:
-    rel, _, name = path.rpartition("/")
-    return rel, name
-
-
-def _open_object(ctx: Context, path: str) -> int:
-    """Open a queue object read-only without following a final symlink; NOT_FOUND if gone."""
-    rel, name = _split(path)
-    try:
-        dir_fd = linux.open_beneath(ctx.root_fd, rel, _DIR_FLAGS)
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            raise _not_found(path) from e
-        raise _io(e, f"open {rel}") from e
-    try:
-        return linux.open_at(dir_fd, name, _FILE_FLAGS)
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            raise _not_found(path) from e
-        if e.errno == errno.ELOOP:
-            raise InvalidInput(f"{path} is a symlink; refusing to follow it (inspect it in place)") from e
-        raise _io(e, f"open {path}") from e
-    finally:
-        _close(dir_fd)
 
 
 def export_dead(ctx: Context, job_id: str, out_path: str, *, payload_only: bool = False) -> int:
@@ -379,20 +277,20 @@ def export_dead(ctx: Context, job_id: str, out_path: str, *, payload_only: bool 
     atomically and durably (temp + fsync + rename + directory fsync).
     """
     dead = _require_dead(ctx, job_id)
-    fd = _open_object(ctx, dead.path)
+    fd = open_object(ctx, dead.path)
     try:
-        st = _fstat(fd, dead.path)
+        st = fstat_object(fd, dead.path)
         if not stat.S_ISREG(st.st_mode):
             raise SteadQError(f"{dead.path} is not a regular file", ErrorKind.QUEUE_CORRUPT)
         if payload_only:
             try:
                 env = read_envelope(fd, ctx.fmt.max_payload_length, st)
             except OSError as e:
-                raise _io(e, f"read {dead.path}") from e
-            return _write_atomically(out_path, iter_payload(fd, env), dead.path)
-        return _write_atomically(out_path, _raw_chunks(fd), dead.path)
+                raise io_error(e, f"read {dead.path}") from e
+            return write_atomically(out_path, iter_payload(fd, env), dead.path)
+        return write_atomically(out_path, raw_chunks(fd), dead.path)
     finally:
-        _close(fd)
+        close_quietly(fd)
 
 
 def remove_dead(ctx: Context, job_id: str) -> None:
@@ -402,10 +300,10 @@ def remove_dead(ctx: Context, job_id: str) -> None:
     is OutcomeUnknown (the handle is poisoned): the unlink may not survive
     a crash.
     """
-    with _mutation(ctx, f"remove dead job {job_id}"):
+    with mutation(ctx, f"remove dead job {job_id}"):
         ctx.check_usable()
         dead = _require_dead(ctx, job_id)
-        _unlink_durably(ctx, dead.path, f"remove dead job {job_id}")
+        unlink_durably(ctx, dead.path, f"remove dead job {job_id}")
 
 
 def requeue_dead(ctx: Context, job_id: str, *, max_attempts_reset: bool = True) -> str:
@@ -426,9 +324,9 @@ def requeue_dead(ctx: Context, job_id: str, *, max_attempts_reset: bool = True) 
     OutcomeUnknown with an :class:`~steadqd.fs.json_records.EnqueueTicket` describing
     the expected ready path when a barrier after the rename failed.
     """
-    with _mutation(ctx, f"requeue {job_id}"):
+    with mutation(ctx, f"requeue {job_id}"):
         return _requeue(ctx, job_id, max_attempts_reset)
-    raise AssertionError("unreachable")  # pragma: no cover - _mutation never swallows
+    raise AssertionError("unreachable")  # pragma: no cover - mutation never swallows
 
 
 def _requeue(ctx: Context, job_id: str, reset: bool) -> str:
@@ -447,7 +345,7 @@ def _requeue(ctx: Context, job_id: str, reset: bool) -> str:
     target = ready_name(job, next_generation(dead.generation), attempt, dead.max_attempts)
     target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
     dest_rel = f"{READY_DIR}/{shard_dir(shard)}"
-    src_rel, src_name = _split(dead.path)
+    src_rel, src_name = split_path(dead.path)
     try:
         src_fd = ctx.tree.dir(src_rel)
     except OSError as e:
@@ -481,7 +379,7 @@ def _requeue(ctx: Context, job_id: str, reset: bool) -> str:
 def _verify_dead(ctx: Context, dir_fd: int, rel: str, name: str, job_id: str) -> Witness:
     """Full verification of the dead object; corrupt objects go to quarantine."""
     try:
-        fd = linux.open_at(dir_fd, name, _FILE_FLAGS)
+        fd = linux.open_at(dir_fd, name, FILE_FLAGS)
     except OSError as e:
         if e.errno == errno.ENOENT:
             raise NotCommitted(f"requeue: dead object of {job_id} is gone", ErrorKind.NOT_FOUND, job_id=job_id) from e
@@ -502,7 +400,7 @@ def _verify_dead(ctx: Context, dir_fd: int, rel: str, name: str, job_id: str) ->
             raise NotCommitted(f"requeue: {rel}/{name} is corrupt: {e.message}{where}", e.kind, job_id=job_id) from e
         return env.witness
     finally:
-        _close(fd)
+        close_quietly(fd)
 
 
 def _isolate(ctx: Context, dir_fd: int, name: str, reason: int, witness: Witness | None, job_id: str) -> str | None:
@@ -522,7 +420,7 @@ def _envelope_digest_of(ctx: Context, src_fd: int, src_name: str, dest_fd: int, 
     """The header's envelope digest for the ticket, read from wherever the object is now."""
     for dir_fd, name in ((dest_fd, dest_name), (src_fd, src_name)):
         try:
-            fd = linux.open_at(dir_fd, name, _FILE_FLAGS)
+            fd = linux.open_at(dir_fd, name, FILE_FLAGS)
         except OSError:
             continue
         try:
@@ -530,263 +428,5 @@ def _envelope_digest_of(ctx: Context, src_fd: int, src_name: str, dest_fd: int, 
         except (SteadQError, OSError):
             continue
         finally:
-            _close(fd)
+            close_quietly(fd)
     return bytes(32)
-
-
-# --------------------------------------------------------------------------- quarantine
-
-
-def list_quarantine(ctx: Context) -> Iterator[QuarantinedObject]:
-    """Every ``q<id>.x<reason>.raw`` under ``quarantine/``, nested directories included.
-
-    Entries are visited in bytewise order; directories are descended without
-    following symlinks, except one that bears a quarantine name: that is a
-    planted directory claim isolated whole, and what is inside it is its
-    content, not more quarantined objects. Other names are skipped.
-    """
-    yield from _walk_quarantine(ctx, QUARANTINE_DIR, 0)
-
-
-def _walk_quarantine(ctx: Context, rel: str, depth: int) -> Iterator[QuarantinedObject]:
-    try:
-        dir_fd = linux.open_beneath(ctx.root_fd, rel, _DIR_FLAGS)
-    except OSError as e:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR):
-            return
-        raise _io(e, f"open {rel}") from e
-    found: list[QuarantinedObject] = []
-    subdirs: list[str] = []
-    try:
-        try:
-            entries = linux.list_dir(dir_fd)
-        except OSError as e:
-            raise _io(e, f"list {rel}") from e
-        for raw in entries:
-            try:
-                text = raw.decode("ascii")
-                st = linux.stat_at(dir_fd, raw)
-            except UnicodeDecodeError:
-                continue
-            except OSError as e:
-                if e.errno == errno.ENOENT:
-                    continue  # removed meanwhile
-                raise _io(e, f"stat {rel}") from e
-            parsed = parse_quarantine_name(text)
-            if parsed is not None:  # a quarantined directory (reason 0x0008) is one object, never walked
-                found.append(QuarantinedObject(parsed[0].hex(), parsed[1], f"{rel}/{text}", st.st_size, st.st_mtime_ns))
-            elif stat.S_ISDIR(st.st_mode) and depth < _MAX_QUARANTINE_DEPTH:
-                subdirs.append(text)
-    finally:
-        _close(dir_fd)
-    # Sorted listing interleaves files and directories bytewise; keep that order.
-    by_name = {o.path.rsplit("/", 1)[1]: o for o in found}
-    for name in sorted(list(by_name) + subdirs):
-        if name in by_name:
-            yield by_name[name]
-        else:
-            yield from _walk_quarantine(ctx, f"{rel}/{name}", depth + 1)
-
-
-def find_quarantined(ctx: Context, job_id: str) -> QuarantinedObject | None:
-    """The first quarantined regular file whose header names ``job_id``, or None.
-
-    Quarantine names carry no job id (the object may be too damaged to have
-    one), so each file's header is read: this costs one small read per
-    quarantined object, which is why only ``steadq show`` asks, and only for
-    a job found nowhere else.
-    """
-    want = parse_job_id(job_id)
-    for obj in list_quarantine(ctx):
-        try:
-            fd = _open_object(ctx, obj.path)
-        except SteadQError:
-            continue  # a symlink, removed meanwhile, unreadable: it names no job we can tell
-        try:
-            if not stat.S_ISREG(linux.fstat(fd).st_mode):
-                continue
-            header = JobHeader.decode(linux.pread(fd, HEADER_SIZE, 0))
-        except (SteadQError, OSError):
-            continue
-        finally:
-            _close(fd)
-        if header.job_id == want:
-            return obj
-    return None
-
-
-def _parse_quarantine_id(quarantine_id: str) -> str:
-    if (
-        not isinstance(quarantine_id, str)
-        or len(quarantine_id) != 32
-        or any(c not in "0123456789abcdef" for c in quarantine_id)
-    ):
-        raise InvalidInput("invalid quarantine_id")
-    return quarantine_id
-
-
-def inspect_quarantine(ctx: Context, quarantine_id: str) -> QuarantinedObject:
-    """The quarantined object with this id (32 lowercase hex); NOT_FOUND if none."""
-    qid = _parse_quarantine_id(quarantine_id)
-    for obj in list_quarantine(ctx):
-        if obj.quarantine_id == qid:
-            return obj
-    raise _not_found(f"no quarantined object {qid}")
-
-
-def export_quarantine(ctx: Context, quarantine_id: str, out_path: str) -> int:
-    """Copy a quarantined object's raw bytes to ``out_path`` (atomically, durably).
-
-    Refuses anything but a regular file: a quarantined symlink is never
-    followed and a FIFO is never read.
-    """
-    obj = inspect_quarantine(ctx, quarantine_id)
-    fd = _open_object(ctx, obj.path)
-    try:
-        st = _fstat(fd, obj.path)
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidInput(f"{obj.path} is not a regular file; inspect it in place")
-        return _write_atomically(out_path, _raw_chunks(fd), obj.path)
-    finally:
-        _close(fd)
-
-
-def remove_quarantine(ctx: Context, quarantine_id: str) -> None:
-    """Unlink a quarantined object and fsync its directory (the reference skips the fsync)."""
-    with _mutation(ctx, f"remove quarantined object {quarantine_id}"):
-        ctx.check_usable()
-        obj = inspect_quarantine(ctx, quarantine_id)
-        _unlink_durably(ctx, obj.path, f"remove quarantined object {quarantine_id}", directory_ok=True)
-
-
-def _rmdir_durably(ctx: Context, dir_fd: int, rel: str, name: str, what: str) -> None:
-    try:
-        removed = ctx.tree.rmdir(dir_fd, rel, name)
-    except SourceMissing as e:
-        raise NotCommitted(f"{what}: not found", ErrorKind.NOT_FOUND) from e
-    except MoveFailed as e:
-        raise NotCommitted(f"{what}: {e}", kind_for_errno(e.errno)) from e
-    if not removed:
-        raise NotCommitted(
-            f"{what}: {rel}/{name} is a directory with entries in it (planted with a job's name, then"
-            f" quarantined); look inside, then remove it by hand: rm -r -- {os.path.join(ctx.path, rel, name)}",
-            ErrorKind.INVALID_INPUT,
-        )
-    try:
-        linux.fsync(dir_fd)
-    except OSError as e:
-        ctx.poison(f"{what}: fsync {rel}: {e.strerror}")
-        raise OutcomeUnknown(f"{what}: removed, but fsync of {rel} failed: {e.strerror}") from e
-
-
-# --------------------------------------------------------------------------- shared I/O
-
-
-def _fstat(fd: int, path: str) -> os.stat_result:
-    try:
-        return linux.fstat(fd)
-    except OSError as e:
-        raise _io(e, f"fstat {path}") from e
-
-
-def _raw_chunks(fd: int) -> Iterator[bytes]:
-    """Every byte of the file, read positionally until EOF."""
-    offset = 0
-    while True:
-        chunk = linux.pread(fd, CHUNK, offset)
-        if not chunk:
-            return
-        offset += len(chunk)
-        yield chunk
-
-
-def _write_atomically(out_path: str, chunks: Iterator[bytes], source: str) -> int:
-    """Write ``chunks`` to a temp beside ``out_path``, fsync, rename over it, fsync the directory.
-
-    A failure (including a payload that fails its digest at the end of the
-    stream) unlinks the temp, so no partial or unverified output is visible.
-    Read errors of the source are I/O failures of the queue object;
-    corruption surfaces as CorruptObject (QUEUE_CORRUPT / PAYLOAD_CORRUPT).
-    """
-    out = os.fspath(out_path)
-    parent, base = os.path.split(os.path.abspath(out))
-    if not base:
-        raise InvalidInput(f"output path {out_path!r} names a directory")
-    try:
-        dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        raise _io(e, f"open output directory {parent}") from e
-    tmp = f".{base}.tmp.{linux.getrandom(8).hex()}"
-    created = False
-    try:
-        try:
-            fd = linux.open_at(dir_fd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except OSError as e:
-            raise _io(e, f"create {os.path.join(parent, tmp)}") from e
-        created = True
-        total = 0
-        try:
-            while True:
-                try:
-                    chunk = next(chunks, None)
-                except OSError as e:
-                    raise _io(e, f"read {source}") from e
-                if chunk is None:
-                    break
-                try:
-                    linux.write_all(fd, chunk)
-                except OSError as e:
-                    raise _io(e, f"write {out}") from e
-                total += len(chunk)
-            try:
-                linux.fsync(fd)
-            except OSError as e:
-                raise _io(e, f"fsync {out}") from e
-        finally:
-            _close(fd)
-        try:
-            linux.rename_replace(dir_fd, tmp, dir_fd, base)
-        except OSError as e:
-            raise _io(e, f"rename into {out}") from e
-        created = False
-        try:
-            linux.fsync(dir_fd)
-        except OSError as e:
-            raise _io(e, f"fsync directory of {out}") from e
-        return total
-    finally:
-        if created:
-            with contextlib.suppress(OSError):
-                linux.unlink_at(dir_fd, tmp)
-        os.close(dir_fd)
-
-
-def _unlink_durably(ctx: Context, path: str, what: str, *, directory_ok: bool = False) -> None:
-    """Unlink one queue object and fsync its directory, with outcome classes.
-
-    ``directory_ok``: the object may be a directory (one planted with a job's
-    name and quarantined, reason 0x0008); an empty one is removed, one with
-    entries is refused: what a group member put inside is for a person to look
-    at, and removing a planted tree is not a queue operation.
-    """
-    rel, name = _split(path)
-    try:
-        dir_fd = linux.open_beneath(ctx.root_fd, rel, _DIR_FLAGS)
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            raise NotCommitted(f"{what}: not found", ErrorKind.NOT_FOUND) from e
-        raise not_committed(e, f"{what}: open {rel}") from e
-    try:
-        ctx.tree.unlink(dir_fd, name)
-    except SourceMissing as e:
-        raise NotCommitted(f"{what}: not found", ErrorKind.NOT_FOUND) from e
-    except MoveFailed as e:
-        if directory_ok and e.errno == errno.EISDIR:
-            _rmdir_durably(ctx, dir_fd, rel, name, what)
-            return
-        raise NotCommitted(f"{what}: {e}", kind_for_errno(e.errno)) from e
-    except Indeterminate as e:
-        ctx.poison(f"{what}: {e.cause}")
-        raise OutcomeUnknown(f"{what}: outcome unknown: {e.cause}") from e
-    finally:
-        _close(dir_fd)
