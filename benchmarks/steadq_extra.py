@@ -152,7 +152,7 @@ def profile_lifecycle(path: str, size: int, jobs: int) -> dict[str, Any]:
 
 def scaling_point(root: str, n: int, leases: int) -> dict[str, Any]:
     """Lease latency and stats time with ``n`` ready jobs (the tree is removed afterwards)."""
-    from steadqd.fs import inspection as insp
+    from steadqd.fs import views as insp
 
     path = os.path.join(root, f"scale-{n}")
     shutil.rmtree(path, ignore_errors=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
 from steadqd.backoff import RetryPolicy
 from steadqd.errors import InvalidInput
@@ -33,13 +33,14 @@ from steadqd.fs.objects import dump_file as fs_dump_file
 from steadqd.fs.objects import verify_file as fs_verify_file
 
 if TYPE_CHECKING:
-    from steadqd.s3.operator import BucketBackend
+    from steadqd.s3.backend import BucketBackend
 
 __all__ = [
     "Backend",
     "DelayedNews",
     "DelayedWatch",
     "LeaseHandle",
+    "OutcomeTicket",
     "Payload",
     "ReadyNews",
     "ReadyWatch",
@@ -64,6 +65,22 @@ URL_SCHEMES: tuple[str, ...] = ("s3",)
 
 # What a payload may be: bytes, or a binary file object that is streamed.
 Payload = bytes | bytearray | memoryview | BinaryIO
+
+
+@runtime_checkable
+class OutcomeTicket(Protocol):
+    """The ticket of an enqueue whose outcome is unknown (``OutcomeUnknown.ticket``), whichever backend wrote it.
+
+    Why a method and not a test of the ticket's fields: the command prints
+    what the backend knows of where the job may be (a filesystem's job id
+    and path, a bucket's unanswered write) without knowing which backend it
+    was: :class:`steadqd.fs.json_records.EnqueueTicket`,
+    :class:`steadqd.s3.store.base.PendingWrite`.
+    """
+
+    def outcome_lines(self) -> list[str]:
+        """The lines ``steadq put`` prints under "outcome unknown", each "name: value"."""
+        ...
 
 
 class LeaseHandle(Protocol):
@@ -446,7 +463,7 @@ def check_queue_url(target: str) -> str:
     _check_target(target)
     if not _is_bucket(target):
         raise InvalidInput(f"{target!r} is not a queue URL; write s3://BUCKET/PREFIX")
-    from steadqd.s3.url import parse_url
+    from steadqd.s3.open import parse_url
 
     return str(parse_url(target))
 
@@ -456,7 +473,7 @@ def open_queue(target: str, **options: Any) -> Backend:
     _check_target(target)
     if _is_bucket(target):
         # Imported here: botocore is an extra, and a filesystem queue must open without it.
-        from steadqd.s3.url import open_bucket_queue
+        from steadqd.s3.open import open_bucket_queue
 
         return open_bucket_queue(target, **options)
     return FsQueue.open(target, **options)
@@ -466,7 +483,7 @@ def init_queue(target: str, **options: Any) -> Backend:
     """Create a queue at ``target`` (refused if one is there) and open it."""
     _check_target(target)
     if _is_bucket(target):
-        from steadqd.s3.url import init_bucket_queue
+        from steadqd.s3.open import init_bucket_queue
 
         return init_bucket_queue(target, **options)
     return FsQueue.init(target, **options)

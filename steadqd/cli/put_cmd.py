@@ -21,6 +21,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, cast
 
+from steadqd.backend import OutcomeTicket
 from steadqd.cli.common import (
     CliError,
     Interrupted,
@@ -179,10 +180,8 @@ def _put_one(a: argparse.Namespace, opts: PutOptions, stop: Interrupts) -> tuple
         except OutcomeUnknown as e:
             t = e.ticket
             lines = [f"outcome unknown: {e.message}"]
-            if t is not None and hasattr(t, "job_id") and hasattr(t, "path"):  # a filesystem ticket
-                lines += [f"job_id: {t.job_id.hex()}", f"path: {t.path}"]
-            elif t is not None and hasattr(t, "describe"):  # a bucket's: the write whose answer was lost
-                lines.append(f"unanswered write: {t.describe()}")
+            if isinstance(t, OutcomeTicket):
+                lines += t.outcome_lines()
             raise CliError(lines, 2) from e
         except NotCommitted as e:
             lines = [f"not committed: {e.message}"]

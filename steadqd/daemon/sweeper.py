@@ -82,7 +82,7 @@ def _open_key(settings: QueueSettings) -> _OpenKey:
 def summarize(report: RecoveryReport) -> str:
     """Non-zero counts such as "reaped 3, compacted 40", or "nothing to do"."""
     parts = [f"{word} {getattr(report, attr)}" for attr, _, word in _COUNTS if getattr(report, attr)]
-    # What only a bucket queue's pass does (steadqd/s3/sweep.py); a filesystem report has none of them.
+    # What only a bucket queue's pass does (steadqd/s3/recovery/sweep.py); a filesystem report has none of them.
     parts += [f"{word} {n}" for attr, word in _BUCKET_COUNTS if (n := getattr(report, attr, 0))]
     if report.directories_removed:
         parts.append(f"dirs removed {report.directories_removed}")

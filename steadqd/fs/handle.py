@@ -57,18 +57,6 @@ from steadqd.fs.clock import checked_seconds_ns, trusted_wall
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.delayed_watch import DelayedWatch
 from steadqd.fs.fsck import FsckResult, fsck
-from steadqd.fs.inspection import (
-    JobEntry,
-    JobObject,
-    JobStory,
-    StateStats,
-    copy_job_payload,
-    detailed_stats,
-    inspect_job,
-    job_story,
-    list_jobs,
-    stats,
-)
 from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
 from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
@@ -83,6 +71,18 @@ from steadqd.fs.resolve import ResolveResult, resolve, ticket_paths
 from steadqd.fs.settle import ack, bury, retry
 from steadqd.fs.tree import Indeterminate, MoveError
 from steadqd.fs.verify import copy_payload, read_payload
+from steadqd.fs.views import (
+    JobEntry,
+    JobObject,
+    JobStory,
+    StateStats,
+    copy_job_payload,
+    detailed_stats,
+    inspect_job,
+    job_story,
+    list_jobs,
+    stats,
+)
 
 T = TypeVar("T")
 
@@ -463,7 +463,7 @@ class Queue:
     # -- inspection ---------------------------------------------------------
 
     def inspect(self, job_id: str) -> list[JobInfo]:
-        """Every authentic object of ``job_id`` in any state (steadqd.fs.inspection.inspect_job)."""
+        """Every authentic object of ``job_id`` in any state (steadqd.fs.views.inspect_job)."""
         return [
             JobInfo(State(o.state), o.generation, o.attempt, o.max_attempts, o.path, o.name)
             for o in self.inspect_detailed(job_id)
@@ -608,7 +608,7 @@ class Queue:
         self._check_open()
         remove_quarantine(self._ctx, quarantine_id)
 
-    # -- stats and fsck (steadqd.fs.inspection, steadqd.fs.fsck) ----------------------
+    # -- stats and fsck (steadqd.fs.views, steadqd.fs.fsck) ----------------------
 
     def stats(self) -> dict[str, StateStats]:
         """Objects per state classified by name (colocated leases are "leased");

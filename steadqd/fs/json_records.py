@@ -567,3 +567,7 @@ class EnqueueTicket:
     envelope_digest: bytes
     state: str  # "ready" | "delayed"
     path: str  # relative to the queue root
+
+    def outcome_lines(self) -> list[str]:
+        """What a command prints about it (``steadqd.backend.OutcomeTicket``)."""
+        return [f"job_id: {self.job_id.hex()}", f"path: {self.path}"]

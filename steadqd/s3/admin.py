@@ -35,11 +35,11 @@ from steadqd.constants import ID_BYTES
 from steadqd.durable_file import fsync_directory, replace_durably
 from steadqd.errors import CorruptRecord, ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, SteadQError
 from steadqd.s3 import keys
-from steadqd.s3.gc import delete_job_graph
 from steadqd.s3.keys import KeyKind, TermKind
 from steadqd.s3.layout import Oversized, QueueLayout
 from steadqd.s3.publish import enqueue
 from steadqd.s3.records import QuarantineReason, QuarantineRecord
+from steadqd.s3.recovery.gc import delete_job_graph
 from steadqd.s3.timemath import bucket_number
 from steadqd.s3.views import (
     Graph,

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass, field
 from typing import cast
 
 from steadqd.constants import DeadReason
-from steadqd.errors import CorruptRecord, InvalidKey, NotCommitted, NotFound
+from steadqd.errors import CorruptRecord, InvalidKey
 from steadqd.s3 import keys
 from steadqd.s3.chain import AttemptsExhausted, next_claim
 from steadqd.s3.keys import KeyKind, TermKind
 from steadqd.s3.layout import Oversized, QueueLayout
+from steadqd.s3.lease import Lease, commit_claim
 from steadqd.s3.quarantine import flag
 from steadqd.s3.records import (
     TOKEN_BYTES,
@@ -43,64 +43,17 @@ from steadqd.s3.records import (
 )
 from steadqd.s3.resolve import Won, best_effort, create
 from steadqd.s3.store.base import ObjectMeta
-from steadqd.s3.timemath import expiry_ns, is_expired, takeover_admissible
+from steadqd.s3.timemath import is_expired, takeover_admissible
 from steadqd.s3.verify import read_record, verify_payload
 
 __all__ = [
-    "Lease",
     "chain_tail",
     "claim_job",
-    "commit_claim",
     "read_checked",
     "settle_dead",
     "Unusable",
-    "superseded",
     "write_termidx",
 ]
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A committed claim: generation ``generation`` of ``job_id`` is ours until ``expires_ns`` (store time)."""
-
-    job_id_bytes: bytes
-    shard: int
-    generation: int
-    attempt: int
-    worker_id: str
-    worker_token: bytes
-    lease_duration_ns: int
-    claim_store_time_ns: int
-    job: JobRecord = field(repr=False)
-    job_store_time_ns: int = 0
-
-    @property
-    def job_id(self) -> str:
-        return self.job_id_bytes.hex()
-
-    @property
-    def max_attempts(self) -> int:
-        return self.job.maximum_attempts
-
-    @property
-    def content_type(self) -> str:
-        return self.job.content_type
-
-    @property
-    def payload_length(self) -> int:
-        return self.job.payload_length
-
-    @property
-    def metadata(self) -> dict[str, bool | int | str | bytes]:
-        return {}  # StowQ/1 job records carry no metadata map
-
-    @property
-    def producer_id(self) -> str | None:
-        return None
-
-    @property
-    def expires_ns(self) -> int:
-        return expiry_ns(self.claim_store_time_ns, self.lease_duration_ns)
 
 
 class Miss(enum.Enum):
@@ -176,11 +129,6 @@ def settle_dead(
         write_termidx(layout, TermKind.DEAD, shard, job_id, floor_ns)
         return None
     return cast(DeadRecord, created.existing)
-
-
-def superseded(layout: QueueLayout, shard: int, job_id: bytes, generation: int) -> bool:
-    """Whether generation ``generation`` is no longer the tail: the next one exists (generations are dense)."""
-    return layout.exists(keys.claim_key(shard, job_id, generation + 1))
 
 
 def _terminal(layout: QueueLayout, shard: int, job_id: bytes) -> bool:
@@ -264,49 +212,3 @@ def _claim(layout: QueueLayout, shard: int, job_id: bytes, floor_ns: int, lease_
     )
     lease = commit_claim(layout, shard, record, job, floor_ns, found[1].store_time_ns)
     return Miss.LOST if lease is None else lease
-
-
-def commit_claim(
-    layout: QueueLayout, shard: int, record: ClaimRecord, job: JobRecord, floor_ns: int, job_time: int
-) -> Lease | None:
-    """Create the claim; if it is ours, read its store time and index its expiry. None if another won.
-
-    A renewal repeated after a lost answer finds its own continuation there
-    (same token) and gets it back, unless the chain has grown past it.
-
-    When the store time cannot be read, the floor stands in for it: it is a
-    lower bound of the claim's time, so the holder's lease only looks shorter.
-    """
-    rel = keys.claim_key(shard, record.job_id, record.generation)
-    created = create(layout, rel, record)
-    if created.won is Won.THEIRS:
-        return None
-    if created.already and superseded(layout, shard, record.job_id, record.generation):
-        return None  # a repeated renewal finds its own link, but the chain has moved past it
-    try:
-        store_time = layout.store_time(rel)
-    except (NotCommitted, NotFound):
-        store_time = floor_ns
-    best_effort(
-        layout,
-        keys.lease_index_key_for(
-            store_time,
-            record.lease_duration_ns,
-            layout.format.lease_bucket_width_ns,
-            shard,
-            record.job_id,
-            record.generation,
-        ),
-    )
-    return Lease(
-        job_id_bytes=record.job_id,
-        shard=shard,
-        generation=record.generation,
-        attempt=record.attempt,
-        worker_id=record.worker_id,
-        worker_token=record.worker_token,
-        lease_duration_ns=record.lease_duration_ns,
-        claim_store_time_ns=store_time,
-        job=job,
-        job_store_time_ns=job_time,
-    )

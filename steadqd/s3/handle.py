@@ -37,12 +37,12 @@ from steadqd.errors import (
     SteadQError,
 )
 from steadqd.s3 import keys
-from steadqd.s3.claim import Lease, Miss, claim_job
+from steadqd.s3.claim import Miss, claim_job
 from steadqd.s3.clock import FloorClock
 from steadqd.s3.doorbell import ring
 from steadqd.s3.keys import KeyKind
 from steadqd.s3.layout import QueueLayout, init_layout, open_layout
-from steadqd.s3.lease import renew
+from steadqd.s3.lease import Lease, renew
 from steadqd.s3.publish import enqueue
 from steadqd.s3.quarantine import flag
 from steadqd.s3.records import QuarantineReason

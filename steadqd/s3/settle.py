@@ -21,9 +21,10 @@ from steadqd.backoff import RetryPolicy
 from steadqd.constants import AckResult, DeadReason
 from steadqd.errors import CorruptRecord, InvalidInput, LeaseLost, NotFound
 from steadqd.s3 import keys
-from steadqd.s3.claim import Lease, settle_dead, superseded, write_termidx
+from steadqd.s3.claim import settle_dead, write_termidx
 from steadqd.s3.keys import TermKind
 from steadqd.s3.layout import QueueLayout
+from steadqd.s3.lease import Lease, superseded
 from steadqd.s3.quarantine import flag
 from steadqd.s3.records import FailRecord, JobRecord, QuarantineReason, ReceiptRecord, payload_digest
 from steadqd.s3.resolve import Won, best_effort, create

@@ -21,8 +21,8 @@ import pytest
 from steadqd import Queue
 from steadqd.constants import MAX_MAXIMUM_ATTEMPTS, MIN_MAXIMUM_ATTEMPTS
 from steadqd.s3 import keys
+from steadqd.s3.backend import BucketBackend
 from steadqd.s3.layout import DEFAULT_FORMAT, init_layout
-from steadqd.s3.operator import BucketBackend
 from steadqd.s3.records import encode_record
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from steadqd.s3.verify import read_record

@@ -1,4 +1,4 @@
-"""Admin operations on dead letters and quarantine (steadqd.fs.admin).
+"""Admin operations on dead letters and quarantine (steadqd.fs.admin: dead, quarantine, files).
 
 Dead letters: list/find only report authenticated names, export copies the
 exact bytes (whole file or the verified payload only) atomically and

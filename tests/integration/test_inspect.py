@@ -1,4 +1,4 @@
-"""``stats``, ``fsck`` and ``inspect`` (steadqd.fs.inspection, steadqd.fs.fsck) against real trees.
+"""``stats``, ``fsck`` and ``inspect`` (steadqd.fs.views, steadqd.fs.fsck) against real trees.
 
 What these tests pin down and why:
 
@@ -40,8 +40,8 @@ from steadqd import (
     State,
 )
 from steadqd.cli import maintenance_cmd, view_cmd
-from steadqd.fs import inspection as insp
 from steadqd.fs import names
+from steadqd.fs import views as insp
 from steadqd.fs.fsck import FsckResult
 from steadqd.fs.linux import ofd_lock, read_boot_id
 from steadqd.fs.records import Extension, build_header, encode_extension

@@ -18,7 +18,7 @@ from steadqd.s3 import keys
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.keys import KeyKind
 from steadqd.s3.records import ClaimRecord, DeadRecord, JobRecord, ReceiptRecord
-from steadqd.s3.repair import REPAIR_CURSOR_KEY
+from steadqd.s3.recovery.repair import REPAIR_CURSOR_KEY
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from steadqd.s3.timemath import saturating_add
 from steadqd.s3.verify import read_record
@@ -31,7 +31,7 @@ def _records(memory: MemoryStore, prefix: str, queue_id: bytes, bits: int) -> di
     for key in memory.keys(prefix):
         rel = key[len(prefix) :]
         if rel == REPAIR_CURSOR_KEY:
-            continue  # steadqd's own object, outside keys.abnf (steadqd/s3/repair.py)
+            continue  # steadqd's own object, outside keys.abnf (steadqd/s3/recovery/repair.py)
         kind = keys.parse_key(rel).kind
         if kind in (KeyKind.JOB, KeyKind.CLAIM, KeyKind.RECEIPT, KeyKind.DEAD, KeyKind.FAIL):
             body = memory.get(key)

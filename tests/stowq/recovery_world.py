@@ -6,8 +6,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from steadqd.s3 import keys
+from steadqd.s3.backend import BucketBackend
 from steadqd.s3.layout import DEFAULT_FORMAT, init_layout, open_layout
-from steadqd.s3.operator import BucketBackend
 from steadqd.s3.records import FormatRecord
 from steadqd.s3.store.faults import FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore

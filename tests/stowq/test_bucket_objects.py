@@ -19,11 +19,11 @@ import pytest
 
 from steadqd.errors import CorruptRecord, InvalidInput, QueueCorrupt
 from steadqd.s3 import keys
+from steadqd.s3.backend import BucketBackend
 from steadqd.s3.claim import Miss, claim_job
 from steadqd.s3.clock import WatermarkUnreadable, rebuild_watermark
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.layout import DEFAULT_FORMAT, Oversized, init_layout, open_layout
-from steadqd.s3.operator import BucketBackend
 from steadqd.s3.publish import enqueue
 from steadqd.s3.records import RECORD_FIELDS_MAX, QuarantineReason, QuarantineRecord, WatermarkRecord, record_limit
 from steadqd.s3.store.base import SEAWEEDFS, StoredObject

@@ -18,7 +18,7 @@ import pytest
 from steadqd.backend import init_queue, open_queue
 from steadqd.errors import InvalidInput
 from steadqd.s3 import keys
-from steadqd.s3.url import parse_url
+from steadqd.s3.open import parse_url
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.seaweed import Seaweed
 

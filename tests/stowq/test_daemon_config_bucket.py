@@ -9,10 +9,10 @@ import pytest
 from steadqd.daemon.config import QueueSettings, S3Config, open_options, parse_config
 from steadqd.daemon.preflight import Account, credentials_problems
 from steadqd.errors import ConfigError
+from steadqd.s3.backend import BucketBackend
 from steadqd.s3.layout import init_layout
-from steadqd.s3.operator import BucketBackend
+from steadqd.s3.open import _split
 from steadqd.s3.store.memory import MemoryStore
-from steadqd.s3.url import _split
 
 COMMAND = "worker:\n  command: [/bin/true]\n"
 

@@ -9,8 +9,8 @@ import pytest
 from steadqd.constants import DeadReason
 from steadqd.s3 import keys
 from steadqd.s3.claim import settle_dead
-from steadqd.s3.gc import delete_job_graph
 from steadqd.s3.keys import TermKind
+from steadqd.s3.recovery.gc import delete_job_graph
 from steadqd.s3.store.faults import Fault, FaultKind
 from tests.stowq.protocol_audit import audit, drain
 from tests.stowq.recovery_world import LEASE_S, MINUTE, SECOND, World, drain_recovery, total, world

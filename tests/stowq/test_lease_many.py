@@ -21,10 +21,11 @@ import pytest
 from steadqd.constants import AckResult
 from steadqd.errors import InvalidInput, NotCommitted, OutcomeUnknown
 from steadqd.s3 import keys
-from steadqd.s3.claim import Lease, claim_job
+from steadqd.s3.claim import claim_job
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.keys import KeyKind
 from steadqd.s3.layout import DEFAULT_FORMAT
+from steadqd.s3.lease import Lease
 from steadqd.s3.store.base import Committed
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore

@@ -38,7 +38,7 @@ from steadqd.s3.handle import BucketQueue
 from steadqd.s3.keys import KeyKind, parse_key
 from steadqd.s3.layout import DEFAULT_FORMAT
 from steadqd.s3.records import DeadRecord, ReceiptRecord
-from steadqd.s3.repair import REPAIR_CURSOR_KEY
+from steadqd.s3.recovery.repair import REPAIR_CURSOR_KEY
 from steadqd.s3.store.base import SECOND_NS, ListPage, ObjectMeta, StoredObject
 from steadqd.s3.store.memory import MemoryStore
 from steadqd.s3.store.s3 import S3Store

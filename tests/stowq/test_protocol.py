@@ -22,9 +22,9 @@ from steadqd.errors import (
     UnsupportedFormat,
 )
 from steadqd.s3 import keys
-from steadqd.s3.claim import Lease
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.layout import DEFAULT_FORMAT, open_layout
+from steadqd.s3.lease import Lease
 from steadqd.s3.records import (
     ClaimRecord,
     DeadRecord,

@@ -21,8 +21,8 @@ import pytest
 
 from steadqd.constants import AckResult
 from steadqd.errors import LeaseLost, NotCommitted, OutcomeUnknown
-from steadqd.s3.claim import Lease
 from steadqd.s3.handle import BucketQueue
+from steadqd.s3.lease import Lease
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from tests.stowq.protocol_audit import audit, drain

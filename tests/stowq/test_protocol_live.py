@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from steadqd.constants import AckResult
-from steadqd.s3.claim import Lease
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.layout import DEFAULT_FORMAT
+from steadqd.s3.lease import Lease
 from steadqd.s3.records import QuarantineRecord
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.s3 import S3Store

@@ -21,8 +21,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from steadqd.constants import AckResult, DeadReason
 from steadqd.errors import LeaseLost
 from steadqd.s3 import keys
-from steadqd.s3.claim import Lease
 from steadqd.s3.handle import BucketQueue
+from steadqd.s3.lease import Lease
 from steadqd.s3.records import DeadRecord
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from steadqd.s3.verify import read_record

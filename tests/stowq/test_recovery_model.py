@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from steadqd.errors import LeaseLost
-from steadqd.s3.claim import Lease
+from steadqd.s3.backend import BucketBackend
 from steadqd.s3.layout import DEFAULT_FORMAT, init_layout, open_layout
-from steadqd.s3.operator import BucketBackend
+from steadqd.s3.lease import Lease
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from tests.stowq.protocol_audit import audit, job_ids

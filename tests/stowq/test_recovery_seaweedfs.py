@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from steadqd.s3 import keys
+from steadqd.s3.backend import BucketBackend
 from steadqd.s3.layout import DEFAULT_FORMAT, init_layout, open_layout
-from steadqd.s3.operator import BucketBackend
 from steadqd.s3.store.base import SECOND_NS
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.seaweed import Seaweed

@@ -11,13 +11,13 @@ from steadqd.constants import DeadReason
 from steadqd.errors import InvalidInput, NotCommitted, OutcomeUnknown
 from steadqd.s3 import keys
 from steadqd.s3.claim import settle_dead
+from steadqd.s3.fsck import FsckReport
 from steadqd.s3.layout import DEFAULT_FORMAT
 from steadqd.s3.records import ClaimBasis, ClaimRecord, QuarantineReason, QuarantineRecord
-from steadqd.s3.repair import (
+from steadqd.s3.recovery.repair import (
     REPAIR_CURSOR_KEY,
     Cursor,
     Finding,
-    FsckReport,
     decode_cursor,
     encode_cursor,
     read_cursor,

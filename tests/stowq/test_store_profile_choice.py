@@ -15,7 +15,7 @@ import pytest
 
 from steadqd.backend import open_queue
 from steadqd.errors import InvalidInput
-from steadqd.s3 import url as s3url
+from steadqd.s3 import open as s3url
 from steadqd.s3.store.base import CEPH_RGW, S3_GENERIC, SEAWEEDFS
 from tests.stowq.test_cli_bucket import aws_env, run
 

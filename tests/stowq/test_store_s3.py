@@ -32,6 +32,7 @@ from botocore.parsers import ResponseParserError
 
 from steadqd.errors import AlreadyExists, ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, PreconditionFailed
 from steadqd.s3.store import PendingWrite
+from steadqd.s3.store.base import parse_last_modified
 from steadqd.s3.store.s3 import (
     _CREDENTIAL_SOURCES,
     TRANSPORTS,
@@ -39,7 +40,6 @@ from steadqd.s3.store.s3 import (
     S3Store,
     _session,
     _store_time_ns,
-    _timestamp,
 )
 
 HEADERS: list[dict[str, str]] = []  # every request's headers, newest last
@@ -264,7 +264,7 @@ def test_a_put_sends_its_sha256_and_no_100_continue_round_trip(credentials: Path
 )
 def test_both_timestamp_forms_s3_sends_give_the_same_store_time(text: str) -> None:
     """LIST's ISO 8601 and a header's RFC 1123 must land on one nanosecond count (P6: one time per object)."""
-    assert _store_time_ns(_timestamp(text), 10**9) == 1_796_130_396 * 10**9
+    assert _store_time_ns(parse_last_modified(text), 10**9) == 1_796_130_396 * 10**9
 
 
 @pytest.mark.parametrize(

@@ -91,7 +91,7 @@ def test_steadq_s3_transport_picks_the_transport_of_every_queue_opened(
     seaweed: Seaweed, direct: S3Store, monkeypatch: pytest.MonkeyPatch, live_prefix: str
 ) -> None:
     """The variable is read where the profile's is, for every command and daemon (``direct`` made the bucket)."""
-    from steadqd.s3.url import TRANSPORT_VARIABLE, init_bucket_queue
+    from steadqd.s3.open import TRANSPORT_VARIABLE, init_bucket_queue
 
     for name, value in seaweed.environment().items():
         monkeypatch.setenv(name, value)

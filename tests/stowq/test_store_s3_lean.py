@@ -140,7 +140,8 @@ def test_the_header_parser_reads_what_botocores_reads(operation: str) -> None:
     from botocore.awsrequest import HeadersDict
     from botocore.parsers import RestXMLParser
 
-    from steadqd.s3.store.s3 import _HeaderParser, _timestamp
+    from steadqd.s3.store.base import parse_last_modified
+    from steadqd.s3.store.s3 import _HeaderParser
 
     store = _store("bucket-one", [])
     shape = store._client.meta.service_model.operation_model(operation).output_shape
@@ -160,7 +161,10 @@ def test_the_header_parser_reads_what_botocores_reads(operation: str) -> None:
         response = {"headers": HeadersDict(headers), "status_code": 200, "body": body}
         return parser.parse(response, shape)
 
-    ours, theirs = parse(_HeaderParser(timestamp_parser=_timestamp)), parse(RestXMLParser(timestamp_parser=_timestamp))
+    ours, theirs = (
+        parse(_HeaderParser(timestamp_parser=parse_last_modified)),
+        parse(RestXMLParser(timestamp_parser=parse_last_modified)),
+    )
     for answer in (ours, theirs):
         answer.pop("Body", None)
     assert ours == theirs and ours

@@ -10,8 +10,8 @@ from steadqd.constants import DeadReason
 from steadqd.s3 import keys
 from steadqd.s3.keys import KeyKind
 from steadqd.s3.records import DeadRecord
+from steadqd.s3.recovery.sweep import Budget, Exhausted, budgeted
 from steadqd.s3.store.faults import Fault, FaultKind
-from steadqd.s3.sweep import Budget, Exhausted, budgeted
 from steadqd.s3.verify import read_record
 from tests.stowq.protocol_audit import audit, drain
 from tests.stowq.recovery_world import LEASE_S, MINUTE, World, drain_recovery, total, world

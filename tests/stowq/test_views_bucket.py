@@ -21,8 +21,8 @@ from steadqd.cli.view_cmd import format_stats_prometheus, story_lines
 from steadqd.constants import DeadReason
 from steadqd.errors import CorruptRecord, ErrorKind, InvalidInput, SteadQError
 from steadqd.s3 import keys
+from steadqd.s3.backend import BucketBackend
 from steadqd.s3.layout import DEFAULT_FORMAT, init_layout
-from steadqd.s3.operator import BucketBackend
 from steadqd.s3.records import DeadRecord, JobRecord, QuarantineReason
 from steadqd.s3.store.faults import FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from steadqd.backend import open_queue
-from steadqd.s3.operator import BucketBackend
+from steadqd.s3.backend import BucketBackend
 from tests.stowq.seaweed import Seaweed
 from tests.stowq.test_cli_bucket import field, live_queue, ok
 

@@ -26,9 +26,11 @@ read by LIST can never fall on two sides of a bucket or expiry boundary.
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from steadqd.errors import InvalidInput, NotFound, PreconditionFailed
@@ -46,6 +48,7 @@ __all__ = [
     "S3_GENERIC",
     "SEAWEEDFS",
     "StoreProfile",
+    "parse_last_modified",
     "StoredObject",
     "check_if_match",
     "check_max_bytes",
@@ -159,6 +162,27 @@ class Committed:
     etag: str
 
 
+def parse_last_modified(value: str) -> datetime:
+    """Parse Last-Modified (ISO 8601 in LIST, RFC 1123 in headers) without dateutil's general parser.
+
+    botocore's default parser costs ~50 µs a timestamp, half the CPU of a
+    100-key LIST page; these two forms are all S3 sends. Here, beside the
+    store interface, because both S3 transports (``s3`` and ``s3_direct``)
+    parse it; botocore, an extra, is imported only for a third form.
+    """
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        pass
+    try:
+        return email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        import botocore.utils
+
+        parsed: datetime = botocore.utils.parse_timestamp(value)
+        return parsed
+
+
 @dataclass(frozen=True, slots=True)
 class PendingWrite:
     """The ticket of an ``OutcomeUnknown`` from a store: the write whose verdict never arrived.
@@ -175,6 +199,10 @@ class PendingWrite:
     def describe(self) -> str:
         what = f"{self.op} {self.key}"
         return what if self.if_match is None else f"{what} (If-Match {self.if_match})"
+
+    def outcome_lines(self) -> list[str]:
+        """What a command prints about it (``steadqd.backend.OutcomeTicket``)."""
+        return [f"unanswered write: {self.describe()}"]
 
 
 class ObjectStore(Protocol):

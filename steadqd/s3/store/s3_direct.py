@@ -54,7 +54,7 @@ from botocore.exceptions import (
 from botocore.parsers import ResponseParserError
 
 from steadqd.errors import InvalidInput
-from steadqd.s3.store.s3 import _timestamp
+from steadqd.s3.store.base import parse_last_modified
 from steadqd.text import redacted
 
 __all__ = ["DirectClient"]
@@ -201,7 +201,7 @@ class DirectClient:
         try:
             return {
                 "ETag": answer.get("etag"),
-                "LastModified": None if modified is None else _timestamp(modified),
+                "LastModified": None if modified is None else parse_last_modified(modified),
                 "ContentLength": int(answer.get("content-length") or 0),
             }
         except ValueError as exc:  # sorted as an answer that did not parse, like botocore's
@@ -394,7 +394,7 @@ def _entry(entry: ElementTree.Element) -> dict[str, Any]:
             "Key": key,
             "ETag": _child(entry, "ETag"),
             "Size": int(_child(entry, "Size") or 0),
-            "LastModified": None if not modified else _timestamp(modified),
+            "LastModified": None if not modified else parse_last_modified(modified),
         }
     except ValueError as exc:
         raise ResponseParserError(f"a LIST entry for {key!r} has an unreadable Size or LastModified: {exc}") from exc

@@ -1,4 +1,4 @@
-"""The StowQ/1 repair scan (recovery.md, Repair scan) and ``fsck`` of a bucket queue.
+"""The StowQ/1 repair scan (recovery.md, Repair scan), which the recovery pass runs a step at a time and ``fsck`` whole.
 
 Why a scan at all: every advisory index entry is written after its
 authoritative object and best-effort, so a crash between the two loses the
@@ -64,9 +64,8 @@ from steadqd.errors import (
     PreconditionFailed,
     StateExhausted,
 )
-from steadqd.fsck_report import Finding, FsckResult
+from steadqd.fsck_report import Finding
 from steadqd.s3 import keys
-from steadqd.s3.clock import rebuild_watermark
 from steadqd.s3.keys import KeyKind, TermKind
 from steadqd.s3.layout import Oversized, QueueLayout
 from steadqd.s3.quarantine import flag
@@ -79,8 +78,8 @@ from steadqd.s3.records import (
     QuarantineReason,
     Record,
 )
+from steadqd.s3.recovery.sweep import Budget, checkpoint
 from steadqd.s3.store.base import LIST_PAGE_MAX, ObjectMeta
-from steadqd.s3.sweep import Budget, checkpoint
 from steadqd.s3.timemath import bucket_number, is_expired
 from steadqd.s3.verify import read_record, verify_payload
 from steadqd.text import printable
@@ -89,7 +88,6 @@ __all__ = [
     "CURSOR_FORMAT",
     "Cursor",
     "Finding",
-    "FsckReport",
     "PLANES",
     "REPAIR_CURSOR_KEY",
     "REPAIR_INTERVAL_NS",
@@ -97,8 +95,8 @@ __all__ = [
     "Scan",
     "decode_cursor",
     "encode_cursor",
-    "fsck",
     "read_cursor",
+    "read_listed",
     "repair_step",
     "scan_shard",
 ]
@@ -276,7 +274,7 @@ class Scan:
         self.findings.append(Finding("WARN", rel, "index_regenerated", why))
 
 
-def _read(scan: Scan, rel: str, meta: ObjectMeta, job_id: bytes | None) -> Record | None:
+def read_listed(scan: Scan, rel: str, meta: ObjectMeta, job_id: bytes | None) -> Record | None:
     """The checked record at ``rel`` (None: gone since it was listed, or flagged as corrupt)."""
     layout = scan.layout
     try:
@@ -322,7 +320,7 @@ def _job(scan: Scan, shard: int, rel: str, meta: ObjectMeta) -> None:
     if parsed is None:
         return
     job_id = cast(bytes, parsed.job_id)
-    job = cast(JobRecord | None, _read(scan, rel, meta, job_id))
+    job = cast(JobRecord | None, read_listed(scan, rel, meta, job_id))
     if job is None:
         return
     layout = scan.layout
@@ -411,7 +409,7 @@ def _chain(scan: Scan, shard: int, job_id: bytes, links: list[tuple[int, str, Ob
                 detail=missing,
                 job_id=job_id,
             )
-    records = [cast(ClaimRecord | None, _read(scan, rel, meta, job_id)) for _, rel, meta in links]
+    records = [cast(ClaimRecord | None, read_listed(scan, rel, meta, job_id)) for _, rel, meta in links]
     for i in range(1, len(links)):
         rec, prev = records[i], records[i - 1]
         if rec is None or prev is None:
@@ -461,7 +459,7 @@ def _chain(scan: Scan, shard: int, job_id: bytes, links: list[tuple[int, str, Ob
         scan.finding(fail_rel, exc.reason, "record_corrupt", exc.error_class, exc.meta.store_time_ns, job_id=job_id)
         found = None
     if found is not None:
-        fail = _read(scan, fail_rel, found[1], job_id)
+        fail = read_listed(scan, fail_rel, found[1], job_id)
         if isinstance(fail, FailRecord):
             _delay_entry(scan, shard, job_id, fail.retry_not_before_ns, f"{fail_rel} retries later")
 
@@ -472,7 +470,7 @@ def _terminal(scan: Scan, shard: int, rel: str, meta: ObjectMeta, term: TermKind
     if parsed is None:
         return
     job_id = cast(bytes, parsed.job_id)
-    if _read(scan, rel, meta, job_id) is None:
+    if read_listed(scan, rel, meta, job_id) is None:
         return
     layout = scan.layout
     if term is TermKind.RECEIPT and layout.exists(keys.dead_key(shard, job_id)):
@@ -590,80 +588,3 @@ def repair_step(
         if position != cursor:
             _save_cursor(cursor_layout, position, etag)
     return result
-
-
-@dataclass
-class FsckReport(FsckResult):
-    """``steadq fsck`` of a bucket queue: the filesystem's counts, and the indexes it regenerated."""
-
-    indexes_regenerated: int = 0
-
-
-# Keys the whole-queue listing checks itself; the shard planes are the scan's.
-_SCANNED_PLANES = frozenset(("jobs", "claims", "receipts", "dead"))
-_APPLICATION = keys.OUTPUTS_PREFIX
-
-
-def _watermark(scan: Scan, rel: str, meta: ObjectMeta) -> None:
-    """Check ``meta/watermark``; an unreadable one stops delayed jobs and takeovers, so a repair rebuilds it."""
-    if _read(scan, rel, meta, None) is not None:
-        return
-    if not scan.write:
-        scan.findings.append(Finding("ERROR", rel, "watermark_unreadable", "run fsck --repair to rebuild it"))
-        return
-    try:
-        rebuilt = rebuild_watermark(scan.layout)
-    except (NotCommitted, OutcomeUnknown) as exc:
-        scan.findings.append(Finding("ERROR", rel, "watermark_unreadable", f"not rebuilt: {exc}"))
-        return
-    if rebuilt is not None:
-        scan.findings.append(
-            Finding(
-                "WARN",
-                rel,
-                "watermark_rebuilt",
-                f"rebuilt at bucket {rebuilt.highest_observed_wall_bucket}, the bucket of a floor proven now",
-            )
-        )
-
-
-def fsck(layout: QueueLayout, floor_ns: int, *, deep: bool = False, repair: bool = False) -> FsckReport:
-    """Check every object of the queue: one listing of the whole prefix, then the repair scan of every shard.
-
-    Without ``repair`` nothing is written; with it, missing index entries are
-    regenerated and (feature bit 1) findings recorded, as the repair scan
-    does. Not bounded: it is the operator's full check, not the sweeper's.
-    The repair cursor is neither read nor moved.
-    """
-    scan = Scan(layout, floor_ns, write=repair, deep=deep)
-    total = 0
-    for rel, meta in scan.pages("", None):
-        total += 1
-        if rel.startswith(_APPLICATION) or rel == REPAIR_CURSOR_KEY:
-            continue
-        try:
-            parsed = keys.parse_key(rel)
-        except InvalidKey as exc:
-            scan.finding(rel, QuarantineReason.KEY_PARSE_FAILED, "key_grammar", exc.error_class, meta.store_time_ns)
-            continue
-        if rel.split("/", 1)[0] in _SCANNED_PLANES:
-            if cast(int, parsed.shard) >= layout.format.shard_count:
-                scan.finding(
-                    rel, QuarantineReason.KEY_PARSE_FAILED, "key_grammar", "shard out of range", meta.store_time_ns
-                )
-            continue
-        if parsed.kind is KeyKind.WATERMARK:
-            _watermark(scan, rel, meta)
-        elif parsed.kind in (KeyKind.FAIL, KeyKind.QUARANTINE, KeyKind.FORMAT):
-            _read(scan, rel, meta, parsed.job_id)
-    for shard in range(layout.format.shard_count):
-        for _ in scan_shard(scan, shard):
-            pass
-    return FsckReport(
-        total_objects=total,
-        structurally_verified=scan.verified,
-        payloads_deep_verified=scan.payloads_verified,
-        findings=scan.findings,
-        quarantined=scan.quarantined,
-        indexes_regenerated=scan.regenerated,
-    )

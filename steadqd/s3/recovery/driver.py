@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from steadqd.errors import CorruptRecord, InvalidInput, NotCommitted, OutcomeUnknown, StateExhausted
-from steadqd.s3.gc import (
+from steadqd.s3.handle import seconds_ns
+from steadqd.s3.layout import QueueLayout
+from steadqd.s3.recovery.gc import (
     BEACON_STALENESS_MULTIPLE,
     MIN_FLOOR_STALENESS_NS,
     Positions,
@@ -20,10 +22,8 @@ from steadqd.s3.gc import (
     collect_orphan_payloads,
     collect_terminal,
 )
-from steadqd.s3.handle import seconds_ns
-from steadqd.s3.layout import QueueLayout
-from steadqd.s3.repair import repair_step
-from steadqd.s3.sweep import Budget, Exhausted, RecoveryReport, budgeted, sweep_delayed, sweep_leases
+from steadqd.s3.recovery.repair import repair_step
+from steadqd.s3.recovery.sweep import Budget, Exhausted, RecoveryReport, budgeted, sweep_delayed, sweep_leases
 
 __all__ = [
     "RECOVERY_PHASES",

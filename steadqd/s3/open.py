@@ -34,8 +34,8 @@ from steadqd.errors import (
     SteadQError,
     StoreProfileViolation,
 )
+from steadqd.s3.backend import BucketBackend
 from steadqd.s3.layout import DEFAULT_FORMAT, init_layout, open_layout
-from steadqd.s3.operator import BucketBackend
 from steadqd.s3.store.base import CEPH_RGW, S3_GENERIC, SEAWEEDFS, StoreProfile
 from steadqd.text import redacted
 

@@ -31,14 +31,14 @@ from steadqd.errors import (
     StoreProfileViolation,
 )
 from steadqd.s3 import admin, keys, views
-from steadqd.s3.claim import Lease
 from steadqd.s3.clock import WatermarkUnreadable, beacon_floor
+from steadqd.s3.fsck import FsckReport, fsck
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.layout import QueueLayout
+from steadqd.s3.lease import Lease
 from steadqd.s3.records import QUEUE_ID_BYTES, TOKEN_BYTES, ClaimRecord, JobRecord
-from steadqd.s3.recovery import check_phases, recovery_setting, run_recovery
-from steadqd.s3.repair import FsckReport, fsck
-from steadqd.s3.sweep import Budget, RecoveryReport
+from steadqd.s3.recovery.driver import check_phases, recovery_setting, run_recovery
+from steadqd.s3.recovery.sweep import Budget, RecoveryReport
 from steadqd.s3.watch import (
     DEFAULT_POLL_MAX_S,
     DEFAULT_RING_INTERVAL_S,
@@ -212,7 +212,7 @@ class BucketBackend(BucketQueue):
     def recover(
         self, budget_ops: int = 1000, budget_ms: int = 100, *, phases: tuple[str, ...] | None = None
     ) -> RecoveryReport:
-        """One bounded pass (steadqd/s3/repair.py): sweeps, retention GC, a slice of the repair scan.
+        """One bounded pass (steadqd/s3/recovery/repair.py): sweeps, retention GC, a slice of the repair scan.
 
         ``budget_ops`` counts store requests. The floor is established first
         and not charged; a store that cannot give one is reported, not raised.
@@ -268,7 +268,7 @@ class BucketBackend(BucketQueue):
         return views.copy_job_payload(self.layout, job_id, out)
 
     def fsck(self, deep: bool = False, repair: bool = False) -> FsckReport:
-        """Every object checked (steadqd/s3/repair.py: fsck); ``repair`` regenerates indexes and records findings."""
+        """Every object checked (steadqd/s3/recovery/repair.py: fsck); ``repair`` regenerates indexes and records findings."""
         try:
             floor = self._clock.floor()
         except WatermarkUnreadable:

@@ -43,7 +43,7 @@ from steadqd.s3 import keys
 from steadqd.s3.keys import KeyKind, ParsedKey, TermKind
 from steadqd.s3.layout import QueueLayout
 from steadqd.s3.records import ClaimRecord, FailRecord, FeatureBit, JobRecord
-from steadqd.s3.sweep import INDEX_PAGE, Budget, RecoveryReport, checkpoint, walk
+from steadqd.s3.recovery.sweep import INDEX_PAGE, Budget, RecoveryReport, checkpoint, walk
 from steadqd.s3.timemath import bucket_start_ns, saturating_add
 from steadqd.s3.verify import read_record
 
