@@ -16,8 +16,8 @@ import pytest
 
 from steadqd import Queue
 from steadqd.cli.main import main
+from steadqd.s3.backend import BucketBackend
 from steadqd.s3.layout import init_layout
-from steadqd.s3.operator import BucketBackend
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 
 from .helpers import steadq
