@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from steadqd.constants import ID_BYTES
-from steadqd.durable_file import fsync_directory, replace_durably
+from steadqd.durable_file import export_durably
 from steadqd.errors import CorruptRecord, ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, SteadQError
 from steadqd.s3 import keys
 from steadqd.s3.keys import KeyKind, TermKind
@@ -182,17 +182,18 @@ def requeue_dead(layout: QueueLayout, job_id: str, *, max_attempts_reset: bool =
 
 
 def _write_atomically(out_path: str, data: bytes) -> int:
-    """``data`` at ``out_path`` through a temp, fsync and rename, so no partial output ever appears."""
+    """``data`` at ``out_path`` as ``durable_file.export_durably`` writes every export, so none is ever partial."""
     parent, base = os.path.split(os.path.abspath(os.fspath(out_path)))
     if not base:
         raise InvalidInput(f"output path {out_path!r} names a directory")
-    tmp = os.path.join(parent, f".{base}.tmp.{os.urandom(8).hex()}")
     try:
-        replace_durably(tmp, os.path.join(parent, base), data)
-        fsync_directory(parent)
+        dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return export_durably(dir_fd, base, (data,))
+        finally:
+            os.close(dir_fd)
     except OSError as exc:
         raise SteadQError(f"write {out_path}: {exc.strerror or exc}", ErrorKind.IO_FAILURE) from exc
-    return len(data)
 
 
 def export_dead(layout: QueueLayout, job_id: str, out_path: str, *, payload_only: bool = False) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -140,8 +141,14 @@ def test_export_dead_whole_file_and_payload_only(queue: Queue, tmp_path: Path) -
         "fsync"
     )
     pay = tmp_path / "payload.bin"
-    assert queue.export_dead(job, str(pay), payload_only=True) == len(PAYLOAD)
+    old_umask = os.umask(0o022)
+    try:
+        assert queue.export_dead(job, str(pay), payload_only=True) == len(PAYLOAD)
+    finally:
+        os.umask(old_umask)
     assert pay.read_bytes() == PAYLOAD
+    # Both backends export 0600 whatever the umask: a payload from a group-only queue is not handed to all.
+    assert stat.S_IMODE(pay.stat().st_mode) == stat.S_IMODE(out.stat().st_mode) == 0o600
     # An existing output is replaced whole, never appended to or left partial.
     pay.write_bytes(b"old content that is much longer than nothing" * 100)
     assert queue.export_dead(job, str(pay), payload_only=True) == len(PAYLOAD)

@@ -16,6 +16,7 @@ import errno
 import os
 from collections.abc import Iterator
 
+from steadqd.durable_file import StepFailed, Syscalls, export_durably
 from steadqd.errors import (
     ErrorKind,
     InvalidInput,
@@ -162,13 +163,41 @@ def raw_chunks(fd: int) -> Iterator[bytes]:
         yield chunk
 
 
+class _LinuxCalls:
+    """``durable_file``'s calls through ``fs.linux``, so the syscall hook traces an export and can fail it."""
+
+    def open_at(self, dir_fd: int | None, name: str, flags: int, mode: int) -> int:
+        assert dir_fd is not None  # an export always names its directory by descriptor
+        return linux.open_at(dir_fd, name, flags, mode)
+
+    def fchmod(self, fd: int, mode: int) -> None:
+        linux.fchmod(fd, mode)
+
+    def write_all(self, fd: int, data: bytes) -> None:
+        linux.write_all(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        linux.fsync(fd)
+
+    def rename_at(self, dir_fd: int | None, src: str, dst: str) -> None:
+        assert dir_fd is not None
+        linux.rename_replace(dir_fd, src, dir_fd, dst)
+
+    def unlink_at(self, dir_fd: int | None, name: str) -> None:
+        assert dir_fd is not None
+        linux.unlink_at(dir_fd, name)
+
+
+LINUX_CALLS: Syscalls = _LinuxCalls()
+
+
 def write_atomically(out_path: str, chunks: Iterator[bytes], source: str) -> int:
-    """Write ``chunks`` to a temp beside ``out_path``, fsync, rename over it, fsync the directory.
+    """Export ``chunks`` to ``out_path`` as ``durable_file.export_durably`` does, through the hooked syscalls.
 
     A failure (including a payload that fails its digest at the end of the
-    stream) unlinks the temp, so no partial or unverified output is visible.
-    Read errors of the source are I/O failures of the queue object;
-    corruption surfaces as CorruptObject (QUEUE_CORRUPT / PAYLOAD_CORRUPT).
+    stream) leaves no partial or unverified output. Read errors of the
+    source are I/O failures of the queue object; corruption surfaces as
+    CorruptObject (QUEUE_CORRUPT / PAYLOAD_CORRUPT).
     """
     out = os.fspath(out_path)
     parent, base = os.path.split(os.path.abspath(out))
@@ -178,48 +207,12 @@ def write_atomically(out_path: str, chunks: Iterator[bytes], source: str) -> int
         dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
         raise io_error(e, f"open output directory {parent}") from e
-    tmp = f".{base}.tmp.{linux.getrandom(8).hex()}"
-    created = False
     try:
-        try:
-            fd = linux.open_at(dir_fd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except OSError as e:
-            raise io_error(e, f"create {os.path.join(parent, tmp)}") from e
-        created = True
-        total = 0
-        try:
-            while True:
-                try:
-                    chunk = next(chunks, None)
-                except OSError as e:
-                    raise io_error(e, f"read {source}") from e
-                if chunk is None:
-                    break
-                try:
-                    linux.write_all(fd, chunk)
-                except OSError as e:
-                    raise io_error(e, f"write {out}") from e
-                total += len(chunk)
-            try:
-                linux.fsync(fd)
-            except OSError as e:
-                raise io_error(e, f"fsync {out}") from e
-        finally:
-            close_quietly(fd)
-        try:
-            linux.rename_replace(dir_fd, tmp, dir_fd, base)
-        except OSError as e:
-            raise io_error(e, f"rename into {out}") from e
-        created = False
-        try:
-            linux.fsync(dir_fd)
-        except OSError as e:
-            raise io_error(e, f"fsync directory of {out}") from e
-        return total
+        return export_durably(dir_fd, base, chunks, calls=LINUX_CALLS)
+    except StepFailed as e:
+        what = {"read": f"read {source}", "create": f"create a temp in {parent}", "rename": f"rename into {out}"}
+        raise io_error(e, what.get(e.step, f"{e.step} {out}")) from e
     finally:
-        if created:
-            with contextlib.suppress(OSError):
-                linux.unlink_at(dir_fd, tmp)
         os.close(dir_fd)
 
 
