@@ -31,6 +31,7 @@ from steadqd.fs.handle import Queue as FsQueue
 from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.objects import dump_file as fs_dump_file
 from steadqd.fs.objects import verify_file as fs_verify_file
+from steadqd.view_records import RecoveryReport
 
 if TYPE_CHECKING:
     from steadqd.s3.backend import BucketBackend
@@ -215,45 +216,6 @@ class ScanReport(Protocol):
     @property
     def dead_lettered(self) -> Sequence[str]:
         """Paths of jobs with no attempts left that the scan dead-lettered."""
-        ...
-
-
-class RecoveryReport(Protocol):
-    """What one recovery pass did, as the sweeper, the promoter and ``steadq recover`` report it."""
-
-    @property
-    def leases_reaped(self) -> int: ...
-    @property
-    def leases_to_dead(self) -> int: ...
-    @property
-    def delayed_promoted(self) -> int: ...
-    @property
-    def temp_files_deleted(self) -> int: ...
-    @property
-    def receipts_compacted(self) -> int: ...
-    @property
-    def receipts_deleted(self) -> int: ...
-    @property
-    def dead_deleted(self) -> int: ...
-    @property
-    def quarantined(self) -> int: ...
-    @property
-    def directories_removed(self) -> int: ...
-    @property
-    def operations_attempted(self) -> int: ...
-    @property
-    def budget_exhausted(self) -> bool:
-        """The pass stopped at its budget: more work is waiting."""
-        ...
-
-    @property
-    def changed(self) -> int:
-        """Objects moved, deleted or rewritten."""
-        ...
-
-    @property
-    def errors(self) -> Sequence[tuple[str, str]]:
-        """(code, message) of each problem met; problems are reported, never raised."""
         ...
 
 

@@ -1,4 +1,4 @@
-"""The records ``steadq stats``, ``ls`` and ``show`` print, whichever backend read the queue.
+"""The records ``steadq stats``, ``ls``, ``show``, ``recover`` and ``admin`` print, whichever backend read the queue.
 
 Why one home: the command formats every view from these attributes
 (docs/cli.md), so a bucket's view and a filesystem's must be the same
@@ -9,12 +9,21 @@ that backend leaves it None and says so in its own module.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import ClassVar, Generic, TypeVar
 
 from steadqd.constants import NS_PER_SECOND
 
-__all__ = ["CLASSIFIED_STATES", "JobEntry", "JobFile", "JobStory", "StateStats", "StateTally"]
+__all__ = [
+    "CLASSIFIED_STATES",
+    "JobEntry",
+    "JobFile",
+    "JobStory",
+    "QuarantinedObject",
+    "RecoveryReport",
+    "StateStats",
+    "StateTally",
+]
 
 # The states ``stats`` classifies objects into, as its output names them.
 CLASSIFIED_STATES = ("dead", "delayed", "leased", "quarantine", "ready", "receipts", "tmp")
@@ -125,3 +134,67 @@ class JobStory(Generic[ObjectT]):
     file: JobFile | None
     reason: int | None = None
     quarantine_id: str | None = None
+
+
+@dataclass(frozen=True)
+class QuarantinedObject:
+    """One quarantined object, as ``admin quarantine-list``/``-inspect`` show it.
+
+    On a filesystem ``path`` is the object in ``quarantine/`` and ``size``
+    and ``mtime_ns`` its lstat's (it may be a symlink or a directory); on a
+    bucket ``path`` is the object the finding is about (which stays where it
+    is), ``size`` that object's (0 once it is gone), ``mtime_ns`` the
+    finding's store time and ``finding`` the finding's own key.
+    """
+
+    quarantine_id: str
+    reason: int
+    path: str
+    size: int
+    mtime_ns: int | None = field(default=None, compare=False)  # its age for selection, not its identity
+    finding: str = ""
+
+
+@dataclass
+class RecoveryReport:
+    """What one recovery pass did, as the sweeper, the promoter and ``steadq recover`` report it.
+
+    The counts both backends keep; each backend's report adds its own and
+    names, in ``CHANGED``, the counts that are objects moved, created,
+    deleted or rewritten. ``errors`` holds ``(code, message)`` pairs: problems
+    are reported, never raised, and any of them makes ``recover`` exit 6.
+    """
+
+    CHANGED: ClassVar[tuple[str, ...]] = (
+        "leases_reaped",
+        "leases_to_dead",
+        "delayed_promoted",
+        "temp_files_deleted",
+        "receipts_compacted",
+        "receipts_deleted",
+        "dead_deleted",
+        "quarantined",
+        "directories_removed",
+    )
+
+    leases_reaped: int = 0
+    leases_to_dead: int = 0
+    delayed_promoted: int = 0
+    temp_files_deleted: int = 0
+    receipts_compacted: int = 0
+    receipts_deleted: int = 0
+    dead_deleted: int = 0
+    quarantined: int = 0
+    directories_removed: int = 0
+    operations_attempted: int = 0
+    budget_exhausted: bool = False  # the pass stopped at its budget: more work is waiting
+    errors: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def changed(self) -> int:
+        """Objects moved, created, deleted or rewritten by this pass."""
+        return sum(getattr(self, name) for name in self.CHANGED)

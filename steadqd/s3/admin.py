@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from steadqd.constants import ID_BYTES
 from steadqd.durable_file import export_durably
@@ -50,6 +49,7 @@ from steadqd.s3.views import (
     read_payload_verified,
     read_verified,
 )
+from steadqd.view_records import QuarantinedObject
 
 __all__ = [
     "QuarantinedObject",
@@ -216,22 +216,6 @@ def export_dead(layout: QueueLayout, job_id: str, out_path: str, *, payload_only
 
 
 # =========================================================================== quarantine findings
-
-
-@dataclass(frozen=True)
-class QuarantinedObject:
-    """One finding: ``path`` is the object it is about (which stays where it is), ``size`` that object's.
-
-    ``size`` is 0 when the object no longer exists; ``mtime_ns`` is the
-    finding's store time; ``finding`` its own key.
-    """
-
-    quarantine_id: str
-    reason: int
-    path: str
-    size: int
-    mtime_ns: int | None = field(default=None, compare=False)
-    finding: str = ""
 
 
 def _size(layout: QueueLayout, rel: str) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from steadqd.constants import HEADER_SIZE, QUARANTINE_DIR
 from steadqd.errors import (
@@ -38,6 +37,7 @@ from steadqd.fs.names import (
     parse_quarantine_name,
 )
 from steadqd.fs.records import JobHeader
+from steadqd.view_records import QuarantinedObject
 
 __all__ = [
     "QuarantinedObject",
@@ -49,17 +49,6 @@ __all__ = [
 ]
 
 _MAX_QUARANTINE_DEPTH = 16  # nested layouts are tolerated, not unbounded recursion
-
-
-@dataclass(frozen=True)
-class QuarantinedObject:
-    """One quarantined object; ``size`` and ``mtime_ns`` are its lstat's (it may be a symlink or a directory)."""
-
-    quarantine_id: str
-    reason: int
-    path: str
-    size: int
-    mtime_ns: int | None = field(default=None, compare=False)  # its age for selection, not its identity
 
 
 def list_quarantine(ctx: Context) -> Iterator[QuarantinedObject]:

@@ -23,6 +23,7 @@ from steadqd.fs import linux
 from steadqd.fs.context import Context
 from steadqd.fs.json_records import CURSOR_PHASES
 from steadqd.fs.records import FormatRecord
+from steadqd.view_records import RecoveryReport as SharedReport
 
 PHASES = CURSOR_PHASES  # reap_leases, promote_delayed, cleanup_temp, compact_receipts, delete_receipts
 
@@ -32,47 +33,14 @@ Key = tuple[bytes, ...]
 
 
 @dataclass
-class RecoveryReport:
-    """What one pass did. ``errors`` holds ``(code, message)`` pairs; any
-    error (even a benign one such as a busy lock) makes the CLI exit 6."""
+class RecoveryReport(SharedReport):
+    """What one pass did: the shared counts, and what only a filesystem's pass knows."""
 
-    leases_reaped: int = 0
-    leases_to_dead: int = 0
-    delayed_promoted: int = 0
-    temp_files_deleted: int = 0
-    receipts_compacted: int = 0
-    receipts_deleted: int = 0
-    quarantined: int = 0
-    # Dead jobs deleted by dead-letter retention (only with OpenOptions.dead_retention_ns).
-    dead_deleted: int = 0
-    operations_attempted: int = 0
-    budget_exhausted: bool = False
-    errors: list[tuple[str, str]] = field(default_factory=list)
     # (original relative path, quarantine reason, quarantine file name)
     quarantined_objects: list[tuple[str, int, str]] = field(default_factory=list)
-    directories_removed: int = 0
     wall_floor_available: bool = False
     # The phase the persisted cursor names (where the next pass starts); None if not persisted.
     next_phase: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    @property
-    def changed(self) -> int:
-        """Objects moved, deleted or rewritten by this pass."""
-        return (
-            self.leases_reaped
-            + self.leases_to_dead
-            + self.delayed_promoted
-            + self.temp_files_deleted
-            + self.receipts_compacted
-            + self.receipts_deleted
-            + self.dead_deleted
-            + self.quarantined
-            + self.directories_removed
-        )
 
 
 class Exhausted(Exception):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import cast
 
 from steadqd.constants import DeadReason
@@ -56,6 +56,7 @@ from steadqd.s3.store.base import (
     StoreProfile,
 )
 from steadqd.s3.timemath import bucket_end_ns, is_expired, saturating_add
+from steadqd.view_records import RecoveryReport as SharedReport
 
 __all__ = [
     "Budget",
@@ -218,8 +219,8 @@ def budgeted(layout: QueueLayout, budget: Budget) -> QueueLayout:
 
 
 @dataclass
-class RecoveryReport:
-    """What one bucket recovery pass did (``steadqd.backend.RecoveryReport``, with the bucket's own counts).
+class RecoveryReport(SharedReport):
+    """What one bucket recovery pass did: the shared counts, and the bucket's own.
 
     The filesystem's names keep their meaning where a bucket has the same
     thing: ``temp_files_deleted`` counts orphan payloads (a payload whose
@@ -227,43 +228,26 @@ class RecoveryReport:
     ``receipts_deleted``/``dead_deleted`` collected terminal graphs.
     ``leases_reaped`` counts expired claims whose job is claimable again, and
     ``delayed_promoted`` delayed jobs found due: on a bucket nothing moves,
-    the index entry is deleted and the shard scan finds the job.
+    the index entry is deleted and the shard scan finds the job, so neither
+    is a change. A receipt is one object (nothing to compact) and a bucket
+    has no directories.
     """
 
-    leases_reaped: int = 0
-    leases_to_dead: int = 0
-    delayed_promoted: int = 0
-    temp_files_deleted: int = 0
-    receipts_compacted: int = 0  # a receipt is one object; nothing to compact
-    receipts_deleted: int = 0
-    dead_deleted: int = 0
-    quarantined: int = 0
-    directories_removed: int = 0  # a bucket has no directories
+    CHANGED = (
+        "leases_to_dead",
+        "temp_files_deleted",
+        "receipts_deleted",
+        "dead_deleted",
+        "quarantined",
+        "index_entries_pruned",
+        "indexes_regenerated",
+        "beacons_deleted",
+    )
+
     index_entries_pruned: int = 0
     indexes_regenerated: int = 0
     beacons_deleted: int = 0
     shards_repaired: int = 0
-    operations_attempted: int = 0
-    budget_exhausted: bool = False
-    errors: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    @property
-    def changed(self) -> int:
-        """Objects created or deleted by this pass."""
-        return (
-            self.leases_to_dead
-            + self.temp_files_deleted
-            + self.receipts_deleted
-            + self.dead_deleted
-            + self.quarantined
-            + self.index_entries_pruned
-            + self.indexes_regenerated
-            + self.beacons_deleted
-        )
 
     def error(self, exc: Exception, what: str) -> None:
         code = getattr(getattr(exc, "kind", None), "label", type(exc).__name__)
