@@ -7,14 +7,16 @@ Starts one same-host SeaweedFS (``tests/stowq/seaweed.py``: ``weed server``
 on 127.0.0.1, telemetry off, data under the scratch directory, stopped by
 its PID), certifies it once, then for each configuration (1 and 4 worker
 processes, single and batched claiming, each over both S3 transports:
-botocore's client and ``s3_direct``'s own connections) enqueues ``jobs`` 100-byte jobs on a
+botocore's client and ``s3_direct``'s, the default) enqueues ``jobs`` 100-byte jobs on a
 fresh queue and lets the workers drain it: lease (``lease()`` or
 ``lease_many(batch)``), read and verify the payload, ack. A batch's jobs
 are delivered concurrently by the worker (the reference's harness does the
 same). Every store call of the producer and the workers goes through a
 :class:`CountingStore`, so operations per job are counted by kind and by
 key plane, not estimated. Every enqueued job must come back exactly once;
-the receipts are counted from a separate listing of the bucket.
+the receipts are counted from a separate listing of the bucket. Then the
+Python worker API as a user runs it: one ``steadqd.Worker`` process,
+concurrency 8, default settings, over each transport.
 
 Beside the queue numbers, the S3 client's own cost per operation
 (``benchmarks/s3_store.py``: steadqd's botocore store and obstore) is
@@ -325,6 +327,96 @@ def seaweed_section(
     return out
 
 
+API_CONCURRENCY = 8
+
+
+def _api_worker(url: str, environment: dict[str, str], jobs: int, seconds: float, out: Any) -> None:
+    """One process running ``steadqd.Worker(url, handler, concurrency=8)`` with default settings until ``jobs`` ran."""
+    import steadqd
+
+    os.environ.update(environment)
+    seen: list[int] = []
+    lock = threading.Lock()
+    times: dict[str, float] = {}
+
+    def handler(job: Any) -> None:
+        with lock:
+            seen.append(int(job.payload[:10]))
+            if len(seen) >= jobs:
+                times["last"] = time.monotonic()
+                worker.stop()
+
+    worker = steadqd.Worker(url, handler, concurrency=API_CONCURRENCY)
+    timer = threading.Timer(seconds, worker.stop)
+    timer.start()
+    cpu0, t0 = _cpu_s(), time.monotonic()
+    error = None
+    try:
+        stats = worker.run()
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, not lost
+        error, stats = f"{type(exc).__name__}: {exc}", None
+    timer.cancel()
+    out.put(
+        {
+            "ids": seen,
+            "active_s": times.get("last", time.monotonic()) - t0,
+            "cpu_s": _cpu_s() - cpu0,
+            "acked": None if stats is None else stats.acked,
+            "error": error,
+        }
+    )
+
+
+def run_api_worker(server: Any, settings: S3Settings, prefix: str, *, jobs: int, seconds: float) -> dict[str, Any]:
+    """The Python worker API as a user runs it: one ``steadqd.Worker``, concurrency 8, every default.
+
+    Its queue handles are opened from the ``s3://`` URL with the standard AWS
+    variables and STEADQ_S3_TRANSPORT, as any user's would be; the CPU is the
+    whole process's (every thread) from the start of ``run()``, opening
+    included, per job acked.
+    """
+    from steadqd.s3.store.s3 import S3Store
+
+    producer = S3Store(settings, profile=SEAWEEDFS)
+    q = BucketQueue.init(producer, prefix, certify_store=False)
+    for i in range(jobs):
+        q.enqueue(payload_of(PAYLOAD, i))
+    q.close()
+    environment = {
+        **server.environment(),
+        "STEADQ_S3_TRANSPORT": settings.transport,
+        "STEADQ_STORE_PROFILE": SEAWEEDFS.name,
+    }
+    out = _MP.Queue()
+    proc = _MP.Process(
+        target=_api_worker, args=(f"s3://{settings.bucket}/{prefix}", environment, jobs, seconds, out), daemon=True
+    )
+    proc.start()
+    report: dict[str, Any] = {"ids": [], "active_s": 0.0, "cpu_s": 0.0, "error": "no report"}
+    try:
+        report = out.get(timeout=seconds + 60)
+    except queue_mod.Empty:
+        pass
+    proc.join(timeout=30)
+    if proc.is_alive():  # our own child, stuck: end it by its handle
+        proc.kill()
+        proc.join()
+    ids = report["ids"]
+    acked = len(ids)
+    return {
+        "workers": 1,
+        "transport": settings.transport,
+        "claiming": f"steadqd.Worker, concurrency {API_CONCURRENCY}",
+        "jobs": jobs,
+        "acked_by_workers": acked,
+        "duplicates": acked - len(set(ids)),
+        "lost": jobs - len(set(ids)),
+        "jobs_per_s_per_worker": round(acked / report["active_s"], 1) if report["active_s"] > 0 else None,
+        "worker_cpu_ms_per_job": round(1000 * report["cpu_s"] / acked, 2) if acked else None,
+        "errors": [report["error"]] if report["error"] else [],
+    }
+
+
 def section(profile: str, base: str) -> dict[str, Any]:
     """The whole bucket section: a SeaweedFS under ``base``, every configuration, the client's cost."""
     return seaweed_section(profile, base, SIZES, "bucket-", _measure_loaded, reference=REFERENCE)
@@ -360,6 +452,16 @@ def _measure(root: Path, weed: str, size: dict[str, Any], out: dict[str, Any]) -
                         )
                     )
         out["configs"] = configs
+        out["api_worker"] = [
+            run_api_worker(
+                server,
+                replace(server.settings(BUCKET), transport=transport),
+                f"api-{transport}-{os.getpid()}/",
+                jobs=size["jobs"],
+                seconds=size["seconds"],
+            )
+            for transport in TRANSPORTS
+        ]
         out["client"] = _client_rows(server, size)
 
 
@@ -404,6 +506,24 @@ def markdown(r: dict[str, Any]) -> list[str]:
     ]
     lines += ["| " + " | ".join(_cells(c)) + " |" for c in r["configs"]]
     lines.append("")
+    api = r.get("api_worker") or []
+    if api:
+        lines.append(
+            f"One `steadqd.Worker` process, concurrency {API_CONCURRENCY}, default settings (the whole process's CPU):\n"
+        )
+        lines.append(
+            "| transport | acked | jobs/s | vs 72/s | CPU ms per job | duplicates/lost |\n|---|---:|---:|---:|---:|---|"
+        )
+        for c in api:
+            rate, cpu = c["jobs_per_s_per_worker"], c["worker_cpu_ms_per_job"]
+            shown = "–" if rate is None else f"{rate:,.1f}"
+            versus = "–" if rate is None else f"{rate / ref['jobs_per_s_per_worker']:.2f}x"
+            per_job = "–" if cpu is None else f"{cpu:.1f}"
+            lines.append(
+                f"| {c['transport']} | {c['acked_by_workers']}/{c['jobs']} | {shown} | {versus} | {per_job} "
+                f"| {c['duplicates']}/{c['lost']} |"
+            )
+        lines.append("")
     client = r.get("client") or {}
     rows = client.get("rows") or {}
     if rows:

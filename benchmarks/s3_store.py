@@ -9,7 +9,7 @@ put-if-absent (a create, and a losing create: the 412 of a claim race),
 CAS, GET, ranged GET, HEAD, LIST of 100 keys, delete. Beside them, the same
 PUT through plain botocore with its defaults, through boto3's client and
 through boto3's resource layer, HEAD, GET, create and LIST over each
-transport (botocore's client, and ``s3_direct``'s own connections), and
+transport (botocore's client, and ``s3_direct``'s, the default: urllib3 and botocore's signer), and
 the same operations through obstore
 (Rust's object_store), each only where it is installed (none is a
 dependency), so the cost of each layer, and of botocore's
@@ -166,7 +166,7 @@ def _as_before(server: Seaweed) -> S3Store:
         mock.patch.object(s3mod, "Config", validating),
         mock.patch.object(s3mod, "_ParserFactory", botocore.parsers.ResponseParserFactory),
     ):
-        return server.store(BUCKET, profile=SEAWEEDFS, create=False)
+        return S3Store(replace(server.settings(BUCKET), transport="botocore"), profile=SEAWEEDFS)
 
 
 def _alternating(stores: dict[str, S3Store], ops: int, seconds: float) -> dict[str, dict[str, float]]:
@@ -201,15 +201,18 @@ def _alternating(stores: dict[str, S3Store], ops: int, seconds: float) -> dict[s
     return rows
 
 
-def _before_after(server: Seaweed, store: S3Store, ops: int, seconds: float) -> dict[str, dict[str, float]]:
+def _before_after(server: Seaweed, ops: int, seconds: float) -> dict[str, dict[str, float]]:
+    """botocore's client as S3Store trims it, against the same client untrimmed."""
+    now = S3Store(replace(server.settings(BUCKET), transport="botocore"), profile=SEAWEEDFS)
     before = _as_before(server)
-    rows = _alternating({"S3Store now": store, "S3Store before the lean path": before}, ops, seconds)
+    rows = _alternating({"S3Store on botocore now": now, "S3Store before the lean path": before}, ops, seconds)
     before.close()
+    now.close()
     return rows
 
 
 def _transports(server: Seaweed, ops: int, seconds: float) -> dict[str, dict[str, float]]:
-    """The same store over botocore's client and over the direct transport (s3_direct.py), alternating."""
+    """The same store over botocore's client and over the direct transport (s3_direct.py, the default), alternating."""
     stores = {
         f"{transport} transport": S3Store(replace(server.settings(BUCKET), transport=transport), profile=SEAWEEDFS)
         for transport in TRANSPORTS
@@ -239,7 +242,7 @@ def measure(server: Seaweed, ops: int, seconds: float) -> dict[str, Any]:
         store.put_if_absent(f"l/{i:04d}", BODY)
     rows["list (100 keys)"] = _time(lambda i: store.list_page("l/"), ops, seconds)
     rows["delete"] = _time(lambda i: store.delete(f"c/{i:08d}"), ops, seconds)
-    rows.update(_before_after(server, store, ops, seconds))
+    rows.update(_before_after(server, ops, seconds))
     rows.update(_transports(server, ops, seconds))
     rows.update(_baselines(server, ops, seconds))
     rows.update(_obstore_rows(server, ops, seconds))

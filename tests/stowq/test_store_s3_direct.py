@@ -1,8 +1,9 @@
-"""The direct transport (``S3Settings(transport="direct")``): our own connections, botocore's signer.
+"""The direct transport (``S3Settings(transport="direct")``, the default): urllib3's pools, botocore's signer.
 
 The scripted-server tests of tests/stowq/test_store_s3.py run over both
-transports; here are what only this one has (kept connections the server
-closed, the XML it parses itself), and the live SeaweedFS tests of
+transports, and TLS, proxies, addressing and region redirects are in
+test_store_s3_http.py; here are kept connections the server closed, the XML
+it parses itself, and the live SeaweedFS tests of
 tests/stowq/test_store_seaweedfs.py run again with it, certification included.
 """
 
@@ -10,9 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import http.server
-import shutil
-import ssl
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,7 @@ from pathlib import Path
 import pytest
 from botocore.parsers import ResponseParserError
 
-from steadqd.errors import AlreadyExists, InvalidInput, NotCommitted, NotFound
+from steadqd.errors import AlreadyExists, InvalidInput, NotFound
 from steadqd.s3.store import SEAWEEDFS
 from steadqd.s3.store.s3 import S3Settings, S3Store
 from steadqd.s3.store.s3_direct import DirectClient, _client_error, _parse_listing
@@ -158,74 +156,6 @@ def test_a_kept_connection_the_server_closed_is_replaced_not_written_into(creden
     finally:
         server.shutdown()
         server.server_close()
-
-
-class _Refusing(http.server.BaseHTTPRequestHandler):
-    def do_PUT(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.send_response(412)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-def _self_signed(directory: Path) -> tuple[Path, Path]:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed (Debian: openssl), so no test certificate can be made")
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
-        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
-
-
-def test_https_trusts_aws_ca_bundle_and_an_untrusted_certificate_is_nothing_sent(
-    credentials: Path,  # noqa: F811
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """TLS fails before the request is written, so it is NotCommitted (and retried), as botocore's SSLError is."""
-    cert, key = _self_signed(tmp_path)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
-    server.daemon_threads = True
-    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.load_cert_chain(cert, key)
-    server.socket = tls.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    endpoint = f"https://127.0.0.1:{server.server_address[1]}"
-    settings = S3Settings(
-        "test-bucket", endpoint_url=endpoint, credentials_file=str(credentials), attempts=2, transport="direct"
-    )
-    try:
-        with pytest.raises(NotCommitted, match="could not connect"):
-            S3Store(settings).put_if_absent("k", b"x")
-        monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
-        trusting = S3Store(settings)
-        with pytest.raises(AlreadyExists):
-            trusting.put_if_absent("k", b"x")
-        trusting.close()
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_a_proxy_it_would_bypass_is_refused_naming_the_way_out(
-    credentials: Path,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("http_proxy", "http://proxy.invalid:3128")
-    monkeypatch.delenv("no_proxy", raising=False)
-    monkeypatch.delenv("NO_PROXY", raising=False)
-    settings = S3Settings("b-ok", endpoint_url="http://store.invalid:9", credentials_file=str(credentials))
-    with pytest.raises(InvalidInput, match="add store.invalid to no_proxy, or use the botocore transport"):
-        S3Store(dataclasses.replace(settings, transport="direct"))
-    monkeypatch.setenv("no_proxy", "store.invalid")
-    S3Store(dataclasses.replace(settings, transport="direct")).close()
 
 
 def test_error_answers_are_read_as_botocore_reads_them() -> None:

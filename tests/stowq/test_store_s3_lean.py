@@ -59,7 +59,7 @@ def _header(request: Any, name: str) -> str:
 
 
 def _store(bucket: str, sent: list[Any]) -> S3Store:
-    store = S3Store(S3Settings(bucket=bucket, endpoint_url=ENDPOINT, region="us-east-1"))
+    store = S3Store(S3Settings(bucket=bucket, endpoint_url=ENDPOINT, region="us-east-1", transport="botocore"))
 
     def answer(request: Any, **_: Any) -> AWSResponse:
         sent.append(request)
@@ -128,8 +128,8 @@ def test_the_idle_handlers_are_botocores_and_are_gone() -> None:
 
 def test_amazon_s3_keeps_botocores_endpoint_resolution() -> None:
     """botocore remembers a bucket's region redirect at endpoint resolution: on Amazon S3 it is not skipped."""
-    aws = S3Store(S3Settings(bucket="bucket-one", region="eu-west-1"))
-    local = S3Store(S3Settings(bucket="bucket-one", endpoint_url=ENDPOINT, region="us-east-1"))
+    aws = S3Store(S3Settings(bucket="bucket-one", region="eu-west-1", transport="botocore"))
+    local = S3Store(S3Settings(bucket="bucket-one", endpoint_url=ENDPOINT, region="us-east-1", transport="botocore"))
     assert hasattr(aws._client._ruleset_resolver.construct_endpoint, "__self__")  # botocore's own method
     assert not hasattr(local._client._ruleset_resolver.construct_endpoint, "__self__")  # kept per operation
 

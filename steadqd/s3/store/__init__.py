@@ -11,8 +11,8 @@
 * ``s3``: the S3 client over botocore, with conditional writes, SHA-256
   checksums, bounded retries and timeouts, and settings from the standard
   AWS environment only;
-* ``s3_direct``: the same requests over our own keep-alive connections,
-  signed by botocore (``S3Settings(transport="direct")``).
+* ``s3_direct``: the same requests over urllib3's pools, signed by
+  botocore (``S3Settings(transport="direct")``, the default).
 
 The format modules (``keys``, ``timemath``, ``retry``, ``records``) never
 import this package; the protocol sits above both.

@@ -128,9 +128,10 @@ class S3Settings:
     ``credentials_file`` is a shared-credentials file (INI, as ``aws
     configure`` writes) and ``aws_profile`` the section of it to use.
     ``attempts`` bounds the retries of reads and of writes that never left.
-    ``transport`` is who sends the requests: "botocore"'s client, or
-    "direct", our own keep-alive connections with botocore's signer
-    (:mod:`steadqd.s3.store.s3_direct`, a fraction of the CPU per request).
+    ``transport`` is who sends the requests: "direct" (the default),
+    urllib3's pools with botocore's signer and our own few answer parsers
+    (:mod:`steadqd.s3.store.s3_direct`, a third of the CPU per request), or
+    "botocore"'s whole client.
     """
 
     bucket: str
@@ -143,7 +144,7 @@ class S3Settings:
     read_timeout_s: float = 30.0
     attempts: int = 3
     max_connections: int = 16
-    transport: str = "botocore"
+    transport: str = "direct"
 
     def __post_init__(self) -> None:
         if not _BUCKET_NAME.fullmatch(self.bucket) or ".." in self.bucket:
@@ -339,6 +340,7 @@ def _direct_client(session: Any, settings: S3Settings, region: str) -> Any:
         connect_timeout_s=settings.connect_timeout_s,
         read_timeout_s=settings.read_timeout_s,
         ca_bundle=session.get_config_variable("ca_bundle"),
+        max_connections=settings.max_connections,
     )
 
 

@@ -1,11 +1,14 @@
-"""The S3 requests of :class:`~steadqd.s3.store.s3.S3Store` over our own keep-alive connections.
+"""The S3 requests of :class:`~steadqd.s3.store.s3.S3Store` over urllib3's connection pools, signed by botocore.
 
 Why: a bucket worker is bound by botocore's CPU per request (docs/stowq.md,
 "What a store operation costs"): the model-driven serialisation, event
 dispatch, endpoint rules and response parsing cost more than the store's
-answer. This client sends the seven requests the protocol makes with
-``http.client``, one persistent connection per thread, signed by botocore's
-own SigV4 signer (its canonicalisation and crypto stay maintained upstream).
+answer. This client sends the seven requests the protocol makes through
+urllib3 (the pool botocore itself sends with), signed by botocore's own
+SigV4 signer, and reads the few answer headers and the LIST XML itself.
+urllib3 brings what users have: TLS with verification, proxies
+(``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY``, as botocore reads them),
+kept connections checked before reuse.
 
 Why it speaks botocore's dialect: :class:`S3Store` keeps the single home of
 the retry policy and of the sorting of answers into outcome classes, written
@@ -14,33 +17,33 @@ same calls with the same answer dictionaries, and raises the exception
 botocore would have raised at the same point, which is the split the
 protocol needs:
 
-* the connection could not be opened (refused, unresolvable, connect
-  timeout): ``EndpointConnectionError`` or ``ConnectTimeoutError``, i.e.
-  nothing was sent, ``NotCommitted``;
-* anything after the first byte of the request was handed to the socket
-  (a lost connection, a read timeout, an answer we cannot parse):
-  ``ConnectionClosedError``, ``ReadTimeoutError`` or ``ResponseParserError``,
-  i.e. ``OutcomeUnknown`` for a write;
-* an HTTP error status: ``ClientError`` with the S3 error code.
-
-A kept connection the server has already closed is found before it is
-reused (it is readable while idle) and replaced by a new one, so a request
-is never written into a connection known to be dead.
+* the connection (to the store, or the proxy and its tunnel, TLS handshake
+  included) could not be opened: ``EndpointConnectionError`` or
+  ``ConnectTimeoutError``, i.e. nothing was sent, ``NotCommitted``. Our
+  connection classes mark every failure of ``connect()`` as such, so the
+  split does not rest on guessing from urllib3's exception types (its
+  ``SSLError`` is raised for a handshake and for a record lost mid-answer
+  alike);
+* anything after that (a lost connection, a read timeout, an answer we
+  cannot parse): ``ConnectionClosedError``, ``ReadTimeoutError`` or
+  ``ResponseParserError``, i.e. ``OutcomeUnknown`` for a write;
+* an HTTP error status: ``ClientError`` with the S3 error code; a region
+  redirect (``x-amz-bucket-region`` on a 301, 307 or 400) is followed once,
+  re-signed for that region, as botocore does.
 """
 
 from __future__ import annotations
 
-import http.client
-import select
-import socket
+import re
 import ssl
-import threading
 import urllib.parse
-import urllib.request
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
+from http.client import HTTPException, responses
 from typing import Any
 
+import urllib3
+import urllib3.connection
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.exceptions import (
@@ -49,9 +52,12 @@ from botocore.exceptions import (
     ConnectTimeoutError,
     EndpointConnectionError,
     NoCredentialsError,
+    ProxyConnectionError,
     ReadTimeoutError,
+    SSLError,
 )
 from botocore.parsers import ResponseParserError
+from botocore.utils import get_environ_proxies
 
 from steadqd.errors import InvalidInput
 from steadqd.s3.store.base import parse_last_modified
@@ -84,13 +90,78 @@ def _child(element: ElementTree.Element, name: str) -> str | None:
     return None if found is None else (found.text or "")
 
 
+# Amazon S3's own endpoints name the region in the host: a region redirect moves to s3.<region>.amazonaws.com.
+_AWS_S3_HOST = re.compile(r"s3(?:[.-][a-z0-9-]+)?\.amazonaws\.com")
+_REGION = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+# The answers that carry x-amz-bucket-region when a bucket lives in another region than the request was signed for.
+_REGION_REDIRECTS = frozenset({301, 307, 400})
+
+
+class _NeverSent(Exception):
+    """Opening a connection failed (to the store or its proxy, TLS handshake and tunnel included): nothing was sent."""
+
+
+class _Connection(urllib3.connection.HTTPConnection):
+    def connect(self) -> None:
+        try:
+            super().connect()
+        except Exception as exc:
+            raise _NeverSent(str(exc)) from exc
+
+
+class _TLSConnection(urllib3.connection.HTTPSConnection):
+    def connect(self) -> None:
+        try:
+            super().connect()
+        except Exception as exc:
+            raise _NeverSent(str(exc)) from exc
+
+
+class _Pool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _Connection
+
+
+class _TLSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _TLSConnection
+
+
+def _pool_manager(
+    endpoint_url: str, *, timeout: urllib3.Timeout, ca_bundle: str | None, max_connections: int
+) -> tuple[urllib3.PoolManager, str | None]:
+    """urllib3's pools for the endpoint, through the proxy the environment names for it (as botocore reads it).
+
+    TLS verifies the certificate and the host name against ``AWS_CA_BUNDLE``
+    (or ``ca_bundle`` in the AWS config) when set, else the system's CAs.
+    Returns the manager and the proxy used (for messages), if any.
+    """
+    scheme = urllib.parse.urlsplit(endpoint_url).scheme
+    tls = ssl.create_default_context(cafile=ca_bundle) if scheme == "https" else None
+    options: dict[str, Any] = {"num_pools": 4, "maxsize": max_connections, "timeout": timeout, "retries": False}
+    proxy = get_environ_proxies(endpoint_url).get(scheme)
+    manager: urllib3.PoolManager
+    if proxy:
+        parsed = urllib3.util.parse_url(proxy if "://" in proxy else f"http://{proxy}")
+        headers = {}
+        if parsed.auth:
+            headers = urllib3.make_headers(proxy_basic_auth=urllib.parse.unquote(parsed.auth))
+        manager = urllib3.ProxyManager(
+            parsed._replace(auth=None).url, proxy_headers=headers, ssl_context=tls, **options
+        )
+    else:
+        manager = urllib3.PoolManager(ssl_context=tls, **options)
+    # botocore's own session swaps the pool classes the same way (for its connection classes).
+    manager.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
+    return manager, proxy or None
+
+
 class DirectClient:
     """A botocore-compatible S3 client for one endpoint: the calls :class:`S3Store` makes, and no others.
 
-    Thread-safe: each thread has its own connection; the signer and the
-    credentials provider are shared and hold no per-request state. The
-    capitalised argument names are botocore's, so that :class:`S3Store`
-    makes one call whichever client it holds.
+    Thread-safe: urllib3's pools are; the signer and the credentials
+    provider are shared and hold no per-request state; a region redirect
+    replaces one immutable pair. The capitalised argument names are
+    botocore's, so that :class:`S3Store` makes one call whichever client it
+    holds.
     """
 
     def __init__(
@@ -103,34 +174,31 @@ class DirectClient:
         connect_timeout_s: float,
         read_timeout_s: float,
         ca_bundle: str | None = None,
+        max_connections: int = 16,
     ) -> None:
         parts = urllib.parse.urlsplit(endpoint_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise InvalidInput(
                 f"endpoint URL {redacted(endpoint_url)!r}: give http://HOST[:PORT] or https://HOST[:PORT]"
             )
-        proxy = urllib.request.getproxies().get(parts.scheme)
-        if proxy and not urllib.request.proxy_bypass(parts.hostname):
-            raise InvalidInput(
-                f"{parts.scheme}_proxy is set ({proxy}) and the direct S3 transport does not go through proxies: "
-                f"add {parts.hostname} to no_proxy, or use the botocore transport (STEADQ_S3_TRANSPORT=botocore)"
-            )
-        # AWS_CA_BUNDLE (or ca_bundle in the AWS config) as botocore honours it; else the system's CAs.
-        self._tls = ssl.create_default_context(cafile=ca_bundle) if parts.scheme == "https" else None
         self.meta = _Meta(endpoint_url.rstrip("/"), region)
         self._scheme = parts.scheme
-        self._host = parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._base_path = parts.path.rstrip("/")
         self._credentials = credentials
-        self._region = region
-        on_aws = self._host == "amazonaws.com" or self._host.endswith(".amazonaws.com")
+        host = parts.hostname
+        on_aws = host == "amazonaws.com" or host.endswith(".amazonaws.com")
         self._virtual = addressing_style == "virtual" or (addressing_style == "auto" and on_aws)
-        self._connect_timeout_s = connect_timeout_s
-        self._read_timeout_s = read_timeout_s
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._open: set[http.client.HTTPConnection] = set()
+        self._aws_regional = _AWS_S3_HOST.fullmatch(host) is not None
+        # (signing region, host): replaced whole when a region redirect is followed.
+        self._where = (region, host)
+        self._pools: dict[str, urllib3.HTTPConnectionPool] = {}
+        self._manager, self._proxy = _pool_manager(
+            endpoint_url,
+            timeout=urllib3.Timeout(connect=connect_timeout_s, read=read_timeout_s),
+            ca_bundle=ca_bundle,
+            max_connections=max_connections,
+        )
 
     # -- the calls S3Store makes -------------------------------------------------------
 
@@ -151,9 +219,8 @@ class DirectClient:
             headers["Range"] = extra["Range"]
         if "IfNoneMatch" in extra:
             headers["If-None-Match"] = extra["IfNoneMatch"]
-        connection, response, answer = self._exchange("GET", Bucket, Key, headers=headers)
-        body = _Body(self, connection, response)
-        return {**self._object_meta(answer), "ContentRange": answer.get("content-range"), "Body": body}
+        response, answer = self._exchange("GET", Bucket, Key, headers=headers)
+        return {**self._object_meta(answer), "ContentRange": answer.get("content-range"), "Body": _Body(self, response)}
 
     def head_object(self, *, Bucket: str, Key: str) -> dict[str, Any]:
         _, answer, _ = self._send("HEAD", Bucket, Key)
@@ -189,10 +256,8 @@ class DirectClient:
         return {}
 
     def close(self) -> None:
-        with self._lock:
-            connections, self._open = self._open, set()
-        for connection in connections:
-            connection.close()
+        self._pools = {}
+        self._manager.clear()
 
     # -- one request ---------------------------------------------------------------------
 
@@ -207,10 +272,12 @@ class DirectClient:
         except ValueError as exc:  # sorted as an answer that did not parse, like botocore's
             raise ResponseParserError(f"unreadable Last-Modified or Content-Length: {exc}") from exc
 
-    def _target(self, bucket: str, key: str | None, query: list[tuple[str, str]]) -> tuple[str, str]:
+    def _target(self, host: str, bucket: str, key: str | None, query: list[tuple[str, str]]) -> tuple[str, str]:
         """The Host header and the request target (path and query), as signed and as sent."""
-        default = self._port == (443 if self._scheme == "https" else 80)
-        host = self._host if default else f"{self._host}:{self._port}"
+        if ":" in host:
+            host = f"[{host}]"  # an IPv6 literal
+        if self._port != (443 if self._scheme == "https" else 80):
+            host = f"{host}:{self._port}"
         path = self._base_path
         if self._virtual:
             host = f"{bucket}.{host}"
@@ -221,13 +288,15 @@ class DirectClient:
             path += "?" + "&".join(f"{_quote(name)}={_quote(value)}" for name, value in query)
         return host, path
 
-    def _sign(self, method: str, host: str, target: str, headers: dict[str, str], body: bytes) -> dict[str, str]:
+    def _sign(
+        self, method: str, region: str, host: str, target: str, headers: dict[str, str], body: bytes
+    ) -> dict[str, str]:
         credentials = self._credentials.get_frozen_credentials() if self._credentials is not None else None
         if credentials is None:
             raise NoCredentialsError()
         request = AWSRequest(method=method, url=f"{self._scheme}://{host}{target}", headers=headers, data=body)
         request.headers["Host"] = host
-        S3SigV4Auth(credentials, "s3", self._region).add_auth(request)
+        S3SigV4Auth(credentials, "s3", region).add_auth(request)
         return dict(request.headers.items())
 
     def _send(
@@ -240,8 +309,8 @@ class DirectClient:
         body: bytes = b"",
         query: list[tuple[str, str]] | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
-        connection, response, answer = self._exchange(method, bucket, key, headers=headers, body=body, query=query)
-        data = _Body(self, connection, response).read()
+        response, answer = self._exchange(method, bucket, key, headers=headers, body=body, query=query)
+        data = _Body(self, response).read()
         return response.status, answer, data
 
     def _exchange(
@@ -253,116 +322,126 @@ class DirectClient:
         headers: dict[str, str] | None = None,
         body: bytes = b"",
         query: list[tuple[str, str]] | None = None,
-    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, dict[str, str]]:
+    ) -> tuple[urllib3.BaseHTTPResponse, dict[str, str]]:
         """Send one request and read the answer's status and headers; the body is the caller's to read.
 
-        An error status is raised here (its body, the engine's short XML, read whole).
+        An error status is raised here (its body, the engine's short XML,
+        read whole), after following one region redirect: the store refused
+        the request unprocessed, so sending it again, signed for the
+        bucket's region, is safe for a write too (botocore does the same).
         """
-        host, target = self._target(bucket, key, query or [])
-        signed = self._sign(method, host, target, dict(headers or {}), body)
-        connection = self._connection()
-        try:
-            connection.request(method, target, body=body if method in ("PUT", "POST") else None, headers=signed)
-            response = connection.getresponse()
-        except TimeoutError as exc:
-            self._discard(connection)
-            raise ReadTimeoutError(endpoint_url=self.meta.endpoint_url, error=exc) from exc
-        except (OSError, http.client.HTTPException) as exc:
-            self._discard(connection)
-            raise ConnectionClosedError(endpoint_url=self.meta.endpoint_url, error=exc) from exc
-        answer = {name.lower(): value for name, value in response.getheaders()}
-        if response.status >= 300:
-            data = _Body(self, connection, response).read()
+        for redirects_left in (1, 0):
+            region, host = self._where
+            host, target = self._target(host, bucket, key, query or [])
+            signed = self._sign(method, region, host, target, dict(headers or {}), body)
+            response = self._urlopen(method, f"{self._scheme}://{host}{target}", body, signed)
+            answer = {name.lower(): value for name, value in response.headers.items()}
+            if response.status < 300:
+                return response, answer
+            data = _Body(self, response).read()
+            moved = answer.get("x-amz-bucket-region")
+            if redirects_left and response.status in _REGION_REDIRECTS and moved and moved != region:
+                if self._move(moved):
+                    continue
             raise _client_error(response.status, answer, data, method)
-        return connection, response, answer
+        raise AssertionError("unreachable: the second answer returns or raises")
 
-    # -- connections -----------------------------------------------------------------------
+    def _move(self, region: str) -> bool:
+        """Sign for ``region`` from now on (and, on Amazon S3, send to its endpoint); False if it is no region name."""
+        if len(region) > 40 or not _REGION.fullmatch(region):
+            return False  # a host name is built from it: never one with a dot, a slash or a port
+        host = f"s3.{region}.amazonaws.com" if self._aws_regional else self._where[1]
+        self._where = (region, host)
+        self.meta = _Meta(self.meta.endpoint_url, region)
+        return True
 
-    def _connection(self) -> http.client.HTTPConnection:
-        """This thread's open connection, or a new one; opening failures are "nothing was sent"."""
-        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
-        if connection is not None and not _idle_and_open(connection):
-            self._discard(connection)
-            connection = None
-        if connection is not None:
-            return connection
-        if self._tls is not None:
-            connection = http.client.HTTPSConnection(
-                self._host, self._port, timeout=self._connect_timeout_s, context=self._tls
-            )
-        else:
-            connection = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout_s)
+    def _urlopen(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> urllib3.BaseHTTPResponse:
+        """One request through urllib3, never retried or redirected by it.
+
+        Without a proxy the host's pool is asked directly with the request
+        target: the pool manager would parse the URL and look the pool up
+        again for every request, a tenth of urllib3's own CPU per request.
+        """
+        options: dict[str, Any] = {
+            "body": body if method in ("PUT", "POST") else None,
+            "headers": headers,
+            "preload_content": False,
+            "decode_content": False,
+            "redirect": False,
+            "retries": False,
+        }
         try:
-            connection.connect()
-        except TimeoutError as exc:
-            connection.close()
-            raise ConnectTimeoutError(endpoint_url=self.meta.endpoint_url, error=exc) from exc
-        except OSError as exc:
-            connection.close()
-            raise EndpointConnectionError(endpoint_url=self.meta.endpoint_url, error=exc) from exc
-        assert connection.sock is not None
-        connection.sock.settimeout(self._read_timeout_s)
-        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._local.connection = connection
-        with self._lock:
-            self._open.add(connection)
-        return connection
+            if self._proxy is not None:
+                return self._manager.urlopen(method, url, **options)
+            scheme, _, rest = url.partition("://")
+            authority, slash, target = rest.partition("/")
+            pool = self._pools.get(authority)
+            if pool is None:
+                parsed = urllib3.util.parse_url(url)
+                pool = self._pools[authority] = self._manager.connection_from_host(
+                    parsed.host, parsed.port, parsed.scheme
+                )
+            return pool.urlopen(method, slash + target, assert_same_host=False, **options)
+        except _NeverSent as exc:
+            raise self._not_sent(exc) from exc.__cause__
+        except (urllib3.exceptions.HTTPError, OSError, HTTPException) as exc:
+            raise self._lost(exc) from exc
 
-    def _discard(self, connection: http.client.HTTPConnection) -> None:
-        connection.close()
-        if getattr(self._local, "connection", None) is connection:
-            self._local.connection = None
-        with self._lock:
-            self._open.discard(connection)
+    def _not_sent(self, exc: _NeverSent) -> Exception:
+        """botocore's exception for a connection that never opened: each is a ``ConnectionError``, "nothing sent"."""
+        cause, endpoint = exc.__cause__, self.meta.endpoint_url
+        if self._proxy is not None:
+            return ProxyConnectionError(proxy_url=redacted(self._proxy), error=str(exc))
+        if isinstance(cause, (ssl.SSLError, ssl.CertificateError, urllib3.exceptions.SSLError)):
+            return SSLError(endpoint_url=endpoint, error=str(exc))
+        if isinstance(
+            cause, urllib3.exceptions.NewConnectionError
+        ):  # refused, unresolvable (a ConnectTimeoutError too)
+            return EndpointConnectionError(endpoint_url=endpoint, error=str(exc))
+        if isinstance(cause, (urllib3.exceptions.ConnectTimeoutError, TimeoutError)):
+            return ConnectTimeoutError(endpoint_url=endpoint, error=str(exc))
+        return EndpointConnectionError(endpoint_url=endpoint, error=str(exc))
+
+    def _lost(self, exc: Exception) -> Exception:
+        """botocore's exception for a failure after the request was handed to the socket: the outcome is unknown."""
+        if isinstance(exc, (urllib3.exceptions.ReadTimeoutError, TimeoutError)):
+            return ReadTimeoutError(endpoint_url=self.meta.endpoint_url, error=exc)
+        return ConnectionClosedError(endpoint_url=self.meta.endpoint_url, error=exc)
 
 
 class _Body:
     """An answer's body, read on demand: a bounded reader takes only the bytes it wants.
 
-    A connection is kept for the next request only once its answer was read
-    to the end; one closed with bytes still unread is dropped, since they
-    would otherwise be taken for the next answer.
+    A connection goes back to the pool for the next request only once its
+    answer was read to the end; one closed with bytes still unread is
+    closed, since they would otherwise be taken for the next answer.
     """
 
-    def __init__(self, client: DirectClient, connection: http.client.HTTPConnection, response: Any) -> None:
+    def __init__(self, client: DirectClient, response: urllib3.BaseHTTPResponse) -> None:
         self._client = client
-        self._connection = connection
         self._response = response
 
     def read(self, amt: int | None = None) -> bytes:
         try:
-            data: bytes = self._response.read() if amt is None else self._response.read(amt)
-        except TimeoutError as exc:
-            self._client._discard(self._connection)
-            raise ReadTimeoutError(endpoint_url=self._client.meta.endpoint_url, error=exc) from exc
-        except (OSError, http.client.HTTPException) as exc:
-            self._client._discard(self._connection)
-            raise ConnectionClosedError(endpoint_url=self._client.meta.endpoint_url, error=exc) from exc
+            data = self._response.read() if amt is None else self._response.read(amt)
+        except (urllib3.exceptions.HTTPError, OSError, HTTPException) as exc:
+            self._response.close()
+            self._response.release_conn()
+            raise self._client._lost(exc) from exc
         if amt is None:
             self.close()
         return data
 
     def close(self) -> None:
-        if not self._response.isclosed() or self._response.will_close:
-            self._client._discard(self._connection)
-
-
-def _idle_and_open(connection: http.client.HTTPConnection) -> bool:
-    """An idle kept connection is readable only if the server closed it (or sent what nobody asked for)."""
-    sock = connection.sock
-    if sock is None:
-        return False
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
-        return False
-    return not readable
+        if not self._response.closed:
+            self._response.close()  # bytes left unread: the connection cannot carry another answer
+        self._response.release_conn()
 
 
 def _client_error(status: int, answer: dict[str, str], data: bytes, method: str) -> ClientError:
     """The error answer as botocore reports it: the S3 code from the XML body, else the status (HEAD has no body)."""
     code = answer.get("x-amz-error-code") or str(status)
-    message = http.client.responses.get(status, "")
+    message = responses.get(status, "")
     try:
         root = ElementTree.fromstring(data) if data else None
     except ElementTree.ParseError:
