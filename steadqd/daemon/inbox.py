@@ -46,7 +46,17 @@ import time
 
 from steadqd.backend import Backend
 from steadqd.daemon.config import InboxConfig, QueueSettings
-from steadqd.daemon.inbox_files import DONE_BEFORE, ENQUEUED, LATER, REFUSED, STATE_DIR, Folder, Intent, Result, shown
+from steadqd.daemon.inbox_files import (
+    DONE_BEFORE,
+    ENQUEUED,
+    LATER,
+    REFUSED,
+    STATE_DIR,
+    Folder,
+    Result,
+    Unreadable,
+    shown,
+)
 from steadqd.daemon.inbox_os import (
     FOLDER_GONE,
     IN_ATTRIB,
@@ -321,11 +331,8 @@ class Watcher:
     def _resolve_intents(self) -> None:
         self._retry_intents_at = None
         for intent in self.folder.pending_intents():
-            if not isinstance(intent, Intent):
-                self.log.warning(
-                    f"watch folder: removing {STATE_DIR}/{shown(intent)}: an intent cut short while being written",
-                )
-                self.folder.drop_unreadable(intent)
+            if isinstance(intent, Unreadable):
+                self._not_a_record(intent)
                 continue
             try:
                 result = self.folder.resolve(intent)
@@ -338,6 +345,20 @@ class Watcher:
                 self._retry_intents_at = time.monotonic() + RETRY_PAUSE
                 continue
             self._report(intent.name, result)
+
+    def _not_a_record(self, bad: Unreadable) -> None:
+        if bad.cut_short:
+            self.log.warning(
+                f"watch folder: removing {STATE_DIR}/{shown(bad.entry)}: an intent cut short while being written",
+            )
+            self.folder.drop_unreadable(bad.entry)
+            return
+        aside = self.folder.set_aside(bad.entry)
+        self.log.warning(
+            f"watch folder: {STATE_DIR}/{shown(bad.entry)} refused and set aside as {shown(aside)}: it {bad.why}; "
+            "nothing was done with it",
+            inbox=self.config.path,
+        )
 
 
 class InboxRole:
@@ -359,6 +380,12 @@ class InboxRole:
         if config is None:
             return
         self._watcher = Watcher(settings, self.log)
+        if self._watcher.folder.exposed:
+            self.log.warning(
+                f"watch folder {shown(config.path)} {self._watcher.folder.exposed}: a member could rename "
+                f"{STATE_DIR} away; make it sticky (chmod +t {shown(config.path)}, mode 3770)",
+                inbox=config.path,
+            )
         self._thread = threading.Thread(target=self._watcher.run, name="steadqd-inbox", daemon=True)
         self._thread.start()
         action = {"keep": "kept", "delete": "deleted", "move": f"moved to {config.move_to}"}[config.after]

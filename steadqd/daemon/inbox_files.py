@@ -34,6 +34,8 @@ import contextlib
 import fcntl
 import json
 import os
+import pwd
+import re
 import stat
 import time
 from dataclasses import asdict, dataclass
@@ -44,10 +46,11 @@ from steadqd.daemon.inbox_os import rename_noreplace
 from steadqd.errors import ErrorKind, InvalidInput, OutcomeUnknown, SteadQError
 from steadqd.text import printable
 
-__all__ = ["STATE_DIR", "Folder", "Intent", "Result", "shown"]
+__all__ = ["STATE_DIR", "Folder", "Intent", "Result", "Unreadable", "one_entry", "shown"]
 
 STATE_DIR = ".steadq-inbox"
-_INTENT, _KEPT, _FILE, _UNRESOLVED = ".intent", ".kept", ".file", ".unresolved"
+_INTENT, _KEPT, _FILE, _UNRESOLVED, _INVALID = ".intent", ".kept", ".file", ".unresolved", ".invalid"
+_JOB_ID = re.compile(r"[0-9a-f]{32}")
 _PATH_TYPE = "text/plain; charset=utf-8"
 _CONTENT_TYPE = "application/octet-stream"
 
@@ -58,6 +61,24 @@ ENQUEUED, REFUSED, LATER, DONE_BEFORE, UNKNOWN = "enqueued", "refused", "later",
 def shown(name: str) -> str:
     """A file name as a log line may carry it: undecodable bytes as \\x escapes, controls escaped."""
     return printable(os.fsencode(name).decode("utf-8", "backslashreplace"))
+
+
+def one_entry(value: object) -> bool:
+    """Whether ``value`` names one entry of a directory and nothing beyond it.
+
+    Every name a record holds is used with the folder's (or move_to's, or the
+    state directory's) descriptor: an absolute path or one with a ``/`` would
+    ignore or leave that directory, and ``..`` would name its parent.
+    """
+    return isinstance(value, str) and value not in ("", ".", "..") and "/" not in value and "\0" not in value
+
+
+def _seen(value: object) -> str:
+    return shown(value) if isinstance(value, str) else printable(repr(value))
+
+
+class BadRecord(ValueError):
+    """A record that parses but names something the daemon must not act on."""
 
 
 @dataclass(frozen=True)
@@ -85,11 +106,40 @@ class Intent:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes) -> Intent:
+    def from_json(cls, raw: bytes, entry: str) -> Intent:
+        """The record in state directory entry ``entry``; BadRecord for anything but what
+        :meth:`Folder.take` writes (a ValueError of json: a record cut short).
+
+        Checked even though the state directory is verified to be the daemon's: a name
+        from a record is used as a path, and one that is not a single entry of the folder
+        (absolute, ``..``, ``a/b``) would make the daemon read, move or unlink files
+        elsewhere with its privileges.
+        """
         d = json.loads(raw)
         if not isinstance(d, dict) or set(d) != set(cls.__dataclass_fields__):
-            raise ValueError("not an intent record")
+            raise BadRecord("is not an intent record")
+        job_id, name, dest = d["job_id"], d["name"], d["dest"]
+        if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
+            raise BadRecord(f"has job id {_seen(job_id)}, not 32 lowercase hex digits")
+        if entry.rsplit(".", 1)[0] != job_id:
+            raise BadRecord(f"has job id {job_id}, not the one its name says")
+        if not one_entry(name) or name.startswith("."):
+            raise BadRecord(f"names {_seen(name)}, not one visible entry of the folder")
+        if dest is not None and (not one_entry(dest) or (dest.startswith(".") and dest != job_id + _FILE)):
+            raise BadRecord(f"puts the file at {_seen(dest)}, not one entry of move_to or the state directory")
+        for key in ("ino", "size", "mtime_ns"):
+            if type(d[key]) is not int or d[key] < 0:
+                raise BadRecord(f"has {key} {_seen(d[key])}, not a number")
         return cls(**d)
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A state directory entry that is not a record to act on: cut short while written, or bad."""
+
+    entry: str
+    why: str
+    cut_short: bool
 
 
 @dataclass(frozen=True)
@@ -124,6 +174,30 @@ def open_for_writing(path_fd: int) -> bool | None:
     return False
 
 
+def _user(uid: int) -> str:
+    try:
+        return f" ({shown(pwd.getpwuid(uid).pw_name)})"
+    except KeyError:
+        return ""
+
+
+def exposed(st: os.stat_result) -> str:
+    """Why others could rename entries of a folder with status ``st`` away, or "" if they cannot.
+
+    In a directory that others may write, anyone may rename or remove any entry,
+    the daemon's state directory included, unless the sticky bit is set (then only
+    an entry's owner, the directory's owner and root may). A folder owned by
+    another user is theirs to rearrange whatever its mode.
+    """
+    euid = os.geteuid()
+    if st.st_uid not in (0, euid):
+        return f"is owned by uid {st.st_uid}{_user(st.st_uid)}, who can rename anything in it"
+    who = [w for bit, w in ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others")) if st.st_mode & bit]
+    if who and not st.st_mode & stat.S_ISVTX:
+        return f"is writable by {' and '.join(who)} without the sticky bit"
+    return ""
+
+
 def _identity(st: os.stat_result) -> tuple[int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
@@ -140,7 +214,15 @@ class Folder:
         self.state_fd = -1
         self.move_fd: int | None = None
         self.kept: dict[int, Intent] = {}  # inode -> the kept file's record
+        # Why a member could rename the state directory away ("" if nobody can).
+        self.exposed = exposed(os.fstat(self.fd))
         try:
+            if self.exposed and config.after == "keep":
+                raise InvalidInput(
+                    f"inbox.path {shown(config.path)} {self.exposed}: with after: keep, renaming "
+                    f"{STATE_DIR} away would make every kept file a job again; make the folder sticky "
+                    f"(chmod +t {shown(config.path)}, mode 3770) or use after: move or delete"
+                )
             self.state_fd = self._state_dir()
             if config.move_to is not None:
                 self.move_fd = self._open_dir(config.move_to, "inbox.move_to")
@@ -165,18 +247,38 @@ class Folder:
             raise InvalidInput(f"{key} {path} cannot be opened by the daemon's user (permission denied)") from None
 
     def _state_dir(self) -> int:
+        """The state directory, verified to be the daemon's own, as a descriptor used from then on.
+
+        The folder is writable by others (a group share): anyone there can make
+        ``.steadq-inbox`` before the first start, or rename the daemon's away and put
+        their own in its place, with records that name any file. Only a directory
+        the daemon's user owns, that nobody else may write, is trusted; it is
+        checked on the descriptor that is then used, so nothing can be swapped
+        between the check and the use.
+        """
         with contextlib.suppress(FileExistsError):
             os.mkdir(STATE_DIR, 0o700, dir_fd=self.fd)
             os.fsync(self.fd)
+        where = f"{shown(self.config.path)}/{STATE_DIR}"
         try:
             fd = os.open(STATE_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
         except OSError as e:
             raise InvalidInput(
-                f"{self.config.path}/{STATE_DIR} must be a directory of the daemon ({e.strerror}); remove what is there"
+                f"{where} must be a directory of the daemon ({e.strerror}); remove what is there"
             ) from None
-        if os.fstat(fd).st_dev != self.dev:
+        st = os.fstat(fd)
+        if st.st_dev != self.dev:
             os.close(fd)
-            raise InvalidInput(f"{self.config.path}/{STATE_DIR} is a mount point; it must be part of the folder")
+            raise InvalidInput(f"{where} is a mount point; it must be part of the folder")
+        euid = os.geteuid()
+        if st.st_uid != euid or stat.S_IMODE(st.st_mode) & 0o077:
+            os.close(fd)
+            raise InvalidInput(
+                f"watch folder state {where} is owned by uid {st.st_uid}{_user(st.st_uid)} with mode "
+                f"{stat.S_IMODE(st.st_mode):04o}, not by the daemon's uid {euid}{_user(euid)} with mode 0700: "
+                f"someone else made or replaced it, so its records are not trusted; look at what it holds, move it "
+                f"out of the folder, make the folder sticky (chmod +t {shown(self.config.path)}) and start again"
+            )
         return fd
 
     def close(self) -> None:
@@ -188,17 +290,20 @@ class Folder:
 
     # -- the state directory -------------------------------------------------------
 
-    def pending_intents(self) -> list[Intent | str]:
-        """Load the ledger of kept files; return the unfinished intents (a name for one that is unreadable)."""
+    def pending_intents(self) -> list[Intent | Unreadable]:
+        """Load the ledger of kept files; return the unfinished intents and the entries not to act on."""
         self.kept.clear()
-        pending: list[Intent | str] = []
+        pending: list[Intent | Unreadable] = []
         for entry in sorted(os.listdir(self.state_fd)):
             if not entry.endswith((_INTENT, _KEPT)):
                 continue
             try:
                 record = self._read_record(entry)
-            except (OSError, ValueError, TypeError):
-                pending.append(entry)
+            except BadRecord as e:
+                pending.append(Unreadable(entry, str(e), cut_short=False))
+                continue
+            except (OSError, ValueError) as e:
+                pending.append(Unreadable(entry, str(e), cut_short=entry.endswith(_INTENT)))
                 continue
             if entry.endswith(_KEPT):
                 self.kept[record.ino] = record
@@ -209,9 +314,16 @@ class Folder:
     def _read_record(self, entry: str) -> Intent:
         fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.state_fd)
         try:
-            return Intent.from_json(os.read(fd, 1 << 16))
+            return Intent.from_json(os.read(fd, 1 << 16), entry)
         finally:
             os.close(fd)
+
+    def set_aside(self, entry: str) -> str:
+        """Rename a record not to act on to ``<entry>.invalid``, for the operator; return the new name."""
+        aside = entry + _INVALID
+        os.rename(entry, aside, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)
+        os.fsync(self.state_fd)
+        return aside
 
     def drop_unreadable(self, entry: str) -> None:
         """An intent that does not parse was cut short while being written: nothing followed it."""

@@ -19,7 +19,7 @@ import pytest
 from steadqd import Queue
 from steadqd.backend import new_job_id
 from steadqd.daemon.config import InboxConfig
-from steadqd.daemon.inbox_files import DONE_BEFORE, ENQUEUED, LATER, REFUSED, STATE_DIR, Folder, Intent
+from steadqd.daemon.inbox_files import DONE_BEFORE, ENQUEUED, LATER, REFUSED, STATE_DIR, Folder, Intent, Unreadable
 from steadqd.errors import ErrorKind, InvalidInput, NotCommitted
 
 
@@ -173,7 +173,7 @@ def test_an_intent_cut_short_is_reported_by_name(queue: Queue, dirs: tuple[Path,
     folder = folder_for(inbox, queue)
     (inbox / STATE_DIR / f"{new_job_id()}.intent").write_bytes(b'{"job_id": "')
     [entry] = folder.pending_intents()
-    assert isinstance(entry, str) and entry.endswith(".intent")
+    assert isinstance(entry, Unreadable) and entry.cut_short and entry.entry.endswith(".intent")
 
 
 def _link_from_outside(p: Path) -> None:
