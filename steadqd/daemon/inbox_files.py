@@ -416,6 +416,8 @@ class Folder:
         try:
             if open_for_writing(fd):
                 return Result(LATER, "is still open for writing")
+            if self.config.payload == "content" and (why := self._unreadable(fd)):
+                return Result(REFUSED, why)  # before the intent: nothing is left behind for it
             self._write_intent(intent)
             if dest is not None:
                 try:
@@ -513,6 +515,23 @@ class Folder:
                 os.fsync(self.fd)
         self._drop_intent(intent)
 
+    @staticmethod
+    def _unreadable(path_fd: int) -> str:
+        """Why the daemon's user cannot read the file ("" if it can).
+
+        A member's upload with umask 077 is theirs alone: waiting does not make it
+        readable, and it must not stop the folder either; it is refused like a FIFO,
+        once, until its mode or content changes.
+        """
+        try:
+            os.close(os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK))
+        except OSError as e:
+            return (
+                f"cannot be read by the daemon's user ({e.strerror}); make it readable by the folder's group "
+                "(upload with umask 007, or chmod g+r)"
+            )
+        return ""
+
     def _payload(self, intent: Intent, path_fd: int) -> tuple[bytes | int, str]:
         if self.config.payload == "path":
             if intent.kind == "move":
@@ -524,7 +543,11 @@ class Folder:
         return os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY), _CONTENT_TYPE
 
     def _enqueue_and_finish(self, intent: Intent, path_fd: int) -> Result:
-        payload, content_type = self._payload(intent, path_fd)
+        try:
+            payload, content_type = self._payload(intent, path_fd)
+        except OSError as e:  # made unreadable since it was looked at, or an intent of an earlier run
+            self._undo(intent)
+            return Result(REFUSED, f"cannot be read by the daemon's user ({e.strerror})")
         raw = os.fsencode(intent.name)
         try:
             display: str | bytes = raw.decode("utf-8")

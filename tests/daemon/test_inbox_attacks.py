@@ -11,7 +11,9 @@ from __future__ import annotations
 import errno
 import json
 import os
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,13 +31,22 @@ SECRET = b"root-only secret\n"
 
 
 @pytest.fixture
-def place(tmp_path: Path) -> dict[str, Path]:
+def place() -> Iterator[dict[str, Path]]:
     """A group-writable folder, a root-owned 0755 directory beside it (think /etc/profile.d) with a
-    0600 secret and a 0644 file in it, and a move_to folder of the daemon."""
-    parent = str(tmp_path)
-    while parent != "/":  # pytest's base dirs are 0700: the member must reach the folder
-        os.chmod(parent, os.stat(parent).st_mode | 0o011)
-        parent = os.path.dirname(parent)
+    0600 secret and a 0644 file in it, and a move_to folder of the daemon.
+
+    Not under pytest's tmp_path: every pytest session sets /tmp/pytest-of-root back to 0700,
+    and the member must reach the folder whatever other sessions run meanwhile.
+    """
+    top = Path(tempfile.mkdtemp(prefix="steadq-inbox-attack-", dir="/tmp"))
+    try:
+        os.chmod(top, 0o755)
+        yield _place(top)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _place(tmp_path: Path) -> dict[str, Path]:
     inbox, rootdir, done = tmp_path / "inbox", tmp_path / "rootdir", tmp_path / "done"
     for d in (inbox, rootdir, done):
         d.mkdir()
@@ -65,6 +76,12 @@ def plant(inbox: Path, make: Callable[[], dict[str, object]], *, rename_away: bo
     """As the member: take the daemon's state directory away (or be first) and plant an intent."""
 
     def attack() -> None:
+        try:
+            steps()
+        except PermissionError as e:  # not a refusal the test expects: show it
+            raise AssertionError(f"the member could not plant: {e}") from e
+
+    def steps() -> None:
         if rename_away:
             os.rename(inbox / STATE_DIR, inbox / "old-state")
         os.mkdir(inbox / STATE_DIR, 0o700)
@@ -213,3 +230,36 @@ def test_a_record_naming_anything_but_one_entry_of_the_folder_is_refused_and_set
     assert os.listdir(done) == ["x.mkv"] and len(jobs(denv.queue_path)) == 1
     left = sorted(os.listdir(inbox / STATE_DIR))
     assert left == sorted(f"{j}.intent.invalid" for j in bad), left
+
+
+# The daemon without root's power to read any file, and in the folder's group, as the `steadq` user
+# is (the interpreter of this test run lives under /root, so a real other uid could not start it).
+NOT_ROOT = ("setpriv", f"--groups={QUEUE_GID}", "--bounding-set=-dac_override,-dac_read_search", "--")
+
+
+def test_a_file_the_daemon_cannot_read_is_refused_and_the_folder_goes_on(denv: Env, place: dict[str, Path]) -> None:
+    inbox = place["inbox"]
+    os.chmod(inbox, 0o3770)
+    write_config(denv, {"path": str(inbox), "settle": "0.1s", "payload": "content", "after": "delete"})
+
+    def upload(name: str, body: bytes, umask: int) -> Callable[[], None]:
+        def go() -> None:
+            os.umask(umask)
+            (inbox / name).write_bytes(body)
+
+        return go
+
+    assert as_user(MEMBER, upload("private.dat", b"mine", 0o077)) == "ok"  # 0600, the member's
+    for run in range(2):  # and again after a restart: nothing piles up
+        d = Daemon(denv, "inbox", wrapper=NOT_ROOT)
+        try:
+            d.wait_log(r"private\.dat refused: it cannot be read by the daemon's user")
+            assert as_user(MEMBER, upload(f"open{run}.dat", b"open%d" % run, 0o007)) == "ok"
+            d.wait_log(rf"open{run}\.dat enqueued as job")
+            assert "stopped" not in d.log()
+        finally:
+            d.stop()
+        assert d.log().count("private.dat refused") == 1
+        assert os.listdir(inbox / STATE_DIR) == []
+    assert sorted(body for _, body, _ in jobs(denv.queue_path)) == [b"open0", b"open1"]
+    assert (inbox / "private.dat").read_bytes() == b"mine"
