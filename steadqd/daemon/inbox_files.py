@@ -31,6 +31,7 @@ a second job; the file itself is never deleted on that path.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -49,7 +50,7 @@ from steadqd.text import printable
 __all__ = ["STATE_DIR", "Folder", "Intent", "Result", "Unreadable", "one_entry", "shown"]
 
 STATE_DIR = ".steadq-inbox"
-_INTENT, _KEPT, _FILE, _UNRESOLVED, _INVALID = ".intent", ".kept", ".file", ".unresolved", ".invalid"
+_INTENT, _KEPT, _FILE, _UNRESOLVED, _INVALID, _TMP = ".intent", ".kept", ".file", ".unresolved", ".invalid", ".tmp"
 _JOB_ID = re.compile(r"[0-9a-f]{32}")
 _PATH_TYPE = "text/plain; charset=utf-8"
 _CONTENT_TYPE = "application/octet-stream"
@@ -295,6 +296,10 @@ class Folder:
         self.kept.clear()
         pending: list[Intent | Unreadable] = []
         for entry in sorted(os.listdir(self.state_fd)):
+            if entry.startswith(".") and entry.endswith(_INTENT + _TMP):  # never renamed into place: nothing followed
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry, dir_fd=self.state_fd)
+                continue
             if not entry.endswith((_INTENT, _KEPT)):
                 continue
             try:
@@ -331,14 +336,30 @@ class Folder:
         os.fsync(self.state_fd)
 
     def _write_intent(self, intent: Intent) -> None:
-        name = intent.job_id + _INTENT
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.state_fd)
+        """Write the intent whole or not at all: under a temporary name, fsynced, then renamed.
+
+        A full disk (ENOSPC) or a quota must leave nothing behind: an empty record
+        would be taken for one cut short by a crash, and kept the file waiting for
+        nothing. A temporary name a SIGKILL leaves is removed at the next start.
+        """
+        name, tmp = intent.job_id + _INTENT, f".{intent.job_id}{_INTENT}{_TMP}"
         try:
-            os.write(fd, intent.to_json())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.fsync(self.state_fd)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.state_fd)
+            try:
+                raw = intent.to_json()
+                if os.write(fd, raw) != len(raw):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)
+            os.fsync(self.state_fd)
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=self.state_fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=self.state_fd)
+            raise
 
     def _drop_intent(self, intent: Intent) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -418,7 +439,10 @@ class Folder:
                 return Result(LATER, "is still open for writing")
             if self.config.payload == "content" and (why := self._unreadable(fd)):
                 return Result(REFUSED, why)  # before the intent: nothing is left behind for it
-            self._write_intent(intent)
+            try:
+                self._write_intent(intent)
+            except OSError as e:  # a full disk: the file waits, and is tried again
+                return Result(LATER, f"cannot be written down yet ({e.strerror})")
             if dest is not None:
                 try:
                     self._place(intent)

@@ -267,3 +267,13 @@ def test_a_name_that_is_not_utf8_survives_a_crash_and_reaches_the_job_as_bytes(
     assert restarted.resolve(intent).outcome == ENQUEUED
     [(_, payload, meta)] = drain_jobs(queue)
     assert payload == os.fsencode(str(done)) + b"/" + raw and meta["inbox_file"] == raw
+
+
+def test_an_intent_never_renamed_into_place_is_removed_at_start(queue: Queue, dirs: tuple[Path, Path]) -> None:
+    """Intents are written under a temporary name and renamed whole: one a SIGKILL left is nothing."""
+    inbox, _ = dirs
+    folder_for(inbox, queue).close()
+    (inbox / STATE_DIR / f".{new_job_id()}.intent.tmp").write_bytes(b'{"job_id": "')
+    folder = folder_for(inbox, queue)
+    assert folder.pending_intents() == []
+    assert os.listdir(inbox / STATE_DIR) == []
