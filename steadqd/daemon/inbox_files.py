@@ -199,6 +199,40 @@ def exposed(st: os.stat_result) -> str:
     return ""
 
 
+def handoff_risk(folder: str) -> str:
+    """Why a path in ``folder`` handed to a job could be redirected later, or "" if it cannot.
+
+    A job given a path opens it when it runs, by that path: whoever can replace the
+    file (or rename any directory on the way) can point the job at any file its user
+    may read, with a symbolic link. So the folder itself must be writable by the
+    daemon's user (or root) alone (the sticky bit is not enough: the uploader owns
+    the file and may replace it), and no directory above it may be rearranged by others.
+    """
+    try:
+        st = os.stat(folder)
+    except OSError as e:
+        return f"cannot be examined ({e.strerror})"
+    if st.st_uid not in (0, os.geteuid()):
+        return exposed(st)
+    who = [w for bit, w in ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others")) if st.st_mode & bit]
+    if who:
+        return f"is writable by {' and '.join(who)}"
+    real = os.path.realpath(folder)
+    for chain in (folder, real):
+        parent = os.path.dirname(chain)
+        while True:
+            try:
+                pst = os.lstat(parent)
+            except OSError as e:
+                return f"lies below {shown(parent)}, which cannot be examined ({e.strerror})"
+            if not stat.S_ISLNK(pst.st_mode) and (why := exposed(pst)):
+                return f"lies below {shown(parent)}, which {why}"
+            if parent == "/":
+                break
+            parent = os.path.dirname(parent)
+    return ""
+
+
 def _identity(st: os.stat_result) -> tuple[int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
@@ -231,6 +265,15 @@ class Folder:
                     raise InvalidInput(
                         f"inbox.move_to {config.move_to} is on another filesystem than inbox.path {config.path}: "
                         "files are moved by rename; choose a folder on the same filesystem"
+                    )
+            if config.payload == "path":
+                handed = config.move_to if config.after == "move" and config.move_to else config.path
+                if why := handoff_risk(handed):
+                    raise InvalidInput(
+                        f"payload: path would hand jobs paths in {shown(handed)}, which {why}: once the job is "
+                        "made, someone else could put a symbolic link in the file's place and the job would read "
+                        "any file its user can; use after: move with a move_to only the daemon's user writes "
+                        "(e.g. mode 2750, owned by it), or payload: content"
                     )
         except BaseException:
             self.close()

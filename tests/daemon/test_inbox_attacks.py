@@ -263,3 +263,44 @@ def test_a_file_the_daemon_cannot_read_is_refused_and_the_folder_goes_on(denv: E
         assert os.listdir(inbox / STATE_DIR) == []
     assert sorted(body for _, body, _ in jobs(denv.queue_path)) == [b"open0", b"open1"]
     assert (inbox / "private.dat").read_bytes() == b"mine"
+
+
+def test_payload_path_is_never_a_path_a_member_can_redirect(denv: Env, place: dict[str, Path]) -> None:
+    """A job given a path in a folder the member may write reads whatever the member puts there
+    after intake (a symbolic link to a root-only file): such a folder is refused for
+    ``payload: path``; a ``move_to`` only the daemon writes is where the job's path points."""
+    inbox, done, secret = place["inbox"], place["done"], place["rootdir"] / "secret"
+    os.chmod(inbox, 0o3770)
+    os.chown(done, 0, QUEUE_GID)
+    os.chmod(done, 0o2770)  # the members' share, where they pick up what was taken
+    config = {"path": str(inbox), "pattern": "*.mkv", "settle": "0.1s", "payload": "path", "after": "move"}
+    write_config(denv, {**config, "move_to": str(done)})
+    d = Daemon(denv, "inbox")
+    try:
+        assert d.wait() == 78, d.log()
+    finally:
+        d.stop()
+    assert f"payload: path would hand jobs paths in {done}, which is writable by its group" in d.log()
+    write_config(denv, {"path": str(inbox), "settle": "0.1s", "payload": "path", "after": "keep"})
+    d = Daemon(denv, "inbox")
+    try:
+        assert d.wait() == 78, d.log()
+    finally:
+        d.stop()
+    assert f"payload: path would hand jobs paths in {inbox}, which is writable by its group" in d.log()
+
+    os.chmod(done, 0o2750)  # readable by the group, written by the daemon only
+    write_config(denv, {**config, "move_to": str(done)})
+    assert as_user(MEMBER, lambda: (inbox / "x.mkv").write_bytes(b"the member's movie")) == "ok"
+    with running(denv) as d:
+        d.wait_log(r"x\.mkv enqueued as job")
+
+    def redirect() -> None:
+        with pytest.raises(PermissionError):
+            os.unlink(done / "x.mkv")
+        with pytest.raises(PermissionError):
+            os.symlink(secret, done / "y.mkv")
+
+    assert as_user(MEMBER, redirect) == "ok"
+    [(_, path, _)] = jobs(denv.queue_path)
+    assert Path(os.fsdecode(path)).read_bytes() == b"the member's movie"  # what the job's `cp` would copy
