@@ -233,6 +233,28 @@ def handoff_risk(folder: str) -> str:
     return ""
 
 
+def _prefixed(prefix: str, name: str, name_max: int) -> str:
+    """``prefix + name``, its stem shortened where that is longer than a name may be.
+
+    A name of 247 bytes or more in front of which the job id's digits go would fail with
+    ENAMETOOLONG every time: the stem is cut (whole UTF-8 characters where the name is
+    UTF-8) and an extension of up to 16 bytes is kept, so ``movie.mkv`` stays a ``.mkv``.
+    """
+    raw, head = os.fsencode(name), os.fsencode(prefix)
+    if len(head) + len(raw) <= name_max:
+        return prefix + name
+    stem, dot, ext = raw.rpartition(b".")
+    tail = dot + ext if stem and len(ext) < 16 else b""
+    cut = raw[: name_max - len(head) - len(tail)]
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    else:
+        cut = cut.decode("utf-8", "ignore").encode()  # no character split in two
+    return os.fsdecode(head + cut + tail)
+
+
 def _identity(st: os.stat_result) -> tuple[int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
@@ -470,7 +492,8 @@ class Folder:
         if after == "move":
             dest = name
             if self._exists(self.move_fd, name):
-                dest = f"{job_id[:8]}-{name}"
+                assert self.move_fd is not None
+                dest = _prefixed(f"{job_id[:8]}-", name, os.fpathconf(self.move_fd, "PC_NAME_MAX"))
         elif after == "delete":
             dest = job_id + _FILE
         intent = Intent(job_id, name, *_identity(st), dest)

@@ -277,3 +277,24 @@ def test_an_intent_never_renamed_into_place_is_removed_at_start(queue: Queue, di
     folder = folder_for(inbox, queue)
     assert folder.pending_intents() == []
     assert os.listdir(inbox / STATE_DIR) == []
+
+
+@pytest.mark.parametrize("stem", ["a" * 246, "é" * 123, "a" * 251], ids=["ascii", "utf8", "longest"])
+def test_a_long_name_already_in_move_to_is_shortened_keeping_its_extension(
+    queue: Queue, dirs: tuple[Path, Path], stem: str
+) -> None:
+    """With the job id's 8 digits in front, a name of 247+ bytes would be longer than a name may
+    be (ENAMETOOLONG) and was tried again every 5 s forever: it is shortened instead."""
+    inbox, done = dirs
+    name = stem + ".mkv"
+    (inbox / name).write_bytes(b"new")
+    (done / name).write_bytes(b"older")
+    folder = folder_for(inbox, queue, after="move", payload="path", move_to=str(done))
+    result = take(folder, name)
+    assert result.outcome == ENQUEUED, result
+    [moved] = [n for n in os.listdir(done) if n != name]
+    assert moved.startswith(f"{result.job_id[:8]}-") and moved.endswith(".mkv")
+    assert len(os.fsencode(moved)) <= 255 and moved.encode("utf-8")  # whole characters only
+    assert (done / moved).read_bytes() == b"new" and (done / name).read_bytes() == b"older"
+    [(_, body, _)] = drain_jobs(queue)
+    assert body == os.fsencode(str(done / moved))
