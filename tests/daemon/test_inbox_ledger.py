@@ -10,6 +10,8 @@ test of the real daemon is in test_inbox_kill.py.
 from __future__ import annotations
 
 import os
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -298,3 +300,28 @@ def test_a_long_name_already_in_move_to_is_shortened_keeping_its_extension(
     assert (done / moved).read_bytes() == b"new" and (done / name).read_bytes() == b"older"
     [(_, body, _)] = drain_jobs(queue)
     assert body == os.fsencode(str(done / moved))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to bind-mount")
+def test_a_file_mounted_over_a_name_of_the_folder_is_refused(queue: Queue, dirs: tuple[Path, Path]) -> None:
+    """A bind mount of a file from another filesystem is not a file of the folder."""
+    inbox, _ = dirs
+    target = inbox / "x.mkv"
+    target.write_bytes(b"placeholder")
+    with tempfile.NamedTemporaryFile(dir="/dev/shm") as other:
+        subprocess.run(["mount", "--bind", other.name, str(target)], check=True, timeout=30)
+        try:
+            st, why = folder_for(inbox, queue).look("x.mkv")
+        finally:
+            subprocess.run(["umount", str(target)], check=True, timeout=30)
+    assert st is None and "another filesystem" in why
+
+
+def test_a_state_directory_that_is_a_symbolic_link_is_refused(queue: Queue, dirs: tuple[Path, Path]) -> None:
+    """Even to a directory of the daemon's own (0700): its records would belong to another folder."""
+    inbox, _ = dirs
+    elsewhere = inbox.parent / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    os.symlink(elsewhere, inbox / STATE_DIR)
+    with pytest.raises(InvalidInput, match=f"{STATE_DIR} must be a directory of the daemon"):
+        folder_for(inbox, queue)
