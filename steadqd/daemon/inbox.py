@@ -46,7 +46,17 @@ import time
 
 from steadqd.backend import Backend
 from steadqd.daemon.config import InboxConfig, QueueSettings
-from steadqd.daemon.inbox_files import DONE_BEFORE, ENQUEUED, LATER, REFUSED, STATE_DIR, Folder, Intent, Result, shown
+from steadqd.daemon.inbox_files import (
+    DONE_BEFORE,
+    ENQUEUED,
+    LATER,
+    REFUSED,
+    STATE_DIR,
+    Folder,
+    Result,
+    Unreadable,
+    shown,
+)
 from steadqd.daemon.inbox_os import (
     FOLDER_GONE,
     IN_ATTRIB,
@@ -68,6 +78,11 @@ from steadqd.errors import SteadQError
 __all__ = ["InboxRole", "Watcher"]
 
 RETRY_PAUSE = 5.0  # s before a file that could not be taken (full queue, unknown outcome) is tried again
+# Refusals named one line each per summary window; the rest are counted in one line at its end
+# (and when the watch stops): 20,000 directories dropped in must not be 20,000 journal lines,
+# which journald's rate limit would answer by dropping the daemon's real errors too.
+REFUSALS_NAMED = 10
+SUMMARY_EVERY = 60.0
 _JOIN_TIMEOUT = 30.0
 
 Signature = tuple[int, int, int, int]  # inode, size, mtime_ns, ctime_ns
@@ -111,6 +126,9 @@ class Watcher:
         self.gone = False
         self.enqueued = 0
         self.refused = 0
+        self._named = 0  # refusals named in this summary window
+        self._unnamed = 0  # and counted only
+        self._summary_at: float | None = None
         # A folder inside the watched one (e.g. move_to) is not a file to refuse.
         m = self.config.move_to
         self._skip_dirs = {os.path.basename(m)} if m is not None and os.path.dirname(m) == self.config.path else set()
@@ -144,17 +162,22 @@ class Watcher:
                 self._wait()
                 self._read_events()
                 self._take_due()
+                if self._summary_at is not None and time.monotonic() >= self._summary_at:
+                    self._summarise()
         except Exception as e:  # the role reports it; the worker in the same process goes on
             self.log.error(f"watch folder {self.config.path} stopped: {e}", inbox=self.config.path)
             self.gone = True
+        finally:
+            self._summarise()
 
     def _wait(self) -> None:
         timeout = None
         if self._due:
             timeout = max(0.0, self._due[0][0] - time.monotonic())
-        if self._retry_intents_at is not None:
-            until = max(0.0, self._retry_intents_at - time.monotonic())
-            timeout = until if timeout is None else min(timeout, until)
+        for at in (self._retry_intents_at, self._summary_at):
+            if at is not None:
+                until = max(0.0, at - time.monotonic())
+                timeout = until if timeout is None else min(timeout, until)
         ready, _, _ = select.select([self.inotify, self._wake_r], [], [], timeout)
         if self._wake_r in ready:
             with contextlib.suppress(BlockingIOError):
@@ -271,7 +294,28 @@ class Watcher:
             sig = None
         self._refused[name] = sig
         self.refused += 1
-        self.log.warning(f"watch folder: {shown(name)} refused: it {why}", inbox_file=shown(name))
+        if self._summary_at is None:
+            self._summary_at = time.monotonic() + SUMMARY_EVERY
+        if self._named >= REFUSALS_NAMED:
+            self._unnamed += 1
+            return
+        self._named += 1
+        more = ""
+        if self._named == REFUSALS_NAMED:
+            more = f"; further refusals are counted, in one line per {SUMMARY_EVERY:g}s"
+        self.log.warning(f"watch folder: {shown(name)} refused: it {why}{more}", inbox_file=shown(name))
+
+    def _summarise(self) -> None:
+        """End a summary window: one line for the refusals not named in it."""
+        if self._unnamed:
+            self.log.warning(
+                f"watch folder {shown(self.config.path)}: {self._unnamed} more files refused without a line each "
+                f"({self.refused} in all); `systemctl status` counts them",
+                inbox=self.config.path,
+                refused=self._unnamed,
+            )
+        self._named = self._unnamed = 0
+        self._summary_at = None
 
     def _report(self, name: str, result: Result) -> None:
         shown_name = shown(name)
@@ -321,11 +365,8 @@ class Watcher:
     def _resolve_intents(self) -> None:
         self._retry_intents_at = None
         for intent in self.folder.pending_intents():
-            if not isinstance(intent, Intent):
-                self.log.warning(
-                    f"watch folder: removing {STATE_DIR}/{shown(intent)}: an intent cut short while being written",
-                )
-                self.folder.drop_unreadable(intent)
+            if isinstance(intent, Unreadable):
+                self._not_a_record(intent)
                 continue
             try:
                 result = self.folder.resolve(intent)
@@ -338,6 +379,20 @@ class Watcher:
                 self._retry_intents_at = time.monotonic() + RETRY_PAUSE
                 continue
             self._report(intent.name, result)
+
+    def _not_a_record(self, bad: Unreadable) -> None:
+        if bad.cut_short:
+            self.log.warning(
+                f"watch folder: removing {STATE_DIR}/{shown(bad.entry)}: an intent cut short while being written",
+            )
+            self.folder.drop_unreadable(bad.entry)
+            return
+        aside = self.folder.set_aside(bad.entry)
+        self.log.warning(
+            f"watch folder: {STATE_DIR}/{shown(bad.entry)} refused and set aside as {shown(aside)}: it {bad.why}; "
+            "nothing was done with it",
+            inbox=self.config.path,
+        )
 
 
 class InboxRole:
@@ -359,6 +414,12 @@ class InboxRole:
         if config is None:
             return
         self._watcher = Watcher(settings, self.log)
+        if self._watcher.folder.exposed:
+            self.log.warning(
+                f"watch folder {shown(config.path)} {self._watcher.folder.exposed}: a member could rename "
+                f"{STATE_DIR} away; make it sticky (chmod +t {shown(config.path)}, mode 3770)",
+                inbox=config.path,
+            )
         self._thread = threading.Thread(target=self._watcher.run, name="steadqd-inbox", daemon=True)
         self._thread.start()
         action = {"keep": "kept", "delete": "deleted", "move": f"moved to {config.move_to}"}[config.after]

@@ -31,9 +31,12 @@ a second job; the file itself is never deleted on that path.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import pwd
+import re
 import stat
 import time
 from dataclasses import asdict, dataclass
@@ -44,10 +47,11 @@ from steadqd.daemon.inbox_os import rename_noreplace
 from steadqd.errors import ErrorKind, InvalidInput, OutcomeUnknown, SteadQError
 from steadqd.text import printable
 
-__all__ = ["STATE_DIR", "Folder", "Intent", "Result", "shown"]
+__all__ = ["STATE_DIR", "Folder", "Intent", "Result", "Unreadable", "one_entry", "shown"]
 
 STATE_DIR = ".steadq-inbox"
-_INTENT, _KEPT, _FILE, _UNRESOLVED = ".intent", ".kept", ".file", ".unresolved"
+_INTENT, _KEPT, _FILE, _UNRESOLVED, _INVALID, _TMP = ".intent", ".kept", ".file", ".unresolved", ".invalid", ".tmp"
+_JOB_ID = re.compile(r"[0-9a-f]{32}")
 _PATH_TYPE = "text/plain; charset=utf-8"
 _CONTENT_TYPE = "application/octet-stream"
 
@@ -58,6 +62,24 @@ ENQUEUED, REFUSED, LATER, DONE_BEFORE, UNKNOWN = "enqueued", "refused", "later",
 def shown(name: str) -> str:
     """A file name as a log line may carry it: undecodable bytes as \\x escapes, controls escaped."""
     return printable(os.fsencode(name).decode("utf-8", "backslashreplace"))
+
+
+def one_entry(value: object) -> bool:
+    """Whether ``value`` names one entry of a directory and nothing beyond it.
+
+    Every name a record holds is used with the folder's (or move_to's, or the
+    state directory's) descriptor: an absolute path or one with a ``/`` would
+    ignore or leave that directory, and ``..`` would name its parent.
+    """
+    return isinstance(value, str) and value not in ("", ".", "..") and "/" not in value and "\0" not in value
+
+
+def _seen(value: object) -> str:
+    return shown(value) if isinstance(value, str) else printable(repr(value))
+
+
+class BadRecord(ValueError):
+    """A record that parses but names something the daemon must not act on."""
 
 
 @dataclass(frozen=True)
@@ -85,11 +107,40 @@ class Intent:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes) -> Intent:
+    def from_json(cls, raw: bytes, entry: str) -> Intent:
+        """The record in state directory entry ``entry``; BadRecord for anything but what
+        :meth:`Folder.take` writes (a ValueError of json: a record cut short).
+
+        Checked even though the state directory is verified to be the daemon's: a name
+        from a record is used as a path, and one that is not a single entry of the folder
+        (absolute, ``..``, ``a/b``) would make the daemon read, move or unlink files
+        elsewhere with its privileges.
+        """
         d = json.loads(raw)
         if not isinstance(d, dict) or set(d) != set(cls.__dataclass_fields__):
-            raise ValueError("not an intent record")
+            raise BadRecord("is not an intent record")
+        job_id, name, dest = d["job_id"], d["name"], d["dest"]
+        if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
+            raise BadRecord(f"has job id {_seen(job_id)}, not 32 lowercase hex digits")
+        if entry.rsplit(".", 1)[0] != job_id:
+            raise BadRecord(f"has job id {job_id}, not the one its name says")
+        if not one_entry(name) or name.startswith("."):
+            raise BadRecord(f"names {_seen(name)}, not one visible entry of the folder")
+        if dest is not None and (not one_entry(dest) or (dest.startswith(".") and dest != job_id + _FILE)):
+            raise BadRecord(f"puts the file at {_seen(dest)}, not one entry of move_to or the state directory")
+        for key in ("ino", "size", "mtime_ns"):
+            if type(d[key]) is not int or d[key] < 0:
+                raise BadRecord(f"has {key} {_seen(d[key])}, not a number")
         return cls(**d)
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A state directory entry that is not a record to act on: cut short while written, or bad."""
+
+    entry: str
+    why: str
+    cut_short: bool
 
 
 @dataclass(frozen=True)
@@ -124,6 +175,86 @@ def open_for_writing(path_fd: int) -> bool | None:
     return False
 
 
+def _user(uid: int) -> str:
+    try:
+        return f" ({shown(pwd.getpwuid(uid).pw_name)})"
+    except KeyError:
+        return ""
+
+
+def exposed(st: os.stat_result) -> str:
+    """Why others could rename entries of a folder with status ``st`` away, or "" if they cannot.
+
+    In a directory that others may write, anyone may rename or remove any entry,
+    the daemon's state directory included, unless the sticky bit is set (then only
+    an entry's owner, the directory's owner and root may). A folder owned by
+    another user is theirs to rearrange whatever its mode.
+    """
+    euid = os.geteuid()
+    if st.st_uid not in (0, euid):
+        return f"is owned by uid {st.st_uid}{_user(st.st_uid)}, who can rename anything in it"
+    who = [w for bit, w in ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others")) if st.st_mode & bit]
+    if who and not st.st_mode & stat.S_ISVTX:
+        return f"is writable by {' and '.join(who)} without the sticky bit"
+    return ""
+
+
+def handoff_risk(folder: str) -> str:
+    """Why a path in ``folder`` handed to a job could be redirected later, or "" if it cannot.
+
+    A job given a path opens it when it runs, by that path: whoever can replace the
+    file (or rename any directory on the way) can point the job at any file its user
+    may read, with a symbolic link. So the folder itself must be writable by the
+    daemon's user (or root) alone (the sticky bit is not enough: the uploader owns
+    the file and may replace it), and no directory above it may be rearranged by others.
+    """
+    try:
+        st = os.stat(folder)
+    except OSError as e:
+        return f"cannot be examined ({e.strerror})"
+    if st.st_uid not in (0, os.geteuid()):
+        return exposed(st)
+    who = [w for bit, w in ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others")) if st.st_mode & bit]
+    if who:
+        return f"is writable by {' and '.join(who)}"
+    real = os.path.realpath(folder)
+    for chain in (folder, real):
+        parent = os.path.dirname(chain)
+        while True:
+            try:
+                pst = os.lstat(parent)
+            except OSError as e:
+                return f"lies below {shown(parent)}, which cannot be examined ({e.strerror})"
+            if not stat.S_ISLNK(pst.st_mode) and (why := exposed(pst)):
+                return f"lies below {shown(parent)}, which {why}"
+            if parent == "/":
+                break
+            parent = os.path.dirname(parent)
+    return ""
+
+
+def _prefixed(prefix: str, name: str, name_max: int) -> str:
+    """``prefix + name``, its stem shortened where that is longer than a name may be.
+
+    A name of 247 bytes or more in front of which the job id's digits go would fail with
+    ENAMETOOLONG every time: the stem is cut (whole UTF-8 characters where the name is
+    UTF-8) and an extension of up to 16 bytes is kept, so ``movie.mkv`` stays a ``.mkv``.
+    """
+    raw, head = os.fsencode(name), os.fsencode(prefix)
+    if len(head) + len(raw) <= name_max:
+        return prefix + name
+    stem, dot, ext = raw.rpartition(b".")
+    tail = dot + ext if stem and len(ext) < 16 else b""
+    cut = raw[: name_max - len(head) - len(tail)]
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    else:
+        cut = cut.decode("utf-8", "ignore").encode()  # no character split in two
+    return os.fsdecode(head + cut + tail)
+
+
 def _identity(st: os.stat_result) -> tuple[int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
@@ -140,7 +271,15 @@ class Folder:
         self.state_fd = -1
         self.move_fd: int | None = None
         self.kept: dict[int, Intent] = {}  # inode -> the kept file's record
+        # Why a member could rename the state directory away ("" if nobody can).
+        self.exposed = exposed(os.fstat(self.fd))
         try:
+            if self.exposed and config.after == "keep":
+                raise InvalidInput(
+                    f"inbox.path {shown(config.path)} {self.exposed}: with after: keep, renaming "
+                    f"{STATE_DIR} away would make every kept file a job again; make the folder sticky "
+                    f"(chmod +t {shown(config.path)}, mode 3770) or use after: move or delete"
+                )
             self.state_fd = self._state_dir()
             if config.move_to is not None:
                 self.move_fd = self._open_dir(config.move_to, "inbox.move_to")
@@ -148,6 +287,15 @@ class Folder:
                     raise InvalidInput(
                         f"inbox.move_to {config.move_to} is on another filesystem than inbox.path {config.path}: "
                         "files are moved by rename; choose a folder on the same filesystem"
+                    )
+            if config.payload == "path":
+                handed = config.move_to if config.after == "move" and config.move_to else config.path
+                if why := handoff_risk(handed):
+                    raise InvalidInput(
+                        f"payload: path would hand jobs paths in {shown(handed)}, which {why}: once the job is "
+                        "made, someone else could put a symbolic link in the file's place and the job would read "
+                        "any file its user can; use after: move with a move_to only the daemon's user writes "
+                        "(e.g. mode 2750, owned by it), or payload: content"
                     )
         except BaseException:
             self.close()
@@ -165,18 +313,38 @@ class Folder:
             raise InvalidInput(f"{key} {path} cannot be opened by the daemon's user (permission denied)") from None
 
     def _state_dir(self) -> int:
+        """The state directory, verified to be the daemon's own, as a descriptor used from then on.
+
+        The folder is writable by others (a group share): anyone there can make
+        ``.steadq-inbox`` before the first start, or rename the daemon's away and put
+        their own in its place, with records that name any file. Only a directory
+        the daemon's user owns, that nobody else may write, is trusted; it is
+        checked on the descriptor that is then used, so nothing can be swapped
+        between the check and the use.
+        """
         with contextlib.suppress(FileExistsError):
             os.mkdir(STATE_DIR, 0o700, dir_fd=self.fd)
             os.fsync(self.fd)
+        where = f"{shown(self.config.path)}/{STATE_DIR}"
         try:
             fd = os.open(STATE_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
         except OSError as e:
             raise InvalidInput(
-                f"{self.config.path}/{STATE_DIR} must be a directory of the daemon ({e.strerror}); remove what is there"
+                f"{where} must be a directory of the daemon ({e.strerror}); remove what is there"
             ) from None
-        if os.fstat(fd).st_dev != self.dev:
+        st = os.fstat(fd)
+        if st.st_dev != self.dev:
             os.close(fd)
-            raise InvalidInput(f"{self.config.path}/{STATE_DIR} is a mount point; it must be part of the folder")
+            raise InvalidInput(f"{where} is a mount point; it must be part of the folder")
+        euid = os.geteuid()
+        if st.st_uid != euid or stat.S_IMODE(st.st_mode) & 0o077:
+            os.close(fd)
+            raise InvalidInput(
+                f"watch folder state {where} is owned by uid {st.st_uid}{_user(st.st_uid)} with mode "
+                f"{stat.S_IMODE(st.st_mode):04o}, not by the daemon's uid {euid}{_user(euid)} with mode 0700: "
+                f"someone else made or replaced it, so its records are not trusted; look at what it holds, move it "
+                f"out of the folder, make the folder sticky (chmod +t {shown(self.config.path)}) and start again"
+            )
         return fd
 
     def close(self) -> None:
@@ -188,17 +356,24 @@ class Folder:
 
     # -- the state directory -------------------------------------------------------
 
-    def pending_intents(self) -> list[Intent | str]:
-        """Load the ledger of kept files; return the unfinished intents (a name for one that is unreadable)."""
+    def pending_intents(self) -> list[Intent | Unreadable]:
+        """Load the ledger of kept files; return the unfinished intents and the entries not to act on."""
         self.kept.clear()
-        pending: list[Intent | str] = []
+        pending: list[Intent | Unreadable] = []
         for entry in sorted(os.listdir(self.state_fd)):
+            if entry.startswith(".") and entry.endswith(_INTENT + _TMP):  # never renamed into place: nothing followed
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry, dir_fd=self.state_fd)
+                continue
             if not entry.endswith((_INTENT, _KEPT)):
                 continue
             try:
                 record = self._read_record(entry)
-            except (OSError, ValueError, TypeError):
-                pending.append(entry)
+            except BadRecord as e:
+                pending.append(Unreadable(entry, str(e), cut_short=False))
+                continue
+            except (OSError, ValueError) as e:
+                pending.append(Unreadable(entry, str(e), cut_short=entry.endswith(_INTENT)))
                 continue
             if entry.endswith(_KEPT):
                 self.kept[record.ino] = record
@@ -209,9 +384,16 @@ class Folder:
     def _read_record(self, entry: str) -> Intent:
         fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.state_fd)
         try:
-            return Intent.from_json(os.read(fd, 1 << 16))
+            return Intent.from_json(os.read(fd, 1 << 16), entry)
         finally:
             os.close(fd)
+
+    def set_aside(self, entry: str) -> str:
+        """Rename a record not to act on to ``<entry>.invalid``, for the operator; return the new name."""
+        aside = entry + _INVALID
+        os.rename(entry, aside, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)
+        os.fsync(self.state_fd)
+        return aside
 
     def drop_unreadable(self, entry: str) -> None:
         """An intent that does not parse was cut short while being written: nothing followed it."""
@@ -219,14 +401,30 @@ class Folder:
         os.fsync(self.state_fd)
 
     def _write_intent(self, intent: Intent) -> None:
-        name = intent.job_id + _INTENT
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.state_fd)
+        """Write the intent whole or not at all: under a temporary name, fsynced, then renamed.
+
+        A full disk (ENOSPC) or a quota must leave nothing behind: an empty record
+        would be taken for one cut short by a crash, and kept the file waiting for
+        nothing. A temporary name a SIGKILL leaves is removed at the next start.
+        """
+        name, tmp = intent.job_id + _INTENT, f".{intent.job_id}{_INTENT}{_TMP}"
         try:
-            os.write(fd, intent.to_json())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.fsync(self.state_fd)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.state_fd)
+            try:
+                raw = intent.to_json()
+                if os.write(fd, raw) != len(raw):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)
+            os.fsync(self.state_fd)
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=self.state_fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=self.state_fd)
+            raise
 
     def _drop_intent(self, intent: Intent) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -294,7 +492,8 @@ class Folder:
         if after == "move":
             dest = name
             if self._exists(self.move_fd, name):
-                dest = f"{job_id[:8]}-{name}"
+                assert self.move_fd is not None
+                dest = _prefixed(f"{job_id[:8]}-", name, os.fpathconf(self.move_fd, "PC_NAME_MAX"))
         elif after == "delete":
             dest = job_id + _FILE
         intent = Intent(job_id, name, *_identity(st), dest)
@@ -304,7 +503,12 @@ class Folder:
         try:
             if open_for_writing(fd):
                 return Result(LATER, "is still open for writing")
-            self._write_intent(intent)
+            if self.config.payload == "content" and (why := self._unreadable(fd)):
+                return Result(REFUSED, why)  # before the intent: nothing is left behind for it
+            try:
+                self._write_intent(intent)
+            except OSError as e:  # a full disk: the file waits, and is tried again
+                return Result(LATER, f"cannot be written down yet ({e.strerror})")
             if dest is not None:
                 try:
                     self._place(intent)
@@ -401,6 +605,23 @@ class Folder:
                 os.fsync(self.fd)
         self._drop_intent(intent)
 
+    @staticmethod
+    def _unreadable(path_fd: int) -> str:
+        """Why the daemon's user cannot read the file ("" if it can).
+
+        A member's upload with umask 077 is theirs alone: waiting does not make it
+        readable, and it must not stop the folder either; it is refused like a FIFO,
+        once, until its mode or content changes.
+        """
+        try:
+            os.close(os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK))
+        except OSError as e:
+            return (
+                f"cannot be read by the daemon's user ({e.strerror}); make it readable by the folder's group "
+                "(upload with umask 007, or chmod g+r)"
+            )
+        return ""
+
     def _payload(self, intent: Intent, path_fd: int) -> tuple[bytes | int, str]:
         if self.config.payload == "path":
             if intent.kind == "move":
@@ -412,7 +633,11 @@ class Folder:
         return os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY), _CONTENT_TYPE
 
     def _enqueue_and_finish(self, intent: Intent, path_fd: int) -> Result:
-        payload, content_type = self._payload(intent, path_fd)
+        try:
+            payload, content_type = self._payload(intent, path_fd)
+        except OSError as e:  # made unreadable since it was looked at, or an intent of an earlier run
+            self._undo(intent)
+            return Result(REFUSED, f"cannot be read by the daemon's user ({e.strerror})")
         raw = os.fsencode(intent.name)
         try:
             display: str | bytes = raw.decode("utf-8")

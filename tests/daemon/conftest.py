@@ -170,7 +170,10 @@ def payload_copies_removed(env: Env) -> None:
 class Daemon:
     """A ``steadqd <role> <queue>`` subprocess with its stderr captured to a file."""
 
-    def __init__(self, env: Env, role: str = "worker", extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, env: Env, role: str = "worker", extra_env: dict[str, str] | None = None, wrapper: tuple[str, ...] = ()
+    ) -> None:
+        """``wrapper`` is a command line the daemon's is appended to (setpriv, to run it with fewer capabilities)."""
         self.env = env
         self.log_path = env.tmp / f"{role}-{time.monotonic_ns()}.log"
         child_env = {
@@ -185,7 +188,7 @@ class Daemon:
         child_env.update(extra_env or {})
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [STEADQD, "--config-dir", str(env.config_dir), role, env.name],
+            [*wrapper, STEADQD, "--config-dir", str(env.config_dir), role, env.name],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,

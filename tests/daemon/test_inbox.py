@@ -302,3 +302,21 @@ def test_a_file_still_open_for_writing_is_not_taken_however_long_it_is_idle(
         d.wait_log(r"slow.bin enqueued as job")
     [(_, payload, _)] = jobs(denv.queue_path)
     assert payload == b"first half second half"
+
+
+def test_a_flood_of_refusals_names_the_first_few_and_counts_the_rest(denv: Env, folders: tuple[Path, Path]) -> None:
+    """Thousands of directories dropped in must not flood the journal (journald's rate limit would
+    then hide real errors): the first ones are named, the rest counted in a summary line."""
+    inbox, _ = folders
+    write_config(denv, {"path": str(inbox), "settle": "0.1s", "payload": "content", "after": "delete"})
+    for i in range(2000):
+        (inbox / f"d{i:04}").mkdir()
+    with running(denv) as d:
+        (inbox / "last.dat").write_bytes(b"x")  # armed after every directory: taken after their refusals
+        d.wait_log(r"last\.dat enqueued as job")
+        d.signal(signal.SIGTERM)
+        d.wait()
+    log = d.log()
+    assert log.count("refused: it is a directory") == 10, log
+    assert "further refusals are counted" in log
+    assert "1990 more files refused without a line each (2000 in all)" in log, log

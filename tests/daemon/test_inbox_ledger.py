@@ -10,6 +10,8 @@ test of the real daemon is in test_inbox_kill.py.
 from __future__ import annotations
 
 import os
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +21,7 @@ import pytest
 from steadqd import Queue
 from steadqd.backend import new_job_id
 from steadqd.daemon.config import InboxConfig
-from steadqd.daemon.inbox_files import DONE_BEFORE, ENQUEUED, LATER, REFUSED, STATE_DIR, Folder, Intent
+from steadqd.daemon.inbox_files import DONE_BEFORE, ENQUEUED, LATER, REFUSED, STATE_DIR, Folder, Intent, Unreadable
 from steadqd.errors import ErrorKind, InvalidInput, NotCommitted
 
 
@@ -173,7 +175,7 @@ def test_an_intent_cut_short_is_reported_by_name(queue: Queue, dirs: tuple[Path,
     folder = folder_for(inbox, queue)
     (inbox / STATE_DIR / f"{new_job_id()}.intent").write_bytes(b'{"job_id": "')
     [entry] = folder.pending_intents()
-    assert isinstance(entry, str) and entry.endswith(".intent")
+    assert isinstance(entry, Unreadable) and entry.cut_short and entry.entry.endswith(".intent")
 
 
 def _link_from_outside(p: Path) -> None:
@@ -267,3 +269,59 @@ def test_a_name_that_is_not_utf8_survives_a_crash_and_reaches_the_job_as_bytes(
     assert restarted.resolve(intent).outcome == ENQUEUED
     [(_, payload, meta)] = drain_jobs(queue)
     assert payload == os.fsencode(str(done)) + b"/" + raw and meta["inbox_file"] == raw
+
+
+def test_an_intent_never_renamed_into_place_is_removed_at_start(queue: Queue, dirs: tuple[Path, Path]) -> None:
+    """Intents are written under a temporary name and renamed whole: one a SIGKILL left is nothing."""
+    inbox, _ = dirs
+    folder_for(inbox, queue).close()
+    (inbox / STATE_DIR / f".{new_job_id()}.intent.tmp").write_bytes(b'{"job_id": "')
+    folder = folder_for(inbox, queue)
+    assert folder.pending_intents() == []
+    assert os.listdir(inbox / STATE_DIR) == []
+
+
+@pytest.mark.parametrize("stem", ["a" * 246, "é" * 123, "a" * 251], ids=["ascii", "utf8", "longest"])
+def test_a_long_name_already_in_move_to_is_shortened_keeping_its_extension(
+    queue: Queue, dirs: tuple[Path, Path], stem: str
+) -> None:
+    """With the job id's 8 digits in front, a name of 247+ bytes would be longer than a name may
+    be (ENAMETOOLONG) and was tried again every 5 s forever: it is shortened instead."""
+    inbox, done = dirs
+    name = stem + ".mkv"
+    (inbox / name).write_bytes(b"new")
+    (done / name).write_bytes(b"older")
+    folder = folder_for(inbox, queue, after="move", payload="path", move_to=str(done))
+    result = take(folder, name)
+    assert result.outcome == ENQUEUED, result
+    [moved] = [n for n in os.listdir(done) if n != name]
+    assert moved.startswith(f"{result.job_id[:8]}-") and moved.endswith(".mkv")
+    assert len(os.fsencode(moved)) <= 255 and moved.encode("utf-8")  # whole characters only
+    assert (done / moved).read_bytes() == b"new" and (done / name).read_bytes() == b"older"
+    [(_, body, _)] = drain_jobs(queue)
+    assert body == os.fsencode(str(done / moved))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to bind-mount")
+def test_a_file_mounted_over_a_name_of_the_folder_is_refused(queue: Queue, dirs: tuple[Path, Path]) -> None:
+    """A bind mount of a file from another filesystem is not a file of the folder."""
+    inbox, _ = dirs
+    target = inbox / "x.mkv"
+    target.write_bytes(b"placeholder")
+    with tempfile.NamedTemporaryFile(dir="/dev/shm") as other:
+        subprocess.run(["mount", "--bind", other.name, str(target)], check=True, timeout=30)
+        try:
+            st, why = folder_for(inbox, queue).look("x.mkv")
+        finally:
+            subprocess.run(["umount", str(target)], check=True, timeout=30)
+    assert st is None and "another filesystem" in why
+
+
+def test_a_state_directory_that_is_a_symbolic_link_is_refused(queue: Queue, dirs: tuple[Path, Path]) -> None:
+    """Even to a directory of the daemon's own (0700): its records would belong to another folder."""
+    inbox, _ = dirs
+    elsewhere = inbox.parent / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    os.symlink(elsewhere, inbox / STATE_DIR)
+    with pytest.raises(InvalidInput, match=f"{STATE_DIR} must be a directory of the daemon"):
+        folder_for(inbox, queue)
