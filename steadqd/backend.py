@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
 from steadqd.backoff import RetryPolicy
+from steadqd.constants import Cancellation
 from steadqd.errors import InvalidInput
 from steadqd.fs.admin import list_dead_files as fs_list_dead_files
 from steadqd.fs.doctor import doctor_checks
@@ -127,6 +128,12 @@ class ReadyNews(Protocol):
     @property
     def overflowed(self) -> bool:
         """Events were lost: anything may have happened (the estimate was redone)."""
+        ...
+
+    @property
+    def left(self) -> Collection[str]:
+        """Keys (``Backend.lease_key``) of leased objects that left: a holder whose lease's key is
+        among them asks ``Backend.was_cancelled`` (empty where the store has no such events)."""
         ...
 
 
@@ -289,6 +296,19 @@ class Backend(Protocol):
     def ack(self, lease: Any) -> Any: ...
     def retry(self, lease: Any, delay: float | None = None, *, policy: RetryPolicy | None = None) -> str: ...
     def bury(self, lease: Any, reason: int = 1) -> None: ...
+    def cancel(self, job_id: str) -> Cancellation:
+        """Dead-letter a ready, delayed or running job with reason ``cancelled``; a job that has
+        settled is left alone and the result says how it ended. Raises not_found for no such job."""
+        ...
+
+    def was_cancelled(self, lease: Any) -> bool:
+        """The holder's question when its lease is gone: did a cancel end it (kill the command)?"""
+        ...
+
+    def lease_key(self, lease: Any) -> str:
+        """What the ready watch reports in ``ReadyNews.left`` when this lease's object leaves."""
+        ...
+
     def read_payload(self, lease: Any) -> bytes: ...
     def copy_payload(self, lease: Any, out: BinaryIO) -> int: ...
 

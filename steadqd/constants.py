@@ -210,6 +210,9 @@ class DeadReason(enum.IntEnum):
     UNSUPPORTED_CONTENT_TYPE = 0x0002
     ADMINISTRATIVE_BURY = 0x0003
     ATTEMPTS_EXHAUSTED = 0x0004
+    # Private use (0x8000-0xffff): this implementation's own. `steadq cancel` dead-letters a job with it, so
+    # an operator's cancel is told apart from a consumer's bury in `show`, `ls dead`, `admin requeue --reason`.
+    CANCELLED = 0x8000
 
 
 # The outcomes below are part of what every backend promises (its callers
@@ -221,6 +224,32 @@ class AckResult(enum.Enum):
 
     ACKED = "acked"
     ALREADY_ACKED = "already_acked"
+
+
+class CancelResult(enum.Enum):
+    """What a cancel found: it dead-lettered the job now, or the job had already settled (nothing changed)."""
+
+    CANCELLED = "cancelled"
+    # A bucket job someone holds (or not claimable yet): its holder buries it at its next renewal (s3/cancel.py).
+    REQUESTED = "requested"
+    ALREADY_ACKED = "already_acked"
+    ALREADY_DEAD = "already_dead"
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """The outcome of one cancel, as the operator is told it.
+
+    ``was`` is the state the job was found in by the move that decided the
+    outcome: ``ready``, ``delayed`` or ``leased`` (running) when it was
+    cancelled now; ``receipt`` or ``dead`` when it had already settled.
+    ``reason`` is the dead reason of an already dead job (a second cancel
+    says ``cancelled``).
+    """
+
+    result: CancelResult
+    was: str
+    reason: int | None = None
 
 
 class Resolution(enum.Enum):

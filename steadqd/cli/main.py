@@ -15,6 +15,7 @@ in the module of its group, its parser beside its handler:
 ``init_cmd``           init
 ``put_cmd``            put (one job, or bulk with --dir / --jsonl)
 ``lease_cmd``          lease, ack, retry, bury, work
+``cancel_cmd``         cancel (ready, delayed or running jobs to dead, reason cancelled)
 ``view_cmd``           stats, watch, ls, inspect, show (read-only views)
 ``status_cmd``         list, status (the configured queues, their counts and units)
 ``maintenance_cmd``    fsck, verify, format-dump, recover, resolve
@@ -41,6 +42,7 @@ import sys
 from steadqd.cli import (
     admin_cmd,
     bench_cmd,
+    cancel_cmd,
     completion_cmd,
     doctor_cmd,
     init_cmd,
@@ -64,14 +66,14 @@ from steadqd.cli.common import (
 )
 
 GROUPS = (
-    init_cmd, put_cmd, lease_cmd, view_cmd, status_cmd, maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd,
+    init_cmd, put_cmd, lease_cmd, cancel_cmd, view_cmd, status_cmd, maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd,
     admin_cmd,
 )  # fmt: skip
 
 # The order ``steadq --help`` (and an invalid-choice error) lists the commands
 # in: the reference's, which is not group by group.
 HELP_ORDER = (
-    "init", "put", "lease", "ack", "retry", "bury", "work", "stats", "fsck", "doctor", "inspect", "verify",
+    "init", "put", "lease", "ack", "retry", "bury", "cancel", "work", "stats", "fsck", "doctor", "inspect", "verify",
     "format-dump", "recover", "resolve", "bench", "ls", "watch", "show", "completion", "admin", "list", "status",
 )  # fmt: skip
 

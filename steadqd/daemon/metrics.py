@@ -56,13 +56,14 @@ __all__ = [
 WRITE_INTERVAL = 5.0  # seconds between rewrites while something changed
 # Job run times span a thumbnail (well under a second) to a transcode (an hour).
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
-JOB_STATES = ("acked", "retried", "buried", "failed_to_start")
+JOB_STATES = ("acked", "retried", "buried", "cancelled", "failed_to_start")
 
 _HELP = {
     "steadqd_jobs_total": (
         "counter",
-        "Jobs whose run ended, by what became of them (acked, retried, buried, or failed_to_start: "
-        "the worker could not start the command and handed the job back).",
+        "Jobs whose run ended, by what became of them (acked, retried, buried, cancelled: an operator's "
+        "steadq cancel stopped it, or failed_to_start: the worker could not start the command and handed "
+        "the job back).",
     ),
     "steadqd_job_duration_seconds": ("histogram", "How long job commands ran, from start to exit."),
     "steadqd_promotions_total": ("counter", "Delayed jobs made ready by recovery once their not_before passed."),
@@ -293,6 +294,12 @@ def job_finished(verdict: str, duration_ms: object, *, dead: bool) -> None:
     if _process is not None and state is not None:
         seconds = duration_ms / 1000 if isinstance(duration_ms, int | float) else None
         _process.job_finished("buried" if dead else state, seconds)
+
+
+def job_cancelled(duration_ms: object) -> None:
+    """A running job was cancelled (``steadq cancel``) and its command stopped after ``duration_ms``."""
+    if _process is not None:
+        _process.job_finished("cancelled", duration_ms / 1000 if isinstance(duration_ms, int | float) else None)
 
 
 def job_failed_to_start() -> None:

@@ -24,6 +24,7 @@ from steadqd.constants import (
     MAX_PAYLOAD_LENGTH,
     NS_PER_SECOND,
     AckResult,
+    Cancellation,
     QuarantineReason,
     State,
 )
@@ -52,6 +53,7 @@ from steadqd.fs.admin import (
     remove_quarantine,
     requeue_dead,
 )
+from steadqd.fs.cancel import cancel, was_cancelled
 from steadqd.fs.claim import ScanReport, claim
 from steadqd.fs.clock import checked_seconds_ns, trusted_wall
 from steadqd.fs.context import Context, not_committed
@@ -366,6 +368,22 @@ class Queue:
         """Dead-letter the job with a u16 reason code (reasons.md)."""
         with _mutation("bury", self._ctx):
             bury(self._ctx, lease, reason)
+
+    def cancel(self, job_id: str) -> Cancellation:
+        """Dead-letter a ready, delayed or running job with reason ``cancelled`` (fs/cancel.py);
+        a job that has settled is left as it is and the result says how it ended."""
+        parse_job_id(job_id)
+        with _mutation("cancel", self._ctx):
+            return cancel(self._ctx, job_id)
+
+    def was_cancelled(self, lease: Lease) -> bool:
+        """Did a cancel end this lease (its file is now the dead file of reason ``cancelled``)?"""
+        with self._ctx.tree.operation():
+            return was_cancelled(self._ctx, lease)
+
+    def lease_key(self, lease: Lease) -> str:
+        """The name the ready watch reports when this lease's file leaves (ReadyNews.left)."""
+        return lease.path.rsplit("/", 1)[-1]
 
     def recover(
         self, budget_ops: int = 1000, budget_ms: int = 100, *, phases: tuple[str, ...] | None = None

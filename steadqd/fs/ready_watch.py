@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import inotify_simple
 
-from steadqd.constants import READY_DIR, State
+from steadqd.constants import JOB_EXT, READY_DIR, State
 from steadqd.errors import SteadQError, kind_for_errno
 from steadqd.fs.names import looks_ready, parse_name, shard_dir
 
@@ -56,6 +56,7 @@ class ReadyNews:
 
     appeared: bool  # a ready name appeared: a claim may succeed now
     overflowed: bool  # the kernel dropped events: anything may have happened
+    left: tuple[str, ...] = ()  # leased names moved away or deleted: a holder checks for a cancel (fs/cancel.py)
 
 
 class ReadyWatch:
@@ -110,6 +111,7 @@ class ReadyWatch:
     def read(self, timeout_ms: int = 0) -> ReadyNews:
         """The events waiting (or arriving within ``timeout_ms``), applied to the estimate in order."""
         appeared = overflowed = False
+        left: list[str] = []
         for ev in self._ino.read(timeout=timeout_ms):
             if ev.mask & _F.Q_OVERFLOW:
                 overflowed = True
@@ -120,14 +122,18 @@ class ReadyWatch:
                 self._watched.pop(ev.wd, None)
                 continue
             if not ev.name or not is_ready_name(ev.name):
-                continue  # leased names (claims and renewals), temps, strays
+                # Leased names (claims and renewals), temps, strays. A leased name leaving is how a
+                # holder hears of a cancel at once; matching it against its own leases is the holder's.
+                if ev.name and ev.mask & _VANISH and ev.name.endswith(JOB_EXT):
+                    left.append(ev.name)
+                continue
             if ev.mask & _APPEAR:
                 appeared = True
                 if self.ready_estimate is not None:
                     self.ready_estimate += 1
             elif ev.mask & _VANISH and self.ready_estimate is not None:
                 self.ready_estimate = max(0, self.ready_estimate - 1)
-        return ReadyNews(appeared, overflowed)
+        return ReadyNews(appeared, overflowed, tuple(left))
 
     def wait(self, seconds: float) -> bool:
         """Sleep until a ready name appears or events were lost, at most ``seconds``; True if so."""

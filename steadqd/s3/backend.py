@@ -21,7 +21,13 @@ import os
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, BinaryIO, NoReturn, cast
 
-from steadqd.constants import DEFAULT_RECEIPT_RETENTION_NS, DEFAULT_TEMP_TTL_NS, ID_BYTES, NS_PER_SECOND
+from steadqd.constants import (
+    DEFAULT_RECEIPT_RETENTION_NS,
+    DEFAULT_TEMP_TTL_NS,
+    ID_BYTES,
+    NS_PER_SECOND,
+    Cancellation,
+)
 from steadqd.errors import (
     InvalidInput,
     LeaseLost,
@@ -31,6 +37,7 @@ from steadqd.errors import (
     StoreProfileViolation,
 )
 from steadqd.s3 import admin, keys, views
+from steadqd.s3 import cancel as bucket_cancel
 from steadqd.s3.clock import WatermarkUnreadable, beacon_floor
 from steadqd.s3.fsck import FsckReport, fsck
 from steadqd.s3.handle import BucketQueue
@@ -300,6 +307,18 @@ class BucketBackend(BucketQueue):
 
     def export_quarantine(self, quarantine_id: str, out_path: str) -> int:
         return admin.export_quarantine(self.layout, quarantine_id, out_path)
+
+    # -- cancel (s3/cancel.py) ---------------------------------------------------------
+
+    def cancel(self, job_id: str) -> Cancellation:
+        return bucket_cancel.cancel(self.layout, job_id, self._floor())
+
+    def was_cancelled(self, lease: Lease) -> bool:
+        """A pending cancel request is carried out here by the holder: its lease buried, reason cancelled."""
+        return bucket_cancel.carry_out(self.layout, lease, self._floor())
+
+    def lease_key(self, lease: Lease) -> str:
+        return keys.claim_key(lease.shard, lease.job_id_bytes, lease.generation)
 
     def remove_quarantine(self, quarantine_id: str) -> None:
         admin.remove_quarantine(self.layout, quarantine_id)

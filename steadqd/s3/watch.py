@@ -106,6 +106,7 @@ class ReadyNewsOf:
 
     appeared: bool
     overflowed: bool = False
+    left: tuple[str, ...] = ()  # a bucket sends no events: a holder hears of a cancel at its renewal (s3/cancel.py)
 
 
 class _Cursor:

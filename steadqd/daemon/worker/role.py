@@ -59,7 +59,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import cast
 
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
@@ -354,6 +354,8 @@ class WorkerRole(RoleSettling):
             self.log.warning("inotify queue overflowed; rescanning")
         if news.appeared or news.overflowed:
             self._schedule_fill(0.0)
+        if news.left:
+            self._check_cancels(news.left)
 
     def _sweep_escaped(self) -> None:
         """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any."""
@@ -470,6 +472,12 @@ class WorkerRole(RoleSettling):
         """Spawn the command; it counts as started once its exec is reported (:meth:`_on_report`)."""
         assert self.loop is not None and p.lease is not None
         lease, cfg = p.lease, p.cfg
+        if self._cancelled(lease):  # cancelled while it was being claimed (a bucket's delayed job: when claimed)
+            payload.remove(p.tmpdir)
+            self.log.info(f"job {short_id(lease.job_id)} cancelled before its command started", job_id=lease.job_id)
+            metrics.job_cancelled(0)
+            self._schedule_fill(0.0)
+            return
         try:
             proc, report = launch(cfg, p.env, p.payload_path, p.credentials)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
@@ -550,9 +558,13 @@ class WorkerRole(RoleSettling):
         if self.q is None:
             self._schedule_reopen()
         else:
+            if self._check_cancelled(job):  # a bucket's holder hears of a cancel here (s3/cancel.py)
+                return
             r = renew.renew(self.q, job.lease, job.cfg.lease)
             job.lease = r.lease  # the one to settle with: a bucket's renewal is a new generation (renew.py)
             if r.lost:
+                if self._check_cancelled(job):
+                    return
                 self._lose(job, f"renewal: lease lost: {r.error}")
                 return
             if r.unknown:  # the spawner takes it for lost: whoever claims the job next owns it
@@ -566,6 +578,65 @@ class WorkerRole(RoleSettling):
                 if r.error.kind is ErrorKind.QUEUE_POISONED:
                     self._reopen(f"renew: {r.error}")
         job.timers.set("renew", job.cfg.renew_interval, lambda: self._renew(job))
+
+    # -- cancel (steadq cancel: fs/cancel.py, s3/cancel.py) ---------------------------------
+
+    def _cancelled(self, lease: LeaseHandle) -> bool:
+        """Did a cancel end this lease? A failure to tell is logged and taken for no: renewals look again."""
+        if self.q is None:
+            return False
+        try:
+            return self.q.was_cancelled(lease)
+        except (SteadQError, OSError) as e:
+            self.log.warning(
+                f"cannot tell whether job {short_id(lease.job_id)} was cancelled: {e}", job_id=lease.job_id
+            )
+            return False
+
+    def _check_cancels(self, keys: Collection[str]) -> None:
+        """Leased objects left the store: if one was a running job's, ask whether a cancel took it."""
+        for job in list(self.jobs.values()):
+            if self.q is not None and self.q.lease_key(job.lease) in keys:
+                self._check_cancelled(job)
+
+    def _check_cancelled(self, job: _Job) -> bool:
+        """Stop the job's command if a cancel ended its lease; True if so (nothing is settled: it is dead)."""
+        if job.cancelled or job.lost is not None or job.settling or job.child.returncode is not None:
+            return job.cancelled
+        if not self._cancelled(job.lease):
+            return False
+        job.cancelled = True
+        job.lost = "cancelled"
+        job.timers.cancel("renew")
+        self.log.warning(
+            f"job {short_id(job.lease.job_id)} cancelled: stopping its command (SIGTERM to its process group, "
+            f"SIGKILL after {job.cfg.kill_grace:g}s)",
+            **job.fields,
+            pid=job.pid,
+        )
+        job.child.stop()
+        return True
+
+    def _finish(self, job: _Job) -> None:
+        """A cancelled job's command has ended: its job is already dead, so only report it."""
+        if not job.cancelled:
+            super()._finish(job)
+            return
+        assert self.loop is not None
+        job.child.timers.cancel("kill")
+        job.child.timers.cancel("timeout")
+        self._sweep_after_job()
+        duration_ms = round((self.loop.now() - job.started) * 1000)
+        self.log.info(
+            f"job {short_id(job.lease.job_id)} cancelled ({job.child.ended} after {duration_ms} ms)",
+            **job.fields,
+            verdict="cancelled",
+            signal=job.child.signal_name,
+            duration_ms=duration_ms,
+        )
+        metrics.job_cancelled(duration_ms)
+        payload.remove(job.tmpdir)
+        self._drop(job)
 
     def _lose(self, job: _Job, reason: str) -> None:
         job.lost = reason

@@ -43,6 +43,7 @@ class _Job:
         self.tmpdir = tmpdir
         self.started = role.loop.now()
         self.lost: str | None = None  # why the lease is no longer ours
+        self.cancelled = False  # `steadq cancel` made it dead: its command is stopped, nothing is settled
         self.verdict: Verdict | None = None
         self.settle_tries = 0
         self.settling = False  # handed to the settling thread: not renewed until it reports back

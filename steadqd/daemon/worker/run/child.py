@@ -467,6 +467,14 @@ class Child:
         self.signal_group(signal.SIGTERM)
         self.timers.set("kill", self.cfg.kill_grace, self._on_kill)
 
+    def stop(self) -> None:
+        """SIGTERM to the group now, SIGKILL after ``kill_grace`` (a cancel: the run's outcome is decided)."""
+        if self.returncode is not None or self.exited():
+            self.check_exit()
+            return
+        self.signal_group(signal.SIGTERM)
+        self.timers.set("kill", self.cfg.kill_grace, self._on_kill)
+
     def _on_kill(self) -> None:
         if self.returncode is not None or self.exited():
             self.check_exit()
