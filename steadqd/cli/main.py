@@ -42,6 +42,7 @@ from steadqd.cli import (
     admin_cmd,
     bench_cmd,
     completion_cmd,
+    control_cmd,
     doctor_cmd,
     init_cmd,
     lease_cmd,
@@ -65,7 +66,7 @@ from steadqd.cli.common import (
 
 GROUPS = (
     init_cmd, put_cmd, lease_cmd, view_cmd, status_cmd, maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd,
-    admin_cmd,
+    admin_cmd, control_cmd,
 )  # fmt: skip
 
 # The order ``steadq --help`` (and an invalid-choice error) lists the commands
@@ -73,6 +74,7 @@ GROUPS = (
 HELP_ORDER = (
     "init", "put", "lease", "ack", "retry", "bury", "work", "stats", "fsck", "doctor", "inspect", "verify",
     "format-dump", "recover", "resolve", "bench", "ls", "watch", "show", "completion", "admin", "list", "status",
+    "pause", "resume",
 )  # fmt: skip
 
 
