@@ -32,6 +32,7 @@ from steadqd.fs.handle import Queue as FsQueue
 from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.objects import dump_file as fs_dump_file
 from steadqd.fs.objects import verify_file as fs_verify_file
+from steadqd.queue_control import PauseState
 from steadqd.view_records import RecoveryReport
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ __all__ = [
     "DelayedWatch",
     "LeaseHandle",
     "OutcomeTicket",
+    "PauseState",
     "Payload",
     "ReadyNews",
     "ReadyWatch",
@@ -264,8 +266,15 @@ class Backend(Protocol):
         delay: float = 0.0,
         not_before_ns: int | None = None,
         job_id: str | None = None,
+        unique: str | None = None,
     ) -> str:
         """Publish one job durably; returns its 32-hex id.
+
+        ``unique``: at most one job per key anywhere in the queue (ready,
+        delayed, running, dead, or acknowledged within retention); a second
+        enqueue of the key meanwhile raises :class:`~steadqd.errors.DuplicateJob`
+        naming the job that is there. Its id is derived from the key
+        (steadqd.queue_control.unique_job_id), so not with ``job_id``.
 
         ``job_id`` is for a producer that must learn after a crash whether its
         enqueue happened (the watch folders): it draws the id with
@@ -288,6 +297,22 @@ class Backend(Protocol):
         not_before_ns: int | None = None,
     ) -> list[str]:
         """Publish one job per payload; on failure ``EnqueueIncomplete`` names the published prefix."""
+        ...
+
+    # -- pausing (steadqd.queue_control) ----------------------------------------
+    def pause_state(self) -> PauseState | None:
+        """The queue's pause as stored now (read afresh at every call), or None if it is not paused.
+
+        Workers read it before claiming; the library's ``lease`` does not
+        (an operator may still take a job by hand from a paused queue)."""
+        ...
+
+    def pause(self, reason: str = "") -> PauseState:
+        """Pause durably (workers stop claiming, producers go on); replaces an earlier pause."""
+        ...
+
+    def resume(self) -> PauseState | None:
+        """Remove the pause durably; the pause that was in force, or None if there was none."""
         ...
 
     # -- consuming -------------------------------------------------------------

@@ -193,6 +193,15 @@ class NotCommitted(SteadQError):
         self.job_id = job_id
 
 
+class DuplicateJob(NotCommitted):
+    """A unique enqueue found its key's job already in the queue: nothing was written; ``job_id`` is that job.
+
+    Not committed (the enqueue provably did nothing) with the kind already_exists (exit 1)."""
+
+    def __init__(self, message: str, job_id: str) -> None:
+        super().__init__(message, ErrorKind.ALREADY_EXISTS, job_id=job_id)
+
+
 class OutcomeUnknown(SteadQError):
     """The transition may have happened; a barrier after it failed.
 

@@ -279,6 +279,12 @@ class _Walk:
         else:
             self.check_watermark(f"control/{WATERMARK_FILE}")
         names.pop(RECOVERY_CURSOR_FILE, None)
+        # steadqd's own control files, which SteadQ/1 readers never open (steadqd/fs/control.py): the pause
+        # record (a regular file when steadqd wrote it) and the lock of unique enqueues.
+        for own in ("paused", "unique.lock"):
+            e = names.pop(own, None)
+            if e is not None and not e.is_file(follow_symlinks=False):
+                self.bad(f"control/{own}", "not a regular file")
         for n in sorted(names):
             if CONTROL_TEMP_NAME.fullmatch(n) is None:  # never swept, so tolerated
                 self.bad(f"control/{n}", "unexpected entry in control/")

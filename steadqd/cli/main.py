@@ -44,6 +44,7 @@ from steadqd.cli import (
     bench_cmd,
     cancel_cmd,
     completion_cmd,
+    control_cmd,
     doctor_cmd,
     init_cmd,
     lease_cmd,
@@ -67,7 +68,7 @@ from steadqd.cli.common import (
 
 GROUPS = (
     init_cmd, put_cmd, lease_cmd, cancel_cmd, view_cmd, status_cmd, maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd,
-    admin_cmd,
+    admin_cmd, control_cmd,
 )  # fmt: skip
 
 # The order ``steadq --help`` (and an invalid-choice error) lists the commands
@@ -75,6 +76,7 @@ GROUPS = (
 HELP_ORDER = (
     "init", "put", "lease", "ack", "retry", "bury", "cancel", "work", "stats", "fsck", "doctor", "inspect", "verify",
     "format-dump", "recover", "resolve", "bench", "ls", "watch", "show", "completion", "admin", "list", "status",
+    "pause", "resume",
 )  # fmt: skip
 
 

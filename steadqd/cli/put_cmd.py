@@ -21,7 +21,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, cast
 
-from steadqd.backend import OutcomeTicket
+from steadqd.backend import Backend, OutcomeTicket
 from steadqd.cli.common import (
     CliError,
     Interrupted,
@@ -40,7 +40,7 @@ from steadqd.cli.common import (
     stdin_bytes,
 )
 from steadqd.constants import ENQUEUE_MANY_GROUP, MAX_MAXIMUM_ATTEMPTS, MIN_MAXIMUM_ATTEMPTS, U64_MAX
-from steadqd.errors import EnqueueIncomplete, NotCommitted, OutcomeUnknown
+from steadqd.errors import DuplicateJob, EnqueueIncomplete, NotCommitted, OutcomeUnknown, SteadQError
 
 _METADATA_KEY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
@@ -73,6 +73,12 @@ def add_put(sub: Subcommands) -> None:
     s.add_argument("--dir", default=None, metavar="DIR", help="bulk: one job per regular file of DIR")
     s.add_argument("--jsonl", default=None, metavar="FILE", help="bulk: one job per JSON line of FILE ('-' = stdin)")
     s.add_argument("--print-ids", action="store_true", help="bulk: print '<job_id> <source>' per job on stdout")
+    s.add_argument(
+        "--unique",
+        default=None,
+        metavar="KEY",
+        help="refused (exit 1, the existing job's id) while a job of KEY is anywhere in the queue",
+    )
     s.set_defaults(run=cmd_put)
 
 
@@ -99,6 +105,7 @@ class PutOptions:
     delay: float | None
     producer_id: str | None
     metadata: dict[str, str] | None
+    unique: str | None = None
 
     def kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {
@@ -111,6 +118,8 @@ class PutOptions:
             kw["not_before_ns"] = self.not_before
         if self.delay:
             kw["delay"] = self.delay
+        if self.unique is not None:
+            kw["unique"] = self.unique
         return kw
 
 
@@ -124,6 +133,9 @@ def cmd_put(a: argparse.Namespace) -> int:
     metadata = dict(a.meta) if a.meta else None
     default_type = "application/json" if a.jsonl is not None else "application/octet-stream"
     opts = PutOptions(a.content_type or default_type, a.max_attempts, a.not_before, a.delay, a.producer_id, metadata)
+    opts.unique = a.unique
+    if a.unique is not None and (a.dir is not None or a.jsonl is not None):
+        raise CliError("put: --unique names one job; it cannot be given with --dir or --jsonl", 1)
     if a.dir is None and a.jsonl is None:
         return single_put(a, opts)
     with Interrupts() as stop:
@@ -175,8 +187,15 @@ def _put_one(a: argparse.Namespace, opts: PutOptions, stop: Interrupts) -> tuple
         q = open_queue(a.path)
         stop.hold()
         try:
+            say_if_paused(q)
             payload = cast(BinaryIO, _StoppableReads(_progress_reader(stream), stop))
             return q.enqueue_detailed(payload, **opts.kwargs())
+        except DuplicateJob as e:  # the existing job's id on stdout, where a script reads a put's id
+            if a.json:
+                out_json({"job_id": e.job_id, "duplicate": True})
+            else:
+                out(f"job_id: {e.job_id}")
+            raise CliError(f"put: not enqueued: {e.message}", e.exit_code) from e
         except OutcomeUnknown as e:
             t = e.ticket
             lines = [f"outcome unknown: {e.message}"]
@@ -193,6 +212,16 @@ def _put_one(a: argparse.Namespace, opts: PutOptions, stop: Interrupts) -> tuple
     finally:
         if owned:
             stream.close()
+
+
+def say_if_paused(q: Backend) -> None:
+    """Once per put: the jobs are stored, but no worker claims them until ``steadq resume``."""
+    try:
+        paused = q.pause_state()
+    except (SteadQError, OSError):  # the enqueue says what is wrong with the store, if anything
+        return
+    if paused is not None:
+        err(f"put: note: the queue is {paused.summary()}; jobs wait until 'steadq resume'")
 
 
 class _StoppableReads:
@@ -405,6 +434,7 @@ def bulk_put(a: argparse.Namespace, opts: PutOptions, source: BulkSource, stop: 
     except CliError:
         source.cleanup()
         raise
+    say_if_paused(q)
     progress = Progress(source.total, sys.stderr.isatty())
     start = time.monotonic()
     durable = 0

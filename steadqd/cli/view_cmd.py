@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from steadqd.backend import PauseState
 from steadqd.cli.common import (
     ALL_STATES,
     CliError,
@@ -23,6 +24,7 @@ from steadqd.cli.common import (
     add_command,
     add_queue_argument,
     duration,
+    err,
     error_code,
     error_text,
     find_job,
@@ -36,6 +38,7 @@ from steadqd.cli.common import (
     reason_name,
     state_name,
 )
+from steadqd.cli.control_cmd import pause_json, pause_line
 from steadqd.constants import NS_PER_SECOND, U32_MAX, DeadReason, QuarantineReason, State
 from steadqd.durations import format_duration
 from steadqd.text import printable
@@ -89,12 +92,16 @@ def format_stats_text(s: Mapping[str, Any]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def format_stats_json(s: Mapping[str, Any], running: Any = None) -> str:
+def format_stats_json(s: Mapping[str, Any], running: Any = None, paused: dict[str, object] | None = None) -> str:
     """cli.md ``--json``: 2-space pretty JSON, keys sorted, final newline included;
-    ``running`` (the leases, also counted in ``ready``) when given."""
-    doc = {k: {"objects": v.objects, "oldest_age_seconds": v.oldest_age_seconds} for k, v in s.items()}
+    ``running`` (the leases, also counted in ``ready``) when given, ``paused`` when the queue is."""
+    doc: dict[str, object] = {
+        k: {"objects": v.objects, "oldest_age_seconds": v.oldest_age_seconds} for k, v in s.items()
+    }
     if running is not None:
         doc["running"] = {"objects": running.objects, "oldest_age_seconds": running.oldest_age_seconds}
+    if paused is not None:
+        doc["paused"] = paused
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
@@ -121,16 +128,17 @@ def cmd_stats(a: argparse.Namespace) -> int:
             # Leases sit in ready/ and the reference's counting lists them there;
             # --json adds them as "running" (the plain lines stay the reference's).
             running = q.stats()["leased"] if a.json and not a.prometheus else None
+            paused = q.pause_state()
         except OSError as e:
             raise CliError(f"stats: {e.filename}: {e.strerror}", os_exit_code(e)) from e
     finally:
         q.close()
     if a.prometheus:
-        text = format_stats_prometheus(s)
+        text = format_stats_prometheus(s) + f"# TYPE steadq_paused gauge\nsteadq_paused {int(paused is not None)}\n"
     elif a.json:
-        text = format_stats_json(s, running)
+        text = format_stats_json(s, running, pause_json(paused))
     else:
-        text = format_stats_text(s)
+        text = format_stats_text(s) + ("" if paused is None else printable(pause_line(paused)) + "\n")
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()
     return 0
@@ -142,7 +150,12 @@ def running_line(running: Any) -> str:
 
 
 def _render_watch(
-    path: str, s: Mapping[str, Any], prev: Mapping[str, Any] | None, dt: float, running: Any = None
+    path: str,
+    s: Mapping[str, Any],
+    prev: Mapping[str, Any] | None,
+    dt: float,
+    running: Any = None,
+    paused: PauseState | None = None,
 ) -> list[str]:
     def count(st: Mapping[str, Any], name: str) -> int:
         v = st.get(name)
@@ -158,6 +171,8 @@ def _render_watch(
     lines.append("")
     if running is not None:
         lines.append(running_line(running))
+    if paused is not None:
+        lines.append(printable(pause_line(paused)))
     if prev is not None and dt > 0:
         done = (count(s, "receipts") - count(prev, "receipts")) / dt
         dead = (count(s, "dead") - count(prev, "dead")) / dt
@@ -185,9 +200,10 @@ def cmd_watch(a: argparse.Namespace) -> int:
             try:
                 s = q.entry_stats()
                 running = q.stats()["leased"]
+                paused = q.pause_state()
             except OSError as e:
                 raise CliError(f"watch: {e.filename}: {e.strerror}", os_exit_code(e)) from e
-            lines = _render_watch(a.path, s, prev, t - prev_t, running)
+            lines = _render_watch(a.path, s, prev, t - prev_t, running, paused)
             if tty:
                 sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")  # the tty adds the \r
             else:
@@ -236,6 +252,9 @@ def cmd_ls(a: argparse.Namespace) -> int:
         raise CliError(f"ls: unknown state {a.state!r}: expected one of {', '.join(LISTABLE_STATES)}, all", 1)
     q = open_queue(a.path)  # a missing or foreign path is an error, not an empty listing
     try:
+        paused = q.pause_state()
+        if paused is not None:  # on stderr: the listing on stdout keeps its shape for scripts
+            err(pause_line(paused))
         _print_jobs(q.list_jobs(states), a.json, reasons=states == {"dead"})
     finally:
         q.close()

@@ -68,11 +68,15 @@ _HELP = {
     "steadqd_job_duration_seconds": ("histogram", "How long job commands ran, from start to exit."),
     "steadqd_promotions_total": ("counter", "Delayed jobs made ready by recovery once their not_before passed."),
     "steadqd_reaps_total": ("counter", "Expired leases recovery took back (to ready, or dead when out of attempts)."),
+    "steadqd_queue_paused": (
+        "gauge",
+        "1 while the worker's last claim pass found the queue paused (steadq pause), else 0.",
+    ),
 }
 _SETTLED = {"ack": "acked", "retry": "retried", "bury": "buried"}  # verdict word -> state label
 # Which families each role feeds: a file carries only the families of the roles in its process.
 _ROLE_FAMILIES = {
-    "worker": ("steadqd_jobs_total", "steadqd_job_duration_seconds"),
+    "worker": ("steadqd_jobs_total", "steadqd_job_duration_seconds", "steadqd_queue_paused"),
     "sweeper": ("steadqd_promotions_total", "steadqd_reaps_total"),
     "promoter": ("steadqd_promotions_total",),
 }
@@ -106,6 +110,7 @@ class Metrics:
         self._duration_sum = 0.0
         self._promotions = 0
         self._reaps = 0
+        self._paused = False
         self.changes = 0  # bumped by every update: the writer skips a file that would not change
 
     def feed(self, roles: Iterable[str]) -> None:
@@ -131,6 +136,12 @@ class Metrics:
             self._jobs["failed_to_start"] += 1
             self.changes += 1
 
+    def queue_paused(self, paused: bool) -> None:
+        if paused != self._paused:
+            with self._lock:
+                self._paused = paused
+                self.changes += 1
+
     def recovered(self, promoted: int, reaped: int) -> None:
         if promoted or reaped:
             with self._lock:
@@ -147,6 +158,7 @@ class Metrics:
                 "steadqd_job_duration_seconds": self._histogram(base),
                 "steadqd_promotions_total": [f"steadqd_promotions_total{{{base}}} {self._promotions}"],
                 "steadqd_reaps_total": [f"steadqd_reaps_total{{{base}}} {self._reaps}"],
+                "steadqd_queue_paused": [f"steadqd_queue_paused{{{base}}} {int(self._paused)}"],
             }
             families = [f for f in _HELP if f in self.families]
         lines: list[str] = []
@@ -305,6 +317,12 @@ def job_cancelled(duration_ms: object) -> None:
 def job_failed_to_start() -> None:
     if _process is not None:
         _process.job_failed_to_start()
+
+
+def queue_paused(paused: bool) -> None:
+    """The worker's last claim pass found the queue paused (or not)."""
+    if _process is not None:
+        _process.queue_paused(paused)
 
 
 def recovered(report: RecoveryReport) -> None:

@@ -57,6 +57,7 @@ from steadqd.fs.cancel import cancel, was_cancelled
 from steadqd.fs.claim import ScanReport, claim
 from steadqd.fs.clock import checked_seconds_ns, trusted_wall
 from steadqd.fs.context import Context, not_committed
+from steadqd.fs.control import clear_pause, read_pause, write_pause
 from steadqd.fs.delayed_watch import DelayedWatch
 from steadqd.fs.fsck import FsckResult, fsck
 from steadqd.fs.json_records import TransitionTicket
@@ -72,6 +73,7 @@ from steadqd.fs.recovery import RecoveryReport, run_recovery
 from steadqd.fs.resolve import ResolveResult, resolve, ticket_paths
 from steadqd.fs.settle import ack, bury, retry
 from steadqd.fs.tree import Indeterminate, MoveError
+from steadqd.fs.unique import publish_unique
 from steadqd.fs.verify import copy_payload, read_payload
 from steadqd.fs.views import (
     JobEntry,
@@ -85,6 +87,7 @@ from steadqd.fs.views import (
     list_jobs,
     stats,
 )
+from steadqd.queue_control import PauseState, new_pause
 
 T = TypeVar("T")
 
@@ -243,27 +246,26 @@ class Queue:
         delay: float = 0.0,
         not_before_ns: int | None = None,
         job_id: str | None = None,
+        unique: str | None = None,
     ) -> str:
         """Publish a job; returns its 32-hex id.
 
         ``payload`` is bytes or a binary file object (streamed, never held in
         memory whole). ``delay`` seconds or an absolute ``not_before_ns``
-        makes it a delayed job. ``job_id``: see ``backend.Backend.enqueue``.
+        makes it a delayed job. ``job_id``, ``unique``: see ``backend.Backend.enqueue``.
         """
-        chosen = None if job_id is None else parse_job_id(job_id)
-        with _mutation("enqueue", self._ctx):
-            return enqueue(
-                self._ctx,
-                payload,
-                max_attempts=max_attempts,
-                content_type=content_type,
-                metadata=metadata,
-                producer_id=producer_id,
-                trace_context=trace_context,
-                delay=delay if delay else None,
-                not_before_ns=not_before_ns,
-                job_id=chosen,
-            ).job_id
+        return self.enqueue_detailed(
+            payload,
+            max_attempts=max_attempts,
+            content_type=content_type,
+            metadata=metadata,
+            producer_id=producer_id,
+            trace_context=trace_context,
+            delay=delay,
+            not_before_ns=not_before_ns,
+            job_id=job_id,
+            unique=unique,
+        )[0]
 
     def enqueue_many(
         self,
@@ -312,9 +314,41 @@ class Queue:
     def enqueue_detailed(self, payload: Payload, **kwargs: object) -> tuple[str, str]:
         """Like :meth:`enqueue` but returns ``(job_id, relative path)``."""
         delay = kwargs.pop("delay", None)
-        with _mutation("enqueue", self._ctx):
-            published = enqueue(self._ctx, payload, delay=delay or None, **kwargs)  # type: ignore[arg-type]
+        unique = kwargs.pop("unique", None)
+        job_id = kwargs.pop("job_id", None)
+        if unique is not None and job_id is not None:
+            raise InvalidInput("give either job_id or unique, not both: a unique job's id is derived from its key")
+        chosen = None if job_id is None else parse_job_id(str(job_id))
+
+        def publish(jid: str | None) -> tuple[str, str]:
+            raw = chosen if jid is None else parse_job_id(jid)
+            published = enqueue(self._ctx, payload, delay=delay or None, job_id=raw, **kwargs)  # type: ignore[arg-type]
             return published.job_id, published.path
+
+        with _mutation("enqueue", self._ctx):
+            if unique is None:
+                return publish(None)
+            return publish_unique(self._ctx, str(unique), publish)
+
+    # -- pausing (steadqd.fs.control) --------------------------------------------
+
+    def pause_state(self) -> PauseState | None:
+        """The queue's pause, read from ``control/paused`` now; None if it is not paused."""
+        self._check_open()
+        return read_pause(self._ctx.control_fd)
+
+    def pause(self, reason: str = "") -> PauseState:
+        """Pause the queue durably (workers stop claiming; producers go on); replaces an earlier pause."""
+        self._check_open()
+        state = new_pause(reason, self.wall_floor_ns())
+        write_pause(self._ctx, state)
+        return state
+
+    def resume(self) -> PauseState | None:
+        """Remove the pause, durably; returns the pause that was in force (None if there was none)."""
+        self._check_open()
+        was = read_pause(self._ctx.control_fd)
+        return was if clear_pause(self._ctx) else None
 
     def lease(self, wait: float = 0.0, duration: float = 30.0) -> Lease | None:
         """Claim one job for ``duration`` seconds; None when the queue is empty.

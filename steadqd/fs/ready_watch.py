@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import inotify_simple
 
-from steadqd.constants import JOB_EXT, READY_DIR, State
+from steadqd.constants import CONTROL_DIR, JOB_EXT, READY_DIR, State
 from steadqd.errors import SteadQError, kind_for_errno
+from steadqd.fs.control import PAUSE_FILE
 from steadqd.fs.names import looks_ready, parse_name, shard_dir
 
 __all__ = ["READY_COUNT_SHARDS", "ReadyNews", "ReadyWatch", "is_ready_name"]
@@ -70,6 +71,10 @@ class ReadyWatch:
         self._base = os.path.join(root, READY_DIR)
         self._shard_count = shard_count
         self._watched: dict[int, str] = {}  # wd -> shard path
+        # control/: a pause record appearing or going (steadqd.fs.control) is news too, so that a paused
+        # worker learns of a resume at once, and of a pause without waiting for its next claim.
+        self._control = os.path.join(root, CONTROL_DIR)
+        self._control_wd: int | None = None
         self._counting = False
         # Ready names as of the last listing, kept current by the events since;
         # None until recount() and beyond READY_COUNT_SHARDS shards.
@@ -80,9 +85,14 @@ class ReadyWatch:
 
     def watch_missing(self) -> list[str]:
         """Watch every shard not watched yet; returns why each one that could not be failed."""
-        if len(self._watched) >= self._shard_count:
-            return []
         failures: list[str] = []
+        if self._control_wd is None:
+            try:
+                self._control_wd = self._ino.add_watch(self._control, _FLAGS)
+            except OSError as e:
+                failures.append(f"cannot watch {self._control}: {e.strerror}")
+        if len(self._watched) >= self._shard_count:
+            return failures
         for s in range(self._shard_count):
             path = os.path.join(self._base, shard_dir(s))
             try:
@@ -120,6 +130,12 @@ class ReadyWatch:
                 continue
             if ev.mask & _F.IGNORED:  # the shard dir went away
                 self._watched.pop(ev.wd, None)
+                if ev.wd == self._control_wd:
+                    self._control_wd = None
+                continue
+            if ev.wd == self._control_wd:
+                if ev.name == PAUSE_FILE:  # paused or resumed: the consumer looks again (a claim may succeed)
+                    appeared = True
                 continue
             if not ev.name or not is_ready_name(ev.name):
                 # Leased names (claims and renewals), temps, strays. A leased name leaving is how a

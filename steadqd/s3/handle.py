@@ -36,18 +36,21 @@ from steadqd.errors import (
     OutcomeUnknown,
     SteadQError,
 )
+from steadqd.queue_control import PauseState, new_pause
 from steadqd.s3 import keys
 from steadqd.s3.claim import Miss, claim_job
 from steadqd.s3.clock import FloorClock
+from steadqd.s3.control import clear_pause, read_pause, write_pause
 from steadqd.s3.doorbell import ring
 from steadqd.s3.keys import KeyKind
 from steadqd.s3.layout import QueueLayout, init_layout, open_layout
 from steadqd.s3.lease import Lease, renew
-from steadqd.s3.publish import enqueue
+from steadqd.s3.publish import Enqueued, enqueue
 from steadqd.s3.quarantine import flag
 from steadqd.s3.records import QuarantineReason
 from steadqd.s3.settle import ack, bury, read_payload, retry
 from steadqd.s3.store.base import ObjectMeta, ObjectStore
+from steadqd.s3.unique import enqueue_unique
 
 __all__ = ["BATCH_MAX", "BATCH_THREADS", "BucketQueue", "TERMINAL_MEMO_S", "seconds_ns"]
 
@@ -168,8 +171,14 @@ class BucketQueue:
         delay: float = 0.0,
         not_before_ns: int | None = None,
         job_id: str | None = None,
+        unique: str | None = None,
     ) -> str:
-        """Publish one job; with ``job_id`` (32 hex) a repeated enqueue of the same job is idempotent."""
+        """Publish one job; with ``job_id`` (32 hex) a repeated enqueue of the same job is idempotent.
+
+        With ``unique`` the id is the key's (steadqd.s3.unique) and a second enqueue of the key while its
+        job is in the queue is DuplicateJob naming it."""
+        if unique is not None and job_id is not None:
+            raise InvalidInput("give either job_id or unique, not both: a unique job's id is derived from its key")
         for name, value in (("metadata", metadata), ("producer_id", producer_id), ("trace_context", trace_context)):
             if value:
                 raise InvalidInput(
@@ -186,14 +195,19 @@ class BucketQueue:
                 raw_id = bytes.fromhex(job_id)
             except ValueError:
                 raise InvalidInput(f"job_id {job_id!r} is not 32 hex digits") from None
-        done = enqueue(
-            self._layout,
-            _payload_bytes(payload),
-            content_type=content_type,
-            maximum_attempts=max_attempts,
-            job_id=raw_id,
-            not_before_ns=due,
-        )
+        body = _payload_bytes(payload)
+
+        def publish(chosen: bytes | None) -> Enqueued:
+            return enqueue(
+                self._layout,
+                body,
+                content_type=content_type,
+                maximum_attempts=max_attempts,
+                job_id=chosen,
+                not_before_ns=due,
+            )
+
+        done = publish(raw_id) if unique is None else enqueue_unique(self._layout, unique, publish)
         if due is None:
             ring(self.queue_id)  # best effort, never raises: a waiting worker on this host looks now
         return done.job_id.hex()
@@ -419,6 +433,26 @@ class BucketQueue:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= BATCH_MAX:
             raise InvalidInput(f"lease_many: n {n!r} must be a whole number from 1 to {BATCH_MAX}")
         return self._poll(n, duration, wait)
+
+    # -- pausing (steadqd.s3.control) ---------------------------------------------------
+
+    def pause_state(self) -> PauseState | None:
+        """The queue's pause, read from the store now (one GET); None if it is not paused."""
+        return read_pause(self._layout)
+
+    def pause(self, reason: str = "") -> PauseState:
+        """Pause the queue for every host (workers stop claiming at their next pass; producers go on)."""
+        state = new_pause(reason, self._floor())
+        write_pause(self._layout, state)
+        return state
+
+    def resume(self) -> PauseState | None:
+        """Remove the pause; returns the pause that was in force (None if there was none)."""
+        was = read_pause(self._layout)
+        if not clear_pause(self._layout):
+            return None
+        ring(self.queue_id)  # best effort: a paused worker on this host looks now (others: PAUSED_BUCKET_LOOK)
+        return was
 
     def renew(self, lease: Lease, duration: float = 30.0) -> Lease:
         return renew(self._layout, lease, floor_ns=self._floor(), lease_duration_ns=self._lease_ns(duration))

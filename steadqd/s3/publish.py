@@ -36,6 +36,7 @@ class Enqueued:
     shard: int
     job: JobRecord
     indexed: bool  # False when a delayed job's index entry could not be written (the repair scan finds it)
+    already: bool = False  # the same record was at the key before this call (an earlier enqueue of this id)
 
 
 def _put_payload(layout: QueueLayout, job: JobRecord, payload: bytes) -> None:
@@ -93,4 +94,4 @@ def enqueue(
     if due is not None:
         rel = keys.delay_index_key_for(due, layout.format.delayed_bucket_width_ns, shard, job_id)
         indexed = best_effort(layout, rel)
-    return Enqueued(job_id, shard, job, indexed)
+    return Enqueued(job_id, shard, job, indexed, created.already)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
 
-from steadqd.backend import Backend, LeaseHandle, ScanReport
+from steadqd.backend import Backend, LeaseHandle, PauseState, ScanReport
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.environment import build_environment
 from steadqd.daemon.worker import payload, renew
@@ -52,6 +52,7 @@ class Prepared:
     lease_error: SteadQError | None = None
     error: BaseException | None = None
     poisoned: str | None = None  # the thread's handle was poisoned; it opens a new one for the next claim
+    paused: PauseState | None = None  # the queue is paused: nothing was claimed (``lease`` is None)
     tmpdir: str = ""
     payload_path: str = ""
     env: dict[str, str] = field(default_factory=dict)
@@ -63,6 +64,11 @@ def _failed(job: Prepared, e: BaseException) -> None:
     if job.tmpdir:
         payload.remove(job.tmpdir)
         job.tmpdir = ""
+
+
+# s; within one run of claims, the pause is read again before a claim this long after its last read
+# (a filesystem read is one open; a bucket's is one GET, so not before every claim of a long run).
+PAUSE_RECHECK = 0.5
 
 
 class Stopped(Exception):
@@ -221,13 +227,24 @@ class Preparer:
 
     @staticmethod
     def _claim(q: Backend, jobs: list[Prepared], cfg: WorkerConfig, credentials: dict[str, Any], count: int) -> None:
-        """Up to ``count`` claims under one barrier; an empty queue or a failed claim ends the run of claims."""
+        """Up to ``count`` claims under one barrier; an empty queue, a pause or a failed claim ends the run.
+
+        The pause is read before the first claim and again before any claim
+        more than :data:`PAUSE_RECHECK` after the last read, so no claim
+        starts later than that after a pause became visible in the store.
+        """
         try:
             with q.batch():
+                checked = -PAUSE_RECHECK
                 while len(jobs) < count:
                     job = Prepared(cfg, credentials, renewed=time.monotonic())
                     jobs.append(job)
                     try:
+                        if job.renewed - checked >= PAUSE_RECHECK:
+                            job.paused = q.pause_state()
+                            checked = job.renewed
+                            if job.paused is not None:
+                                break
                         job.lease = q.lease(wait=0.0, duration=cfg.lease)
                     except SteadQError as e:
                         job.lease_error = e

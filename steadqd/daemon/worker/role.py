@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import cast
 
-from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
+from steadqd.backend import Backend, LeaseHandle, PauseState, ReadyWatch, ScanReport, is_bucket_url
 from steadqd.daemon import metrics, preflight, process
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.journal import Log, short_id
@@ -86,6 +86,7 @@ __all__ = ["SAFETY_RESCAN", "WorkerRole"]
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
+PAUSED_BUCKET_LOOK = 2.0  # s; a paused bucket queue's worker reads the pause again this often (a filesystem's: inotify)
 PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in flight
 # s; the longest the claiming or settling thread keeps the GIL once the loop's thread wants it back (CPython's
 # default: 5 ms). The loop gives it up at every syscall, several times per job, and a late loop delays every
@@ -125,6 +126,10 @@ class WorkerRole(RoleSettling):
         # one attempt; after, claims overlap the reports, and one that stops starting (its binary removed
         # mid-run) costs at most the free slots' jobs one attempt each before the hold stops leasing.
         self._proven: WorkerConfig | None = None
+        # The queue's pause as the last claim pass read it (steadqd.queue_control); shown in STATUS= and
+        # logged when it starts and ends. A paused worker claims again on the ready watch's next news
+        # (on a filesystem, the pause record's removal is such news) or at the safety rescan.
+        self.paused: PauseState | None = None
 
     # -- Role protocol ------------------------------------------------------------
 
@@ -199,6 +204,8 @@ class WorkerRole(RoleSettling):
             text += f", {t.retried:,} retried"
         if self.held is not None:
             text += f", not leasing: {self.held}"
+        if self.paused is not None:
+            text += f", {self.paused.summary()}"
         if self.draining:
             text += ", draining"
         return text
@@ -437,6 +444,8 @@ class WorkerRole(RoleSettling):
             return
         self._report_scan(p.scan)
         lease = p.lease
+        if lease is not None or p.error is None:
+            self._note_pause(p.paused)
         if lease is None:
             if p.error is not None:
                 self._fill_again = False
@@ -448,6 +457,23 @@ class WorkerRole(RoleSettling):
             self._prepare_failed(lease, p.cfg, p.error)
         else:
             self._start_job(p)
+
+    def _note_pause(self, paused: PauseState | None) -> None:
+        """Log a pause when a claim pass first finds it, and the resume when one claims again."""
+        was, self.paused = self.paused, paused
+        if paused is not None and (was is None or was != paused):
+            self.log.notice(
+                f"queue {paused.summary()}; running jobs finish, no new job is claimed",
+                paused_since_ns=paused.since_ns,
+                paused_by=paused.by,
+                paused_reason=paused.reason,
+            )
+        elif paused is None and was is not None:
+            self.log.notice("queue resumed; claiming again")
+        metrics.queue_paused(paused is not None)
+        if paused is not None and is_bucket_url(self.settings.queue):
+            # A bucket sends no event when another host resumes: look again (one GET) every so often.
+            self._schedule_fill(PAUSED_BUCKET_LOOK)
 
     def _lease_failed(self, e: SteadQError) -> None:
         if isinstance(e, NotCommitted) and e.kind is ErrorKind.MAINTENANCE_BUSY:
