@@ -127,6 +127,8 @@ def test_a_queue_made_by_root_names_owner_mode_user_and_the_fix(world: Path) -> 
     assert len(lines) == 1, err
     assert f"cannot start: queue {queue} is owner root:root, mode 0700: user nobody cannot read and write it" in err
     assert f"chown -R nobody: {queue}" in err and f"runuser -u nobody -- steadq init --shared {queue}" in err
+    # issue 33 #1: for a queue several users produce into, the shared queue is the first fix offered
+    assert err.index("init --shared") < err.index("chown -R"), err
 
 
 def test_check_config_open_checks_as_the_service_user_and_says_so(world: Path) -> None:
