@@ -31,6 +31,7 @@ a second job; the file itself is never deleted on that path.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -171,8 +172,11 @@ class Folder:
         try:
             fd = os.open(STATE_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
         except OSError as e:
+            # Never advise removing it when it may be another process's live state (a daemon of
+            # another user, issue 33 #3): only something that is not a directory is in the way.
+            fix = "remove what is there" if e.errno in (errno.ENOTDIR, errno.ELOOP) else "run as the daemon's user"
             raise InvalidInput(
-                f"{self.config.path}/{STATE_DIR} must be a directory of the daemon ({e.strerror}); remove what is there"
+                f"{self.config.path}/{STATE_DIR} must be a directory of the daemon ({e.strerror}); {fix}"
             ) from None
         if os.fstat(fd).st_dev != self.dev:
             os.close(fd)
