@@ -322,3 +322,13 @@ def test_preflight_problems_are_one_line_each() -> None:
     problems = preflight.queue_problems(settings, preflight.Account.current()) + preflight.worker_problems(settings)
     assert problems
     assert all("\n" not in p.text for p in problems), problems
+
+
+def test_check_config_without_open_warns_about_a_command_that_does_not_exist(denv: Env) -> None:
+    missing = denv.tmp / "bin" / "no-such-job"
+    denv.write_config(command=[str(missing)])
+    r = _steadqd(denv, "check-config", denv.name)
+    assert r.returncode == 0, r.stderr  # a warning: the service's user is not asked without --open
+    assert r.stdout == f"{denv.name}: ok ({denv.queue_path})\n"
+    assert r.stderr.startswith(f"{denv.name}: warning: worker.command {missing} does not exist; install it"), r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
