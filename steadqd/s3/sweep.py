@@ -232,6 +232,7 @@ class RecoveryReport:
 
     leases_reaped: int = 0
     leases_to_dead: int = 0
+    reaped_jobs: list[str] = field(default_factory=list)  # hex ids of the jobs counted in the two above
     delayed_promoted: int = 0
     temp_files_deleted: int = 0
     receipts_compacted: int = 0  # a receipt is one object; nothing to compact
@@ -351,8 +352,10 @@ def _lease_entry(layout: QueueLayout, parsed: ParsedKey, floor_ns: int, report: 
                 is None
             ):
                 report.leases_to_dead += 1
+                report.reaped_jobs.append(job_id.hex())
             return True
     report.leases_reaped += 1
+    report.reaped_jobs.append(job_id.hex())
     return True
 
 

@@ -38,6 +38,9 @@ class RecoveryReport:
 
     leases_reaped: int = 0
     leases_to_dead: int = 0
+    # Job ids (hex) whose expired lease this pass returned to ready or buried: the
+    # sweeper names them, so a job's story in the journal (and `show`) is complete.
+    reaped_jobs: list[str] = field(default_factory=list)
     delayed_promoted: int = 0
     temp_files_deleted: int = 0
     receipts_compacted: int = 0
