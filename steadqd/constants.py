@@ -8,7 +8,8 @@ Nothing here does I/O.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 # --- Domain-separation strings (records.md): each ends with one NUL byte. ---
 DOMAIN_FORMAT = b"SteadQ-1-format\0"
@@ -147,6 +148,11 @@ class Modes:
     # Shared queues set the modes explicitly after creating anything: they must
     # not depend on the umask of whichever member happened to create an entry.
     enforce: bool = False
+    # (uid, gid) that everything this process creates is given to, or None.
+    # Set when root works in a queue another user owns (a root `steadq put`
+    # into the daemon's queue): a root-owned 0600 job would be a job the
+    # queue's owner can never lease, so root hands each new entry to the owner.
+    owner: tuple[int, int] | None = None
 
 
 PRIVATE_MODES = Modes(DIR_MODE, FILE_MODE, FORMAT_MODE)
@@ -159,6 +165,18 @@ _SHARED_ROOT_BITS = 0o2020  # S_ISGID | S_IWGRP: both, or the queue is private
 
 def modes_for_root(st_mode: int) -> Modes:
     return SHARED_MODES if st_mode & _SHARED_ROOT_BITS == _SHARED_ROOT_BITS else PRIVATE_MODES
+
+
+def modes_for_process(root: os.stat_result, euid: int) -> Modes:
+    """The modes a process with effective uid ``euid`` creates entries with in the queue whose root is ``root``.
+
+    Root working in a queue another user owns gives every new entry to the
+    root directory's owner and group (:attr:`Modes.owner`), so that the queue
+    stays one user's (or one group's) tree whoever produced into it."""
+    modes = modes_for_root(root.st_mode)
+    if euid == 0 and root.st_uid != 0:
+        return replace(modes, owner=(root.st_uid, root.st_gid))
+    return modes
 
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"

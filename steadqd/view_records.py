@@ -179,6 +179,8 @@ class RecoveryReport:
 
     leases_reaped: int = 0
     leases_to_dead: int = 0
+    # Hex ids of the jobs counted in the two above: the sweeper names each, so a job's story is complete.
+    reaped_jobs: list[str] = field(default_factory=list)
     delayed_promoted: int = 0
     temp_files_deleted: int = 0
     receipts_compacted: int = 0

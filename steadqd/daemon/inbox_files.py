@@ -329,9 +329,10 @@ class Folder:
         try:
             fd = os.open(STATE_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
         except OSError as e:
-            raise InvalidInput(
-                f"{where} must be a directory of the daemon ({e.strerror}); remove what is there"
-            ) from None
+            # Never advise removing it when it may be another process's live state (a daemon of
+            # another user, issue 33 #3): only something that is not a directory is in the way.
+            fix = "remove what is there" if e.errno in (errno.ENOTDIR, errno.ELOOP) else "run as the daemon's user"
+            raise InvalidInput(f"{where} must be a directory of the daemon ({e.strerror}); {fix}") from None
         st = os.fstat(fd)
         if st.st_dev != self.dev:
             os.close(fd)

@@ -126,7 +126,23 @@ def check_config(names: list[str], directory: str | None, *, open_queues: bool, 
             print(f"{name}: ok ({settings.queue}; checked as user {account.name})")
             continue
         print(f"{name}: ok ({settings.queue})")
+        _warn_command(name, settings)
     return 78 if failed else 0
+
+
+def _warn_command(name: str, settings: QueueSettings) -> None:
+    """Without --open, still say when the command cannot be found or run (issue 33 #9): as a
+    warning, checked as whoever runs check-config, since the service's user is not asked."""
+    if settings.worker is None:
+        return
+    from steadqd.daemon import preflight
+
+    me = preflight.Account.current()
+    for p in preflight.command_problems(settings.worker, me, settings.source, os.environ):
+        print(
+            f"{name}: warning: {p.text} (checked as user {me.name}; --open checks as the service's user)",
+            file=sys.stderr,
+        )
 
 
 def _version() -> str:

@@ -210,8 +210,8 @@ def queue_problems(settings: QueueSettings, account: Account) -> list[Problem]:
             return [
                 Problem(
                     f"{what} is {_where(p)}: user {account.name} cannot read and write it (made by root with "
-                    f"`steadq init` and no runuser?); run: chown -R {account.name}: {shown} "
-                    f"(or remake it: {init})"
+                    f"`steadq init` and no runuser?); for a queue several users produce into, make it anew "
+                    f"while it is empty: {init}; to keep this one: chown -R {account.name}: {shown}"
                 )
             ]
     return []

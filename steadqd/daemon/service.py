@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from steadqd import backend
-from steadqd.daemon import preflight
+from steadqd.daemon import preflight, role_lock
 from steadqd.daemon.config import QueueSettings, open_options
 from steadqd.daemon.journal import ErrorDigest, Log
 from steadqd.daemon.notify import Notifier
@@ -263,6 +263,7 @@ class Service:
         self.roles: list[Role] = []
         self.settings: QueueSettings | None = None  # the running configuration, once started
         self._last_status = ""
+        self._held = role_lock.Held([], None)  # the (queue, role) locks, taken before any role starts
 
     # -- signals -------------------------------------------------------------
 
@@ -314,8 +315,12 @@ class Service:
                 self.notifier.ready("nothing to run")
                 self.log.notice("stopped: nothing to run for this queue")
                 return EXIT_OK
+            self._held = role_lock.acquire(settings.queue, settings.name, [r.name for r in self.roles])
             for r in self.roles:
                 r.start(self.loop)
+        except role_lock.RoleHeld as e:
+            self._close_roles()
+            return self._refuse(str(e), role_lock.EXIT_HELD)
         except SteadQError as e:
             self._close_roles()
             return self._refuse(str(e), start_failure_status(e))
@@ -324,7 +329,13 @@ class Service:
             status = EXIT_CONFIG if e.errno in _OPERATOR_ERRNOS else EXIT_FAILURE
             return self._refuse(preflight.describe_os_error(e, settings, account), status)
         self.notifier.ready(self.status_line())
-        self.log.notice("started", roles=",".join(r.name for r in self.roles), path=settings.queue)
+        # STEADQ_ROLE_LOCKS: where this run's (queue, role) locks are; "none" = a second run would go unnoticed.
+        self.log.notice(
+            "started",
+            roles=",".join(r.name for r in self.roles),
+            path=settings.queue,
+            role_locks=self._held.where or "none",
+        )
         if self.notifier.watchdog_interval:
             self.loop.call_later(self.notifier.watchdog_interval, self._watchdog)
         self.loop.call_later(STATUS_EVERY, self._publish_status)
@@ -407,6 +418,7 @@ class Service:
                 r.close()
             except Exception as e:  # closing one role must not keep the others' leases
                 self.log.error(f"closing {r.name} failed: {e}")
+        self._held.release()  # after the roles: nothing of theirs runs once another process may take over
 
 
 def _on_a_terminal() -> bool:

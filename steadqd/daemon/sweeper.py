@@ -215,6 +215,8 @@ class SweeperRole(PassRole):
                 more=True if report.budget_exhausted else None,
                 **fields,
             )
+        for job in report.reaped_jobs:  # one entry per job, found by `journalctl STEADQ_JOB_ID=...`
+            self.log.notice(f"recovery: job {job[:8]} reaped: its lease expired", job_id=job)
         if report.errors:
             self._errors.record(report.errors)
         if q.poisoned is not None:

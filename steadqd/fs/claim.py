@@ -48,6 +48,7 @@ from steadqd.fs.names import (
     terminal_bucket,
     trusted_leased_name,
 )
+from steadqd.fs.owner import unreadable_job_text
 from steadqd.fs.quarantine import quarantine, quarantine_special
 from steadqd.fs.records import decode_extension
 from steadqd.fs.scan_order import next_scan_round, scan_order
@@ -238,6 +239,16 @@ class _Scan:
         else:
             self.report.quarantined.append((f"{rel}/{name}", QuarantineReason.NON_REGULAR_FILE, qname))
 
+    def unreadable(self, dir_fd: int, rel: str, name: str, e: OSError) -> str:
+        """For EACCES, whose the job is and the fix (a root `put` into the daemon's private queue left such jobs)."""
+        if e.errno != errno.EACCES:
+            return ""
+        try:
+            st = linux.stat_at(dir_fd, name)
+        except OSError:
+            return ""
+        return f": {unreadable_job_text(st, os.path.join(self.ctx.path, rel, name))}"
+
     def consider(self, shard: int, dir_fd: int, rel: str, name: str, job: JobName) -> Lease | None:
         fmt = self.ctx.fmt
         if not authenticate(fmt.queue_id, job, shard=shard, lease_width_ns=fmt.lease_width_ns):
@@ -261,7 +272,7 @@ class _Scan:
             if special is not None:
                 self.isolate_special(dir_fd, rel, name, special)
                 return None
-            self.report.errors.append(f"open {rel}/{name}: {e.strerror}")
+            self.report.errors.append(f"open {rel}/{name}: {e.strerror}{self.unreadable(dir_fd, rel, name, e)}")
             return None
         try:
             return self.claim_open(shard, dir_fd, rel, name, job, fd)

@@ -22,12 +22,13 @@ from steadqd.constants import (
     READY_DIR,
     ZFS_MAGIC,
     Modes,
-    modes_for_root,
+    modes_for_process,
 )
 from steadqd.errors import ErrorKind, MaintenanceBusy, NotCommitted, QueuePoisoned, SteadQError, kind_for_errno
 from steadqd.fs import clock, linux
 from steadqd.fs.layout import OpenOptions
 from steadqd.fs.names import boot_raw, shard_dir
+from steadqd.fs.owner import give_to_owner
 from steadqd.fs.records import FormatRecord
 from steadqd.fs.tree import Tree
 from steadqd.fs.watermark import WallFloor
@@ -76,7 +77,7 @@ class Context:
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def __post_init__(self) -> None:
-        self.modes = modes_for_root(linux.fstat(self.root_fd).st_mode)
+        self.modes = modes_for_process(linux.fstat(self.root_fd), os.geteuid())
         self.tree = Tree(self.root_fd, self.fmt.shard_count, deferred=self.options.deferred, modes=self.modes)
         # The wall floor keeps its own descriptor: a cached one can be evicted
         # (and its number reused) while the handle lives.
@@ -148,7 +149,10 @@ class Context:
         return self.tree.ensure_dir(QUARANTINE_DIR)
 
     def new_file_mode(self, fd: int) -> None:
-        """Give a file this handle just created the queue's file mode (shared queues)."""
+        """Give a file this handle just created the queue's owner (root in another
+        user's queue) and the queue's file mode (shared queues)."""
+        if self.modes.owner is not None:
+            give_to_owner(fd, self.modes.owner)
         if self.modes.enforce:
             linux.fchmod(fd, self.modes.file)
 

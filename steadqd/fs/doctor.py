@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Callable
 from typing import NamedTuple
 
-from steadqd.constants import SUPPORTED_FILESYSTEMS, TMP_DIR
+from steadqd.constants import DELAYED_DIR, READY_DIR, SUPPORTED_FILESYSTEMS, TMP_DIR
 from steadqd.fs import linux
 from steadqd.fs.layout import filesystem_name
+from steadqd.fs.owner import command_name, groups_of, owner_and_mode, readable_by, user_name
 
 __all__ = ["Check", "doctor_checks"]
 
@@ -56,6 +58,8 @@ def doctor_checks(path: str) -> list[Check]:
         )
     except OSError as e:
         checks.append(Check("filesystem", False, e))
+    if os.path.isdir(os.path.join(path, READY_DIR)):
+        checks.append(_job_access(path))
     tmp = os.path.join(path, TMP_DIR)
     if not os.path.isdir(tmp):
         return checks
@@ -79,6 +83,63 @@ def doctor_checks(path: str) -> list[Check]:
     finally:
         os.close(dfd)
     return checks
+
+
+def _job_access(path: str) -> Check:
+    """Can the queue's owner (the daemon's user) read every ready and delayed job?
+
+    A job it cannot read is one the worker can never lease: a producer
+    outside the queue's group, or root before it gave its jobs to the owner,
+    left it. Names are listed and stat'ed only (never opened or followed)."""
+    try:
+        root = os.stat(path)
+    except OSError as e:
+        return Check("job_access", False, e)
+    gids = groups_of(root.st_uid, root.st_gid)
+    owner = user_name(root.st_uid)
+    count, bad = 0, []
+    for rel in _job_dirs(path):
+        try:
+            names = os.listdir(os.path.join(path, rel))
+        except OSError:
+            continue  # not a directory, or gone: fsck's business
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(path, rel, name))
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            count += 1
+            if not readable_by(st, root.st_uid, gids):
+                bad.append((f"{rel}/{name}", st))
+    if not bad:
+        return Check("job_access", True, f"{count} ready and delayed jobs, all readable by {owner}")
+    first, st = bad[0]
+    return Check(
+        "job_access",
+        False,
+        f"{len(bad)} of {count} ready and delayed jobs cannot be read by {owner} (the queue's owner), "
+        f"e.g. {first} ({owner_and_mode(st)}); run: chown -R {command_name(root.st_uid)}: {path}, "
+        f"and let producers run as {owner} or use a queue made with init --shared",
+    )
+
+
+def _job_dirs(path: str) -> list[str]:
+    """``ready/<shard>`` and ``delayed/<bucket>/<shard>`` relative to the queue root."""
+    rels: list[str] = []
+    for top, depth in ((READY_DIR, 1), (DELAYED_DIR, 2)):
+        level = [top]
+        for _ in range(depth):
+            nxt: list[str] = []
+            for rel in level:
+                try:
+                    nxt.extend(f"{rel}/{n}" for n in sorted(os.listdir(os.path.join(path, rel))))
+                except OSError:
+                    continue
+            level = nxt
+        rels.extend(level)
+    return rels
 
 
 def _probe_publication(dfd: int) -> str:

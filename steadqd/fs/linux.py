@@ -357,6 +357,13 @@ def fchmod(fd: int, mode: int) -> None:
     _call("fchmod", os.fchmod, fd, mode, detail=(fd, mode))
 
 
+def fchown(fd: int, uid: int, gid: int) -> None:
+    """fchown(2): only root in a queue another user owns gives its new entries away
+    (``Modes.owner``). Not an injectable op: the crash lab never runs as that root
+    in someone else's tree, and the call comes before any link or rename."""
+    os.fchown(fd, uid, gid)
+
+
 def list_dir(dirfd: int) -> list[bytes]:
     """Raw entry names (no ``.``/``..``) sorted bytewise, the order recovery relies on.
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from steadqd.constants import PRIVATE_MODES, READY_DIR, Modes
 from steadqd.fs import linux
 from steadqd.fs.names import parse_shard_dir, shard_dir
+from steadqd.fs.owner import give_to_owner
 
 # Tries of ensure_dir when a directory on the way vanishes under it (recovery
 # removing an empty bucket at that moment): bounded, a removal cannot recur forever.
@@ -313,6 +314,8 @@ class Tree:
                 # seccomp's RestrictSUIDSGID= (the units) refuses mkdir with it (EPERM).
                 if linux.mkdir_at(parent_fd, name, self.modes.dir & 0o777):
                     created = True
+                    if self.modes.owner is not None:
+                        give_dir_to_owner(parent_fd, name, self.modes.owner)
                     if self.modes.enforce:
                         enforce_dir_mode(parent_fd, name, self.modes.dir)
         except OSError:
@@ -506,6 +509,16 @@ class Tree:
             for fd in self._dirty.values():
                 linux.close(fd)
             self._dirty.clear()
+
+
+def give_dir_to_owner(parent_fd: int, name: str, owner: tuple[int, int]) -> None:
+    """chown a directory root just created in another user's queue to that user
+    (``Modes.owner``), through an O_NOFOLLOW fd like :func:`enforce_dir_mode`."""
+    fd = linux.open_dir(parent_fd, name)
+    try:
+        give_to_owner(fd, owner)
+    finally:
+        linux.close(fd)
 
 
 def enforce_dir_mode(parent_fd: int, name: str, mode: int) -> None:

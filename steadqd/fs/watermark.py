@@ -28,6 +28,7 @@ from steadqd.constants import (
 )
 from steadqd.errors import InvalidInput, MaintenanceBusy, QueueCorrupt, StateExhausted
 from steadqd.fs import linux
+from steadqd.fs.owner import give_to_owner
 from steadqd.fs.records import Watermark
 
 # Attempts back to back (clocks.md's 8) before a reader starts to wait.
@@ -123,6 +124,8 @@ def publish_watermark(control_fd: int, record: Watermark, tmp_prefix: str, modes
     fd = linux.open_at(control_fd, name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, modes.file)
     try:
         try:
+            if modes.owner is not None:
+                give_to_owner(fd, modes.owner)
             if modes.enforce:
                 linux.fchmod(fd, modes.file)
             linux.write_all(fd, record.encode())

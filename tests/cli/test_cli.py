@@ -594,7 +594,7 @@ def test_doctor(qpath: str, tmp_path: Path) -> None:
     assert r.err_lines[0] == f"steadq doctor {qpath}"
     names = [line.strip().split(":")[0] for line in r.err_lines[1:]]
     assert names == [
-        "boot_id", "clock_boottime", "clock_realtime", "getrandom", "filesystem",
+        "boot_id", "clock_boottime", "clock_realtime", "getrandom", "filesystem", "job_access",
         "publication_mode", "rename_noreplace", "dir_fsync",
     ]  # fmt: skip
     assert "  filesystem: ext4 (magic 0xef53)" in r.err_lines and "  rename_noreplace: supported" in r.err_lines

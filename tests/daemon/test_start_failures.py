@@ -127,6 +127,8 @@ def test_a_queue_made_by_root_names_owner_mode_user_and_the_fix(world: Path) -> 
     assert len(lines) == 1, err
     assert f"cannot start: queue {queue} is owner root:root, mode 0700: user nobody cannot read and write it" in err
     assert f"chown -R nobody: {queue}" in err and f"runuser -u nobody -- steadq init --shared {queue}" in err
+    # issue 33 #1: for a queue several users produce into, the shared queue is the first fix offered
+    assert err.index("init --shared") < err.index("chown -R"), err
 
 
 def test_check_config_open_checks_as_the_service_user_and_says_so(world: Path) -> None:
@@ -320,3 +322,13 @@ def test_preflight_problems_are_one_line_each() -> None:
     problems = preflight.queue_problems(settings, preflight.Account.current()) + preflight.worker_problems(settings)
     assert problems
     assert all("\n" not in p.text for p in problems), problems
+
+
+def test_check_config_without_open_warns_about_a_command_that_does_not_exist(denv: Env) -> None:
+    missing = denv.tmp / "bin" / "no-such-job"
+    denv.write_config(command=[str(missing)])
+    r = _steadqd(denv, "check-config", denv.name)
+    assert r.returncode == 0, r.stderr  # a warning: the service's user is not asked without --open
+    assert r.stdout == f"{denv.name}: ok ({denv.queue_path})\n"
+    assert r.stderr.startswith(f"{denv.name}: warning: worker.command {missing} does not exist; install it"), r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr

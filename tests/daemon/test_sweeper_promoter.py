@@ -213,6 +213,8 @@ def test_sweeper_reaps_expired_lease_and_compacts_receipts(tmp_path: Path, qpath
         wait_until(lambda: state_of(qpath, lost_id) is State.READY, 15, "the expired lease to be reaped")
         wait_until(lambda: live_tree(qpath).get(done_id).compact, 15, "the receipt to be compacted")
         d.wait_for("STEADQ_REAPED=1")
+        # issue 33 #9: the reaped job is named, so its story in the journal (and `show`) is complete
+        d.wait_for(f"recovery: job {lost_id[:8]} reaped: its lease expired STEADQ_JOB_ID={lost_id}")
         d.wait_for("STEADQ_COMPACTED=1")
         after = live_tree(qpath)
         # Reaped back to ready with the same attempt and a later generation: no attempt lost.

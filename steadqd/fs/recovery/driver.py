@@ -25,6 +25,7 @@ from steadqd.errors import InvalidInput, SteadQError
 from steadqd.fs import linux
 from steadqd.fs.clock import trusted_wall
 from steadqd.fs.context import Context
+from steadqd.fs.owner import give_to_owner
 from steadqd.fs.recovery.compact import compact_receipts
 from steadqd.fs.recovery.cursor import Positions, read_cursor, recall, remember, write_cursor
 from steadqd.fs.recovery.promote import promote_delayed
@@ -130,6 +131,8 @@ def _open_lock(control: int, report: RecoveryReport, modes: Modes) -> int | None
             report.errors.append(("recovery_lock", f"cannot create control/{RECOVERY_LOCK}: {e.strerror}"))
             return None
         try:
+            if modes.owner is not None:
+                give_to_owner(fd, modes.owner)
             if modes.enforce:
                 linux.fchmod(fd, modes.file)
             linux.fsync(fd)
@@ -137,6 +140,10 @@ def _open_lock(control: int, report: RecoveryReport, modes: Modes) -> int | None
         except OSError as e:
             linux.close(fd)
             report.errors.append(("recovery_lock", f"cannot make control/{RECOVERY_LOCK} durable: {e.strerror}"))
+            return None
+        except SteadQError as e:  # root that cannot give the lock to the queue's owner
+            linux.close(fd)
+            report.errors.append(("recovery_lock", f"cannot create control/{RECOVERY_LOCK}: {e}"))
             return None
         return fd
     report.errors.append(("recovery_lock", f"control/{RECOVERY_LOCK} keeps disappearing"))

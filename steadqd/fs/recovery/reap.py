@@ -149,10 +149,12 @@ def _reap(p: Pass, src_fd: int, src_rel: str, name: str, job: JobName, shard: in
         where = f"{src_rel}/{name} -> {target_file}"
         if rename(p, "reap_to_ready", where, src_fd, name, src_fd, target_file):
             p.report.leases_reaped += 1
+            p.report.reaped_jobs.append(job.job_id.hex())
         return
     dst_rel = f"{READY_DIR}/{shard_dir(shard)}"
     if move(p, "reap_to_ready", src_fd, src_rel, name, dst_rel, target_file):
         p.report.leases_reaped += 1
+        p.report.reaped_jobs.append(job.job_id.hex())
 
 
 def _reap_to_dead(p: Pass, src_fd: int, src_rel: str, name: str, job: JobName, generation: int, shard: int) -> None:
@@ -166,3 +168,4 @@ def _reap_to_dead(p: Pass, src_fd: int, src_rel: str, name: str, job: JobName, g
     dst_rel = f"{DEAD_DIR}/{bucket_dir(tb)}/{shard_dir(shard)}"
     if move(p, "reap_to_dead", src_fd, src_rel, name, dst_rel, target_file):
         p.report.leases_to_dead += 1
+        p.report.reaped_jobs.append(job.job_id.hex())

@@ -335,8 +335,10 @@ def _lease_entry(layout: QueueLayout, parsed: ParsedKey, floor_ns: int, report: 
                 is None
             ):
                 report.leases_to_dead += 1
+                report.reaped_jobs.append(job_id.hex())
             return True
     report.leases_reaped += 1
+    report.reaped_jobs.append(job_id.hex())
     return True
 
 
