@@ -45,7 +45,7 @@ def _role_factory(names: tuple[str, ...]) -> Callable[..., list]:
             "worker": ("worker.role", "WorkerRole"),
             "sweeper": ("sweeper", "SweeperRole"),
             "promoter": ("promoter", "PromoterRole"),
-            "inbox": ("inbox", "InboxRole"),
+            "inbox": ("inbox.watch", "InboxRole"),
         }
         roles = []
         for n in names:

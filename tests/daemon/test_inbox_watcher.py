@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from steadqd import Queue
-from steadqd.daemon import inbox
 from steadqd.daemon.config import parse_config
-from steadqd.daemon.inbox_os import IN_DELETE_SELF, IN_Q_OVERFLOW, Event
+from steadqd.daemon.inbox import watch as inbox
+from steadqd.daemon.inbox.linux import IN_DELETE_SELF, IN_Q_OVERFLOW, Event
 from steadqd.daemon.journal import Log
 
 

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 
 from steadqd.backend import Backend, new_job_id
 from steadqd.daemon.config import InboxConfig
-from steadqd.daemon.inbox_os import rename_noreplace
+from steadqd.daemon.inbox.linux import rename_noreplace
 from steadqd.errors import ErrorKind, InvalidInput, OutcomeUnknown, SteadQError
 from steadqd.text import printable
 

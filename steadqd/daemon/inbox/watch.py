@@ -46,7 +46,7 @@ import time
 
 from steadqd.backend import Backend
 from steadqd.daemon.config import InboxConfig, QueueSettings
-from steadqd.daemon.inbox_files import (
+from steadqd.daemon.inbox.files import (
     DONE_BEFORE,
     ENQUEUED,
     LATER,
@@ -57,7 +57,7 @@ from steadqd.daemon.inbox_files import (
     Unreadable,
     shown,
 )
-from steadqd.daemon.inbox_os import (
+from steadqd.daemon.inbox.linux import (
     FOLDER_GONE,
     IN_ATTRIB,
     IN_CLOSE_WRITE,
