@@ -21,7 +21,8 @@ import pytest
 from steadqd import Queue
 from steadqd.backend import new_job_id
 from steadqd.daemon.config import InboxConfig
-from steadqd.daemon.inbox.files import DONE_BEFORE, ENQUEUED, LATER, REFUSED, STATE_DIR, Folder, Intent, Unreadable
+from steadqd.daemon.inbox.files import DONE_BEFORE, ENQUEUED, LATER, REFUSED, Folder
+from steadqd.daemon.inbox.intent import STATE_DIR, Intent, Unreadable
 from steadqd.errors import ErrorKind, InvalidInput, NotCommitted
 
 
