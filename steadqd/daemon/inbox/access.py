@@ -8,13 +8,15 @@ the daemon's state directory (``exposed``) or the paths handed to jobs
 
 from __future__ import annotations
 
+import errno
+import grp
 import os
 import pwd
 import stat
 
 from steadqd.daemon.inbox.intent import shown
 
-__all__ = ["exposed", "handoff_risk", "named_user"]
+__all__ = ["cannot_write_fix", "exposed", "handoff_risk", "named_user"]
 
 
 def named_user(uid: int) -> str:
@@ -73,3 +75,28 @@ def handoff_risk(folder: str) -> str:
                 break
             parent = os.path.dirname(parent)
     return ""
+
+
+def cannot_write_fix(folder: str, e: OSError) -> str:
+    """The fix for a watch folder the daemon could not write (its state directory goes in it).
+
+    Read-only is what a hardened unit's ``ProtectSystem=strict`` makes of every path
+    outside its ``ReadWritePaths=`` (units/steadq-worker@.service: only /var/lib/steadq);
+    permission denied is the folder's owner, group or mode.
+    """
+    where = shown(folder)
+    if e.errno == errno.EROFS:
+        return (
+            f"the service sees {where} read-only: under systemd the worker writes only its unit's ReadWritePaths=, "
+            f"so add ReadWritePaths={where} in a drop-in (systemctl edit steadq-worker@QUEUE) and restart it"
+        )
+    if e.errno in (errno.EACCES, errno.EPERM):
+        try:
+            group = grp.getgrgid(os.getegid()).gr_name
+        except KeyError:
+            group = str(os.getegid())
+        return (
+            f"the daemon's user{named_user(os.geteuid())} cannot write {where}: give it to the group "
+            f"(chgrp {shown(group)} {where} && chmod g+w,+t {where}, mode 3770)"
+        )
+    return f"make {where} writable by the daemon's user"

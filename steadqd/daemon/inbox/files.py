@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from steadqd.backend import Backend, new_job_id
 from steadqd.daemon.config import InboxConfig
-from steadqd.daemon.inbox.access import exposed, handoff_risk, named_user
+from steadqd.daemon.inbox.access import cannot_write_fix, exposed, handoff_risk, named_user
 from steadqd.daemon.inbox.intent import (
     FILE,
     INTENT,
@@ -187,10 +187,16 @@ class Folder:
         checked on the descriptor that is then used, so nothing can be swapped
         between the check and the use.
         """
-        with contextlib.suppress(FileExistsError):
+        where = f"{shown(self.config.path)}/{STATE_DIR}"
+        try:
             os.mkdir(STATE_DIR, 0o700, dir_fd=self.fd)
             os.fsync(self.fd)
-        where = f"{shown(self.config.path)}/{STATE_DIR}"
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise InvalidInput(
+                f"{where} cannot be created: {e.strerror}; {cannot_write_fix(self.config.path, e)}"
+            ) from None
         try:
             fd = os.open(STATE_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
         except OSError as e:

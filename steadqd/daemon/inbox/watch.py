@@ -117,6 +117,13 @@ def retention_of(settings: QueueSettings) -> float:
     return sw.receipt_retention if sw.dead_retention is None else min(sw.receipt_retention, sw.dead_retention)
 
 
+def _os_error(e: OSError, folder: str) -> str:
+    """An OS error no check foresaw, with the whole path (a name in the folder is relative to it)."""
+    name = e.filename if isinstance(e.filename, str) else ""
+    where = os.path.join(folder, name) if name else folder
+    return f"{shown(where)}: {e.strerror or e}"
+
+
 class Watcher:
     """Events and settle timers of one folder, and what becomes of each file (one thread)."""
 
@@ -418,13 +425,22 @@ class Watcher:
 
 
 class InboxRole:
-    """The watch folder as a role of the service loop: a thread, started and stopped with it."""
+    """The watch folder as a role of the service loop: a thread, started and stopped with it.
+
+    Beside a worker the role exists even without ``inbox:`` (a reload may add one), and a
+    folder that cannot be watched does not stop the worker: jobs keep running, the folder
+    is reported failed (journal, ``systemctl status``) and a reload tries it again. Alone
+    (``steadqd inbox``, or a queue whose jobs run elsewhere) there is nothing else to run,
+    so the same problem fails the start.
+    """
 
     name = "inbox"
 
     def __init__(self, settings: QueueSettings, log: Log) -> None:
         self.settings = settings
         self.log = log
+        self.alone = False  # set by the role factory when nothing else runs in this process
+        self.failed = ""  # why the configured folder is not watched
         self._watcher: Watcher | None = None
         self._thread: threading.Thread | None = None
 
@@ -432,10 +448,22 @@ class InboxRole:
         self._start(self.settings)
 
     def _start(self, settings: QueueSettings) -> None:
+        self.failed = ""
         config = settings.inbox
         if config is None:
             return
-        self._watcher = Watcher(settings, self.log)
+        try:
+            self._watcher = Watcher(settings, self.log)
+        except (SteadQError, OSError) as e:
+            if self.alone:
+                raise
+            self.failed = str(e) if isinstance(e, SteadQError) else _os_error(e, config.path)
+            self.log.error(
+                f"watch folder {shown(config.path)} not watched: {self.failed}; jobs go on running; "
+                "fix it, then `systemctl reload` (or restart) the service",
+                inbox=config.path,
+            )
+            return
         if self._watcher.folder.exposed:
             self.log.warning(
                 f"watch folder {shown(config.path)} {self._watcher.folder.exposed}: a member could rename "
@@ -452,9 +480,11 @@ class InboxRole:
         )
 
     def status(self) -> str:
+        if self.failed and self.settings.inbox is not None:
+            return f"failed: {shown(self.settings.inbox.path)} not watched (see the journal)"
         w = self._watcher
         if w is None:
-            return "no watch folder"
+            return ""
         if w.gone:
             return f"stopped: {w.config.path} went away or failed (see the journal)"
         return f"{w.enqueued} enqueued, {len(w.waiting)} settling, {w.refused} refused"
@@ -462,10 +492,11 @@ class InboxRole:
     def reload(self, settings: QueueSettings) -> None:
         old = self.settings
         self.settings = settings
-        if settings.inbox == old.inbox and settings.sweeper == old.sweeper:
+        if settings.inbox == old.inbox and settings.sweeper == old.sweeper and not self.failed:
             return
         self._stop()
-        self.log.notice("watch folder configuration changed: watching again")
+        if settings.inbox is not None:
+            self.log.notice("watch folder configuration changed: watching again")
         self._start(settings)
 
     def drain(self) -> None:
