@@ -45,14 +45,13 @@ def _role_factory(names: tuple[str, ...]) -> Callable[..., list]:
             "worker": ("worker.role", "WorkerRole"),
             "sweeper": ("sweeper", "SweeperRole"),
             "promoter": ("promoter", "PromoterRole"),
-            "inbox": ("inbox", "InboxRole"),
+            "inbox": ("inbox.watch", "InboxRole"),
         }
         roles = []
         for n in names:
-            if n == "inbox" and settings.inbox is None:
-                if names == ("inbox",):
-                    raise ConfigError("no `inbox:` section: nothing to run", path=settings.source)
-                continue
+            if n == "inbox" and settings.inbox is None and names == ("inbox",):
+                raise ConfigError("no `inbox:` section: nothing to run", path=settings.source)
+            # Beside the worker the watch role is made even without `inbox:`: a reload may add one.
             if n == "worker" and settings.worker is None:
                 if settings.inbox is not None and "inbox" in names:
                     continue  # a producer-only queue: its jobs run elsewhere
@@ -68,6 +67,8 @@ def _role_factory(names: tuple[str, ...]) -> Callable[..., list]:
                 continue
             module, cls = classes[n]
             roles.append(getattr(import_module(f"steadqd.daemon.{module}"), cls)(settings, log))
+        if [r.name for r in roles] == ["inbox"]:
+            roles[0].alone = True  # nothing else to run: a folder that cannot be watched fails the start
         return roles
 
     return make

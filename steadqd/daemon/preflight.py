@@ -52,6 +52,7 @@ __all__ = [
     "command_problems",
     "credentials_problems",
     "describe_os_error",
+    "inbox_problems",
     "job_account",
     "queue_problems",
     "service_account",
@@ -432,4 +433,35 @@ def start_problems(settings: QueueSettings) -> list[Problem]:
         return [Problem(f"queue {printable(settings.queue)}: {e}")]
     except OSError as e:
         return [Problem(describe_os_error(e, settings, account))]
-    return worker_problems(settings)
+    return worker_problems(settings) + inbox_problems(settings, account)
+
+
+def inbox_problems(settings: QueueSettings, account: Account) -> list[Problem]:
+    """The watch folder as ``account`` (this process's user) will use it: there, a directory, writable.
+
+    Only what a start would meet, without making anything: the start creates the
+    state directory in the folder, so the folder must let this user create an entry.
+    What a hardened unit makes read-only (paths outside its ReadWritePaths=) cannot
+    be seen from outside the unit; the worker then reports the folder failed and
+    names ReadWritePaths=.
+    """
+    config = settings.inbox
+    if config is None:
+        return []
+    from steadqd.daemon.inbox.access import cannot_write_fix
+    from steadqd.daemon.inbox.intent import STATE_DIR
+
+    where = printable(config.path)
+    if not os.path.isdir(config.path):
+        return [
+            Problem(f"watch folder {where} does not exist or is not a directory for user {account.name} (inbox.path)")
+        ]
+    state = os.path.join(config.path, STATE_DIR)
+    if os.path.lexists(state) or os.access(config.path, os.W_OK | os.X_OK):
+        return []
+    return [
+        Problem(
+            f"watch folder {where}: user {account.name} cannot create {printable(state)} in it; "
+            f"{cannot_write_fix(config.path, PermissionError(errno.EACCES, os.strerror(errno.EACCES)))}"
+        )
+    ]

@@ -178,7 +178,7 @@ class Role(Protocol):
         """Open the queue and register fds/timers; raise to refuse starting."""
 
     def status(self) -> str:
-        """A short fragment for STATUS=, e.g. "2 running, 14 ready"."""
+        """A short fragment for STATUS=, e.g. "2 running, 14 ready"; "" for a role with nothing to do."""
 
     def reload(self, settings: QueueSettings) -> None:
         """Apply new settings without dropping running work."""
@@ -281,7 +281,7 @@ class Service:
     # -- status and watchdog -------------------------------------------------
 
     def status_line(self) -> str:
-        return "; ".join(f"{r.name}: {r.status()}" for r in self.roles)
+        return "; ".join(f"{r.name}: {status}" for r in self.roles if (status := r.status()))
 
     def _publish_status(self, *, force: bool = False) -> None:
         line = self.status_line()

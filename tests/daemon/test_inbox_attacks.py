@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from steadqd.daemon.inbox_files import STATE_DIR
+from steadqd.daemon.inbox.intent import STATE_DIR
 from tests.daemon.conftest import Daemon, Env
 from tests.daemon.test_inbox import jobs, running, write_config
 from tests.integration.test_shared_queue import QUEUE_GID, as_user

@@ -109,7 +109,8 @@ def test_the_worker_unit_serves_the_watch_folder() -> None:
     [
         ("inbox:\n  path: /srv/in\n", ("worker", "inbox"), ["inbox"]),
         ("inbox:\n  path: /srv/in\nworker:\n  command: [x]\n", ("worker", "inbox"), ["worker", "inbox"]),
-        ("worker:\n  command: [x]\n", ("worker", "inbox"), ["worker"]),
+        # without `inbox:` the watch role is there all the same, idle: a reload may add the folder
+        ("worker:\n  command: [x]\n", ("worker", "inbox"), ["worker", "inbox"]),
         ("inbox:\n  path: /srv/in\n", ("inbox",), ["inbox"]),
     ],
 )
@@ -117,6 +118,8 @@ def test_which_roles_a_command_runs(sections: str, roles: tuple[str, ...], expec
     settings = parse_config("queue: /var/lib/steadq/q\n" + sections, path="q.yaml", name="q")
     made = main._role_factory(roles)(settings, Log("test", "q"))
     assert [r.name for r in made] == expected
+    # A watch folder alone fails its start on a folder problem; beside a worker it does not.
+    assert [getattr(r, "alone", False) for r in made] == [expected == ["inbox"]] * len(made)
 
 
 @pytest.mark.parametrize(("roles", "missing"), [(("inbox",), "inbox"), (("worker", "inbox"), "worker")])

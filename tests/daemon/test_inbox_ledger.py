@@ -1,4 +1,4 @@
-"""The watch folder's per-file protocol in process (steadqd/daemon/inbox_files.py).
+"""The watch folder's per-file protocol in process (steadqd/daemon/inbox/files.py).
 
 A crash can stop the protocol between any two of its steps; every test here
 stops it at one of them (an exception no handler catches, as SIGKILL would),
@@ -21,7 +21,8 @@ import pytest
 from steadqd import Queue
 from steadqd.backend import new_job_id
 from steadqd.daemon.config import InboxConfig
-from steadqd.daemon.inbox_files import DONE_BEFORE, ENQUEUED, LATER, REFUSED, STATE_DIR, Folder, Intent, Unreadable
+from steadqd.daemon.inbox.files import DONE_BEFORE, ENQUEUED, LATER, REFUSED, Folder
+from steadqd.daemon.inbox.intent import STATE_DIR, Intent, Unreadable
 from steadqd.errors import ErrorKind, InvalidInput, NotCommitted
 
 

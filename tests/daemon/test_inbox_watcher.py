@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from inotify_simple import Event, flags
 
 from steadqd import Queue
-from steadqd.daemon import inbox
 from steadqd.daemon.config import parse_config
-from steadqd.daemon.inbox_os import IN_DELETE_SELF, IN_Q_OVERFLOW, Event
+from steadqd.daemon.inbox import watch as inbox
 from steadqd.daemon.journal import Log
 
 
@@ -40,7 +40,7 @@ def test_lost_events_make_every_file_wait_out_settle_again(
     w, out, folder = watcher
     for name in ("a", "b", ".hidden"):
         (folder / name).write_bytes(b"x")
-    monkeypatch.setattr(inbox, "read_events", lambda _fd: iter([Event(IN_Q_OVERFLOW, "")]))
+    monkeypatch.setattr(inbox, "read_events", lambda _fd: iter([Event(-1, flags.Q_OVERFLOW, 0, "")]))
     w._read_events()
     assert sorted(w.waiting) == ["a", "b"]
     assert "inotify lost events" in out.getvalue()
@@ -50,7 +50,7 @@ def test_the_folder_going_away_ends_the_watch_and_says_so(
     watcher: tuple[inbox.Watcher, io.StringIO, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     w, out, folder = watcher
-    monkeypatch.setattr(inbox, "read_events", lambda _fd: iter([Event(IN_DELETE_SELF, "")]))
+    monkeypatch.setattr(inbox, "read_events", lambda _fd: iter([Event(1, flags.DELETE_SELF, 0, "")]))
     w._read_events()
     assert w.gone
     assert f"watch folder {folder} was removed, moved or unmounted" in out.getvalue()

@@ -332,3 +332,30 @@ def test_check_config_without_open_warns_about_a_command_that_does_not_exist(den
     assert r.stdout == f"{denv.name}: ok ({denv.queue_path})\n"
     assert r.stderr.startswith(f"{denv.name}: warning: worker.command {missing} does not exist; install it"), r.stderr
     assert len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_check_config_open_checks_the_watch_folder_as_the_service_user(world: Path) -> None:
+    """Issue 33 #2: `check-config --open` said ok for a watch folder the service user could not write."""
+    queue = world / "q"
+    Queue.init(str(queue), shards=2).close()
+    for p in [queue, *queue.rglob("*")]:
+        os.lchown(p, NOBODY, NOBODY)
+    folder = world / "drop"
+    folder.mkdir(mode=0o755)  # root's: nobody may read it, not write it
+    cfg = _config(world, queue, ["/bin/true"])
+    doc = yaml.safe_load((cfg / "t.yaml").read_text())
+    doc["inbox"] = {"path": str(folder)}
+    (cfg / "t.yaml").write_text(yaml.safe_dump(doc))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = daemon_main(["--config-dir", str(cfg), "check-config", "--open", "--user", "nobody", "t"])
+    assert code == 78, err.getvalue()
+    assert f"watch folder {folder}: user nobody cannot create {folder}/.steadq-inbox in it" in err.getvalue()
+    assert f"chmod g+w,+t {folder}" in err.getvalue()
+    assert not (folder / ".steadq-inbox").exists()  # a check creates nothing
+    os.chown(folder, 0, NOBODY)
+    os.chmod(folder, 0o3770)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = daemon_main(["--config-dir", str(cfg), "check-config", "--open", "--user", "nobody", "t"])
+    assert code == 0, err.getvalue()

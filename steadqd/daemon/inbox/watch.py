@@ -1,4 +1,4 @@
-"""The inbox role: a watch folder whose completed files become jobs, one job per file.
+"""The watch folder as a role: its thread, which files arrive and when each is complete.
 
 NAS and transcoding users drop files into a folder and expect each one to be
 worked on; `.path` units coalesce events and miss renames. With an ``inbox:``
@@ -14,7 +14,7 @@ file that is *complete*:
   taken only once it stops changing.
 
 A file some process still has open for writing is not taken either, where
-the kernel will say so (``inbox_files.open_for_writing``: the file's owner or
+the kernel will say so (``files.open_for_writing``: the file's owner or
 root). Another user's file left open and idle longer than ``settle`` cannot be
 told from a finished one: uploaders should write under a hidden name
 (``.name``, as rsync and most NAS tools do) or a name the ``pattern`` does not
@@ -24,12 +24,20 @@ Only regular files of the folder itself are taken: symbolic links, FIFOs,
 sockets, devices, directories, files with other hard links and mount points
 are refused with a journal line (once per file), and every file is opened by
 the folder's descriptor, never by a path. Exactly one job per file, across
-restarts and SIGKILLs, is ``inbox_files``'s protocol (an intent record with a
+restarts and SIGKILLs, is ``files``'s protocol (an intent record with a
 job id drawn before the enqueue).
 
 The watching runs in a thread of its own, with its own queue handle: reading a
 large file (``payload: content``) or thousands of fsyncs after a burst must not
 hold up the worker's lease renewals in the service loop.
+
+inotify is the ``inotify_simple`` dependency's: it takes any mask (``ONLYDIR``,
+``EXCL_UNLINK``), reads without blocking (``read(timeout=0)``, the thread waits
+in ``select`` with its wake-up pipe) and reports ``Q_OVERFLOW`` like any event.
+inotify cannot watch a descriptor, only a path, so the path given is
+``/proc/self/fd/N`` of the folder's descriptor: the directory that was opened
+and checked, not whatever the folder's path names by then (and without
+``DONT_FOLLOW``, which would watch that proc link instead).
 """
 
 from __future__ import annotations
@@ -43,34 +51,21 @@ import select
 import stat
 import threading
 import time
+from collections.abc import Iterator
+
+import inotify_simple
 
 from steadqd.backend import Backend
 from steadqd.daemon.config import InboxConfig, QueueSettings
-from steadqd.daemon.inbox_files import (
+from steadqd.daemon.inbox.files import (
     DONE_BEFORE,
     ENQUEUED,
     LATER,
     REFUSED,
-    STATE_DIR,
     Folder,
     Result,
-    Unreadable,
-    shown,
 )
-from steadqd.daemon.inbox_os import (
-    FOLDER_GONE,
-    IN_ATTRIB,
-    IN_CLOSE_WRITE,
-    IN_CREATE,
-    IN_DELETE,
-    IN_MODIFY,
-    IN_MOVED_FROM,
-    IN_MOVED_TO,
-    IN_Q_OVERFLOW,
-    inotify_init,
-    read_events,
-    watch_folder,
-)
+from steadqd.daemon.inbox.intent import STATE_DIR, Unreadable, shown
 from steadqd.daemon.journal import ErrorDigest, Log
 from steadqd.daemon.service import Loop, open_queue
 from steadqd.errors import SteadQError
@@ -87,6 +82,30 @@ _JOIN_TIMEOUT = 30.0
 
 Signature = tuple[int, int, int, int]  # inode, size, mtime_ns, ctime_ns
 
+_F = inotify_simple.flags
+# What a watch folder listens to: a file finished (closed after writing, or
+# moved in), changed again, or went away; and the folder itself going away.
+FOLDER_EVENTS = (
+    _F.MODIFY
+    | _F.ATTRIB
+    | _F.CLOSE_WRITE
+    | _F.MOVED_FROM
+    | _F.MOVED_TO
+    | _F.CREATE
+    | _F.DELETE
+    | _F.DELETE_SELF
+    | _F.MOVE_SELF
+    | _F.ONLYDIR
+    | _F.EXCL_UNLINK
+)
+FOLDER_GONE = _F.DELETE_SELF | _F.MOVE_SELF | _F.UNMOUNT | _F.IGNORED
+
+
+def read_events(ino: inotify_simple.INotify) -> Iterator[inotify_simple.Event]:
+    """Every event waiting, without blocking."""
+    while events := ino.read(timeout=0):
+        yield from events
+
 
 def _signature(st: os.stat_result) -> Signature:
     return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
@@ -98,6 +117,13 @@ def retention_of(settings: QueueSettings) -> float:
     return sw.receipt_retention if sw.dead_retention is None else min(sw.receipt_retention, sw.dead_retention)
 
 
+def _os_error(e: OSError, folder: str) -> str:
+    """An OS error no check foresaw, with the whole path (a name in the folder is relative to it)."""
+    name = e.filename if isinstance(e.filename, str) else ""
+    where = os.path.join(folder, name) if name else folder
+    return f"{shown(where)}: {e.strerror or e}"
+
+
 class Watcher:
     """Events and settle timers of one folder, and what becomes of each file (one thread)."""
 
@@ -107,11 +133,12 @@ class Watcher:
         self.config: InboxConfig = settings.inbox
         self.log = log
         self.queue: Backend = open_queue(settings)
-        self.inotify = -1
+        self.inotify: inotify_simple.INotify | None = None
         try:
             self.folder = Folder(self.config, self.queue, retention_of(settings))
-            self.inotify = inotify_init()
-            watch_folder(self.inotify, self.folder.fd)  # before the first scan: nothing falls between
+            self.inotify = inotify_simple.INotify(nonblocking=True)
+            # Before the first scan: nothing falls between. The directory opened, not its path now.
+            self.inotify.add_watch(f"/proc/self/fd/{self.folder.fd}", FOLDER_EVENTS)
         except BaseException:
             self.close()
             raise
@@ -141,9 +168,9 @@ class Watcher:
             os.write(self._wake_w, b"\0")
 
     def close(self) -> None:
-        if self.inotify >= 0:
-            os.close(self.inotify)
-            self.inotify = -1
+        if self.inotify is not None:
+            self.inotify.close()
+            self.inotify = None
         if hasattr(self, "folder"):
             self.folder.close()
         if hasattr(self, "_wake_r"):
@@ -178,7 +205,8 @@ class Watcher:
             if at is not None:
                 until = max(0.0, at - time.monotonic())
                 timeout = until if timeout is None else min(timeout, until)
-        ready, _, _ = select.select([self.inotify, self._wake_r], [], [], timeout)
+        assert self.inotify is not None
+        ready, _, _ = select.select([self.inotify.fileno(), self._wake_r], [], [], timeout)
         if self._wake_r in ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 64)
@@ -215,8 +243,9 @@ class Watcher:
         self.folder.forget(name)
 
     def _read_events(self) -> None:
+        assert self.inotify is not None
         for ev in read_events(self.inotify):
-            if ev.mask & IN_Q_OVERFLOW:
+            if ev.mask & _F.Q_OVERFLOW:
                 self.log.warning(
                     f"watch folder {self.config.path}: inotify lost events (a burst); looking at every file again",
                     inbox=self.config.path,
@@ -235,14 +264,14 @@ class Watcher:
             name = ev.name
             if not self._wanted(name) or name in self._skip_dirs:
                 continue
-            if ev.mask & (IN_DELETE | IN_MOVED_FROM):
+            if ev.mask & (_F.DELETE | _F.MOVED_FROM):
                 self._forget(name)
-            elif ev.mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
+            elif ev.mask & (_F.CLOSE_WRITE | _F.MOVED_TO):
                 self._arm(name)
-            elif ev.mask & (IN_MODIFY | IN_ATTRIB):
+            elif ev.mask & (_F.MODIFY | _F.ATTRIB):
                 if name in self.waiting or name in self._refused:
                     self._arm(name)  # still changing: the settle time starts again
-            elif ev.mask & IN_CREATE and self._made_whole(name):
+            elif ev.mask & _F.CREATE and self._made_whole(name):
                 self._arm(name)  # never closed after writing: refused (or taken, a hard link) after settle
 
     def _made_whole(self, name: str) -> bool:
@@ -396,13 +425,22 @@ class Watcher:
 
 
 class InboxRole:
-    """The watch folder as a role of the service loop: a thread, started and stopped with it."""
+    """The watch folder as a role of the service loop: a thread, started and stopped with it.
+
+    Beside a worker the role exists even without ``inbox:`` (a reload may add one), and a
+    folder that cannot be watched does not stop the worker: jobs keep running, the folder
+    is reported failed (journal, ``systemctl status``) and a reload tries it again. Alone
+    (``steadqd inbox``, or a queue whose jobs run elsewhere) there is nothing else to run,
+    so the same problem fails the start.
+    """
 
     name = "inbox"
 
     def __init__(self, settings: QueueSettings, log: Log) -> None:
         self.settings = settings
         self.log = log
+        self.alone = False  # set by the role factory when nothing else runs in this process
+        self.failed = ""  # why the configured folder is not watched
         self._watcher: Watcher | None = None
         self._thread: threading.Thread | None = None
 
@@ -410,10 +448,22 @@ class InboxRole:
         self._start(self.settings)
 
     def _start(self, settings: QueueSettings) -> None:
+        self.failed = ""
         config = settings.inbox
         if config is None:
             return
-        self._watcher = Watcher(settings, self.log)
+        try:
+            self._watcher = Watcher(settings, self.log)
+        except (SteadQError, OSError) as e:
+            if self.alone:
+                raise
+            self.failed = str(e) if isinstance(e, SteadQError) else _os_error(e, config.path)
+            self.log.error(
+                f"watch folder {shown(config.path)} not watched: {self.failed}; jobs go on running; "
+                "fix it, then `systemctl reload` (or restart) the service",
+                inbox=config.path,
+            )
+            return
         if self._watcher.folder.exposed:
             self.log.warning(
                 f"watch folder {shown(config.path)} {self._watcher.folder.exposed}: a member could rename "
@@ -430,9 +480,11 @@ class InboxRole:
         )
 
     def status(self) -> str:
+        if self.failed and self.settings.inbox is not None:
+            return f"failed: {shown(self.settings.inbox.path)} not watched (see the journal)"
         w = self._watcher
         if w is None:
-            return "no watch folder"
+            return ""
         if w.gone:
             return f"stopped: {w.config.path} went away or failed (see the journal)"
         return f"{w.enqueued} enqueued, {len(w.waiting)} settling, {w.refused} refused"
@@ -440,10 +492,11 @@ class InboxRole:
     def reload(self, settings: QueueSettings) -> None:
         old = self.settings
         self.settings = settings
-        if settings.inbox == old.inbox and settings.sweeper == old.sweeper:
+        if settings.inbox == old.inbox and settings.sweeper == old.sweeper and not self.failed:
             return
         self._stop()
-        self.log.notice("watch folder configuration changed: watching again")
+        if settings.inbox is not None:
+            self.log.notice("watch folder configuration changed: watching again")
         self._start(settings)
 
     def drain(self) -> None:

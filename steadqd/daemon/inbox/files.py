@@ -33,114 +33,37 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
-import pwd
-import re
 import stat
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from steadqd.backend import Backend, new_job_id
 from steadqd.daemon.config import InboxConfig
-from steadqd.daemon.inbox_os import rename_noreplace
+from steadqd.daemon.inbox.access import cannot_write_fix, exposed, handoff_risk, named_user
+from steadqd.daemon.inbox.intent import (
+    FILE,
+    INTENT,
+    INVALID,
+    KEPT,
+    STATE_DIR,
+    TMP,
+    UNRESOLVED,
+    BadRecord,
+    Intent,
+    Unreadable,
+    shown,
+)
+from steadqd.daemon.inbox.linux import rename_noreplace
 from steadqd.errors import ErrorKind, InvalidInput, OutcomeUnknown, SteadQError
-from steadqd.text import printable
 
-__all__ = ["STATE_DIR", "Folder", "Intent", "Result", "Unreadable", "one_entry", "shown"]
+__all__ = ["Folder", "Result", "open_for_writing"]
 
-STATE_DIR = ".steadq-inbox"
-_INTENT, _KEPT, _FILE, _UNRESOLVED, _INVALID, _TMP = ".intent", ".kept", ".file", ".unresolved", ".invalid", ".tmp"
-_JOB_ID = re.compile(r"[0-9a-f]{32}")
 _PATH_TYPE = "text/plain; charset=utf-8"
 _CONTENT_TYPE = "application/octet-stream"
 
 # Result.outcome values
 ENQUEUED, REFUSED, LATER, DONE_BEFORE, UNKNOWN = "enqueued", "refused", "later", "done before", "unknown"
-
-
-def shown(name: str) -> str:
-    """A file name as a log line may carry it: undecodable bytes as \\x escapes, controls escaped."""
-    return printable(os.fsencode(name).decode("utf-8", "backslashreplace"))
-
-
-def one_entry(value: object) -> bool:
-    """Whether ``value`` names one entry of a directory and nothing beyond it.
-
-    Every name a record holds is used with the folder's (or move_to's, or the
-    state directory's) descriptor: an absolute path or one with a ``/`` would
-    ignore or leave that directory, and ``..`` would name its parent.
-    """
-    return isinstance(value, str) and value not in ("", ".", "..") and "/" not in value and "\0" not in value
-
-
-def _seen(value: object) -> str:
-    return shown(value) if isinstance(value, str) else printable(repr(value))
-
-
-class BadRecord(ValueError):
-    """A record that parses but names something the daemon must not act on."""
-
-
-@dataclass(frozen=True)
-class Intent:
-    """What step 1 writes down: enough to find the file again and to finish its job."""
-
-    job_id: str
-    name: str
-    ino: int
-    size: int
-    mtime_ns: int
-    # Where the file is put before the enqueue: a name in move_to ("move"), the
-    # state directory's <job id>.file ("delete"), None where it stays ("keep").
-    dest: str | None
-
-    @property
-    def kind(self) -> str:
-        """The ``after:`` it was taken with (the config may have changed since)."""
-        if self.dest is None:
-            return "keep"
-        return "delete" if self.dest == self.job_id + _FILE else "move"
-
-    def to_json(self) -> bytes:
-        # ensure_ascii keeps an undecodable name's surrogate escapes as \udcXX
-        return json.dumps(asdict(self), sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes, entry: str) -> Intent:
-        """The record in state directory entry ``entry``; BadRecord for anything but what
-        :meth:`Folder.take` writes (a ValueError of json: a record cut short).
-
-        Checked even though the state directory is verified to be the daemon's: a name
-        from a record is used as a path, and one that is not a single entry of the folder
-        (absolute, ``..``, ``a/b``) would make the daemon read, move or unlink files
-        elsewhere with its privileges.
-        """
-        d = json.loads(raw)
-        if not isinstance(d, dict) or set(d) != set(cls.__dataclass_fields__):
-            raise BadRecord("is not an intent record")
-        job_id, name, dest = d["job_id"], d["name"], d["dest"]
-        if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
-            raise BadRecord(f"has job id {_seen(job_id)}, not 32 lowercase hex digits")
-        if entry.rsplit(".", 1)[0] != job_id:
-            raise BadRecord(f"has job id {job_id}, not the one its name says")
-        if not one_entry(name) or name.startswith("."):
-            raise BadRecord(f"names {_seen(name)}, not one visible entry of the folder")
-        if dest is not None and (not one_entry(dest) or (dest.startswith(".") and dest != job_id + _FILE)):
-            raise BadRecord(f"puts the file at {_seen(dest)}, not one entry of move_to or the state directory")
-        for key in ("ino", "size", "mtime_ns"):
-            if type(d[key]) is not int or d[key] < 0:
-                raise BadRecord(f"has {key} {_seen(d[key])}, not a number")
-        return cls(**d)
-
-
-@dataclass(frozen=True)
-class Unreadable:
-    """A state directory entry that is not a record to act on: cut short while written, or bad."""
-
-    entry: str
-    why: str
-    cut_short: bool
 
 
 @dataclass(frozen=True)
@@ -173,64 +96,6 @@ def open_for_writing(path_fd: int) -> bool | None:
             fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
         os.close(fd)
     return False
-
-
-def _user(uid: int) -> str:
-    try:
-        return f" ({shown(pwd.getpwuid(uid).pw_name)})"
-    except KeyError:
-        return ""
-
-
-def exposed(st: os.stat_result) -> str:
-    """Why others could rename entries of a folder with status ``st`` away, or "" if they cannot.
-
-    In a directory that others may write, anyone may rename or remove any entry,
-    the daemon's state directory included, unless the sticky bit is set (then only
-    an entry's owner, the directory's owner and root may). A folder owned by
-    another user is theirs to rearrange whatever its mode.
-    """
-    euid = os.geteuid()
-    if st.st_uid not in (0, euid):
-        return f"is owned by uid {st.st_uid}{_user(st.st_uid)}, who can rename anything in it"
-    who = [w for bit, w in ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others")) if st.st_mode & bit]
-    if who and not st.st_mode & stat.S_ISVTX:
-        return f"is writable by {' and '.join(who)} without the sticky bit"
-    return ""
-
-
-def handoff_risk(folder: str) -> str:
-    """Why a path in ``folder`` handed to a job could be redirected later, or "" if it cannot.
-
-    A job given a path opens it when it runs, by that path: whoever can replace the
-    file (or rename any directory on the way) can point the job at any file its user
-    may read, with a symbolic link. So the folder itself must be writable by the
-    daemon's user (or root) alone (the sticky bit is not enough: the uploader owns
-    the file and may replace it), and no directory above it may be rearranged by others.
-    """
-    try:
-        st = os.stat(folder)
-    except OSError as e:
-        return f"cannot be examined ({e.strerror})"
-    if st.st_uid not in (0, os.geteuid()):
-        return exposed(st)
-    who = [w for bit, w in ((stat.S_IWGRP, "its group"), (stat.S_IWOTH, "others")) if st.st_mode & bit]
-    if who:
-        return f"is writable by {' and '.join(who)}"
-    real = os.path.realpath(folder)
-    for chain in (folder, real):
-        parent = os.path.dirname(chain)
-        while True:
-            try:
-                pst = os.lstat(parent)
-            except OSError as e:
-                return f"lies below {shown(parent)}, which cannot be examined ({e.strerror})"
-            if not stat.S_ISLNK(pst.st_mode) and (why := exposed(pst)):
-                return f"lies below {shown(parent)}, which {why}"
-            if parent == "/":
-                break
-            parent = os.path.dirname(parent)
-    return ""
 
 
 def _prefixed(prefix: str, name: str, name_max: int) -> str:
@@ -322,10 +187,16 @@ class Folder:
         checked on the descriptor that is then used, so nothing can be swapped
         between the check and the use.
         """
-        with contextlib.suppress(FileExistsError):
+        where = f"{shown(self.config.path)}/{STATE_DIR}"
+        try:
             os.mkdir(STATE_DIR, 0o700, dir_fd=self.fd)
             os.fsync(self.fd)
-        where = f"{shown(self.config.path)}/{STATE_DIR}"
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise InvalidInput(
+                f"{where} cannot be created: {e.strerror}; {cannot_write_fix(self.config.path, e)}"
+            ) from None
         try:
             fd = os.open(STATE_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
         except OSError as e:
@@ -341,8 +212,8 @@ class Folder:
         if st.st_uid != euid or stat.S_IMODE(st.st_mode) & 0o077:
             os.close(fd)
             raise InvalidInput(
-                f"watch folder state {where} is owned by uid {st.st_uid}{_user(st.st_uid)} with mode "
-                f"{stat.S_IMODE(st.st_mode):04o}, not by the daemon's uid {euid}{_user(euid)} with mode 0700: "
+                f"watch folder state {where} is owned by uid {st.st_uid}{named_user(st.st_uid)} with mode "
+                f"{stat.S_IMODE(st.st_mode):04o}, not by the daemon's uid {euid}{named_user(euid)} with mode 0700: "
                 f"someone else made or replaced it, so its records are not trusted; look at what it holds, move it "
                 f"out of the folder, make the folder sticky (chmod +t {shown(self.config.path)}) and start again"
             )
@@ -362,11 +233,11 @@ class Folder:
         self.kept.clear()
         pending: list[Intent | Unreadable] = []
         for entry in sorted(os.listdir(self.state_fd)):
-            if entry.startswith(".") and entry.endswith(_INTENT + _TMP):  # never renamed into place: nothing followed
+            if entry.startswith(".") and entry.endswith(INTENT + TMP):  # never renamed into place: nothing followed
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry, dir_fd=self.state_fd)
                 continue
-            if not entry.endswith((_INTENT, _KEPT)):
+            if not entry.endswith((INTENT, KEPT)):
                 continue
             try:
                 record = self._read_record(entry)
@@ -374,9 +245,9 @@ class Folder:
                 pending.append(Unreadable(entry, str(e), cut_short=False))
                 continue
             except (OSError, ValueError) as e:
-                pending.append(Unreadable(entry, str(e), cut_short=entry.endswith(_INTENT)))
+                pending.append(Unreadable(entry, str(e), cut_short=entry.endswith(INTENT)))
                 continue
-            if entry.endswith(_KEPT):
+            if entry.endswith(KEPT):
                 self.kept[record.ino] = record
             else:
                 pending.append(record)
@@ -391,7 +262,7 @@ class Folder:
 
     def set_aside(self, entry: str) -> str:
         """Rename a record not to act on to ``<entry>.invalid``, for the operator; return the new name."""
-        aside = entry + _INVALID
+        aside = entry + INVALID
         os.rename(entry, aside, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)
         os.fsync(self.state_fd)
         return aside
@@ -408,7 +279,7 @@ class Folder:
         would be taken for one cut short by a crash, and kept the file waiting for
         nothing. A temporary name a SIGKILL leaves is removed at the next start.
         """
-        name, tmp = intent.job_id + _INTENT, f".{intent.job_id}{_INTENT}{_TMP}"
+        name, tmp = intent.job_id + INTENT, f".{intent.job_id}{INTENT}{TMP}"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.state_fd)
             try:
@@ -429,7 +300,7 @@ class Folder:
 
     def _drop_intent(self, intent: Intent) -> None:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(intent.job_id + _INTENT, dir_fd=self.state_fd)
+            os.unlink(intent.job_id + INTENT, dir_fd=self.state_fd)
         os.fsync(self.state_fd)
 
     def forget(self, name: str) -> None:
@@ -438,7 +309,7 @@ class Folder:
             if record.name == name and not self._is_at(self.fd, name, ino):
                 del self.kept[ino]
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(record.job_id + _KEPT, dir_fd=self.state_fd)
+                    os.unlink(record.job_id + KEPT, dir_fd=self.state_fd)
 
     def forget_missing(self, names: set[str]) -> None:
         """After a scan: drop the kept records of files no longer in the folder."""
@@ -496,7 +367,7 @@ class Folder:
                 assert self.move_fd is not None
                 dest = _prefixed(f"{job_id[:8]}-", name, os.fpathconf(self.move_fd, "PC_NAME_MAX"))
         elif after == "delete":
-            dest = job_id + _FILE
+            dest = job_id + FILE
         intent = Intent(job_id, name, *_identity(st), dest)
         fd = self._open_path(self.fd, name, st.st_ino)
         if fd is None:
@@ -531,14 +402,14 @@ class Folder:
         age = time.time() - self._intent_mtime(intent)
         if age > self.retention:
             os.rename(
-                intent.job_id + _INTENT, intent.job_id + _UNRESOLVED, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd
+                intent.job_id + INTENT, intent.job_id + UNRESOLVED, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd
             )
             os.fsync(self.state_fd)
             return Result(
                 REFUSED,
                 f"may have become job {intent.job_id} {age:.0f}s ago, longer than the queue keeps finished jobs; "
                 f"it was not enqueued again. If no such job ran, put the file back into the folder "
-                f"and remove {STATE_DIR}/{intent.job_id}{_UNRESOLVED}",
+                f"and remove {STATE_DIR}/{intent.job_id}{UNRESOLVED}",
                 intent.job_id,
             )
         placed = intent.dest is not None and self._is_at(self._dest_fd(intent), intent.dest, intent.ino)
@@ -558,7 +429,7 @@ class Folder:
             os.close(fd)
 
     def _intent_mtime(self, intent: Intent) -> float:
-        return os.stat(intent.job_id + _INTENT, dir_fd=self.state_fd).st_mtime
+        return os.stat(intent.job_id + INTENT, dir_fd=self.state_fd).st_mtime
 
     def _dest_fd(self, intent: Intent) -> int:
         if intent.kind != "move":
@@ -676,16 +547,14 @@ class Folder:
     def _finish(self, intent: Intent) -> None:
         if intent.kind == "keep":
             old = self.kept.get(intent.ino)
-            os.rename(
-                intent.job_id + _INTENT, intent.job_id + _KEPT, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd
-            )
+            os.rename(intent.job_id + INTENT, intent.job_id + KEPT, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)
             self.kept[intent.ino] = intent
             if old is not None and old.job_id != intent.job_id:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(old.job_id + _KEPT, dir_fd=self.state_fd)
+                    os.unlink(old.job_id + KEPT, dir_fd=self.state_fd)
             os.fsync(self.state_fd)
             return
         if intent.kind == "delete":
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(intent.job_id + _FILE, dir_fd=self.state_fd)
+                os.unlink(intent.job_id + FILE, dir_fd=self.state_fd)
         self._drop_intent(intent)
