@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from steadqd.errors import ConfigError
+from steadqd.yaml_doc import check_events, refuse_deep_flow
 
 DEFAULT_CONFIG_DIR = "/etc/steadq/queues"
 CONFIG_DIR_ENV = "STEADQ_CONFIG_DIR"
@@ -121,9 +122,12 @@ def read_queue_entry(name: str, directory: str | None = None) -> QueueEntry:
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(f"file is larger than {MAX_CONFIG_BYTES} bytes", path=path)
     try:
-        # safe_load builds an alias as a shared reference, never a copy; only three keys are looked at.
-        doc = yaml.safe_load(raw.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        text = raw.decode("utf-8")
+        # The daemons' own refusals first (aliases, tags, deep nesting), so the two readers agree on a file.
+        refuse_deep_flow(text, path)
+        check_events(text, path)
+        doc = yaml.safe_load(text)
+    except (UnicodeDecodeError, yaml.YAMLError, RecursionError, ConfigError):
         raise ConfigError(f"not a valid configuration {check}", path=path) from None
     queue = doc.get("queue") if isinstance(doc, dict) else None
     if not isinstance(queue, str) or not queue:

@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from steadqd.daemon.config import MAX_CONFIG_DEPTH, parse_config
+from steadqd.daemon.config import parse_config
 from steadqd.errors import ConfigError, InvalidInput
 from steadqd.fs.lease import Lease
+from steadqd.yaml_doc import MAX_CONFIG_DEPTH
 from tests.fuzz import targets
 
 
