@@ -59,10 +59,10 @@ def add_inspect(sub: Subcommands) -> None:
 
 
 def add_ls(sub: Subcommands) -> None:
-    s = add_command(sub, "ls", "list jobs with state, attempt, age and deadline", "steadq ls /srv/q leased")
+    s = add_command(sub, "ls", "list jobs with state, attempt, age and deadline", "steadq ls /srv/q running")
     add_queue_argument(s)
     s.add_argument("state", metavar="STATE", nargs="?", default=None,
-                   help="ready | leased | delayed | dead | receipt | all (default: all but receipts)")  # fmt: skip
+                   help="ready | running (or leased) | delayed | dead | receipt | all (default: all but receipts)")  # fmt: skip
     s.set_defaults(run=cmd_ls)
 
 
@@ -77,11 +77,29 @@ def add_watch(sub: Subcommands) -> None:
 # =========================================================================== stats / watch
 
 
-def format_stats_text(s: Mapping[str, Any]) -> str:
-    """cli.md plain output, including the final newline: ``ready: 1 (oldest 0s)`` / ``dead: 0``."""
+# A running job: one whose lease is held (its command runs now). The spec's state word is "leased",
+# which the JSON shapes keep; every plain view says "running", so stats, watch, ls, show, status and
+# the daemons' STATUS= use one word (issue 33 #6).
+RUNNING = "running"
+
+
+def shown_state(state: str) -> str:
+    """The word a plain view prints for a job state: ``running`` for a leased job, else the state."""
+    return RUNNING if state == "leased" else state
+
+
+def _with_running(s: Mapping[str, Any], running: Any) -> dict[str, Any]:
+    """The reference's states plus ``running`` (the leases, which its counting shows inside ``ready``)."""
+    return {**s, RUNNING: running} if running is not None else dict(s)
+
+
+def format_stats_text(s: Mapping[str, Any], running: Any = None) -> str:
+    """cli.md plain output, including the final newline: ``ready: 1 (oldest 0s)`` / ``dead: 0``;
+    the reference's lines unchanged, plus ``running:`` when given."""
     lines = []
-    for state in sorted(s):
-        st = s[state]
+    doc = _with_running(s, running)
+    for state in sorted(doc):
+        st = doc[state]
         if st.objects and st.oldest_age_seconds is not None:
             lines.append(f"{state}: {st.objects} (oldest {st.oldest_age_seconds}s)")
         else:
@@ -94,19 +112,21 @@ def format_stats_json(s: Mapping[str, Any], running: Any = None) -> str:
     ``running`` (the leases, also counted in ``ready``) when given."""
     doc = {k: {"objects": v.objects, "oldest_age_seconds": v.oldest_age_seconds} for k, v in s.items()}
     if running is not None:
-        doc["running"] = {"objects": running.objects, "oldest_age_seconds": running.oldest_age_seconds}
+        doc[RUNNING] = {"objects": running.objects, "oldest_age_seconds": running.oldest_age_seconds}
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def format_stats_prometheus(s: Mapping[str, Any]) -> str:
+def format_stats_prometheus(s: Mapping[str, Any], running: Any = None) -> str:
     """cli.md ``--prometheus``: object gauges for every state, then age gauges
-    for states with objects; no HELP, labels or timestamps; final newline included."""
+    for states with objects; no HELP, labels or timestamps; final newline included.
+    ``running`` adds its two gauges beside the reference's."""
+    doc = _with_running(s, running)
     lines: list[str] = []
-    for state in sorted(s):
+    for state in sorted(doc):
         lines.append(f"# TYPE steadq_{state}_objects gauge")
-        lines.append(f"steadq_{state}_objects {s[state].objects}")
-    for state in sorted(s):
-        st = s[state]
+        lines.append(f"steadq_{state}_objects {doc[state].objects}")
+    for state in sorted(doc):
+        st = doc[state]
         if st.objects and st.oldest_age_seconds is not None:
             lines.append(f"# TYPE steadq_{state}_oldest_age_seconds gauge")
             lines.append(f"steadq_{state}_oldest_age_seconds {st.oldest_age_seconds}")
@@ -118,32 +138,37 @@ def cmd_stats(a: argparse.Namespace) -> int:
     try:
         try:
             s = q.entry_stats()
-            # Leases sit in ready/ and the reference's counting lists them there;
-            # --json adds them as "running" (the plain lines stay the reference's).
-            running = q.stats()["leased"] if a.json and not a.prometheus else None
+            # Leases sit in ready/ and the reference's counting lists them there; every
+            # output adds them as "running" (the reference's lines stay as they are).
+            running = q.stats()["leased"]
         except OSError as e:
             raise CliError(f"stats: {e.filename}: {e.strerror}", os_exit_code(e)) from e
     finally:
         q.close()
     if a.prometheus:
-        text = format_stats_prometheus(s)
+        text = format_stats_prometheus(s, running)
     elif a.json:
         text = format_stats_json(s, running)
     else:
-        text = format_stats_text(s)
+        text = format_stats_text(s, running)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()
     return 0
 
 
-def running_line(running: Any) -> str:
-    """Jobs whose commands run now: their leases, which the reference's counts include in *ready*."""
-    return f"running: {running.objects} (leases, counted in ready above)"
+# watch shows jobs by what they are doing: ready (waiting), running, delayed, done, dead;
+# "tmp" and "stray" appear only when there are some (fsck names them).
+_WATCH_ONLY_WHEN_ANY = ("tmp", "stray")
 
 
-def _render_watch(
-    path: str, s: Mapping[str, Any], prev: Mapping[str, Any] | None, dt: float, running: Any = None
-) -> list[str]:
+def watch_counts(detailed: Mapping[str, Any]) -> dict[str, Any]:
+    """The rows of ``watch`` from a backend's ``stats()``: the leases (colocated and legacy) as
+    ``running``, ``ready`` the jobs waiting; tmp and stray only when there are any."""
+    rows = {shown_state(k): v for k, v in detailed.items()}
+    return {k: v for k, v in rows.items() if k not in _WATCH_ONLY_WHEN_ANY or v.objects}
+
+
+def _render_watch(path: str, s: Mapping[str, Any], prev: Mapping[str, Any] | None, dt: float) -> list[str]:
     def count(st: Mapping[str, Any], name: str) -> int:
         v = st.get(name)
         return int(v.objects) if v is not None else 0
@@ -156,12 +181,10 @@ def _render_watch(
         oldest = "-" if v.oldest_age_seconds is None else format_duration(v.oldest_age_seconds)
         lines.append(f"{name:<12}{v.objects:>10}{rate:>12}  {oldest}")
     lines.append("")
-    if running is not None:
-        lines.append(running_line(running))
     if prev is not None and dt > 0:
         done = (count(s, "receipts") - count(prev, "receipts")) / dt
         dead = (count(s, "dead") - count(prev, "dead")) / dt
-        backlog = sum(count(s, n) for n in ("ready", "leased", "delayed"))
+        backlog = sum(count(s, n) for n in ("ready", RUNNING, "delayed"))
         eta = f", drains in ~{format_duration(backlog / done)}" if done > 0 and backlog else ""
         lines.append(f"throughput: {max(done, 0.0):.1f} acked/s, {max(dead, 0.0):.1f} dead/s, backlog {backlog}{eta}")
     else:
@@ -183,11 +206,10 @@ def cmd_watch(a: argparse.Namespace) -> int:
         while True:
             t = time.monotonic()
             try:
-                s = q.entry_stats()
-                running = q.stats()["leased"]
+                s = watch_counts(q.stats())
             except OSError as e:
                 raise CliError(f"watch: {e.filename}: {e.strerror}", os_exit_code(e)) from e
-            lines = _render_watch(a.path, s, prev, t - prev_t, running)
+            lines = _render_watch(a.path, s, prev, t - prev_t)
             if tty:
                 sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")  # the tty adds the \r
             else:
@@ -224,6 +246,7 @@ def _fmt_deadline(ns: int | None, now_ns: int, *, due: bool = False) -> str:
 def cmd_ls(a: argparse.Namespace) -> int:
     """Streamed listing: memory stays flat however many jobs there are."""
     want = (a.state or "").lower()
+    want = "leased" if want == RUNNING else want
     if want in ("", "live"):
         states = {"ready", "leased", "delayed", "dead"}
     elif want == "all":
@@ -233,7 +256,9 @@ def cmd_ls(a: argparse.Namespace) -> int:
     elif want in LISTABLE_STATES:
         states = {want}
     else:
-        raise CliError(f"ls: unknown state {a.state!r}: expected one of {', '.join(LISTABLE_STATES)}, all", 1)
+        raise CliError(
+            f"ls: unknown state {a.state!r}: expected one of {', '.join(LISTABLE_STATES)}, {RUNNING}, all", 1
+        )
     q = open_queue(a.path)  # a missing or foreign path is an error, not an empty listing
     try:
         _print_jobs(q.list_jobs(states), a.json, reasons=states == {"dead"})
@@ -278,12 +303,14 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False) ->
             shown_deadline = _fmt_deadline(deadline, now_ns, due=state == "delayed")
             if reasons:
                 shown_deadline = reason_name(job.reason)
-            sys.stdout.write(f"{state:<8} {job.job_id:<32} {attempt:>9} {shown_age:>7}  {shown_deadline}\n")
+            sys.stdout.write(
+                f"{shown_state(state):<8} {job.job_id:<32} {attempt:>9} {shown_age:>7}  {shown_deadline}\n"
+            )
         first = False
     if as_json:
         sys.stdout.write("]\n" if first else "\n]\n")
     elif sys.stdout.isatty():
-        sys.stdout.write(f"{listed} jobs, {running} running (leased)\n")
+        sys.stdout.write(f"{listed} jobs, {running} running\n")
     sys.stdout.flush()
 
 
@@ -416,7 +443,8 @@ def story_lines(story: Any, journal: Mapping[str, Any] | None) -> list[str]:
     now = time.time_ns()
     f = story.file
     cur = story.current
-    state = story.state + (f": {_reason_of(story)} (0x{story.reason:04x})" if story.reason is not None else "")
+    reason = f": {_reason_of(story)} (0x{story.reason:04x})" if story.reason is not None else ""
+    state = shown_state(story.state) + reason
     lines = [f"job {story.job_id}: {state}", f"  path:          {story.path}"]
     if story.quarantine_id is not None:
         lines.append(f"  quarantine id: {story.quarantine_id}")

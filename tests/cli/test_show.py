@@ -190,7 +190,7 @@ def test_show_a_leased_and_a_delayed_job_gives_their_deadlines(qpath: str) -> No
         lease = q.lease(duration=600)
         assert lease is not None and lease.job_id == leased
         r = steadq("show", qpath, leased, "--no-journal")
-        assert r.code == 0 and r.out_lines[0] == f"job {leased}: leased", r
+        assert r.code == 0 and r.out_lines[0] == f"job {leased}: running", r
         assert "  attempts:      1 used of 3" in r.out_lines
         (until,) = [line for line in r.out_lines if line.startswith("  lease until:   ")]
         assert re.search(r"Z \(in (10m|[5-9]m(\d+s)?)\)$", until), until  # 600 s, less what the commands took
