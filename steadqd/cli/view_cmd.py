@@ -346,7 +346,8 @@ def format_inspect_line(o: Any) -> str:
 
 SHOW_HEAD_BYTES = 4096  # the payload shown inline; --payload writes all of it
 _BINARY_DUMP_BYTES = 256  # a binary payload is shown as a hex dump of this much
-_JOURNAL_ENTRIES = 20
+_JOURNAL_ENTRIES = 20  # shown
+_JOURNAL_READ = 1000  # read, to choose those from
 _JOURNAL_LINE_CHARS = 400
 _JOURNAL_TIMEOUT_S = 10.0
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-ndjson", "application/yaml")
@@ -506,10 +507,19 @@ def _journal_lines(job: str, journal: Mapping[str, Any] | None) -> list[str]:
         return [
             f"journal: no entries with STEADQ_JOB_ID={job}" + (f" ({journal['note']})" if journal.get("note") else "")
         ]
-    lines = [f"journal (last {len(entries)} entries with STEADQ_JOB_ID={job}):"]
+    omitted = journal.get("omitted") or 0
+    if omitted:
+        lines = [
+            f"journal ({len(entries)} of {len(entries) + omitted} entries with STEADQ_JOB_ID={job}: "
+            "the worker's, the job's stderr, its last stdout):"
+        ]
+    else:
+        lines = [f"journal (last {len(entries)} entries with STEADQ_JOB_ID={job}):"]
     for e in entries:
         stream = f" [{e['stream']}]" if e["stream"] else ""
         lines.append(f"  {e['time']} {e['unit'] or e['identifier']}{stream}: {e['message']}")
+    if omitted:
+        lines.append(f"  ({omitted} lines of stdout not shown: journalctl STEADQ_JOB_ID={job} has all)")
     if journal.get("note"):
         lines.append(f"  ({journal['note']})")
     return lines
@@ -556,13 +566,31 @@ def story_json(story: Any, journal: Mapping[str, Any] | None) -> dict[str, Any]:
 # -- the journal: the job's runs, exits and stderr, as the worker logged them
 
 
+def pick_entries(entries: list[dict[str, Any]], room: int = _JOURNAL_ENTRIES) -> tuple[list[dict[str, Any]], int]:
+    """The entries ``show`` prints, in time order, and how many it leaves out.
+
+    Why not the last ``room``: a job that writes a lot to stdout pushed its
+    verdict and its error lines out of them. The worker's own sentences
+    (started, finished, buried, with no stream) come first, then the job's
+    stderr, then its stdout, each the latest that fit."""
+    keep: set[int] = set()
+    for group in ([e for e in entries if not e["stream"]], [e for e in entries if e["stream"] == "stderr"],
+                  [e for e in entries if e["stream"] and e["stream"] != "stderr"]):  # fmt: skip
+        for e in reversed(group):
+            if len(keep) >= room:
+                break
+            keep.add(id(e))
+    return [e for e in entries if id(e) in keep], len(entries) - len(keep)
+
+
 def journal_entries(job: str) -> dict[str, Any]:
-    """The job's last journal entries (``STEADQ_JOB_ID=``), each field escaped and bounded.
+    """The job's journal entries (``STEADQ_JOB_ID=``) that ``show`` prints (:func:`pick_entries`), each
+    field escaped and bounded; ``omitted`` counts the ones left out.
 
     ``error`` says plainly why there is nothing to show when the journal
     cannot be read here; ``note`` that entries may be hidden from this user.
     """
-    cmd = ["journalctl", "--no-pager", "-o", "json", "-n", str(_JOURNAL_ENTRIES), f"STEADQ_JOB_ID={job}"]
+    cmd = ["journalctl", "--no-pager", "-o", "json", "-n", str(_JOURNAL_READ), f"STEADQ_JOB_ID={job}"]
     try:
         p = subprocess.run(cmd, capture_output=True, timeout=_JOURNAL_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
@@ -584,7 +612,8 @@ def journal_entries(job: str) -> dict[str, Any]:
     note = None
     if "not seeing messages" in stderr or "No journal files" in stderr:
         note = "some entries may be hidden from this user: run as root or as a member of systemd-journal or adm"
-    return {"error": None, "note": note, "entries": entries}
+    shown, omitted = pick_entries(entries)
+    return {"error": None, "note": note, "entries": shown, "omitted": omitted}
 
 
 def _journal_field(e: Mapping[str, Any], key: str) -> str:
