@@ -38,6 +38,7 @@ from steadqd.cli.common import (
 )
 from steadqd.constants import NS_PER_SECOND, U32_MAX, DeadReason, QuarantineReason, State
 from steadqd.durations import format_duration
+from steadqd.errors import SteadQError
 from steadqd.text import printable
 
 # ``ls STATE`` takes these words (the states' own), ``all``, or nothing for all but receipts.
@@ -63,7 +64,18 @@ def add_ls(sub: Subcommands) -> None:
     add_queue_argument(s)
     s.add_argument("state", metavar="STATE", nargs="?", default=None,
                    help="ready | running (or leased) | delayed | dead | receipt | all (default: all but receipts)")  # fmt: skip
+    s.add_argument("--meta", action="append", default=[], metavar="KEY",
+                   help="add a column of this metadata key (repeatable; reads each job's header)")  # fmt: skip
+    s.add_argument("--filter", action="append", default=[], type=_meta_filter, metavar="KEY=VALUE",
+                   help="list only the jobs whose metadata KEY is VALUE (repeatable: all must match)")  # fmt: skip
     s.set_defaults(run=cmd_ls)
+
+
+def _meta_filter(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"invalid --filter {text!r}: expected KEY=VALUE, e.g. task=thumbnail")
+    return key, value
 
 
 def add_watch(sub: Subcommands) -> None:
@@ -261,21 +273,40 @@ def cmd_ls(a: argparse.Namespace) -> int:
         )
     q = open_queue(a.path)  # a missing or foreign path is an error, not an empty listing
     try:
-        _print_jobs(q.list_jobs(states), a.json, reasons=states == {"dead"})
+        if a.meta or a.filter:
+            try:
+                jobs = q.list_jobs(states, metadata=True)
+            except SteadQError as e:
+                raise CliError(f"ls --meta/--filter: {error_text(e)}", error_code(e)) from e
+            jobs = _matching(jobs, a.filter) if a.filter else jobs
+        else:
+            jobs = q.list_jobs(states)
+        _print_jobs(jobs, a.json, reasons=states == {"dead"}, meta=a.meta)
     finally:
         q.close()
     return 0
 
 
-def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False) -> None:
-    """``reasons``: only dead jobs are listed, which have no deadline: the last column is their reason by name."""
+def _matching(jobs: Iterator[Any], filters: list[tuple[str, str]]) -> Iterator[Any]:
+    """The jobs whose metadata has every KEY=VALUE of ``filters`` (values compared as ``show`` prints them)."""
+    for job in jobs:
+        meta = job.metadata or {}
+        if all(k in meta and _meta_text(meta[k]) == v for k, v in filters):
+            yield job
+
+
+def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False, meta: list[str] | None = None) -> None:
+    """``reasons``: only dead jobs are listed, which have no deadline: the last column is their reason by name.
+    ``meta``: a column per metadata key, before the last (values escaped: they are the producer's text)."""
     now_ns = time.time_ns()
     first = True
     listed = running = 0  # a person at a terminal gets the totals (a pipe gets the table only)
+    meta = meta or []
     if as_json:
         sys.stdout.write("[")
     else:
-        out(f"{'STATE':<8} {'JOB_ID':<32} {'ATTEMPT':>9} {'AGE':>7}  {'REASON' if reasons else 'DEADLINE'}")
+        heads = "".join(f"{k.upper():<{_meta_width(k)}}  " for k in meta)
+        out(f"{'STATE':<8} {'JOB_ID':<32} {'ATTEMPT':>9} {'AGE':>7}  {heads}{'REASON' if reasons else 'DEADLINE'}")
     for job in jobs:
         state = job.state
         listed += 1
@@ -296,6 +327,9 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False) ->
             if state == "dead":
                 doc["reason"] = job.reason
                 doc["reason_name"] = reason_name(job.reason)
+            if meta:
+                have = job.metadata or {}
+                doc["metadata"] = {k: _meta_text(have[k]) for k in meta if k in have}
             sys.stdout.write(("\n  " if first else ",\n  ") + json.dumps(doc))
         else:
             attempt = f"{job.attempt}/{job.max_attempts}"
@@ -303,9 +337,9 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False) ->
             shown_deadline = _fmt_deadline(deadline, now_ns, due=state == "delayed")
             if reasons:
                 shown_deadline = reason_name(job.reason)
-            sys.stdout.write(
-                f"{shown_state(state):<8} {job.job_id:<32} {attempt:>9} {shown_age:>7}  {shown_deadline}\n"
-            )
+            cells = "".join(f"{_meta_cell(job.metadata, k):<{_meta_width(k)}}  " for k in meta)
+            line = f"{shown_state(state):<8} {job.job_id:<32} {attempt:>9} {shown_age:>7}  {cells}{shown_deadline}"
+            sys.stdout.write(line + "\n")
         first = False
     if as_json:
         sys.stdout.write("]\n" if first else "\n]\n")
@@ -481,6 +515,17 @@ def story_lines(story: Any, journal: Mapping[str, Any] | None) -> list[str]:
 
 def _meta_text(v: object) -> str:
     return v.hex() if isinstance(v, bytes) else str(v)
+
+
+def _meta_width(key: str) -> int:
+    return max(len(key), 16)
+
+
+def _meta_cell(metadata: Mapping[str, object] | None, key: str) -> str:
+    """One ``ls --meta`` cell: the value escaped, with no space in it (a column splits on spaces), or ``-``."""
+    if not metadata or key not in metadata:
+        return "-"
+    return printable(_meta_text(metadata[key])).replace(" ", "\\x20") or '""'
 
 
 def _payload_lines(f: Any) -> list[str]:
