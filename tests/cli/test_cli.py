@@ -399,7 +399,10 @@ def test_stats_text_json_prometheus(qpath: str) -> None:
     r = steadq("stats", qpath)
     assert r.code == 0
     assert r.out_lines[:4] == ["dead: 0", "delayed: 0", "leased: 0", "quarantine: 0"]
-    assert re.fullmatch(r"ready: 1 \(oldest \d+s\)", r.out_lines[4]) and r.out_lines[5:] == ["receipts: 0", "running: 0"]
+    assert re.fullmatch(r"ready: 1 \(oldest \d+s\)", r.out_lines[4]) and r.out_lines[5:] == [
+        "receipts: 0",
+        "running: 0",
+    ]
     j = steadq("stats", qpath, "--json")
     doc = json.loads(j.out)
     assert list(doc) == ["dead", "delayed", "leased", "quarantine", "ready", "receipts", "running"]
