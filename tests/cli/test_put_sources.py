@@ -99,3 +99,14 @@ def test_put_lines_interrupted_reports_exactly_what_it_published(qpath: str, tmp
         assert all(line.split(" ", 1)[1].startswith(f"{src}:") for line in out), out[:3]
         stopped += 0 < len(new) < 4000
     assert stopped, "no run was stopped part-way"
+
+
+def test_put_path_prints_a_hostile_file_name_escaped(qpath: str, tmp_path: Path) -> None:
+    evil = tmp_path / "frame\x1b[2J\nid.png"
+    evil.write_bytes(b"x")
+    r = steadq("put", qpath, "--path", str(evil), str(evil), "--print-ids")
+    assert r.code == 0, r
+    assert "\x1b" not in r.out and len(r.out_lines) == 2, r.out  # one line per job, whatever the name holds
+    assert all(line.endswith("frame\\x1b[2J\\nid.png") for line in r.out_lines), r.out
+    doc = json.loads(steadq("show", qpath, r.out_lines[0].split()[0], "--no-journal", "--json").out)
+    assert doc["payload_head_text"] == str(evil)  # the payload is the path itself, byte for byte

@@ -599,12 +599,14 @@ def test_a_bury_message_reaches_the_journal_with_the_job_id(
     monkeypatch.setattr(logging.getLogger(), "handlers", [])  # nothing configured, as in a bare script
     job = queue.enqueue(b"movie.mkv")
 
-    def reject(j: Job) -> None:
-        raise Bury("not a video", reason=0x0100)
+    def reject(j: Job) -> None:  # the message quotes the payload: hostile text, escaped before the journal
+        raise Bury(f"not a video: {j.text()}\x1b[2J\nSTEADQ_JOB_ID=0", reason=0x0100)
 
     w = Worker(queue_path, reject, poll=0.1)
     serve(w, lambda: w.stats.buried == 1, "the bury")
     mine = [(m, f) for m, f in sent if f.get("STEADQ_JOB_ID") == job]
-    assert [m for m, _f in mine] == [f"job {job} buried (reason 0x0100): not a video"], sent
+    assert [m for m, _f in mine] == [
+        f"job {job} buried (reason 0x0100): not a video: movie.mkv\\x1b[2J\\nSTEADQ_JOB_ID=0"
+    ], sent
     fields = mine[0][1]
     assert fields["PRIORITY"] == "4" and fields["STEADQ_QUEUE"] == queue_path and fields["STEADQ_ROLE"] == "task"
