@@ -401,8 +401,9 @@ class Backend(Protocol):
         """Like ``stats`` with the reference's counting (every entry of a state's directory)."""
         ...
 
-    def list_jobs(self, states: Collection[str]) -> Iterator[Any]:
-        """Every job in ``states`` (state words), streamed, as its name describes it (not verified)."""
+    def list_jobs(self, states: Collection[str], *, metadata: bool = False) -> Iterator[Any]:
+        """Every job in ``states`` (state words), streamed, as its name describes it (not verified);
+        ``metadata``: each with its job file's metadata too (refused where jobs carry none)."""
         ...
 
     def inspect(self, job_id: str) -> list[Any]:

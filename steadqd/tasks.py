@@ -50,7 +50,9 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -58,9 +60,10 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from steadqd.backend import Backend, LeaseHandle, ReadyWatch, open_queue
+from steadqd.backend import Backend, LeaseHandle, ReadyWatch, init_queue, open_queue
 from steadqd.backoff import RetryPolicy
 from steadqd.constants import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DeadReason
+from steadqd.daemon.journal import journal_connected
 from steadqd.daemon.worker.renew import Renewal, interval, renew
 from steadqd.errors import InvalidInput, LeaseLost, OutcomeUnknown, SteadQError
 from steadqd.text import printable
@@ -76,6 +79,44 @@ ERROR_PAUSE = 1.0  # s between attempts when the queue itself fails (not one job
 # bucket a scan LISTs every shard, which one poll a second would repeat.
 QUIET_RESCAN = 60.0
 JSON_TYPE = "application/json"
+
+
+def _journal_send(message: str, **fields: str) -> None:
+    """One native journal entry (python-systemd); replaced in tests."""
+    from systemd import journal
+
+    journal.send(message, **fields)
+
+
+class _JournalHandler(logging.Handler):
+    """The worker's records as journal entries with their fields, so ``steadq show`` finds a job's
+    sentences (its ``Bury`` message above all) by ``STEADQ_JOB_ID``.
+
+    Installed by :meth:`Worker.run` only when stderr is the journal and nothing configures logging:
+    the bare stderr line Python would print then carries no field and reaches no ``show``."""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(logging.INFO)
+        self.queue = queue
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = {"PRIORITY": str(_PRIORITY.get(record.levelno, 6)), "SYSLOG_IDENTIFIER": "steadqd",
+                  "STEADQ_QUEUE": self.queue, "STEADQ_ROLE": "task"}  # fmt: skip
+        job = getattr(record, "STEADQ_JOB_ID", None)
+        if job is not None:
+            fields["STEADQ_JOB_ID"] = str(job)
+        try:
+            _journal_send(record.getMessage(), **fields)
+        except Exception:  # noqa: BLE001 - a log line must never stop the worker
+            self.handleError(record)
+
+
+_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+
+def _about(job_id: str) -> dict[str, str]:
+    """``extra=`` of a record about one job: a journal handler (ours, python-systemd's) sends it as a field."""
+    return {"STEADQ_JOB_ID": job_id}
 
 
 class Bury(Exception):
@@ -256,6 +297,7 @@ class Worker:
         poll: float = 1.0,
         drain_timeout: float | None = None,
         open_options: Mapping[str, Any] | None = None,
+        create: bool = False,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidInput(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -274,6 +316,7 @@ class Worker:
         self.poll = float(poll)
         self.drain_timeout = drain_timeout
         self.open_options = dict(open_options or {})
+        self.create = create
         self.stats = WorkStats()
         self._stop = threading.Event()
         self._abandon = threading.Event()  # hand running leases back now
@@ -335,6 +378,42 @@ class Worker:
             self.stop()
 
     def _serve(self, call: Call) -> WorkStats:
+        self._check_queue()
+        journal = None
+        if journal_connected() and not logging.getLogger().handlers and not log.handlers:
+            journal = _JournalHandler(self.queue)
+            log.addHandler(journal)
+        try:
+            return self._serve_checked(call)
+        finally:
+            if journal is not None:
+                log.removeHandler(journal)
+
+    def _check_queue(self) -> None:
+        """Open the queue once before serving. One that cannot be opened at all (a typo, never made) is
+        one error raised to the caller: every later failure is retried (a queue that was working is
+        worth waiting for), but this one would print the same line every second forever. With
+        ``create`` a missing queue is made first, as rq and huey make theirs."""
+        try:
+            open_queue(self.queue, **self.open_options).close()
+            return
+        except SteadQError as e:
+            if not self.create:
+                log.error("cannot open the queue %s: %s (create it with `steadq init %s`, or give create=True)",
+                          printable(self.queue), e, printable(self.queue))  # fmt: skip
+                raise
+            cause = e
+        try:
+            init_queue(self.queue, **self.open_options).close()
+            log.info("created the queue %s", printable(self.queue))
+        except SteadQError as e:
+            try:  # made meanwhile by another worker: that one is fine
+                open_queue(self.queue, **self.open_options).close()
+            except SteadQError:
+                log.error("cannot open the queue %s (%s), nor create it: %s", printable(self.queue), cause, e)
+                raise e from cause
+
+    def _serve_checked(self, call: Call) -> WorkStats:
         renewer = threading.Thread(target=self._renew_loop, name="steadqd-renew", daemon=True)
         workers = [
             threading.Thread(target=self._work_loop, args=(call,), name=f"steadqd-work-{i}", daemon=True)
@@ -423,11 +502,13 @@ class Worker:
             if outcome is None:
                 q.ack(lease)
                 self._count("acked")
-                log.info("job %s finished: ack (attempt %d/%d)", job_id, lease.attempt, lease.max_attempts)
+                log.info("job %s finished: ack (attempt %d/%d)", job_id, lease.attempt, lease.max_attempts,
+                         extra=_about(job_id))  # fmt: skip
             elif isinstance(outcome, Bury):
                 q.bury(lease, outcome.reason)
                 self._count("buried")
-                log.warning("job %s buried (reason 0x%04x): %s", job_id, outcome.reason, printable(str(outcome)))
+                log.warning("job %s buried (reason 0x%04x): %s", job_id, outcome.reason, printable(str(outcome)),
+                            extra=_about(job_id))  # fmt: skip
             else:
                 if isinstance(outcome, Retry):
                     state = q.retry(lease, outcome.delay)
@@ -442,6 +523,7 @@ class Worker:
                     lease.max_attempts,
                     what,
                     printable(f"{type(outcome).__name__}: {outcome}"),
+                    extra=_about(job_id),
                 )
         except LeaseLost as e:
             self._count("lost")
@@ -612,7 +694,7 @@ class Task:
     ) -> None:
         self.fn = fn
         self.queue = queue
-        self.name = name or f"{fn.__module__}.{fn.__qualname__}"
+        self.name = name or f"{_module_name(fn)}.{fn.__qualname__}"
         self.max_attempts = max_attempts
         self.open_options = dict(open_options or {})
         self._producer: Backend | None = None
@@ -694,6 +776,36 @@ class Task:
         args, kwargs = self._arguments(job)
         result = self.fn(*args, **kwargs)
         return await result if asyncio.iscoroutine(result) else result
+
+
+def _module_name(fn: Callable[..., object]) -> str:
+    """The module a task's name begins with, the same whether its file is run or imported.
+
+    Run as a script a function's module is ``__main__``, so a worker that
+    imports the file would know the task by another name and bury its jobs.
+    ``python -m pkg.mod`` says its name (``__spec__``); a file run by its path
+    is named as an import finds it: its stem, under each enclosing directory
+    that is a package (has ``__init__.py``). Without a file (an interactive
+    session, ``python -c``) there is no name to derive: ``name=`` is required."""
+    module = fn.__module__
+    if module != "__main__":
+        return module
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return str(spec.name).removesuffix(".__main__")
+    path = getattr(main, "__file__", None)
+    if not path:
+        raise InvalidInput(
+            f"task {getattr(fn, '__qualname__', fn)!r} is defined in __main__ with no file to name it by: "
+            "give the task a name: @task(queue, name=...) (the producer and the worker must agree on it)"
+        )
+    directory, file = os.path.split(os.path.abspath(path))
+    parts = [os.path.splitext(file)[0]]
+    while os.path.isfile(os.path.join(directory, "__init__.py")):
+        directory, package = os.path.split(directory)
+        parts.insert(0, package)
+    return ".".join(parts)
 
 
 def task(

@@ -87,6 +87,7 @@ class JobEntry:
     mtime_ns: int | None
     deadline_ns: int | None
     reason: int | None
+    metadata: dict[str, object] | None = None  # read from the job file only when asked (``ls --meta``)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
-"""``steadq put``: enqueue one job, or many from a directory or a JSON-lines file.
+"""``steadq put``: enqueue one job, or many from a directory, a JSON-lines or text file, or file paths.
 
-A single put streams its payload (never held in memory whole). A bulk put
-(``--dir``, ``--jsonl``) goes through ``enqueue_many`` group by group, shows a
-progress bar on a terminal, and always ends with one summary line that says
-how many jobs are durable, so a script can tell what to resubmit.
+A single put streams its payload (never held in memory whole) and refuses an
+empty one unless ``--allow-empty``: an empty stdin is far more often a
+producer that printed nothing than an intended job. A bulk put (``--dir``,
+``--jsonl``, ``--lines``, ``--path`` with several files) goes through
+``enqueue_many`` group by group, shows a progress bar on a terminal, and
+always ends with one summary line that says how many jobs are durable, so a
+script can tell what to resubmit.
 """
 
 from __future__ import annotations
@@ -47,7 +50,10 @@ _METADATA_KEY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 def add_put(sub: Subcommands) -> None:
     s = add_command(
-        sub, "put", "enqueue a job (or many with --dir / --jsonl)", "echo hello | steadq put /srv/q --meta user=ann"
+        sub,
+        "put",
+        "enqueue a job (or many with --dir, --jsonl, --lines, --path)",
+        "echo hello | steadq put /srv/q --meta user=ann",
     )
     add_queue_argument(s)
     s.add_argument("file", metavar="FILE", nargs="?", default="-", help="payload file; '-' or omitted: stdin")
@@ -72,6 +78,11 @@ def add_put(sub: Subcommands) -> None:
     s.add_argument("--meta", type=_meta, action="append", default=[], metavar="KEY=VALUE", help="repeatable")
     s.add_argument("--dir", default=None, metavar="DIR", help="bulk: one job per regular file of DIR")
     s.add_argument("--jsonl", default=None, metavar="FILE", help="bulk: one job per JSON line of FILE ('-' = stdin)")
+    s.add_argument("--lines", nargs="?", const="-", default=None, metavar="FILE",
+                   help="bulk: one job per non-empty line of FILE (omitted or '-': stdin), the line its payload")  # fmt: skip
+    s.add_argument("--path", nargs="+", default=None, metavar="FILE", dest="paths",
+                   help="one job per FILE whose payload is the file's absolute path (the file is not copied)")  # fmt: skip
+    s.add_argument("--allow-empty", action="store_true", help="enqueue an empty payload (refused otherwise)")
     s.add_argument("--print-ids", action="store_true", help="bulk: print '<job_id> <source>' per job on stdout")
     s.add_argument(
         "--unique",
@@ -123,31 +134,47 @@ class PutOptions:
         return kw
 
 
+_SOURCES = ("--dir", "--jsonl", "--lines", "--path")
+
+
 def cmd_put(a: argparse.Namespace) -> int:
     if a.delay is not None and a.not_before is not None:
         raise CliError("put: give either --delay or --not-before, not both", 1)
-    if a.dir is not None and a.jsonl is not None:
-        raise CliError("put: give either --dir or --jsonl, not both", 1)
-    if (a.dir is not None or a.jsonl is not None) and a.file != "-":
-        raise CliError(f"put: unexpected FILE {a.file!r} with --dir/--jsonl", 1)
+    given = [f for f, v in zip(_SOURCES, (a.dir, a.jsonl, a.lines, a.paths), strict=True) if v is not None]
+    if len(given) > 1:
+        raise CliError(f"put: give one of {', '.join(_SOURCES)}, not {' and '.join(given)}", 1)
+    if given and a.file != "-":
+        raise CliError(f"put: unexpected FILE {a.file!r} with {given[0]}", 1)
     metadata = dict(a.meta) if a.meta else None
-    default_type = "application/json" if a.jsonl is not None else "application/octet-stream"
+    default_type = {"--jsonl": "application/json", "--lines": "text/plain", "--path": "text/plain"}.get(
+        given[0] if given else "", "application/octet-stream"
+    )
     opts = PutOptions(a.content_type or default_type, a.max_attempts, a.not_before, a.delay, a.producer_id, metadata)
     opts.unique = a.unique
-    if a.unique is not None and (a.dir is not None or a.jsonl is not None):
-        raise CliError("put: --unique names one job; it cannot be given with --dir or --jsonl", 1)
-    if a.dir is None and a.jsonl is None:
+    if a.unique is not None and given and given[0] != "--path":
+        raise CliError(f"put: --unique names one job; it cannot be given with {given[0]}", 1)
+    paths = _absolute_paths(a.paths) if a.paths is not None else None
+    if a.unique is not None and paths is not None and len(paths) != 1:
+        raise CliError("put: --unique names one job; give one --path FILE with it", 1)
+    if paths is not None and len(paths) == 1:  # one file: a single put's lines, as `put FILE` prints them
+        return single_put(a, opts, io.BytesIO(paths[0]))
+    if not given:
         return single_put(a, opts)
     with Interrupts() as stop:
         try:
-            source = _dir_source(a.dir) if a.dir is not None else _jsonl_source(a.jsonl)
+            if paths is not None:
+                source = _paths_source(paths)
+            elif a.dir is not None:
+                source = _dir_source(a.dir, a.allow_empty)
+            else:
+                source = _lines_source(a.jsonl, json_lines=True) if a.jsonl else _lines_source(a.lines)
             return bulk_put(a, opts, source, stop)
         except Interrupted as e:  # before the first job was handed to the queue
             raise CliError(f"put: interrupted by {stop.name}: nothing was enqueued", 128 + e.signum) from e
 
 
-def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
-    """One job; the payload is streamed (never held in memory whole).
+def single_put(a: argparse.Namespace, opts: PutOptions, payload: BinaryIO | None = None) -> int:
+    """One job (``payload``, else FILE or stdin); the payload is streamed (never held in memory whole).
 
     A signal stops the payload's reading (nothing is committed before it
     ends) and is otherwise held until the enqueue's outcome is known, so
@@ -155,7 +182,13 @@ def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
     """
     with Interrupts() as stop:
         try:
-            job_id, path = _put_one(a, opts, stop)
+            job_id, path = _put_one(a, opts, stop, payload)
+        except EmptyPayload as e:
+            raise CliError(
+                f"put: the payload is empty ({e.source}): nothing was enqueued; "
+                "give --allow-empty to enqueue an empty job",
+                1,
+            ) from e
         except Interrupted as e:
             raise CliError(
                 f"put: interrupted by {stop.name}: not committed: nothing was enqueued", stop.exit_code
@@ -170,9 +203,13 @@ def single_put(a: argparse.Namespace, opts: PutOptions) -> int:
     return 0
 
 
-def _put_one(a: argparse.Namespace, opts: PutOptions, stop: Interrupts) -> tuple[str, str]:
-    if a.file == "-":
-        stream: BinaryIO = stdin_bytes()
+def _put_one(a: argparse.Namespace, opts: PutOptions, stop: Interrupts, given: BinaryIO | None) -> tuple[str, str]:
+    empty_means = "stdin gave no bytes" if a.file == "-" else f"{a.file} has no bytes"
+    stream: BinaryIO
+    if given is not None:
+        stream, owned = given, False
+    elif a.file == "-":
+        stream = stdin_bytes()
         owned = False
         if sys.stdin.isatty():
             err("put: reading the payload from stdin; end with Ctrl-D")
@@ -188,7 +225,7 @@ def _put_one(a: argparse.Namespace, opts: PutOptions, stop: Interrupts) -> tuple
         stop.hold()
         try:
             say_if_paused(q)
-            payload = cast(BinaryIO, _StoppableReads(_progress_reader(stream), stop))
+            payload = cast(BinaryIO, _StoppableReads(_progress_reader(stream), stop, a.allow_empty, empty_means))
             return q.enqueue_detailed(payload, **opts.kwargs())
         except DuplicateJob as e:  # the existing job's id on stdout, where a script reads a put's id
             if a.json:
@@ -224,11 +261,23 @@ def say_if_paused(q: Backend) -> None:
         err(f"put: note: the queue is {paused.summary()}; jobs wait until 'steadq resume'")
 
 
-class _StoppableReads:
-    """A payload stream read with signals live (``Interrupts.interruptible``), up to its end."""
+class EmptyPayload(Exception):
+    """The payload ended before its first byte and ``--allow-empty`` was not given."""
 
-    def __init__(self, stream: BinaryIO, stop: Interrupts) -> None:
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self.source = source
+
+
+class _StoppableReads:
+    """A payload stream read with signals live (``Interrupts.interruptible``), up to its end.
+
+    Unless ``allow_empty``, an end before the first byte raises :class:`EmptyPayload`
+    from inside the enqueue, which then publishes nothing (as for a signal)."""
+
+    def __init__(self, stream: BinaryIO, stop: Interrupts, allow_empty: bool = True, source: str = "") -> None:
         self.stream, self.stop, self.ended = stream, stop, False
+        self.allow_empty, self.source, self.seen = allow_empty, source, 0
 
     def read(self, n: int = -1) -> bytes:
         if self.ended:
@@ -236,6 +285,9 @@ class _StoppableReads:
         with self.stop.interruptible():
             chunk = self.stream.read(n)
         self.ended = not chunk
+        self.seen += len(chunk)
+        if self.ended and not self.seen and not self.allow_empty:
+            raise EmptyPayload(self.source)
         return chunk
 
 
@@ -309,16 +361,27 @@ class BulkSource:
     cleanup: Callable[[], None] = lambda: None
 
 
-def _dir_source(directory: str) -> BulkSource:
+def _dir_source(directory: str, allow_empty: bool) -> BulkSource:
     """Every regular file of ``directory`` (not recursive, symlinks not followed), by name.
 
     Only the names are held in memory; each file is opened when its turn comes.
+    Unless ``allow_empty``, an empty file is refused before anything is enqueued.
     """
     try:
         with os.scandir(directory) as it:
-            names = sorted(e.name for e in it if e.is_file(follow_symlinks=False))
+            entries = [(e.name, e) for e in it if e.is_file(follow_symlinks=False)]
+            empty = sorted(n for n, e in entries if not allow_empty and e.stat(follow_symlinks=False).st_size == 0)
+            names = sorted(n for n, _e in entries)
+            del entries
     except OSError as e:
         raise CliError(f"cannot read directory {directory}: {e.strerror}", os_exit_code(e)) from e
+    if empty:
+        more = f" and {len(empty) - 1} more" if len(empty) > 1 else ""
+        raise CliError(
+            f"put --dir: {os.path.join(directory, empty[0])}{more} is empty: nothing was enqueued; "
+            "give --allow-empty to enqueue empty jobs",
+            1,
+        )
 
     def items() -> Iterator[tuple[str, Callable[[], BinaryIO]]]:
         for name in names:
@@ -328,12 +391,37 @@ def _dir_source(directory: str) -> BulkSource:
     return BulkSource(f"files of {directory}", len(names), items)
 
 
-def _jsonl_source(path: str) -> BulkSource:
-    """One job per non-blank line, each a JSON document (validated *before* anything is enqueued).
+def _absolute_paths(files: list[str]) -> list[bytes]:
+    """``--path``: each FILE's absolute path (symlinks kept: the worker opens what was named),
+    all checked before anything is enqueued; a missing one is refused with the OS mapping."""
+    paths = []
+    for f in files:
+        try:
+            os.stat(f)
+        except OSError as e:
+            raise CliError(f"put --path: {f}: {e.strerror}: nothing was enqueued", os_exit_code(e)) from e
+        paths.append(os.fsencode(os.path.abspath(f)))
+    return paths
+
+
+def _paths_source(paths: list[bytes]) -> BulkSource:
+    """One job per path (already checked by :func:`_absolute_paths`); the label is the path."""
+
+    def items() -> Iterator[tuple[str, Callable[[], BinaryIO]]]:
+        for p in paths:
+            yield os.fsdecode(p), (lambda p=p: io.BytesIO(p))  # type: ignore[misc]
+
+    return BulkSource(f"{len(paths)} paths", len(paths), items)
+
+
+def _lines_source(path: str, *, json_lines: bool = False) -> BulkSource:
+    """One job per non-blank line (its payload: the line without its newline); with ``json_lines``
+    each must be a JSON document (``--jsonl``; then surrounding blanks are dropped too), validated
+    *before* anything is enqueued.
 
     Why validate first: a malformed line 5000 must not leave 4999 jobs
     enqueued ("nothing half-written"). stdin is spooled to an anonymous temp
-    file during validation, so memory stays flat for any input size.
+    file while it is read (and counted), so memory stays flat for any input size.
     """
     if path == "-":
         src: IO[bytes] = stdin_bytes()
@@ -354,10 +442,11 @@ def _jsonl_source(path: str) -> BulkSource:
             body = line.strip()
             if not body:
                 continue
-            try:
-                json.loads(body)
-            except ValueError as e:
-                raise CliError(f"{label}:{lineno}: invalid JSON: {e}", 1) from None
+            if json_lines:
+                try:
+                    json.loads(body)
+                except ValueError as e:
+                    raise CliError(f"{label}:{lineno}: invalid JSON: {e}", 1) from None
             count += 1
     except OSError as e:
         spool.close()
@@ -369,8 +458,8 @@ def _jsonl_source(path: str) -> BulkSource:
     def items() -> Iterator[tuple[str, Callable[[], BinaryIO]]]:
         spool.seek(0)
         for lineno, line in enumerate(spool, 1):
-            body = line.strip()
-            if body:
+            if line.strip():
+                body = line.strip() if json_lines else line.removesuffix(b"\n").removesuffix(b"\r")
                 yield f"{label}:{lineno}", (lambda body=body: io.BytesIO(body))  # type: ignore[misc]
 
     return BulkSource(f"lines of {label}", count, items, spool.close)

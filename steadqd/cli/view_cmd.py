@@ -41,6 +41,7 @@ from steadqd.cli.common import (
 from steadqd.cli.control_cmd import pause_json, pause_line
 from steadqd.constants import NS_PER_SECOND, U32_MAX, DeadReason, QuarantineReason, State
 from steadqd.durations import format_duration
+from steadqd.errors import SteadQError
 from steadqd.text import printable
 
 # ``ls STATE`` takes these words (the states' own), ``all``, or nothing for all but receipts.
@@ -62,11 +63,22 @@ def add_inspect(sub: Subcommands) -> None:
 
 
 def add_ls(sub: Subcommands) -> None:
-    s = add_command(sub, "ls", "list jobs with state, attempt, age and deadline", "steadq ls /srv/q leased")
+    s = add_command(sub, "ls", "list jobs with state, attempt, age and deadline", "steadq ls /srv/q running")
     add_queue_argument(s)
     s.add_argument("state", metavar="STATE", nargs="?", default=None,
-                   help="ready | leased | delayed | dead | receipt | all (default: all but receipts)")  # fmt: skip
+                   help="ready | running (or leased) | delayed | dead | receipt | all (default: all but receipts)")  # fmt: skip
+    s.add_argument("--meta", action="append", default=[], metavar="KEY",
+                   help="add a column of this metadata key (repeatable; reads each job's header)")  # fmt: skip
+    s.add_argument("--filter", action="append", default=[], type=_meta_filter, metavar="KEY=VALUE",
+                   help="list only the jobs whose metadata KEY is VALUE (repeatable: all must match)")  # fmt: skip
     s.set_defaults(run=cmd_ls)
+
+
+def _meta_filter(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"invalid --filter {text!r}: expected KEY=VALUE, e.g. task=thumbnail")
+    return key, value
 
 
 def add_watch(sub: Subcommands) -> None:
@@ -80,11 +92,29 @@ def add_watch(sub: Subcommands) -> None:
 # =========================================================================== stats / watch
 
 
-def format_stats_text(s: Mapping[str, Any]) -> str:
-    """cli.md plain output, including the final newline: ``ready: 1 (oldest 0s)`` / ``dead: 0``."""
+# A running job: one whose lease is held (its command runs now). The spec's state word is "leased",
+# which the JSON shapes keep; every plain view says "running", so stats, watch, ls, show, status and
+# the daemons' STATUS= use one word (issue 33 #6).
+RUNNING = "running"
+
+
+def shown_state(state: str) -> str:
+    """The word a plain view prints for a job state: ``running`` for a leased job, else the state."""
+    return RUNNING if state == "leased" else state
+
+
+def _with_running(s: Mapping[str, Any], running: Any) -> dict[str, Any]:
+    """The reference's states plus ``running`` (the leases, which its counting shows inside ``ready``)."""
+    return {**s, RUNNING: running} if running is not None else dict(s)
+
+
+def format_stats_text(s: Mapping[str, Any], running: Any = None) -> str:
+    """cli.md plain output, including the final newline: ``ready: 1 (oldest 0s)`` / ``dead: 0``;
+    the reference's lines unchanged, plus ``running:`` when given."""
     lines = []
-    for state in sorted(s):
-        st = s[state]
+    doc = _with_running(s, running)
+    for state in sorted(doc):
+        st = doc[state]
         if st.objects and st.oldest_age_seconds is not None:
             lines.append(f"{state}: {st.objects} (oldest {st.oldest_age_seconds}s)")
         else:
@@ -99,21 +129,23 @@ def format_stats_json(s: Mapping[str, Any], running: Any = None, paused: dict[st
         k: {"objects": v.objects, "oldest_age_seconds": v.oldest_age_seconds} for k, v in s.items()
     }
     if running is not None:
-        doc["running"] = {"objects": running.objects, "oldest_age_seconds": running.oldest_age_seconds}
+        doc[RUNNING] = {"objects": running.objects, "oldest_age_seconds": running.oldest_age_seconds}
     if paused is not None:
         doc["paused"] = paused
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def format_stats_prometheus(s: Mapping[str, Any]) -> str:
+def format_stats_prometheus(s: Mapping[str, Any], running: Any = None) -> str:
     """cli.md ``--prometheus``: object gauges for every state, then age gauges
-    for states with objects; no HELP, labels or timestamps; final newline included."""
+    for states with objects; no HELP, labels or timestamps; final newline included.
+    ``running`` adds its two gauges beside the reference's."""
+    doc = _with_running(s, running)
     lines: list[str] = []
-    for state in sorted(s):
+    for state in sorted(doc):
         lines.append(f"# TYPE steadq_{state}_objects gauge")
-        lines.append(f"steadq_{state}_objects {s[state].objects}")
-    for state in sorted(s):
-        st = s[state]
+        lines.append(f"steadq_{state}_objects {doc[state].objects}")
+    for state in sorted(doc):
+        st = doc[state]
         if st.objects and st.oldest_age_seconds is not None:
             lines.append(f"# TYPE steadq_{state}_oldest_age_seconds gauge")
             lines.append(f"steadq_{state}_oldest_age_seconds {st.oldest_age_seconds}")
@@ -125,37 +157,42 @@ def cmd_stats(a: argparse.Namespace) -> int:
     try:
         try:
             s = q.entry_stats()
-            # Leases sit in ready/ and the reference's counting lists them there;
-            # --json adds them as "running" (the plain lines stay the reference's).
-            running = q.stats()["leased"] if a.json and not a.prometheus else None
+            # Leases sit in ready/ and the reference's counting lists them there; every
+            # output adds them as "running" (the reference's lines stay as they are).
+            running = q.stats()["leased"]
             paused = q.pause_state()
         except OSError as e:
             raise CliError(f"stats: {e.filename}: {e.strerror}", os_exit_code(e)) from e
     finally:
         q.close()
     if a.prometheus:
-        text = format_stats_prometheus(s) + f"# TYPE steadq_paused gauge\nsteadq_paused {int(paused is not None)}\n"
+        text = (
+            format_stats_prometheus(s, running)
+            + f"# TYPE steadq_paused gauge\nsteadq_paused {int(paused is not None)}\n"
+        )
     elif a.json:
         text = format_stats_json(s, running, pause_json(paused))
     else:
-        text = format_stats_text(s) + ("" if paused is None else printable(pause_line(paused)) + "\n")
+        text = format_stats_text(s, running) + ("" if paused is None else printable(pause_line(paused)) + "\n")
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()
     return 0
 
 
-def running_line(running: Any) -> str:
-    """Jobs whose commands run now: their leases, which the reference's counts include in *ready*."""
-    return f"running: {running.objects} (leases, counted in ready above)"
+# watch shows jobs by what they are doing: ready (waiting), running, delayed, done, dead;
+# "tmp" and "stray" appear only when there are some (fsck names them).
+_WATCH_ONLY_WHEN_ANY = ("tmp", "stray")
+
+
+def watch_counts(detailed: Mapping[str, Any]) -> dict[str, Any]:
+    """The rows of ``watch`` from a backend's ``stats()``: the leases (colocated and legacy) as
+    ``running``, ``ready`` the jobs waiting; tmp and stray only when there are any."""
+    rows = {shown_state(k): v for k, v in detailed.items()}
+    return {k: v for k, v in rows.items() if k not in _WATCH_ONLY_WHEN_ANY or v.objects}
 
 
 def _render_watch(
-    path: str,
-    s: Mapping[str, Any],
-    prev: Mapping[str, Any] | None,
-    dt: float,
-    running: Any = None,
-    paused: PauseState | None = None,
+    path: str, s: Mapping[str, Any], prev: Mapping[str, Any] | None, dt: float, paused: PauseState | None = None
 ) -> list[str]:
     def count(st: Mapping[str, Any], name: str) -> int:
         v = st.get(name)
@@ -169,14 +206,12 @@ def _render_watch(
         oldest = "-" if v.oldest_age_seconds is None else format_duration(v.oldest_age_seconds)
         lines.append(f"{name:<12}{v.objects:>10}{rate:>12}  {oldest}")
     lines.append("")
-    if running is not None:
-        lines.append(running_line(running))
     if paused is not None:
         lines.append(printable(pause_line(paused)))
     if prev is not None and dt > 0:
         done = (count(s, "receipts") - count(prev, "receipts")) / dt
         dead = (count(s, "dead") - count(prev, "dead")) / dt
-        backlog = sum(count(s, n) for n in ("ready", "leased", "delayed"))
+        backlog = sum(count(s, n) for n in ("ready", RUNNING, "delayed"))
         eta = f", drains in ~{format_duration(backlog / done)}" if done > 0 and backlog else ""
         lines.append(f"throughput: {max(done, 0.0):.1f} acked/s, {max(dead, 0.0):.1f} dead/s, backlog {backlog}{eta}")
     else:
@@ -198,12 +233,11 @@ def cmd_watch(a: argparse.Namespace) -> int:
         while True:
             t = time.monotonic()
             try:
-                s = q.entry_stats()
-                running = q.stats()["leased"]
+                s = watch_counts(q.stats())
                 paused = q.pause_state()
             except OSError as e:
                 raise CliError(f"watch: {e.filename}: {e.strerror}", os_exit_code(e)) from e
-            lines = _render_watch(a.path, s, prev, t - prev_t, running, paused)
+            lines = _render_watch(a.path, s, prev, t - prev_t, paused)
             if tty:
                 sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")  # the tty adds the \r
             else:
@@ -240,6 +274,7 @@ def _fmt_deadline(ns: int | None, now_ns: int, *, due: bool = False) -> str:
 def cmd_ls(a: argparse.Namespace) -> int:
     """Streamed listing: memory stays flat however many jobs there are."""
     want = (a.state or "").lower()
+    want = "leased" if want == RUNNING else want
     if want in ("", "live"):
         states = {"ready", "leased", "delayed", "dead"}
     elif want == "all":
@@ -249,27 +284,48 @@ def cmd_ls(a: argparse.Namespace) -> int:
     elif want in LISTABLE_STATES:
         states = {want}
     else:
-        raise CliError(f"ls: unknown state {a.state!r}: expected one of {', '.join(LISTABLE_STATES)}, all", 1)
+        raise CliError(
+            f"ls: unknown state {a.state!r}: expected one of {', '.join(LISTABLE_STATES)}, {RUNNING}, all", 1
+        )
     q = open_queue(a.path)  # a missing or foreign path is an error, not an empty listing
     try:
         paused = q.pause_state()
         if paused is not None:  # on stderr: the listing on stdout keeps its shape for scripts
             err(pause_line(paused))
-        _print_jobs(q.list_jobs(states), a.json, reasons=states == {"dead"})
+        if a.meta or a.filter:
+            try:
+                jobs = q.list_jobs(states, metadata=True)
+            except SteadQError as e:
+                raise CliError(f"ls --meta/--filter: {error_text(e)}", error_code(e)) from e
+            jobs = _matching(jobs, a.filter) if a.filter else jobs
+        else:
+            jobs = q.list_jobs(states)
+        _print_jobs(jobs, a.json, reasons=states == {"dead"}, meta=a.meta)
     finally:
         q.close()
     return 0
 
 
-def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False) -> None:
-    """``reasons``: only dead jobs are listed, which have no deadline: the last column is their reason by name."""
+def _matching(jobs: Iterator[Any], filters: list[tuple[str, str]]) -> Iterator[Any]:
+    """The jobs whose metadata has every KEY=VALUE of ``filters`` (values compared as ``show`` prints them)."""
+    for job in jobs:
+        meta = job.metadata or {}
+        if all(k in meta and _meta_text(meta[k]) == v for k, v in filters):
+            yield job
+
+
+def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False, meta: list[str] | None = None) -> None:
+    """``reasons``: only dead jobs are listed, which have no deadline: the last column is their reason by name.
+    ``meta``: a column per metadata key, before the last (values escaped: they are the producer's text)."""
     now_ns = time.time_ns()
     first = True
     listed = running = 0  # a person at a terminal gets the totals (a pipe gets the table only)
+    meta = meta or []
     if as_json:
         sys.stdout.write("[")
     else:
-        out(f"{'STATE':<8} {'JOB_ID':<32} {'ATTEMPT':>9} {'AGE':>7}  {'REASON' if reasons else 'DEADLINE'}")
+        heads = "".join(f"{k.upper():<{_meta_width(k)}}  " for k in meta)
+        out(f"{'STATE':<8} {'JOB_ID':<32} {'ATTEMPT':>9} {'AGE':>7}  {heads}{'REASON' if reasons else 'DEADLINE'}")
     for job in jobs:
         state = job.state
         listed += 1
@@ -290,6 +346,9 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False) ->
             if state == "dead":
                 doc["reason"] = job.reason
                 doc["reason_name"] = reason_name(job.reason)
+            if meta:
+                have = job.metadata or {}
+                doc["metadata"] = {k: _meta_text(have[k]) for k in meta if k in have}
             sys.stdout.write(("\n  " if first else ",\n  ") + json.dumps(doc))
         else:
             attempt = f"{job.attempt}/{job.max_attempts}"
@@ -297,12 +356,14 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False) ->
             shown_deadline = _fmt_deadline(deadline, now_ns, due=state == "delayed")
             if reasons:
                 shown_deadline = reason_name(job.reason)
-            sys.stdout.write(f"{state:<8} {job.job_id:<32} {attempt:>9} {shown_age:>7}  {shown_deadline}\n")
+            cells = "".join(f"{_meta_cell(job.metadata, k):<{_meta_width(k)}}  " for k in meta)
+            line = f"{shown_state(state):<8} {job.job_id:<32} {attempt:>9} {shown_age:>7}  {cells}{shown_deadline}"
+            sys.stdout.write(line + "\n")
         first = False
     if as_json:
         sys.stdout.write("]\n" if first else "\n]\n")
     elif sys.stdout.isatty():
-        sys.stdout.write(f"{listed} jobs, {running} running (leased)\n")
+        sys.stdout.write(f"{listed} jobs, {running} running\n")
     sys.stdout.flush()
 
 
@@ -338,7 +399,8 @@ def format_inspect_line(o: Any) -> str:
 
 SHOW_HEAD_BYTES = 4096  # the payload shown inline; --payload writes all of it
 _BINARY_DUMP_BYTES = 256  # a binary payload is shown as a hex dump of this much
-_JOURNAL_ENTRIES = 20
+_JOURNAL_ENTRIES = 20  # shown
+_JOURNAL_READ = 1000  # read, to choose those from
 _JOURNAL_LINE_CHARS = 400
 _JOURNAL_TIMEOUT_S = 10.0
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-ndjson", "application/yaml")
@@ -435,7 +497,8 @@ def story_lines(story: Any, journal: Mapping[str, Any] | None) -> list[str]:
     now = time.time_ns()
     f = story.file
     cur = story.current
-    state = story.state + (f": {_reason_of(story)} (0x{story.reason:04x})" if story.reason is not None else "")
+    reason = f": {_reason_of(story)} (0x{story.reason:04x})" if story.reason is not None else ""
+    state = shown_state(story.state) + reason
     lines = [f"job {story.job_id}: {state}", f"  path:          {story.path}"]
     if story.quarantine_id is not None:
         lines.append(f"  quarantine id: {story.quarantine_id}")
@@ -473,6 +536,17 @@ def _meta_text(v: object) -> str:
     return v.hex() if isinstance(v, bytes) else str(v)
 
 
+def _meta_width(key: str) -> int:
+    return max(len(key), 16)
+
+
+def _meta_cell(metadata: Mapping[str, object] | None, key: str) -> str:
+    """One ``ls --meta`` cell: the value escaped, with no space in it (a column splits on spaces), or ``-``."""
+    if not metadata or key not in metadata:
+        return "-"
+    return printable(_meta_text(metadata[key])).replace(" ", "\\x20") or '""'
+
+
 def _payload_lines(f: Any) -> list[str]:
     head, total = f.payload_head, f.payload_length
     if not total:
@@ -497,10 +571,19 @@ def _journal_lines(job: str, journal: Mapping[str, Any] | None) -> list[str]:
         return [
             f"journal: no entries with STEADQ_JOB_ID={job}" + (f" ({journal['note']})" if journal.get("note") else "")
         ]
-    lines = [f"journal (last {len(entries)} entries with STEADQ_JOB_ID={job}):"]
+    omitted = journal.get("omitted") or 0
+    if omitted:
+        lines = [
+            f"journal ({len(entries)} of {len(entries) + omitted} entries with STEADQ_JOB_ID={job}: "
+            "the worker's, the job's stderr, its last stdout):"
+        ]
+    else:
+        lines = [f"journal (last {len(entries)} entries with STEADQ_JOB_ID={job}):"]
     for e in entries:
         stream = f" [{e['stream']}]" if e["stream"] else ""
         lines.append(f"  {e['time']} {e['unit'] or e['identifier']}{stream}: {e['message']}")
+    if omitted:
+        lines.append(f"  ({omitted} lines of stdout not shown: journalctl STEADQ_JOB_ID={job} has all)")
     if journal.get("note"):
         lines.append(f"  ({journal['note']})")
     return lines
@@ -547,13 +630,31 @@ def story_json(story: Any, journal: Mapping[str, Any] | None) -> dict[str, Any]:
 # -- the journal: the job's runs, exits and stderr, as the worker logged them
 
 
+def pick_entries(entries: list[dict[str, Any]], room: int = _JOURNAL_ENTRIES) -> tuple[list[dict[str, Any]], int]:
+    """The entries ``show`` prints, in time order, and how many it leaves out.
+
+    Why not the last ``room``: a job that writes a lot to stdout pushed its
+    verdict and its error lines out of them. The worker's own sentences
+    (started, finished, buried, with no stream) come first, then the job's
+    stderr, then its stdout, each the latest that fit."""
+    keep: set[int] = set()
+    for group in ([e for e in entries if not e["stream"]], [e for e in entries if e["stream"] == "stderr"],
+                  [e for e in entries if e["stream"] and e["stream"] != "stderr"]):  # fmt: skip
+        for e in reversed(group):
+            if len(keep) >= room:
+                break
+            keep.add(id(e))
+    return [e for e in entries if id(e) in keep], len(entries) - len(keep)
+
+
 def journal_entries(job: str) -> dict[str, Any]:
-    """The job's last journal entries (``STEADQ_JOB_ID=``), each field escaped and bounded.
+    """The job's journal entries (``STEADQ_JOB_ID=``) that ``show`` prints (:func:`pick_entries`), each
+    field escaped and bounded; ``omitted`` counts the ones left out.
 
     ``error`` says plainly why there is nothing to show when the journal
     cannot be read here; ``note`` that entries may be hidden from this user.
     """
-    cmd = ["journalctl", "--no-pager", "-o", "json", "-n", str(_JOURNAL_ENTRIES), f"STEADQ_JOB_ID={job}"]
+    cmd = ["journalctl", "--no-pager", "-o", "json", "-n", str(_JOURNAL_READ), f"STEADQ_JOB_ID={job}"]
     try:
         p = subprocess.run(cmd, capture_output=True, timeout=_JOURNAL_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
@@ -575,7 +676,8 @@ def journal_entries(job: str) -> dict[str, Any]:
     note = None
     if "not seeing messages" in stderr or "No journal files" in stderr:
         note = "some entries may be hidden from this user: run as root or as a member of systemd-journal or adm"
-    return {"error": None, "note": note, "entries": entries}
+    shown, omitted = pick_entries(entries)
+    return {"error": None, "note": note, "entries": shown, "omitted": omitted}
 
 
 def _journal_field(e: Mapping[str, Any], key: str) -> str:

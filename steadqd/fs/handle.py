@@ -10,6 +10,7 @@ state of its own: the tree is the whole truth.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -29,6 +30,7 @@ from steadqd.constants import (
     State,
 )
 from steadqd.errors import (
+    CorruptObject,
     EnqueueIncomplete,
     ErrorKind,
     InvalidInput,
@@ -54,6 +56,7 @@ from steadqd.fs.admin import (
     requeue_dead,
 )
 from steadqd.fs.cancel import cancel, was_cancelled
+from steadqd.fs.cbor import decode_extension
 from steadqd.fs.claim import ScanReport, claim
 from steadqd.fs.clock import checked_seconds_ns, trusted_wall
 from steadqd.fs.context import Context, not_committed
@@ -74,7 +77,7 @@ from steadqd.fs.resolve import ResolveResult, resolve, ticket_paths
 from steadqd.fs.settle import ack, bury, retry
 from steadqd.fs.tree import Indeterminate, MoveError
 from steadqd.fs.unique import publish_unique
-from steadqd.fs.verify import copy_payload, read_payload
+from steadqd.fs.verify import copy_payload, read_envelope, read_payload
 from steadqd.fs.views import (
     JobEntry,
     JobObject,
@@ -673,10 +676,30 @@ class Queue:
         self._check_open()
         return stats(self._ctx)
 
-    def list_jobs(self, states: Collection[str]) -> Iterator[JobEntry]:
-        """Every job object in ``states`` (state words), streamed, by name only (``steadq ls``)."""
+    def list_jobs(self, states: Collection[str], *, metadata: bool = False) -> Iterator[JobEntry]:
+        """Every job object in ``states`` (state words), streamed, by name only (``steadq ls``);
+        ``metadata`` adds each file's metadata, which costs a header read per job."""
         self._check_open()
-        return list_jobs(self._ctx, states)
+        jobs = list_jobs(self._ctx, states)
+        if not metadata:
+            return jobs
+        return (dataclasses.replace(j, metadata=self._metadata_of(j.path)) for j in jobs)
+
+    def _metadata_of(self, path: str) -> dict[str, object] | None:
+        """The metadata in the header of the job file at ``path`` ({} when it has none); None when the file
+        moved on since it was listed or cannot be read as a job (``show`` and ``fsck`` tell why)."""
+        try:
+            fd = linux.open_beneath(self._ctx.root_fd, path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            env = read_envelope(fd, self._ctx.fmt.max_payload_length, linux.fstat(fd))
+            ext = decode_extension(env.extension) if env.extension else None
+        except (OSError, CorruptObject):
+            return None
+        finally:
+            linux.close(fd)
+        return dict(ext.metadata) if ext is not None and ext.metadata else {}
 
     def fsck(self, deep: bool = False, repair: bool = False) -> FsckResult:
         """Check every object (recovery.md "fsck"); ``repair`` quarantines the bad ones."""

@@ -258,8 +258,11 @@ class BucketBackend(BucketQueue):
         """``stats`` counted as the filesystem reference counts: running jobs are in ready."""
         return views.entry_stats(self.layout, self.wall_floor_ns())
 
-    def list_jobs(self, states: Collection[str]) -> Iterator[views.JobEntry]:
-        """Every job in ``states``, streamed shard by shard, each derived from its verified graph."""
+    def list_jobs(self, states: Collection[str], *, metadata: bool = False) -> Iterator[views.JobEntry]:
+        """Every job in ``states``, streamed shard by shard, each derived from its verified graph;
+        ``metadata`` is refused at once: a StowQ/1 job record has no metadata map."""
+        if metadata:
+            raise InvalidInput("the jobs of a bucket queue carry no metadata (a StowQ/1 job record has none)")
         return views.list_jobs(self.layout, states, self.wall_floor_ns())
 
     def inspect(self, job_id: str) -> list[views.JobObject]:

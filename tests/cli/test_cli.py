@@ -399,7 +399,10 @@ def test_stats_text_json_prometheus(qpath: str) -> None:
     r = steadq("stats", qpath)
     assert r.code == 0
     assert r.out_lines[:4] == ["dead: 0", "delayed: 0", "leased: 0", "quarantine: 0"]
-    assert re.fullmatch(r"ready: 1 \(oldest \d+s\)", r.out_lines[4]) and r.out_lines[5:] == ["receipts: 0"]
+    assert re.fullmatch(r"ready: 1 \(oldest \d+s\)", r.out_lines[4]) and r.out_lines[5:] == [
+        "receipts: 0",
+        "running: 0",
+    ]
     j = steadq("stats", qpath, "--json")
     doc = json.loads(j.out)
     assert list(doc) == ["dead", "delayed", "leased", "quarantine", "ready", "receipts", "running"]
@@ -429,7 +432,7 @@ def test_ls_lists_states_attempts_and_deadlines(qpath: str, tmp_path: Path) -> N
     assert set(rows) == {ready, delayed, leased_job}
     # just under a day away; within half a second of the put it rounds to 1d
     assert rows[delayed][0] == "delayed" and re.search(r"\(due in (23h|1d\))", " ".join(rows[delayed]))
-    assert rows[leased_job][0] == "leased" and rows[leased_job][2] == "1/3"
+    assert rows[leased_job][0] == "running" and rows[leased_job][2] == "1/3"
     docs = json.loads(steadq("ls", qpath, "delayed", "--json").out)
     assert [d["job_id"] for d in docs] == [delayed]
     assert set(docs[0]) == {

@@ -155,7 +155,7 @@ def test_show_prints_the_jobs_journal_lines_escaped(qpath: str, tmp_path: Path) 
         {"__REALTIME_TIMESTAMP": "1796130002000000", "SYSLOG_IDENTIFIER": "steadqd",
          "MESSAGE": [0x62, 0x61, 0xFF, 0x64], "STEADQ_JOB_ID": job},
     ]  # fmt: skip
-    body = f'[ "$*" = "--no-pager -o json -n 20 STEADQ_JOB_ID={job}" ] || exit 9\n' + "".join(
+    body = f'[ "$*" = "--no-pager -o json -n 1000 STEADQ_JOB_ID={job}" ] || exit 9\n' + "".join(
         f"echo '{json.dumps(e)}'\n" for e in entries
     )
     fake = _fake_journalctl(tmp_path, body)
@@ -190,7 +190,7 @@ def test_show_a_leased_and_a_delayed_job_gives_their_deadlines(qpath: str) -> No
         lease = q.lease(duration=600)
         assert lease is not None and lease.job_id == leased
         r = steadq("show", qpath, leased, "--no-journal")
-        assert r.code == 0 and r.out_lines[0] == f"job {leased}: leased", r
+        assert r.code == 0 and r.out_lines[0] == f"job {leased}: running", r
         assert "  attempts:      1 used of 3" in r.out_lines
         (until,) = [line for line in r.out_lines if line.startswith("  lease until:   ")]
         assert re.search(r"Z \(in (10m|[5-9]m(\d+s)?)\)$", until), until  # 600 s, less what the commands took
@@ -200,3 +200,42 @@ def test_show_a_leased_and_a_delayed_job_gives_their_deadlines(qpath: str) -> No
     assert r.code == 0 and r.out_lines[0] == f"job {delayed}: delayed", r
     (nb,) = [line for line in r.out_lines if line.startswith("  not before:    ")]
     assert re.search(r"Z \(in (1h|5\dm(\d+s)?)\)$", nb), nb
+
+
+def test_show_picks_the_verdict_and_the_stderr_lines_over_a_flood_of_stdout(qpath: str, tmp_path: Path) -> None:
+    """Issue 33 #7: the last 20 journal lines were 20 lines of a job's stdout, and its verdict was not among them."""
+    job = _dead_job(qpath, b"movie", reason=0x0100)
+    unit = {"_SYSTEMD_UNIT": "steadq-worker@demo.service", "STEADQ_JOB_ID": job}
+    at = iter(range(1796130000000000, 1796139999999999, 1000000))
+    entries = [{**unit, "__REALTIME_TIMESTAMP": str(next(at)), "MESSAGE": f"job {job[:8]} started (attempt 1/3)"}]
+    entries += [
+        {**unit, "__REALTIME_TIMESTAMP": str(next(at)), "MESSAGE": "ffmpeg: not a video", "STEADQ_STREAM": "stderr"}
+    ]
+    entries += [
+        {**unit, "__REALTIME_TIMESTAMP": str(next(at)), "MESSAGE": f"frame {i}", "STEADQ_STREAM": "stdout"}
+        for i in range(60)
+    ]
+    entries += [{**unit, "__REALTIME_TIMESTAMP": str(next(at)), "MESSAGE": f"job {job[:8]} buried: not a video"}]
+    entries += [
+        {**unit, "__REALTIME_TIMESTAMP": str(next(at)), "MESSAGE": f"late {i}", "STEADQ_STREAM": "stdout"}
+        for i in range(5)
+    ]
+    body = f'[ "$*" = "--no-pager -o json -n 1000 STEADQ_JOB_ID={job}" ] || exit 9\n' + "".join(
+        f"echo '{json.dumps(e)}'\n" for e in entries
+    )
+    fake = _fake_journalctl(tmp_path, body)
+    code, out, err = _run("show", qpath, job, path_dirs=[fake])
+    assert code == 0, err
+    lines = out.decode().splitlines()
+    at_journal = next(i for i, line in enumerate(lines) if line.startswith("journal ("))
+    shown = lines[at_journal + 1 :]
+    assert lines[at_journal] == (
+        f"journal (20 of 68 entries with STEADQ_JOB_ID={job}: the worker's, the job's stderr, its last stdout):"
+    ), lines[at_journal]
+    messages = [line.split(": ", 1)[1] for line in shown[:-1]]
+    assert messages[0] == f"job {job[:8]} started (attempt 1/3)" and messages[1] == "ffmpeg: not a video"
+    assert f"job {job[:8]} buried: not a video" in messages and len(messages) == 20
+    assert messages[-5:] == [f"late {i}" for i in range(5)]  # the stdout that fits: the last, in time order
+    assert shown[-1] == f"  (48 lines of stdout not shown: journalctl STEADQ_JOB_ID={job} has all)"
+    doc = json.loads(_run("show", qpath, job, "--json", path_dirs=[fake])[1])
+    assert doc["journal"]["omitted"] == 48 and len(doc["journal"]["entries"]) == 20

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -24,7 +25,7 @@ import pytest
 from steadqd import Queue
 from steadqd.backoff import RetryPolicy
 from steadqd.constants import DeadReason
-from steadqd.errors import InvalidInput
+from steadqd.errors import InvalidInput, SteadQError
 from steadqd.fs import linux
 from steadqd.fs.recovery.driver import run_recovery
 from steadqd.tasks import Bury, Job, Retry, Task, Worker, task
@@ -455,3 +456,157 @@ def test_a_second_sigterm_hands_the_running_job_back(tmp_path: Path, queue: Queu
     assert proc.returncode == 0 and out.split() == ["0", "1"]
     assert not (marks / f"{job}.end").exists()
     assert live_tree(queue_path).ready == {job}
+
+
+# -- the first hour (issue 33 #8) ------------------------------------------------------------------
+
+
+def _run_bounded(w: Worker, seconds: float = 10.0) -> BaseException | None:
+    """``w.run()`` in a thread for at most ``seconds`` (stopped after that); what it raised, if anything."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            w._serve(w._call_sync)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            raised.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        w.stop()
+        t.join(DEADLINE)
+        raise AssertionError(f"the worker was still running after {seconds:g}s")
+    return raised[0] if raised else None
+
+
+def test_a_worker_of_a_queue_that_does_not_exist_stops_with_one_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = str(tmp_path / "thumbs")
+    with caplog.at_level("ERROR", logger="steadqd.tasks"):
+        e = _run_bounded(Worker(missing, lambda j: None, poll=0.1), seconds=5.0)
+    assert isinstance(e, InvalidInput), e
+    assert f"queue root {missing} does not exist" in str(e)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [
+        f"cannot open the queue {missing}: queue root {missing} does not exist "
+        f"(create it with `steadq init {missing}`, or give create=True)"
+    ], errors
+    assert not os.path.exists(missing)
+
+
+def test_create_true_makes_the_missing_queue_and_serves_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "thumbs")
+    seen: list[bytes] = []
+    w = Worker(path, lambda j: seen.append(j.payload), poll=0.1, create=True)
+    t = threading.Thread(target=w._serve, args=(w._call_sync,), daemon=True)
+    t.start()
+    try:
+
+        def enqueued() -> bool:
+            try:
+                with Queue.open(path) as q:  # refused until the worker has made it whole
+                    q.enqueue(b"first job")
+                return True
+            except SteadQError:
+                return False
+
+        wait_for(enqueued, "the queue to be made")
+        wait_for(lambda: w.stats.acked == 1, "the job to run")
+    finally:
+        w.stop()
+        t.join(DEADLINE)
+    assert seen == [b"first job"]
+    make_too = Task(lambda: None, str(tmp_path / "other"), name="t")
+    assert _run_bounded(make_too.worker(poll=0.1), seconds=5.0) is not None  # the task's own default: no create
+
+
+TASK_MODULE = textwrap.dedent(
+    """
+    import sys
+    import steadqd
+
+    @steadqd.task(sys.argv[1] if __name__ == "__main__" else "QUEUE")
+    def thumbnail(path):
+        return None
+
+    if __name__ == "__main__":
+        print(thumbnail.name)
+        print(thumbnail.enqueue("/srv/in/a.jpg"))
+    """
+)
+
+
+def test_a_task_defined_in_a_script_has_the_name_a_worker_importing_it_finds(
+    tmp_path: Path, queue: Queue, queue_path: str
+) -> None:
+    pkg = tmp_path / "media"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "thumbs.py").write_text(TASK_MODULE.replace('"QUEUE"', repr(queue_path)))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    as_script = subprocess.run([sys.executable, str(pkg / "thumbs.py"), queue_path], capture_output=True,
+                               text=True, cwd=tmp_path, env=env, check=True).stdout.split()  # fmt: skip
+    as_module = subprocess.run([sys.executable, "-m", "media.thumbs", queue_path], capture_output=True,
+                               text=True, cwd=tmp_path, env=env, check=True).stdout.split()  # fmt: skip
+    imported = subprocess.run([sys.executable, "-c", "import media.thumbs as t; print(t.thumbnail.name)"],
+                              capture_output=True, text=True, cwd=tmp_path, env=env, check=True).stdout.split()  # fmt: skip
+    assert imported == ["media.thumbs.thumbnail"]
+    assert as_module[0] == "media.thumbs.thumbnail"
+    assert as_script[0] == "media.thumbs.thumbnail"  # run by its file: named by its package's __init__.py files
+    # A worker importing the module runs the jobs of the script and of `python -m` alike.
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import media.thumbs as mod  # type: ignore[import-not-found]
+
+        w = mod.thumbnail.worker(poll=0.1)
+        serve(w, lambda: w.stats.acked + w.stats.buried == 2, "both jobs settled")
+        assert (w.stats.acked, w.stats.buried) == (2, 0)
+        assert check_tree(queue_path).receipts == {as_script[1], as_module[1]}
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("media.thumbs", None)
+        sys.modules.pop("media", None)
+
+
+def test_a_task_without_a_module_to_name_it_by_must_be_given_a_name(queue_path: str) -> None:
+    fn = lambda path: None  # noqa: E731
+    fn.__module__ = "__main__"
+    main = sys.modules["__main__"]
+    saved = main.__dict__.get("__file__"), main.__dict__.get("__spec__")
+    try:
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None
+        with pytest.raises(InvalidInput, match=r"give the task a name: @task\(queue, name="):
+            task(queue_path)(fn)
+        assert task(queue_path, name="thumbnail")(fn).name == "thumbnail"
+    finally:
+        if saved[0] is not None:
+            main.__file__ = saved[0]
+        main.__spec__ = saved[1]
+
+
+def test_a_bury_message_reaches_the_journal_with_the_job_id(
+    queue: Queue, queue_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under systemd with logging not configured, the worker's sentences go to the journal with
+    STEADQ_JOB_ID, where ``steadq show`` finds them; before, Bury's message was a bare stderr line."""
+    sent: list[tuple[str, dict[str, str]]] = []
+    monkeypatch.setattr("steadqd.tasks.journal_connected", lambda: True)
+    monkeypatch.setattr("steadqd.tasks._journal_send", lambda message, **f: sent.append((message, f)))
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # nothing configured, as in a bare script
+    job = queue.enqueue(b"movie.mkv")
+
+    def reject(j: Job) -> None:  # the message quotes the payload: hostile text, escaped before the journal
+        raise Bury(f"not a video: {j.text()}\x1b[2J\nSTEADQ_JOB_ID=0", reason=0x0100)
+
+    w = Worker(queue_path, reject, poll=0.1)
+    serve(w, lambda: w.stats.buried == 1, "the bury")
+    mine = [(m, f) for m, f in sent if f.get("STEADQ_JOB_ID") == job]
+    assert [m for m, _f in mine] == [
+        f"job {job} buried (reason 0x0100): not a video: movie.mkv\\x1b[2J\\nSTEADQ_JOB_ID=0"
+    ], sent
+    fields = mine[0][1]
+    assert fields["PRIORITY"] == "4" and fields["STEADQ_QUEUE"] == queue_path and fields["STEADQ_ROLE"] == "task"

@@ -29,7 +29,7 @@ from steadqd.s3.store.memory import ManualClock, MemoryStore
 from steadqd.s3.verify import read_record
 from steadqd.s3.views import STATS_STATES
 from tests.stowq.seaweed import Seaweed
-from tests.stowq.test_cli_bucket import live_queue, ok
+from tests.stowq.test_cli_bucket import live_queue, ok, run
 
 SECOND = 1_000_000_000
 PREFIX = "farm/"
@@ -290,9 +290,20 @@ def test_stats_ls_inspect_show_on_a_live_bucket_have_the_filesystem_shapes(
     }  # fmt: skip
     assert all(set(v) == {"objects", "oldest_age_seconds"} for v in stats.values())
     frame = ok(env, "watch", url, "--count", "1", "--interval", "0").stdout
-    assert "running: 1 (leases, counted in ready above)" in frame and "throughput: (measuring)" in frame
+    assert "throughput: (measuring)" in frame
+    rows = {
+        x.split()[0]: int(x.split()[1]) for x in frame.splitlines()[3:] if len(x.split()) > 1 and x.split()[1].isdigit()
+    }
+    assert rows["running"] == 1 and rows["ready"] == 1 and "leased" not in rows, frame
     plain = ok(env, "stats", url).stdout.splitlines()
     assert plain[0].startswith("dead: 1 (oldest ") and plain[2] == "quarantine: 0" and plain[3].startswith("ready: 2")
+    assert plain[-1].startswith("running: 1 (oldest ")
+
+    refused = run(env, "ls", url, "--meta", "task")  # issue 33 #8: a StowQ/1 job record has no metadata
+    assert refused.returncode == 1 and refused.stdout == "", refused
+    assert refused.stderr.strip() == (
+        "ls --meta/--filter: the jobs of a bucket queue carry no metadata (a StowQ/1 job record has none)"
+    )
 
     listed = json.loads(ok(env, "--json", "ls", url, "all").stdout)
     assert {d["job_id"]: d["state"] for d in listed} == {j: s.replace("done", "receipt") for s, j in jobs.items()}

@@ -20,7 +20,11 @@ Output
     Each line of output is one journal entry (stdout at INFO, stderr at
     WARNING) with the job's fields; a line longer than :data:`MAX_LINE` is
     cut there and the rest of it dropped, so a command cannot make the
-    daemon hold an unbounded line in memory.
+    daemon hold an unbounded line in memory. Output that is not text (a line
+    with a NUL byte or that is not UTF-8: a frame, a video written to stdout)
+    is never dumped: from that line on the stream is counted, and one entry
+    ``<N bytes of binary output>`` says so when it closes, so the job's own
+    lines and verdict are not buried under replacement characters.
 
 Timeout
     SIGTERM to the group, SIGKILL after ``kill_grace``; what the run then
@@ -172,6 +176,23 @@ class Stream:
     fd: int
     buf: bytearray = field(default_factory=bytearray)
     dropping: bool = False  # inside an over-long line: discard until its newline
+    seen: int = 0  # bytes read from the stream so far
+    line_start: int = 0  # the offset in the stream of the line being gathered
+    binary_from: int | None = None  # the offset of the first line that was not text: counted from there
+
+
+def output_text(raw: bytes, *, truncated: bool = False) -> str | None:
+    """One output line as text, or None when it is not text (a NUL, or not UTF-8).
+
+    A line cut at :data:`MAX_LINE` may end inside a character: that tail is dropped, not judged."""
+    if b"\x00" in raw:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if truncated and e.reason == "unexpected end of data":
+            return raw[: e.start].decode("utf-8", "replace")
+        return None
 
 
 class Child:
@@ -337,6 +358,10 @@ class Child:
             self.check_exit()
 
     def _feed(self, st: Stream, data: bytes) -> None:
+        base = st.seen
+        st.seen += len(data)
+        if st.binary_from is not None:
+            return  # counted only
         start = 0
         while True:
             nl = data.find(b"\n", start)
@@ -345,31 +370,45 @@ class Child:
                 room = MAX_LINE - len(st.buf)
                 st.buf += chunk[:room]
                 if len(chunk) > room:
-                    self._emit(st, truncated=True)
+                    if not self._emit(st, truncated=True):
+                        return
                     st.dropping = True
             if nl < 0:
                 return
             if st.dropping:
                 st.dropping = False
-            else:
-                self._emit(st)
+            elif not self._emit(st):
+                return
             start = nl + 1
+            st.line_start = base + start
 
-    def _emit(self, st: Stream, *, truncated: bool = False) -> None:
-        line = bytes(st.buf).decode("utf-8", "replace").rstrip("\r")
+    def _emit(self, st: Stream, *, truncated: bool = False) -> bool:
+        """Log the gathered line; False (nothing logged) when it is not text: the stream is counted from it."""
+        line = output_text(bytes(st.buf), truncated=truncated)
         st.buf.clear()
+        if line is None:
+            st.binary_from = st.line_start
+            return False
         self.log.log(
             INFO if st.name == "stdout" else WARNING,
-            line,
+            line.rstrip("\r"),
             **self.fields,
             stream=st.name,
             truncated="true" if truncated else None,
         )
+        return True
 
     def close_stream(self, st: Stream) -> None:
         self.loop.remove_reader(st.fd)
-        if st.buf and not st.dropping:
+        if st.buf and not st.dropping and st.binary_from is None:
             self._emit(st)
+        if st.binary_from is not None:
+            self.log.log(
+                INFO if st.name == "stdout" else WARNING,
+                f"<{st.seen - st.binary_from} bytes of binary output>",
+                **self.fields,
+                stream=st.name,
+            )
         self.streams.pop(st.fd, None)
         pipe = self.proc.stdout if st.name == "stdout" else self.proc.stderr
         if pipe is not None:
