@@ -96,6 +96,12 @@ class WorkerConfig:
     group: str | None = None
     exit_status: ExitPolicy = ExitPolicy()
     retry: RetrySettings = RetrySettings()
+    # One value per slot (0 … concurrency-1), exported as STEADQ_SLOT_VALUE (a GPU id, say); () for none.
+    slots: tuple[str, ...] = ()
+    # Notification commands (argv), run once per buried / retried job with job data in their environment.
+    on_bury: tuple[str, ...] = ()
+    on_retry: tuple[str, ...] = ()
+    notify_timeout: float = 30.0
 
     @property
     def renew_interval(self) -> float:
@@ -514,6 +520,10 @@ def _worker(d: _Doc) -> WorkerConfig:
         "group",
         "exit_status",
         "retry",
+        "slots",
+        "on_bury",
+        "on_retry",
+        "notify_timeout",
     }
     m = d.mapping(keys)
     if "command" not in m:
@@ -546,10 +556,11 @@ def _worker(d: _Doc) -> WorkerConfig:
                     "environment: {AWS_SHARED_CREDENTIALS_FILE: /path/it/may/read})"
                 )
             )
+    concurrency = m["concurrency"].integer(1, 1024) if "concurrency" in m else 1
     return WorkerConfig(
         command=_command(m["command"], shell),
         shell=shell,
-        concurrency=m["concurrency"].integer(1, 1024) if "concurrency" in m else 1,
+        concurrency=concurrency,
         lease=lease,
         renew_every=renew,
         timeout=m["timeout"].optional_duration(0.001) if "timeout" in m else None,
@@ -562,7 +573,28 @@ def _worker(d: _Doc) -> WorkerConfig:
         group=m["group"].string() if "group" in m else None,
         exit_status=_exit_policy(m["exit_status"]) if "exit_status" in m else ExitPolicy(),
         retry=_retry(m["retry"]) if "retry" in m else RetrySettings(),
+        slots=_slots(m["slots"], concurrency) if "slots" in m else (),
+        on_bury=_command(m["on_bury"], False) if "on_bury" in m else (),
+        on_retry=_command(m["on_retry"], False) if "on_retry" in m else (),
+        notify_timeout=m["notify_timeout"].duration(0.1, 3600.0)
+        if "notify_timeout" in m
+        else WorkerConfig.notify_timeout,
     )
+
+
+def _slots(d: _Doc, concurrency: int) -> tuple[str, ...]:
+    """One value per slot, so every running job has one; a number (a GPU index) is kept as written."""
+    values: list[str] = []
+    for item in d.items():
+        v = item.scalar()
+        if isinstance(v, int) and not isinstance(v, bool):
+            values.append(item.written() or str(v))
+        else:
+            values.append(item.string())
+    if len(values) != concurrency:
+        n = f"{len(values)} value" + ("" if len(values) == 1 else "s")
+        raise d.error(f"one value per slot: {n} for concurrency {concurrency}; give exactly {concurrency}")
+    return tuple(values)
 
 
 _SWEEPER_KEYS = {

@@ -55,6 +55,7 @@ Attempts
 from __future__ import annotations
 
 import contextlib
+import itertools
 import signal
 import subprocess
 import sys
@@ -65,6 +66,7 @@ from typing import cast
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
 from steadqd.daemon import metrics, preflight, process
 from steadqd.daemon.config import QueueSettings, WorkerConfig
+from steadqd.daemon.environment import slot_environment
 from steadqd.daemon.journal import Log, short_id
 from steadqd.daemon.service import Loop, Timer, open_queue
 from steadqd.daemon.worker import claim, payload, renew
@@ -419,6 +421,19 @@ class WorkerRole(RoleSettling):
         disk that cannot settle does not let finished runs pile up."""
         return sum(1 for j in self.jobs.values() if not j.settling)
 
+    def _free_slot(self, cfg: WorkerConfig) -> int:
+        """The lowest slot no running command holds (STEADQ_SLOT).
+
+        A slot is held from the spawn until the command's group is reaped (its
+        end), not while the run is settled, so it never names two running
+        commands. There is always one below ``cfg.concurrency``: a claim is
+        asked for only while fewer commands than that run (:meth:`_fill`).
+        After a reload running jobs keep theirs, which may lie beyond a lowered
+        concurrency; new jobs get slots below the new one.
+        """
+        held = {j.slot for j in self.jobs.values() if j.child.returncode is None}
+        return next(s for s in itertools.count() if s not in held)
+
     def _on_prepared(self) -> None:
         assert self._prep is not None
         for done in self._prep.collect():
@@ -470,13 +485,15 @@ class WorkerRole(RoleSettling):
         """Spawn the command; it counts as started once its exec is reported (:meth:`_on_report`)."""
         assert self.loop is not None and p.lease is not None
         lease, cfg = p.lease, p.cfg
+        slot = self._free_slot(cfg)
+        p.env.update(slot_environment(cfg, slot))
         try:
             proc, report = launch(cfg, p.env, p.payload_path, p.credentials)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
             payload.remove(p.tmpdir)
             self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {e}")
             return
-        job = _Job(self, lease, cfg, proc, p.tmpdir, report)
+        job = _Job(self, lease, cfg, proc, p.tmpdir, report, slot)
         self.jobs[job.pid] = job
         job.child.start()
         # The claim and the copy took time: count it against the first renewal.

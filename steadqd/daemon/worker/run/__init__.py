@@ -36,11 +36,13 @@ class _Job:
         proc: subprocess.Popen[bytes],
         tmpdir: str,
         report_fd: int | None = None,
+        slot: int = 0,
     ) -> None:
         assert role.loop is not None
         self.lease = lease
         self.cfg = cfg  # the configuration it started with: a reload does not change a running job
         self.tmpdir = tmpdir
+        self.slot = slot  # STEADQ_SLOT: held while the command runs (WorkerRole._free_slot)
         self.started = role.loop.now()
         self.lost: str | None = None  # why the lease is no longer ours
         self.verdict: Verdict | None = None
