@@ -70,6 +70,7 @@ from steadqd.daemon.environment import slot_environment
 from steadqd.daemon.journal import Log, short_id
 from steadqd.daemon.service import Loop, Timer, open_queue
 from steadqd.daemon.worker import claim, payload, renew
+from steadqd.daemon.worker.hooks import Hooks
 from steadqd.daemon.worker.policy import Verdict
 from steadqd.daemon.worker.run import _Job, exec_helper
 from steadqd.daemon.worker.run.child import EXIT_CHECK_RUNNING, command_argv, identity, launch, terminate
@@ -121,6 +122,7 @@ class WorkerRole(RoleSettling):
         self._reopen_timer: Timer | None = None
         self._sweep_timer: Timer | None = None  # the next look for escaped job processes (process.kill_escaped)
         self._settler: Settler | None = None  # settles finished runs with a handle of its own (daemon/worker/settle.py)
+        self._hooks: Hooks | None = None  # running notification commands (on_bury, on_retry)
         self._hold: Hold | None = None  # no new leases while jobs cannot be started (daemon/worker/run/hold.py)
         # The configuration whose command was last seen to start, unless a start failed since. Until one
         # has, a claim waits for the exec report before it, so a command that never starts costs one job
@@ -177,6 +179,7 @@ class WorkerRole(RoleSettling):
         )
         if problems:  # only transient ones left (a full TMPDIR): up, but leasing nothing yet
             self._hold.hold(problems[0].text)
+        self._hooks = Hooks(loop, self.log, self._guarded)
         metrics.attach(loop, self.settings, self.log, self.name)
         self._schedule_fill(0.0)  # the first scan runs once the service loop is up (after READY=1)
 
@@ -233,7 +236,8 @@ class WorkerRole(RoleSettling):
         return len(self.jobs)
 
     def drained(self) -> bool:
-        return not self.jobs and (self._prep is None or not self._prep.busy)
+        busy = (self._prep is not None and self._prep.busy) or (self._hooks is not None and self._hooks.busy)
+        return not self.jobs and not busy
 
     def close(self) -> None:
         """Forced stop: kill what still runs and give its leases back right away."""
@@ -262,6 +266,8 @@ class WorkerRole(RoleSettling):
             except Exception as e:  # one job must not keep the others' leases
                 self.log.error(f"handing back job failed: {e!r}", **j.fields)
         self.jobs.clear()
+        if self._hooks is not None:
+            self._hooks.close()
         self._kill_all_escaped()
         self._close_watch()
         self._close_queue()
@@ -360,7 +366,10 @@ class WorkerRole(RoleSettling):
     def _sweep_escaped(self) -> None:
         """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any."""
         self._sweep_timer = None
-        killed, reaped = process.kill_escaped([j.pid for j in self.jobs.values() if j.child.returncode is None])
+        leaders = [j.pid for j in self.jobs.values() if j.child.returncode is None]
+        if self._hooks is not None:  # a notification command runs in a session of its own, and is ours to reap
+            leaders += list(self._hooks.running)
+        killed, reaped = process.kill_escaped(leaders)
         if killed:
             what = "1 process" if killed == 1 else f"{killed} processes"
             self.log.warning(f"killed {what} that ended jobs left outside their process groups", count=killed)
@@ -493,7 +502,7 @@ class WorkerRole(RoleSettling):
             payload.remove(p.tmpdir)
             self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {e}")
             return
-        job = _Job(self, lease, cfg, proc, p.tmpdir, report, slot)
+        job = _Job(self, lease, cfg, proc, p.tmpdir, report, slot, p.env, p.credentials)
         self.jobs[job.pid] = job
         job.child.start()
         # The claim and the copy took time: count it against the first renewal.
