@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from steadqd import progress
 from steadqd.cli.common import (
     ALL_STATES,
     CliError,
@@ -236,14 +237,15 @@ def cmd_ls(a: argparse.Namespace) -> int:
         raise CliError(f"ls: unknown state {a.state!r}: expected one of {', '.join(LISTABLE_STATES)}, all", 1)
     q = open_queue(a.path)  # a missing or foreign path is an error, not an empty listing
     try:
-        _print_jobs(q.list_jobs(states), a.json, reasons=states == {"dead"})
+        _print_jobs(q.list_jobs(states), a.json, reasons=states == {"dead"}, queue_id=q.queue_id)
     finally:
         q.close()
     return 0
 
 
-def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False) -> None:
-    """``reasons``: only dead jobs are listed, which have no deadline: the last column is their reason by name."""
+def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False, queue_id: str | None = None) -> None:
+    """``reasons``: only dead jobs are listed, which have no deadline: the last column is their reason by name.
+    ``queue_id``: a running job's progress, published by its worker on this host, follows its deadline."""
     now_ns = time.time_ns()
     first = True
     listed = running = 0  # a person at a terminal gets the totals (a pipe gets the table only)
@@ -257,6 +259,7 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False) ->
         running += state == "leased"
         age = None if job.mtime_ns is None else max(0, (now_ns - job.mtime_ns) // NS_PER_SECOND)
         deadline = job.deadline_ns
+        prog = progress.lookup(queue_id, job.job_id) if queue_id and state == "leased" else None
         if as_json:
             doc = {
                 "state": state,
@@ -271,6 +274,8 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False) ->
             if state == "dead":
                 doc["reason"] = job.reason
                 doc["reason_name"] = reason_name(job.reason)
+            if prog is not None:
+                doc["progress"] = prog
             sys.stdout.write(("\n  " if first else ",\n  ") + json.dumps(doc))
         else:
             attempt = f"{job.attempt}/{job.max_attempts}"
@@ -278,6 +283,8 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False) ->
             shown_deadline = _fmt_deadline(deadline, now_ns, due=state == "delayed")
             if reasons:
                 shown_deadline = reason_name(job.reason)
+            if prog is not None:  # the job's text: escaped
+                shown_deadline += "  " + printable(progress.shown(prog))
             sys.stdout.write(f"{state:<8} {job.job_id:<32} {attempt:>9} {shown_age:>7}  {shown_deadline}\n")
         first = False
     if as_json:
@@ -353,15 +360,21 @@ def cmd_show(a: argparse.Namespace) -> int:
             story = q.job_story(job, SHOW_HEAD_BYTES)
         except Exception as e:  # noqa: BLE001
             raise CliError(f"show: {error_text(e)}", error_code(e)) from e
+        queue_id = q.queue_id
     finally:
         q.close()
     if story is None:
         raise CliError(f"show: no object of job {job} in {a.path} (not in any state, nor in quarantine)", 1)
     journal = None if a.no_journal else journal_entries(job)
+    # Published by the worker running it on this host (steadqd/progress.py); a leased job only.
+    prog = progress.lookup(queue_id, job) if story.state == "leased" else None
     if a.json:
-        out_json(story_json(story, journal))
+        out_json({**story_json(story, journal), "progress": prog})
     else:
-        out(*story_lines(story, journal))
+        lines = story_lines(story, journal)
+        if prog is not None:
+            lines.insert(1, f"  progress:      {progress.shown(prog)}")
+        out(*lines)
     return 0
 
 

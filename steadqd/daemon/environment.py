@@ -44,6 +44,7 @@ def build_environment(
     queue_path: str,
     parent_env: Mapping[str, str],
     payload_file: str | None = None,
+    progress_file: str | None = None,
 ) -> dict[str, str]:
     """The command's whole environment, from the configuration only."""
     env: dict[str, str] = {}
@@ -67,6 +68,8 @@ def build_environment(
             env[name] = value
     if payload_file is not None:
         env["STEADQ_PAYLOAD_FILE"] = payload_file
+    if progress_file is not None:
+        env["STEADQ_PROGRESS"] = progress_file
     return env
 
 

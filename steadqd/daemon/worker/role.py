@@ -63,6 +63,7 @@ import time
 from collections.abc import Callable
 from typing import cast
 
+from steadqd import progress
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, ScanReport
 from steadqd.daemon import metrics, preflight, process
 from steadqd.daemon.config import QueueSettings, WorkerConfig
@@ -72,6 +73,7 @@ from steadqd.daemon.service import Loop, Timer, open_queue
 from steadqd.daemon.worker import claim, payload, renew
 from steadqd.daemon.worker.hooks import Hooks
 from steadqd.daemon.worker.policy import Verdict
+from steadqd.daemon.worker.progress_watch import ProgressWatch
 from steadqd.daemon.worker.run import _Job, exec_helper
 from steadqd.daemon.worker.run.child import EXIT_CHECK_RUNNING, command_argv, identity, launch, terminate
 from steadqd.daemon.worker.run.hold import Hold, hand_back_unstarted
@@ -122,6 +124,7 @@ class WorkerRole(RoleSettling):
         self._reopen_timer: Timer | None = None
         self._sweep_timer: Timer | None = None  # the next look for escaped job processes (process.kill_escaped)
         self._settler: Settler | None = None  # settles finished runs with a handle of its own (daemon/worker/settle.py)
+        self.progress: ProgressWatch | None = None  # reads $STEADQ_PROGRESS files, publishes their values
         self._hooks: Hooks | None = None  # running notification commands (on_bury, on_retry)
         self._hold: Hold | None = None  # no new leases while jobs cannot be started (daemon/worker/run/hold.py)
         # The configuration whose command was last seen to start, unless a start failed since. Until one
@@ -180,6 +183,10 @@ class WorkerRole(RoleSettling):
         if problems:  # only transient ones left (a full TMPDIR): up, but leasing nothing yet
             self._hold.hold(problems[0].text)
         self._hooks = Hooks(loop, self.log, self._guarded)
+        publisher, why = progress.Publisher.open(self.q.queue_id)
+        if publisher is None:
+            self.log.notice(f"job progress is not published ({why}): steadq show cannot show it")
+        self.progress = ProgressWatch(publisher, self.log)
         metrics.attach(loop, self.settings, self.log, self.name)
         self._schedule_fill(0.0)  # the first scan runs once the service loop is up (after READY=1)
 
@@ -268,6 +275,8 @@ class WorkerRole(RoleSettling):
         self.jobs.clear()
         if self._hooks is not None:
             self._hooks.close()
+        if self.progress is not None:
+            self.progress.close()
         self._kill_all_escaped()
         self._close_watch()
         self._close_queue()
@@ -505,6 +514,8 @@ class WorkerRole(RoleSettling):
         job = _Job(self, lease, cfg, proc, p.tmpdir, report, slot, p.env, p.credentials)
         self.jobs[job.pid] = job
         job.child.start()
+        if self.progress is not None:
+            self.progress.start(job)
         # The claim and the copy took time: count it against the first renewal.
         job.timers.set("renew", max(0.0, cfg.renew_interval - (self.loop.now() - p.renewed)), lambda: self._renew(job))
         if report is None:
@@ -604,6 +615,8 @@ class WorkerRole(RoleSettling):
         )
 
     def _drop(self, job: _Job) -> None:
+        if self.progress is not None:
+            self.progress.stop(job)
         job.timers.cancel_all()
         job.child.release()
         self.jobs.pop(job.pid, None)
@@ -630,6 +643,8 @@ class WorkerRole(RoleSettling):
 
     def _shutdown_job(self, job: _Job, *, interrupted: bool) -> None:
         """close(): reap, then hand an interrupted job's lease back; settle a finished one."""
+        if self.progress is not None:
+            self.progress.stop(job)
         job.timers.cancel_all()
         job.child.kill()
         payload.remove(job.tmpdir)

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from steadqd.daemon.journal import Log
     from steadqd.daemon.service import Loop
     from steadqd.daemon.worker.hooks import Hooks
+    from steadqd.daemon.worker.progress_watch import ProgressWatch
 
 __all__ = [
     "FollowUp",
@@ -341,6 +342,7 @@ class RoleSettling:
         closed: bool
         _settler: Settler | None
         _hooks: Hooks | None
+        progress: ProgressWatch | None
 
         def _drop(self, job: _Job) -> None: ...
         def _schedule_fill(self, delay: float) -> None: ...
@@ -356,6 +358,8 @@ class RoleSettling:
         code = job.child.returncode
         assert code is not None
         outcome = job.verdict = self._verdict(job)
+        if self.progress is not None:  # its command has ended: no more progress
+            self.progress.stop(job)
         self._sweep_after_job()
         job.run_fields = {
             "exit_status": code if code >= 0 else None,
