@@ -132,6 +132,8 @@ class Publisher:
                     os.mkdir(base, 0o755)
                 base_fd = _open_dir(base)
                 try:
+                    if os.fstat(base_fd).st_uid not in (0, os.geteuid()):
+                        raise PermissionError(f"{base} is not root's or this daemon's")
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(queue_id, 0o755, dir_fd=base_fd)
                     fd = _open_dir(queue_id, base_fd)
