@@ -33,7 +33,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "bases",
     "lookup",
     "parse",
+    "published",
     "read_file",
     "shown",
 ]
@@ -188,7 +189,25 @@ def lookup(queue_id: str, job_id: str) -> dict[str, Any] | None:
     return None
 
 
-def shown(p: dict[str, Any]) -> str:
+def published(queue_id: str, limit: int = 20) -> list[tuple[str, dict[str, Any]]]:
+    """Up to ``limit`` running jobs of the queue with published progress on this host, by job id."""
+    if not _QUEUE.fullmatch(queue_id):
+        return []
+    names: set[str] = set()
+    for base in bases():
+        with contextlib.suppress(OSError):
+            names.update(n for n in os.listdir(os.path.join(base, queue_id)) if _JOB.fullmatch(n))
+    found = []
+    for name in sorted(names):
+        p = lookup(queue_id, name)
+        if p is not None:
+            found.append((name, p))
+        if len(found) >= limit:
+            break
+    return found
+
+
+def shown(p: Mapping[str, Any]) -> str:
     """``42% text`` (the caller escapes it: the text is the job's)."""
     pct = p["percent"]
     number = f"{pct:g}"

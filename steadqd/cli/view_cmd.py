@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from steadqd import progress
@@ -143,7 +143,12 @@ def running_line(running: Any) -> str:
 
 
 def _render_watch(
-    path: str, s: Mapping[str, Any], prev: Mapping[str, Any] | None, dt: float, running: Any = None
+    path: str,
+    s: Mapping[str, Any],
+    prev: Mapping[str, Any] | None,
+    dt: float,
+    running: Any = None,
+    progress_of: Sequence[tuple[str, Mapping[str, Any]]] = (),
 ) -> list[str]:
     def count(st: Mapping[str, Any], name: str) -> int:
         v = st.get(name)
@@ -159,6 +164,8 @@ def _render_watch(
     lines.append("")
     if running is not None:
         lines.append(running_line(running))
+    for job, prog in progress_of:  # the job's own text: escaped
+        lines.append(f"  {job[:8]}  {printable(progress.shown(prog))}")
     if prev is not None and dt > 0:
         done = (count(s, "receipts") - count(prev, "receipts")) / dt
         dead = (count(s, "dead") - count(prev, "dead")) / dt
@@ -188,7 +195,8 @@ def cmd_watch(a: argparse.Namespace) -> int:
                 running = q.stats()["leased"]
             except OSError as e:
                 raise CliError(f"watch: {e.filename}: {e.strerror}", os_exit_code(e)) from e
-            lines = _render_watch(a.path, s, prev, t - prev_t, running)
+            # running jobs' progress, as their workers on this host publish it
+            lines = _render_watch(a.path, s, prev, t - prev_t, running, progress.published(q.queue_id))
             if tty:
                 sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")  # the tty adds the \r
             else:

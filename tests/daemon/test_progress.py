@@ -65,6 +65,8 @@ def test_progress_is_shown_by_show_and_ls_while_the_job_runs(denv: Env, daemons,
     assert "42% half \\x1b[31mred" in ls, ls
     (listed,) = json.loads(_cli(denv, "ls", "--json", denv.queue_path).stdout)
     assert listed["progress"]["percent"] == 42
+    watch = _cli(denv, "watch", "--count", "1", denv.queue_path).stdout
+    assert f"  {job[:8]}  42% half \\x1b[31mred" in watch, watch
     (go / job).touch()
     wait_for(lambda: job in live_tree(denv.queue_path).receipts, what="the job acked")
     wait_for(lambda: not any((denv.tmp / "progress").rglob(job)), what="its progress removed")
