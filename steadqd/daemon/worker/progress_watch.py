@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING
 
 from steadqd import progress
+from steadqd.daemon import metrics
 from steadqd.daemon.journal import Log, short_id
 
 if TYPE_CHECKING:
@@ -22,7 +23,8 @@ __all__ = ["ProgressWatch"]
 
 
 class ProgressWatch:
-    """Per job: the held directory descriptor, the last value published, whether the file was refused."""
+    """Per job: the held directory descriptor and the last value read. Without a publisher (no
+    runtime directory) the values still reach the metrics gauge (by slot)."""
 
     def __init__(self, publisher: progress.Publisher | None, log: Log) -> None:
         self._pub = publisher
@@ -31,7 +33,7 @@ class ProgressWatch:
         self._last: dict[int, tuple[float, str] | None] = {}
 
     def start(self, job: _Job) -> None:
-        if self._pub is None or not job.tmpdir:
+        if not job.tmpdir:
             return
         try:
             fd = os.open(job.tmpdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -44,7 +46,7 @@ class ProgressWatch:
 
     def _read(self, job: _Job) -> None:
         held = self._jobs.get(job.pid)
-        if held is None or self._pub is None or job.child.returncode is not None:
+        if held is None or job.child.returncode is not None:
             return
         try:
             value = progress.read_file(held[0], "progress", held[1])
@@ -57,10 +59,13 @@ class ProgressWatch:
             return
         if value is not None and value != self._last.get(job.pid):
             self._last[job.pid] = value
-            try:
-                self._pub.publish(job.lease.job_id, *value)
-            except OSError as e:
-                self._log.warning(f"cannot publish progress in {self._pub.path}: {e}", **job.fields)
+            metrics.job_progress(job.slot, value[0])
+            pub = self._pub
+            if pub is not None:
+                try:
+                    pub.publish(job.lease.job_id, *value)
+                except OSError as e:
+                    self._log.warning(f"cannot publish progress in {pub.path}: {e}", **job.fields)
         job.timers.set("progress", progress.READ_EVERY, lambda: self._read(job))
 
     def stop(self, job: _Job) -> None:
@@ -70,8 +75,10 @@ class ProgressWatch:
         if held is None:
             return
         os.close(held[0])
-        if self._last.pop(job.pid, None) is not None and self._pub is not None:
-            self._pub.remove(job.lease.job_id)
+        if self._last.pop(job.pid, None) is not None:
+            metrics.job_progress(job.slot, None)
+            if self._pub is not None:
+                self._pub.remove(job.lease.job_id)
 
     def close(self) -> None:
         for fd, _ in self._jobs.values():
