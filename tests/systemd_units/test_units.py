@@ -271,8 +271,8 @@ COMMON_HARDENING = {
 def test_hardening(units: dict, role: str) -> None:
     u = units[SERVICES[role]]
     for key, want in COMMON_HARDENING.items():
-        if key == "ReadWritePaths" and role == "worker":  # and the bucket queues' doorbell directory
-            assert values(u, "Service", key) == [want, "-/run/steadq/doorbell"]
+        if key == "ReadWritePaths" and role == "worker":  # and the doorbells' and job progress's directories
+            assert values(u, "Service", key) == [want, "-/run/steadq/doorbell", "-/run/steadq/progress"]
             continue
         assert single(u, "Service", key) == want, f"{SERVICES[role]}: {key}="
     assert values(u, "Service", "SystemCallFilter")[0] == "@system-service"
@@ -468,6 +468,7 @@ def test_tmpfiles_line_never_ages_anything_out() -> None:
         ["d", "/var/lib/steadq", "2770", "steadq", "steadq", "-"],
         ["d", "/run/steadq", "3770", "steadq", "steadq", "-"],
         ["d", "/run/steadq/doorbell", "3770", "steadq", "steadq", "-"],
+        ["d", "/run/steadq/progress", "0755", "steadq", "steadq", "-"],
     ]
 
 
