@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from steadqd import progress as progress_mod
 from steadqd.backend import Backend, LeaseHandle, ReadyWatch, init_queue, open_queue
 from steadqd.backoff import RetryPolicy
 from steadqd.constants import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DeadReason
@@ -168,6 +169,7 @@ class Job:
     metadata: Mapping[str, bool | int | str | bytes]
     payload: bytes
     _lost: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    _progress: list[tuple[float, str]] = field(default_factory=list, repr=False, compare=False)
 
     def json(self) -> Any:
         """The payload as JSON; :class:`BadPayload` (a ValueError) if the decoder cannot read it."""
@@ -178,6 +180,19 @@ class Job:
 
     def text(self) -> str:
         return self.payload.decode()
+
+    def progress(self, percent: float, text: str = "") -> None:
+        """Report progress (0–100, and a short text) for ``steadq show``/``ls`` on this host.
+
+        Cheap to call often: the latest value is published by the worker's
+        renewing thread, at most once a second (steadqd/progress.py), and
+        removed when the job ends.
+        """
+        if isinstance(percent, bool) or not isinstance(percent, int | float) or not 0 <= percent <= 100:
+            raise InvalidInput(f"progress must be a number from 0 to 100, got {percent!r}")
+        if not isinstance(text, str):
+            raise InvalidInput(f"progress text must be a string, got {type(text).__name__}")
+        self._progress[:] = [(float(percent), text[: progress_mod.MAX_TEXT])]  # one item: replaced atomically
 
     @property
     def lease_lost(self) -> bool:
@@ -206,6 +221,7 @@ class _Running:
     next_renew: float
     lock: threading.Lock = field(default_factory=threading.Lock)
     settling: bool = False  # the handler returned: no more renewals
+    published: tuple[float, str] | None = None  # the progress last published (Job.progress)
     cancel: Callable[[], object] | None = None  # the async form cancels the handler's task
 
     def lose(self, why: str) -> None:
@@ -324,6 +340,8 @@ class Worker:
         self._lock = threading.Lock()  # guards _running and stats
         self._wake_renewer = threading.Event()
         self._done = threading.Event()  # workers joined (or abandoned): the renewer ends
+        self._publisher: progress_mod.Publisher | None = None  # Job.progress's (renewing thread only)
+        self._publisher_failed = False
 
     # -- running -----------------------------------------------------------------------
 
@@ -483,6 +501,7 @@ class Worker:
         with running.lock:
             running.settling = True
             lease = running.lease
+            self._unpublish(running)
         with self._lock:
             self._running.pop(job.id, None)
         if job.lease_lost:
@@ -546,6 +565,7 @@ class Worker:
                         q = self._open("renew")
                     if q is not None:
                         q = self._renew(q, r)
+                self._publish_progress()
                 with self._lock:
                     upcoming = min((r.next_renew for r in self._running.values()), default=now + 1.0)
                 self._wake_renewer.wait(max(0.0, min(1.0, upcoming - time.monotonic())))
@@ -553,6 +573,51 @@ class Worker:
         finally:
             if q is not None:
                 q.close()
+            if self._publisher is not None:
+                self._publisher.close()
+                self._publisher = None
+
+    def _publish_progress(self) -> None:
+        """Publish each running job's latest :meth:`Job.progress` if it changed (at most once a loop, ≤ 1/s)."""
+        with self._lock:
+            running = [r for r in self._running.values() if r.job._progress]
+        for r in running:
+            with r.lock:
+                value = r.job._progress[-1] if r.job._progress else None
+                if r.settling or value is None or value == r.published:
+                    continue
+                pub = self._progress_publisher()
+                if pub is None:
+                    return
+                try:
+                    pub.publish(r.job.id, *value)
+                    r.published = value
+                except OSError as e:
+                    log.warning("cannot publish the progress of job %s: %s", r.job.id, e)
+
+    def _progress_publisher(self) -> progress_mod.Publisher | None:
+        if self._publisher is None and not self._publisher_failed:
+            queue_id = self._queue_id()
+            if queue_id is not None:
+                self._publisher, why = progress_mod.Publisher.open(queue_id)
+                if self._publisher is None:
+                    log.info("job progress is not published (%s)", printable(why or ""))
+            self._publisher_failed = self._publisher is None
+        return self._publisher
+
+    def _queue_id(self) -> str | None:
+        q = self._open("progress")
+        if q is None:
+            return None
+        try:
+            return q.queue_id
+        finally:
+            q.close()
+
+    def _unpublish(self, r: _Running) -> None:
+        """The job has ended: its progress goes (called once ``settling`` is set, under its lock)."""
+        if r.published is not None and self._publisher is not None:
+            self._publisher.remove(r.job.id)
 
     def _renew(self, q: Backend, r: _Running) -> Backend | None:
         with r.lock:

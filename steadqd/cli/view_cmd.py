@@ -13,9 +13,10 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from steadqd import progress
 from steadqd.backend import PauseState
 from steadqd.cli.common import (
     ALL_STATES,
@@ -192,7 +193,12 @@ def watch_counts(detailed: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _render_watch(
-    path: str, s: Mapping[str, Any], prev: Mapping[str, Any] | None, dt: float, paused: PauseState | None = None
+    path: str,
+    s: Mapping[str, Any],
+    prev: Mapping[str, Any] | None,
+    dt: float,
+    paused: PauseState | None = None,
+    progress_of: Sequence[tuple[str, Mapping[str, Any]]] = (),
 ) -> list[str]:
     def count(st: Mapping[str, Any], name: str) -> int:
         v = st.get(name)
@@ -208,6 +214,8 @@ def _render_watch(
     lines.append("")
     if paused is not None:
         lines.append(printable(pause_line(paused)))
+    for job, prog in progress_of:  # the job's own text: escaped
+        lines.append(f"  {job[:8]}  {printable(progress.shown(prog))}")
     if prev is not None and dt > 0:
         done = (count(s, "receipts") - count(prev, "receipts")) / dt
         dead = (count(s, "dead") - count(prev, "dead")) / dt
@@ -237,7 +245,8 @@ def cmd_watch(a: argparse.Namespace) -> int:
                 paused = q.pause_state()
             except OSError as e:
                 raise CliError(f"watch: {e.filename}: {e.strerror}", os_exit_code(e)) from e
-            lines = _render_watch(a.path, s, prev, t - prev_t, paused)
+            # running jobs' progress, as their workers on this host publish it
+            lines = _render_watch(a.path, s, prev, t - prev_t, paused, progress.published(q.queue_id))
             if tty:
                 sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")  # the tty adds the \r
             else:
@@ -300,7 +309,7 @@ def cmd_ls(a: argparse.Namespace) -> int:
             jobs = _matching(jobs, a.filter) if a.filter else jobs
         else:
             jobs = q.list_jobs(states)
-        _print_jobs(jobs, a.json, reasons=states == {"dead"}, meta=a.meta)
+        _print_jobs(jobs, a.json, reasons=states == {"dead"}, meta=a.meta, queue_id=q.queue_id)
     finally:
         q.close()
     return 0
@@ -314,9 +323,17 @@ def _matching(jobs: Iterator[Any], filters: list[tuple[str, str]]) -> Iterator[A
             yield job
 
 
-def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False, meta: list[str] | None = None) -> None:
+def _print_jobs(
+    jobs: Iterator[Any],
+    as_json: bool,
+    *,
+    reasons: bool = False,
+    meta: list[str] | None = None,
+    queue_id: str | None = None,
+) -> None:
     """``reasons``: only dead jobs are listed, which have no deadline: the last column is their reason by name.
-    ``meta``: a column per metadata key, before the last (values escaped: they are the producer's text)."""
+    ``meta``: a column per metadata key, before the last (values escaped: they are the producer's text).
+    ``queue_id``: a running job's progress, published by its worker on this host, follows its deadline."""
     now_ns = time.time_ns()
     first = True
     listed = running = 0  # a person at a terminal gets the totals (a pipe gets the table only)
@@ -332,6 +349,7 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False, me
         running += state == "leased"
         age = None if job.mtime_ns is None else max(0, (now_ns - job.mtime_ns) // NS_PER_SECOND)
         deadline = job.deadline_ns
+        prog = progress.lookup(queue_id, job.job_id) if queue_id and state == "leased" else None
         if as_json:
             doc = {
                 "state": state,
@@ -349,6 +367,8 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False, me
             if meta:
                 have = job.metadata or {}
                 doc["metadata"] = {k: _meta_text(have[k]) for k in meta if k in have}
+            if prog is not None:
+                doc["progress"] = prog
             sys.stdout.write(("\n  " if first else ",\n  ") + json.dumps(doc))
         else:
             attempt = f"{job.attempt}/{job.max_attempts}"
@@ -356,6 +376,8 @@ def _print_jobs(jobs: Iterator[Any], as_json: bool, *, reasons: bool = False, me
             shown_deadline = _fmt_deadline(deadline, now_ns, due=state == "delayed")
             if reasons:
                 shown_deadline = reason_name(job.reason)
+            if prog is not None:  # the job's text: escaped
+                shown_deadline += "  " + printable(progress.shown(prog))
             cells = "".join(f"{_meta_cell(job.metadata, k):<{_meta_width(k)}}  " for k in meta)
             line = f"{shown_state(state):<8} {job.job_id:<32} {attempt:>9} {shown_age:>7}  {cells}{shown_deadline}"
             sys.stdout.write(line + "\n")
@@ -434,15 +456,21 @@ def cmd_show(a: argparse.Namespace) -> int:
             story = q.job_story(job, SHOW_HEAD_BYTES)
         except Exception as e:  # noqa: BLE001
             raise CliError(f"show: {error_text(e)}", error_code(e)) from e
+        queue_id = q.queue_id
     finally:
         q.close()
     if story is None:
         raise CliError(f"show: no object of job {job} in {a.path} (not in any state, nor in quarantine)", 1)
     journal = None if a.no_journal else journal_entries(job)
+    # Published by the worker running it on this host (steadqd/progress.py); a leased job only.
+    prog = progress.lookup(queue_id, job) if story.state == "leased" else None
     if a.json:
-        out_json(story_json(story, journal))
+        out_json({**story_json(story, journal), "progress": prog})
     else:
-        out(*story_lines(story, journal))
+        lines = story_lines(story, journal)
+        if prog is not None:
+            lines.insert(1, f"  progress:      {progress.shown(prog)}")
+        out(*lines)
     return 0
 
 

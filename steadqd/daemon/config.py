@@ -182,6 +182,10 @@ def _worker(d: Doc) -> WorkerConfig:
         "group",
         "exit_status",
         "retry",
+        "slots",
+        "on_bury",
+        "on_retry",
+        "notify_timeout",
     }
     m = d.mapping(keys)
     if "command" not in m:
@@ -214,10 +218,11 @@ def _worker(d: Doc) -> WorkerConfig:
                     "environment: {AWS_SHARED_CREDENTIALS_FILE: /path/it/may/read})"
                 )
             )
+    concurrency = m["concurrency"].integer(1, 1024) if "concurrency" in m else 1
     return WorkerConfig(
         command=_command(m["command"], shell),
         shell=shell,
-        concurrency=m["concurrency"].integer(1, 1024) if "concurrency" in m else 1,
+        concurrency=concurrency,
         lease=lease,
         renew_every=renew,
         timeout=m["timeout"].optional_duration(0.001) if "timeout" in m else None,
@@ -230,7 +235,28 @@ def _worker(d: Doc) -> WorkerConfig:
         group=m["group"].string() if "group" in m else None,
         exit_status=_exit_policy(m["exit_status"]) if "exit_status" in m else ExitPolicy(),
         retry=_retry(m["retry"]) if "retry" in m else RetrySettings(),
+        slots=_slots(m["slots"], concurrency) if "slots" in m else (),
+        on_bury=_command(m["on_bury"], False) if "on_bury" in m else (),
+        on_retry=_command(m["on_retry"], False) if "on_retry" in m else (),
+        notify_timeout=m["notify_timeout"].duration(0.1, 3600.0)
+        if "notify_timeout" in m
+        else WorkerConfig.notify_timeout,
     )
+
+
+def _slots(d: Doc, concurrency: int) -> tuple[str, ...]:
+    """One value per slot, so every running job has one; a number (a GPU index) is kept as written."""
+    values: list[str] = []
+    for item in d.items():
+        v = item.scalar()
+        if isinstance(v, int) and not isinstance(v, bool):
+            values.append(item.written() or str(v))
+        else:
+            values.append(item.string())
+    if len(values) != concurrency:
+        n = f"{len(values)} value" + ("" if len(values) == 1 else "s")
+        raise d.error(f"one value per slot: {n} for concurrency {concurrency}; give exactly {concurrency}")
+    return tuple(values)
 
 
 _SWEEPER_KEYS = {

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from steadqd.backend import LeaseHandle
 from steadqd.daemon.config import WorkerConfig
 
-__all__ = ["build_environment", "meta_env_name", "meta_env_value"]
+__all__ = ["build_environment", "meta_env_name", "meta_env_value", "slot_environment"]
 
 
 def meta_env_name(key: str) -> str:
@@ -44,6 +44,7 @@ def build_environment(
     queue_path: str,
     parent_env: Mapping[str, str],
     payload_file: str | None = None,
+    progress_file: str | None = None,
 ) -> dict[str, str]:
     """The command's whole environment, from the configuration only."""
     env: dict[str, str] = {}
@@ -67,4 +68,14 @@ def build_environment(
             env[name] = value
     if payload_file is not None:
         env["STEADQ_PAYLOAD_FILE"] = payload_file
+    if progress_file is not None:
+        env["STEADQ_PROGRESS"] = progress_file
+    return env
+
+
+def slot_environment(cfg: WorkerConfig, slot: int) -> dict[str, str]:
+    """STEADQ_SLOT (and STEADQ_SLOT_VALUE from ``worker.slots``) of the slot a job runs in."""
+    env = {"STEADQ_SLOT": str(slot)}
+    if slot < len(cfg.slots):
+        env["STEADQ_SLOT_VALUE"] = cfg.slots[slot]
     return env

@@ -48,6 +48,7 @@ __all__ = [
     "directory_problem",
     "job_failed_to_start",
     "job_finished",
+    "job_progress",
     "recovered",
     "textfile_for",
     "write_textfile",
@@ -66,6 +67,10 @@ _HELP = {
         "the job back).",
     ),
     "steadqd_job_duration_seconds": ("histogram", "How long job commands ran, from start to exit."),
+    "steadqd_job_progress_percent": (
+        "gauge",
+        "Progress (0-100) a running job reported through $STEADQ_PROGRESS, by the slot it runs in.",
+    ),
     "steadqd_promotions_total": ("counter", "Delayed jobs made ready by recovery once their not_before passed."),
     "steadqd_reaps_total": ("counter", "Expired leases recovery took back (to ready, or dead when out of attempts)."),
     "steadqd_queue_paused": (
@@ -76,7 +81,12 @@ _HELP = {
 _SETTLED = {"ack": "acked", "retry": "retried", "bury": "buried"}  # verdict word -> state label
 # Which families each role feeds: a file carries only the families of the roles in its process.
 _ROLE_FAMILIES = {
-    "worker": ("steadqd_jobs_total", "steadqd_job_duration_seconds", "steadqd_queue_paused"),
+    "worker": (
+        "steadqd_jobs_total",
+        "steadqd_job_duration_seconds",
+        "steadqd_queue_paused",
+        "steadqd_job_progress_percent",
+    ),
     "sweeper": ("steadqd_promotions_total", "steadqd_reaps_total"),
     "promoter": ("steadqd_promotions_total",),
 }
@@ -111,6 +121,7 @@ class Metrics:
         self._promotions = 0
         self._reaps = 0
         self._paused = False
+        self._progress: dict[int, float] = {}  # by slot: a bounded series count, unlike job ids
         self.changes = 0  # bumped by every update: the writer skips a file that would not change
 
     def feed(self, roles: Iterable[str]) -> None:
@@ -129,6 +140,15 @@ class Metrics:
                     if seconds <= bound:
                         self._buckets[i] += 1
                         break
+            self.changes += 1
+
+    def job_progress(self, slot: int, percent: float | None) -> None:
+        """The progress of the job in ``slot``; None once it has ended (its series goes)."""
+        with self._lock:
+            if percent is None:
+                self._progress.pop(slot, None)
+            else:
+                self._progress[slot] = percent
             self.changes += 1
 
     def job_failed_to_start(self) -> None:
@@ -159,6 +179,10 @@ class Metrics:
                 "steadqd_promotions_total": [f"steadqd_promotions_total{{{base}}} {self._promotions}"],
                 "steadqd_reaps_total": [f"steadqd_reaps_total{{{base}}} {self._reaps}"],
                 "steadqd_queue_paused": [f"steadqd_queue_paused{{{base}}} {int(self._paused)}"],
+                "steadqd_job_progress_percent": [
+                    f'steadqd_job_progress_percent{{{base},slot="{slot}"}} {_number(pct)}'
+                    for slot, pct in sorted(self._progress.items())
+                ],
             }
             families = [f for f in _HELP if f in self.families]
         lines: list[str] = []
@@ -312,6 +336,11 @@ def job_cancelled(duration_ms: object) -> None:
     """A running job was cancelled (``steadq cancel``) and its command stopped after ``duration_ms``."""
     if _process is not None:
         _process.job_finished("cancelled", duration_ms / 1000 if isinstance(duration_ms, int | float) else None)
+
+
+def job_progress(slot: int, percent: float | None) -> None:
+    if _process is not None:
+        _process.job_progress(slot, percent)
 
 
 def job_failed_to_start() -> None:

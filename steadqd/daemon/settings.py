@@ -49,6 +49,12 @@ class WorkerConfig:
     group: str | None = None
     exit_status: ExitPolicy = ExitPolicy()
     retry: RetrySettings = RetrySettings()
+    # One value per slot (0 … concurrency-1), exported as STEADQ_SLOT_VALUE (a GPU id, say); () for none.
+    slots: tuple[str, ...] = ()
+    # Notification commands (argv), run once per buried / retried job with job data in their environment.
+    on_bury: tuple[str, ...] = ()
+    on_retry: tuple[str, ...] = ()
+    notify_timeout: float = 30.0
 
     @property
     def renew_interval(self) -> float:

@@ -235,3 +235,20 @@ def test_a_symlinked_metrics_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         write_textfile(str(tmp_path / "link" / "q.worker.prom"), "x 1\n")
     assert list(real.iterdir()) == []
+
+
+def test_job_progress_is_a_gauge_per_slot_and_goes_with_the_job() -> None:
+    """Issue 32 #4: one series per slot (bounded by concurrency, not by job ids), removed when its job ends."""
+    from steadqd.daemon import metrics
+
+    m = Metrics("q", "worker")
+    m.feed(("worker",))
+    m.job_progress(1, 42.5)
+    m.job_progress(0, 7.0)
+    samples = parse_exposition(m.render())
+    assert value(samples, "steadqd_job_progress_percent", queue="q", role="worker", slot="1") == 42.5
+    assert value(samples, "steadqd_job_progress_percent", queue="q", role="worker", slot="0") == 7
+    m.job_progress(1, None)
+    names = [ls for name, ls in parse_exposition(m.render()) if name == "steadqd_job_progress_percent"]
+    assert len(names) == 1
+    assert "job_progress" in metrics.__all__

@@ -610,3 +610,34 @@ def test_a_bury_message_reaches_the_journal_with_the_job_id(
     ], sent
     fields = mine[0][1]
     assert fields["PRIORITY"] == "4" and fields["STEADQ_QUEUE"] == queue_path and fields["STEADQ_ROLE"] == "task"
+
+
+# -- progress (issue 32 #4) ---------------------------------------------------------------
+
+
+def test_job_progress_is_visible_from_another_process_while_the_handler_runs(
+    queue: Queue, queue_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``job.progress(percent, text)`` publishes where ``steadq show`` reads it, and is gone after the job."""
+    (tmp_path / "progress").mkdir()
+    monkeypatch.setenv("STEADQ_PROGRESS_DIR", str(tmp_path / "progress"))
+    job = queue.enqueue(b"x")
+    steadq = os.path.join(os.path.dirname(sys.executable), "steadq")
+    shown: list[str] = []
+
+    def handler(j: Job) -> None:
+        with pytest.raises(InvalidInput):
+            j.progress(101)
+        j.progress(10, "starting")
+        j.progress(42, "half \x1b[31mred")  # the latest counts; the text is data
+
+        def seen() -> str | None:
+            r = subprocess.run([steadq, "show", "--no-journal", queue_path, j.id], capture_output=True, text=True)
+            return r.stdout if "42%" in r.stdout else None
+
+        shown.append(wait_for(seen, "progress in steadq show"))
+
+    w = Worker(queue_path, handler, poll=0.1)
+    serve(w, lambda: w.stats.acked == 1, "the ack")
+    assert "  progress:      42% half \\x1b[31mred" in shown[0], shown[0]
+    assert not any((tmp_path / "progress").rglob(job))  # removed with the job

@@ -256,3 +256,46 @@ def test_check_config_open_certifies_the_store_and_names_bad_credentials(benv: B
     first = done.stderr.splitlines()[0]
     assert first.startswith(f"testq: queue {benv.url}: ") and "InvalidAccessKeyId" in first  # one line, named
     assert "Traceback" not in done.stderr
+
+
+def test_slots_progress_and_on_bury_on_a_bucket(benv: BucketEnv) -> None:
+    """Issue 32 #3, #4, #6 on a bucket queue: the job's slot and value, its progress published on
+    this host under the bucket queue's id, and on_bury once for the buried job."""
+    from steadqd import progress
+
+    go = benv.tmp / "go"
+    go.mkdir()
+    pdir = benv.tmp / "progress"
+    pdir.mkdir()
+    script = (
+        'echo "$STEADQ_SLOT=$STEADQ_SLOT_VALUE" > "$0/$STEADQ_JOB_ID.slot"; '
+        'echo "33 on a bucket" > "$STEADQ_PROGRESS"; '
+        'i=0; while [ ! -e "$0/$STEADQ_JOB_ID" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; exit 100'
+    )
+    told = benv.tmp / "told"
+    benv.write_bucket_config(
+        command=["/bin/sh", "-c", script, str(go)],
+        concurrency=2,
+        slots=["gpu-a", "gpu-b"],
+        on_bury=["/bin/sh", "-c", 'echo "$STEADQ_JOB_ID $STEADQ_REASON $STEADQ_SLOT" >> "$0"', str(told)],
+    )
+    worker = Daemon(benv, "worker", extra_env={**benv.daemon_env(), "STEADQ_PROGRESS_DIR": str(pdir)})
+    try:
+        worker.ready()
+        job = _enqueue(benv, b"")
+        os.environ["STEADQ_PROGRESS_DIR"] = str(pdir)
+        try:
+            p = wait_for(lambda: progress.lookup(benv.q.queue_id, job), DEADLINE, "the job's progress")
+        finally:
+            del os.environ["STEADQ_PROGRESS_DIR"]
+        assert p["percent"] == 33 and p["text"] == "on a bucket"
+        slot = (go / f"{job}.slot").read_text().strip()
+        assert slot in ("0=gpu-a", "1=gpu-b")
+        (go / job).touch()
+        wait_for(lambda: benv.settled(job) == "dead", DEADLINE, "the bury's dead record")
+        wait_for(told.exists, DEADLINE, "on_bury")
+        worker.wait_log(rf"on_bury for job {job[:8]} exited 0")
+        assert told.read_text() == f"{job} consumer_rejected {slot.split('=')[0]}\n"
+        assert not list(pdir.rglob(job))  # unpublished when the command ended
+    finally:
+        worker.stop()

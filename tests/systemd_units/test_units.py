@@ -271,9 +271,13 @@ COMMON_HARDENING = {
 def test_hardening(units: dict, role: str) -> None:
     u = units[SERVICES[role]]
     for key, want in COMMON_HARDENING.items():
-        if key == "ReadWritePaths":  # and the role locks (and the bucket queues' doorbell directory)
-            doorbell = ["-/run/steadq/doorbell"] if role == "worker" else []
-            assert values(u, "Service", key) == [want, *doorbell, "-/run/steadq/roles"]
+        if key == "ReadWritePaths":  # and the role locks (the worker: the doorbells' and job progress's too)
+            extra = (
+                ["-/run/steadq/doorbell", "-/run/steadq/roles", "-/run/steadq/progress"]
+                if role == "worker"
+                else ["-/run/steadq/roles"]
+            )
+            assert values(u, "Service", key) == [want, *extra]
             continue
         assert single(u, "Service", key) == want, f"{SERVICES[role]}: {key}="
     assert values(u, "Service", "SystemCallFilter")[0] == "@system-service"
@@ -470,6 +474,7 @@ def test_tmpfiles_line_never_ages_anything_out() -> None:
         ["d", "/run/steadq", "3770", "steadq", "steadq", "-"],
         ["d", "/run/steadq/doorbell", "3770", "steadq", "steadq", "-"],
         ["d", "/run/steadq/roles", "3770", "steadq", "steadq", "-"],
+        ["d", "/run/steadq/progress", "0755", "steadq", "steadq", "-"],
     ]
 
 

@@ -325,3 +325,62 @@ def test_pass_environment_refuses_the_daemon_s_own_credentials(name):
     e = info.value
     assert (e.line, e.key) == (4, "worker.pass_environment[1]")
     assert name in str(e) and "remove it from pass_environment" in str(e)
+
+
+def _worker_of(text: str):
+    w = parse_config(text, path="/etc/steadq/queues/q.yaml", name="q").worker
+    assert w is not None
+    return w
+
+
+def test_slots_map_each_slot_to_a_value_as_written():
+    """Issue 32 #3: one value per slot; a GPU id written as a number reaches the job as written."""
+    w = _worker_of('queue: /q/a\nworker:\n  command: [a]\n  concurrency: 3\n  slots: [0, "GPU-1", 02]\n')
+    assert w.slots == ("0", "GPU-1", "02")
+    assert _worker_of("queue: /q/a\nworker:\n  command: [a]\n  concurrency: 2\n").slots == ()
+
+
+@pytest.mark.parametrize(
+    "slots,fragment,key",
+    [
+        ("[a, b, c]", "one value per slot: 3 values for concurrency 2", "worker.slots"),
+        ("[a]", "one value per slot: 1 value for concurrency 2", "worker.slots"),
+        ('[a, ""]', "expected a non-empty string", "worker.slots[1]"),
+        ('[a, "x\\0y"]', "must not contain NUL", "worker.slots[1]"),
+        ("[a, true]", "write it in quotes", "worker.slots[1]"),
+        ("a", "expected a list", "worker.slots"),
+    ],
+)
+def test_bad_slots_are_refused_with_the_rule(slots, fragment, key):
+    text = f"queue: /q/a\nworker:\n  command: [a]\n  concurrency: 2\n  slots: {slots}\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, path="/etc/steadq/queues/q.yaml", name="q")
+    assert info.value.key == key and fragment in str(info.value), str(info.value)
+
+
+def test_on_bury_and_on_retry_are_argv_lists_with_a_timeout():
+    """Issue 32 #6: notification commands are argv (job data reaches them in the environment only)."""
+    w = _worker_of(
+        "queue: /q/a\nworker:\n  command: [a]\n  on_bury: [/usr/local/bin/tell, buried]\n"
+        "  on_retry: [/usr/local/bin/tell, retried]\n  notify_timeout: 5s\n"
+    )
+    assert w.on_bury == ("/usr/local/bin/tell", "buried") and w.on_retry == ("/usr/local/bin/tell", "retried")
+    assert w.notify_timeout == 5.0
+    plain = _worker_of("queue: /q/a\nworker:\n  command: [a]\n")
+    assert plain.on_bury == () and plain.on_retry == () and plain.notify_timeout == 30.0
+
+
+@pytest.mark.parametrize(
+    "line,fragment,key",
+    [
+        ("on_bury: 'curl $URL'", "must be a list of arguments", "worker.on_bury"),
+        ("on_bury: []", "needs at least the program to run", "worker.on_bury"),
+        ("on_retry: ['']", "needs at least the program to run", "worker.on_retry"),
+        ("notify_timeout: 0s", "between", "worker.notify_timeout"),
+    ],
+)
+def test_bad_notification_settings_are_refused(line, fragment, key):
+    text = f"queue: /q/a\nworker:\n  command: [a]\n  {line}\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, path="/etc/steadq/queues/q.yaml", name="q")
+    assert info.value.key == key and fragment in str(info.value), str(info.value)

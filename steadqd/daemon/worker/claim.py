@@ -268,6 +268,8 @@ class Preparer:
         def copy(f: BinaryIO) -> object:
             return q.copy_payload(lease, cast(BinaryIO, _RenewingWriter(f, q, waiting, self._stop)))
 
+        other = (job.credentials["user"], job.credentials["group"]) if "user" in job.credentials else None
+        progress = payload.make_progress(job.tmpdir, other, traverse=other is not None and owner is None)
         job.payload_path = payload.write_copy(job.tmpdir, copy, owner)
         job.env = build_environment(
             cfg,
@@ -276,4 +278,5 @@ class Preparer:
             queue_path=settings.queue,
             parent_env=os.environ,
             payload_file=job.payload_path if cfg.input == "file" else None,
+            progress_file=progress,
         )

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable
 from typing import BinaryIO
 
-__all__ = ["make", "remove", "remove_stale", "write_copy"]
+__all__ = ["make", "make_progress", "remove", "remove_stale", "write_copy"]
 
 _NAME = re.compile(r"steadqd-(\d+)-(\d+)-[0-9a-f]{12}-")
 
@@ -73,6 +73,25 @@ def write_copy(directory: str, copy: Callable[[BinaryIO], object], owner: tuple[
     if owner is not None:
         os.chown(directory, *owner)
         os.chmod(directory, 0o500)
+    return path
+
+
+def make_progress(directory: str, owner: tuple[int, int] | None = None, *, traverse: bool = False) -> str:
+    """An empty ``<directory>/progress`` the job may write (STEADQ_PROGRESS; steadqd/progress.py reads it).
+
+    ``owner`` hands it to a command run as another user; ``traverse`` lets
+    that user reach it through a directory it does not own (``input: stdin``:
+    its payload copy stays the daemon's, 0400, unreadable to it).
+    """
+    path = os.path.join(directory, "progress")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        if owner is not None:
+            os.fchown(fd, *owner)
+    finally:
+        os.close(fd)
+    if traverse:
+        os.chmod(directory, 0o711)
     return path
 
 

@@ -55,6 +55,7 @@ Attempts
 from __future__ import annotations
 
 import contextlib
+import itertools
 import signal
 import subprocess
 import sys
@@ -62,13 +63,17 @@ import time
 from collections.abc import Callable, Collection
 from typing import cast
 
+from steadqd import progress
 from steadqd.backend import Backend, LeaseHandle, PauseState, ReadyWatch, ScanReport, is_bucket_url
 from steadqd.daemon import metrics, preflight, process
 from steadqd.daemon.config import QueueSettings, WorkerConfig
+from steadqd.daemon.environment import slot_environment
 from steadqd.daemon.journal import Log, short_id
 from steadqd.daemon.service import Loop, Timer, open_queue
 from steadqd.daemon.worker import claim, payload, renew
+from steadqd.daemon.worker.hooks import Hooks
 from steadqd.daemon.worker.policy import Verdict
+from steadqd.daemon.worker.progress_watch import ProgressWatch
 from steadqd.daemon.worker.run import _Job, exec_helper
 from steadqd.daemon.worker.run.child import EXIT_CHECK_RUNNING, command_argv, identity, launch, terminate
 from steadqd.daemon.worker.run.hold import Hold, hand_back_unstarted
@@ -120,6 +125,8 @@ class WorkerRole(RoleSettling):
         self._reopen_timer: Timer | None = None
         self._sweep_timer: Timer | None = None  # the next look for escaped job processes (process.kill_escaped)
         self._settler: Settler | None = None  # settles finished runs with a handle of its own (daemon/worker/settle.py)
+        self.progress: ProgressWatch | None = None  # reads $STEADQ_PROGRESS files, publishes their values
+        self._hooks: Hooks | None = None  # running notification commands (on_bury, on_retry)
         self._hold: Hold | None = None  # no new leases while jobs cannot be started (daemon/worker/run/hold.py)
         # The configuration whose command was last seen to start, unless a start failed since. Until one
         # has, a claim waits for the exec report before it, so a command that never starts costs one job
@@ -180,6 +187,11 @@ class WorkerRole(RoleSettling):
         )
         if problems:  # only transient ones left (a full TMPDIR): up, but leasing nothing yet
             self._hold.hold(problems[0].text)
+        self._hooks = Hooks(loop, self.log, self._guarded)
+        publisher, why = progress.Publisher.open(self.q.queue_id)
+        if publisher is None:
+            self.log.notice(f"job progress is not published ({why}): steadq show cannot show it")
+        self.progress = ProgressWatch(publisher, self.log)
         metrics.attach(loop, self.settings, self.log, self.name)
         self._schedule_fill(0.0)  # the first scan runs once the service loop is up (after READY=1)
 
@@ -238,7 +250,8 @@ class WorkerRole(RoleSettling):
         return len(self.jobs)
 
     def drained(self) -> bool:
-        return not self.jobs and (self._prep is None or not self._prep.busy)
+        busy = (self._prep is not None and self._prep.busy) or (self._hooks is not None and self._hooks.busy)
+        return not self.jobs and not busy
 
     def close(self) -> None:
         """Forced stop: kill what still runs and give its leases back right away."""
@@ -267,6 +280,10 @@ class WorkerRole(RoleSettling):
             except Exception as e:  # one job must not keep the others' leases
                 self.log.error(f"handing back job failed: {e!r}", **j.fields)
         self.jobs.clear()
+        if self._hooks is not None:
+            self._hooks.close()
+        if self.progress is not None:
+            self.progress.close()
         self._kill_all_escaped()
         self._close_watch()
         self._close_queue()
@@ -367,7 +384,10 @@ class WorkerRole(RoleSettling):
     def _sweep_escaped(self) -> None:
         """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any."""
         self._sweep_timer = None
-        killed, reaped = process.kill_escaped([j.pid for j in self.jobs.values() if j.child.returncode is None])
+        leaders = [j.pid for j in self.jobs.values() if j.child.returncode is None]
+        if self._hooks is not None:  # a notification command runs in a session of its own, and is ours to reap
+            leaders += list(self._hooks.running)
+        killed, reaped = process.kill_escaped(leaders)
         if killed:
             what = "1 process" if killed == 1 else f"{killed} processes"
             self.log.warning(f"killed {what} that ended jobs left outside their process groups", count=killed)
@@ -427,6 +447,19 @@ class WorkerRole(RoleSettling):
         one that comes back unsettled (NotCommitted) takes its slot again while it waits to retry, so a
         disk that cannot settle does not let finished runs pile up."""
         return sum(1 for j in self.jobs.values() if not j.settling)
+
+    def _free_slot(self, cfg: WorkerConfig) -> int:
+        """The lowest slot no running command holds (STEADQ_SLOT).
+
+        A slot is held from the spawn until the command's group is reaped (its
+        end), not while the run is settled, so it never names two running
+        commands. There is always one below ``cfg.concurrency``: a claim is
+        asked for only while fewer commands than that run (:meth:`_fill`).
+        After a reload running jobs keep theirs, which may lie beyond a lowered
+        concurrency; new jobs get slots below the new one.
+        """
+        held = {j.slot for j in self.jobs.values() if j.child.returncode is None}
+        return next(s for s in itertools.count() if s not in held)
 
     def _on_prepared(self) -> None:
         assert self._prep is not None
@@ -504,15 +537,19 @@ class WorkerRole(RoleSettling):
             metrics.job_cancelled(0)
             self._schedule_fill(0.0)
             return
+        slot = self._free_slot(cfg)
+        p.env.update(slot_environment(cfg, slot))
         try:
             proc, report = launch(cfg, p.env, p.payload_path, p.credentials)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
             payload.remove(p.tmpdir)
             self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {e}")
             return
-        job = _Job(self, lease, cfg, proc, p.tmpdir, report)
+        job = _Job(self, lease, cfg, proc, p.tmpdir, report, slot, p.env, p.credentials)
         self.jobs[job.pid] = job
         job.child.start()
+        if self.progress is not None:
+            self.progress.start(job)
         # The claim and the copy took time: count it against the first renewal.
         job.timers.set("renew", max(0.0, cfg.renew_interval - (self.loop.now() - p.renewed)), lambda: self._renew(job))
         if report is None:
@@ -675,6 +712,8 @@ class WorkerRole(RoleSettling):
         )
 
     def _drop(self, job: _Job) -> None:
+        if self.progress is not None:
+            self.progress.stop(job)
         job.timers.cancel_all()
         job.child.release()
         self.jobs.pop(job.pid, None)
@@ -701,6 +740,8 @@ class WorkerRole(RoleSettling):
 
     def _shutdown_job(self, job: _Job, *, interrupted: bool) -> None:
         """close(): reap, then hand an interrupted job's lease back; settle a finished one."""
+        if self.progress is not None:
+            self.progress.stop(job)
         job.timers.cancel_all()
         job.child.kill()
         payload.remove(job.tmpdir)

@@ -59,6 +59,8 @@ from steadqd.errors import ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, S
 if TYPE_CHECKING:
     from steadqd.daemon.journal import Log
     from steadqd.daemon.service import Loop
+    from steadqd.daemon.worker.hooks import Hooks
+    from steadqd.daemon.worker.progress_watch import ProgressWatch
 
 __all__ = [
     "FollowUp",
@@ -337,7 +339,10 @@ class RoleSettling:
         log: Log
         q: Backend | None
         tally: Tally
+        closed: bool
         _settler: Settler | None
+        _hooks: Hooks | None
+        progress: ProgressWatch | None
 
         def _drop(self, job: _Job) -> None: ...
         def _schedule_fill(self, delay: float) -> None: ...
@@ -353,6 +358,8 @@ class RoleSettling:
         code = job.child.returncode
         assert code is not None
         outcome = job.verdict = self._verdict(job)
+        if self.progress is not None:  # its command has ended: no more progress
+            self.progress.stop(job)
         self._sweep_after_job()
         job.run_fields = {
             "exit_status": code if code >= 0 else None,
@@ -380,10 +387,43 @@ class RoleSettling:
             **job.fields,
             **job.run_fields,
         )
-        metrics.job_finished(
-            str(outcome), job.run_fields.get("duration_ms"), dead=bool(follow and "reason" in follow[2])
-        )
+        dead = bool(follow and "reason" in follow[2])
+        metrics.job_finished(str(outcome), job.run_fields.get("duration_ms"), dead=dead)
         self._log_follow_up(job.lease, follow)
+        self._notify(job, follow, dead)
+
+    def _notify(self, job: _Job, follow: FollowUp, dead: bool) -> None:
+        """Start ``on_bury`` for a buried job, ``on_retry`` for a retried one (daemon/worker/hooks.py)."""
+        if follow is None or self._hooks is None or self.closed:
+            return
+        if dead:
+            which, argv, reason = "on_bury", job.cfg.on_bury, str(follow[2]["reason"])
+            with contextlib.suppress(ValueError):
+                reason = reason_name(int(reason, 16))
+        elif "state" in follow[2]:
+            which, argv, reason = "on_retry", job.cfg.on_retry, "retry"
+        else:
+            return
+        if not argv:
+            return
+        code = job.child.returncode
+        env = {
+            **job.env,
+            "STEADQ_REASON": reason,
+            "STEADQ_EXIT_STATUS": str(code) if code is not None and code >= 0 else "",
+            "STEADQ_ENDED": job.child.ended,
+        }
+        if job.child.signal_name:
+            env["STEADQ_SIGNAL"] = job.child.signal_name
+        self._hooks.run(
+            which,
+            argv,
+            env,
+            timeout=job.cfg.notify_timeout,
+            stderr_lines=job.child.stderr_tail,
+            credentials=job.credentials,
+            fields=job.fields,
+        )
 
     @staticmethod
     def _run_story(job: _Job) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from steadqd.backend import LeaseHandle
 from steadqd.daemon.config import WorkerConfig
@@ -36,11 +36,17 @@ class _Job:
         proc: subprocess.Popen[bytes],
         tmpdir: str,
         report_fd: int | None = None,
+        slot: int = 0,
+        env: dict[str, str] | None = None,
+        credentials: dict[str, Any] | None = None,
     ) -> None:
         assert role.loop is not None
         self.lease = lease
         self.cfg = cfg  # the configuration it started with: a reload does not change a running job
         self.tmpdir = tmpdir
+        self.slot = slot  # STEADQ_SLOT: held while the command runs (WorkerRole._free_slot)
+        self.env = env or {}  # the command's environment, which a notification command gets too (hooks.py)
+        self.credentials = credentials or {}
         self.started = role.loop.now()
         self.lost: str | None = None  # why the lease is no longer ours
         self.cancelled = False  # `steadq cancel` made it dead: its command is stopped, nothing is settled

@@ -37,6 +37,7 @@ closed.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import grp
@@ -61,6 +62,7 @@ MAX_LINE = 16 * 1024  # bytes of one forwarded output line; the rest of the line
 READ_CHUNK = 64 * 1024
 EXIT_CHECK_RUNNING = 2.0  # s; safety check of a job whose output is still open
 EXIT_CHECK_MAX = 2.0  # s; slowest re-check of a job that closed its output but runs on
+STDERR_TAIL = 20  # lines kept for a notification command (each at most MAX_LINE)
 OUTPUT_GRACE = 2.0  # s; how long output may stay open after the command exited
 
 Guard = Callable[[Callable[[], None]], Callable[[], None]]
@@ -225,6 +227,8 @@ class Child:
         self.output_deadline: float | None = None
         self.exit_check_delay = 0.01
         self.streams: dict[int, Stream] = {}
+        # The last stderr lines, for a notification command (worker.on_bury: daemon/worker/hooks.py).
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
         self._report_fd = report_fd  # steadq-exec's report pipe, until its end is read
         self._on_report = on_report
         self._report = b""
@@ -389,6 +393,8 @@ class Child:
         if line is None:
             st.binary_from = st.line_start
             return False
+        if st.name == "stderr":
+            self.stderr_tail.append(line)
         self.log.log(
             INFO if st.name == "stdout" else WARNING,
             line.rstrip("\r"),

@@ -1,0 +1,106 @@
+"""Progress (issue 32 #4): a job writes ``<percent> [text]`` lines to ``$STEADQ_PROGRESS``; the worker
+reads the file at a modest rate, refuses anything but a small regular file of the job's own without
+blocking, and publishes the latest value where ``steadq show`` / ``ls`` (another process) read it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from steadqd import Queue
+from tests.daemon.conftest import Env, wait_for
+from tests.invariants import live_tree
+
+STEADQ = os.path.join(os.path.dirname(sys.executable), "steadq")
+
+# Writes progress, then waits (bounded) for the test's go-file.
+JOB = r"""
+set -e
+{setup}
+i=0
+while [ ! -e "{go}/$STEADQ_JOB_ID" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
+"""
+
+
+def _config(denv: Env, setup: str, concurrency: int = 1) -> Path:
+    go = denv.tmp / "go"
+    go.mkdir(exist_ok=True)
+    denv.write_config(command=["/bin/sh", "-c", JOB.format(setup=setup, go=go)], concurrency=concurrency)
+    return go
+
+
+def _cli(denv: Env, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "STEADQ_PROGRESS_DIR": str(denv.tmp / "progress")}
+    return subprocess.run([STEADQ, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+@pytest.fixture
+def pdir(denv: Env) -> dict[str, str]:
+    (denv.tmp / "progress").mkdir()
+    return {"STEADQ_PROGRESS_DIR": str(denv.tmp / "progress")}
+
+
+def test_progress_is_shown_by_show_and_ls_while_the_job_runs(denv: Env, daemons, pdir) -> None:
+    go = _config(denv, r'printf "10 starting\n42 half \033[31mred\n" >> "$STEADQ_PROGRESS"')
+    d = daemons(denv, extra_env=pdir)
+    with Queue.open(denv.queue_path) as q:
+        job = q.enqueue(b"")
+    d.ready()
+
+    def shown() -> str | None:
+        r = _cli(denv, "show", "--no-journal", denv.queue_path, job)
+        return r.stdout if "42%" in r.stdout else None
+
+    text = wait_for(shown, what="progress in steadq show")
+    assert "  progress:      42% half \\x1b[31mred" in text, text  # the latest line, escaped
+    doc = json.loads(_cli(denv, "show", "--no-journal", "--json", denv.queue_path, job).stdout)
+    assert doc["progress"]["percent"] == 42 and doc["progress"]["text"] == "half \x1b[31mred"
+    assert doc["state"] == "leased"  # the existing fields are unchanged
+    ls = _cli(denv, "ls", denv.queue_path).stdout
+    assert "42% half \\x1b[31mred" in ls, ls
+    (listed,) = json.loads(_cli(denv, "ls", "--json", denv.queue_path).stdout)
+    assert listed["progress"]["percent"] == 42
+    watch = _cli(denv, "watch", "--count", "1", denv.queue_path).stdout
+    assert f"  {job[:8]}  42% half \\x1b[31mred" in watch, watch
+    (go / job).touch()
+    wait_for(lambda: job in live_tree(denv.queue_path).receipts, what="the job acked")
+    wait_for(lambda: not any((denv.tmp / "progress").rglob(job)), what="its progress removed")
+    assert "progress:" not in _cli(denv, "show", "--no-journal", denv.queue_path, job).stdout
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "huge", "hardlink"])
+def test_a_hostile_progress_file_is_refused_without_blocking(denv: Env, daemons, pdir, kind: str) -> None:
+    secret = denv.tmp / "secret"
+    secret.write_text("99 the daemon's secret\n")
+    setup = {
+        "fifo": 'rm -f "$STEADQ_PROGRESS"; mkfifo "$STEADQ_PROGRESS"',
+        "symlink": f'rm -f "$STEADQ_PROGRESS"; ln -s {secret} "$STEADQ_PROGRESS"',
+        "huge": 'truncate -s 2G "$STEADQ_PROGRESS"; printf "77 at the end\\n" >> "$STEADQ_PROGRESS"',
+        "hardlink": f'rm -f "$STEADQ_PROGRESS"; ln {secret} "$STEADQ_PROGRESS"',
+    }[kind]
+    go = _config(denv, setup, concurrency=2)
+    d = daemons(denv, extra_env=pdir)
+    with Queue.open(denv.queue_path) as q:
+        bad = q.enqueue(b"")
+    d.ready()
+    d.wait_log(rf"progress file of job {bad[:8]} refused: ")
+    # the worker is not blocked: a second job runs and reports progress meanwhile
+    _config(denv, 'echo "5 fine" > "$STEADQ_PROGRESS"', concurrency=2)
+    d.signal(1)  # SIGHUP: the next job runs the new command
+    d.wait_log("worker configuration reloaded")
+    with Queue.open(denv.queue_path) as q:
+        good = q.enqueue(b"")
+    wait_for(
+        lambda: "5% fine" in _cli(denv, "show", "--no-journal", denv.queue_path, good).stdout, what="good's progress"
+    )
+    out = _cli(denv, "show", "--no-journal", denv.queue_path, bad).stdout
+    assert "progress:" not in out and "secret" not in out and "77%" not in out, (out, d.log())
+    assert d.log().count(f"progress file of job {bad[:8]} refused") == 1  # said once, not every second
+    (go / bad).touch()
+    (go / good).touch()
+    wait_for(lambda: {bad, good} <= live_tree(denv.queue_path).receipts, what="both jobs acked")
