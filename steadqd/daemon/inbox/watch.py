@@ -316,7 +316,7 @@ class Watcher:
             return
         self._report(name, self.folder.take(name, st))
 
-    def _refuse(self, name: str, why: str) -> None:
+    def _refuse(self, name: str, why: str, job_id: str | None = None) -> None:
         try:
             sig: Signature | None = _signature(os.stat(name, dir_fd=self.folder.fd, follow_symlinks=False))
         except OSError:
@@ -332,7 +332,7 @@ class Watcher:
         more = ""
         if self._named == REFUSALS_NAMED:
             more = f"; further refusals are counted, in one line per {SUMMARY_EVERY:g}s"
-        self.log.warning(f"watch folder: {shown(name)} refused: it {why}{more}", inbox_file=shown(name))
+        self.log.warning(f"watch folder: {shown(name)} refused: it {why}{more}", inbox_file=shown(name), job_id=job_id)
 
     def _summarise(self) -> None:
         """End a summary window: one line for the refusals not named in it."""
@@ -362,7 +362,7 @@ class Watcher:
                 inbox_file=shown_name,
             )
         elif result.outcome == REFUSED:
-            self._refuse(name, result.reason)
+            self._refuse(name, result.reason, result.job_id)
         elif result.outcome == LATER:
             # A full disk makes every file wait: one line per window, with the count.
             self._later.record([("not_taken", f"{shown_name} {result.reason}; trying again every {RETRY_PAUSE:g}s")])
