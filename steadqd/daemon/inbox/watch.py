@@ -489,15 +489,19 @@ class InboxRole:
             return f"stopped: {w.config.path} went away or failed (see the journal)"
         return f"{w.enqueued} enqueued, {len(w.waiting)} settling, {w.refused} refused"
 
-    def reload(self, settings: QueueSettings) -> None:
+    def reload(self, settings: QueueSettings) -> str:
+        """Watch the folder anew when its settings changed or it had failed; what failed is not applied."""
         old = self.settings
         self.settings = settings
         if settings.inbox == old.inbox and settings.sweeper == old.sweeper and not self.failed:
-            return
+            return ""
         self._stop()
         if settings.inbox is not None:
             self.log.notice("watch folder configuration changed: watching again")
         self._start(settings)
+        if self.failed and settings.inbox is not None:
+            return f"watch folder {shown(settings.inbox.path)} not watched: {self.failed}"
+        return ""
 
     def drain(self) -> None:
         if self._watcher is not None:
