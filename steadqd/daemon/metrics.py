@@ -46,6 +46,7 @@ __all__ = [
     "UncontrolledDirectory",
     "attach",
     "directory_problem",
+    "inbox_failed",
     "job_failed_to_start",
     "job_finished",
     "recovered",
@@ -72,6 +73,11 @@ _HELP = {
         "gauge",
         "1 while the worker's last claim pass found the queue paused (steadq pause), else 0.",
     ),
+    "steadqd_inbox_failed": (
+        "gauge",
+        "1 while the configured watch folder (inbox:) is not watched: it could not be opened, or it went away "
+        "or failed since (the journal says why); else 0.",
+    ),
 }
 _SETTLED = {"ack": "acked", "retry": "retried", "bury": "buried"}  # verdict word -> state label
 # Which families each role feeds: a file carries only the families of the roles in its process.
@@ -79,6 +85,7 @@ _ROLE_FAMILIES = {
     "worker": ("steadqd_jobs_total", "steadqd_job_duration_seconds", "steadqd_queue_paused"),
     "sweeper": ("steadqd_promotions_total", "steadqd_reaps_total"),
     "promoter": ("steadqd_promotions_total",),
+    "inbox": ("steadqd_inbox_failed",),
 }
 
 
@@ -111,6 +118,7 @@ class Metrics:
         self._promotions = 0
         self._reaps = 0
         self._paused = False
+        self._inbox_failed = False
         self.changes = 0  # bumped by every update: the writer skips a file that would not change
 
     def feed(self, roles: Iterable[str]) -> None:
@@ -142,6 +150,12 @@ class Metrics:
                 self._paused = paused
                 self.changes += 1
 
+    def inbox_failed(self, failed: bool) -> None:
+        if failed != self._inbox_failed:
+            with self._lock:
+                self._inbox_failed = failed
+                self.changes += 1
+
     def recovered(self, promoted: int, reaped: int) -> None:
         if promoted or reaped:
             with self._lock:
@@ -159,6 +173,7 @@ class Metrics:
                 "steadqd_promotions_total": [f"steadqd_promotions_total{{{base}}} {self._promotions}"],
                 "steadqd_reaps_total": [f"steadqd_reaps_total{{{base}}} {self._reaps}"],
                 "steadqd_queue_paused": [f"steadqd_queue_paused{{{base}}} {int(self._paused)}"],
+                "steadqd_inbox_failed": [f"steadqd_inbox_failed{{{base}}} {int(self._inbox_failed)}"],
             }
             families = [f for f in _HELP if f in self.families]
         lines: list[str] = []
@@ -323,6 +338,12 @@ def queue_paused(paused: bool) -> None:
     """The worker's last claim pass found the queue paused (or not)."""
     if _process is not None:
         _process.queue_paused(paused)
+
+
+def inbox_failed(failed: bool) -> None:
+    """The configured watch folder is not watched (or is again)."""
+    if _process is not None:
+        _process.inbox_failed(failed)
 
 
 def recovered(report: RecoveryReport) -> None:

@@ -56,6 +56,7 @@ from collections.abc import Iterator
 import inotify_simple
 
 from steadqd.backend import Backend
+from steadqd.daemon import metrics
 from steadqd.daemon.config import InboxConfig, QueueSettings
 from steadqd.daemon.inbox.files import (
     DONE_BEFORE,
@@ -196,6 +197,8 @@ class Watcher:
             self.gone = True
         finally:
             self._summarise()
+            if self.gone:
+                metrics.inbox_failed(True)
 
     def _wait(self) -> None:
         timeout = None
@@ -446,6 +449,8 @@ class InboxRole:
 
     def start(self, loop: Loop) -> None:
         self._start(self.settings)
+        metrics.attach(loop, self.settings, self.log, self.name)
+        metrics.inbox_failed(bool(self.failed))
 
     def _start(self, settings: QueueSettings) -> None:
         self.failed = ""
@@ -499,6 +504,7 @@ class InboxRole:
         if settings.inbox is not None:
             self.log.notice("watch folder configuration changed: watching again")
         self._start(settings)
+        metrics.inbox_failed(bool(self.failed))
         if self.failed and settings.inbox is not None:
             return f"watch folder {shown(settings.inbox.path)} not watched: {self.failed}"
         return ""
