@@ -31,13 +31,16 @@ import secrets
 import stat
 import threading
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from steadqd.backend import RecoveryReport
 from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import Log
-from steadqd.daemon.service import Loop
 from steadqd.durable_file import replace_durably
 from steadqd.text import printable
+
+if TYPE_CHECKING:  # only a type here: preflight (imported by the service) uses directory_problem
+    from steadqd.daemon.service import Loop
 
 __all__ = [
     "DURATION_BUCKETS",
