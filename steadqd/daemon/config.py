@@ -312,7 +312,21 @@ def _inside(a: str, b: str) -> bool:
     return a == b or a.startswith(b.rstrip("/") + "/")
 
 
-_INBOX_KEYS = {"path", "pattern", "settle", "payload", "after", "move_to", "max_attempts"}
+_INBOX_KEYS = {"path", "pattern", "settle", "payload", "after", "move_to", "max_attempts", "unique"}
+# A unique key is "inbox:<path>/<name>" plus " size=N mtime_ns=N" (steadqd.daemon.inbox.files.unique_key),
+# at most UNIQUE_KEY_MAX bytes: a name may be 255 bytes, the rest is the folder's path.
+INBOX_UNIQUE_PATH_MAX = 640
+
+
+def _unique(d: Doc, path: str) -> str:
+    v = d.scalar()
+    value = "off" if v is False else d.choice(("name", "identity", "off"))  # YAML reads a bare off as false
+    if value != "off" and len(os.fsencode(path)) > INBOX_UNIQUE_PATH_MAX:
+        raise d.error(
+            f"needs a folder path of at most {INBOX_UNIQUE_PATH_MAX} bytes (the path is part of each file's key); "
+            "use a shorter path or unique: off"
+        )
+    return value
 
 
 def _inbox(d: Doc) -> InboxConfig:
@@ -346,6 +360,7 @@ def _inbox(d: Doc) -> InboxConfig:
         max_attempts=m["max_attempts"].integer(MIN_MAXIMUM_ATTEMPTS, MAX_MAXIMUM_ATTEMPTS)
         if "max_attempts" in m
         else InboxConfig.max_attempts,
+        unique=_unique(m["unique"], path) if "unique" in m else InboxConfig.unique,
     )
 
 

@@ -120,6 +120,8 @@ def check_config(names: list[str], directory: str | None, *, open_queues: bool, 
             problems = preflight.as_account(account, functools.partial(preflight.start_problems, settings))
             for p in problems:
                 print(f"{name}: {p.text}", file=sys.stderr)
+            for warning in preflight.unit_path_warnings(settings):  # systemd's view: warnings, not failures
+                print(f"{name}: warning: {warning}", file=sys.stderr)
             if problems:
                 print(f"{name}: checked as user {account.name}", file=sys.stderr)
                 failed += 1

@@ -31,13 +31,16 @@ import secrets
 import stat
 import threading
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from steadqd.backend import RecoveryReport
 from steadqd.daemon.config import QueueSettings
 from steadqd.daemon.journal import Log
-from steadqd.daemon.service import Loop
 from steadqd.durable_file import replace_durably
 from steadqd.text import printable
+
+if TYPE_CHECKING:  # only a type here: preflight (imported by the service) uses directory_problem
+    from steadqd.daemon.service import Loop
 
 __all__ = [
     "DURATION_BUCKETS",
@@ -46,6 +49,7 @@ __all__ = [
     "UncontrolledDirectory",
     "attach",
     "directory_problem",
+    "inbox_failed",
     "job_failed_to_start",
     "job_finished",
     "job_progress",
@@ -77,6 +81,11 @@ _HELP = {
         "gauge",
         "1 while the worker's last claim pass found the queue paused (steadq pause), else 0.",
     ),
+    "steadqd_inbox_failed": (
+        "gauge",
+        "1 while the configured watch folder (inbox:) is not watched: it could not be opened, or it went away "
+        "or failed since (the journal says why); else 0.",
+    ),
 }
 _SETTLED = {"ack": "acked", "retry": "retried", "bury": "buried"}  # verdict word -> state label
 # Which families each role feeds: a file carries only the families of the roles in its process.
@@ -89,6 +98,7 @@ _ROLE_FAMILIES = {
     ),
     "sweeper": ("steadqd_promotions_total", "steadqd_reaps_total"),
     "promoter": ("steadqd_promotions_total",),
+    "inbox": ("steadqd_inbox_failed",),
 }
 
 
@@ -122,6 +132,7 @@ class Metrics:
         self._reaps = 0
         self._paused = False
         self._progress: dict[int, float] = {}  # by slot: a bounded series count, unlike job ids
+        self._inbox_failed = False
         self.changes = 0  # bumped by every update: the writer skips a file that would not change
 
     def feed(self, roles: Iterable[str]) -> None:
@@ -162,6 +173,12 @@ class Metrics:
                 self._paused = paused
                 self.changes += 1
 
+    def inbox_failed(self, failed: bool) -> None:
+        if failed != self._inbox_failed:
+            with self._lock:
+                self._inbox_failed = failed
+                self.changes += 1
+
     def recovered(self, promoted: int, reaped: int) -> None:
         if promoted or reaped:
             with self._lock:
@@ -183,6 +200,7 @@ class Metrics:
                     f'steadqd_job_progress_percent{{{base},slot="{slot}"}} {_number(pct)}'
                     for slot, pct in sorted(self._progress.items())
                 ],
+                "steadqd_inbox_failed": [f"steadqd_inbox_failed{{{base}}} {int(self._inbox_failed)}"],
             }
             families = [f for f in _HELP if f in self.families]
         lines: list[str] = []
@@ -352,6 +370,12 @@ def queue_paused(paused: bool) -> None:
     """The worker's last claim pass found the queue paused (or not)."""
     if _process is not None:
         _process.queue_paused(paused)
+
+
+def inbox_failed(failed: bool) -> None:
+    """The configured watch folder is not watched (or is again)."""
+    if _process is not None:
+        _process.inbox_failed(failed)
 
 
 def recovered(report: RecoveryReport) -> None:

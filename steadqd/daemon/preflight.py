@@ -32,8 +32,10 @@ import grp
 import json
 import os
 import pwd
+import re
 import shutil
 import stat
+import subprocess
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from steadqd import backend
 from steadqd.constants import STATE_DIRS
 from steadqd.daemon.config import QueueSettings, WorkerConfig, open_options
+from steadqd.daemon.metrics import directory_problem, textfile_for
 from steadqd.errors import SteadQError
 from steadqd.text import printable
 
@@ -54,10 +57,12 @@ __all__ = [
     "describe_os_error",
     "inbox_problems",
     "job_account",
+    "metrics_problems",
     "queue_problems",
     "service_account",
     "start_problems",
     "tmpdir_problems",
+    "unit_path_warnings",
     "worker_problems",
 ]
 
@@ -433,7 +438,166 @@ def start_problems(settings: QueueSettings) -> list[Problem]:
         return [Problem(f"queue {printable(settings.queue)}: {e}")]
     except OSError as e:
         return [Problem(describe_os_error(e, settings, account))]
-    return worker_problems(settings) + inbox_problems(settings, account)
+    return worker_problems(settings) + inbox_problems(settings, account) + metrics_problems(settings, account)
+
+
+def metrics_problems(settings: QueueSettings, account: Account) -> list[Problem]:
+    """``metrics_textfile:``'s directory as ``account`` (this process's user) will write it.
+
+    The daemon runs without the file when it cannot write it (one warning in the
+    journal), so the first sign was a dashboard with no data: here it is said before
+    the start, with the same rule the writer applies (``metrics.directory_problem``).
+    Nothing is created."""
+    configured = settings.metrics_textfile
+    if configured is None:
+        return []
+    directory = os.path.dirname(configured)
+    target = printable(textfile_for(configured, "worker"))
+    where = printable(directory)
+    install = f"install -d -o {account.name} -m 0755 {where}"
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return [
+            Problem(f"metrics_textfile: directory {where} does not exist, so {target} cannot be written; {install}")
+        ]
+    except OSError as e:
+        return [Problem(f"metrics_textfile: user {account.name} cannot look at {where}: {e.strerror}; {install}")]
+    if stat.S_ISLNK(st.st_mode):
+        return [
+            Problem(
+                f"metrics_textfile: directory {where} is a symbolic link, which the writer never follows; name "
+                f"the real directory ({printable(os.path.realpath(directory))}) in metrics_textfile:"
+            )
+        ]
+    if not stat.S_ISDIR(st.st_mode):
+        return [Problem(f"metrics_textfile: {where} is not a directory; {install}")]
+    if problem := directory_problem(directory, st):
+        return [Problem(f"{problem}; {target} would not be written")]
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return [
+            Problem(
+                f"metrics_textfile: user {account.name} cannot create {target} in {where} ({_where(directory)}); "
+                f"chown {account.name} {where} (mode 0755)"
+            )
+        ]
+    return []
+
+
+# --- the hardened units' writable paths, as systemd reports them -------------------------------
+
+_SYSTEMCTL_TIMEOUT_S = 5.0
+_SHOW_MAX = 64 * 1024  # characters of `systemctl show` read: three properties of three units
+_HOMES = ("/home", "/root", "/run/user")
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """What a unit's file-system protection leaves writable (``systemctl show``, drop-ins included)."""
+
+    writable: tuple[str, ...]
+    protect_system: str
+    protect_home: str
+
+    def blocks(self, path: str) -> str:
+        """Why the unit cannot write ``path`` ("" if it can, as far as these settings say)."""
+        real = os.path.realpath(path)
+
+        def inside(p: str) -> bool:
+            return any(p == w or p.startswith(w.rstrip("/") + "/") for w in self.writable)
+
+        if any(real == h or real.startswith(h + "/") for h in _HOMES):
+            if self.protect_home in ("yes", "tmpfs"):
+                return f"ProtectHome={self.protect_home} hides it from the unit"
+            if self.protect_home == "read-only" and not inside(real):
+                return "ProtectHome=read-only makes it read-only and no ReadWritePaths= holds it"
+        if self.protect_system == "strict" and not inside(real):
+            return "ProtectSystem=strict makes it read-only and no ReadWritePaths= holds it"
+        return ""
+
+
+def _parse_show(text: str, count: int) -> list[Sandbox] | None:
+    """``count`` blocks of ``Key=value`` lines, one per unit asked about; None for anything else."""
+    blocks = [b for b in re.split(r"\n\s*\n", text.strip()) if b.strip()] if text.strip() else []
+    if len(blocks) != count:
+        return None
+    found = []
+    for block in blocks:
+        props: dict[str, str] = {}
+        for line in block.splitlines():
+            key, eq, value = line.partition("=")
+            if not eq or not re.fullmatch(r"[A-Za-z]+", key):
+                return None
+            props[key] = value.strip()
+        paths = tuple(
+            os.path.normpath(p.lstrip("-+"))
+            for p in props.get("ReadWritePaths", "").split()
+            if p.lstrip("-+").startswith("/")
+        )
+        found.append(Sandbox(paths, props.get("ProtectSystem", "no"), props.get("ProtectHome", "no")))
+    return found
+
+
+def unit_sandboxes(units: list[str]) -> list[Sandbox] | str:
+    """Each unit's sandbox as the running systemd has it, or why systemd could not be asked."""
+    try:
+        p = subprocess.run(
+            ["systemctl", "show", "-p", "ReadWritePaths,ProtectSystem,ProtectHome", "--", *units],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=_SYSTEMCTL_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except FileNotFoundError:
+        return "systemctl is not installed"
+    except subprocess.TimeoutExpired:
+        return f"systemctl did not answer within {_SYSTEMCTL_TIMEOUT_S:g}s"
+    except OSError as e:
+        return f"systemctl cannot be run ({e.strerror})"
+    if p.returncode != 0:
+        said = printable((p.stderr.strip().splitlines() or [""])[0][:200])
+        return f"systemctl show failed ({said or f'exit status {p.returncode}'})"
+    parsed = _parse_show(p.stdout[:_SHOW_MAX], len(units))
+    return "systemctl show answered in a form not understood" if parsed is None else parsed
+
+
+def unit_path_warnings(settings: QueueSettings) -> list[str]:
+    """The paths the queue's units must write that their sandbox keeps read-only, each with the drop-in to add.
+
+    Checked against systemd itself: a file system check from outside the unit
+    cannot see ``ProtectSystem=strict``, so the watch folder (or metrics file)
+    worked under ``steadqd run`` and failed under the unit. Without a running
+    systemd this cannot be checked, and says so."""
+    needs: dict[str, list[tuple[str, str]]] = {}
+    inbox = settings.inbox
+    if inbox is not None:
+        needs["worker"] = [("watch folder (inbox.path)", inbox.path)]
+        if inbox.after == "move" and inbox.move_to is not None:
+            needs["worker"].append(("inbox.move_to", inbox.move_to))
+    if settings.metrics_textfile is not None:
+        directory = ("metrics_textfile directory", os.path.dirname(settings.metrics_textfile))
+        for role in ("worker", "sweeper", "promoter"):
+            needs.setdefault(role, []).append(directory)
+    if not needs:
+        return []
+    units = [f"steadq-{role}@{settings.name}.service" for role in needs]
+    answer = unit_sandboxes(units)
+    if isinstance(answer, str):
+        return [
+            f"cannot check the units' writable paths (ProtectSystem=, ReadWritePaths=): {answer}; under systemd, "
+            "`systemctl show -p ReadWritePaths steadq-worker@QUEUE.service` must hold the watch folder and the "
+            "metrics directory"
+        ]
+    warnings = []
+    for unit, sandbox, paths in zip(units, answer, needs.values(), strict=True):
+        for what, path in paths:
+            if why := sandbox.blocks(path):
+                warnings.append(
+                    f"{what} {printable(path)} cannot be written by {unit}: {why}; add a drop-in "
+                    f"(systemctl edit {unit}) with [Service] ReadWritePaths={printable(path)}, then restart it"
+                )
+    return warnings
 
 
 def inbox_problems(settings: QueueSettings, account: Account) -> list[Problem]:

@@ -82,7 +82,7 @@ class PromoterRole(PassRole):
             return f"promoting, {count}"
         return f"next due in {due_in:.0f}s, {count}"
 
-    def reload(self, settings: QueueSettings) -> None:
+    def reload(self, settings: QueueSettings) -> str:
         old = self.settings
         self.settings = settings  # never a new queue: the service refuses such a reload
         if settings.sweeper.max_clock_skew != old.sweeper.max_clock_skew:
@@ -90,9 +90,12 @@ class PromoterRole(PassRole):
                 self._open(settings)  # the bound is fixed when the handle opens
             except (SteadQError, OSError) as e:
                 self._errors.record([("queue_open", str(e))])
+                self._rescan_and_arm()
+                return f"the new sweeper.max_clock_skew: cannot reopen the queue ({e})"
             self._rescan_and_arm()
         elif settings.promoter != old.promoter:
             self._rescan_and_arm()
+        return ""
 
     def close(self) -> None:
         self._cancel()

@@ -180,8 +180,11 @@ class Role(Protocol):
     def status(self) -> str:
         """A short fragment for STATUS=, e.g. "2 running, 14 ready"; "" for a role with nothing to do."""
 
-    def reload(self, settings: QueueSettings) -> None:
-        """Apply new settings without dropping running work."""
+    def reload(self, settings: QueueSettings) -> str:
+        """Apply new settings without dropping running work; return what could not be applied ("" if all was).
+
+        The service's reload line must never say "reloaded" for a change that did not take
+        (a watch folder that cannot be watched): a role says so here, and the line names it."""
 
     def drain(self) -> None:
         """Stop taking new work."""
@@ -406,10 +409,15 @@ class Service:
             )
             self.notifier.ready(self.status_line())
             return
+        not_applied = []
         for r in self.roles:
-            r.reload(settings)
+            if why := r.reload(settings):
+                not_applied.append(f"{r.name}: {why}")
         self.settings = settings
-        self.log.notice("reloaded configuration")
+        if not_applied:
+            self.log.warning(f"reloaded configuration except {'; '.join(not_applied)}", config=settings.source)
+        else:
+            self.log.notice("reloaded configuration")
         self.notifier.ready(self.status_line())
 
     def _close_roles(self) -> None:

@@ -92,6 +92,8 @@ class InboxConfig:
     after: str = "keep"  # "keep", "move" (to move_to) or "delete", once the job is durable
     move_to: str | None = None
     max_attempts: int = 3
+    # "off", "name" (one job per file name) or "identity" (per name, size and mtime) while its job is in the queue
+    unique: str = "off"
 
 
 @dataclass(frozen=True)

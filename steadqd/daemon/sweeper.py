@@ -135,7 +135,8 @@ class SweeperRole(PassRole):
             text += ", more to do"
         return text
 
-    def reload(self, settings: QueueSettings) -> None:
+    def reload(self, settings: QueueSettings) -> str:
+        not_applied = ""
         old_interval = self.settings.sweeper.interval
         self.settings = settings
         key = _open_key(settings)
@@ -144,15 +145,14 @@ class SweeperRole(PassRole):
                 fresh = _open(settings)
             except SteadQError as e:
                 # Keep sweeping with the old handle: stopping recovery would be worse.
-                self.log.error(
-                    f"cannot reopen the queue with the new settings, keeping the old handle: {e}", path=settings.queue
-                )
+                not_applied = f"cannot reopen the queue with the new settings, keeping the old handle: {e}"
             else:
                 self._close_queue()
                 self.queue, self._opened_with = fresh, key
         if settings.sweeper.interval != old_interval and self._timer is not None and not self._timer_soon:
             since = Loop.now() - (self._last_pass_end or Loop.now())
             self._schedule(max(0.0, settings.sweeper.interval - since))
+        return not_applied
 
     def close(self) -> None:
         self._cancel()

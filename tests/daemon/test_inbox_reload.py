@@ -137,3 +137,22 @@ def test_a_folder_the_daemons_user_cannot_write_names_the_path_and_the_fix(
         assert f"chmod g+w,+t {folder}" in message, message
 
     assert as_user((54325, 54325), start) == "ok"
+
+
+@pytest.mark.skipif(not Path("/proc/self/mountinfo").exists(), reason="needs mounts")
+def test_a_reload_whose_folder_fails_does_not_say_plainly_reloaded(denv: Env, tmp_path: Path) -> None:
+    """Never "reloaded configuration" for a change not applied (issue 33 #2): the reload line says what was not."""
+    folder = tmp_path / "drop"
+    folder.mkdir()
+    write(denv, None)
+    with read_only(folder), worker(denv) as d:
+        write(denv, {"path": str(folder), "settle": "0.3s", "after": "delete", "payload": "content"})
+        d.signal(signal.SIGHUP)
+        line = d.wait_log(r"^<\d>worker\[testq\]: reloaded configuration.*")[0].group(0)
+        d.signal(signal.SIGHUP)  # the same file again: the folder is tried again, and still not watched
+        again = d.wait_log(r"^<\d>worker\[testq\]: reloaded configuration.*", count=2)[1].group(0)
+        assert d.proc.poll() is None
+    for said in (line, again):
+        assert said.startswith("<4>"), said  # a warning, not a notice
+        assert f"reloaded configuration except inbox: watch folder {folder} not watched" in said, said
+        assert "Read-only file system" in said, said

@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 import os
 import re
+import signal
 import stat
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -252,3 +254,52 @@ def test_job_progress_is_a_gauge_per_slot_and_goes_with_the_job() -> None:
     names = [ls for name, ls in parse_exposition(m.render()) if name == "steadqd_job_progress_percent"]
     assert len(names) == 1
     assert "job_progress" in metrics.__all__
+
+
+def test_a_watch_folder_that_is_not_watched_is_a_gauge_of_1_until_a_reload_watches_it(
+    tmp_path: Path, make_queue, queue_path: str
+) -> None:
+    """steadqd_inbox_failed (issue 33 #2): the jobs go on running, so an alert needs a metric, not an exit."""
+    make_queue().close()
+    env = Env(tmp_path, queue_path)
+    prom_dir = tmp_path / "textfiles"
+    prom_dir.mkdir()
+    configured = str(prom_dir / "steadq-testq.prom")
+    folder = tmp_path / "drop"  # not there yet: the folder fails, the worker starts all the same
+    doc = {
+        "queue": queue_path,
+        "metrics_textfile": configured,
+        "worker": {"command": env.command(), "lease": "10s"},
+        "inbox": {"path": str(folder), "settle": "0.3s", "after": "delete", "payload": "content"},
+    }
+    (env.config_dir / "testq.yaml").write_text(yaml.safe_dump(doc))
+    path = Path(textfile_for(configured, "worker"))
+
+    def gauge(expected: float) -> Callable[[], bool]:
+        def check() -> bool:
+            if not path.exists():
+                return False
+            samples = parse_exposition(path.read_text())
+            return value(samples, "steadqd_inbox_failed", queue="testq", role="worker") == expected
+
+        return check
+
+    d = Daemon(env, "worker")
+    try:
+        d.ready()
+        wait_for(gauge(1), 30, f"{path} to say steadqd_inbox_failed 1")
+        folder.mkdir()
+        d.signal(signal.SIGHUP)
+        d.wait_log(r"reloaded configuration$")
+        wait_for(gauge(0), 30, f"{path} to say steadqd_inbox_failed 0")
+    finally:
+        d.stop()
+
+
+def test_the_inbox_gauge_is_in_the_files_of_processes_that_watch_a_folder_only() -> None:
+    m = Metrics("q", "worker")
+    m.feed(("worker",))
+    assert "steadqd_inbox_failed" not in {name for name, _ in parse_exposition(m.render())}
+    m.feed(("inbox",))
+    m.inbox_failed(True)
+    assert value(parse_exposition(m.render()), "steadqd_inbox_failed", queue="q", role="worker") == 1

@@ -359,3 +359,124 @@ def test_check_config_open_checks_the_watch_folder_as_the_service_user(world: Pa
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = daemon_main(["--config-dir", str(cfg), "check-config", "--open", "--user", "nobody", "t"])
     assert code == 0, err.getvalue()
+
+
+def _check_open(cfg: Path) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = daemon_main(["--config-dir", str(cfg), "check-config", "--open", "--user", "nobody", "t"])
+    return code, err.getvalue()
+
+
+def _stand_in_systemctl(where: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> Path:
+    """A stand-in ``systemctl`` first on PATH (as tests/cli/test_status.py does); it logs its arguments."""
+    bin_dir = where / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "systemctl"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {bin_dir}/calls\n{body}\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return bin_dir / "calls"
+
+
+def _hardened(writable: str) -> str:
+    """What systemd answers for each unit asked about: the shipped units' sandbox, with ``writable``."""
+    return (
+        'shift 4\nfor u in "$@"; do\n'
+        f"  printf 'ReadWritePaths=-/var/lib/steadq {writable} -/run/steadq/roles\\nProtectSystem=strict\\n"
+        "ProtectHome=yes\\n\\n'\ndone"
+    )
+
+
+def _metrics_config(world: Path, directory: Path) -> Path:
+    queue = world / "q"
+    Queue.init(str(queue), shards=2).close()
+    for p in [queue, *queue.rglob("*")]:
+        os.lchown(p, NOBODY, NOBODY)
+    cfg = _config(world, queue, ["/bin/true"])
+    doc = yaml.safe_load((cfg / "t.yaml").read_text())
+    doc["metrics_textfile"] = str(directory / "steadq-t.prom")
+    (cfg / "t.yaml").write_text(yaml.safe_dump(doc))
+    return cfg
+
+
+def test_check_config_open_checks_the_metrics_directory_as_the_service_user(
+    world: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33 #2: the daemon ran without its metrics file (one journal warning); --open said ok."""
+    _stand_in_systemctl(world, monkeypatch, _hardened(str(world)))
+    metrics = world / "metrics"
+    cfg = _metrics_config(world, metrics)
+    code, err = _check_open(cfg)
+    assert code == 78 and f"directory {metrics} does not exist" in err, err
+    assert f"install -d -o nobody -m 0755 {metrics}" in err, err
+    metrics.mkdir(mode=0o755)  # root's 0755: the rule allows it, but nobody cannot create the file
+    code, err = _check_open(cfg)
+    assert code == 78, err
+    assert f"user nobody cannot create {metrics}/steadq-t.worker.prom in {metrics}" in err, err
+    assert f"chown nobody {metrics}" in err, err
+    os.chown(metrics, 0, NOBODY)
+    os.chmod(metrics, 0o775)  # the group may write: a member could plant a link (metrics.directory_problem)
+    code, err = _check_open(cfg)
+    assert code == 78 and f"chmod go-w {metrics}" in err, err
+    os.chown(metrics, NOBODY, NOBODY)
+    os.chmod(metrics, 0o755)
+    code, err = _check_open(cfg)
+    assert code == 0, err
+    assert not list(metrics.iterdir())  # a check creates nothing
+
+
+def test_check_config_open_asks_systemd_whether_the_units_may_write_the_folder_and_the_metrics(
+    world: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33 #2: ProtectSystem=strict cannot be seen from outside the unit; systemd is asked, drop-ins included."""
+    metrics = world / "metrics"
+    metrics.mkdir(mode=0o755)
+    os.chown(metrics, NOBODY, NOBODY)
+    folder = world / "drop"
+    folder.mkdir()
+    os.chown(folder, 0, NOBODY)
+    os.chmod(folder, 0o3770)
+    cfg = _metrics_config(world, metrics)
+    doc = yaml.safe_load((cfg / "t.yaml").read_text())
+    doc["inbox"] = {"path": str(folder)}
+    (cfg / "t.yaml").write_text(yaml.safe_dump(doc))
+
+    calls = _stand_in_systemctl(world, monkeypatch, _hardened("/srv/elsewhere"))
+    code, err = _check_open(cfg)
+    assert code == 0, err  # warnings: the folder and the metrics are extras, the queue's jobs run
+    assert calls.read_text().split() == [
+        "show",
+        "-p",
+        "ReadWritePaths,ProtectSystem,ProtectHome",
+        "--",
+        "steadq-worker@t.service",
+        "steadq-sweeper@t.service",
+        "steadq-promoter@t.service",
+    ]
+    lines = [line for line in err.splitlines() if "warning:" in line]
+    assert len(lines) == 4, err  # the folder (worker), the metrics directory (each unit)
+    assert lines[0] == (
+        f"t: warning: watch folder (inbox.path) {folder} cannot be written by steadq-worker@t.service: "
+        "ProtectSystem=strict makes it read-only and no ReadWritePaths= holds it; add a drop-in "
+        f"(systemctl edit steadq-worker@t.service) with [Service] ReadWritePaths={folder}, then restart it"
+    )
+    assert all(f"metrics_textfile directory {metrics} cannot be written by" in line for line in lines[1:]), err
+
+    _stand_in_systemctl(world, monkeypatch, _hardened(str(world)))  # a drop-in names a parent: all writable
+    code, err = _check_open(cfg)
+    assert code == 0 and "warning" not in err, err
+
+    _stand_in_systemctl(world, monkeypatch, _hardened(str(folder)) + "\necho 'ProtectSystem=strict'")
+    code, err = _check_open(cfg)  # an answer not understood is not taken for one
+    assert "t: warning: cannot check the units' writable paths" in err and "not understood" in err, err
+
+    _stand_in_systemctl(
+        world, monkeypatch, 'echo "System has not been booted with systemd as init system (PID 1)." >&2; exit 1'
+    )
+    code, err = _check_open(cfg)
+    assert code == 0, err
+    assert (
+        "t: warning: cannot check the units' writable paths (ProtectSystem=, ReadWritePaths=): systemctl show "
+        "failed (System has not been booted with systemd as init system (PID 1).)"
+    ) in err, err

@@ -315,6 +315,37 @@ def test_an_unquoted_glob_or_ampersand_says_to_quote_it(value):
 
 
 @pytest.mark.parametrize(
+    ("value", "expected"), [("name", "name"), ("identity", "identity"), ("off", "off"), ('"off"', "off")]
+)
+def test_inbox_unique_is_name_identity_or_off(value, expected):
+    """A bare `off` is YAML's false: it still means off, as the operator wrote it."""
+    settings = parse_config(f"queue: /q/a\ninbox:\n  path: /srv/in\n  unique: {value}\n", path="/etc/q.yaml", name="q")
+    assert settings.inbox is not None and settings.inbox.unique == expected
+
+
+def test_inbox_unique_defaults_to_off():
+    settings = parse_config("queue: /q/a\ninbox:\n  path: /srv/in\n", path="/etc/q.yaml", name="q")
+    assert settings.inbox is not None and settings.inbox.unique == "off"
+
+
+@pytest.mark.parametrize("value", ["yes", "true", "path", "1"])
+def test_inbox_unique_refuses_anything_else_naming_the_line_and_the_choices(value):
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"queue: /q/a\ninbox:\n  path: /srv/in\n  unique: {value}\n", path="/etc/q.yaml", name="q")
+    message = str(info.value)
+    assert message.startswith("/etc/q.yaml:4: inbox.unique: must be one of name, identity, off"), message
+
+
+def test_inbox_unique_refuses_a_folder_path_too_long_for_a_key():
+    long_path = "/srv/" + "d" * 700
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"queue: /q/a\ninbox:\n  path: {long_path}\n  unique: name\n", path="/etc/q.yaml", name="q")
+    assert "inbox.unique: needs a folder path of at most 640 bytes" in str(info.value)
+    settings = parse_config(f"queue: /q/a\ninbox:\n  path: {long_path}\n", path="/etc/q.yaml", name="q")
+    assert settings.inbox is not None and settings.inbox.unique == "off"
+
+
+@pytest.mark.parametrize(
     "name", ["AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"]
 )
 def test_pass_environment_refuses_the_daemon_s_own_credentials(name):

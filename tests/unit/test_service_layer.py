@@ -156,8 +156,9 @@ class _RecordingRole:
     def status(self) -> str:
         return "ok"
 
-    def reload(self, settings: object) -> None:
+    def reload(self, settings: object) -> str:
         self.reloaded.append(settings.queue)  # type: ignore[attr-defined]
+        return ""
 
     def drain(self) -> None: ...
     def drained(self) -> bool:

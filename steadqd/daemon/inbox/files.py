@@ -21,7 +21,19 @@ intent record in the folder's state directory ``.steadq-inbox/``:
 
 A restart finds each unfinished intent and asks the queue for its job
 (``Backend.inspect``): there, only step 4 is left; not there, the enqueue
-did not happen and steps 2-4 are done now, with the same id. The one answer
+did not happen and steps 2-4 are done now, with the same id.
+
+With ``inbox.unique`` (name, or identity: name, size and mtime) the id is not
+drawn but derived from the file's key (:func:`unique_key`,
+``steadqd.queue_control.unique_job_id``), and step 3 enqueues with that key;
+the steps stay the same, so a crash resolves the same way. Before step 1 the
+queue is asked for the key's job: one there (running, waiting, dead, or
+acknowledged within the receipt retention) refuses the file, which is left
+where it is (every ``after:``): nothing is lost, its uploader sees it was not
+taken, and a member's file never goes anywhere the member cannot reach it. The
+refusal is made again only when the file changes or the daemon restarts. A
+producer enqueueing the same key between that look and step 3 makes step 3
+fail with DuplicateJob: the file is put back and refused the same way. The one answer
 that cannot be trusted is "not there" for an intent older than the receipt
 retention (the job may have run and its receipt expired): such an intent is
 renamed ``<job id>.unresolved`` and the operator is told, rather than risking
@@ -55,9 +67,10 @@ from steadqd.daemon.inbox.intent import (
     shown,
 )
 from steadqd.daemon.inbox.linux import rename_noreplace
-from steadqd.errors import ErrorKind, InvalidInput, OutcomeUnknown, SteadQError
+from steadqd.errors import DuplicateJob, ErrorKind, InvalidInput, OutcomeUnknown, SteadQError
+from steadqd.queue_control import unique_job_id
 
-__all__ = ["Folder", "Result", "open_for_writing"]
+__all__ = ["Folder", "Result", "open_for_writing", "unique_key"]
 
 _PATH_TYPE = "text/plain; charset=utf-8"
 _CONTENT_TYPE = "application/octet-stream"
@@ -122,6 +135,34 @@ def _prefixed(prefix: str, name: str, name_max: int) -> str:
 
 def _identity(st: os.stat_result) -> tuple[int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def unique_key(config: InboxConfig, name: str, size: int, mtime_ns: int) -> str | None:
+    """The file's unique key under ``inbox.unique`` (None when off): what an operator may also give
+    ``steadq put --unique`` to hold a name back, or look the file's job up with (``steadq inspect``).
+
+    ``inbox:<folder>/<name>``, and for identity `` size=<bytes> mtime_ns=<ns>`` after it: a name
+    cannot hold ``/``, and the suffix always ends the key, so no two files share a key by their
+    names alone. Not a secret nor a proof: a member who knows a coming file's name (and, for
+    identity, its size and mtime, which its owner sets at will) can drop one first and have the
+    real one refused as its duplicate; the refusal names the job and the file stays in place."""
+    if config.unique == "off":
+        return None
+    key = f"inbox:{os.path.join(config.path, name)}"
+    if config.unique == "identity":
+        key += f" size={size} mtime_ns={mtime_ns}"
+    return key
+
+
+def _duplicate(job_id: str, mode: str) -> Result:
+    """A file whose key's job is in the queue: refused, naming the job (counted like every refusal)."""
+    same = {"name": "name", "identity": "name, size and modification time"}.get(mode, "unique key")
+    return Result(
+        REFUSED,
+        f"has the same {same} as job {job_id}, which is still in the queue (inbox.unique: {mode}); "
+        "it was left in place",
+        job_id,
+    )
 
 
 class Folder:
@@ -358,7 +399,11 @@ class Folder:
 
     def take(self, name: str, st: os.stat_result) -> Result:
         """Steps 1-4 for a file that settled; ``st`` is what :meth:`look` saw of it."""
-        job_id = new_job_id()
+        key = unique_key(self.config, name, st.st_size, st.st_mtime_ns)
+        try:
+            job_id = new_job_id() if key is None else unique_job_id(self.queue.queue_id, key)
+        except InvalidInput as e:  # a key too long (the name's bytes): config allows the folder's path
+            return Result(REFUSED, f"cannot have a unique key: {e}")
         after = self.config.after
         dest: str | None = None
         if after == "move":
@@ -368,7 +413,7 @@ class Folder:
                 dest = _prefixed(f"{job_id[:8]}-", name, os.fpathconf(self.move_fd, "PC_NAME_MAX"))
         elif after == "delete":
             dest = job_id + FILE
-        intent = Intent(job_id, name, *_identity(st), dest)
+        intent = Intent(job_id, name, *_identity(st), dest, key)
         fd = self._open_path(self.fd, name, st.st_ino)
         if fd is None:
             return Result(LATER, "changed while it was being taken")
@@ -377,6 +422,8 @@ class Folder:
                 return Result(LATER, "is still open for writing")
             if self.config.payload == "content" and (why := self._unreadable(fd)):
                 return Result(REFUSED, why)  # before the intent: nothing is left behind for it
+            if key is not None and (held := self._key_held(intent)) is not None:
+                return held
             try:
                 self._write_intent(intent)
             except OSError as e:  # a full disk: the file waits, and is tried again
@@ -393,6 +440,17 @@ class Folder:
             return self._enqueue_and_finish(intent, fd)
         finally:
             os.close(fd)
+
+    def _key_held(self, intent: Intent) -> Result | None:
+        """Why the file's key keeps it from being taken now: its job is in the queue, or the same
+        key's intent is still unfinished (an unknown outcome being asked again); else None."""
+        if self._exists(self.state_fd, intent.job_id + INTENT):
+            return Result(LATER, f"waits for the outcome of job {intent.job_id}, which has the same unique key")
+        try:
+            there = self.queue.inspect(intent.job_id)
+        except (SteadQError, OSError) as e:
+            return Result(LATER, f"cannot be looked up in the queue yet ({e})")
+        return _duplicate(intent.job_id, self.config.unique) if there else None
 
     def resolve(self, intent: Intent) -> Result:
         """Finish an intent an earlier run (or an unknown outcome) left behind."""
@@ -523,6 +581,9 @@ class Folder:
                 self._enqueue(intent, payload, content_type, display)
         except OutcomeUnknown as e:
             return Result(UNKNOWN, str(e), intent.job_id)
+        except DuplicateJob as e:  # another producer made the key's job after the look: nothing was written
+            self._undo(intent)
+            return _duplicate(e.job_id or intent.job_id, self.config.unique)
         except SteadQError as e:
             self._undo(intent)
             if e.kind is ErrorKind.INVALID_INPUT:  # too large for the queue, say: waiting will not help
@@ -541,13 +602,18 @@ class Folder:
             content_type=content_type,
             metadata={"inbox_file": display},
             producer_id="steadqd-inbox",
-            job_id=intent.job_id,
+            # A unique file's id is its key's: the store derives it again (and refuses a second job).
+            job_id=intent.job_id if intent.unique is None else None,
+            unique=intent.unique,
         )
 
     def _finish(self, intent: Intent) -> None:
         if intent.kind == "keep":
             old = self.kept.get(intent.ino)
             os.rename(intent.job_id + INTENT, intent.job_id + KEPT, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)
+            for ino, record in list(self.kept.items()):  # the key's earlier job, for a file since replaced
+                if record.job_id == intent.job_id and ino != intent.ino:
+                    del self.kept[ino]
             self.kept[intent.ino] = intent
             if old is not None and old.job_id != intent.job_id:
                 with contextlib.suppress(FileNotFoundError):

@@ -15,6 +15,7 @@ import os
 import re
 from dataclasses import asdict, dataclass
 
+from steadqd.queue_control import UNIQUE_KEY_MAX
 from steadqd.text import printable
 
 __all__ = ["STATE_DIR", "BadRecord", "Intent", "Unreadable", "one_entry", "shown"]
@@ -61,6 +62,9 @@ class Intent:
     # Where the file is put before the enqueue: a name in move_to ("move"), the
     # state directory's <job id>.file ("delete"), None where it stays ("keep").
     dest: str | None
+    # ``inbox.unique``'s key (files.unique_key) when the file was taken with one: the job id is then
+    # the key's (steadqd.queue_control.unique_job_id), and the enqueue, also after a crash, uses the key.
+    unique: str | None = None
 
     @property
     def kind(self) -> str:
@@ -71,7 +75,10 @@ class Intent:
 
     def to_json(self) -> bytes:
         # ensure_ascii keeps an undecodable name's surrogate escapes as \udcXX
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        d = asdict(self)
+        if self.unique is None:
+            del d["unique"]  # a record without a key reads as before (and to an older daemon)
+        return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, entry: str) -> Intent:
@@ -84,8 +91,15 @@ class Intent:
         elsewhere with its privileges.
         """
         d = json.loads(raw)
-        if not isinstance(d, dict) or set(d) != set(cls.__dataclass_fields__):
+        if not isinstance(d, dict) or set(d) - {"unique"} != set(cls.__dataclass_fields__) - {"unique"}:
             raise BadRecord("is not an intent record")
+        unique = d.get("unique")
+        if unique is not None and (
+            not isinstance(unique, str)
+            or "\0" in unique
+            or len(unique.encode("utf-8", "surrogateescape")) > UNIQUE_KEY_MAX
+        ):
+            raise BadRecord(f"has unique key {_seen(unique)}, not a key of at most {UNIQUE_KEY_MAX} bytes")
         job_id, name, dest = d["job_id"], d["name"], d["dest"]
         if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
             raise BadRecord(f"has job id {_seen(job_id)}, not 32 lowercase hex digits")

@@ -56,6 +56,7 @@ from collections.abc import Iterator
 import inotify_simple
 
 from steadqd.backend import Backend
+from steadqd.daemon import metrics
 from steadqd.daemon.config import InboxConfig, QueueSettings
 from steadqd.daemon.inbox.files import (
     DONE_BEFORE,
@@ -196,6 +197,8 @@ class Watcher:
             self.gone = True
         finally:
             self._summarise()
+            if self.gone:
+                metrics.inbox_failed(True)
 
     def _wait(self) -> None:
         timeout = None
@@ -316,7 +319,7 @@ class Watcher:
             return
         self._report(name, self.folder.take(name, st))
 
-    def _refuse(self, name: str, why: str) -> None:
+    def _refuse(self, name: str, why: str, job_id: str | None = None) -> None:
         try:
             sig: Signature | None = _signature(os.stat(name, dir_fd=self.folder.fd, follow_symlinks=False))
         except OSError:
@@ -332,7 +335,7 @@ class Watcher:
         more = ""
         if self._named == REFUSALS_NAMED:
             more = f"; further refusals are counted, in one line per {SUMMARY_EVERY:g}s"
-        self.log.warning(f"watch folder: {shown(name)} refused: it {why}{more}", inbox_file=shown(name))
+        self.log.warning(f"watch folder: {shown(name)} refused: it {why}{more}", inbox_file=shown(name), job_id=job_id)
 
     def _summarise(self) -> None:
         """End a summary window: one line for the refusals not named in it."""
@@ -362,7 +365,7 @@ class Watcher:
                 inbox_file=shown_name,
             )
         elif result.outcome == REFUSED:
-            self._refuse(name, result.reason)
+            self._refuse(name, result.reason, result.job_id)
         elif result.outcome == LATER:
             # A full disk makes every file wait: one line per window, with the count.
             self._later.record([("not_taken", f"{shown_name} {result.reason}; trying again every {RETRY_PAUSE:g}s")])
@@ -446,6 +449,8 @@ class InboxRole:
 
     def start(self, loop: Loop) -> None:
         self._start(self.settings)
+        metrics.attach(loop, self.settings, self.log, self.name)
+        metrics.inbox_failed(bool(self.failed))
 
     def _start(self, settings: QueueSettings) -> None:
         self.failed = ""
@@ -489,15 +494,20 @@ class InboxRole:
             return f"stopped: {w.config.path} went away or failed (see the journal)"
         return f"{w.enqueued} enqueued, {len(w.waiting)} settling, {w.refused} refused"
 
-    def reload(self, settings: QueueSettings) -> None:
+    def reload(self, settings: QueueSettings) -> str:
+        """Watch the folder anew when its settings changed or it had failed; what failed is not applied."""
         old = self.settings
         self.settings = settings
         if settings.inbox == old.inbox and settings.sweeper == old.sweeper and not self.failed:
-            return
+            return ""
         self._stop()
         if settings.inbox is not None:
             self.log.notice("watch folder configuration changed: watching again")
         self._start(settings)
+        metrics.inbox_failed(bool(self.failed))
+        if self.failed and settings.inbox is not None:
+            return f"watch folder {shown(settings.inbox.path)} not watched: {self.failed}"
+        return ""
 
     def drain(self) -> None:
         if self._watcher is not None:

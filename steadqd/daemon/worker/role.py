@@ -222,10 +222,9 @@ class WorkerRole(RoleSettling):
             text += ", draining"
         return text
 
-    def reload(self, settings: QueueSettings) -> None:
+    def reload(self, settings: QueueSettings) -> str:
         if settings.worker is None:
-            self.log.error("reload refused for the worker: the new configuration has no `worker:` section")
-            return
+            return "the new configuration has no `worker:` section; the worker keeps its settings"
         old = self.settings.worker
         self.settings = settings
         new = settings.worker
@@ -239,6 +238,7 @@ class WorkerRole(RoleSettling):
         if self._hold is not None:  # the operator may have fixed the cause: look now
             self._hold.check_soon()
         self._schedule_fill(0.0)  # a higher concurrency applies now
+        return ""
 
     def drain(self) -> None:
         self.draining = True
