@@ -7,9 +7,10 @@ its own (it could forge an entry that looks like the daemon's).
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
-from steadqd.daemon.worker.run.child import MAX_LINE, Child, Stream
+from steadqd.daemon.worker.run.child import MAX_LINE, STDERR_TAIL, Child, Stream
 
 
 class _Log:
@@ -29,6 +30,7 @@ class _Feeder:
     def __init__(self) -> None:
         self.log = _Log()
         self.fields: dict[str, str] = {"job_id": "0" * 32}
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
 
 
 def test_an_endless_line_is_cut_at_max_line_and_its_rest_is_dropped_not_taken_as_lines() -> None:
