@@ -22,6 +22,8 @@ from steadqd.errors import InvalidInput
 from steadqd.text import printable
 
 __all__ = [
+    "PAUSED_BUCKET_LOOK",
+    "PAUSE_RECHECK",
     "PAUSE_RECORD_MAX",
     "PauseState",
     "REASON_MAX",
@@ -37,6 +39,12 @@ REASON_MAX = 1000  # characters of --reason
 BY_MAX = 256
 UNIQUE_KEY_MAX = 1024  # bytes of a unique key (UTF-8)
 _UNIQUE_DOMAIN = b"steadq unique job id v1\0"
+# s; within one run of claims, the pause is read again before a claim this long after its last read
+# (a filesystem read is one open; a bucket's is one GET, so not before every claim of a long run).
+PAUSE_RECHECK = 0.5
+# s; a consumer of a paused bucket queue reads the pause again this often: a bucket sends no event when
+# another host resumes (a filesystem's consumers hear it through inotify on control/).
+PAUSED_BUCKET_LOOK = 2.0
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,15 @@ killed; it runs on, and its late result is dropped: the lease is no longer
 its own). Leases, not threads, are the unit of safety: whatever happens to
 this process, a job is run again only after its lease expired or was handed back.
 
+Pausing: ``steadq pause`` (``Backend.pause``) is read before every lease
+(one open on a filesystem, one GET on a bucket; the lease's scan costs
+more), so no claim starts after the pause is visible, and running handlers
+finish and settle as usual. A paused consumer waits for news: a filesystem
+queue's ready watch hears the pause record go (inotify on ``control/``), so
+the resume is taken up at once; a bucket sends no event, so its consumers
+read the pause again every ``PAUSED_BUCKET_LOOK`` seconds, as the worker
+daemon does (a resume on this host also rings the doorbell).
+
 The worker opens its own handles (one per thread, one for renewals) with
 :func:`steadqd.backend.open_queue`, so the same API drives any backend.
 """
@@ -61,12 +70,13 @@ from types import FrameType
 from typing import Any
 
 from steadqd import progress as progress_mod
-from steadqd.backend import Backend, LeaseHandle, ReadyWatch, init_queue, open_queue
+from steadqd.backend import Backend, LeaseHandle, PauseState, ReadyWatch, init_queue, is_bucket_url, open_queue
 from steadqd.backoff import RetryPolicy
 from steadqd.constants import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DeadReason
 from steadqd.daemon.journal import journal_connected
 from steadqd.daemon.worker.renew import Renewal, interval, renew
 from steadqd.errors import InvalidInput, LeaseLost, OutcomeUnknown, SteadQError
+from steadqd.queue_control import PAUSED_BUCKET_LOOK
 from steadqd.text import printable
 
 __all__ = ["BadPayload", "Bury", "Job", "Retry", "Task", "WorkStats", "Worker", "task", "work", "work_async"]
@@ -256,6 +266,8 @@ class _Consumer:
         if self._whole and self.watch is not None and time.monotonic() < self._rescan_at:
             if not self.watch.wait(self.w.poll):
                 return None  # nothing new: the caller checks for a stop and asks again
+        if self._paused():
+            return None
         try:
             lease = self.q.lease(wait=0.0, duration=self.w.lease_s)
         except SteadQError as e:
@@ -270,6 +282,36 @@ class _Consumer:
             else:
                 self.w._stop.wait(self.w.poll)
         return lease
+
+    def _paused(self) -> bool:
+        """Read the queue's pause before a lease; while it stands, wait for news or the next look, and say so."""
+        assert self.q is not None
+        try:
+            state = self.q.pause_state()
+        except SteadQError as e:  # a failure of the queue: no lease this time
+            if not self.w._after_error(self.q, "read the pause", e):
+                self.close()
+            return True
+        self.w._note_pause(state)
+        if state is None:
+            return False
+        # Jobs put meanwhile wake the watch and are slept through here: after the resume, scan at once.
+        self._rescan_at = 0.0
+        self._wait_news(PAUSED_BUCKET_LOOK if is_bucket_url(self.w.queue) else self.w.poll)
+        return True
+
+    def _wait_news(self, seconds: float) -> None:
+        """Until the watch has news (a filesystem's includes the pause record coming or going), a stop,
+        or ``seconds``; a stop is seen within ``poll``."""
+        deadline = time.monotonic() + seconds
+        while not self.w._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self.watch is None:
+                self.w._stop.wait(min(left, self.w.poll))
+            elif self.watch.wait(min(left, self.w.poll)):
+                return
 
     def _open(self) -> bool:
         self.q = self.w._open("lease")
@@ -334,6 +376,7 @@ class Worker:
         self.open_options = dict(open_options or {})
         self.create = create
         self.stats = WorkStats()
+        self.paused: PauseState | None = None  # the queue's pause as a consumer last read it (steadq pause)
         self._stop = threading.Event()
         self._abandon = threading.Event()  # hand running leases back now
         self._running: dict[str, _Running] = {}
@@ -702,6 +745,17 @@ class Worker:
         log.error("%s failed: %s", what, e)
         self._stop.wait(ERROR_PAUSE)
         return not (isinstance(e, OutcomeUnknown) or q.poisoned is not None)
+
+    def _note_pause(self, state: PauseState | None) -> None:
+        """Keep the pause a consumer read; log it when it starts or changes, and the resume, once per worker."""
+        with self._lock:
+            was, self.paused = self.paused, state
+        if state is not None and state != was:
+            log.warning(
+                "queue %s %s; running handlers finish, no new job is claimed", printable(self.queue), state.summary()
+            )
+        elif state is None and was is not None:
+            log.info("queue %s resumed; claiming again", printable(self.queue))
 
     def _give_back(self, q: Backend, lease: LeaseHandle, why: str) -> None:
         try:

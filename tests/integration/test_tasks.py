@@ -227,6 +227,51 @@ def test_a_lease_lost_meanwhile_is_not_settled(queue: Queue, queue_path: str) ->
     assert check_tree(queue_path).ready == {job}  # attempt 2 is its next owner's
 
 
+# -- pause (issue 32 #2) -------------------------------------------------------------------------
+
+
+def test_a_pause_stops_claims_running_handlers_finish_and_resume_is_heard_at_once(
+    queue: Queue, queue_path: str
+) -> None:
+    """``steadq pause`` on a filesystem queue: no claim later than 1 s after the pause is visible, the
+    running handler finishes and acks, jobs put meanwhile wait; the resume is heard through the ready
+    watch's control/ notification (``poll`` is 8 s, so a resume noticed by polling would miss the 4 s wait)."""
+    long_job = queue.enqueue(b"long")
+    release = threading.Event()
+    started: dict[str, float] = {}
+
+    def handler(j: Job) -> None:
+        started[j.id] = time.monotonic()
+        if j.payload == b"long":
+            assert release.wait(DEADLINE)
+
+    w = Worker(queue_path, handler, concurrency=2, poll=8.0)
+    t = threading.Thread(target=w._serve, args=(w._call_sync,), daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: long_job in started, "the long job to start")
+        queue.pause("maintenance")
+        visible = time.monotonic()
+        held = [queue.enqueue(b"short") for _ in range(3)]
+        time.sleep(max(0.0, visible + 2.0 - time.monotonic()))
+        assert [j for j in held if j in started] == []
+        assert queue.stats()["ready"].objects == 3
+        assert w.paused is not None and w.paused.reason == "maintenance"
+        release.set()  # the running handler finishes while the queue is paused, and acks
+        wait_for(lambda: w.stats.acked == 1, "the running job's ack while paused")
+        assert queue.stats()["ready"].objects == 3
+        assert queue.resume() is not None
+        wait_for(lambda: w.stats.acked == 4, "the held jobs after the resume", timeout=4.0)
+        assert w.paused is None
+    finally:
+        release.set()
+        w.stop()
+        t.join(DEADLINE)
+    assert not t.is_alive()
+    assert all(started[j] > visible + 1.0 for j in held), "a held job ran before the resume"
+    assert check_tree(queue_path).receipts == {long_job, *held}
+
+
 # -- the decorator ----------------------------------------------------------------------------
 
 

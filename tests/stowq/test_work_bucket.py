@@ -9,6 +9,8 @@ are run, acked and buried through it.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -62,3 +64,57 @@ def test_a_worker_serves_a_bucket_queue(seaweed: Seaweed, live_prefix: str, monk
             task.enqueue()  # a task call is named in metadata, which StowQ/1 job records lack
     finally:
         task.close()
+
+
+def test_a_worker_of_a_paused_bucket_queue_claims_nothing_and_resumes(
+    seaweed: Seaweed, live_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``steadq pause`` on a bucket queue (issue 32 #2): the worker API reads ``meta/steadq-paused`` before
+    every lease, so jobs put after the pause wait while the running handler finishes and acks; a
+    paused consumer reads the pause again every PAUSED_BUCKET_LOOK (no event comes from a bucket)."""
+    seaweed.store(LIVE_BUCKET).close()
+    for name, value in seaweed.environment().items():
+        monkeypatch.setenv(name, value)
+    url = f"s3://{LIVE_BUCKET}/{live_prefix}paused"
+    q = init_queue(url, shards=2, certify_store=False)
+    release = threading.Event()
+    started: dict[str, float] = {}
+
+    def handler(job: Job) -> None:
+        started[job.id] = time.monotonic()
+        if job.payload == b"long":
+            assert release.wait(60)
+
+    worker = Worker(url, handler, concurrency=2, lease=4.0, poll=0.2, open_options={"certify_store": False})
+    thread = threading.Thread(target=worker.run)
+    try:
+        long_job = q.enqueue(b"long")
+        thread.start()
+        _wait(lambda: long_job in started, "the long job to start")
+        q.pause("bucket maintenance")
+        visible = time.monotonic()
+        held = [q.enqueue(b"short") for _ in range(3)]  # each rings the doorbell: the watch has news at once
+        time.sleep(max(0.0, visible + 3.0 - time.monotonic()))
+        assert [j for j in held if j in started] == [], "a job was claimed from a paused queue"
+        assert worker.paused is not None and worker.paused.reason == "bucket maintenance"
+        release.set()  # the running handler finishes while paused, and acks
+        _wait(lambda: worker.stats.acked == 1, "the running job's ack while paused")
+        assert [j for j in held if j in started] == []
+        assert q.resume() is not None
+        _wait(lambda: worker.stats.acked == 4, "the held jobs after the resume")
+        assert worker.paused is None
+    finally:
+        release.set()
+        worker.stop()
+        if thread.is_alive():
+            thread.join(60)
+        q.close()
+    assert not thread.is_alive()
+    assert (worker.stats.retried, worker.stats.buried, worker.stats.lost) == (0, 0, 0)
+
+
+def _wait(pred: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

@@ -8,6 +8,8 @@ to a higher version restarts the worker (new MainPID) and keeps every queued job
 stops the units and leaves every job on disk; a reinstall starts the enabled queue again and
 finishes them; purge keeps /var/lib/steadq. The bundle goes through the same cycle with
 install.sh / a second install.sh (upgrade) / uninstall.sh / install.sh.
+The .deb also carries issue 32's pause and unique keys as an administrator meets them: ``steadq
+pause`` shown by ``systemctl status``, held jobs run after ``steadq resume``, ``put --unique`` twice.
 
 Each cycle boots its OWN root (not the tier's shared ``system_root``, which installs the project
 by hand and would conflict with the package). Both roots have the host's / as the overlay's lower
@@ -183,21 +185,21 @@ def _runs(root: SystemdRoot) -> list[tuple[str, str, str, str]]:
     return [tuple(line.split()) for line in text.splitlines() if line.strip()]  # type: ignore[misc]
 
 
-def _put(root: SystemdRoot, steadq: str, payloads: list[str]) -> list[str]:
+def _put(root: SystemdRoot, steadq: str, payloads: list[str], queue: str = QUEUE) -> list[str]:
     """Enqueue one job per payload (bulk, as the steadq user); returns the job ids in order."""
     lines = "".join(f'"{p}"\n' for p in payloads)
-    r = root.run(steadq, "put", QUEUE, "--jsonl", "-", "--print-ids", user="steadq", input=lines)
+    r = root.run(steadq, "put", queue, "--jsonl", "-", "--print-ids", user="steadq", input=lines)
     ids = [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
     assert len(ids) == len(payloads), r.stdout + r.stderr
     return ids
 
 
-def _wait_done_once(root: SystemdRoot, ids: list[str], what: str) -> None:
+def _wait_done_once(root: SystemdRoot, ids: list[str], what: str, name: str = "demo") -> None:
     """Every job of ``ids`` has a receipt and ran exactly once (one start, one done)."""
     wanted = set(ids)
 
     def finished() -> bool:
-        return wanted <= queue_state(root, "demo")["receipts"]
+        return wanted <= queue_state(root, name)["receipts"]
 
     wait_for(f"receipts for every job ({what})", finished, timeout=DEADLINE, interval=0.25)
     runs = [r for r in _runs(root) if r[0] in wanted]
@@ -232,25 +234,26 @@ def _check_fresh_install(root: SystemdRoot, steadq: str) -> None:
     root.run(steadq, "--help")
 
 
-def _setup_demo(root: SystemdRoot, steadq: str, example: str) -> None:
-    """What docs/packaging.md tells the administrator: a shared queue and demo.yaml from the example."""
+def _setup_demo(root: SystemdRoot, steadq: str, example: str, name: str = "demo") -> None:
+    """What docs/packaging.md tells the administrator: a shared queue and <name>.yaml from the example."""
+    queue, conf = f"/var/lib/steadq/{name}", f"/etc/steadq/queues/{name}.yaml"
     root.run("install", "-m", "0755", "/dev/stdin", JOB, input=JOB_SCRIPT)
     root.run("install", "-d", "-m", "2770", "-o", "steadq", "-g", "steadq", RESULTS)
-    root.run(steadq, "init", QUEUE, "--shared", "--shards", "4", user="steadq")
-    assert root.run("stat", "-c", "%a %U %G", QUEUE).stdout.split() == ["2770", "steadq", "steadq"]
+    root.run(steadq, "init", queue, "--shared", "--shards", "4", user="steadq")
+    assert root.run("stat", "-c", "%a %U %G", queue).stdout.split() == ["2770", "steadq", "steadq"]
     root.sh(
         f"""
-        sed -e 's#^queue: .*#queue: {QUEUE}#' \\
+        sed -e 's#^queue: .*#queue: {queue}#' \\
             -e 's#^  command: .*#  command: ["{JOB}"]#' \\
             -e 's#^  concurrency: [0-9]*#  concurrency: 1#' \\
-            {example} > /etc/steadq/queues/demo.yaml
-        grep -q '^queue: {QUEUE}$' /etc/steadq/queues/demo.yaml
-        grep -q '^  command: \\["{JOB}"\\]$' /etc/steadq/queues/demo.yaml
-        grep -q '^  concurrency: 1 ' /etc/steadq/queues/demo.yaml
+            {example} > {conf}
+        grep -q '^queue: {queue}$' {conf}
+        grep -q '^  command: \\["{JOB}"\\]$' {conf}
+        grep -q '^  concurrency: 1 ' {conf}
         """
     )
     # A file made from the example passes the service user's checks.
-    r = root.run(steadq + "d", "check-config", "--open", "demo", check=False)
+    r = root.run(steadq + "d", "check-config", "--open", name, check=False)
     assert r.returncode == 0, (r.stdout, r.stderr)
 
 
@@ -392,6 +395,57 @@ def test_deb_install_enable_upgrade_remove_reinstall_purge(clean_root: SystemdRo
     assert wants == "", f"purge left instance links: {wants}"
     receipts = queue_state(root, "demo")["receipts"]
     assert len(receipts) == 3 + 24 + 16, "purge touched the queue"
+
+
+def test_deb_pause_shows_in_systemctl_status_and_put_unique_refuses_a_second(
+    clean_root: SystemdRoot, artefacts: Artefacts
+) -> None:
+    """Issue 32 #2, #5 as an administrator meets them with the .deb: ``steadq pause transcode --reason
+    maintenance`` (the queue by its name) makes ``systemctl status`` say "paused" with the reason, jobs
+    put meanwhile wait, ``steadq resume`` runs them; ``put --unique`` twice makes one job, exit 1 the
+    second time naming it."""
+    root, name = clean_root, "transcode"
+    queue, unit = f"/var/lib/steadq/{name}", f"steadq-worker@{name}.service"
+    _apt(root, "install", str(artefacts.deb))
+    _setup_demo(root, "/usr/bin/steadq", "/usr/share/doc/steadqd/examples/example.yaml", name)
+    root.run("systemctl", "enable", "--now", unit)
+    wait_for(f"{unit} active", lambda: _active(root, unit) == "active")
+    first = _put(root, "/usr/bin/steadq", ["before"], queue)
+    _wait_done_once(root, first, "before the pause", name)
+
+    r = root.run("steadq", "pause", name, "--reason", "maintenance", user="steadq")
+    assert "paused" in r.stdout and "maintenance" in r.stdout, r.stdout
+
+    def status() -> str:
+        """The unit's ``Status:`` line of ``systemctl status`` (the journal lines below it name the pause too)."""
+        out = root.run("systemctl", "status", unit, check=False).stdout
+        return next((line.strip() for line in out.splitlines() if line.strip().startswith("Status:")), "")
+
+    wait_for(
+        "systemctl status to show the pause", lambda: re.search(r"paused since .* by steadq@.*: maintenance", status())
+    )
+    held = _put(root, "/usr/bin/steadq", ["held-1", "held-2", "held-3"], queue)
+    stats = root.run("steadq", "stats", name, user="steadq").stdout
+    assert "paused: yes" in stats and "maintenance" in stats, stats
+    time.sleep(2.0)  # the pause was visible well over 1 s ago: no claim may start from here on
+    assert queue_state(root, name)["ready"] >= set(held), "a job was claimed from a paused queue"
+    assert not {r[0] for r in _runs(root)} & set(held), "a held job ran while paused"
+    assert "paused" in status()
+    assert "queue paused since" in root.run("journalctl", "-u", unit, "--no-pager", check=False).stdout
+
+    r = root.run("steadq", "resume", name, user="steadq")
+    assert "resumed" in r.stdout, r.stdout
+    _wait_done_once(root, held, "after the resume", name)
+    wait_for("the pause gone from systemctl status", lambda: status() and "paused" not in status())
+
+    one = root.run("steadq", "put", name, "--unique", "nightly-report", user="steadq", input="x", check=False)
+    two = root.run("steadq", "put", name, "--unique", "nightly-report", user="steadq", input="y", check=False)
+    assert one.returncode == 0, (one.stdout, one.stderr)
+    jid = one.stdout.split("job_id: ")[1].split()[0]
+    assert two.returncode == 1 and f"job_id: {jid}" in two.stdout, (two.stdout, two.stderr)
+    _wait_done_once(root, [jid], "the unique job", name)
+    state = queue_state(root, name)
+    assert state["receipts"] == {*first, *held, jid} and not state["ready"] | state["leased"] | state["dead"], state
 
 
 # -- the appliance bundle -----------------------------------------------------------------------

@@ -33,6 +33,7 @@ from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.environment import build_environment
 from steadqd.daemon.worker import payload, renew
 from steadqd.errors import SteadQError
+from steadqd.queue_control import PAUSE_RECHECK
 
 
 @dataclass
@@ -64,11 +65,6 @@ def _failed(job: Prepared, e: BaseException) -> None:
     if job.tmpdir:
         payload.remove(job.tmpdir)
         job.tmpdir = ""
-
-
-# s; within one run of claims, the pause is read again before a claim this long after its last read
-# (a filesystem read is one open; a bucket's is one GET, so not before every claim of a long run).
-PAUSE_RECHECK = 0.5
 
 
 class Stopped(Exception):

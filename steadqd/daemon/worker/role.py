@@ -84,6 +84,7 @@ from steadqd.daemon.worker.settle import (
     ticket_text,
 )
 from steadqd.errors import ConfigError, ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
+from steadqd.queue_control import PAUSED_BUCKET_LOOK
 from steadqd.text import printable
 
 __all__ = ["SAFETY_RESCAN", "WorkerRole"]
@@ -91,7 +92,6 @@ __all__ = ["SAFETY_RESCAN", "WorkerRole"]
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
-PAUSED_BUCKET_LOOK = 2.0  # s; a paused bucket queue's worker reads the pause again this often (a filesystem's: inotify)
 PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in flight
 # s; the longest the claiming or settling thread keeps the GIL once the loop's thread wants it back (CPython's
 # default: 5 ms). The loop gives it up at every syscall, several times per job, and a late loop delays every
