@@ -114,3 +114,15 @@ def test_no_config_dir_is_said_plainly(tmp_path: Path) -> None:
     r = steadq("--config-dir", tmp_path / "none", "list")
     assert r.code == 0 and r.out == ""
     assert f"no queues configured: {tmp_path / 'none'}" in r.err
+
+
+def test_list_json_has_what_a_dashboard_draws(conf: Path, tmp_path: Path) -> None:
+    """Issue 34 #2: beside the counts, how long the oldest job of each counted state has waited (the
+    ready one is what an alert watches) and ``paused``, reserved: null until queues can be paused."""
+    doc = json.loads(steadq("--config-dir", conf, "list", "--json", env=_systemctl(tmp_path)).out)
+    t = doc["queues"][1]
+    assert set(t["oldest_age_seconds"]) == {"ready", "delayed", "running", "dead"}
+    assert all(isinstance(t["oldest_age_seconds"][k], int) for k in ("ready", "delayed", "running", "dead"))
+    assert t["paused"] is None
+    m = doc["queues"][0]
+    assert m["oldest_age_seconds"] is None and m["paused"] is None
