@@ -10,19 +10,24 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import select
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from steadqd.backend import is_bucket_url
 from steadqd.cli.common import (
     ALL_STATES,
     CliError,
     Subcommands,
     add_command,
     add_queue_argument,
+    discard_stdout,
     duration,
+    err,
     error_code,
     error_text,
     find_job,
@@ -67,7 +72,12 @@ def add_ls(sub: Subcommands) -> None:
 
 
 def add_watch(sub: Subcommands) -> None:
-    s = add_command(sub, "watch", "live view of counts, throughput and oldest job per state", "steadq watch /srv/q")
+    s = add_command(
+        sub,
+        "watch",
+        "live view of counts, throughput and oldest job per state (--json: one object per line)",
+        "steadq watch /srv/q",
+    )
     add_queue_argument(s)
     s.add_argument("--interval", type=duration, default=1.0, metavar="DURATION", help="time between frames")
     s.add_argument("--count", type=int_in(0, U32_MAX, "count"), default=0, metavar="N", help="stop after N frames")
@@ -89,13 +99,17 @@ def format_stats_text(s: Mapping[str, Any]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def format_stats_json(s: Mapping[str, Any], running: Any = None) -> str:
-    """cli.md ``--json``: 2-space pretty JSON, keys sorted, final newline included;
-    ``running`` (the leases, also counted in ``ready``) when given."""
+def stats_doc(s: Mapping[str, Any], running: Any = None) -> dict[str, Any]:
+    """``{state: {objects, oldest_age_seconds}}``, with ``running`` (the leases, also counted in ``ready``) when given."""
     doc = {k: {"objects": v.objects, "oldest_age_seconds": v.oldest_age_seconds} for k, v in s.items()}
     if running is not None:
         doc["running"] = {"objects": running.objects, "oldest_age_seconds": running.oldest_age_seconds}
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    return doc
+
+
+def format_stats_json(s: Mapping[str, Any], running: Any = None) -> str:
+    """cli.md ``--json``: 2-space pretty JSON, keys sorted, final newline included."""
+    return json.dumps(stats_doc(s, running), indent=2, sort_keys=True) + "\n"
 
 
 def format_stats_prometheus(s: Mapping[str, Any]) -> str:
@@ -170,13 +184,78 @@ def _render_watch(
     return lines
 
 
+# Bounds of ``watch --interval``: shorter would spin on the tree, longer is surely a typo. A bucket
+# queue's refresh lists its state prefixes (requests billed and rate-limited), so it refreshes slower.
+WATCH_MIN_INTERVAL = 0.1
+WATCH_MIN_INTERVAL_BUCKET = 2.0
+WATCH_MAX_INTERVAL = 3600.0
+
+
+def watch_interval(asked: float, *, bucket: bool) -> tuple[float, str | None]:
+    """The interval ``watch`` uses for ``asked``, and the note that says so when it differs."""
+    floor = WATCH_MIN_INTERVAL_BUCKET if bucket else WATCH_MIN_INTERVAL
+    if asked < floor:
+        why = "the shortest for a bucket queue: each refresh lists the bucket" if bucket else "the shortest"
+        return floor, f"watch: --interval raised to {floor:g}s ({why})"
+    if asked > WATCH_MAX_INTERVAL:
+        return WATCH_MAX_INTERVAL, f"watch: --interval lowered to {format_duration(WATCH_MAX_INTERVAL)} (the longest)"
+    return asked, None
+
+
+def _watch_frame(
+    path: str, interval: float, s: Mapping[str, Any], prev: Mapping[str, Any] | None, dt: float, running: Any
+) -> dict[str, Any]:
+    """One ``watch --json`` line: the ``stats --json`` counts with the time and the rates since the last frame."""
+
+    def count(st: Mapping[str, Any], name: str) -> int:
+        v = st.get(name)
+        return int(v.objects) if v is not None else 0
+
+    states = stats_doc(s)
+    throughput = None
+    if prev is not None and dt > 0:
+        throughput = {
+            "acked_per_second": round(max(0.0, (count(s, "receipts") - count(prev, "receipts")) / dt), 3),
+            "dead_per_second": round(max(0.0, (count(s, "dead") - count(prev, "dead")) / dt), 3),
+        }
+    running_doc = {"objects": running.objects, "oldest_age_seconds": running.oldest_age_seconds}
+    return {"time_ns": time.time_ns(), "queue": path, "interval_seconds": interval, "states": states,
+            "running": running_doc, "throughput": throughput}  # fmt: skip
+
+
+class _Stop(Exception):
+    """SIGTERM (or SIGINT) asked ``watch`` to stop."""
+
+
+def _stop(_signum: int, _frame: object) -> None:
+    raise _Stop
+
+
+def _reader_gone(fd: int, timeout: float) -> bool:
+    """Sleep up to ``timeout`` seconds, waking early (True) when the reader of pipe ``fd`` closed its end.
+
+    poll reports POLLERR on a pipe whose reader is gone even with no event asked for,
+    so a dashboard that stops reading ends the stream at once, not at the next write."""
+    p = select.poll()
+    p.register(fd, 0)
+    return bool(p.poll(max(0, round(timeout * 1000))))
+
+
 def cmd_watch(a: argparse.Namespace) -> int:
-    """Refresh counts every interval; ANSI home+clear on a terminal, plain frames otherwise; ^C exits 0."""
+    """Refresh counts every interval; ANSI home+clear on a terminal, plain frames otherwise; ^C exits 0.
+
+    ``--json``: one object per line per refresh, flushed, for a program reading a pipe. A line
+    is written whole with SIGTERM and SIGINT blocked, so a stop never leaves half a line."""
+    interval, note = watch_interval(a.interval, bucket=is_bucket_url(a.path))
+    if note:
+        err(note)
     q = open_queue(a.path)
-    tty = sys.stdout.isatty()
+    tty = sys.stdout.isatty() and not a.json
     prev: Mapping[str, Any] | None = None
     prev_t = 0.0
     frames = 0
+    stops = (signal.SIGTERM, signal.SIGINT)
+    saved = {sig: signal.signal(sig, _stop) for sig in stops} if a.json else {}
     try:
         if tty:
             sys.stdout.write("\x1b[?25l")
@@ -187,20 +266,32 @@ def cmd_watch(a: argparse.Namespace) -> int:
                 running = q.stats()["leased"]
             except OSError as e:
                 raise CliError(f"watch: {e.filename}: {e.strerror}", os_exit_code(e)) from e
-            lines = _render_watch(a.path, s, prev, t - prev_t, running)
-            if tty:
+            if a.json:
+                line = json.dumps(_watch_frame(a.path, interval, s, prev, t - prev_t, running)) + "\n"
+                signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+                try:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+            elif tty:
+                lines = _render_watch(a.path, s, prev, t - prev_t, running)
                 sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")  # the tty adds the \r
             else:
-                sys.stdout.write("\n".join(lines) + "\n\n")
+                sys.stdout.write("\n".join(_render_watch(a.path, s, prev, t - prev_t, running)) + "\n\n")
             sys.stdout.flush()
             prev, prev_t = s, t
             frames += 1
             if a.count and frames >= a.count:
                 break
-            time.sleep(max(0.0, a.interval - (time.monotonic() - t)))
-    except KeyboardInterrupt:
+            if _reader_gone(sys.stdout.fileno(), interval - (time.monotonic() - t)):
+                discard_stdout()
+                break
+    except (KeyboardInterrupt, _Stop):
         pass
     finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
         if tty:
             sys.stdout.write("\x1b[?25h\n")
             sys.stdout.flush()
