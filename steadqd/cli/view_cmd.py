@@ -613,7 +613,44 @@ def story_json(story: Any, journal: Mapping[str, Any] | None) -> dict[str, Any]:
             payload_head_bytes=len(head),
         )
     doc["journal"] = journal
+    doc["failure"] = failure_story(journal)
     return doc
+
+
+_STDERR_TAIL = 10  # stderr lines a failure story keeps (of the entries read, the last ones)
+
+
+def _count(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
+def failure_story(journal: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What ``show --json`` readers want of a failed job, from the worker's structured fields.
+
+    ``runs``: each ``job finished`` entry (it carries STEADQ_VERDICT) with its attempt, exit status
+    or signal, timeout and duration; ``outcomes``: what followed a verdict (``job retried: delayed``,
+    ``job buried: ...``, carrying STEADQ_STATE or STEADQ_REASON); ``reason``: the last dead-letter
+    reason logged; ``stderr_tail``: the command's last stderr lines. Every value is already escaped
+    and bounded by :func:`_journal_entry`. None when the journal was not read."""
+    if journal is None or journal.get("error"):
+        return None
+    runs: list[dict[str, Any]] = []
+    outcomes: list[str] = []
+    reason = None
+    stderr: list[str] = []
+    for e in journal["entries"]:
+        f = e["fields"]
+        if "verdict" in f:
+            runs.append({"attempt": _count(f.get("attempt")), "verdict": f["verdict"],
+                         "exit_status": _count(f.get("exit_status")), "signal": f.get("signal"),
+                         "timed_out": f.get("timed_out") == "true", "duration_ms": _count(f.get("duration_ms")),
+                         "time": e["time"]})  # fmt: skip
+        elif "reason" in f or "state" in f:
+            outcomes.append(e["message"])
+            reason = f.get("reason", reason)
+        elif e["stream"] == "stderr":
+            stderr.append(e["message"])
+    return {"runs": runs, "outcomes": outcomes, "reason": reason, "stderr_tail": stderr[-_STDERR_TAIL:]}
 
 
 # -- the journal: the job's runs, exits and stderr, as the worker logged them
@@ -668,7 +705,16 @@ def _journal_entry(e: Mapping[str, Any]) -> dict[str, Any]:
         "priority": _journal_field(e, "PRIORITY"),
         "stream": _journal_field(e, "STEADQ_STREAM"),
         "message": _journal_field(e, "MESSAGE"),
+        "fields": {
+            k.removeprefix("STEADQ_").lower(): _journal_field(e, k)
+            for k in sorted(e)
+            if isinstance(k, str) and k.startswith("STEADQ_") and k not in _CONTEXT_FIELDS
+        },
     }
+
+
+# Fields every entry of a job's story shares (the query's own) or that the entry has elsewhere.
+_CONTEXT_FIELDS = frozenset({"STEADQ_JOB_ID", "STEADQ_QUEUE", "STEADQ_ROLE", "STEADQ_STREAM"})
 
 
 COMMANDS = {"stats": add_stats, "inspect": add_inspect, "ls": add_ls, "watch": add_watch, "show": add_show}

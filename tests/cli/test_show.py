@@ -200,3 +200,44 @@ def test_show_a_leased_and_a_delayed_job_gives_their_deadlines(qpath: str) -> No
     assert r.code == 0 and r.out_lines[0] == f"job {delayed}: delayed", r
     (nb,) = [line for line in r.out_lines if line.startswith("  not before:    ")]
     assert re.search(r"Z \(in (1h|5\dm(\d+s)?)\)$", nb), nb
+
+
+def test_show_json_tells_the_failure_story_from_the_journal(qpath: str, tmp_path: Path) -> None:
+    """Issue 34 #2: a dashboard gets each run's verdict and exit, why the job died, and its stderr tail,
+    from the worker's structured fields (escaped like every journal value)."""
+    job = _dead_job(qpath, b"boom", reason=1)
+    unit = {"_SYSTEMD_UNIT": "steadq-worker@demo.service", "STEADQ_JOB_ID": job, "STEADQ_QUEUE": "demo"}
+    entries = [
+        {**unit, "MESSAGE": "job started", "STEADQ_ATTEMPT": "1"},
+        {**unit, "MESSAGE": "no such file", "STEADQ_STREAM": "stderr"},
+        {**unit, "MESSAGE": "job finished: retry (exit 1, 0.2 s, attempt 1/2)", "STEADQ_VERDICT": "retry",
+         "STEADQ_EXIT_STATUS": "1", "STEADQ_ATTEMPT": "1", "STEADQ_DURATION_MS": "200", "PRIORITY": "4"},
+        {**unit, "MESSAGE": "job retried: delayed", "STEADQ_STATE": "delayed", "STEADQ_ATTEMPT": "1"},
+        {**unit, "MESSAGE": f"still {ESC}[31mno such file", "STEADQ_STREAM": "stderr"},
+        {**unit, "MESSAGE": "job finished: retry (timed out, signal SIGKILL, 9.0 s, attempt 2/2)",
+         "STEADQ_VERDICT": "retry", "STEADQ_SIGNAL": "SIGKILL", "STEADQ_TIMED_OUT": "true", "STEADQ_ATTEMPT": "2",
+         "STEADQ_DURATION_MS": "9000", "PRIORITY": "4"},
+        {**unit, "MESSAGE": "job buried: no attempts left (2/2, attempts_exhausted)", "STEADQ_REASON": "0x0002",
+         "STEADQ_ATTEMPT": "2"},
+    ]  # fmt: skip
+    fake = _fake_journalctl(tmp_path, "".join(f"echo '{json.dumps(e)}'\n" for e in entries))
+    code, out, err = _run("show", qpath, job, "--json", path_dirs=[fake])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["journal"]["entries"][2]["fields"]["verdict"] == "retry"
+    story = doc["failure"]
+    assert story["runs"] == [
+        {"attempt": 1, "verdict": "retry", "exit_status": 1, "signal": None, "timed_out": False,
+         "duration_ms": 200, "time": "-"},
+        {"attempt": 2, "verdict": "retry", "exit_status": None, "signal": "SIGKILL", "timed_out": True,
+         "duration_ms": 9000, "time": "-"},
+    ]  # fmt: skip
+    assert story["outcomes"] == ["job retried: delayed", "job buried: no attempts left (2/2, attempts_exhausted)"]
+    assert story["reason"] == "0x0002"
+    assert story["stderr_tail"] == ["no such file", "still \\x1b[31mno such file"]
+
+
+def test_show_json_has_no_failure_story_without_the_journal(qpath: str) -> None:
+    job = _dead_job(qpath, b"boom", reason=1)
+    doc = json.loads(steadq("show", qpath, job, "--json", "--no-journal").out)
+    assert doc["failure"] is None
