@@ -17,6 +17,7 @@ in the module of its group, its parser beside its handler:
 ``lease_cmd``          lease, ack, retry, bury, work
 ``view_cmd``           stats, watch, ls, inspect, show (read-only views)
 ``status_cmd``         list, status (the configured queues, their counts and units)
+``history_cmd``        history (verdicts per minute, from the journal)
 ``maintenance_cmd``    fsck, verify, format-dump, recover, resolve
 ``admin_cmd``          admin dead-* / quarantine-* / requeue / compact-receipts
 ``doctor_cmd``         doctor
@@ -43,6 +44,7 @@ from steadqd.cli import (
     bench_cmd,
     completion_cmd,
     doctor_cmd,
+    history_cmd,
     init_cmd,
     lease_cmd,
     maintenance_cmd,
@@ -64,8 +66,8 @@ from steadqd.cli.common import (
 )
 
 GROUPS = (
-    init_cmd, put_cmd, lease_cmd, view_cmd, status_cmd, maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd,
-    admin_cmd,
+    init_cmd, put_cmd, lease_cmd, view_cmd, status_cmd, history_cmd, maintenance_cmd, doctor_cmd, bench_cmd,
+    completion_cmd, admin_cmd,
 )  # fmt: skip
 
 # The order ``steadq --help`` (and an invalid-choice error) lists the commands
@@ -73,6 +75,7 @@ GROUPS = (
 HELP_ORDER = (
     "init", "put", "lease", "ack", "retry", "bury", "work", "stats", "fsck", "doctor", "inspect", "verify",
     "format-dump", "recover", "resolve", "bench", "ls", "watch", "show", "completion", "admin", "list", "status",
+    "history",
 )  # fmt: skip
 
 
