@@ -15,7 +15,14 @@ What counts, by the fields (not the wording) of the worker's entries:
 - ``abandoned``: a run whose lease was lost (STEADQ_VERDICT=abandon).
 
 A run whose verdict did not take effect is logged at priority ERR with its
-verdict and counted nowhere. The work is bounded: at most ``--max-entries``
+verdict and counted nowhere.
+
+Only the queue's worker unit is believed: any local user can write a journal
+entry with ``STEADQ_QUEUE=render STEADQ_VERDICT=bury`` (``logger``,
+``systemd-cat``), but not the trusted ``_SYSTEMD_UNIT`` field journald adds
+from the sender's cgroup, so entries are matched on
+``_SYSTEMD_UNIT=steadq-worker@QUEUE.service``. ``--any-unit`` counts every
+sender's (a worker run by ``steadqd run`` outside systemd has no unit). The work is bounded: at most ``--max-entries``
 entries of the queue are read (the answer says when it stopped early) and
 ``--since`` at most :data:`MAX_SINCE` back.
 """
@@ -50,6 +57,8 @@ def add_history(sub: Subcommands) -> None:
                    help=f"how far back (default 1h, at most {format_duration(MAX_SINCE)})")  # fmt: skip
     s.add_argument("--directory", metavar="DIR", default=None,
                    help="read the journal files in DIR (as journalctl -D) instead of this machine's journal")  # fmt: skip
+    s.add_argument("--any-unit", action="store_true",
+                   help="count entries of any sender, not only the steadq-worker@QUEUE unit (steadqd run in a shell)")  # fmt: skip
     s.add_argument("--max-entries", type=int_in(1, 10_000_000, "max-entries"), default=DEFAULT_MAX_ENTRIES,
                    metavar="N", help=f"read at most N of the queue's entries (default {DEFAULT_MAX_ENTRIES})")  # fmt: skip
     s.set_defaults(run=cmd_history)
@@ -84,7 +93,11 @@ def _has_journal_files(directory: str) -> bool:
     return False
 
 
-def _reader(directory: str | None, queue: str, since_us: int) -> Iterable[Mapping[str, Any]]:
+def worker_unit(queue: str) -> str:
+    return f"steadq-worker@{queue}.service"
+
+
+def _reader(directory: str | None, queue: str, since_us: int, *, any_unit: bool) -> Iterable[Mapping[str, Any]]:
     """systemd-python's Reader over the queue's entries from ``since_us`` on (None: the system journal)."""
     if directory is not None and not _has_journal_files(directory):
         raise CliError(f"history: no journal in {directory}: give --directory a directory of *.journal files", 1)
@@ -105,6 +118,8 @@ def _reader(directory: str | None, queue: str, since_us: int) -> Iterable[Mappin
     except OSError as e:
         raise CliError(f"history: cannot open the journal: {e.strerror or e}", 1) from e
     r.add_match(STEADQ_QUEUE=queue)
+    if not any_unit:
+        r.add_match(_SYSTEMD_UNIT=worker_unit(queue))  # a different field: both must match
     r.seek_realtime(since_us / 1_000_000)
     return r
 
@@ -149,7 +164,7 @@ def cmd_history(a: argparse.Namespace) -> int:
         )
     until_us = time.time_ns() // 1000
     since_us = until_us - round(a.since * 1_000_000)
-    result = tally(_reader(a.directory, a.queue, since_us), since_us, until_us, a.max_entries)
+    result = tally(_reader(a.directory, a.queue, since_us, any_unit=a.any_unit), since_us, until_us, a.max_entries)
     if result["truncated"]:
         err(f"history: read the first {a.max_entries} entries only; give --max-entries or a shorter --since for all")
     if a.json:

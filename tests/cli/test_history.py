@@ -49,7 +49,8 @@ def _journal(tmp_path: Path, entries: list[dict[str, str | bytes]]) -> Path:
 
 def _verdicts(queue: str, at_us: int) -> list[dict[str, str | bytes]]:
     """A minute's worth of a worker's lines: 2 acks, a retry, a retry out of attempts (buried), a bury."""
-    job = {"STEADQ_QUEUE": queue, "STEADQ_ROLE": "worker", "SYSLOG_IDENTIFIER": "steadqd"}
+    job = {"STEADQ_QUEUE": queue, "STEADQ_ROLE": "worker", "SYSLOG_IDENTIFIER": "steadqd",
+           "_SYSTEMD_UNIT": f"steadq-worker@{queue}.service"}  # fmt: skip
     lines: list[dict[str, str | bytes]] = []
     for n, (verdict, follow) in enumerate(
         [("ack", None), ("ack", None), ("retry", {"STEADQ_STATE": "delayed"}),
@@ -65,16 +66,17 @@ def _verdicts(queue: str, at_us: int) -> list[dict[str, str | bytes]]:
 def test_history_counts_each_minutes_verdicts(tmp_path: Path) -> None:
     now_us = time.time_ns() // 1000
     minute = now_us - now_us % MINUTE_US - 10 * MINUTE_US  # a whole minute, ten minutes ago
+    unit = {"STEADQ_QUEUE": "render", "_SYSTEMD_UNIT": "steadq-worker@render.service"}
     entries = [
-        *_verdicts("render", minute),
-        *_verdicts("render", minute + 3 * MINUTE_US),
-        *_verdicts("other", minute),  # another queue's: not counted
         *_verdicts("render", minute - 120 * MINUTE_US),  # before --since: not counted
-        {"STEADQ_QUEUE": "render", "MESSAGE": "quarantined a corrupt object", "STEADQ_REASON": "0x0001",
-         "__REALTIME_TIMESTAMP": str(minute)},  # a reason without a job: not a verdict
-        {"STEADQ_QUEUE": "render", "STEADQ_JOB_ID": "f" * 32, "STEADQ_VERDICT": "ack", "PRIORITY": "3",
+        *_verdicts("render", minute),
+        *_verdicts("other", minute),  # another queue's: not counted
+        {**unit, "MESSAGE": "quarantined a corrupt object", "STEADQ_REASON": "0x0001",
+         "__REALTIME_TIMESTAMP": str(minute + 1)},  # a reason without a job: not a verdict
+        {**unit, "STEADQ_JOB_ID": "f" * 32, "STEADQ_VERDICT": "ack", "PRIORITY": "3",
          "MESSAGE": "job ffffffff finished (exit 0), but its ack was not committed",
-         "__REALTIME_TIMESTAMP": str(minute)},  # a verdict that did not take effect
+         "__REALTIME_TIMESTAMP": str(minute + 2)},  # a verdict that did not take effect
+        *_verdicts("render", minute + 3 * MINUTE_US),
     ]  # fmt: skip
     d = _journal(tmp_path, entries)
     r = steadq("history", "render", "--since", "1h", "--directory", d, "--json")
@@ -88,10 +90,27 @@ def test_history_counts_each_minutes_verdicts(tmp_path: Path) -> None:
     assert {k: by_start[minute + 3 * MINUTE_US][k] for k in counts} == counts
     assert sum(m["acked"] for m in doc["minutes"]) == 4
     assert doc["totals"] == {"acked": 4, "retried": 2, "buried": 4, "abandoned": 0}
+    assert doc["entries_read"] == 18  # the queue's worker's, from --since on
     text = steadq("history", "render", "--since", "1h", "--directory", d)
     assert text.code == 0, text.err
     assert text.out_lines[0].split() == ["MINUTE", "ACKED", "RETRIED", "BURIED", "ABANDONED"]
     assert len(text.out_lines) == 4 and text.out_lines[-1].split() == ["total", "4", "2", "4", "0"]
+
+
+def test_history_believes_only_the_queues_worker_unit(tmp_path: Path) -> None:
+    """Any local user can log STEADQ_QUEUE=render STEADQ_VERDICT=... (logger, systemd-cat); journald's
+    _SYSTEMD_UNIT, from the sender's cgroup, they cannot set: only the worker unit's entries count."""
+    now_us = time.time_ns() // 1000
+    forged = [
+        {**e, "_SYSTEMD_UNIT": unit}
+        for unit in ("user@1000.service", "steadq-worker@other.service")
+        for e in _verdicts("render", now_us - 5 * MINUTE_US)
+    ]
+    d = _journal(tmp_path, [*forged, *_verdicts("render", now_us - 2 * MINUTE_US)])
+    doc = json.loads(steadq("history", "render", "--directory", d, "--json").out)
+    assert doc["totals"] == {"acked": 2, "retried": 1, "buried": 2, "abandoned": 0}
+    doc = json.loads(steadq("history", "render", "--directory", d, "--json", "--any-unit").out)
+    assert doc["totals"] == {"acked": 6, "retried": 3, "buried": 6, "abandoned": 0}
 
 
 def test_history_reads_a_bounded_number_of_entries(tmp_path: Path) -> None:
@@ -102,7 +121,7 @@ def test_history_reads_a_bounded_number_of_entries(tmp_path: Path) -> None:
         for n in range(30)
     ]  # fmt: skip
     d = _journal(tmp_path, entries)
-    r = steadq("history", "busy", "--directory", d, "--json", "--max-entries", "10")
+    r = steadq("history", "busy", "--directory", d, "--json", "--max-entries", "10", "--any-unit")
     assert r.code == 0, r.err
     doc = json.loads(r.out)
     assert doc["truncated"] is True and doc["entries_read"] == 10 and doc["totals"]["acked"] == 10
