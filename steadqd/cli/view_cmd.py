@@ -631,7 +631,11 @@ def failure_story(journal: Mapping[str, Any] | None) -> dict[str, Any] | None:
     or signal, timeout and duration; ``outcomes``: what followed a verdict (``job retried: delayed``,
     ``job buried: ...``, carrying STEADQ_STATE or STEADQ_REASON); ``reason``: the last dead-letter
     reason logged; ``stderr_tail``: the command's last stderr lines. Every value is already escaped
-    and bounded by :func:`_journal_entry`. None when the journal was not read."""
+    and bounded by :func:`_journal_entry`. None when the journal was not read.
+
+    Only a worker unit's entries tell it: any local user can log ``STEADQ_JOB_ID=<id>
+    STEADQ_VERDICT=ack``, but not the ``_SYSTEMD_UNIT`` journald adds from the sender's cgroup
+    (the ``journal`` list still shows every entry, with its unit)."""
     if journal is None or journal.get("error"):
         return None
     runs: list[dict[str, Any]] = []
@@ -640,6 +644,8 @@ def failure_story(journal: Mapping[str, Any] | None) -> dict[str, Any] | None:
     stderr: list[str] = []
     for e in journal["entries"]:
         f = e["fields"]
+        if not (e["unit"].startswith("steadq-worker@") and e["unit"].endswith(".service")):
+            continue
         if "verdict" in f:
             runs.append({"attempt": _count(f.get("attempt")), "verdict": f["verdict"],
                          "exit_status": _count(f.get("exit_status")), "signal": f.get("signal"),

@@ -219,12 +219,16 @@ def test_show_json_tells_the_failure_story_from_the_journal(qpath: str, tmp_path
          "STEADQ_DURATION_MS": "9000", "PRIORITY": "4"},
         {**unit, "MESSAGE": "job buried: no attempts left (2/2, attempts_exhausted)", "STEADQ_REASON": "0x0002",
          "STEADQ_ATTEMPT": "2"},
+        # Any local user can log these fields (logger, systemd-cat), not journald's _SYSTEMD_UNIT:
+        {**unit, "_SYSTEMD_UNIT": "user@1000.service", "MESSAGE": "job finished: ack", "STEADQ_VERDICT": "ack"},
+        {"STEADQ_JOB_ID": job, "MESSAGE": "all is fine", "STEADQ_STREAM": "stderr", "STEADQ_REASON": "0x0000"},
     ]  # fmt: skip
     fake = _fake_journalctl(tmp_path, "".join(f"echo '{json.dumps(e)}'\n" for e in entries))
     code, out, err = _run("show", qpath, job, "--json", path_dirs=[fake])
     assert code == 0, err
     doc = json.loads(out)
     assert doc["journal"]["entries"][2]["fields"]["verdict"] == "retry"
+    assert len(doc["journal"]["entries"]) == 9  # all shown, as the plain output shows them
     story = doc["failure"]
     assert story["runs"] == [
         {"attempt": 1, "verdict": "retry", "exit_status": 1, "signal": None, "timed_out": False,
