@@ -85,6 +85,24 @@ def test_metrics_render_is_valid_exposition_format() -> None:
     assert value(samples, "steadqd_job_duration_seconds_sum", **base) == pytest.approx(7200.75)
 
 
+def test_the_sweeper_file_has_the_queue_gauges_once_counted() -> None:
+    """Issue 34 #3: what the alert rules watch (ready backlog, oldest ready job, dead letters, sweeper
+    alive); a gauge not measured yet is absent, never a 0 that would read as an empty queue."""
+    m = Metrics("q", "sweeper")
+    m.feed(("sweeper",))
+    names = {name for name, _ in parse_exposition(m.render())}
+    assert names == {"steadqd_promotions_total", "steadqd_reaps_total"}
+    m.counted({"ready": (3, 40.0), "delayed": (1, 2.0), "running": (0, 0.0), "dead": (2, 86400.0)})
+    m.swept(1796130000.25)
+    samples = parse_exposition(m.render())
+    base = {"queue": "q", "role": "sweeper"}
+    assert value(samples, "steadqd_queue_jobs", state="ready", **base) == 3
+    assert value(samples, "steadqd_queue_jobs", state="dead", **base) == 2
+    assert value(samples, "steadqd_queue_oldest_job_seconds", state="ready", **base) == 40
+    assert value(samples, "steadqd_queue_oldest_job_seconds", state="running", **base) == 0
+    assert value(samples, "steadqd_sweeper_last_pass_timestamp_seconds", **base) == 1796130000.25
+
+
 def test_a_promoter_file_has_only_the_promoter_families() -> None:
     m = Metrics("q", "promoter")
     m.feed(("promoter",))
@@ -93,7 +111,12 @@ def test_a_promoter_file_has_only_the_promoter_families() -> None:
 
 
 def test_steadqd_run_writes_the_textfile(tmp_path: Path, make_queue, queue_path: str) -> None:
-    make_queue(delayed_width_ns=10**9).close()
+    q = make_queue(delayed_width_ns=10**9)
+    earlier = q.enqueue(b"x", max_attempts=1)  # a dead letter from before the start: the sweeper's count sees it
+    lease = q.lease()
+    assert lease is not None and lease.job_id == earlier
+    q.bury(lease, reason=1)
+    q.close()
     env = Env(tmp_path, queue_path)
     prom_dir = tmp_path / "textfiles"
     prom_dir.mkdir()
@@ -138,6 +161,11 @@ def test_steadqd_run_writes_the_textfile(tmp_path: Path, make_queue, queue_path:
     assert value(samples, "steadqd_promotions_total", **labels) == 2  # the delayed job and the retry
     assert value(samples, "steadqd_reaps_total", **labels) == 0
     assert value(samples, "steadqd_job_duration_seconds_count", **labels) == 5
+    assert value(samples, "steadqd_queue_jobs", state="dead", **labels) >= 1  # counted at the first pass at least
+    for state in ("ready", "delayed", "running"):  # every state has its series (value() fails on a missing one)
+        assert value(samples, "steadqd_queue_jobs", state=state, **labels) >= 0
+    assert value(samples, "steadqd_queue_oldest_job_seconds", state="dead", **labels) >= 0
+    assert value(samples, "steadqd_sweeper_last_pass_timestamp_seconds", **labels) > 1.7e9
     # Atomic replacement leaves nothing else behind, and the file is readable by node-exporter.
     assert sorted(p.name for p in prom_dir.iterdir()) == ["steadq-testq.run.prom"]
     assert path.stat().st_mode & stat.S_IROTH
