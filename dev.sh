@@ -17,6 +17,10 @@ DEB_PACKAGES=(gcc pkg-config libsystemd-dev libffi-dev e2fsprogs xfsprogs btrfs-
 # tests/stowq/ceph.py runs a mon, a memstore OSD and radosgw as plain processes; no recommends (ceph-base's
 # would bring ceph-mds and a time daemon such as chrony, neither wanted on a test machine).
 CEPH_PACKAGES=(ceph-mon ceph-osd radosgw)
+# promtool: tests/packaging/test_monitoring.py checks and unit-tests the shipped alert rules. Debian has it only
+# in the prometheus package (19 MB download, 96 MB installed, no other package ships it); its postinst enables the
+# Prometheus server's unit too, which on a machine booted with systemd then listens on :9090 (stop it if unwanted).
+MONITORING_PACKAGES=(prometheus)
 
 install_system_packages() {
     command -v dpkg-query >/dev/null 2>&1 || return 0
@@ -26,6 +30,7 @@ install_system_packages() {
     . packaging/apt-ensure.sh
     apt_ensure dev.sh "${wanted[@]}"
     apt_ensure dev.sh --no-install-recommends "${CEPH_PACKAGES[@]}"
+    apt_ensure dev.sh --no-install-recommends "${MONITORING_PACKAGES[@]}"
 }
 
 setup() {
