@@ -8,6 +8,7 @@ start; promotions; reaps; the run-time histogram.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import re
@@ -19,7 +20,11 @@ import pytest
 import yaml
 
 from steadqd import Queue
+from steadqd.daemon import metrics
+from steadqd.daemon.config import load_config
+from steadqd.daemon.journal import Log
 from steadqd.daemon.metrics import DURATION_BUCKETS, Metrics, UncontrolledDirectory, textfile_for, write_textfile
+from steadqd.daemon.sweeper import SweeperRole
 from tests.daemon.conftest import STEADQD, Daemon, Env, job_spec, wait_for
 from tests.integration.test_shared_queue import PRODUCER, QUEUE_GID, as_user
 
@@ -263,3 +268,30 @@ def test_a_symlinked_metrics_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         write_textfile(str(tmp_path / "link" / "q.worker.prom"), "x 1\n")
     assert list(real.iterdir()) == []
+
+
+def test_the_sweeper_counts_at_most_every_count_interval_and_only_with_a_file(
+    tmp_path: Path, make_queue, queue_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A count lists every state: a sweeper with a short interval must not list a big tree at each pass."""
+    q = make_queue()
+    q.enqueue(b"a")
+    (tmp_path / "q.yaml").write_text(f"queue: {queue_path}\nmetrics_textfile: {tmp_path}/q.prom\n")
+    m = Metrics("q", "sweeper")
+    m.feed(("sweeper",))
+    monkeypatch.setattr(metrics, "_process", m)
+    role = SweeperRole(load_config("q", str(tmp_path)), Log("sweeper", "q", journal=False, stream=io.StringIO()))
+    role._count(q)
+    assert value(parse_exposition(m.render()), "steadqd_queue_jobs", state="ready") == 1
+    q.enqueue(b"b")
+    role._count(q)  # within COUNT_INTERVAL of the first: not counted again
+    assert value(parse_exposition(m.render()), "steadqd_queue_jobs", state="ready") == 1
+    monkeypatch.setattr(metrics, "COUNT_INTERVAL", 0.0)
+    role._count(q)
+    assert value(parse_exposition(m.render()), "steadqd_queue_jobs", state="ready") == 2
+    (tmp_path / "r.yaml").write_text(f"queue: {queue_path}\n")  # no metrics file: no count at all
+    fresh = Metrics("r", "sweeper")
+    fresh.feed(("sweeper",))
+    monkeypatch.setattr(metrics, "_process", fresh)
+    SweeperRole(load_config("r", str(tmp_path)), Log("sweeper", "r", journal=False, stream=io.StringIO()))._count(q)
+    assert "steadqd_queue_jobs" not in fresh.render()
