@@ -124,6 +124,7 @@ def test_the_package_and_the_bundle_ship_the_monitoring_files() -> None:
     install = (ROOT / "packaging" / "debian" / "steadqd.install").read_text().splitlines()
     assert "monitoring/steadqd-alerts.yml usr/share/steadqd/monitoring/" in install
     assert "monitoring/steadqd-grafana.json usr/share/steadqd/monitoring/" in install
+    assert re.search(r"-cf - .* monitoring ", (ROOT / "packaging" / "build-deb.sh").read_text())  # the source tree
     assert 'cp "$SRC"/monitoring/* "$B/monitoring/"' in (ROOT / "packaging" / "build-bundle.sh").read_text()
     assert (
         'cp "$HERE"/monitoring/* "$D/share/steadq/monitoring/"'
