@@ -11,10 +11,16 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 # zsh, fish, groff-base and man-db: tests/cli drive the completion scripts and check the man pages.
-DEB_PACKAGES=(gcc pkg-config libsystemd-dev libffi-dev e2fsprogs xfsprogs btrfs-progs util-linux zsh fish groff-base man-db)
+# systemd-journal-remote: tests/cli/test_history.py writes real journal files with it (no journald needed).
+DEB_PACKAGES=(gcc pkg-config libsystemd-dev libffi-dev e2fsprogs xfsprogs btrfs-progs util-linux zsh fish groff-base man-db
+    systemd-journal-remote)
 # tests/stowq/ceph.py runs a mon, a memstore OSD and radosgw as plain processes; no recommends (ceph-base's
 # would bring ceph-mds and a time daemon such as chrony, neither wanted on a test machine).
 CEPH_PACKAGES=(ceph-mon ceph-osd radosgw)
+# promtool: tests/packaging/test_monitoring.py checks and unit-tests the shipped alert rules. Debian has it only
+# in the prometheus package (19 MB download, 96 MB installed, no other package ships it); its postinst enables the
+# Prometheus server's unit too, which on a machine booted with systemd then listens on :9090 (stop it if unwanted).
+MONITORING_PACKAGES=(prometheus)
 
 install_system_packages() {
     command -v dpkg-query >/dev/null 2>&1 || return 0
@@ -24,6 +30,7 @@ install_system_packages() {
     . packaging/apt-ensure.sh
     apt_ensure dev.sh "${wanted[@]}"
     apt_ensure dev.sh --no-install-recommends "${CEPH_PACKAGES[@]}"
+    apt_ensure dev.sh --no-install-recommends "${MONITORING_PACKAGES[@]}"
 }
 
 setup() {

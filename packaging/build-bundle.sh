@@ -85,11 +85,12 @@ rm -rf "${SP:?}/bin"
 "${CLEAN_ENV[@]}" "$PY" -m compileall -q "$SP" >/dev/null
 
 B="$WORK/$NAME"
-mkdir -p "$B/units" "$B/etc" "$B/docs" "$B/licenses"
+mkdir -p "$B/units" "$B/etc" "$B/docs" "$B/licenses" "$B/monitoring"
 cp "$SRC"/units/*.service "$SRC"/units/*.target "$B/units/"
 cp "$SRC/units/steadq.sysusers.conf" "$SRC/units/steadq.tmpfiles.conf" "$B/"
 cp "$SRC/etc/steadq/queues/example.yaml" "$B/etc/example.yaml"
 cp "$SRC"/docs/*.md "$SRC/README.md" "$B/docs/"
+cp "$SRC"/monitoring/* "$B/monitoring/"
 # Man pages as written (man/), completion scripts from the programs just built, as the .deb has them.
 mkdir -p "$B/man" "$B/completions"
 cp "$SRC"/man/*.1 "$SRC"/man/*.5 "$B/man/"

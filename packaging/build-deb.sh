@@ -48,7 +48,7 @@ stage() {
     mkdir -p "$dst"
     # Only what the package is built from; no caches, no egg-info, no tests.
     tar -C "$SRC" --exclude='__pycache__' --exclude='*.pyc' --exclude='*.egg-info' \
-        -cf - steadqd pyproject.toml setup.py README.md docs man units etc packaging/vendor | tar -C "$dst" -xf -
+        -cf - steadqd pyproject.toml setup.py README.md docs man units etc monitoring packaging/vendor | tar -C "$dst" -xf -
     cp -r "$SRC/packaging/debian" "$dst/debian"
     # dh_installsysusers/dh_installtmpfiles --name=steadq read these names; the single source of
     # truth stays in units/.

@@ -115,6 +115,9 @@ for prog in steadq steadqd; do
     cp "$HERE/completions/$prog.fish" "$D/share/fish/vendor_completions.d/$prog.fish"
 done
 cp -r "$HERE/licenses" "$D/share/doc/steadqd/"
+# The Grafana dashboard and Prometheus alert rules (the .deb: /usr/share/steadqd/monitoring/).
+mkdir -p "$D/share/steadq/monitoring"
+cp "$HERE"/monitoring/* "$D/share/steadq/monitoring/"
 cp "$HERE/MANIFEST" "$D/share/steadq/MANIFEST"
 install -m 0755 "$HERE/uninstall.sh" "$D/share/steadq/uninstall.sh"
 

@@ -18,6 +18,7 @@ in the module of its group, its parser beside its handler:
 ``cancel_cmd``         cancel (ready, delayed or running jobs to dead, reason cancelled)
 ``view_cmd``           stats, watch, ls, inspect, show (read-only views)
 ``status_cmd``         list, status (the configured queues, their counts and units)
+``history_cmd``        history (verdicts per minute, from the journal)
 ``maintenance_cmd``    fsck, verify, format-dump, recover, resolve
 ``admin_cmd``          admin dead-* / quarantine-* / requeue / compact-receipts
 ``doctor_cmd``         doctor
@@ -46,6 +47,7 @@ from steadqd.cli import (
     completion_cmd,
     control_cmd,
     doctor_cmd,
+    history_cmd,
     init_cmd,
     lease_cmd,
     maintenance_cmd,
@@ -67,8 +69,8 @@ from steadqd.cli.common import (
 )
 
 GROUPS = (
-    init_cmd, put_cmd, lease_cmd, cancel_cmd, view_cmd, status_cmd, maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd,
-    admin_cmd, control_cmd,
+    init_cmd, put_cmd, lease_cmd, cancel_cmd, view_cmd, status_cmd, history_cmd, maintenance_cmd, doctor_cmd,
+    bench_cmd, completion_cmd, admin_cmd, control_cmd,
 )  # fmt: skip
 
 # The order ``steadq --help`` (and an invalid-choice error) lists the commands
@@ -76,7 +78,7 @@ GROUPS = (
 HELP_ORDER = (
     "init", "put", "lease", "ack", "retry", "bury", "cancel", "work", "stats", "fsck", "doctor", "inspect", "verify",
     "format-dump", "recover", "resolve", "bench", "ls", "watch", "show", "completion", "admin", "list", "status",
-    "pause", "resume",
+    "pause", "resume", "history",
 )  # fmt: skip
 
 

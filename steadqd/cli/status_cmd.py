@@ -30,6 +30,7 @@ from steadqd.cli.common import (
     out_json,
     resolve_queue,
 )
+from steadqd.cli.control_cmd import pause_json
 from steadqd.errors import ConfigError
 from steadqd.queue_names import config_dir, configured_names, is_queue_name, read_queue_entry
 
@@ -55,24 +56,33 @@ class _Row:
     config: str | None
     queue: str | None
     counts: dict[str, int] | None = None
+    ages: dict[str, int | None] | None = None  # oldest_age_seconds per counted state
+    paused: dict[str, object] | None = None  # control_cmd.pause_json of the queue's pause, None when it runs
     error: str | None = None
     units: dict[str, str] | None = None
 
 
-def _counts(target: str, options: dict[str, Any]) -> dict[str, int]:
+_STATS_KEY = {"ready": "ready", "delayed": "delayed", "running": "leased", "dead": "dead"}  # COUNTED -> stats()
+
+
+def _counts(
+    target: str, options: dict[str, Any]
+) -> tuple[dict[str, int], dict[str, int | None], dict[str, object] | None]:
+    """The jobs per counted state, how long the oldest of each has been there (None: none is), and the pause."""
     q = open_queue(target, **options)
     try:
         stats = q.stats()
+        paused = pause_json(q.pause_state())
     finally:
         with contextlib.suppress(Exception):
             q.close()
-
-    def objects(state: str) -> int:
-        v = stats.get(state)
-        return int(v.objects) if v is not None else 0
-
-    return {"ready": objects("ready"), "delayed": objects("delayed"), "running": objects("leased"),
-            "dead": objects("dead")}  # fmt: skip
+    counts: dict[str, int] = {}
+    ages: dict[str, int | None] = {}
+    for word in COUNTED:
+        v = stats.get(_STATS_KEY[word])
+        counts[word] = int(v.objects) if v is not None else 0
+        ages[word] = v.oldest_age_seconds if v is not None and v.objects else None
+    return counts, ages, paused
 
 
 def _row(name: str, directory: str | None) -> _Row:
@@ -85,7 +95,7 @@ def _row(name: str, directory: str | None) -> _Row:
         return _Row(name, None, None, error=f"cannot read its configuration: {error_text(e)}")
     row = _Row(name, entry.config, entry.queue)
     try:
-        row.counts = _counts(entry.queue, entry.options)
+        row.counts, row.ages, row.paused = _counts(entry.queue, entry.options)
     except CliError as e:
         row.error = "; ".join(e.lines)
     except Exception as e:  # noqa: BLE001 - a queue that cannot be counted is said in its row
@@ -140,7 +150,7 @@ def cmd_status(a: argparse.Namespace) -> int:
     else:  # a path: counts only, no units
         row = _Row(None, None, a.queue)
         try:
-            row.counts = _counts(a.queue, {})
+            row.counts, row.ages, row.paused = _counts(a.queue, {})
         except CliError as e:
             row.error = "; ".join(e.lines)
         rows = [row]
@@ -155,8 +165,8 @@ def cmd_status(a: argparse.Namespace) -> int:
                 "config_dir": directory,
                 "systemd": units is not None,
                 "queues": [
-                    {"name": r.name, "config": r.config, "queue": r.queue, "counts": r.counts, "error": r.error,
-                     "units": r.units}
+                    {"name": r.name, "config": r.config, "queue": r.queue, "counts": r.counts,
+                     "oldest_age_seconds": r.ages, "paused": r.paused, "error": r.error, "units": r.units}
                     for r in rows
                 ],
             }

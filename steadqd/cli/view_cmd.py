@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -17,13 +19,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from steadqd import progress
-from steadqd.backend import PauseState
+from steadqd.backend import PauseState, is_bucket_url
 from steadqd.cli.common import (
     ALL_STATES,
     CliError,
     Subcommands,
     add_command,
     add_queue_argument,
+    discard_stdout,
     duration,
     err,
     error_code,
@@ -83,7 +86,12 @@ def _meta_filter(text: str) -> tuple[str, str]:
 
 
 def add_watch(sub: Subcommands) -> None:
-    s = add_command(sub, "watch", "live view of counts, throughput and oldest job per state", "steadq watch /srv/q")
+    s = add_command(
+        sub,
+        "watch",
+        "live view of counts, throughput and oldest job per state (--json: one object per line)",
+        "steadq watch /srv/q",
+    )
     add_queue_argument(s)
     s.add_argument("--interval", type=duration, default=1.0, metavar="DURATION", help="time between frames")
     s.add_argument("--count", type=int_in(0, U32_MAX, "count"), default=0, metavar="N", help="stop after N frames")
@@ -123,14 +131,18 @@ def format_stats_text(s: Mapping[str, Any], running: Any = None) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def stats_doc(s: Mapping[str, Any], running: Any = None) -> dict[str, Any]:
+    """``{state: {objects, oldest_age_seconds}}``, with ``running`` (the leases, also counted in ``ready``) when given."""
+    doc = {k: {"objects": v.objects, "oldest_age_seconds": v.oldest_age_seconds} for k, v in s.items()}
+    if running is not None:
+        doc[RUNNING] = {"objects": running.objects, "oldest_age_seconds": running.oldest_age_seconds}
+    return doc
+
+
 def format_stats_json(s: Mapping[str, Any], running: Any = None, paused: dict[str, object] | None = None) -> str:
     """cli.md ``--json``: 2-space pretty JSON, keys sorted, final newline included;
     ``running`` (the leases, also counted in ``ready``) when given, ``paused`` when the queue is."""
-    doc: dict[str, object] = {
-        k: {"objects": v.objects, "oldest_age_seconds": v.oldest_age_seconds} for k, v in s.items()
-    }
-    if running is not None:
-        doc[RUNNING] = {"objects": running.objects, "oldest_age_seconds": running.oldest_age_seconds}
+    doc: dict[str, object] = dict(stats_doc(s, running))
     if paused is not None:
         doc["paused"] = paused
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
@@ -228,13 +240,87 @@ def _render_watch(
     return lines
 
 
+# Bounds of ``watch --interval``: shorter would spin on the tree, longer is surely a typo. A bucket
+# queue's refresh lists its state prefixes (requests billed and rate-limited), so it refreshes slower.
+WATCH_MIN_INTERVAL = 0.1
+WATCH_MIN_INTERVAL_BUCKET = 2.0
+WATCH_MAX_INTERVAL = 3600.0
+
+
+def watch_interval(asked: float, *, bucket: bool) -> tuple[float, str | None]:
+    """The interval ``watch`` uses for ``asked``, and the note that says so when it differs."""
+    floor = WATCH_MIN_INTERVAL_BUCKET if bucket else WATCH_MIN_INTERVAL
+    if asked < floor:
+        why = "the shortest for a bucket queue: each refresh lists the bucket" if bucket else "the shortest"
+        return floor, f"watch: --interval raised to {floor:g}s ({why})"
+    if asked > WATCH_MAX_INTERVAL:
+        return WATCH_MAX_INTERVAL, f"watch: --interval lowered to {format_duration(WATCH_MAX_INTERVAL)} (the longest)"
+    return asked, None
+
+
+def _watch_frame(
+    path: str,
+    interval: float,
+    s: Mapping[str, Any],
+    prev: Mapping[str, Any] | None,
+    dt: float,
+    paused: PauseState | None = None,
+    progress_of: Sequence[tuple[str, Mapping[str, Any]]] = (),
+) -> dict[str, Any]:
+    """One ``watch --json`` line: the rows ``watch`` shows (``ready`` waiting, ``running`` leased), the time,
+    the rates since the last frame, the pause and the running jobs' progress published on this host."""
+
+    def count(st: Mapping[str, Any], name: str) -> int:
+        v = st.get(name)
+        return int(v.objects) if v is not None else 0
+
+    states = stats_doc(s)
+    throughput = None
+    if prev is not None and dt > 0:
+        throughput = {
+            "acked_per_second": round(max(0.0, (count(s, "receipts") - count(prev, "receipts")) / dt), 3),
+            "dead_per_second": round(max(0.0, (count(s, "dead") - count(prev, "dead")) / dt), 3),
+        }
+    return {"time_ns": time.time_ns(), "queue": path, "interval_seconds": interval, "states": states,
+            "running": states.get(RUNNING, {"objects": 0, "oldest_age_seconds": None}),
+            "paused": pause_json(paused),
+            "progress": {job: dict(prog) for job, prog in progress_of},
+            "throughput": throughput}  # fmt: skip
+
+
+class _Stop(Exception):
+    """SIGTERM (or SIGINT) asked ``watch`` to stop."""
+
+
+def _stop(_signum: int, _frame: object) -> None:
+    raise _Stop
+
+
+def _reader_gone(fd: int, timeout: float) -> bool:
+    """Sleep up to ``timeout`` seconds, waking early (True) when the reader of pipe ``fd`` closed its end.
+
+    poll reports POLLERR on a pipe whose reader is gone even with no event asked for,
+    so a dashboard that stops reading ends the stream at once, not at the next write."""
+    p = select.poll()
+    p.register(fd, 0)
+    return bool(p.poll(max(0, round(timeout * 1000))))
+
+
 def cmd_watch(a: argparse.Namespace) -> int:
-    """Refresh counts every interval; ANSI home+clear on a terminal, plain frames otherwise; ^C exits 0."""
+    """Refresh counts every interval; ANSI home+clear on a terminal, plain frames otherwise; ^C exits 0.
+
+    ``--json``: one object per line per refresh, flushed, for a program reading a pipe. A line
+    is written whole with SIGTERM and SIGINT blocked, so a stop never leaves half a line."""
+    interval, note = watch_interval(a.interval, bucket=is_bucket_url(a.path))
+    if note:
+        err(note)
     q = open_queue(a.path)
-    tty = sys.stdout.isatty()
+    tty = sys.stdout.isatty() and not a.json
     prev: Mapping[str, Any] | None = None
     prev_t = 0.0
     frames = 0
+    stops = (signal.SIGTERM, signal.SIGINT)
+    saved = {sig: signal.signal(sig, _stop) for sig in stops} if a.json else {}
     try:
         if tty:
             sys.stdout.write("\x1b[?25l")
@@ -246,20 +332,34 @@ def cmd_watch(a: argparse.Namespace) -> int:
             except OSError as e:
                 raise CliError(f"watch: {e.filename}: {e.strerror}", os_exit_code(e)) from e
             # running jobs' progress, as their workers on this host publish it
-            lines = _render_watch(a.path, s, prev, t - prev_t, paused, progress.published(q.queue_id))
-            if tty:
+            progress_of = progress.published(q.queue_id)
+            if a.json:
+                frame = _watch_frame(a.path, interval, s, prev, t - prev_t, paused, progress_of)
+                line = json.dumps(frame) + "\n"
+                signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+                try:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+            elif tty:
+                lines = _render_watch(a.path, s, prev, t - prev_t, paused, progress_of)
                 sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")  # the tty adds the \r
             else:
-                sys.stdout.write("\n".join(lines) + "\n\n")
+                sys.stdout.write("\n".join(_render_watch(a.path, s, prev, t - prev_t, paused, progress_of)) + "\n\n")
             sys.stdout.flush()
             prev, prev_t = s, t
             frames += 1
             if a.count and frames >= a.count:
                 break
-            time.sleep(max(0.0, a.interval - (time.monotonic() - t)))
-    except KeyboardInterrupt:
+            if _reader_gone(sys.stdout.fileno(), interval - (time.monotonic() - t)):
+                discard_stdout()
+                break
+    except (KeyboardInterrupt, _Stop):
         pass
     finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
         if tty:
             sys.stdout.write("\x1b[?25h\n")
             sys.stdout.flush()
@@ -652,7 +752,50 @@ def story_json(story: Any, journal: Mapping[str, Any] | None) -> dict[str, Any]:
             payload_head_bytes=len(head),
         )
     doc["journal"] = journal
+    doc["failure"] = failure_story(journal)
     return doc
+
+
+_STDERR_TAIL = 10  # stderr lines a failure story keeps (of the entries read, the last ones)
+
+
+def _count(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
+def failure_story(journal: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What ``show --json`` readers want of a failed job, from the worker's structured fields.
+
+    ``runs``: each ``job finished`` entry (it carries STEADQ_VERDICT) with its attempt, exit status
+    or signal, timeout and duration; ``outcomes``: what followed a verdict (``job retried: delayed``,
+    ``job buried: ...``, carrying STEADQ_STATE or STEADQ_REASON); ``reason``: the last dead-letter
+    reason logged; ``stderr_tail``: the command's last stderr lines. Every value is already escaped
+    and bounded by :func:`_journal_entry`. None when the journal was not read.
+
+    Only a worker unit's entries tell it: any local user can log ``STEADQ_JOB_ID=<id>
+    STEADQ_VERDICT=ack``, but not the ``_SYSTEMD_UNIT`` journald adds from the sender's cgroup
+    (the ``journal`` list still shows every entry, with its unit)."""
+    if journal is None or journal.get("error"):
+        return None
+    runs: list[dict[str, Any]] = []
+    outcomes: list[str] = []
+    reason = None
+    stderr: list[str] = []
+    for e in journal["entries"]:
+        f = e["fields"]
+        if not (e["unit"].startswith("steadq-worker@") and e["unit"].endswith(".service")):
+            continue
+        if "verdict" in f:
+            runs.append({"attempt": _count(f.get("attempt")), "verdict": f["verdict"],
+                         "exit_status": _count(f.get("exit_status")), "signal": f.get("signal"),
+                         "timed_out": f.get("timed_out") == "true", "duration_ms": _count(f.get("duration_ms")),
+                         "time": e["time"]})  # fmt: skip
+        elif "reason" in f or "state" in f:
+            outcomes.append(e["message"])
+            reason = f.get("reason", reason)
+        elif e["stream"] == "stderr":
+            stderr.append(e["message"])
+    return {"runs": runs, "outcomes": outcomes, "reason": reason, "stderr_tail": stderr[-_STDERR_TAIL:]}
 
 
 # -- the journal: the job's runs, exits and stderr, as the worker logged them
@@ -726,7 +869,16 @@ def _journal_entry(e: Mapping[str, Any]) -> dict[str, Any]:
         "priority": _journal_field(e, "PRIORITY"),
         "stream": _journal_field(e, "STEADQ_STREAM"),
         "message": _journal_field(e, "MESSAGE"),
+        "fields": {
+            k.removeprefix("STEADQ_").lower(): _journal_field(e, k)
+            for k in sorted(e)
+            if isinstance(k, str) and k.startswith("STEADQ_") and k not in _CONTEXT_FIELDS
+        },
     }
+
+
+# Fields every entry of a job's story shares (the query's own) or that the entry has elsewhere.
+_CONTEXT_FIELDS = frozenset({"STEADQ_JOB_ID", "STEADQ_QUEUE", "STEADQ_ROLE", "STEADQ_STREAM"})
 
 
 COMMANDS = {"stats": add_stats, "inspect": add_inspect, "ls": add_ls, "watch": add_watch, "show": add_show}

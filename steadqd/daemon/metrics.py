@@ -17,6 +17,15 @@ run``). Every sample carries ``queue`` and ``role`` labels, so the files
 never repeat a series, which node-exporter refuses. The counters start at
 zero with the process, as Prometheus counters may (``rate()`` handles resets).
 
+The sweeper also counts the queue (:data:`QUEUE_STATES`, at most every
+:data:`COUNT_INTERVAL` and only when a file is configured: a count lists
+every state) and stamps each recovery pass, so the sweeper's file is
+rewritten at least once per pass: an alert on
+``steadqd_sweeper_last_pass_timestamp_seconds`` sees a sweeper (or a
+node-exporter directory) that stopped, where the counters of an idle
+queue would not change at all. The shipped alert rules and Grafana
+dashboard (packaging: /usr/share/steadqd/monitoring/) use these names.
+
 ``steadq stats --prometheus`` is a different thing and stays as the reference
 prints it: queue depths read from the tree, for a cron job or a scrape script.
 """
@@ -30,8 +39,8 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from steadqd.backend import RecoveryReport
 from steadqd.daemon.config import QueueSettings
@@ -43,17 +52,21 @@ if TYPE_CHECKING:  # only a type here: preflight (imported by the service) uses 
     from steadqd.daemon.service import Loop
 
 __all__ = [
+    "COUNT_INTERVAL",
     "DURATION_BUCKETS",
     "JOB_STATES",
+    "QUEUE_STATES",
     "Metrics",
     "UncontrolledDirectory",
     "attach",
+    "counted",
     "directory_problem",
     "inbox_failed",
     "job_failed_to_start",
     "job_finished",
     "job_progress",
     "recovered",
+    "swept",
     "textfile_for",
     "write_textfile",
 ]
@@ -62,6 +75,9 @@ WRITE_INTERVAL = 5.0  # seconds between rewrites while something changed
 # Job run times span a thumbnail (well under a second) to a transcode (an hour).
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
 JOB_STATES = ("acked", "retried", "buried", "cancelled", "failed_to_start")
+# The sweeper's gauges: label -> the state word of Backend.stats() (running: the leased jobs, as steadq list says).
+QUEUE_STATES = {"ready": "ready", "delayed": "delayed", "running": "leased", "dead": "dead"}
+COUNT_INTERVAL = 15.0  # seconds between two counts of the queue by the sweeper (a count lists every state)
 
 _HELP = {
     "steadqd_jobs_total": (
@@ -86,6 +102,12 @@ _HELP = {
         "1 while the configured watch folder (inbox:) is not watched: it could not be opened, or it went away "
         "or failed since (the journal says why); else 0.",
     ),
+    "steadqd_queue_jobs": ("gauge", "Jobs in each state when the sweeper last counted (running: leased now)."),
+    "steadqd_queue_oldest_job_seconds": (
+        "gauge",
+        "How long the oldest job of each state has been in it when the sweeper last counted (0: none).",
+    ),
+    "steadqd_sweeper_last_pass_timestamp_seconds": ("gauge", "Unix time the sweeper's last recovery pass ended."),
 }
 _SETTLED = {"ack": "acked", "retry": "retried", "bury": "buried"}  # verdict word -> state label
 # Which families each role feeds: a file carries only the families of the roles in its process.
@@ -96,7 +118,13 @@ _ROLE_FAMILIES = {
         "steadqd_queue_paused",
         "steadqd_job_progress_percent",
     ),
-    "sweeper": ("steadqd_promotions_total", "steadqd_reaps_total"),
+    "sweeper": (
+        "steadqd_promotions_total",
+        "steadqd_reaps_total",
+        "steadqd_queue_jobs",
+        "steadqd_queue_oldest_job_seconds",
+        "steadqd_sweeper_last_pass_timestamp_seconds",
+    ),
     "promoter": ("steadqd_promotions_total",),
     "inbox": ("steadqd_inbox_failed",),
 }
@@ -133,6 +161,8 @@ class Metrics:
         self._paused = False
         self._progress: dict[int, float] = {}  # by slot: a bounded series count, unlike job ids
         self._inbox_failed = False
+        self._counts: dict[str, tuple[int, float]] | None = None  # state -> (jobs, oldest age); None: not counted
+        self._last_pass: float | None = None
         self.changes = 0  # bumped by every update: the writer skips a file that would not change
 
     def feed(self, roles: Iterable[str]) -> None:
@@ -186,6 +216,18 @@ class Metrics:
                 self._reaps += reaped
                 self.changes += 1
 
+    def counted(self, counts: dict[str, tuple[int, float]]) -> None:
+        """The sweeper counted the queue: ``{state: (jobs, oldest age in seconds)}`` for :data:`QUEUE_STATES`."""
+        with self._lock:
+            self._counts = dict(counts)
+            self.changes += 1
+
+    def swept(self, at: float) -> None:
+        """A recovery pass ended at unix time ``at``."""
+        with self._lock:
+            self._last_pass = at
+            self.changes += 1
+
     def render(self) -> str:
         """The Prometheus text exposition format (version 0.0.4) of the families this process feeds."""
         base = f'queue="{_label(self.queue)}",role="{_label(self.role)}"'
@@ -201,8 +243,21 @@ class Metrics:
                     for slot, pct in sorted(self._progress.items())
                 ],
                 "steadqd_inbox_failed": [f"steadqd_inbox_failed{{{base}}} {int(self._inbox_failed)}"],
+                "steadqd_queue_jobs": [
+                    f'steadqd_queue_jobs{{{base},state="{s}"}} {n}' for s, (n, _) in (self._counts or {}).items()
+                ],
+                "steadqd_queue_oldest_job_seconds": [
+                    f'steadqd_queue_oldest_job_seconds{{{base},state="{s}"}} {_number(age)}'
+                    for s, (_, age) in (self._counts or {}).items()
+                ],
+                "steadqd_sweeper_last_pass_timestamp_seconds": [
+                    f"steadqd_sweeper_last_pass_timestamp_seconds{{{base}}} {_number(self._last_pass)}"
+                ]
+                if self._last_pass is not None
+                else [],
             }
-            families = [f for f in _HELP if f in self.families]
+            # A gauge not measured yet is left out, not written as 0 (a 0 would read as "empty queue").
+            families = [f for f in _HELP if f in self.families and samples[f]]
         lines: list[str] = []
         for family in families:
             kind, text = _HELP[family]
@@ -381,3 +436,21 @@ def inbox_failed(failed: bool) -> None:
 def recovered(report: RecoveryReport) -> None:
     if _process is not None:
         _process.recovered(report.delayed_promoted, report.leases_reaped + report.leases_to_dead)
+
+
+def swept(at: float) -> None:
+    if _process is not None:
+        _process.swept(at)
+
+
+def counted(stats: Mapping[str, Any]) -> None:
+    """The sweeper's count of the queue (``Backend.stats()``) as the :data:`QUEUE_STATES` gauges."""
+    if _process is None:
+        return
+    counts: dict[str, tuple[int, float]] = {}
+    for label, word in QUEUE_STATES.items():
+        v = stats.get(word)
+        jobs = int(v.objects) if v is not None else 0
+        age = v.oldest_age_seconds if v is not None and jobs and v.oldest_age_seconds is not None else 0
+        counts[label] = (jobs, float(age))
+    _process.counted(counts)

@@ -20,6 +20,8 @@ cannot flood the journal every 30 seconds.
 
 from __future__ import annotations
 
+import time
+
 from steadqd.backend import Backend, RecoveryReport
 from steadqd.daemon import metrics
 from steadqd.daemon.config import QueueSettings
@@ -101,6 +103,7 @@ class SweeperRole(PassRole):
         self._last_pass_end: float | None = None
         self.last_report: RecoveryReport | None = None
         self._unsupported: str | None = None  # why this backend runs no recovery
+        self._last_count: float | None = None  # when the queue was last counted for the metrics file
 
     # -- Role protocol -------------------------------------------------------
 
@@ -182,6 +185,20 @@ class SweeperRole(PassRole):
             return None
         return self.queue
 
+    def _count(self, q: Backend) -> None:
+        """Count the queue for the metrics file's gauges, at most every COUNT_INTERVAL (a count lists
+        every state, so it is not done at each pass of a short interval) and only when a file is written."""
+        if self.settings.metrics_textfile is None:
+            return
+        now = Loop.now()
+        if self._last_count is not None and now - self._last_count < metrics.COUNT_INTERVAL:
+            return
+        self._last_count = now
+        try:
+            metrics.counted(q.stats())
+        except (OSError, SteadQError) as e:
+            self._errors.record([("count_failed", f"cannot count the queue for the metrics file: {e}")])
+
     def _run_pass(self) -> None:
         self._timer = None
         if self._draining:
@@ -206,6 +223,8 @@ class SweeperRole(PassRole):
         self._last_pass_end = Loop.now()
         self.last_report = report
         metrics.recovered(report)
+        metrics.swept(time.time())
+        self._count(q)
         if report.changed:
             fields = {field: getattr(report, attr) for attr, field, _ in _COUNTS}
             self.log.notice(

@@ -239,3 +239,48 @@ def test_show_picks_the_verdict_and_the_stderr_lines_over_a_flood_of_stdout(qpat
     assert shown[-1] == f"  (48 lines of stdout not shown: journalctl STEADQ_JOB_ID={job} has all)"
     doc = json.loads(_run("show", qpath, job, "--json", path_dirs=[fake])[1])
     assert doc["journal"]["omitted"] == 48 and len(doc["journal"]["entries"]) == 20
+
+
+def test_show_json_tells_the_failure_story_from_the_journal(qpath: str, tmp_path: Path) -> None:
+    """Issue 34 #2: a dashboard gets each run's verdict and exit, why the job died, and its stderr tail,
+    from the worker's structured fields (escaped like every journal value)."""
+    job = _dead_job(qpath, b"boom", reason=1)
+    unit = {"_SYSTEMD_UNIT": "steadq-worker@demo.service", "STEADQ_JOB_ID": job, "STEADQ_QUEUE": "demo"}
+    entries = [
+        {**unit, "MESSAGE": "job started", "STEADQ_ATTEMPT": "1"},
+        {**unit, "MESSAGE": "no such file", "STEADQ_STREAM": "stderr"},
+        {**unit, "MESSAGE": "job finished: retry (exit 1, 0.2 s, attempt 1/2)", "STEADQ_VERDICT": "retry",
+         "STEADQ_EXIT_STATUS": "1", "STEADQ_ATTEMPT": "1", "STEADQ_DURATION_MS": "200", "PRIORITY": "4"},
+        {**unit, "MESSAGE": "job retried: delayed", "STEADQ_STATE": "delayed", "STEADQ_ATTEMPT": "1"},
+        {**unit, "MESSAGE": f"still {ESC}[31mno such file", "STEADQ_STREAM": "stderr"},
+        {**unit, "MESSAGE": "job finished: retry (timed out, signal SIGKILL, 9.0 s, attempt 2/2)",
+         "STEADQ_VERDICT": "retry", "STEADQ_SIGNAL": "SIGKILL", "STEADQ_TIMED_OUT": "true", "STEADQ_ATTEMPT": "2",
+         "STEADQ_DURATION_MS": "9000", "PRIORITY": "4"},
+        {**unit, "MESSAGE": "job buried: no attempts left (2/2, attempts_exhausted)", "STEADQ_REASON": "0x0002",
+         "STEADQ_ATTEMPT": "2"},
+        # Any local user can log these fields (logger, systemd-cat), not journald's _SYSTEMD_UNIT:
+        {**unit, "_SYSTEMD_UNIT": "user@1000.service", "MESSAGE": "job finished: ack", "STEADQ_VERDICT": "ack"},
+        {"STEADQ_JOB_ID": job, "MESSAGE": "all is fine", "STEADQ_STREAM": "stderr", "STEADQ_REASON": "0x0000"},
+    ]  # fmt: skip
+    fake = _fake_journalctl(tmp_path, "".join(f"echo '{json.dumps(e)}'\n" for e in entries))
+    code, out, err = _run("show", qpath, job, "--json", path_dirs=[fake])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["journal"]["entries"][2]["fields"]["verdict"] == "retry"
+    assert len(doc["journal"]["entries"]) == 9  # all shown, as the plain output shows them
+    story = doc["failure"]
+    assert story["runs"] == [
+        {"attempt": 1, "verdict": "retry", "exit_status": 1, "signal": None, "timed_out": False,
+         "duration_ms": 200, "time": "-"},
+        {"attempt": 2, "verdict": "retry", "exit_status": None, "signal": "SIGKILL", "timed_out": True,
+         "duration_ms": 9000, "time": "-"},
+    ]  # fmt: skip
+    assert story["outcomes"] == ["job retried: delayed", "job buried: no attempts left (2/2, attempts_exhausted)"]
+    assert story["reason"] == "0x0002"
+    assert story["stderr_tail"] == ["no such file", "still \\x1b[31mno such file"]
+
+
+def test_show_json_has_no_failure_story_without_the_journal(qpath: str) -> None:
+    job = _dead_job(qpath, b"boom", reason=1)
+    doc = json.loads(steadq("show", qpath, job, "--json", "--no-journal").out)
+    assert doc["failure"] is None

@@ -114,3 +114,30 @@ def test_no_config_dir_is_said_plainly(tmp_path: Path) -> None:
     r = steadq("--config-dir", tmp_path / "none", "list")
     assert r.code == 0 and r.out == ""
     assert f"no queues configured: {tmp_path / 'none'}" in r.err
+
+
+def test_list_json_has_what_a_dashboard_draws(conf: Path, tmp_path: Path) -> None:
+    """Issue 34 #2: beside the counts, how long the oldest job of each counted state has waited (the
+    ready one is what an alert watches) and ``paused``, reserved: null until queues can be paused."""
+    doc = json.loads(steadq("--config-dir", conf, "list", "--json", env=_systemctl(tmp_path)).out)
+    t = doc["queues"][1]
+    assert set(t["oldest_age_seconds"]) == {"ready", "delayed", "running", "dead"}
+    assert all(isinstance(t["oldest_age_seconds"][k], int) for k in ("ready", "delayed", "running", "dead"))
+    assert t["paused"] is None
+    m = doc["queues"][0]
+    assert m["oldest_age_seconds"] is None and m["paused"] is None
+
+
+def test_list_json_says_which_queue_is_paused_and_why(tmp_path: Path) -> None:
+    """The dashboard's all-queues view (issue 34 #1) shows "paused (and why)" from list --json."""
+    cfg = tmp_path / "queues"
+    cfg.mkdir()
+    for name in ("render", "transcode"):
+        q = tmp_path / name
+        Queue.init(str(q), shards=2).close()
+        (cfg / f"{name}.yaml").write_text(f"queue: {q}\nworker:\n  command: [/bin/true]\n")
+    assert steadq("pause", "transcode", "--reason", "disk <full>", "--config-dir", str(cfg)).code == 0
+    doc = json.loads(steadq("list", "--json", "--config-dir", str(cfg)).out)
+    by_name = {row["name"]: row for row in doc["queues"]}
+    assert by_name["render"]["paused"] is None
+    assert by_name["transcode"]["paused"]["reason"] == "disk <full>"  # data: JSON-encoded, never markup

@@ -8,6 +8,7 @@ start; promotions; reaps; the run-time histogram.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import re
@@ -21,7 +22,11 @@ import pytest
 import yaml
 
 from steadqd import Queue
+from steadqd.daemon import metrics
+from steadqd.daemon.config import load_config
+from steadqd.daemon.journal import Log
 from steadqd.daemon.metrics import DURATION_BUCKETS, Metrics, UncontrolledDirectory, textfile_for, write_textfile
+from steadqd.daemon.sweeper import SweeperRole
 from tests.daemon.conftest import STEADQD, Daemon, Env, job_spec, wait_for
 from tests.integration.test_shared_queue import PRODUCER, QUEUE_GID, as_user
 
@@ -87,6 +92,24 @@ def test_metrics_render_is_valid_exposition_format() -> None:
     assert value(samples, "steadqd_job_duration_seconds_sum", **base) == pytest.approx(7200.75)
 
 
+def test_the_sweeper_file_has_the_queue_gauges_once_counted() -> None:
+    """Issue 34 #3: what the alert rules watch (ready backlog, oldest ready job, dead letters, sweeper
+    alive); a gauge not measured yet is absent, never a 0 that would read as an empty queue."""
+    m = Metrics("q", "sweeper")
+    m.feed(("sweeper",))
+    names = {name for name, _ in parse_exposition(m.render())}
+    assert names == {"steadqd_promotions_total", "steadqd_reaps_total"}
+    m.counted({"ready": (3, 40.0), "delayed": (1, 2.0), "running": (0, 0.0), "dead": (2, 86400.0)})
+    m.swept(1796130000.25)
+    samples = parse_exposition(m.render())
+    base = {"queue": "q", "role": "sweeper"}
+    assert value(samples, "steadqd_queue_jobs", state="ready", **base) == 3
+    assert value(samples, "steadqd_queue_jobs", state="dead", **base) == 2
+    assert value(samples, "steadqd_queue_oldest_job_seconds", state="ready", **base) == 40
+    assert value(samples, "steadqd_queue_oldest_job_seconds", state="running", **base) == 0
+    assert value(samples, "steadqd_sweeper_last_pass_timestamp_seconds", **base) == 1796130000.25
+
+
 def test_a_promoter_file_has_only_the_promoter_families() -> None:
     m = Metrics("q", "promoter")
     m.feed(("promoter",))
@@ -95,7 +118,12 @@ def test_a_promoter_file_has_only_the_promoter_families() -> None:
 
 
 def test_steadqd_run_writes_the_textfile(tmp_path: Path, make_queue, queue_path: str) -> None:
-    make_queue(delayed_width_ns=10**9).close()
+    q = make_queue(delayed_width_ns=10**9)
+    earlier = q.enqueue(b"x", max_attempts=1)  # a dead letter from before the start: the sweeper's count sees it
+    lease = q.lease()
+    assert lease is not None and lease.job_id == earlier
+    q.bury(lease, reason=1)
+    q.close()
     env = Env(tmp_path, queue_path)
     prom_dir = tmp_path / "textfiles"
     prom_dir.mkdir()
@@ -140,6 +168,11 @@ def test_steadqd_run_writes_the_textfile(tmp_path: Path, make_queue, queue_path:
     assert value(samples, "steadqd_promotions_total", **labels) == 2  # the delayed job and the retry
     assert value(samples, "steadqd_reaps_total", **labels) == 0
     assert value(samples, "steadqd_job_duration_seconds_count", **labels) == 5
+    assert value(samples, "steadqd_queue_jobs", state="dead", **labels) >= 1  # counted at the first pass at least
+    for state in ("ready", "delayed", "running"):  # every state has its series (value() fails on a missing one)
+        assert value(samples, "steadqd_queue_jobs", state=state, **labels) >= 0
+    assert value(samples, "steadqd_queue_oldest_job_seconds", state="dead", **labels) >= 0
+    assert value(samples, "steadqd_sweeper_last_pass_timestamp_seconds", **labels) > 1.7e9
     # Atomic replacement leaves nothing else behind, and the file is readable by node-exporter.
     assert sorted(p.name for p in prom_dir.iterdir()) == ["steadq-testq.run.prom"]
     assert path.stat().st_mode & stat.S_IROTH
@@ -303,3 +336,30 @@ def test_the_inbox_gauge_is_in_the_files_of_processes_that_watch_a_folder_only()
     m.feed(("inbox",))
     m.inbox_failed(True)
     assert value(parse_exposition(m.render()), "steadqd_inbox_failed", queue="q", role="worker") == 1
+
+
+def test_the_sweeper_counts_at_most_every_count_interval_and_only_with_a_file(
+    tmp_path: Path, make_queue, queue_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A count lists every state: a sweeper with a short interval must not list a big tree at each pass."""
+    q = make_queue()
+    q.enqueue(b"a")
+    (tmp_path / "q.yaml").write_text(f"queue: {queue_path}\nmetrics_textfile: {tmp_path}/q.prom\n")
+    m = Metrics("q", "sweeper")
+    m.feed(("sweeper",))
+    monkeypatch.setattr(metrics, "_process", m)
+    role = SweeperRole(load_config("q", str(tmp_path)), Log("sweeper", "q", journal=False, stream=io.StringIO()))
+    role._count(q)
+    assert value(parse_exposition(m.render()), "steadqd_queue_jobs", state="ready") == 1
+    q.enqueue(b"b")
+    role._count(q)  # within COUNT_INTERVAL of the first: not counted again
+    assert value(parse_exposition(m.render()), "steadqd_queue_jobs", state="ready") == 1
+    monkeypatch.setattr(metrics, "COUNT_INTERVAL", 0.0)
+    role._count(q)
+    assert value(parse_exposition(m.render()), "steadqd_queue_jobs", state="ready") == 2
+    (tmp_path / "r.yaml").write_text(f"queue: {queue_path}\n")  # no metrics file: no count at all
+    fresh = Metrics("r", "sweeper")
+    fresh.feed(("sweeper",))
+    monkeypatch.setattr(metrics, "_process", fresh)
+    SweeperRole(load_config("r", str(tmp_path)), Log("sweeper", "r", journal=False, stream=io.StringIO()))._count(q)
+    assert "steadqd_queue_jobs" not in fresh.render()

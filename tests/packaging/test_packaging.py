@@ -256,6 +256,8 @@ def test_deb_contents(deb_build: DebBuild) -> None:
         "/usr/share/man/man1/steadq.1.gz",
         "/usr/share/man/man1/steadqd.1.gz",
         "/usr/share/steadqd/vendor/inotify_simple.py",
+        "/usr/share/steadqd/monitoring/steadqd-alerts.yml",  # issue 34 #3: tests/packaging/test_monitoring.py
+        "/usr/share/steadqd/monitoring/steadqd-grafana.json",
         "/usr/lib/python3/dist-packages/steadqd-vendor.pth",
         "/usr/lib/python3/dist-packages/steadqd/backend.py",
         "/usr/lib/python3/dist-packages/steadqd/fs/handle.py",
@@ -466,6 +468,8 @@ def test_bundle_install_run_uninstall(bundle: Bundle, fake_root: Path, tmp_path:
         env=_clean_env(),
     ).stdout
     assert journal.startswith(str(prefix)), journal
+    monitoring = prefix / "share/steadq/monitoring"
+    assert sorted(p.name for p in monitoring.iterdir()) == ["steadqd-alerts.yml", "steadqd-grafana.json"]
 
     # Units point at the prefix, and only steadq.target is enabled.
     units = fake_root / "etc/systemd/system"
