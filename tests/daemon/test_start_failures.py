@@ -358,3 +358,30 @@ def test_check_config_without_open_warns_about_a_command_that_does_not_exist(den
     assert r.stdout == f"{denv.name}: ok ({denv.queue_path})\n"
     assert r.stderr.startswith(f"{denv.name}: warning: worker.command {missing} does not exist; install it"), r.stderr
     assert len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_the_check_before_a_claim_finds_only_what_surely_fails(tmp_path: Path) -> None:
+    """The daemon's own user asks access(); for worker.user, a file with no execute bit at all is
+    executable by no one, and one with some bit is left to the full check (no false hold)."""
+    from steadqd.daemon.config import parse_config
+
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+
+    def startable(**worker: object) -> bool:
+        text = yaml.safe_dump({"queue": str(tmp_path / "q"), "worker": {"command": [str(script)], **worker}})
+        cfg = parse_config(text, path="t.yaml", name="t").worker
+        assert cfg is not None
+        return preflight.LaunchCheck().looks_startable(cfg)
+
+    os.chmod(script, 0o644)
+    assert not startable() and not startable(user="nobody")
+    os.chmod(script, 0o700)  # its owner (we) may, nobody may not: only the full check (as nobody) can tell
+    assert startable() and startable(user="nobody")
+    os.chmod(script, 0o755)
+    assert startable() and startable(user="nobody")
+    assert not startable(working_directory=str(tmp_path / "gone"))
+    script.write_text(f"#!{tmp_path / 'no-such-sh'}\nexit 0\n")
+    assert not startable() and not startable(user="nobody")
+    script.unlink()
+    assert not startable() and not startable(user="nobody")
