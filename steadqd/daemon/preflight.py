@@ -305,11 +305,16 @@ def _program_path(cfg: WorkerConfig, parent_env: Mapping[str, str]) -> str | Non
 def _script_interpreter(path: str) -> str | None:
     """The absolute interpreter a script's ``#!`` line names; None for a binary, an unreadable file or a
     relative interpreter (the kernel reads at most the first 256 bytes, and so do we)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(256)
+    try:  # O_NONBLOCK: a FIFO swapped in for the file after its stat must not block the worker's loop
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        head = os.read(fd, 256) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     if not head.startswith(b"#!"):
         return None
     words = head[2:].split(b"\n", 1)[0].split()

@@ -385,3 +385,6 @@ def test_the_check_before_a_claim_finds_only_what_surely_fails(tmp_path: Path) -
     assert not startable() and not startable(user="nobody")
     script.unlink()
     assert not startable() and not startable(user="nobody")
+    os.mkfifo(script)  # never opened for reading without O_NONBLOCK: the worker's loop would block
+    assert not startable() and not startable(user="nobody")
+    assert preflight._script_interpreter(str(script)) is None
