@@ -3,9 +3,11 @@
 Point 1: each of the usual set-up mistakes gives one line naming the thing
 (and the user, owner and mode where they matter) and the fix, exit 78,
 never a traceback; ``check-config --open`` finds the same as the service's
-user. Point 2: a command that cannot be started costs one attempt of one
-job, the job goes back ready, and the worker leases nothing until the cause
-is gone (it says so, and STATUS= says so).
+user. Point 2 (and issue 33 #9): a command that cannot be started is found
+by the check before each claim, so no job is leased and no attempt is used;
+the worker leases nothing until the cause is gone (it says so, and STATUS=
+says so). A start that fails after a claim all the same (the payload copy)
+hands the job back ready with only its claim's attempt used.
 
 The console script cannot run as another user here (the interpreter lives
 under /root), so the cases that need another user fork, import, switch to
@@ -221,7 +223,8 @@ def test_a_missing_queue_says_how_to_make_it(denv: Env) -> None:
 # --- point 2: a broken environment never burns the backlog -------------------------------------
 
 
-def test_a_command_that_vanishes_costs_one_attempt_of_one_job_and_leasing_resumes(denv: Env, daemons) -> None:
+def test_a_command_that_vanishes_while_the_worker_runs_costs_no_attempt_and_leasing_resumes(denv: Env, daemons) -> None:
+    """Issue 33 #9: the command is checked before each claim, so a vanished one leases nothing at all."""
     script = denv.tmp / "bin" / "job"
     script.parent.mkdir()
     script.write_text(f"#!{sys.executable}\n" + denv.script.read_text())
@@ -233,16 +236,39 @@ def test_a_command_that_vanishes_costs_one_attempt_of_one_job_and_leasing_resume
     os.rename(script, hidden)  # uninstalled while the worker runs
     with Queue.open(denv.queue_path) as q:
         jobs = [q.enqueue(job_spec(exit=0)) for _ in range(3)]
-    d.wait_log(r"not leasing jobs: cannot start the command")
-    d.wait_log(r"handed back: ready \(attempt 1/3\)")
+    d.wait_log(rf"not leasing jobs: worker.command {script} does not exist; install it")
     tree = check_tree(denv.queue_path)
     assert tree.ready == set(jobs)
     attempts = sorted(tree.get(j).attempt for j in jobs)
-    assert attempts == [0, 0, 1], attempts  # one attempt of one job, none dead
+    assert attempts == [0, 0, 0], attempts  # no attempt burnt: nothing was claimed
+    assert "not started" not in d.log() and "handed back" not in d.log(), d.log()
     os.rename(hidden, script)
     d.wait_log(r"leasing jobs again: the checks pass")
-    for j in jobs:  # the one that was handed back runs as its second attempt
-        denv.result(j, tree.get(j).attempt + 1)
+    for j in jobs:  # each runs as its first attempt
+        denv.result(j, 1)
+
+
+def test_a_script_whose_interpreter_vanishes_costs_no_attempt(denv: Env, daemons) -> None:
+    """The script stays; the interpreter on its #! line goes: the check before a claim reads that line too."""
+    interp = denv.tmp / "bin" / "python"
+    interp.parent.mkdir()
+    interp.symlink_to(sys.executable)
+    script = denv.tmp / "job"
+    script.write_text(f"#!{interp}\n" + denv.script.read_text())
+    os.chmod(script, 0o755)
+    denv.write_config(command=[str(script), str(denv.results)])
+    d = daemons(denv)
+    d.ready()
+    interp.unlink()
+    with Queue.open(denv.queue_path) as q:
+        job = q.enqueue(job_spec(exit=0))
+    d.wait_log(rf"not leasing jobs: worker.command {script} is a script for {interp}, which does not exist")
+    tree = check_tree(denv.queue_path)
+    assert tree.ready == {job} and tree.get(job).attempt == 0
+    assert "not started" not in d.log(), d.log()
+    interp.symlink_to(sys.executable)
+    d.wait_log(r"leasing jobs again: the checks pass")
+    denv.result(job, 1)
 
 
 def test_a_full_tmpdir_holds_the_worker_without_leasing_and_it_resumes(denv: Env, daemons, tmp_path: Path) -> None:
@@ -480,3 +506,33 @@ def test_check_config_open_asks_systemd_whether_the_units_may_write_the_folder_a
         "t: warning: cannot check the units' writable paths (ProtectSystem=, ReadWritePaths=): systemctl show "
         "failed (System has not been booted with systemd as init system (PID 1).)"
     ) in err, err
+
+
+def test_the_check_before_a_claim_finds_only_what_surely_fails(tmp_path: Path) -> None:
+    """The daemon's own user asks access(); for worker.user, a file with no execute bit at all is
+    executable by no one, and one with some bit is left to the full check (no false hold)."""
+    from steadqd.daemon.config import parse_config
+
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+
+    def startable(**worker: object) -> bool:
+        text = yaml.safe_dump({"queue": str(tmp_path / "q"), "worker": {"command": [str(script)], **worker}})
+        cfg = parse_config(text, path="t.yaml", name="t").worker
+        assert cfg is not None
+        return preflight.LaunchCheck().looks_startable(cfg)
+
+    os.chmod(script, 0o644)
+    assert not startable() and not startable(user="nobody")
+    os.chmod(script, 0o700)  # its owner (we) may, nobody may not: only the full check (as nobody) can tell
+    assert startable() and startable(user="nobody")
+    os.chmod(script, 0o755)
+    assert startable() and startable(user="nobody")
+    assert not startable(working_directory=str(tmp_path / "gone"))
+    script.write_text(f"#!{tmp_path / 'no-such-sh'}\nexit 0\n")
+    assert not startable() and not startable(user="nobody")
+    script.unlink()
+    assert not startable() and not startable(user="nobody")
+    os.mkfifo(script)  # never opened for reading without O_NONBLOCK: the worker's loop would block
+    assert not startable() and not startable(user="nobody")
+    assert preflight._script_interpreter(str(script)) is None

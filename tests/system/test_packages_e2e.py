@@ -27,6 +27,7 @@ must still hold ready jobs), never assumed, and a violated premise fails with th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -95,9 +96,9 @@ def _build_unavailable(reason: str) -> None:
     pytest.skip(f"packages unavailable: {reason}")
 
 
-@pytest.fixture(scope="module")
-def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
-    """Both .deb versions and the bundle, built once for this module (what `make deb`/`make bundle` run)."""
+def package_prerequisites() -> None:
+    """Skip (or fail, as the tier's settings say) where the package roots cannot run: no system
+    tier here, not a Debian system, or the .deb's dependencies missing on the host."""
     if os.environ.get("STEADQ_SYSTEM_TESTS") == "skip":
         opted_out("system tests disabled (STEADQ_SYSTEM_TESTS=skip)")
     if os.environ.get("STEADQ_PACKAGING_TESTS", "").strip() == "0":
@@ -115,6 +116,12 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
             _build_unavailable(
                 f"{dep} is not installed on the host (the offline test root needs it: apt-get install {dep})"
             )
+
+
+@pytest.fixture(scope="module")
+def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
+    """Both .deb versions and the bundle, built once for this module (what `make deb`/`make bundle` run)."""
+    package_prerequisites()
     # The first .deb and the bundle are tests/packaging's builds when it ran in this session.
     builds = [
         package_builds.build(tmp_path_factory, "build-deb.sh"),
@@ -139,11 +146,11 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
     return Artefacts(deb=first[0], deb_upgrade=upgrade[0], bundle=bundles[0], dist=dist)
 
 
-@pytest.fixture
-def clean_root(artefacts: Artefacts) -> Iterator[SystemdRoot]:
-    """A freshly booted root WITHOUT the project installed; torn down and leak-checked afterwards."""
+@contextlib.contextmanager
+def booted_root(dist: Path) -> Iterator[SystemdRoot]:
+    """A freshly booted root WITHOUT the project installed, ``dist`` bound into it; torn down and leak-checked."""
     sysroot.reap_stale()
-    root = SystemdRoot(binds=(*EXTRA_BINDS, str(artefacts.dist)))
+    root = SystemdRoot(binds=(*EXTRA_BINDS, str(dist)))
     pid_ns = None
     problems: list[str] = []
     try:
@@ -171,6 +178,13 @@ def clean_root(artefacts: Artefacts) -> Iterator[SystemdRoot]:
             problems.append(f"{root.dir} or a mount below it is still there")
     if problems:
         raise AssertionError("the package test root leaked:\n" + "\n".join(problems))
+
+
+@pytest.fixture
+def clean_root(artefacts: Artefacts) -> Iterator[SystemdRoot]:
+    """A freshly booted root WITHOUT the project installed; torn down and leak-checked afterwards."""
+    with booted_root(artefacts.dist) as root:
+        yield root
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -128,10 +128,12 @@ class WorkerRole(RoleSettling):
         self.progress: ProgressWatch | None = None  # reads $STEADQ_PROGRESS files, publishes their values
         self._hooks: Hooks | None = None  # running notification commands (on_bury, on_retry)
         self._hold: Hold | None = None  # no new leases while jobs cannot be started (daemon/worker/run/hold.py)
+        self._launch_check = preflight.LaunchCheck()  # before each claim batch: can the command start at all?
         # The configuration whose command was last seen to start, unless a start failed since. Until one
-        # has, a claim waits for the exec report before it, so a command that never starts costs one job
-        # one attempt; after, claims overlap the reports, and one that stops starting (its binary removed
-        # mid-run) costs at most the free slots' jobs one attempt each before the hold stops leasing.
+        # has, a claim waits for the exec report before it; after, claims overlap the reports. A command
+        # that is gone is found before the claim (_launch_check: no attempt used); one that fails to start
+        # past that check (removed between the check and its exec) costs its claim's attempt, of one job
+        # while unproven and of at most the free slots' jobs when proven, before the hold stops leasing.
         self._proven: WorkerConfig | None = None
         # The queue's pause as the last claim pass read it (steadqd.queue_control); shown in STATUS= and
         # logged when it starts and ends. A paused worker claims again on the ready watch's next news
@@ -437,6 +439,11 @@ class WorkerRole(RoleSettling):
             if self._hold is not None:
                 self._hold.hold(f"cannot run jobs as the configured user or group: {e}")
             return
+        if not self._launch_check.looks_startable(cfg):  # before the claim: a claim's attempt is never given back
+            problems = preflight.worker_problems(self.settings)  # as the job's user: the line to hold on
+            if problems and self._hold is not None:
+                self._hold.hold(problems[0].text)
+                return
         # A proven command's free slots are claimed together, under one barrier; an unproven one's one by one.
         free = cfg.concurrency - busy if self._proven is cfg else 1
         self._prep.submit(cfg, self.settings, credentials, free)

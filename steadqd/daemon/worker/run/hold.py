@@ -1,15 +1,23 @@
 """A job the worker could not start: handed back at once, and no new leases while the cause lasts.
 
-A job whose command cannot be started (exec fails, the payload copy fails,
-the job's user vanished) failed through no fault of its own, and the next job
-would fail the same way. Leasing on would burn an attempt of every job in the
-backlog, so the worker holds instead: it leases nothing, says why once per
+A command that cannot start is normally found before any claim: the worker
+checks it before each claim batch (``preflight.LaunchCheck``; issue 33 #9)
+and holds without leasing, so no attempt is used at all. SteadQ/1 counts
+the attempt at the claim and no operation lowers it (retry keeps it), so
+this check is the only way to spend none. What it cannot see starts and
+fails after a claim: the command removed between the check and its exec
+(the claim and the payload copy lie between), a permission only the job's
+user is refused, a payload copy that meets a full disk, the job's user
+removed. Such a job failed through no fault of its own, and the next job
+would fail the same way. Leasing on would burn an attempt of every job in
+the backlog, so the worker holds instead: it leases nothing, says why once per
 cause (journal and STATUS=), and re-runs its start checks after a wait that
 doubles from :data:`HOLD_FIRST` to :data:`HOLD_MAX`. When they pass it leases
 again; the wait is reset only by a job that really started, so a cause the
 checks cannot see (a broken interpreter line) still backs off. The job
 itself goes straight back to ready (:func:`hand_back_unstarted`): its claim
-counted the one attempt the spec counts, and nothing more is spent on it.
+counted the one attempt the spec counts, and nothing more is spent on it (a
+job on its last attempt goes to dead, reason 0x0004, the spec's retry rule).
 """
 
 from __future__ import annotations
