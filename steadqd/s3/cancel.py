@@ -40,6 +40,7 @@ from steadqd.constants import Cancellation, CancelResult, DeadReason
 from steadqd.errors import ErrorKind, LeaseLost, NotFound, SteadQError
 from steadqd.s3 import keys
 from steadqd.s3.claim import Miss, claim_job
+from steadqd.s3.doorbell import ring
 from steadqd.s3.layout import QueueLayout
 from steadqd.s3.lease import Lease
 from steadqd.s3.settle import bury
@@ -79,6 +80,7 @@ def cancel(layout: QueueLayout, job_id: str, floor: int) -> Cancellation:
             bury(layout, got, floor_ns=floor, reason=DeadReason.CANCELLED)
             return Cancellation(CancelResult.CANCELLED, "ready")
         layout.store.put_if_absent(layout.key(request_key(job_id)), b"")
+        ring(layout.queue_id.hex())  # best effort, never raises: a holder waiting on this host checks now
         return Cancellation(CancelResult.REQUESTED, state)
     raise SteadQError(f"cancel of job {job_id}: it kept changing hands; try again", ErrorKind.NOT_COMMITTED)
 
