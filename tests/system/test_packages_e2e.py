@@ -25,6 +25,7 @@ must still hold ready jobs), never assumed, and a violated premise fails with th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -93,9 +94,8 @@ def _build_unavailable(reason: str) -> None:
     pytest.skip(f"packages unavailable: {reason}")
 
 
-@pytest.fixture(scope="module")
-def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
-    """Both .deb versions and the bundle, built once for this module (what `make deb`/`make bundle` run)."""
+def check_package_prerequisites() -> None:
+    """Skip (or fail, as the tiers' settings say) unless a root can boot and a .deb can be built here."""
     if os.environ.get("STEADQ_SYSTEM_TESTS") == "skip":
         opted_out("system tests disabled (STEADQ_SYSTEM_TESTS=skip)")
     if os.environ.get("STEADQ_PACKAGING_TESTS", "").strip() == "0":
@@ -113,12 +113,10 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
             _build_unavailable(
                 f"{dep} is not installed on the host (the offline test root needs it: apt-get install {dep})"
             )
-    # The first .deb and the bundle are tests/packaging's builds when it ran in this session.
-    builds = [
-        package_builds.build(tmp_path_factory, "build-deb.sh"),
-        package_builds.build(tmp_path_factory, "build-deb.sh", "--no-lintian", "--version", UPGRADE_VERSION),
-        package_builds.build(tmp_path_factory, "build-bundle.sh"),
-    ]
+
+
+def link_artefacts(tmp_path_factory: pytest.TempPathFactory, builds: list[package_builds.Build]) -> Path:
+    """One directory holding the builds' .debs and bundles (bind-mounted read-only into the roots)."""
     dist = tmp_path_factory.mktemp("pkg-e2e") / "dist"
     dist.mkdir()
     for built in builds:
@@ -126,6 +124,20 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
             _build_unavailable(built.failure)
         for artefact in [*built.out.glob("*.deb"), *built.out.glob("*.tar.gz")]:
             os.link(artefact, dist / artefact.name)
+    return dist
+
+
+@pytest.fixture(scope="module")
+def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
+    """Both .deb versions and the bundle, built once for this module (what `make deb`/`make bundle` run)."""
+    check_package_prerequisites()
+    # The first .deb and the bundle are tests/packaging's builds when it ran in this session.
+    builds = [
+        package_builds.build(tmp_path_factory, "build-deb.sh"),
+        package_builds.build(tmp_path_factory, "build-deb.sh", "--no-lintian", "--version", UPGRADE_VERSION),
+        package_builds.build(tmp_path_factory, "build-bundle.sh"),
+    ]
+    dist = link_artefacts(tmp_path_factory, builds)
     arch = subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()  # any: steadq-exec is compiled
     debs = sorted(dist.glob(f"steadqd_*_{arch}.deb"))
     upgrade = [d for d in debs if d.name == f"steadqd_{UPGRADE_VERSION}_{arch}.deb"]
@@ -137,11 +149,11 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
     return Artefacts(deb=first[0], deb_upgrade=upgrade[0], bundle=bundles[0], dist=dist)
 
 
-@pytest.fixture
-def clean_root(artefacts: Artefacts) -> Iterator[SystemdRoot]:
-    """A freshly booted root WITHOUT the project installed; torn down and leak-checked afterwards."""
+@contextlib.contextmanager
+def booted_clean_root(dist: Path) -> Iterator[SystemdRoot]:
+    """A freshly booted root WITHOUT the project installed, ``dist`` bound in; torn down and leak-checked."""
     sysroot.reap_stale()
-    root = SystemdRoot(binds=(*EXTRA_BINDS, str(artefacts.dist)))
+    root = SystemdRoot(binds=(*EXTRA_BINDS, str(dist)))
     pid_ns = None
     problems: list[str] = []
     try:
@@ -169,6 +181,13 @@ def clean_root(artefacts: Artefacts) -> Iterator[SystemdRoot]:
             problems.append(f"{root.dir} or a mount below it is still there")
     if problems:
         raise AssertionError("the package test root leaked:\n" + "\n".join(problems))
+
+
+@pytest.fixture
+def clean_root(artefacts: Artefacts) -> Iterator[SystemdRoot]:
+    """A freshly booted root WITHOUT the project installed; torn down and leak-checked afterwards."""
+    with booted_clean_root(artefacts.dist) as root:
+        yield root
 
 
 # -- helpers ------------------------------------------------------------------------------------
