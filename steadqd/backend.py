@@ -138,6 +138,12 @@ class ReadyNews(Protocol):
         among them asks ``Backend.was_cancelled`` (empty where the store has no such events)."""
         ...
 
+    @property
+    def rung(self) -> bool:
+        """The queue's doorbell rang (a bucket's; a same-host enqueue or ``steadq cancel``): a holder
+        asks ``Backend.was_cancelled`` for each job it runs. At most once per ring interval."""
+        ...
+
 
 class ReadyWatch(Protocol):
     """Wakes a consumer when a job becomes ready; the caller closes it."""

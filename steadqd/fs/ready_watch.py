@@ -58,6 +58,7 @@ class ReadyNews:
     appeared: bool  # a ready name appeared: a claim may succeed now
     overflowed: bool  # the kernel dropped events: anything may have happened
     left: tuple[str, ...] = ()  # leased names moved away or deleted: a holder checks for a cancel (fs/cancel.py)
+    rung: bool = False  # no doorbell on a filesystem: ``left`` says it at once
 
 
 class ReadyWatch:

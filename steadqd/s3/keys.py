@@ -47,6 +47,7 @@ __all__ = [
     "SHARD_DIGITS",
     "NONCE_BYTES",
     "OUTPUTS_PREFIX",
+    "CANCEL_REQUEST_PREFIX",
     "QID_BYTES",
     "TAIL_HINT_BYTES",
     "WATERMARK_KEY",
@@ -56,6 +57,7 @@ __all__ = [
     "TermKind",
     "beacon_key",
     "bucket_prefix",
+    "cancel_request_key",
     "chain_prefix",
     "chain_tail",
     "check_shard_count",
@@ -103,6 +105,8 @@ MAX_GENERATION = (1 << (4 * GENERATION_DIGITS)) - 1  # a chain ends there: no cl
 FORMAT_KEY = "meta/FORMAT"
 WATERMARK_KEY = "meta/watermark"
 OUTPUTS_PREFIX = "outputs/"  # application space: no protocol key lives there
+# steadq cancel's requests to a job's holder (s3/cancel.py): application space, read by no reference tool
+CANCEL_REQUEST_PREFIX = OUTPUTS_PREFIX + ".steadq-cancel/"
 
 
 class Plane(enum.Enum):
@@ -334,6 +338,11 @@ def job_key(shard: int, job_id: bytes) -> str:
 
 def payload_key(job_id: bytes, digest: bytes) -> str:
     return _build(KeyKind.PAYLOAD, job_id, digest)
+
+
+def cancel_request_key(job_id: bytes) -> str:
+    """Where ``steadq cancel`` asks a job's holder to bury it (s3/cancel.py); GC deletes it with the graph."""
+    return CANCEL_REQUEST_PREFIX + job_id.hex()
 
 
 def claim_key(shard: int, job_id: bytes, generation: int) -> str:

@@ -32,7 +32,9 @@ datagram, no store credentials) and each wake costs the worker a claim pass
 once, and any that come within ``ring_interval_s`` (``s3.doorbell_interval``,
 1 s by default) after it are heard together, once, when it has passed. So
 rings add at most one claim pass per interval, idle or busy, however many
-come; they leave the poll schedule alone.
+come; they leave the poll schedule alone. ``steadq cancel`` rings too: a
+rung worker also checks the cancel requests of the jobs it runs (one HEAD
+each, so at most ``concurrency`` HEADs per interval; s3/cancel.py).
 
 The polling runs in a thread of its own, so a slow store never stalls the
 worker's event loop (its renewals and job output); ``fileno()`` is an
@@ -106,7 +108,8 @@ class ReadyNewsOf:
 
     appeared: bool
     overflowed: bool = False
-    left: tuple[str, ...] = ()  # a bucket sends no events: a holder hears of a cancel at its renewal (s3/cancel.py)
+    left: tuple[str, ...] = ()  # a bucket sends no events of leases leaving
+    rung: bool = False  # the doorbell rang: a holder checks its jobs' cancel requests (s3/cancel.py)
 
 
 class _Cursor:
@@ -190,6 +193,7 @@ class BucketReadyWatch:
         self.last_error: str | None = None
         self._lock = threading.Lock()
         self._news = False
+        self._rung = False
         self._event = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread: threading.Thread | None = None
@@ -226,7 +230,8 @@ class BucketReadyWatch:
             os.eventfd_read(self._event)
         with self._lock:
             news, self._news = self._news, False
-        return ReadyNewsOf(appeared=news)
+            rung, self._rung = self._rung, False
+        return ReadyNewsOf(appeared=news, rung=rung)
 
     def wait(self, seconds: float) -> bool:
         self.watch_missing()
@@ -296,13 +301,16 @@ class BucketReadyWatch:
     def ring(self) -> None:
         """A ring heard (the thread calls it at most once per ring interval): news at once.
 
-        It leaves the poll schedule alone, so rings cannot make the watch LIST more often."""
+        It leaves the poll schedule alone, so rings cannot make the watch LIST more often. A ring may
+        be a same-host ``steadq cancel``: the news says ``rung`` and the worker checks the requests of
+        the jobs it runs (one HEAD each), so a cancel reaches it within the interval."""
         self.rings += 1
-        self._signal()
+        self._signal(rung=True)
 
-    def _signal(self) -> None:
+    def _signal(self, *, rung: bool = False) -> None:
         with self._lock:
             self._news = True
+            self._rung = self._rung or rung
         with contextlib.suppress(OSError):
             os.eventfd_write(self._event, 1)
 

@@ -11,6 +11,8 @@ alone) after each: the reference's fsck sees nothing but legal objects.
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +21,7 @@ import pytest
 
 from steadqd import Queue
 from steadqd.constants import AckResult, CancelResult, DeadReason
-from steadqd.errors import LeaseLost, SteadQError
+from steadqd.errors import ErrorKind, LeaseLost, SteadQError
 from steadqd.fs import cancel as fs_cancel
 from steadqd.fs import settle as fs_settle
 from tests.invariants import State, check_tree
@@ -252,3 +254,41 @@ def test_cancel_and_settle_from_a_barrier_give_exactly_one_outcome(q: Queue, que
         holder.close()
         canceller.close()
     assert sum(wins.values()) == 40
+
+
+@pytest.mark.parametrize("plant", ["fifo", "garbage", "another_jobs_file"])
+def test_a_fifo_or_corrupt_object_at_the_jobs_name_is_refused_and_nothing_moves(
+    q: Queue, queue_path: str, plant: str
+) -> None:
+    """A queue member plants something at a ready job's name: the cancel must neither hang nor move it."""
+    job = q.enqueue(b"the job")
+    other = q.enqueue(b"another job, valid on its own")
+    (obj,) = q.inspect_detailed(job)
+    path = os.path.join(queue_path, obj.path)
+    os.unlink(path)
+    if plant == "fifo":
+        os.mkfifo(path, 0o660)  # opening it for reading without O_NONBLOCK would wait for a writer forever
+    elif plant == "garbage":
+        with open(path, "wb") as f:
+            f.write(b"\x00not an envelope" * 64)
+    else:
+        (theirs,) = q.inspect_detailed(other)
+        shutil.copyfile(os.path.join(queue_path, theirs.path), path)  # a valid envelope, of another job
+    outcome: list[BaseException | object] = []
+    t = threading.Thread(target=lambda: outcome.append(_attempt(q, job)), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "the cancel hangs on what was planted"
+    (e,) = outcome
+    assert isinstance(e, SteadQError) and e.kind is ErrorKind.QUEUE_CORRUPT, e
+    assert "cancel refused" in e.message and "fsck --repair" in e.message
+    assert os.path.lexists(path)  # left where it was, for fsck to quarantine
+    assert not [o for o in q.inspect(job) if o.state == "dead"]  # nothing moved to dead/
+    assert q.cancel(other).result is CancelResult.CANCELLED  # the handle is still usable
+
+
+def _attempt(q: Queue, job: str) -> BaseException | object:
+    try:
+        return q.cancel(job)
+    except BaseException as e:  # what the cancel raised is the test's subject
+        return e

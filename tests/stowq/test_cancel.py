@@ -20,6 +20,7 @@ from steadqd.s3.layout import init_layout
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 
 from .protocol_audit import audit
+from .recovery_world import LEASE_S, MINUTE, SECOND, world
 
 STORE: dict[int, MemoryStore] = {}
 
@@ -76,9 +77,51 @@ def test_ack_before_the_holder_sees_the_request_wins_and_the_request_is_dropped(
     q.ack(lease)
     assert not q.was_cancelled(lease)  # the bury refuses: the job was acked; one terminal record
     assert {o.state for o in q.inspect(job)} == {"receipt"}
-    assert q.cancel(job).result is CancelResult.ALREADY_ACKED
-    assert not q.layout.exists(request_key(job))  # cleared by the cancel that found it settled
+    assert not q.layout.exists(request_key(job))  # the holder found the job settled: the request went
     assert _legal(q) == {bytes.fromhex(job): "receipt"}
+
+
+def test_a_cancel_that_finds_the_job_settled_deletes_a_request_left_for_it(q: BucketBackend) -> None:
+    job = q.enqueue(b"x")
+    lease = q.lease()
+    assert lease is not None
+    assert q.cancel(job).result is CancelResult.REQUESTED
+    q.ack(lease)  # the holder settled before it looked for the request: it is left
+    assert q.layout.exists(request_key(job))
+    assert q.cancel(job).result is CancelResult.ALREADY_ACKED
+    assert not q.layout.exists(request_key(job))
+    assert _legal(q) == {bytes.fromhex(job): "receipt"}
+
+
+def test_a_holder_whose_lease_was_taken_over_leaves_the_request_to_the_new_holder() -> None:
+    w = world()
+    job = w.q.enqueue(b"x")
+    old = w.q.lease(duration=LEASE_S)
+    assert old is not None
+    assert w.q.cancel(job).result is CancelResult.REQUESTED
+    w.advance(2 * MINUTE)  # the old lease expired; another worker claims the job
+    other = w.handle("w2")
+    new = other.lease(duration=LEASE_S)
+    assert new is not None and new.job_id == job and new.generation == old.generation + 1
+    assert not w.q.was_cancelled(old)  # not ours to bury any more, and the job is not settled
+    assert w.q.layout.exists(request_key(job))
+    assert other.was_cancelled(new)  # the new holder carries it out
+    assert not w.q.layout.exists(request_key(job))
+    assert {o.state for o in w.q.inspect(job)} >= {"dead"}
+
+
+def test_gc_deletes_a_request_left_for_a_job_with_its_graph() -> None:
+    w = world()
+    job = w.q.enqueue(b"x")
+    lease = w.q.lease(duration=LEASE_S)
+    assert lease is not None
+    assert w.q.cancel(job).result is CancelResult.REQUESTED
+    w.q.ack(lease)  # no one looks for the request again
+    assert w.keys(request_key(job)) == [request_key(job)]
+    w.advance(121 * SECOND)  # past the world's receipt retention
+    assert w.q.recover(phases=("delete_receipts",)).receipts_deleted == 1
+    assert w.keys(request_key(job)) == []
+    assert [k for k in w.keys() if job in k] == []
 
 
 def test_settled_and_unknown_jobs(q: BucketBackend) -> None:

@@ -22,15 +22,18 @@ from typing import Any
 import pytest
 import yaml
 
+from steadqd.constants import DeadReason
 from steadqd.s3 import keys
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.layout import DEFAULT_FORMAT
 from steadqd.s3.store.base import SECOND_NS
-from tests.daemon.conftest import STEADQD, Daemon, Env, job_spec, wait_for
+from steadqd.s3.views import inspect_job
+from tests.daemon.conftest import STEADQD, Daemon, Env, job_spec, live_group_members, wait_for
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.seaweed import Seaweed
 
 DEADLINE = 60.0
+STEADQ = str(Path(STEADQD).parent / "steadq")
 
 
 class BucketEnv(Env):
@@ -299,3 +302,47 @@ def test_slots_progress_and_on_bury_on_a_bucket(benv: BucketEnv) -> None:
         assert not list(pdir.rglob(job))  # unpublished when the command ended
     finally:
         worker.stop()
+
+
+def _steadq(benv: BucketEnv, *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script as an operator on this host runs it: the AWS variables, the same doorbell base."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **benv.daemon_env(), **benv.seaweed.environment()}
+    return subprocess.run([STEADQ, *args], capture_output=True, text=True, env=env, timeout=DEADLINE, check=False)
+
+
+def test_steadq_cancel_under_steadqd_run_kills_a_running_job_at_the_ring_and_buries_a_ready_one(
+    benv: BucketEnv,
+) -> None:
+    """Issue 32 #1 on a bucket: the running job's stop comes from the doorbell, not a renewal.
+
+    The lease is 10 minutes, so the holder's first renewal (which would also find
+    the request) comes 200 s after the claim, far past the deadline waited for here;
+    what makes the worker look is the cancel's ring (s3/cancel.py)."""
+    benv.write_bucket_config(lease="600s", kill_grace="1s")
+    run = benv.start("run")
+    try:
+        run.wait_log(r"started .*STEADQ_ROLES='worker,sweeper'", timeout=DEADLINE)
+        running = _enqueue(benv, job_spec(sleep=1000))
+        pgid = benv.started(running, 1, timeout=DEADLINE)["pgid"]
+        ready = _enqueue(benv, job_spec())  # concurrency 1: it waits, ready, behind the running one
+        done = _steadq(benv, "cancel", benv.url, ready[:8])
+        assert (done.returncode, done.stdout) == (0, f"{ready} cancelled (was ready)\n"), done.stderr
+        done = _steadq(benv, "cancel", benv.url, running)
+        assert done.returncode == 0 and f"{running} cancel requested (was running)" in done.stdout, done.stderr
+        run.wait_log(rf"job {running[:8]} cancelled: stopping its command", timeout=DEADLINE)
+        run.wait_log(rf"job {running[:8]} cancelled \(killed by SIG(TERM|KILL)", timeout=DEADLINE)
+        wait_for(lambda: not live_group_members(pgid), DEADLINE, "the job's process group to be gone")
+        for job in (running, ready):
+            assert benv.settled(job) == "dead"
+            (dead,) = [o for o in inspect_job(benv.q.layout, job, benv.q.wall_floor_ns()) if o.state == "dead"]
+            assert int(dead.details["reason"]) == DeadReason.CANCELLED
+            assert not benv.q.layout.exists(keys.cancel_request_key(bytes.fromhex(job)))  # no request left behind
+        assert benv.results_of(running) == {} and benv.results_of(ready) == {}  # neither finished a run
+        shown = _steadq(benv, "show", benv.url, running)
+        assert shown.returncode == 0 and "cancelled" in shown.stdout, shown.stdout
+        log = run.log()
+        assert "finished" not in log and "LEASE LOST" not in log and "renewal" not in log
+        run.signal(signal.SIGTERM)
+        assert run.wait(DEADLINE) == 0
+    finally:
+        run.stop()

@@ -8,6 +8,7 @@ rather than timed; the doorbell tests run the watch's thread for real.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import socket
 import stat
@@ -20,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from steadqd.constants import CancelResult
 from steadqd.errors import InvalidInput
+from steadqd.s3 import cancel as s3_cancel
 from steadqd.s3 import doorbell
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.keys import KeyKind, parse_key
@@ -209,6 +212,25 @@ def test_a_ring_wakes_a_waiting_watch_that_would_not_poll_for_an_hour(queue: _Qu
     finally:
         watch.close()
     assert list(bells.glob("*/*.sock")) == []  # close() removes its socket
+
+
+def test_a_cancel_of_a_held_job_rings_and_the_news_says_rung(queue: _Queue, bells: Path) -> None:
+    """Issue 32 #1: a same-host ``steadq cancel`` wakes the holder's watch, which tells it to check its jobs."""
+    watch = queue.watch(poll_first_s=3600, poll_max_s=3600)
+    try:
+        watch.watch_missing()
+        job = queue.q.enqueue(b"long")
+        assert watch.wait(60.0) is True  # the enqueue's ring: news of a job, not of a cancel request
+        lease = queue.q.lease()
+        assert lease is not None
+        assert watch.read().rung is False  # nothing rang since
+        assert s3_cancel.cancel(queue.q.layout, job, queue.q.wall_floor_ns()).result is CancelResult.REQUESTED
+        select.select([watch.fileno()], [], [], 60.0)
+        news = watch.read()
+        assert news.rung is True and watch.rings == 2
+        assert s3_cancel.carry_out(queue.q.layout, lease, queue.q.wall_floor_ns())  # what a rung holder does
+    finally:
+        watch.close()
 
 
 def test_the_watch_fd_serves_a_selector(queue: _Queue, bells: Path) -> None:

@@ -382,6 +382,9 @@ class WorkerRole(RoleSettling):
             self._schedule_fill(0.0)
         if news.left:
             self._check_cancels(news.left)
+        if news.rung:  # a bucket's doorbell: perhaps a same-host cancel wrote a request (s3/cancel.py)
+            for job in list(self.jobs.values()):
+                self._check_cancelled(job)
 
     def _sweep_escaped(self) -> None:
         """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any."""

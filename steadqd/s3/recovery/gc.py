@@ -9,8 +9,9 @@ only claimable if its chain says so, and the chain outlives the payload).
 Per job, :func:`delete_job_graph` deletes in recovery.md's order: the
 advisory entries it can address (the tail hint, each generation's lease
 entry, the delayed entries of the job's ``not_before`` and of each nack's
-deadline), ``fails/``, ``claims/``, ``payloads/``, ``jobs/``, the terminal
-record. The ``termidx/`` entry that led there is deleted after the tombstone:
+deadline), ``fails/``, ``claims/``, ``payloads/``, ``jobs/``, the job's
+``steadq cancel`` request if one was left (application space, s3/cancel.py:
+one DELETE, absent or not), the terminal record. The ``termidx/`` entry that led there is deleted after the tombstone:
 it is GC's own work item, advisory like the other entries, and keeping it
 until the graph is gone is what lets the next pass find an interrupted
 collection again (a ``termidx/`` entry whose terminal record is absent is
@@ -162,6 +163,7 @@ def delete_job_graph(layout: QueueLayout, shard: int, job_id: bytes, term: TermK
         if payload_key is not None:
             _delete(layout, payload_key)
     _delete(layout, job_rel)
+    _delete(layout, keys.cancel_request_key(job_id))  # a request that came after the job's last check
     _delete(layout, keys.receipt_key(shard, job_id) if term is TermKind.RECEIPT else keys.dead_key(shard, job_id))
 
 
