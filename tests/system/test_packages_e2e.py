@@ -135,20 +135,6 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
             _build_unavailable(built.failure)
         for artefact in [*built.out.glob("*.deb"), *built.out.glob("*.tar.gz")]:
             os.link(artefact, dist / artefact.name)
-    return dist
-
-
-@pytest.fixture(scope="module")
-def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
-    """Both .deb versions and the bundle, built once for this module (what `make deb`/`make bundle` run)."""
-    check_package_prerequisites()
-    # The first .deb and the bundle are tests/packaging's builds when it ran in this session.
-    builds = [
-        package_builds.build(tmp_path_factory, "build-deb.sh"),
-        package_builds.build(tmp_path_factory, "build-deb.sh", "--no-lintian", "--version", UPGRADE_VERSION),
-        package_builds.build(tmp_path_factory, "build-bundle.sh"),
-    ]
-    dist = link_artefacts(tmp_path_factory, builds)
     arch = subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()  # any: steadq-exec is compiled
     debs = sorted(dist.glob(f"steadqd_*_{arch}.deb"))
     upgrade = [d for d in debs if d.name == f"steadqd_{UPGRADE_VERSION}_{arch}.deb"]
