@@ -1,4 +1,4 @@
-"""The transcoding drop folder of docs/operations.md, section 10, runs as written.
+"""The transcoding drop folder of docs/watch-folders.md runs as written.
 
 The shell block is taken from the page, its /var/tmp/tc moved under the
 test's tmp_path, and run; then the daemon it ends with is started and a file
@@ -17,14 +17,14 @@ from pathlib import Path
 
 from tests.daemon.conftest import DEADLINE, wait_for
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "watch-folders.md"
 EXAMPLE_ROOT = "/var/tmp/tc"
 FAKE_FFMPEG = '#!/bin/sh\nfor last; do :; done\nwhile [ "$1" != -i ]; do shift; done\ncp "$2" "$last"\n'
 
 
 def example_block() -> str:
     doc = DOC.read_text()
-    section = doc[doc.index("## 10. Watch folders") :]
+    section = doc[doc.index("## Example: a transcoding drop folder") :]
     return re.search(r"```sh\n(.*?)```", section, flags=re.S).group(1)  # type: ignore[union-attr]
 
 
