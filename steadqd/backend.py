@@ -302,7 +302,12 @@ class Backend(Protocol):
         delay: float = 0.0,
         not_before_ns: int | None = None,
     ) -> list[str]:
-        """Publish one job per payload; on failure ``EnqueueIncomplete`` names the published prefix."""
+        """Publish one job per payload (the same options for all); returns their ids, in order.
+
+        On failure: NotCommitted or OutcomeUnknown when no job was published;
+        :class:`~steadqd.errors.EnqueueIncomplete` when the first
+        ``len(e.published)`` jobs were (``e.cause`` is the NotCommitted or
+        OutcomeUnknown of the rest; kind and exit code are the cause's)."""
         ...
 
     # -- pausing (steadqd.queue_control) ----------------------------------------

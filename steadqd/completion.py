@@ -171,9 +171,31 @@ def _sh_opts(tree: Tree) -> str:
     return "\n".join(f'        "{k}") opts="{" ".join(c.options)}" ;;' for k, c in sorted(tree.commands.items()))
 
 
+def _sh_decide(tree: Tree, reply_options: str) -> str:
+    """The part of the bash and zsh functions that decides what is completed (``kind``), shared by both.
+
+    ``reply_options`` is the shell's own way to offer ``$opts`` when the word starts with a dash.
+    """
+    pos_arms, val_arms = _sh_kinds(tree)
+    return f"""    case "$cmd:$prev" in
+{val_arms}
+    esac
+    if [[ -z "$kind" ]]; then
+        if [[ "$cur" == -* ]]; then
+            case "$cmd" in
+{_sh_opts(tree)}
+            esac
+            {reply_options}
+        fi
+        case "$cmd:$pos" in
+{pos_arms}
+        esac
+        [[ -z "$cmd" ]] && kind="words:{" ".join(tree.commands[""].subcommands)}"
+    fi"""
+
+
 def _bash(tree: Tree) -> str:
     fn = _fn(tree)
-    pos_arms, val_arms = _sh_kinds(tree)
     return f"""# bash completion for {tree.program}; enable with: source <({tree.program} completion bash)
 # (installed packages put it in /usr/share/bash-completion/completions/{tree.program})
 {_sh_state(tree, fn)}
@@ -182,21 +204,7 @@ def _bash(tree: Tree) -> str:
     local cur="${{COMP_WORDS[COMP_CWORD]}}" prev="${{COMP_WORDS[COMP_CWORD-1]}}" cmd pos after_dashes kind="" opts=""
     {fn}_state "${{COMP_WORDS[@]:1:COMP_CWORD-1}}"
     if (( after_dashes )); then COMPREPLY=($(compgen -c -- "$cur")); return; fi
-    case "$cmd:$prev" in
-{val_arms}
-    esac
-    if [[ -z "$kind" ]]; then
-        if [[ "$cur" == -* ]]; then
-            case "$cmd" in
-{_sh_opts(tree)}
-            esac
-            COMPREPLY=($(compgen -W "$opts" -- "$cur")); return
-        fi
-        case "$cmd:$pos" in
-{pos_arms}
-        esac
-        [[ -z "$cmd" ]] && kind="words:{" ".join(tree.commands[""].subcommands)}"
-    fi
+{_sh_decide(tree, 'COMPREPLY=($(compgen -W "$opts" -- "$cur")); return')}
     case "$kind" in
         words:*) COMPREPLY=($(compgen -W "${{kind#words:}}" -- "$cur")) ;;
         queue) local IFS=$'\\n'; COMPREPLY=($(compgen -W "$({_queues_sh(tree)})" -- "$cur")
@@ -212,7 +220,6 @@ complete -F {fn} {tree.program}
 
 def _zsh(tree: Tree) -> str:
     fn = _fn(tree)
-    pos_arms, val_arms = _sh_kinds(tree)
     queue_extra = "" if tree.queue_is_name else "; _directories"
     return f"""#compdef {tree.program}
 # zsh completion for {tree.program}; enable with: source <({tree.program} completion zsh) (after compinit),
@@ -223,21 +230,7 @@ def _zsh(tree: Tree) -> str:
     local cur="${{words[CURRENT]}}" prev="${{words[CURRENT-1]}}" cmd pos after_dashes kind="" opts=""
     {fn}_state "${{(@)words[2,CURRENT-1]}}"
     if (( after_dashes )); then _command_names; return; fi
-    case "$cmd:$prev" in
-{val_arms}
-    esac
-    if [[ -z "$kind" ]]; then
-        if [[ "$cur" == -* ]]; then
-            case "$cmd" in
-{_sh_opts(tree)}
-            esac
-            compadd -- ${{=opts}}; return
-        fi
-        case "$cmd:$pos" in
-{pos_arms}
-        esac
-        [[ -z "$cmd" ]] && kind="words:{" ".join(tree.commands[""].subcommands)}"
-    fi
+{_sh_decide(tree, "compadd -- ${=opts}; return")}
     case "$kind" in
         words:*) compadd -- ${{=kind#words:}} ;;
         queue) compadd -- ${{(f)"$({_queues_sh(tree)})"}}{queue_extra} ;;

@@ -291,9 +291,10 @@ class _NullSink:
         return len(b)
 
 
-def _requeue_now(q: Backend, lease: Any) -> int:
+def _settled_code(settle: Callable[[], object]) -> int:
+    """``work``'s result code for one settling call (ack, or a retry now): 0, 1 lease lost, 2 outcome unknown."""
     try:
-        q.retry(lease)
+        settle()
         return 0
     except LeaseLost:
         return 1
@@ -367,7 +368,7 @@ def work_one(q: Backend, lease: Any, command: list[str], lease_seconds: float, s
     except OSError as e:
         os.close(fd)
         err(f"work: cannot run {command[0]}: {e.strerror}")
-        return max(127, _requeue_now(q, lease))
+        return max(127, _settled_code(lambda: q.retry(lease)))
     state = {"delivered": False, "read_failed": False}
 
     def feed() -> None:
@@ -430,16 +431,11 @@ def work_one(q: Backend, lease: Any, command: list[str], lease_seconds: float, s
         code = 1  # killed by a signal
     # 5. settle
     if code == 0 and state["delivered"]:
-        try:
-            q.ack(lease)  # Acked or AlreadyAcked
-            return 0
-        except LeaseLost:
-            return 1
-        except OutcomeUnknown:
-            return 2
-        except SteadQError as e:
-            return e.exit_code
-    given_back = _retry_stopped(q, lease, stop.name) if stopped_at is not None else _requeue_now(q, lease)
+        return _settled_code(lambda: q.ack(lease))  # Acked or AlreadyAcked
+    if stopped_at is not None:
+        given_back = _retry_stopped(q, lease, stop.name)
+    else:
+        given_back = _settled_code(lambda: q.retry(lease))
     return max(code or 1, given_back)
 
 

@@ -92,13 +92,18 @@ def _queue_path(d: Doc) -> str:
             return backend.check_queue_url(p)
         except SteadQError as e:
             raise d.error(e.message) from None
+    return _dedicated_dir(d, p, "a queue directory", "/var/lib/steadq/<name>")
+
+
+def _dedicated_dir(d: Doc, p: str, what: str, example: str) -> str:
+    """``p`` made absolute and normal, refused when it is a system directory (_FORBIDDEN_QUEUE_ROOTS)."""
     if not os.path.isabs(p):
         raise d.error(f"must be an absolute path, got {p!r}")
     # normpath keeps exactly two leading slashes (POSIX leaves their meaning to the
     # system; Linux reads them as one), so //etc would slip past the check below.
     norm = "/" + os.path.normpath(p).lstrip("/")
     if norm in _FORBIDDEN_QUEUE_ROOTS:
-        raise d.error(f"refusing {norm} as a queue directory; use a dedicated directory such as /var/lib/steadq/<name>")
+        raise d.error(f"refusing {norm} as {what}; use a dedicated directory such as {example}")
     return norm
 
 
@@ -299,13 +304,7 @@ def _promoter(d: Doc) -> PromoterConfig:
 
 
 def _folder(d: Doc) -> str:
-    p = d.string()
-    if not os.path.isabs(p):
-        raise d.error(f"must be an absolute path, got {p!r}")
-    norm = "/" + os.path.normpath(p).lstrip("/")
-    if norm in _FORBIDDEN_QUEUE_ROOTS:
-        raise d.error(f"refusing {norm} as a watch folder; use a dedicated directory such as /srv/inbox")
-    return norm
+    return _dedicated_dir(d, d.string(), "a watch folder", "/srv/inbox")
 
 
 def _inside(a: str, b: str) -> bool:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import os
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from steadqd.backoff import RetryPolicy
 from steadqd.constants import (
@@ -31,10 +30,8 @@ from steadqd.constants import (
 )
 from steadqd.errors import (
     CorruptObject,
-    EnqueueIncomplete,
     ErrorKind,
     InvalidInput,
-    LeaseLost,
     NotCommitted,
     OutcomeUnknown,
     QueueCorrupt,
@@ -63,9 +60,10 @@ from steadqd.fs.context import Context, not_committed
 from steadqd.fs.control import clear_pause, read_pause, write_pause
 from steadqd.fs.delayed_watch import DelayedWatch
 from steadqd.fs.fsck import FsckResult, fsck
+from steadqd.fs.guards import Validated, mutation
 from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
-from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew, validate_source
+from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew
 from steadqd.fs.names import JobName, parse_job_id
 from steadqd.fs.objects import open_leased
 from steadqd.fs.publish import Payload, enqueue, enqueue_many
@@ -237,81 +235,25 @@ class Queue:
 
     # -- the transitions ------------------------------------------------------
 
-    def enqueue(
-        self,
-        payload: Payload,
-        *,
-        max_attempts: int = 3,
-        content_type: str = "application/octet-stream",
-        metadata: Mapping[str, bool | int | str | bytes] | None = None,
-        producer_id: str | None = None,
-        trace_context: bytes | None = None,
-        delay: float = 0.0,
-        not_before_ns: int | None = None,
-        job_id: str | None = None,
-        unique: str | None = None,
-    ) -> str:
-        """Publish a job; returns its 32-hex id.
+    def enqueue(self, payload: Payload, **options: Any) -> str:
+        """Publish a job; returns its 32-hex id. The options: :meth:`steadqd.backend.Backend.enqueue`.
 
         ``payload`` is bytes or a binary file object (streamed, never held in
-        memory whole). ``delay`` seconds or an absolute ``not_before_ns``
-        makes it a delayed job. ``job_id``, ``unique``: see ``backend.Backend.enqueue``.
-        """
-        return self.enqueue_detailed(
-            payload,
-            max_attempts=max_attempts,
-            content_type=content_type,
-            metadata=metadata,
-            producer_id=producer_id,
-            trace_context=trace_context,
-            delay=delay,
-            not_before_ns=not_before_ns,
-            job_id=job_id,
-            unique=unique,
-        )[0]
+        memory whole)."""
+        return self.enqueue_detailed(payload, **options)[0]
 
-    def enqueue_many(
-        self,
-        payloads: Iterable[Payload],
-        *,
-        max_attempts: int = 3,
-        content_type: str = "application/octet-stream",
-        metadata: Mapping[str, bool | int | str | bytes] | None = None,
-        producer_id: str | None = None,
-        trace_context: bytes | None = None,
-        delay: float = 0.0,
-        not_before_ns: int | None = None,
-    ) -> list[str]:
+    def enqueue_many(self, payloads: Iterable[Payload], **options: Any) -> list[str]:
         """Publish one job per payload (same options for all); returns their ids, in order.
 
-        Use it to enqueue many jobs at once: the files of up to
-        ENQUEUE_MANY_GROUP jobs are written, then fsynced together (one
-        journal commit does for the group on ext4), then linked, then each
-        destination directory is fsynced once (at the end of the batch inside
-        :meth:`batch` or deferred mode). No job is visible before every file
-        of its group is durable, so a consumer may see a group appear at once
-        but never a partial job. Payloads are pulled and written one at a
-        time (bytes or binary file objects, streamed).
-
-        On failure: NotCommitted or OutcomeUnknown when no job was published;
-        :class:`~steadqd.errors.EnqueueIncomplete` when the first
-        ``len(e.published)`` jobs were (``e.cause`` is the NotCommitted or
-        OutcomeUnknown of the rest; kind and exit code are the cause's). An
-        OutcomeUnknown from here carries a tuple of EnqueueTickets, one per
-        job whose outcome is unknown, and poisons the handle.
+        The options and the failures: :meth:`steadqd.backend.Backend.enqueue_many`;
+        how a group of jobs shares its fsyncs: :func:`steadqd.fs.publish.enqueue_many`.
+        No job is visible before every file of its group is durable; the
+        directory barrier comes at the end of the batch inside :meth:`batch`
+        or deferred mode. An OutcomeUnknown from here poisons the handle.
         """
-        with _mutation("enqueue", self._ctx):
-            published = enqueue_many(
-                self._ctx,
-                payloads,
-                max_attempts=max_attempts,
-                content_type=content_type,
-                metadata=metadata,
-                producer_id=producer_id,
-                trace_context=trace_context,
-                delay=delay if delay else None,
-                not_before_ns=not_before_ns,
-            )
+        with mutation("enqueue", self._ctx):
+            delay = options.pop("delay", None)
+            published = enqueue_many(self._ctx, payloads, delay=delay if delay else None, **options)
             return [p.job_id for p in published]
 
     def enqueue_detailed(self, payload: Payload, **kwargs: object) -> tuple[str, str]:
@@ -328,7 +270,7 @@ class Queue:
             published = enqueue(self._ctx, payload, delay=delay or None, job_id=raw, **kwargs)  # type: ignore[arg-type]
             return published.job_id, published.path
 
-        with _mutation("enqueue", self._ctx):
+        with mutation("enqueue", self._ctx):
             if unique is None:
                 return publish(None)
             return publish_unique(self._ctx, str(unique), publish)
@@ -360,7 +302,7 @@ class Queue:
         polling) until a job arrives or the wait runs out.
         """
         # A bad duration or wait is NotCommitted(INVALID_INPUT), a clock failure NotCommitted, never a bare OSError.
-        with _mutation("lease", self._ctx):
+        with mutation("lease", self._ctx):
             duration_ns = lease_duration_ns(duration)
             wait_ns = checked_seconds_ns("wait", max(0.0, wait))
             if not wait > 0:  # one scan answers wait=0 (or NaN): no deadline, no watch, one pin of the cache
@@ -371,7 +313,7 @@ class Queue:
         watch = self._ready_wait()
         while True:
             try:
-                with _mutation("lease", self._ctx):
+                with mutation("lease", self._ctx):
                     lease, report = claim(self._ctx, duration_ns, self)
                 self.last_scan = report
                 if lease is not None:
@@ -379,7 +321,7 @@ class Queue:
             except NotCommitted as e:
                 if e.kind is not ErrorKind.MAINTENANCE_BUSY:
                     raise
-            with _mutation("lease", self._ctx):
+            with mutation("lease", self._ctx):
                 remaining = (deadline - linux.monotonic_ns()) / NS_PER_SECOND
             if remaining <= 0:
                 return None
@@ -387,30 +329,30 @@ class Queue:
 
     def renew(self, lease: Lease, duration: float = 30.0) -> Lease:
         """Extend the lease; updates and returns the same object."""
-        with _mutation("renew", self._ctx):
+        with mutation("renew", self._ctx):
             return renew(self._ctx, lease, lease_duration_ns(duration))
 
     def ack(self, lease: Lease) -> AckResult:
         """Acknowledge; idempotent for a lease that was already acknowledged."""
-        with _mutation("ack", self._ctx):
+        with mutation("ack", self._ctx):
             return ack(self._ctx, lease)
 
     def retry(self, lease: Lease, delay: float | None = None, *, policy: RetryPolicy | None = None) -> str:
         """Give the job back (after ``delay`` s or a backoff ``policy``); returns
         the new state: "ready", "delayed", or "dead" when attempts ran out."""
-        with _mutation("retry", self._ctx):
+        with mutation("retry", self._ctx):
             return retry(self._ctx, lease, delay=delay, policy=policy)
 
     def bury(self, lease: Lease, reason: int = 1) -> None:
         """Dead-letter the job with a u16 reason code (reasons.md)."""
-        with _mutation("bury", self._ctx):
+        with mutation("bury", self._ctx):
             bury(self._ctx, lease, reason)
 
     def cancel(self, job_id: str) -> Cancellation:
         """Dead-letter a ready, delayed or running job with reason ``cancelled`` (fs/cancel.py);
         a job that has settled is left as it is and the result says how it ended."""
         parse_job_id(job_id)
-        with _mutation("cancel", self._ctx):
+        with mutation("cancel", self._ctx):
             return cancel(self._ctx, job_id)
 
     def was_cancelled(self, lease: Lease) -> bool:
@@ -430,7 +372,7 @@ class Queue:
         (and dead letters, when opened with ``dead_retention``).
         ``phases`` restricts the pass (e.g. ``("promote_delayed",)``, what the
         promoter runs). On-disk problems are reported, never raised."""
-        with _mutation("recover", self._ctx):
+        with mutation("recover", self._ctx):
             return run_recovery(self._ctx, budget_ops=budget_ops, budget_ms=budget_ms, phases=phases)
 
     # -- payloads ---------------------------------------------------------------
@@ -472,10 +414,10 @@ class Queue:
         if self._closed:
             raise InvalidInput(f"queue handle for {self.path} is closed")
 
-    def _validated(self, lease: Lease) -> _Validated:
+    def _validated(self, lease: Lease) -> Validated:
         """A validated source for reading, with the dir cache pinned meanwhile."""
         self._check_open()
-        return _Validated(self._ctx, lease)
+        return Validated(self._ctx, lease)
 
     def _guard_payload(self, lease: Lease, src: Source, read: Callable[[], T]) -> T:
         """A payload that fails its digest is quarantined, never handed out."""
@@ -559,7 +501,7 @@ class Queue:
     def _ready_wait(self) -> ReadyWatch:
         """lease(wait=...)'s watch: made at its first wait, kept until close()."""
         if self._inotify is None:
-            with _mutation("lease", self._ctx):  # no inotify instance left is NotCommitted too
+            with mutation("lease", self._ctx):  # no inotify instance left is NotCommitted too
                 self._inotify = ReadyWatch(self.path, self.shard_count)
             self._inotify.watch_missing()  # a shard it cannot watch is still scanned, and rescanned
         return self._inotify
@@ -707,67 +649,6 @@ class Queue:
         if repair:
             self._ctx.check_usable()  # repair mutates: a poisoned handle refuses
         return fsck(self._ctx, deep=deep, repair=repair)
-
-
-class _Validated:
-    """``with handle._validated(lease) as src:`` (a class, not a generator: every payload() enters one)."""
-
-    __slots__ = ("ctx", "lease", "src")
-
-    def __init__(self, ctx: Context, lease: Lease) -> None:
-        self.ctx = ctx
-        self.lease = lease
-
-    def __enter__(self) -> Source:
-        tree = self.ctx.tree
-        tree.pin()
-        try:
-            self.src = validate_source(self.ctx, self.lease, poison=False)
-        except OSError as e:
-            tree.unpin()
-            raise not_committed(e, "open leased file") from e
-        except BaseException:
-            tree.unpin()
-            raise
-        return self.src
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.src.close()
-        finally:
-            self.ctx.tree.unpin()
-
-
-class _mutation:
-    """Every failure of a mutation is one of the three outcome classes.
-
-    Errors from validation or from before the linearization point (bad
-    input, busy locks, I/O before the rename) become NotCommitted with
-    their kind; OutcomeUnknown, LeaseLost and EnqueueIncomplete (some jobs
-    published) pass through unchanged. The
-    directory cache is pinned for the block. (A class, not a generator:
-    every public call enters one or more of these.)
-    """
-
-    __slots__ = ("what", "tree")
-
-    def __init__(self, what: str, ctx: Context) -> None:
-        self.what = what
-        self.tree = ctx.tree
-
-    def __enter__(self) -> None:
-        self.tree.pin()
-
-    def __exit__(self, _type: object, e: BaseException | None, _tb: object) -> None:
-        self.tree.unpin()
-        if e is None or isinstance(e, (NotCommitted, OutcomeUnknown, LeaseLost, EnqueueIncomplete)):
-            return
-        if isinstance(e, SteadQError):
-            raise NotCommitted(f"{self.what}: {e.message}", e.kind) from e
-        if isinstance(e, OSError):
-            if e.errno == errno.ENOENT:
-                raise NotCommitted(f"{self.what}: {e.strerror}", ErrorKind.IO_FAILURE) from e
-            raise not_committed(e, self.what) from e
 
 
 __all__ = ["Queue", "Lease", "JobInfo", "AckResult", "QueueCorrupt"]

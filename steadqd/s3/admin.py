@@ -90,7 +90,7 @@ def _termidx_candidates(layout: QueueLayout, g: Graph) -> list[str]:
 def _dead_graph(layout: QueueLayout, job_id: str) -> Graph:
     """The graph of a dead job: NOT_FOUND when the job is not dead, refused when it is not only dead.
 
-    The one definition of a dead job (``views.stats`` counts them by the
+    The one definition of a dead job (``census.stats`` counts them by the
     same keys): a dead record under its job's own shard (the only key
     ``read_graph`` reads), no receipt beside it, and the record verifies.
     The job record may be gone: a removal that stopped after deleting it

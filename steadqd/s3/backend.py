@@ -36,7 +36,7 @@ from steadqd.errors import (
     OutcomeUnknown,
     StoreProfileViolation,
 )
-from steadqd.s3 import admin, keys, views
+from steadqd.s3 import admin, census, keys, views
 from steadqd.s3 import cancel as bucket_cancel
 from steadqd.s3.clock import WatermarkUnreadable, beacon_floor
 from steadqd.s3.fsck import FsckReport, fsck
@@ -248,22 +248,22 @@ class BucketBackend(BucketQueue):
         """The store-time floor: proven by the store's own clock, so there is no host clock to bound it by."""
         return self.wall_floor_ns()
 
-    # -- operator views (steadqd.s3.views: each function's docstring states its LISTs and GETs) ----
+    # -- operator views (steadqd.s3.views and .census: each function's docstring states its LISTs and GETs) ----
 
     def stats(self) -> dict[str, views.StateStats]:
         """Jobs per state derived from their graphs by this handle's floor, and the quarantine findings."""
-        return views.stats(self.layout, self.wall_floor_ns())
+        return census.stats(self.layout, self.wall_floor_ns())
 
     def entry_stats(self) -> dict[str, views.StateStats]:
         """``stats`` counted as the filesystem reference counts: running jobs are in ready."""
-        return views.entry_stats(self.layout, self.wall_floor_ns())
+        return census.entry_stats(self.layout, self.wall_floor_ns())
 
     def list_jobs(self, states: Collection[str], *, metadata: bool = False) -> Iterator[views.JobEntry]:
         """Every job in ``states``, streamed shard by shard, each derived from its verified graph;
         ``metadata`` is refused at once: a StowQ/1 job record has no metadata map."""
         if metadata:
             raise InvalidInput("the jobs of a bucket queue carry no metadata (a StowQ/1 job record has none)")
-        return views.list_jobs(self.layout, states, self.wall_floor_ns())
+        return census.list_jobs(self.layout, states, self.wall_floor_ns())
 
     def inspect(self, job_id: str) -> list[views.JobObject]:
         return views.inspect_job(self.layout, job_id, self.wall_floor_ns())

@@ -39,6 +39,7 @@ from steadqd.fs.admin.files import (
     list_names,
     mutation,
     not_found,
+    open_dir,
     open_object,
     raw_chunks,
     split_path,
@@ -111,12 +112,9 @@ def _dead_in(ctx: Context, bucket: int, shard: int, rel: str, prefix: bytes = b"
     not a dead job, so no admin command selects it (fsck reports it).
     """
     fmt = ctx.fmt
-    try:
-        dir_fd = linux.open_beneath(ctx.root_fd, rel, DIR_FLAGS)
-    except OSError as e:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR):
-            return
-        raise io_error(e, f"open {rel}") from e
+    dir_fd = open_dir(ctx.root_fd, rel)
+    if dir_fd is None:
+        return
     try:
         try:
             entries = linux.list_dir(dir_fd)

@@ -37,6 +37,7 @@ __all__ = [
     "fstat_object",
     "io_error",
     "list_names",
+    "open_dir",
     "mutation",
     "not_found",
     "open_object",
@@ -77,14 +78,21 @@ def io_error(e: OSError, what: str) -> SteadQError:
     return SteadQError(f"{what}: {e.strerror or e}", kind_for_errno(e.errno) if e.errno else ErrorKind.IO_FAILURE)
 
 
-def list_names(root_fd: int, rel: str, *, missing_ok: bool = True) -> list[bytes] | None:
-    """Sorted raw entries of ``rel`` beneath the root; None if it does not exist."""
+def open_dir(root_fd: int, rel: str, *, missing_ok: bool = True) -> int | None:
+    """The directory ``rel`` beneath the root, opened; None if it does not exist (with ``missing_ok``)."""
     try:
-        fd = linux.open_beneath(root_fd, rel, DIR_FLAGS)
+        return linux.open_beneath(root_fd, rel, DIR_FLAGS)
     except OSError as e:
         if missing_ok and e.errno in (errno.ENOENT, errno.ENOTDIR):
             return None
         raise io_error(e, f"open {rel}") from e
+
+
+def list_names(root_fd: int, rel: str, *, missing_ok: bool = True) -> list[bytes] | None:
+    """Sorted raw entries of ``rel`` beneath the root; None if it does not exist."""
+    fd = open_dir(root_fd, rel, missing_ok=missing_ok)
+    if fd is None:
+        return None
     try:
         return linux.list_dir(fd)
     except OSError as e:

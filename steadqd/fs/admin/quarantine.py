@@ -20,12 +20,12 @@ from steadqd.errors import (
 )
 from steadqd.fs import linux
 from steadqd.fs.admin.files import (
-    DIR_FLAGS,
     close_quietly,
     fstat_object,
     io_error,
     mutation,
     not_found,
+    open_dir,
     open_object,
     raw_chunks,
     unlink_durably,
@@ -63,12 +63,9 @@ def list_quarantine(ctx: Context) -> Iterator[QuarantinedObject]:
 
 
 def _walk_quarantine(ctx: Context, rel: str, depth: int) -> Iterator[QuarantinedObject]:
-    try:
-        dir_fd = linux.open_beneath(ctx.root_fd, rel, DIR_FLAGS)
-    except OSError as e:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR):
-            return
-        raise io_error(e, f"open {rel}") from e
+    dir_fd = open_dir(ctx.root_fd, rel)
+    if dir_fd is None:
+        return
     found: list[QuarantinedObject] = []
     subdirs: list[str] = []
     try:

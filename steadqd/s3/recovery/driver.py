@@ -16,6 +16,7 @@ from steadqd.s3.layout import QueueLayout
 from steadqd.s3.recovery.gc import (
     BEACON_STALENESS_MULTIPLE,
     MIN_FLOOR_STALENESS_NS,
+    GcPass,
     Positions,
     Retention,
     collect_beacons,
@@ -57,11 +58,11 @@ def _run_phase(
         elif name == "promote_delayed":
             sweep_delayed(work, floor_ns, report, budget)
         elif name == "delete_receipts":
-            collect_terminal(work, floor_ns, retention, positions, report, budget)
+            collect_terminal(GcPass(work, floor_ns, retention, positions, report, budget))
         elif name == "cleanup_temp":
-            collect_orphan_payloads(work, floor_ns, retention, positions, report, budget)
+            collect_orphan_payloads(GcPass(work, floor_ns, retention, positions, report, budget))
         elif name == "collect_beacons":
-            collect_beacons(work, floor_ns, retention, positions, report, budget)
+            collect_beacons(GcPass(work, floor_ns, retention, positions, report, budget))
         else:
             step = repair_step(work, layout, floor_ns, max_pages=REPAIR_PAGES_PER_PASS, budget=budget)
             report.indexes_regenerated += step.scan.regenerated

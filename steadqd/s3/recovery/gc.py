@@ -53,6 +53,7 @@ __all__ = [
     "MIN_FLOOR_STALENESS_NS",
     "Positions",
     "Retention",
+    "GcPass",
     "collect_beacons",
     "collect_orphan_payloads",
     "collect_terminal",
@@ -91,6 +92,19 @@ class Positions:
     termidx: str | None = None
     payloads: str | None = None
     beacons: str | None = None
+
+
+@dataclass(frozen=True)
+class GcPass:
+    """What each collection phase of one recovery pass works with: the queue, its floor, the settings,
+    where the last pass stopped, the report it adds to, and the budget that may cut it short."""
+
+    layout: QueueLayout
+    floor_ns: int
+    retention: Retention
+    positions: Positions
+    report: RecoveryReport
+    budget: Budget | None = None
 
 
 def _delete(layout: QueueLayout, rel: str) -> None:
@@ -202,98 +216,78 @@ def _due(bucket: int, retain: int | None, width_ns: int, floor_ns: int) -> bool:
         return False
 
 
-def collect_terminal(
-    layout: QueueLayout,
-    floor_ns: int,
-    retention: Retention,
-    positions: Positions,
-    report: RecoveryReport,
-    budget: Budget | None = None,
-) -> None:
+def collect_terminal(run: GcPass) -> None:
     """Walk ``termidx/`` oldest bucket first and collect each graph past its retention."""
-    width = layout.format.terminal_bucket_width_ns
-    after = positions.termidx
+    width = run.layout.format.terminal_bucket_width_ns
+    after = run.positions.termidx
     while True:
-        page = layout.list_page("termidx/", start_after=after, limit=INDEX_PAGE)
+        page = run.layout.list_page("termidx/", start_after=after, limit=INDEX_PAGE)
         jumped = False
         for meta in page.items:
-            rel = layout.relative(meta.key)
+            rel = run.layout.relative(meta.key)
             try:
                 parsed = keys.parse_key(rel)
             except InvalidKey:
-                after = positions.termidx = rel
+                after = run.positions.termidx = rel
                 continue
             if parsed.kind is not KeyKind.TERMIDX or parsed.bucket is None:
-                after = positions.termidx = rel
+                after = run.positions.termidx = rel
                 continue
-            receipts_due = _due(parsed.bucket, retention.receipt_ns, width, floor_ns)
-            dead_due = _due(parsed.bucket, retention.dead_ns, width, floor_ns)
+            receipts_due = _due(parsed.bucket, run.retention.receipt_ns, width, run.floor_ns)
+            dead_due = _due(parsed.bucket, run.retention.dead_ns, width, run.floor_ns)
             if not receipts_due and not dead_due:
-                positions.termidx = None  # the rest is younger: the next walk starts over
+                run.positions.termidx = None  # the rest is younger: the next walk starts over
                 return
             if not (dead_due if parsed.term is TermKind.DEAD else receipts_due):
                 # Skip the rest of this bucket's entries of this kind in one LIST.
                 after = keys.bucket_prefix(KeyKind.TERMIDX, parsed.bucket) + cast(TermKind, parsed.term).value + "/"
                 after += _PAST_BUCKET_KIND
-                positions.termidx = after
+                run.positions.termidx = after
                 jumped = True
                 break
-            checkpoint(budget)
+            checkpoint(run.budget)
             try:
-                done = _collect_entry(layout, rel, parsed, floor_ns, retention)
+                done = _collect_entry(run.layout, rel, parsed, run.floor_ns, run.retention)
             except (NotCommitted, OutcomeUnknown) as exc:
-                report.error(exc, f"collecting the graph of {rel}")
+                run.report.error(exc, f"collecting the graph of {rel}")
                 done = "failed"
             if done == "collected":
                 if parsed.term is TermKind.RECEIPT:
-                    report.receipts_deleted += 1
+                    run.report.receipts_deleted += 1
                 else:
-                    report.dead_deleted += 1
+                    run.report.dead_deleted += 1
             elif done == "stale":
-                report.index_entries_pruned += 1
-            after = positions.termidx = rel
+                run.report.index_entries_pruned += 1
+            after = run.positions.termidx = rel
         if jumped:
             continue
         if page.next_start_after is None:
-            positions.termidx = None
+            run.positions.termidx = None
             return
-        after = positions.termidx = layout.relative(page.next_start_after)
+        after = run.positions.termidx = run.layout.relative(page.next_start_after)
 
 
 def _past_horizon(
-    layout: QueueLayout,
-    prefix_rel: str,
-    horizon_ns: int,
-    floor_ns: int,
-    start_after: str | None,
-    keep: Callable[[str | None], None],
-    budget: Budget | None,
+    run: GcPass, prefix_rel: str, horizon_ns: int, start_after: str | None, keep: Callable[[str | None], None]
 ) -> Iterator[str]:
-    """Each key under ``prefix_rel`` stored at least ``horizon_ns`` before ``floor_ns``, charged to ``budget``.
+    """Each key under ``prefix_rel`` stored at least ``horizon_ns`` before the floor, charged to the budget.
 
     ``keep`` is told every key walked past, so the next pass resumes after
     it, and None once the plane is walked to its end. A key old enough is
     kept only after the budget has allowed the work on it: a pass cut short
     there starts with that key next time.
     """
-    for rel, meta in walk(layout, prefix_rel, start_after=start_after):
-        if saturating_add(meta.store_time_ns, horizon_ns) > floor_ns:
+    for rel, meta in walk(run.layout, prefix_rel, start_after=start_after):
+        if saturating_add(meta.store_time_ns, horizon_ns) > run.floor_ns:
             keep(rel)
             continue
-        checkpoint(budget)
+        checkpoint(run.budget)
         keep(rel)
         yield rel
     keep(None)
 
 
-def collect_orphan_payloads(
-    layout: QueueLayout,
-    floor_ns: int,
-    retention: Retention,
-    positions: Positions,
-    report: RecoveryReport,
-    budget: Budget | None = None,
-) -> None:
+def collect_orphan_payloads(run: GcPass) -> None:
     """Delete each payload older than the orphan horizon whose job record does not exist.
 
     A payload is written before its job record (records.md, write order), so
@@ -301,50 +295,43 @@ def collect_orphan_payloads(
     horizon leaves alone, or an abandoned one. A referenced payload that is
     missing is the repair scan's finding (0x0014), not this one's.
     """
-    fmt = layout.format
+    fmt = run.layout.format
 
     def keep(rel: str | None) -> None:
-        positions.payloads = rel
+        run.positions.payloads = rel
 
-    for rel in _past_horizon(layout, "payloads/", retention.orphan_ns, floor_ns, positions.payloads, keep, budget):
+    for rel in _past_horizon(run, "payloads/", run.retention.orphan_ns, run.positions.payloads, keep):
         try:
             parsed = keys.parse_key(rel)
         except InvalidKey:
             continue
         if parsed.kind is not KeyKind.PAYLOAD or parsed.job_id is None:
             continue
-        shard = keys.shard_of(layout.queue_id, parsed.job_id, fmt.shard_count)
+        shard = keys.shard_of(run.layout.queue_id, parsed.job_id, fmt.shard_count)
         try:
-            if layout.exists(keys.job_key(shard, parsed.job_id)):
+            if run.layout.exists(keys.job_key(shard, parsed.job_id)):
                 continue
-            _delete(layout, rel)
+            _delete(run.layout, rel)
         except (NotCommitted, OutcomeUnknown) as exc:
-            report.error(exc, f"collecting the orphan payload {rel}")
+            run.report.error(exc, f"collecting the orphan payload {rel}")
             continue
-        report.temp_files_deleted += 1
+        run.report.temp_files_deleted += 1
 
 
-def collect_beacons(
-    layout: QueueLayout,
-    floor_ns: int,
-    retention: Retention,
-    positions: Positions,
-    report: RecoveryReport,
-    budget: Budget | None = None,
-) -> None:
+def collect_beacons(run: GcPass) -> None:
     """Delete clock beacons older than ``retention.beacon_ns`` (their nonces are random: the whole plane is walked)."""
 
     def keep(rel: str | None) -> None:
-        positions.beacons = rel
+        run.positions.beacons = rel
 
-    for rel in _past_horizon(layout, "meta/clock/", retention.beacon_ns, floor_ns, positions.beacons, keep, budget):
+    for rel in _past_horizon(run, "meta/clock/", run.retention.beacon_ns, run.positions.beacons, keep):
         try:
             if keys.parse_key(rel).kind is not KeyKind.BEACON:
                 continue
-            _delete(layout, rel)
+            _delete(run.layout, rel)
         except InvalidKey:
             continue
         except (NotCommitted, OutcomeUnknown, NotFound) as exc:
-            report.error(exc, f"deleting the clock beacon {rel}")
+            run.report.error(exc, f"deleting the clock beacon {rel}")
             continue
-        report.beacons_deleted += 1
+        run.report.beacons_deleted += 1
