@@ -63,7 +63,7 @@ from typing import cast
 
 from steadqd import progress
 from steadqd.backend import Backend, LeaseHandle, PauseState, ReadyWatch
-from steadqd.daemon import metrics, preflight, process
+from steadqd.daemon import command_check, metrics, preflight, process
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.environment import slot_environment
 from steadqd.daemon.journal import Log, short_id
@@ -127,7 +127,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         self.progress: ProgressWatch | None = None  # reads $STEADQ_PROGRESS files, publishes their values
         self._hooks: Hooks | None = None  # running notification commands (on_bury, on_retry)
         self._hold: Hold | None = None  # no new leases while jobs cannot be started (daemon/worker/run/hold.py)
-        self._launch_check = preflight.LaunchCheck()  # before each claim batch: can the command start at all?
+        self._launch_check = command_check.LaunchCheck()  # before each claim batch: can the command start at all?
         # The configuration whose command was last seen to start, unless a start failed since. Until one
         # has, a claim waits for the exec report before it; after, claims overlap the reports. A command
         # that is gone is found before the claim (_launch_check: no attempt used); one that fails to start
