@@ -16,7 +16,9 @@ in the module of its group, its parser beside its handler:
 ``put_cmd``            put (one job, or bulk with --dir / --jsonl)
 ``lease_cmd``          lease, ack, retry, bury, work
 ``cancel_cmd``         cancel (ready, delayed or running jobs to dead, reason cancelled)
-``view_cmd``           stats, watch, ls, inspect, show (read-only views)
+``view_cmd``           stats, ls, inspect (read-only views)
+``watch_cmd``          watch (the live view, --json frames)
+``show_cmd``           show (one job's story, with its journal lines)
 ``status_cmd``         list, status (the configured queues, their counts and units)
 ``history_cmd``        history (verdicts per minute, from the journal)
 ``maintenance_cmd``    fsck, verify, format-dump, recover, resolve
@@ -52,8 +54,10 @@ from steadqd.cli import (
     lease_cmd,
     maintenance_cmd,
     put_cmd,
+    show_cmd,
     status_cmd,
     view_cmd,
+    watch_cmd,
 )
 from steadqd.cli.common import (
     CONFIG_DIR_HELP,
@@ -69,8 +73,8 @@ from steadqd.cli.common import (
 )
 
 GROUPS = (
-    init_cmd, put_cmd, lease_cmd, cancel_cmd, view_cmd, status_cmd, history_cmd, maintenance_cmd, doctor_cmd,
-    bench_cmd, completion_cmd, admin_cmd, control_cmd,
+    init_cmd, put_cmd, lease_cmd, cancel_cmd, view_cmd, watch_cmd, show_cmd, status_cmd, history_cmd,
+    maintenance_cmd, doctor_cmd, bench_cmd, completion_cmd, admin_cmd, control_cmd,
 )  # fmt: skip
 
 # The order ``steadq --help`` (and an invalid-choice error) lists the commands

@@ -31,7 +31,6 @@ import errno
 import grp
 import json
 import os
-import pwd
 import re
 import shutil
 import stat
@@ -42,8 +41,10 @@ from dataclasses import dataclass
 
 from steadqd import backend
 from steadqd.constants import STATE_DIRS
+from steadqd.daemon.command_check import LaunchCheck, command_problems
 from steadqd.daemon.config import QueueSettings, WorkerConfig, open_options
 from steadqd.daemon.metrics import directory_problem, textfile_for
+from steadqd.daemon.problem import Account, Problem, blocked_parent, owner_mode
 from steadqd.errors import SteadQError
 from steadqd.text import printable
 
@@ -70,72 +71,6 @@ __all__ = [
 SERVICE_USER = "steadq"  # the units' User= (units/steadq-worker@.service, steadq.sysusers.conf)
 _PROBE_BYTES = 4096  # what a TMPDIR probe writes: one block, enough to meet a full disk
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-@dataclass(frozen=True)
-class Account:
-    """A user the checks run as: the numbers decide, the name is for the message."""
-
-    name: str
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
-
-    @classmethod
-    def current(cls) -> Account:
-        uid = os.geteuid()
-        try:
-            name = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            name = str(uid)
-        return cls(name, uid, os.getegid(), tuple(os.getgroups()))
-
-    @classmethod
-    def named(cls, user: str, group: str | None = None) -> Account:
-        """The account of a user name or number (KeyError if this machine has no such user)."""
-        pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
-        gid = pw.pw_gid
-        if group:
-            gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
-        return cls(pw.pw_name, pw.pw_uid, gid, tuple(os.getgrouplist(pw.pw_name, gid)))
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing that keeps a role from working; ``text`` is the whole line, fix included."""
-
-    text: str
-    transient: bool = False  # room or time cures it (a full disk): wait, do not exit
-
-
-def _owner(st: os.stat_result) -> str:
-    def name(get: Callable[[int], object], n: int, attr: str) -> str:
-        try:
-            return str(getattr(get(n), attr))
-        except KeyError:
-            return str(n)
-
-    return f"{name(pwd.getpwuid, st.st_uid, 'pw_name')}:{name(grp.getgrgid, st.st_gid, 'gr_name')}"
-
-
-def _where(path: str) -> str:
-    """``owner:group mode 0NNN`` of a path, as ``ls -l`` would let a person check it."""
-    try:
-        st = os.lstat(path)
-    except OSError as e:
-        return f"({e.strerror})"
-    return f"owner {_owner(st)}, mode {stat.S_IMODE(st.st_mode):04o}"
-
-
-def _blocked_parent(path: str) -> str | None:
-    """The first directory on the way to ``path`` this process may not search, if any."""
-    parts = os.path.abspath(path).split("/")[1:-1]
-    here = "/"
-    for part in parts:
-        here = os.path.join(here, part)
-        if os.path.isdir(here) and not os.access(here, os.X_OK):
-            return here
-    return None
 
 
 def credentials_problems(settings: QueueSettings, account: Account) -> list[Problem]:
@@ -165,12 +100,14 @@ def credentials_problems(settings: QueueSettings, account: Account) -> list[Prob
     if st.st_mode & 0o077:
         return [
             Problem(
-                f"s3.credentials_file {shown} is {_where(path)}: it holds a secret key, so only the service user "
+                f"s3.credentials_file {shown} is {owner_mode(path)}: it holds a secret key, so only the service user "
                 f"may read it; run: {fix}"
             )
         ]
     if not os.access(path, os.R_OK):
-        return [Problem(f"s3.credentials_file {shown} is {_where(path)}: user {account.name} cannot read it; {fix}")]
+        return [
+            Problem(f"s3.credentials_file {shown} is {owner_mode(path)}: user {account.name} cannot read it; {fix}")
+        ]
     return []
 
 
@@ -181,12 +118,12 @@ def queue_problems(settings: QueueSettings, account: Account) -> list[Problem]:
     path = settings.queue
     shown = printable(path)
     init = f"runuser -u {account.name} -- steadq init --shared {shown}"
-    blocked = _blocked_parent(path)
+    blocked = blocked_parent(path)
     if blocked is not None:
         return [
             Problem(
                 f"queue {shown}: user {account.name} cannot reach it: {printable(blocked)} is not searchable "
-                f"({_where(blocked)}); let the user through (e.g. chmod o+x {printable(blocked)}) or move the queue"
+                f"({owner_mode(blocked)}); let the user through (e.g. chmod o+x {printable(blocked)}) or move the queue"
             )
         ]
     try:
@@ -216,7 +153,7 @@ def queue_problems(settings: QueueSettings, account: Account) -> list[Problem]:
             what = f"queue {shown}" if not sub else f"queue {shown}: {sub}/"
             return [
                 Problem(
-                    f"{what} is {_where(p)}: user {account.name} cannot read and write it (made by root with "
+                    f"{what} is {owner_mode(p)}: user {account.name} cannot read and write it (made by root with "
                     f"`steadq init` and no runuser?); for a queue several users produce into, make it anew "
                     f"while it is empty: {init}; to keep this one: chown -R {account.name}: {shown}"
                 )
@@ -235,175 +172,6 @@ def job_account(cfg: WorkerConfig) -> Account:
     return here
 
 
-def _job_path(cfg: WorkerConfig, parent_env: Mapping[str, str]) -> str:
-    """The PATH the command is looked up in: the job's environment decides (subprocess does the same)."""
-    if "PATH" in cfg.environment:
-        return cfg.environment["PATH"]
-    if "PATH" in cfg.pass_environment and "PATH" in parent_env:
-        return parent_env["PATH"]
-    return os.defpath
-
-
-def command_problems(cfg: WorkerConfig, account: Account, source: str, parent_env: Mapping[str, str]) -> list[Problem]:
-    """Can ``account`` (the process's own user) run the command, in its working directory?"""
-    problems: list[Problem] = []
-    wd = cfg.working_directory
-    if wd is not None:
-        if not os.path.isdir(wd):
-            problems.append(
-                Problem(
-                    f"worker.working_directory {printable(wd)} does not exist or is not a directory; create it: "
-                    f"install -d -o {account.name} {printable(wd)} (or fix it in {printable(source)})"
-                )
-            )
-        elif not os.access(wd, os.X_OK):
-            problems.append(
-                Problem(
-                    f"worker.working_directory {printable(wd)} is {_where(wd)}: user {account.name} cannot enter "
-                    f"it; run: chmod o+x {printable(wd)} or chown {account.name} {printable(wd)}"
-                )
-            )
-    program = "/bin/sh" if cfg.shell else cfg.command[0]
-    shown = printable(program)
-    full = _program_path(cfg, parent_env)
-    if "/" not in program:
-        if full is None:
-            path = _job_path(cfg, parent_env)
-            problems.append(
-                Problem(
-                    f"worker.command {shown!r} is not found in the job's PATH ({printable(path)}) for user "
-                    f"{account.name}; give its absolute path in {printable(source)}, or install it"
-                )
-            )
-        return problems
-    assert full is not None
-    if not os.path.exists(full):
-        fix = f"install it, or fix `worker.command` in {printable(source)}"
-        problems.append(Problem(f"worker.command {printable(full)} does not exist; {fix}"))
-    elif not os.path.isfile(full):
-        problems.append(Problem(f"worker.command {printable(full)} is not a file; fix `worker.command`"))
-    elif not os.access(full, os.X_OK):
-        blocked = _blocked_parent(full)
-        if blocked is not None:
-            why = f"{printable(blocked)} is not searchable ({_where(blocked)})"
-        else:
-            why = f"it is {_where(full)}"
-        problems.append(
-            Problem(
-                f"worker.command {printable(full)} is not executable by user {account.name}: {why}; "
-                f"run: chmod a+rx {printable(full)}"
-            )
-        )
-    else:
-        problems += _interpreter_problems(full, account)
-    return problems
-
-
-def _program_path(cfg: WorkerConfig, parent_env: Mapping[str, str]) -> str | None:
-    """The file the command's exec runs: an absolute path, one under the working directory, or PATH's find."""
-    program = "/bin/sh" if cfg.shell else cfg.command[0]
-    if "/" not in program:
-        return shutil.which(program, path=_job_path(cfg, parent_env))
-    wd = cfg.working_directory
-    return program if os.path.isabs(program) or wd is None else os.path.join(wd, program)
-
-
-def _script_interpreter(path: str) -> str | None:
-    """The absolute interpreter a script's ``#!`` line names; None for a binary, an unreadable file or a
-    relative interpreter (the kernel reads at most the first 256 bytes, and so do we)."""
-    try:  # O_NONBLOCK: a FIFO swapped in for the file after its stat must not block the worker's loop
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        head = os.read(fd, 256) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if not head.startswith(b"#!"):
-        return None
-    words = head[2:].split(b"\n", 1)[0].split()
-    if not words or not words[0].startswith(b"/"):
-        return None
-    return os.fsdecode(words[0])
-
-
-def _interpreter_problems(script: str, account: Account) -> list[Problem]:
-    """A script whose ``#!`` interpreter is missing fails its exec with ENOENT as if the script were."""
-    interp = _script_interpreter(script)
-    if interp is None:
-        return []
-    head = f"worker.command {printable(script)} is a script for {printable(interp)}, which"
-    if not os.path.exists(interp):
-        return [Problem(f"{head} does not exist; install it, or fix the script's first line")]
-    if not os.access(interp, os.X_OK):
-        return [
-            Problem(
-                f"{head} is not executable by user {account.name}: it is {_where(interp)}; "
-                f"run: chmod a+rx {printable(interp)}"
-            )
-        ]
-    return []
-
-
-class LaunchCheck:
-    """The check before each claim (issue 33 #9): will the command's exec find an executable file?
-
-    SteadQ/1 counts an attempt when a job is claimed and no operation gives
-    it back (protocol.md, "Identity changes per transition"), so a command
-    that cannot start must be found *before* the claim, not by its failed
-    exec. This runs before every claim batch and costs a few ``stat``
-    calls: the program (after the PATH search for a bare name), whether it
-    may be executed, and for a script the interpreter on its ``#!`` line
-    (that line is read once per version of the file, cached by its stat).
-    It only looks for what surely fails (nothing there, not a file, no
-    execute bit anyone could use; for the daemon's own user, ``access``);
-    the caller then runs the full checks (:func:`worker_problems`, as the
-    job's user) for the line to hold on, so a false alarm costs a check,
-    never a hold. What it cannot see: a permission change that only the
-    job's user (not the daemon's) is refused by, and anything that happens
-    between this check and the exec (the claim and the payload copy); a
-    start that fails there still costs its claim's attempt
-    (daemon/worker/run/hold.py).
-    """
-
-    def __init__(self) -> None:
-        self._scripts: dict[tuple[int, int, int, int, int], str | None] = {}
-
-    def looks_startable(self, cfg: WorkerConfig, parent_env: Mapping[str, str] = os.environ) -> bool:
-        """False when the command surely cannot start now; True is no promise (see the class)."""
-        wd = cfg.working_directory
-        if wd is not None and not os.path.isdir(wd):
-            return False
-        own = not (cfg.user or cfg.group)
-        full = _program_path(cfg, parent_env)
-        st = None if full is None else _executable(full, own=own)
-        if full is None or st is None:
-            return False
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if key not in self._scripts:
-            if len(self._scripts) >= 16:  # older versions of the file: forget them
-                self._scripts.clear()
-            self._scripts[key] = _script_interpreter(full)
-        interp = self._scripts[key]
-        return interp is None or _executable(interp, own=own) is not None
-
-
-def _executable(path: str, *, own: bool) -> os.stat_result | None:
-    """The file's stat if it may be executable, None if it surely is not. The daemon's own user asks
-    ``access``; for another, a regular file without any execute bit is executable by no one (with an
-    ACL, the group bits are its mask)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    ok = os.access(path, os.X_OK) if own else st.st_mode & 0o111 != 0
-    return st if ok else None
-
-
 def tmpdir_problems(account: Account) -> list[Problem]:
     """Can a payload copy be written where the worker makes them (TMPDIR, else /tmp)?"""
     wanted = os.environ.get("TMPDIR")
@@ -414,7 +182,7 @@ def tmpdir_problems(account: Account) -> list[Problem]:
         if not os.access(wanted, os.W_OK | os.X_OK):
             return [
                 Problem(
-                    f"TMPDIR {printable(wanted)} is {_where(wanted)}: user {account.name} cannot write payload "
+                    f"TMPDIR {printable(wanted)} is {owner_mode(wanted)}: user {account.name} cannot write payload "
                     f"copies there; run: chown {account.name} {printable(wanted)}, or point TMPDIR elsewhere"
                 )
             ]
@@ -446,7 +214,7 @@ def _tmp_failure(base: str, account: Account, e: OSError) -> Problem:
             transient=True,
         )
     return Problem(
-        f"payload copies cannot be written in {printable(base)} ({_where(base)}) by user {account.name}: "
+        f"payload copies cannot be written in {printable(base)} ({owner_mode(base)}) by user {account.name}: "
         f"{e.strerror}; make it writable or set TMPDIR to a directory that is"
     )
 
@@ -520,7 +288,7 @@ def describe_os_error(e: OSError, settings: QueueSettings, account: Account) -> 
     line = f"{name}: {e.strerror or e} (as user {account.name}"
     with contextlib.suppress(OSError):
         if e.filename is not None and os.path.lexists(str(e.filename)):
-            line += f"; {_where(str(e.filename))}"
+            line += f"; {owner_mode(str(e.filename))}"
     return line + ")"
 
 
@@ -585,7 +353,7 @@ def metrics_problems(settings: QueueSettings, account: Account) -> list[Problem]
     if not os.access(directory, os.W_OK | os.X_OK):
         return [
             Problem(
-                f"metrics_textfile: user {account.name} cannot create {target} in {where} ({_where(directory)}); "
+                f"metrics_textfile: user {account.name} cannot create {target} in {where} ({owner_mode(directory)}); "
                 f"chown {account.name} {where} (mode 0755)"
             )
         ]

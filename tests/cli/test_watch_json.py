@@ -14,7 +14,7 @@ import subprocess
 import time
 
 from steadqd import Queue
-from steadqd.cli.view_cmd import watch_interval
+from steadqd.cli.watch_cmd import watch_interval
 
 from .helpers import STEADQ
 

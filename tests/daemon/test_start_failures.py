@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from steadqd import Queue
-from steadqd.daemon import preflight
+from steadqd.daemon import command_check, preflight
 from steadqd.daemon.main import daemon_main
 from tests.daemon.conftest import DEADLINE, Env, job_spec
 from tests.invariants import check_tree
@@ -535,4 +535,4 @@ def test_the_check_before_a_claim_finds_only_what_surely_fails(tmp_path: Path) -
     assert not startable() and not startable(user="nobody")
     os.mkfifo(script)  # never opened for reading without O_NONBLOCK: the worker's loop would block
     assert not startable() and not startable(user="nobody")
-    assert preflight._script_interpreter(str(script)) is None
+    assert command_check._script_interpreter(str(script)) is None

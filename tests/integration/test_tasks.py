@@ -639,8 +639,8 @@ def test_a_bury_message_reaches_the_journal_with_the_job_id(
     """Under systemd with logging not configured, the worker's sentences go to the journal with
     STEADQ_JOB_ID, where ``steadq show`` finds them; before, Bury's message was a bare stderr line."""
     sent: list[tuple[str, dict[str, str]]] = []
-    monkeypatch.setattr("steadqd.tasks.journal_connected", lambda: True)
-    monkeypatch.setattr("steadqd.tasks._journal_send", lambda message, **f: sent.append((message, f)))
+    monkeypatch.setattr("steadqd.tasks.journal.journal_connected", lambda: True)
+    monkeypatch.setattr("steadqd.tasks.journal._journal_send", lambda message, **f: sent.append((message, f)))
     monkeypatch.setattr(logging.getLogger(), "handlers", [])  # nothing configured, as in a bare script
     job = queue.enqueue(b"movie.mkv")
 

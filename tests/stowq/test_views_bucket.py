@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from steadqd.backend import open_queue
-from steadqd.cli.view_cmd import format_stats_prometheus, story_lines
+from steadqd.cli.show_cmd import story_lines
+from steadqd.cli.view_cmd import format_stats_prometheus
 from steadqd.constants import DeadReason
 from steadqd.errors import CorruptRecord, ErrorKind, InvalidInput, SteadQError
 from steadqd.s3 import keys

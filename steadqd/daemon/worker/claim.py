@@ -31,6 +31,7 @@ from typing import Any, BinaryIO, cast
 from steadqd.backend import Backend, LeaseHandle, PauseState, ScanReport
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.environment import build_environment
+from steadqd.daemon.journal import Log
 from steadqd.daemon.worker import payload, renew
 from steadqd.errors import SteadQError
 from steadqd.queue_control import PAUSE_RECHECK
@@ -65,6 +66,18 @@ def _failed(job: Prepared, e: BaseException) -> None:
     if job.tmpdir:
         payload.remove(job.tmpdir)
         job.tmpdir = ""
+
+
+def report_scan(log: Log, report: ScanReport | None) -> None:
+    """Log what a claim's scan did on its way (corrupt objects quarantined, exhausted jobs dead-lettered)."""
+    if report is None:
+        return
+    for path, reason, qname in report.quarantined:
+        log.warning("quarantined a corrupt object", path=path, reason=f"0x{reason:04x}", quarantine=qname)
+    for path in report.dead_lettered:
+        log.warning("dead-lettered a job with no attempts left", path=path)
+    for err in report.errors:
+        log.warning(f"scan: {err}")
 
 
 class Stopped(Exception):

@@ -55,28 +55,29 @@ Attempts
 from __future__ import annotations
 
 import contextlib
-import itertools
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import cast
 
 from steadqd import progress
-from steadqd.backend import Backend, LeaseHandle, PauseState, ReadyWatch, ScanReport, is_bucket_url
-from steadqd.daemon import metrics, preflight, process
+from steadqd.backend import Backend, LeaseHandle, PauseState, ReadyWatch
+from steadqd.daemon import command_check, metrics, preflight, process
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.environment import slot_environment
 from steadqd.daemon.journal import Log, short_id
 from steadqd.daemon.service import Loop, Timer, open_queue
 from steadqd.daemon.worker import claim, payload, renew
+from steadqd.daemon.worker.control import RoleControl
 from steadqd.daemon.worker.hooks import Hooks
 from steadqd.daemon.worker.policy import Verdict
 from steadqd.daemon.worker.progress_watch import ProgressWatch
 from steadqd.daemon.worker.run import _Job, exec_helper
 from steadqd.daemon.worker.run.child import EXIT_CHECK_RUNNING, command_argv, identity, launch, terminate
+from steadqd.daemon.worker.run.escaped import RoleSweep
 from steadqd.daemon.worker.run.hold import Hold, hand_back_unstarted
+from steadqd.daemon.worker.run.slots import free_slot
 from steadqd.daemon.worker.settle import (
     RoleSettling,
     Settler,
@@ -84,7 +85,6 @@ from steadqd.daemon.worker.settle import (
     ticket_text,
 )
 from steadqd.errors import ConfigError, ErrorKind, LeaseLost, NotCommitted, OutcomeUnknown, SteadQError
-from steadqd.queue_control import PAUSED_BUCKET_LOOK
 from steadqd.text import printable
 
 __all__ = ["SAFETY_RESCAN", "WorkerRole"]
@@ -97,10 +97,9 @@ PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in fl
 # default: 5 ms). The loop gives it up at every syscall, several times per job, and a late loop delays every
 # running job's output and renewals and the next spawn.
 LOOP_SWITCH_INTERVAL = 0.0005
-ESCAPED_SWEEP = 0.5  # s; after a job's end, when its killed group's escaped descendants have come to us
 
 
-class WorkerRole(RoleSettling):
+class WorkerRole(RoleSettling, RoleControl, RoleSweep):
     """Runs ``worker.command`` for leased jobs, up to ``worker.concurrency`` at once."""
 
     name = "worker"
@@ -128,7 +127,7 @@ class WorkerRole(RoleSettling):
         self.progress: ProgressWatch | None = None  # reads $STEADQ_PROGRESS files, publishes their values
         self._hooks: Hooks | None = None  # running notification commands (on_bury, on_retry)
         self._hold: Hold | None = None  # no new leases while jobs cannot be started (daemon/worker/run/hold.py)
-        self._launch_check = preflight.LaunchCheck()  # before each claim batch: can the command start at all?
+        self._launch_check = command_check.LaunchCheck()  # before each claim batch: can the command start at all?
         # The configuration whose command was last seen to start, unless a start failed since. Until one
         # has, a claim waits for the exec report before it; after, claims overlap the reports. A command
         # that is gone is found before the claim (_launch_check: no attempt used); one that fails to start
@@ -292,14 +291,6 @@ class WorkerRole(RoleSettling):
         if self._switch_interval is not None:
             sys.setswitchinterval(self._switch_interval)
 
-    def _kill_all_escaped(self) -> None:
-        """At the stop no job runs: every escaped process goes, in a few bounded rounds (each takes a generation)."""
-        for _ in range(10):
-            killed, reaped = process.kill_escaped(())
-            if not (killed or reaped):
-                return
-            time.sleep(0.05)
-
     def _close_settler(self) -> None:
         if self._settler is None:
             return
@@ -386,28 +377,6 @@ class WorkerRole(RoleSettling):
             for job in list(self.jobs.values()):
                 self._check_cancelled(job)
 
-    def _sweep_escaped(self) -> None:
-        """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any."""
-        self._sweep_timer = None
-        leaders = [j.pid for j in self.jobs.values() if j.child.returncode is None]
-        if self._hooks is not None:  # a notification command runs in a session of its own, and is ours to reap
-            leaders += list(self._hooks.running)
-        killed, reaped = process.kill_escaped(leaders)
-        if killed:
-            what = "1 process" if killed == 1 else f"{killed} processes"
-            self.log.warning(f"killed {what} that ended jobs left outside their process groups", count=killed)
-        if killed or reaped:  # their own children come to us as they die
-            self._schedule_sweep(0.1)
-
-    def _schedule_sweep(self, delay: float) -> None:
-        if self.loop is not None and self._sweep_timer is None and not self.closed:
-            self._sweep_timer = self.loop.call_later(delay, self._guarded(self._sweep_escaped))
-
-    def _sweep_after_job(self) -> None:
-        """A job has ended: kill what it left outside its group now, and look again once their parents are gone."""
-        self._sweep_escaped()
-        self._schedule_sweep(ESCAPED_SWEEP)  # what the group kill orphaned is ours once its parents are gone
-
     def _safety_rescan(self) -> None:
         assert self.loop is not None
         self._rescan_timer = self.loop.call_later(SAFETY_RESCAN, self._guarded(self._safety_rescan))
@@ -458,19 +427,6 @@ class WorkerRole(RoleSettling):
         disk that cannot settle does not let finished runs pile up."""
         return sum(1 for j in self.jobs.values() if not j.settling)
 
-    def _free_slot(self, cfg: WorkerConfig) -> int:
-        """The lowest slot no running command holds (STEADQ_SLOT).
-
-        A slot is held from the spawn until the command's group is reaped (its
-        end), not while the run is settled, so it never names two running
-        commands. There is always one below ``cfg.concurrency``: a claim is
-        asked for only while fewer commands than that run (:meth:`_fill`).
-        After a reload running jobs keep theirs, which may lie beyond a lowered
-        concurrency; new jobs get slots below the new one.
-        """
-        held = {j.slot for j in self.jobs.values() if j.child.returncode is None}
-        return next(s for s in itertools.count() if s not in held)
-
     def _on_prepared(self) -> None:
         assert self._prep is not None
         for done in self._prep.collect():
@@ -485,7 +441,7 @@ class WorkerRole(RoleSettling):
             self._fill_again = False  # the retry waits as _lease_failed says, whatever arrived
             self._lease_failed(p.lease_error)
             return
-        self._report_scan(p.scan)
+        claim.report_scan(self.log, p.scan)
         lease = p.lease
         if lease is not None or p.error is None:
             self._note_pause(p.paused)
@@ -501,39 +457,12 @@ class WorkerRole(RoleSettling):
         else:
             self._start_job(p)
 
-    def _note_pause(self, paused: PauseState | None) -> None:
-        """Log a pause when a claim pass first finds it, and the resume when one claims again."""
-        was, self.paused = self.paused, paused
-        if paused is not None and (was is None or was != paused):
-            self.log.notice(
-                f"queue {paused.summary()}; running jobs finish, no new job is claimed",
-                paused_since_ns=paused.since_ns,
-                paused_by=paused.by,
-                paused_reason=paused.reason,
-            )
-        elif paused is None and was is not None:
-            self.log.notice("queue resumed; claiming again")
-        metrics.queue_paused(paused is not None)
-        if paused is not None and is_bucket_url(self.settings.queue):
-            # A bucket sends no event when another host resumes: look again (one GET) every so often.
-            self._schedule_fill(PAUSED_BUCKET_LOOK)
-
     def _lease_failed(self, e: SteadQError) -> None:
         if isinstance(e, NotCommitted) and e.kind is ErrorKind.MAINTENANCE_BUSY:
             self._schedule_fill(BUSY_RETRY)
             return
         self.log.error(f"lease failed: {e}", error=e.kind.label)
         self._schedule_fill(BUSY_RETRY if isinstance(e, OutcomeUnknown) else ERROR_RETRY)
-
-    def _report_scan(self, report: ScanReport | None) -> None:
-        if report is None:
-            return
-        for path, reason, qname in report.quarantined:
-            self.log.warning("quarantined a corrupt object", path=path, reason=f"0x{reason:04x}", quarantine=qname)
-        for path in report.dead_lettered:
-            self.log.warning("dead-lettered a job with no attempts left", path=path)
-        for err in report.errors:
-            self.log.warning(f"scan: {err}")
 
     # -- starting a job -------------------------------------------------------------
 
@@ -547,7 +476,7 @@ class WorkerRole(RoleSettling):
             metrics.job_cancelled(0)
             self._schedule_fill(0.0)
             return
-        slot = self._free_slot(cfg)
+        slot = free_slot(self.jobs.values())
         p.env.update(slot_environment(cfg, slot))
         try:
             proc, report = launch(cfg, p.env, p.payload_path, p.credentials)
@@ -652,64 +581,12 @@ class WorkerRole(RoleSettling):
                     self._reopen(f"renew: {r.error}")
         job.timers.set("renew", job.cfg.renew_interval, lambda: self._renew(job))
 
-    # -- cancel (steadq cancel: fs/cancel.py, s3/cancel.py) ---------------------------------
-
-    def _cancelled(self, lease: LeaseHandle) -> bool:
-        """Did a cancel end this lease? A failure to tell is logged and taken for no: renewals look again."""
-        if self.q is None:
-            return False
-        try:
-            return self.q.was_cancelled(lease)
-        except (SteadQError, OSError) as e:
-            self.log.warning(
-                f"cannot tell whether job {short_id(lease.job_id)} was cancelled: {e}", job_id=lease.job_id
-            )
-            return False
-
-    def _check_cancels(self, keys: Collection[str]) -> None:
-        """Leased objects left the store: if one was a running job's, ask whether a cancel took it."""
-        for job in list(self.jobs.values()):
-            if self.q is not None and self.q.lease_key(job.lease) in keys:
-                self._check_cancelled(job)
-
-    def _check_cancelled(self, job: _Job) -> bool:
-        """Stop the job's command if a cancel ended its lease; True if so (nothing is settled: it is dead)."""
-        if job.cancelled or job.lost is not None or job.settling or job.child.returncode is not None:
-            return job.cancelled
-        if not self._cancelled(job.lease):
-            return False
-        job.cancelled = True
-        job.lost = "cancelled"
-        job.timers.cancel("renew")
-        self.log.warning(
-            f"job {short_id(job.lease.job_id)} cancelled: stopping its command (SIGTERM to its process group, "
-            f"SIGKILL after {job.cfg.kill_grace:g}s)",
-            **job.fields,
-            pid=job.pid,
-        )
-        job.child.stop()
-        return True
-
     def _finish(self, job: _Job) -> None:
-        """A cancelled job's command has ended: its job is already dead, so only report it."""
-        if not job.cancelled:
+        """The command has ended: a cancelled job's is only reported (control.py), any other's settled."""
+        if job.cancelled:
+            self._finish_cancelled(job)
+        else:
             super()._finish(job)
-            return
-        assert self.loop is not None
-        job.child.timers.cancel("kill")
-        job.child.timers.cancel("timeout")
-        self._sweep_after_job()
-        duration_ms = round((self.loop.now() - job.started) * 1000)
-        self.log.info(
-            f"job {short_id(job.lease.job_id)} cancelled ({job.child.ended} after {duration_ms} ms)",
-            **job.fields,
-            verdict="cancelled",
-            signal=job.child.signal_name,
-            duration_ms=duration_ms,
-        )
-        metrics.job_cancelled(duration_ms)
-        payload.remove(job.tmpdir)
-        self._drop(job)
 
     def _lose(self, job: _Job, reason: str) -> None:
         job.lost = reason

@@ -4,7 +4,9 @@
 - child.py: the command's process (spawn, output, exit, timeout, kill);
 - exec_helper.py and exec_helper.c: ``steadq-exec``, which lets Popen vfork and reports the exec;
 - guard.py: the process that kills the groups a SIGKILLed worker leaves;
-- hold.py: no new leases while jobs cannot be started.
+- hold.py: no new leases while jobs cannot be started;
+- slots.py: which STEADQ_SLOT a starting command gets;
+- escaped.py: the processes a job left outside its group, killed once it has ended.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class _Job:
         self.lease = lease
         self.cfg = cfg  # the configuration it started with: a reload does not change a running job
         self.tmpdir = tmpdir
-        self.slot = slot  # STEADQ_SLOT: held while the command runs (WorkerRole._free_slot)
+        self.slot = slot  # STEADQ_SLOT: held while the command runs (run/slots.py)
         self.env = env or {}  # the command's environment, which a notification command gets too (hooks.py)
         self.credentials = credentials or {}
         self.started = role.loop.now()

@@ -1,55 +1,5 @@
-"""The Python worker API: a handler per job, with the lease work done for you.
-
-Users of huey and rq write a function and expect the queue to call it. Here::
-
-    from steadqd import task, Bury
-
-    @task("/var/lib/steadq/thumbs")
-    def thumbnail(path: str, size: int = 256) -> None:
-        if not path.endswith(".jpg"):
-            raise Bury(f"not a JPEG: {path}")      # dead-lettered, never retried
-        make_thumbnail(path, size)                  # an exception retries with backoff
-
-    thumbnail.enqueue("/srv/in/a.jpg", size=128)    # producer side: a JSON job
-    thumbnail.schedule(args=("/srv/in/b.jpg",), delay=30)
-    thumbnail.work(concurrency=4)                   # consumer side: until SIGTERM
-
-or, without the decorator, ``work(queue, handler)`` with ``handler(job: Job)``;
-``await work_async(queue, handler)`` takes a coroutine function.
-
-What it does for each job, in the order the queue's guarantees need:
-
-* lease (``lease`` seconds), then read the payload *verified*: a corrupt job
-  is quarantined by the queue and never reaches the handler;
-* renew in the background every ``renew_every`` (default a third of the
-  lease) from a handle of its own, so a long handler never loses its lease
-  to recovery and a slow payload read never delays another job's renewal;
-* the handler returns: ack. It raises :class:`Bury`: dead-letter with the
-  application's reason code. It raises :class:`Retry`: give the job back
-  after its delay. Any other exception: give it back with the exponential
-  backoff (``retry``), and dead-letter when the attempts are used up;
-* a lease lost meanwhile (the handler outran its renewals, the machine
-  slept) is never settled: the job's new owner decides, and it is logged.
-
-Stopping: SIGTERM or SIGINT (or :meth:`Worker.stop`) stops leasing and lets
-running handlers finish (the drain); a second signal, or ``drain_timeout``,
-hands the running jobs' leases back at once (a handler thread cannot be
-killed; it runs on, and its late result is dropped: the lease is no longer
-its own). Leases, not threads, are the unit of safety: whatever happens to
-this process, a job is run again only after its lease expired or was handed back.
-
-Pausing: ``steadq pause`` (``Backend.pause``) is read before every lease
-(one open on a filesystem, one GET on a bucket; the lease's scan costs
-more), so no claim starts after the pause is visible, and running handlers
-finish and settle as usual. A paused consumer waits for news: a filesystem
-queue's ready watch hears the pause record go (inotify on ``control/``), so
-the resume is taken up at once; a bucket sends no event, so its consumers
-read the pause again every ``PAUSED_BUCKET_LOOK`` seconds, as the worker
-daemon does (a resume on this host also rings the doorbell).
-
-The worker opens its own handles (one per thread, one for renewals) with
-:func:`steadqd.backend.open_queue`, so the same API drives any backend.
-"""
+"""The worker: its consumer threads run handlers on leased jobs, its renewing thread keeps their leases
+and publishes their progress, and a stop drains them or hands them back."""
 
 from __future__ import annotations
 
@@ -57,11 +7,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import json
 import logging
-import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -70,156 +17,19 @@ from types import FrameType
 from typing import Any
 
 from steadqd import progress as progress_mod
-from steadqd.backend import Backend, LeaseHandle, PauseState, ReadyWatch, init_queue, is_bucket_url, open_queue
+from steadqd.backend import Backend, LeaseHandle, PauseState, init_queue, open_queue
 from steadqd.backoff import RetryPolicy
-from steadqd.constants import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S, DeadReason
-from steadqd.daemon.journal import journal_connected
+from steadqd.constants import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S
 from steadqd.daemon.worker.renew import Renewal, interval, renew
 from steadqd.errors import InvalidInput, LeaseLost, OutcomeUnknown, SteadQError
-from steadqd.queue_control import PAUSED_BUCKET_LOOK
+from steadqd.tasks import journal as journal_mod
+from steadqd.tasks.consumer import Consumer
+from steadqd.tasks.job import Bury, Job, Retry, WorkStats
+from steadqd.tasks.journal import JournalHandler, about, log
 from steadqd.text import printable
-
-__all__ = ["BadPayload", "Bury", "Job", "Retry", "Task", "WorkStats", "Worker", "task", "work", "work_async"]
-
-log = logging.getLogger("steadqd.tasks")
 
 DEFAULT_RETRY = RetryPolicy(base_ms=round(DEFAULT_BACKOFF_BASE_S * 1000), cap_ms=round(DEFAULT_BACKOFF_MAX_S * 1000))
 ERROR_PAUSE = 1.0  # s between attempts when the queue itself fails (not one job)
-# An idle consumer whose watch covers the whole queue scans only when the watch
-# has news, and at least this often (the daemon worker's safety rescan): on a
-# bucket a scan LISTs every shard, which one poll a second would repeat.
-QUIET_RESCAN = 60.0
-JSON_TYPE = "application/json"
-
-
-def _journal_send(message: str, **fields: str) -> None:
-    """One native journal entry (python-systemd); replaced in tests."""
-    from systemd import journal
-
-    journal.send(message, **fields)
-
-
-class _JournalHandler(logging.Handler):
-    """The worker's records as journal entries with their fields, so ``steadq show`` finds a job's
-    sentences (its ``Bury`` message above all) by ``STEADQ_JOB_ID``.
-
-    Installed by :meth:`Worker.run` only when stderr is the journal and nothing configures logging:
-    the bare stderr line Python would print then carries no field and reaches no ``show``."""
-
-    def __init__(self, queue: str) -> None:
-        super().__init__(logging.INFO)
-        self.queue = queue
-
-    def emit(self, record: logging.LogRecord) -> None:
-        fields = {"PRIORITY": str(_PRIORITY.get(record.levelno, 6)), "SYSLOG_IDENTIFIER": "steadqd",
-                  "STEADQ_QUEUE": self.queue, "STEADQ_ROLE": "task"}  # fmt: skip
-        job = getattr(record, "STEADQ_JOB_ID", None)
-        if job is not None:
-            fields["STEADQ_JOB_ID"] = str(job)
-        try:
-            _journal_send(record.getMessage(), **fields)
-        except Exception:  # noqa: BLE001 - a log line must never stop the worker
-            self.handleError(record)
-
-
-_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
-
-
-def _about(job_id: str) -> dict[str, str]:
-    """``extra=`` of a record about one job: a journal handler (ours, python-systemd's) sends it as a field."""
-    return {"STEADQ_JOB_ID": job_id}
-
-
-class Bury(Exception):
-    """Raised by a handler: the job is dead-lettered with ``reason`` and not retried.
-
-    ``reason`` is a dead-letter reason code (reasons.md): the registry's
-    0x0001 consumer_rejected by default, or the application's own in
-    0x0100-0x7fff, which ``steadq ls dead`` and ``admin dead-inspect`` show.
-    """
-
-    def __init__(self, message: str = "", reason: int = DeadReason.CONSUMER_REJECTED) -> None:
-        if isinstance(reason, bool) or not isinstance(reason, int) or not 0 <= reason <= 0xFFFF:
-            raise InvalidInput(f"Bury reason must be a u16 dead-letter reason code, got {reason!r}")
-        super().__init__(message)
-        self.reason = int(reason)
-
-
-class BadPayload(Bury, ValueError):
-    """The payload cannot be decoded (not JSON, not UTF-8, nested deeper than the decoder goes).
-
-    No retry can make it readable, so, uncaught, it buries the job at once
-    as an unsupported content type rather than burning every attempt; a
-    ValueError too, for the handlers that catch the one ``json.loads`` raises.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, DeadReason.UNSUPPORTED_CONTENT_TYPE)
-
-
-class Retry(Exception):
-    """Raised by a handler: give the job back now, or after ``delay`` seconds,
-    instead of after the backoff (it still uses up the attempt)."""
-
-    def __init__(self, message: str = "", delay: float | None = None) -> None:
-        if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0):
-            raise InvalidInput(f"Retry delay must be a non-negative number of seconds, got {delay!r}")
-        super().__init__(message)
-        self.delay = delay
-
-
-@dataclass(frozen=True)
-class Job:
-    """What a handler gets: the verified payload and the job's facts."""
-
-    id: str
-    attempt: int
-    max_attempts: int
-    content_type: str
-    metadata: Mapping[str, bool | int | str | bytes]
-    payload: bytes
-    _lost: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
-    _progress: list[tuple[float, str]] = field(default_factory=list, repr=False, compare=False)
-
-    def json(self) -> Any:
-        """The payload as JSON; :class:`BadPayload` (a ValueError) if the decoder cannot read it."""
-        try:
-            return json.loads(self.payload)
-        except (ValueError, RecursionError) as e:  # RecursionError: arrays nested ~100k deep
-            raise BadPayload(f"job {self.id} has a bad payload, not JSON: {e}") from e
-
-    def text(self) -> str:
-        return self.payload.decode()
-
-    def progress(self, percent: float, text: str = "") -> None:
-        """Report progress (0–100, and a short text) for ``steadq show``/``ls`` on this host.
-
-        Cheap to call often: the latest value is published by the worker's
-        renewing thread, at most once a second (steadqd/progress.py), and
-        removed when the job ends.
-        """
-        if isinstance(percent, bool) or not isinstance(percent, int | float) or not 0 <= percent <= 100:
-            raise InvalidInput(f"progress must be a number from 0 to 100, got {percent!r}")
-        if not isinstance(text, str):
-            raise InvalidInput(f"progress text must be a string, got {type(text).__name__}")
-        self._progress[:] = [(float(percent), text[: progress_mod.MAX_TEXT])]  # one item: replaced atomically
-
-    @property
-    def lease_lost(self) -> bool:
-        """True once the lease is gone: a long handler may check it and stop early."""
-        return self._lost.is_set()
-
-
-@dataclass
-class WorkStats:
-    """What :meth:`Worker.run` did, for the caller's own logs and tests."""
-
-    acked: int = 0
-    retried: int = 0
-    buried: int = 0
-    lost: int = 0  # leases lost before the handler's result could settle them
-    handed_back: int = 0  # running at a forced stop, leases returned
-    quarantined: int = 0  # corrupt jobs the queue isolated (at the lease scan or the payload check) instead
 
 
 @dataclass(eq=False)
@@ -241,103 +51,6 @@ class _Running:
 
 
 Call = Callable[[Job], object]  # runs the handler, returns its result or raises what it raised
-
-
-class _Consumer:
-    """One worker thread's handle and its ready watch.
-
-    It leases without waiting and then waits on its own watch, rather than
-    ``lease(wait=)``, so that what the scan quarantined is read from
-    ``last_scan`` before a later rescan replaces it. The watch is set up
-    before the first scan: a job published after that scan wakes it.
-    """
-
-    def __init__(self, worker: Worker) -> None:
-        self.w = worker
-        self.q: Backend | None = None
-        self.watch: ReadyWatch | None = None
-        self._whole = False  # the watch reports every job that becomes claimable: a quiet wait needs no scan
-        self._rescan_at = 0.0  # monotonic time of the next scan when nothing is news
-
-    def lease(self) -> LeaseHandle | None:
-        if self.q is None and not self._open():
-            return None
-        assert self.q is not None
-        if self._whole and self.watch is not None and time.monotonic() < self._rescan_at:
-            if not self.watch.wait(self.w.poll):
-                return None  # nothing new: the caller checks for a stop and asks again
-        if self._paused():
-            return None
-        try:
-            lease = self.q.lease(wait=0.0, duration=self.w.lease_s)
-        except SteadQError as e:
-            if not self.w._after_error(self.q, "lease", e):
-                self.close()
-            return None
-        self.w._report_scan(self.q)
-        if lease is None:
-            self._rescan_at = time.monotonic() + QUIET_RESCAN
-            if self.watch is not None:
-                self.watch.wait(self.w.poll)
-            else:
-                self.w._stop.wait(self.w.poll)
-        return lease
-
-    def _paused(self) -> bool:
-        """Read the queue's pause before a lease; while it stands, wait for news or the next look, and say so."""
-        assert self.q is not None
-        try:
-            state = self.q.pause_state()
-        except SteadQError as e:  # a failure of the queue: no lease this time
-            if not self.w._after_error(self.q, "read the pause", e):
-                self.close()
-            return True
-        self.w._note_pause(state)
-        if state is None:
-            return False
-        # Jobs put meanwhile wake the watch and are slept through here: after the resume, scan at once.
-        self._rescan_at = 0.0
-        self._wait_news(PAUSED_BUCKET_LOOK if is_bucket_url(self.w.queue) else self.w.poll)
-        return True
-
-    def _wait_news(self, seconds: float) -> None:
-        """Until the watch has news (a filesystem's includes the pause record coming or going), a stop,
-        or ``seconds``; a stop is seen within ``poll``."""
-        deadline = time.monotonic() + seconds
-        while not self.w._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if self.watch is None:
-                self.w._stop.wait(min(left, self.w.poll))
-            elif self.watch.wait(min(left, self.w.poll)):
-                return
-
-    def _open(self) -> bool:
-        self.q = self.w._open("lease")
-        if self.q is None:
-            return False
-        try:
-            self.watch = self.q.ready_watch()
-            failures = self.watch.watch_missing()
-        except SteadQError as e:  # e.g. no inotify instance left: poll instead
-            log.warning("cannot watch the queue for new jobs (%s); polling every %gs", e, self.w.poll)
-            self.watch = None
-            return True
-        for why in failures:
-            log.warning("%s; polling that shard every %gs", printable(why), self.w.poll)
-        # Only a watch that also reports jobs becoming due (a bucket's watches its delayed and
-        # lease indexes) may replace the scans: a filesystem scan is what finds due jobs there.
-        self._whole = not failures and bool(getattr(self.watch, "reports_due_jobs", False))
-        return True
-
-    def close(self) -> None:
-        if self.watch is not None:
-            self.watch.close()
-            self.watch = None
-        if self.q is not None:
-            self.q.close()
-            self.q = None
 
 
 class Worker:
@@ -441,8 +154,8 @@ class Worker:
     def _serve(self, call: Call) -> WorkStats:
         self._check_queue()
         journal = None
-        if journal_connected() and not logging.getLogger().handlers and not log.handlers:
-            journal = _JournalHandler(self.queue)
+        if journal_mod.journal_connected() and not logging.getLogger().handlers and not log.handlers:
+            journal = JournalHandler(self.queue)
             log.addHandler(journal)
         try:
             return self._serve_checked(call)
@@ -502,7 +215,7 @@ class Worker:
     # -- one worker thread -----------------------------------------------------------------
 
     def _work_loop(self, call: Call) -> None:
-        c = _Consumer(self)
+        c = Consumer(self)
         try:
             while not self._stop.is_set():
                 lease = c.lease()
@@ -565,12 +278,12 @@ class Worker:
                 q.ack(lease)
                 self._count("acked")
                 log.info("job %s finished: ack (attempt %d/%d)", job_id, lease.attempt, lease.max_attempts,
-                         extra=_about(job_id))  # fmt: skip
+                         extra=about(job_id))  # fmt: skip
             elif isinstance(outcome, Bury):
                 q.bury(lease, outcome.reason)
                 self._count("buried")
                 log.warning("job %s buried (reason 0x%04x): %s", job_id, outcome.reason, printable(str(outcome)),
-                            extra=_about(job_id))  # fmt: skip
+                            extra=about(job_id))  # fmt: skip
             else:
                 if isinstance(outcome, Retry):
                     state = q.retry(lease, outcome.delay)
@@ -585,7 +298,7 @@ class Worker:
                     lease.max_attempts,
                     what,
                     printable(f"{type(outcome).__name__}: {outcome}"),
-                    extra=_about(job_id),
+                    extra=about(job_id),
                 )
         except LeaseLost as e:
             self._count("lost")
@@ -785,154 +498,3 @@ def work(queue: str, handler: Callable[[Job], object], **options: Any) -> WorkSt
 async def work_async(queue: str, handler: Callable[[Job], Awaitable[object]], **options: Any) -> WorkStats:
     """Serve ``queue`` with the coroutine function ``handler(job)`` on the running event loop."""
     return await Worker(queue, handler, **options).run_async()
-
-
-# -- the decorator ----------------------------------------------------------------------------
-
-
-class Task:
-    """A function bound to a queue: ``enqueue`` makes a JSON job of its arguments, ``work`` runs them.
-
-    A job's payload is ``{"task": NAME, "args": [...], "kwargs": {...}}``
-    (``application/json``), with ``task=NAME`` in its metadata so that
-    ``steadq ls`` and the journal tell tasks apart; a worker of one task
-    buries (consumer_rejected) a job meant for another, since it could
-    only fail on every attempt.
-    """
-
-    __name__: str  # and the wrapped function's other attributes: functools.update_wrapper copies them
-
-    def __init__(
-        self,
-        fn: Callable[..., object],
-        queue: str,
-        *,
-        name: str | None = None,
-        max_attempts: int = 3,
-        open_options: Mapping[str, Any] | None = None,
-    ) -> None:
-        self.fn = fn
-        self.queue = queue
-        self.name = name or f"{_module_name(fn)}.{fn.__qualname__}"
-        self.max_attempts = max_attempts
-        self.open_options = dict(open_options or {})
-        self._producer: Backend | None = None
-        self._producer_lock = threading.Lock()
-        functools.update_wrapper(self, fn)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> object:
-        """A direct call runs the function here, as if it were not a task."""
-        return self.fn(*args, **kwargs)
-
-    def enqueue(self, *args: Any, **kwargs: Any) -> str:
-        """Publish a job calling the function with these arguments; returns the job id."""
-        return self.schedule(args=args, kwargs=kwargs)
-
-    delay = enqueue  # the name celery users reach for
-
-    def schedule(
-        self,
-        args: tuple[Any, ...] | list[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        *,
-        delay: float = 0.0,
-        metadata: Mapping[str, bool | int | str | bytes] | None = None,
-        max_attempts: int | None = None,
-    ) -> str:
-        """Publish with options: run no earlier than ``delay`` s from now, extra metadata."""
-        try:
-            body = json.dumps({"task": self.name, "args": list(args), "kwargs": dict(kwargs or {})})
-        except (TypeError, ValueError) as e:
-            raise InvalidInput(f"the arguments of task {self.name} are not JSON-serialisable: {e}") from e
-        meta = {"task": self.name, **(metadata or {})}
-        with self._producer_lock:
-            if self._producer is None:
-                self._producer = open_queue(self.queue, **self.open_options)
-            return self._producer.enqueue(
-                body.encode(),
-                content_type=JSON_TYPE,
-                metadata=meta,
-                max_attempts=self.max_attempts if max_attempts is None else max_attempts,
-                delay=delay,
-            )
-
-    def close(self) -> None:
-        """Close the producer handle (it is reopened by the next enqueue)."""
-        with self._producer_lock:
-            if self._producer is not None:
-                self._producer.close()
-                self._producer = None
-
-    def worker(self, **options: Any) -> Worker:
-        options.setdefault("open_options", self.open_options)
-        handler = self._run_async if asyncio.iscoroutinefunction(self.fn) else self._run
-        return Worker(self.queue, handler, **options)
-
-    def work(self, **options: Any) -> WorkStats:
-        """Run this task's jobs until SIGTERM/SIGINT; options as :class:`Worker`."""
-        return self.worker(**options).run()
-
-    async def work_async(self, **options: Any) -> WorkStats:
-        return await self.worker(**options).run_async()
-
-    def _arguments(self, job: Job) -> tuple[list[Any], dict[str, Any]]:
-        body = job.json()  # BadPayload buries what cannot be decoded
-        if (
-            not isinstance(body, dict)
-            or not isinstance(body.get("args"), list)
-            or not isinstance(body.get("kwargs"), dict)
-        ):
-            raise Bury(f"job {job.id} is not a task call (task, args, kwargs)", DeadReason.UNSUPPORTED_CONTENT_TYPE)
-        if body.get("task") != self.name:
-            raise Bury(f"job {job.id} is for task {body.get('task')!r}, this worker runs {self.name!r}")
-        return body["args"], body["kwargs"]
-
-    def _run(self, job: Job) -> object:
-        args, kwargs = self._arguments(job)
-        return self.fn(*args, **kwargs)
-
-    async def _run_async(self, job: Job) -> object:
-        args, kwargs = self._arguments(job)
-        result = self.fn(*args, **kwargs)
-        return await result if asyncio.iscoroutine(result) else result
-
-
-def _module_name(fn: Callable[..., object]) -> str:
-    """The module a task's name begins with, the same whether its file is run or imported.
-
-    Run as a script a function's module is ``__main__``, so a worker that
-    imports the file would know the task by another name and bury its jobs.
-    ``python -m pkg.mod`` says its name (``__spec__``); a file run by its path
-    is named as an import finds it: its stem, under each enclosing directory
-    that is a package (has ``__init__.py``). Without a file (an interactive
-    session, ``python -c``) there is no name to derive: ``name=`` is required."""
-    module = fn.__module__
-    if module != "__main__":
-        return module
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name and spec.name != "__main__":
-        return str(spec.name).removesuffix(".__main__")
-    path = getattr(main, "__file__", None)
-    if not path:
-        raise InvalidInput(
-            f"task {getattr(fn, '__qualname__', fn)!r} is defined in __main__ with no file to name it by: "
-            "give the task a name: @task(queue, name=...) (the producer and the worker must agree on it)"
-        )
-    directory, file = os.path.split(os.path.abspath(path))
-    parts = [os.path.splitext(file)[0]]
-    while os.path.isfile(os.path.join(directory, "__init__.py")):
-        directory, package = os.path.split(directory)
-        parts.insert(0, package)
-    return ".".join(parts)
-
-
-def task(
-    queue: str, *, name: str | None = None, max_attempts: int = 3, **open_options: Any
-) -> Callable[[Callable[..., object]], Task]:
-    """Decorator: make a function a :class:`Task` of ``queue``."""
-
-    def wrap(fn: Callable[..., object]) -> Task:
-        return Task(fn, queue, name=name, max_attempts=max_attempts, open_options=open_options)
-
-    return wrap

@@ -1,0 +1,69 @@
+"""The processes a job left outside its process group (it called setsid), killed once the job has ended.
+
+The worker is their child subreaper (steadqd.daemon.process.become_subreaper), so they come to it when
+their parent dies. A part of :class:`~steadqd.daemon.worker.role.WorkerRole` (a base class), kept with
+the run step because it finishes what killing a job's group began; the names below are the role's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from steadqd.daemon import process
+from steadqd.daemon.journal import Log
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from steadqd.daemon.service import Loop, Timer
+    from steadqd.daemon.worker.hooks import Hooks
+    from steadqd.daemon.worker.run import _Job
+
+__all__ = ["ESCAPED_SWEEP", "RoleSweep"]
+
+ESCAPED_SWEEP = 0.5  # s; after a job's end, when its killed group's escaped descendants have come to us
+
+
+class RoleSweep:
+    """The worker role's sweep for escaped job processes, on the loop's thread."""
+
+    if TYPE_CHECKING:
+        loop: Loop | None
+        log: Log
+        jobs: dict[int, _Job]
+        closed: bool
+        _hooks: Hooks | None
+        _sweep_timer: Timer | None
+
+        def _guarded(self, fn: Callable[[], None], job: _Job | None = None) -> Callable[[], None]: ...
+
+    def _kill_all_escaped(self) -> None:
+        """At the stop no job runs: every escaped process goes, in a few bounded rounds (each takes a generation)."""
+        for _ in range(10):
+            killed, reaped = process.kill_escaped(())
+            if not (killed or reaped):
+                return
+            time.sleep(0.05)
+
+    def _sweep_escaped(self) -> None:
+        """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any."""
+        self._sweep_timer = None
+        leaders = [j.pid for j in self.jobs.values() if j.child.returncode is None]
+        if self._hooks is not None:  # a notification command runs in a session of its own, and is ours to reap
+            leaders += list(self._hooks.running)
+        killed, reaped = process.kill_escaped(leaders)
+        if killed:
+            what = "1 process" if killed == 1 else f"{killed} processes"
+            self.log.warning(f"killed {what} that ended jobs left outside their process groups", count=killed)
+        if killed or reaped:  # their own children come to us as they die
+            self._schedule_sweep(0.1)
+
+    def _schedule_sweep(self, delay: float) -> None:
+        if self.loop is not None and self._sweep_timer is None and not self.closed:
+            self._sweep_timer = self.loop.call_later(delay, self._guarded(self._sweep_escaped))
+
+    def _sweep_after_job(self) -> None:
+        """A job has ended: kill what it left outside its group now, and look again once their parents are gone."""
+        self._sweep_escaped()
+        self._schedule_sweep(ESCAPED_SWEEP)  # what the group kill orphaned is ours once its parents are gone
