@@ -8,12 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from steadqd import Queue
-from tests.daemon.conftest import Env, wait_for
+from tests.daemon.conftest import Env, payload_copies_removed, traversable, wait_for
 from tests.invariants import live_tree
 
 STEADQ = os.path.join(os.path.dirname(sys.executable), "steadq")
@@ -104,3 +105,59 @@ def test_a_hostile_progress_file_is_refused_without_blocking(denv: Env, daemons,
     (go / bad).touch()
     (go / good).touch()
     wait_for(lambda: {bad, good} <= live_tree(denv.queue_path).receipts, what="both jobs acked")
+
+
+# The job, run as worker.user and owning its directory (input: file), moves the directory away once the
+# test says so and puts a symlink to a decoy directory of its own in its place, then writes its real
+# progress in the moved directory. On exit it puts things back, so the worker's cleanup finds them.
+SWAP = r"""
+printf '10 before\n' > "$STEADQ_PROGRESS"
+d=$(dirname "$STEADQ_PROGRESS")
+trap 'rm -f "$d"; mv "$d.moved" "$d"; rm -rf "$d.decoy"' EXIT
+i=0
+while [ ! -e "{go}/swap-$STEADQ_JOB_ID" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
+mv "$d" "$d.moved"
+mkdir "$d.decoy"
+printf '99 decoy\n' > "$d.decoy/progress"
+ln -s "$d.decoy" "$d"
+printf '50 after\n' > "$d.moved/progress"
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the job as another user")
+def test_a_job_that_swaps_its_directory_for_a_symlink_is_still_read_through_the_held_descriptor(
+    denv: Env, daemons, pdir
+) -> None:
+    """The worker opened the job's directory once (``O_DIRECTORY|O_NOFOLLOW``) when the job started and
+    reads ``progress`` relative to that descriptor: after the job (``user: nobody``, ``input: file``, so
+    the directory is its own) renames the directory and puts a symlink to a decoy in its place, the
+    worker still reads the moved directory's file, never the decoy's."""
+    traversable(denv.tmp)
+    os.chmod(denv.jobtmp, 0o1777)  # like /tmp: the job may create its decoy beside its directory
+    go = denv.tmp / "go"
+    go.mkdir()
+    setup = SWAP.format(go=go)
+    denv.write_config(
+        command=["/bin/sh", "-c", JOB.format(setup=setup, go=go)], user="nobody", input="file", concurrency=1
+    )
+    d = daemons(denv, extra_env=pdir)
+    with Queue.open(denv.queue_path) as q:
+        job = q.enqueue(b"")
+    d.ready()
+
+    def progress() -> str:
+        return _cli(denv, "show", "--no-journal", denv.queue_path, job).stdout
+
+    wait_for(lambda: "10% before" in progress(), what="the progress before the swap")
+    (go / f"swap-{job}").touch()
+    after = wait_for(lambda: next((out for out in [progress()] if "50%" in out or "99%" in out), None),
+                     what="the progress after the swap")  # fmt: skip
+    assert "50% after" in after and any(denv.jobtmp.glob("*.decoy")), after
+    for _ in range(3):  # a few more reads (one a second): the decoy is never read
+        out = progress()
+        assert "99%" not in out and "decoy" not in out, out
+        time.sleep(1.0)
+    assert "refused" not in d.log(), d.log()
+    (go / job).touch()
+    wait_for(lambda: job in live_tree(denv.queue_path).receipts, what="the job acked")
+    payload_copies_removed(denv)
