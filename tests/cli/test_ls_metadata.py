@@ -8,8 +8,17 @@ so an operator could not tell which task's jobs were piling up.
 from __future__ import annotations
 
 import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from steadqd import Queue
+from steadqd.cli.main import main
+from steadqd.fs import handle, views
+from steadqd.view_records import JobEntry
 
 from .helpers import steadq
 
@@ -41,3 +50,49 @@ def test_ls_shows_the_metadata_asked_for_and_filters_by_it(qpath: str) -> None:
 
     r = steadq("ls", qpath, "--filter", "task")
     assert r.code == 1 and "--filter" in r.err and "KEY=VALUE" in r.err, r
+
+
+def test_ls_meta_neither_follows_nor_blocks_on_a_job_file_swapped_after_the_listing(
+    qpath: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tree writer swaps a listed job file for a FIFO and another for a symlink to a job file outside
+    the tree, between the listing and the header read: ``ls --meta`` must neither hang on the FIFO
+    (``O_NONBLOCK``) nor show what the symlink points at (no symlink followed); both show ``-``."""
+    with Queue.open(qpath) as q:
+        kept = q.enqueue(b"a", metadata={"task": "kept"})
+        to_fifo = q.enqueue(b"b", metadata={"task": "was.fifo"})
+        to_link = q.enqueue(b"c", metadata={"task": "was.link"})
+        decoy = q.enqueue(b"d", metadata={"task": "followed"})
+        paths = {j.job_id: os.path.join(qpath, j.path) for j in q.list_jobs({"ready"})}
+    outside = tmp_path / "decoy.job"
+    outside.write_bytes(Path(paths[decoy]).read_bytes())
+    os.unlink(paths[decoy])
+    fifo = paths[to_fifo]
+    real = views.list_jobs
+
+    def swapping(ctx: object, states: object) -> Iterator[JobEntry]:
+        for entry in real(ctx, states):  # type: ignore[arg-type]
+            path = os.path.join(qpath, entry.path)
+            if entry.job_id == to_fifo:
+                os.unlink(path)
+                os.mkfifo(path)
+            elif entry.job_id == to_link:
+                os.unlink(path)
+                os.symlink(outside, path)
+            yield entry
+
+    monkeypatch.setattr(handle, "list_jobs", swapping)
+    codes: list[int] = []
+    t = threading.Thread(target=lambda: codes.append(main(["ls", qpath, "--meta", "task"])), daemon=True)
+    t.start()
+    t.join(timeout=30)
+    if t.is_alive():  # blocked in open(2) on the FIFO: release it so the thread can end, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(timeout=30)
+        pytest.fail("ls --meta blocked on a FIFO swapped in for a job file")
+    out = capsys.readouterr().out
+    assert codes == [0], out
+    rows = {line.split()[1]: line.split() for line in out.splitlines()[1:]}
+    assert rows[kept][4] == "kept"
+    assert rows[to_fifo][4] == "-" and rows[to_link][4] == "-"
+    assert "followed" not in out

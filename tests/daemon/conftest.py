@@ -167,6 +167,14 @@ def payload_copies_removed(env: Env) -> None:
     wait_for(lambda: not any(env.jobtmp.iterdir()), what=f"every payload copy under {env.jobtmp} to be removed")
 
 
+def traversable(path: Path) -> None:
+    """pytest's base directories are 0700: let the test users (and a job run as ``worker.user``) reach ``path``."""
+    parent = str(path)
+    while parent != "/":
+        os.chmod(parent, os.stat(parent).st_mode | 0o011)
+        parent = os.path.dirname(parent)
+
+
 class Daemon:
     """A ``steadqd <role> <queue>`` subprocess with its stderr captured to a file."""
 

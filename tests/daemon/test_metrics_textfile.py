@@ -27,7 +27,7 @@ from steadqd.daemon.config import load_config
 from steadqd.daemon.journal import Log
 from steadqd.daemon.metrics import DURATION_BUCKETS, Metrics, UncontrolledDirectory, textfile_for, write_textfile
 from steadqd.daemon.sweeper import SweeperRole
-from tests.daemon.conftest import STEADQD, Daemon, Env, job_spec, wait_for
+from tests.daemon.conftest import STEADQD, Daemon, Env, job_spec, traversable, wait_for
 from tests.integration.test_shared_queue import PRODUCER, QUEUE_GID, as_user
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -191,14 +191,6 @@ def test_check_config_refuses_a_textfile_node_exporter_would_not_read(tmp_path: 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
 
 
-def _traversable(path: Path) -> None:
-    """pytest's base directories are 0700: let the test users reach ``path``."""
-    parent = str(path)
-    while parent != "/":
-        os.chmod(parent, os.stat(parent).st_mode | 0o011)
-        parent = os.path.dirname(parent)
-
-
 def _victim(tmp_path: Path) -> Path:
     """A root-only file the member would like overwritten."""
     private = tmp_path / "root-only"
@@ -221,7 +213,7 @@ def _plant_links(directory: Path, final: str, victim: Path) -> None:
 
 @needs_root
 def test_a_group_writable_metrics_directory_is_refused_and_nothing_is_followed(tmp_path: Path) -> None:
-    _traversable(tmp_path)
+    traversable(tmp_path)
     victim = _victim(tmp_path)
     directory = tmp_path / "metrics"
     directory.mkdir()
@@ -238,7 +230,7 @@ def test_a_group_writable_metrics_directory_is_refused_and_nothing_is_followed(t
 
 @needs_root
 def test_a_sticky_metrics_directory_is_written_without_following_a_planted_link(tmp_path: Path) -> None:
-    _traversable(tmp_path)
+    traversable(tmp_path)
     victim = _victim(tmp_path)
     directory = tmp_path / "metrics"
     directory.mkdir()

@@ -85,3 +85,32 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def test_a_failing_or_crashing_notification_is_logged_and_changes_no_job(denv: Env, daemons) -> None:
+    """An ``on_bury`` that exits non-zero and an ``on_retry`` that dies of a signal are each logged once
+    as failed, with the job unchanged: the buried job stays dead (not retried, not notified again),
+    the retried one runs its next attempt and is acked, and the worker goes on to the next job."""
+    denv.write_config(
+        concurrency=2,
+        on_bury=["/bin/sh", "-c", "echo 'no route to the pager' >&2; exit 3"],
+        on_retry=["/bin/sh", "-c", "kill -SEGV $$"],
+        retry={"backoff_base": "1ms", "backoff_max": "10ms", "jitter": False},
+    )
+    d = daemons(denv)
+    with Queue.open(denv.queue_path) as q:
+        rejected = q.enqueue(job_spec(exit=100))
+        flaky = q.enqueue(job_spec(exit={"1": 75, "2": 0}))
+    d.ready()
+    d.wait_log(rf"on_bury for job {rejected[:8]} failed: exited 3 \(the job is not changed\)")
+    d.wait_log(rf"on_retry for job {flaky[:8]} failed: killed by signal 11 \(the job is not changed\)")
+    with Queue.open(denv.queue_path) as q:  # the backed-off retry is promoted by recovery (another role)
+        wait_for(lambda: q.recover() and flaky in live_tree(denv.queue_path).receipts, what="the second attempt acked")
+        after = q.enqueue(job_spec(exit=0))
+    wait_for(lambda: after in live_tree(denv.queue_path).receipts, what="the next job to run")
+    tree = check_tree(denv.queue_path)
+    assert tree.dead == {rejected} and tree.receipts == {flaky, after}
+    assert denv.results_of(rejected).keys() == {1}  # never run again
+    log = d.log()
+    assert log.count(f"on_bury for job {rejected[:8]}") == 1 and log.count(f"on_retry for job {flaky[:8]}") == 1
+    assert "Traceback" not in log

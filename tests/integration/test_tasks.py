@@ -272,6 +272,62 @@ def test_a_pause_stops_claims_running_handlers_finish_and_resume_is_heard_at_onc
     assert check_tree(queue_path).receipts == {long_job, *held}
 
 
+def test_a_flapping_pause_costs_reads_and_log_lines_per_change_not_per_moment(
+    queue: Queue, queue_path: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer of ``control/`` pauses and resumes in a loop to make the consumers spin or flood the log.
+    A paused consumer reads the record again only on watch news (or after ``poll``, 4 s here): a steady
+    pause costs no reads, a flap at most one read per consumer per change, and a pause or resume is
+    logged once per worker, not once per consumer thread."""
+    threads, flaps = 3, 100
+    me = threading.current_thread()
+    reads: list[str] = []  # the consumer threads' pause reads (list.append is atomic)
+    real = Queue.pause_state
+
+    def counting(self: Queue) -> Any:
+        if threading.current_thread() is not me:
+            reads.append(threading.current_thread().name)
+        return real(self)
+
+    def lines(word: str) -> int:
+        return sum(1 for r in caplog.records if word in r.getMessage())
+
+    monkeypatch.setattr(Queue, "pause_state", counting)
+    queue.pause("first")
+    w = Worker(queue_path, lambda j: None, concurrency=threads, poll=4.0)
+    t = threading.Thread(target=w._serve, args=(w._call_sync,), daemon=True)
+    with caplog.at_level(logging.INFO, logger="steadqd.tasks"):
+        t.start()
+        try:
+            wait_for(lambda: w.paused is not None and len(set(reads)) == threads, "every consumer to read the pause")
+            time.sleep(1.0)  # the news of the start is taken up
+            steady = len(reads)
+            time.sleep(1.0)
+            assert len(reads) - steady <= threads, "consumers re-read a steady pause with no news"
+            assert lines("no new job is claimed") == 1  # once per worker, though every thread read it
+
+            before = len(reads)
+            for i in range(flaps):
+                queue.resume()
+                queue.pause(f"flap {i}")
+            wait_for(lambda: w.paused is not None and w.paused.reason == f"flap {flaps - 1}", "the last flap")
+            time.sleep(1.0)
+            flapped = len(reads) - before
+            assert flapped <= threads * (2 * flaps + 1), flapped
+            logged = lines("no new job is claimed") + lines("resumed")
+            assert logged <= flapped and logged <= threads * (2 * flaps + 1), logged
+
+            caplog.clear()
+            queue.resume()
+            wait_for(lambda: w.paused is None, "the resume")
+            time.sleep(1.0)
+            assert lines("resumed") == 1 and lines("no new job is claimed") == 0
+        finally:
+            w.stop()
+            t.join(DEADLINE)
+    assert not t.is_alive()
+
+
 # -- the decorator ----------------------------------------------------------------------------
 
 

@@ -3,19 +3,29 @@
 An idle consumer thread waits on the bucket's ready watch (``steadqd.s3.watch``:
 one LIST per tick with backoff, and the doorbell) and makes a claim pass only
 when it has news or once a minute, not one per ``poll``. The test proves jobs
-are run, acked and buried through it.
+are run, acked and buried through it. A failing pause GET is provoked on the
+memory store behind the fault injector (steadqd.s3.store.faults), which no live
+engine can be made to do on cue.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from steadqd.backend import init_queue, open_queue
 from steadqd.errors import InvalidInput
+from steadqd.s3.backend import BucketBackend
+from steadqd.s3.control import PAUSE_KEY
+from steadqd.s3.layout import init_layout, open_layout
+from steadqd.s3.store.base import MUTATIONS
+from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
+from steadqd.s3.store.memory import MemoryStore
 from steadqd.tasks import Bury, Job, Task, Worker
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.seaweed import Seaweed
@@ -111,6 +121,43 @@ def test_a_worker_of_a_paused_bucket_queue_claims_nothing_and_resumes(
         q.close()
     assert not thread.is_alive()
     assert (worker.stats.retried, worker.stats.buried, worker.stats.lost) == (0, 0, 0)
+
+
+def test_a_failing_pause_get_makes_the_consumer_claim_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whoever can make the bucket fail the GET of ``meta/steadq-paused`` (a 5xx, a dropped connection)
+    must not get a claim out of it: a failed pause read is a queue error, so the consumer leases
+    nothing, logs it and tries again after ``ERROR_PAUSE``; once the GET answers, the jobs run."""
+    store = FaultyStore(MemoryStore())
+    q = BucketBackend(init_layout(store, "farm/", worker_id="w", certify_store=False), url="s3://mem/farm")
+    jobs = {q.enqueue(b"job %d" % i) for i in range(3)}
+
+    def opened(target: str, **options: Any) -> BucketBackend:
+        return BucketBackend(open_layout(store, "farm/", worker_id="w", certify_store=False), url=target)
+
+    monkeypatch.setattr("steadqd.tasks.open_queue", opened)
+    monkeypatch.setattr("steadqd.tasks.ERROR_PAUSE", 0.05)
+    started: list[str] = []
+    worker = Worker("s3://mem/farm", lambda job: started.append(job.id), concurrency=2, poll=0.2)
+    thread = threading.Thread(target=worker.run)
+    failing = store.inject(Fault(FaultKind.SERVER_ERROR, op="get", key_prefix=f"farm/{PAUSE_KEY}", times=None))
+    before = len(store.trace)
+    with caplog.at_level(logging.ERROR, logger="steadqd.tasks"):
+        thread.start()
+        try:
+            _wait(lambda: failing.fired >= 10 or started, "ten failed pause reads")
+            assert started == [], "a job was claimed although the pause could not be read"
+            writes = [c for c in store.trace[before:] if c.op in MUTATIONS]
+            assert writes == [], "the store was written (a lease) although the pause could not be read"
+            assert any("read the pause failed" in r.getMessage() for r in caplog.records), caplog.text
+            store.clear()  # the GET answers again: the same consumers claim and run every job
+            _wait(lambda: worker.stats.acked == len(jobs), "the jobs after the pause GET recovered")
+        finally:
+            worker.stop()
+            thread.join(60)
+    assert not thread.is_alive()
+    assert set(started) == jobs
 
 
 def _wait(pred: Callable[[], object], what: str, timeout: float = 60.0) -> None:

@@ -22,8 +22,11 @@ from steadqd.backend import Backend
 from steadqd.errors import DuplicateJob, ErrorKind, InvalidInput, SteadQError
 from steadqd.fs.handle import Queue
 from steadqd.queue_control import PAUSE_RECORD_MAX, unique_job_id
+from steadqd.s3 import keys
 from steadqd.s3.backend import BucketBackend
+from steadqd.s3.keys import TermKind
 from steadqd.s3.layout import init_layout, open_layout
+from steadqd.s3.recovery import gc
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from tests.invariants import check_tree
 
@@ -89,6 +92,52 @@ def test_a_dead_job_holds_its_key(q: Backend) -> None:
     with pytest.raises(DuplicateJob) as e:
         q.enqueue(b"poison", unique="k")
     assert e.value.job_id == jid
+
+
+@pytest.mark.parametrize("dead", [False, True], ids=["acknowledged", "dead"])
+def test_a_bucket_key_is_refused_in_the_gc_window_and_free_once_the_graph_is_gone(
+    dead: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GC deletes a settled job's record just before its tombstone (steadqd.s3.recovery.gc). A producer
+    enqueueing the key in that window would make a job the old tombstone settles at once; it is refused
+    (the tombstone is read before the create), and once the graph is gone the key makes a new job
+    that is delivered."""
+    store = MemoryStore(clock=ManualClock(step_ns=1000))
+    b = BucketBackend(init_layout(store, "farm/", worker_id="w", certify_store=False), url="s3://mem/farm")
+    producer = BucketBackend(open_layout(store, "farm/", worker_id="p", certify_store=False), url="s3://mem/farm")
+    jid = b.enqueue(b"old", unique="nightly", max_attempts=1)
+    lease = b.lease()
+    assert lease is not None and lease.job_id == jid
+    b.bury(lease) if dead else b.ack(lease)
+    layout = b.layout
+    raw = bytes.fromhex(jid)
+    shard = keys.shard_of(layout.queue_id, raw, layout.format.shard_count)
+    tombstone = keys.dead_key(shard, raw) if dead else keys.receipt_key(shard, raw)
+    in_window: list[BaseException | str] = []
+    real = gc._delete
+
+    def deleting(lay: object, rel: str) -> None:
+        if rel == tombstone and not in_window:  # the job record is gone, the tombstone not yet
+            assert layout.get(keys.job_key(shard, raw)) is None
+            try:
+                in_window.append(producer.enqueue(b"new", unique="nightly"))
+            except DuplicateJob as e:
+                in_window.append(e)
+        real(lay, rel)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gc, "_delete", deleting)
+    gc.delete_job_graph(layout, shard, raw, TermKind.DEAD if dead else TermKind.RECEIPT)
+    (refused,) = in_window
+    assert isinstance(refused, DuplicateJob) and refused.job_id == jid, refused
+    assert ("dead" if dead else "acknowledged") in str(refused)
+    assert layout.get(tombstone) is None and layout.get(keys.job_key(shard, raw)) is None  # the graph is gone
+
+    assert producer.enqueue(b"new", unique="nightly") == jid  # the key is free: the same derived id, a new job
+    # another consumer (b itself skips the id it settled for TERMINAL_MEMO_S; GC comes days later)
+    consumer = BucketBackend(open_layout(store, "farm/", worker_id="c", certify_store=False), url="s3://mem/farm")
+    lease = consumer.lease()
+    assert lease is not None and lease.job_id == jid and consumer.read_payload(lease) == b"new"
+    consumer.ack(lease)
 
 
 def test_unique_and_job_id_together_are_refused(q: Backend) -> None:
