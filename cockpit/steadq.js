@@ -143,6 +143,41 @@
         }
     }
 
+    /**
+     * A queue path and its parents, deepest first, up to (not including) "/": where to look for
+     * the group that refused a user. A bucket URL (s3://) has none.
+     */
+    function ancestors(path) {
+        if (!path.startsWith("/")) return [];
+        const out = [];
+        let p = path.replace(/\/+$/, "");
+        while (p.length > 1) {
+            out.push(p);
+            p = p.slice(0, p.lastIndexOf("/")) || "/";
+        }
+        return out;
+    }
+
+    /** Jobs of an `ls --json` listing (in shard order) sorted oldest first, as an operator reads them. */
+    function oldestFirst(jobs) {
+        return jobs.slice().sort((a, b) => (Number(b.age_seconds) || 0) - (Number(a.age_seconds) || 0));
+    }
+
+    /** A command's stdout: its JSON document, or the text itself when it is not JSON. */
+    function parseOutput(text) {
+        try {
+            return JSON.parse(text);
+        } catch (e) {
+            return text;
+        }
+    }
+
+    /** The document of a `list` that exited non-zero (a queue with an error), or null if it printed none. */
+    function listFromFailure(ex) {
+        const out = ex && typeof ex.output === "string" ? parseOutput(ex.output) : null;
+        return out && typeof out === "object" && Array.isArray(out.queues) ? out : null;
+    }
+
     /** The argument that names a queue to the command: its configured name, else its path. */
     function queueArg(entry) {
         return entry.name || entry.queue;
@@ -177,7 +212,7 @@
         const oldest = entry.oldest_age_seconds || {};
         const link = el(doc, "button", { className: "link", type: "button", text: String(queueArg(entry)) });
         link.addEventListener("click", () => open(entry));
-        let state = "running";
+        let state = "not paused";
         let stateClass = "";
         if (entry.error) {
             state = String(entry.error);
@@ -324,7 +359,8 @@
         let watchProc = null;
         let watchQueue = null;
         let lastCounts = null;
-        let listing = false;
+        let listing = false; // an `ls` round is under way
+        let relist = false; // the counts changed during it: list again when it ends
         let progress = {};
         let entries = {}; // queue argument -> list --json entry (its path, for the group lookup)
         let confirmAction = null;
@@ -336,24 +372,43 @@
             m.hidden = !text;
         }
 
-        /** Run steadq with --json; resolves to the parsed output (or the raw text when not JSON). */
+        /**
+         * Run steadq with --json; resolves to the parsed output (the raw text when not JSON). A
+         * failure rejects with cockpit's ProcessError (exit_status, message: stderr), its stdout
+         * kept as `output`.
+         */
         function steadq(args) {
-            // Promise.resolve: a native promise (finally, catch) whatever cockpit.js returns.
-            return Promise.resolve(cockpit.spawn(["steadq", "--json", ...args], { err: "message" })).then(out => {
-                try {
-                    return JSON.parse(out);
-                } catch (e) {
-                    return out;
-                }
+            return new Promise((resolve, reject) => {
+                cockpit.spawn(["steadq", "--json", ...args], { err: "message" }).then(
+                    out => resolve(parseOutput(out)),
+                    (ex, out) => {
+                        if (ex && typeof ex === "object") ex.output = out;
+                        reject(ex);
+                    });
             });
         }
 
-        /** The group that owns the queue's directory, for the "not in group" sentence; null if unknown. */
+        /** `list`: exits 1 when a queue could not be opened, but its document still has every queue. */
+        function steadqList() {
+            return steadq(["list"]).catch(ex => {
+                const listing = listFromFailure(ex);
+                if (listing === null) throw ex;
+                return listing;
+            });
+        }
+
+        /**
+         * The group of the directory that refused the user, for the "not in group" sentence: the
+         * queue's directory, or the nearest parent this user may stat (a queue below a 2770 spool
+         * cannot even be stat'ed by an outsider; the spool that refused can). Null if unknown.
+         */
         function queueGroup(queue) {
             const entry = entries[queue];
-            if (!entry || !entry.queue || String(entry.queue).includes("://")) return Promise.resolve(null);
-            return Promise.resolve(cockpit.spawn(["stat", "-c", "%G", "--", entry.queue], { err: "ignore" }))
-                .then(out => out.trim() || null, () => null);
+            const paths = entry && entry.queue ? ancestors(String(entry.queue)) : [];
+            const next = i => (i >= paths.length ? Promise.resolve(null)
+                : Promise.resolve(cockpit.spawn(["stat", "-c", "%G", "--", paths[i]], { err: "ignore" }))
+                    .then(out => out.trim() || null, () => next(i + 1)));
+            return next(0);
         }
 
         function reportFailure(queue, ex) {
@@ -368,7 +423,7 @@
 
         // -- all queues
         function refreshOverview() {
-            steadq(["list"]).then(doc_ => {
+            steadqList().then(doc_ => {
                 const body = $("queues");
                 clear(body);
                 entries = {};
@@ -443,12 +498,16 @@
 
         /** The ready/delayed/dead/running lists: one `ls` per state, only when the counts changed. */
         function refreshLists(queue) {
-            if (listing) return;
+            if (listing) {
+                relist = true;
+                return;
+            }
             listing = true;
+            relist = false;
             const states = ["running", "ready", "delayed", "dead"];
             Promise.all(states.map(s => steadq(["ls", queue, s]))).then(lists => {
                 if (watchQueue !== queue) return;
-                const [run, ready, delayed, dead] = lists.map(l => (Array.isArray(l) ? l.slice(0, LIST_LIMIT) : []));
+                const [run, ready, delayed, dead] = lists.map(l => (Array.isArray(l) ? oldestFirst(l).slice(0, LIST_LIMIT) : []));
                 running = run;
                 drawRunning(queue);
                 const open = id => cockpit.location.go([queue, id]);
@@ -467,14 +526,15 @@
                 }
             }, ex => reportFailure(queue, ex)).finally(() => {
                 listing = false;
+                if (relist && watchQueue === queue) refreshLists(queue);
             });
         }
 
-        /** Run an action, then say so; the watch stream shows its effect at its next frame. */
+        /** Run an action, then list again (a requeue may leave the counts where they were). */
         function act(queue, args) {
             return steadq(args).then(() => {
                 showMessage("");
-                lastCounts = null; // re-list at the next frame even if the counts are back where they were
+                if (watchQueue === queue) refreshLists(queue);
             }, ex => reportFailure(queue, ex));
         }
 
@@ -556,7 +616,7 @@
         cockpit.addEventListener("locationchanged", route);
         // The queue names come from `list`: read it once before the first route, so a page opened
         // straight on a queue can still name its group.
-        steadq(["list"]).then(d => {
+        steadqList().then(d => {
             for (const entry of (d && d.queues) || []) entries[queueArg(entry)] = entry;
         }, () => null).finally(route);
     }
@@ -576,6 +636,10 @@
         lineReader,
         parseFrame,
         queueArg,
+        ancestors,
+        parseOutput,
+        listFromFailure,
+        oldestFirst,
         el,
         clear,
         queueRow,

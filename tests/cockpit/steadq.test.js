@@ -209,3 +209,26 @@ test("pause text, progress text, attempts, queue argument", () => {
     assert.equal(page.queueArg({ name: null, queue: "/srv/q" }), "/srv/q");
     assert.equal(page.queueArg({ name: "render", queue: "/srv/q" }), "render");
 });
+
+test("the group lookup walks from the queue up to its first parent below /", () => {
+    assert.deepEqual(page.ancestors("/var/lib/steadq/demo/"), ["/var/lib/steadq/demo", "/var/lib/steadq", "/var/lib", "/var"]);
+    assert.deepEqual(page.ancestors("s3://bucket/prefix"), []);
+    assert.deepEqual(page.ancestors("/"), []);
+});
+
+test("a list that exited 1 (one queue could not be opened) still gives its document", () => {
+    const listing = { config_dir: "/etc/steadq/queues", queues: [{ name: "demo", error: "cannot open queue" }] };
+    assert.deepEqual(page.listFromFailure({ exit_status: 1, output: JSON.stringify(listing) }), listing);
+    assert.equal(page.listFromFailure({ exit_status: 6, output: "" }), null);
+    assert.equal(page.listFromFailure({ exit_status: 1, output: "[1]" }), null);
+    assert.equal(page.listFromFailure({ problem: "not-found" }), null);
+    assert.equal(page.listFromFailure(null), null);
+    assert.equal(page.parseOutput("not json"), "not json");
+    assert.deepEqual(page.parseOutput("{\"a\": [1]}"), { a: [1] });
+});
+
+test("job lists are shown oldest first, without changing the listing given", () => {
+    const jobs = [{ job_id: "a", age_seconds: 5 }, { job_id: "b", age_seconds: 50 }, { job_id: "c", age_seconds: null }];
+    assert.deepEqual(page.oldestFirst(jobs).map(j => j.job_id), ["b", "a", "c"]);
+    assert.deepEqual(jobs.map(j => j.job_id), ["a", "b", "c"]);
+});
