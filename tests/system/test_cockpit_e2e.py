@@ -54,6 +54,15 @@ XSS = "<img src=x onerror=alert(1)>"
 URL = "http://127.0.0.1:9090"
 PAGE = f"{URL}/cockpit/@localhost/steadq/index.html"
 DEADLINE = 60.0
+# A second queue with a running worker: its job reports progress (HTML in the text) and waits to be
+# cancelled from the page, at most 60 s.
+LIVE = "live"
+LIVE_JOB = "/usr/local/bin/cockpit-e2e-job"
+LIVE_SCRIPT = """#!/bin/sh
+echo "42 frame <b>42</b>/100" > "$STEADQ_PROGRESS"
+i=0
+while [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+"""
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -105,8 +114,13 @@ def cockpit_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdRo
             install -d -m 2770 -o steadq -g steadq {QUEUE}
             runuser -u steadq -- steadq init {QUEUE} --shared --shards 4
             printf 'queue: {QUEUE}\\nworker:\\n  command: ["/bin/true"]\\n' > /etc/steadq/queues/{NAME}.yaml
+            install -d -m 2770 -o steadq -g steadq /var/lib/steadq/{LIVE}
+            runuser -u steadq -- steadq init /var/lib/steadq/{LIVE} --shared --shards 4
+            printf 'queue: /var/lib/steadq/{LIVE}\\nworker:\\n  command: ["{LIVE_JOB}"]\\n' > /etc/steadq/queues/{LIVE}.yaml
             """
         )
+        root.run("install", "-m", "0755", "/dev/stdin", LIVE_JOB, input=LIVE_SCRIPT)
+        root.run("systemctl", "enable", "--now", f"steadq-worker@{LIVE}.service")
         listen = root.run("systemctl", "show", "-P", "Listen", "cockpit.socket").stdout.strip()
         assert listen == "127.0.0.1:9090 (Stream)", listen
         yield root
@@ -278,6 +292,32 @@ def test_member_watches_the_queue_opens_a_job_and_acts(cockpit_root: SystemdRoot
     _until(driver, "0 dead", lambda: _text(driver, "#queue-counts").endswith("0 dead"))
     ls = json.loads(root.run("steadq", "--json", "ls", NAME, "dead", user=MEMBER).stdout)
     assert ls == [], ls
+    _no_csp_refusal(driver)
+
+
+def test_member_sees_a_running_job_s_progress_and_cancels_it(
+    cockpit_root: SystemdRoot, browser: Any, tmp_path: Path
+) -> None:
+    """The running list: elapsed time and the progress the job reports (from the watch stream), as text."""
+    root, driver = cockpit_root, browser
+    _login(driver, MEMBER, tmp_path)
+    out = root.run("steadq", "put", LIVE, "-", user=MEMBER, input="work").stdout
+    m = re.search(r"^job_id: ([0-9a-f]{32})$", out, re.M)
+    assert m, out
+    job = m[1]
+    driver.get(PAGE + "#/" + LIVE)
+    row = f'#running tr[data-job="{job}"]'
+    _until(driver, "the running job's progress", lambda: "frame <b>42</b>/100" in _text(driver, row))
+    assert driver.find_element("css selector", f"{row} progress").get_attribute("value") == "42"
+    assert driver.find_elements("css selector", f"{row} b") == []
+    driver.save_screenshot(str(tmp_path / "running.png"))
+    driver.find_element("css selector", f'{row} button[data-action="cancel"]').click()
+    _until(
+        driver,
+        "the cancelled job in the dead list",
+        lambda: "cancelled" in _text(driver, f'#dead tr[data-job="{job}"]'),
+    )
+    assert driver.find_elements("css selector", "#running tr") == []
     _no_csp_refusal(driver)
 
 
