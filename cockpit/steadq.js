@@ -30,6 +30,7 @@
     const EXIT_PERMISSION = 5; // docs/cli.md, "Exit codes"
     const OVERVIEW_REFRESH_MS = 5000;
     const LIST_LIMIT = 200; // rows shown per state; the count line says how many there are
+    const SHOW_RUNNING_LIMIT = 20; // running jobs whose lease start is read (one `show` each, on a count change)
 
     // ---------------------------------------------------------------- formatting (pure)
 
@@ -47,6 +48,16 @@
         const h = Math.floor(m / 60);
         if (h < 24) return h + "h " + pad(m % 60) + "m";
         return Math.floor(h / 24) + "d " + pad(h % 24) + "h";
+    }
+
+    /**
+     * Whole seconds from sinceNs to nowNs, or null when either is unknown. Both come from the
+     * server (a watch frame's time_ns, show's in_state_since_ns), so the browser's clock never counts.
+     */
+    function elapsedSeconds(nowNs, sinceNs) {
+        if (nowNs === null || nowNs === undefined || sinceNs === null || sinceNs === undefined) return null;
+        const diff = BigInt(nowNs) - BigInt(sinceNs);
+        return diff < 0n ? 0 : Number(diff / 1000000000n);
     }
 
     /** A wall time in nanoseconds as an ISO-8601 UTC string to the second. */
@@ -362,6 +373,8 @@
         let listing = false; // an `ls` round is under way
         let relist = false; // the counts changed during it: list again when it ends
         let progress = {};
+        let frameTimeNs = null; // the last watch frame's time: "now" on the server's clock
+        let runningSince = {}; // job id -> in_state_since_ns (from show), for the elapsed time
         let entries = {}; // queue argument -> list --json entry (its path, for the group lookup)
         let confirmAction = null;
 
@@ -476,6 +489,7 @@
             paused.textContent = pausedText(frame.paused);
             paused.hidden = !frame.paused;
             progress = frame.progress || {};
+            frameTimeNs = frame.time_ns ?? null;
             if (!sameCounts(counts, lastCounts)) {
                 lastCounts = counts;
                 refreshLists(queue);
@@ -490,7 +504,9 @@
             const body = $("running");
             clear(body);
             for (const job of running) {
-                body.appendChild(jobRow(doc, job, id => cockpit.location.go([queue, id]),
+                // The Elapsed column: since the lease (show's in_state_since_ns), not ls's age since enqueue.
+                const elapsed = elapsedSeconds(frameTimeNs, runningSince[job.job_id]);
+                body.appendChild(jobRow(doc, { ...job, age_seconds: elapsed }, id => cockpit.location.go([queue, id]),
                     [["Cancel", j => act(queue, ["cancel", queue, j.job_id])]],
                     [progressCell(doc, progress[job.job_id])]));
             }
@@ -510,6 +526,7 @@
                 const [run, ready, delayed, dead] = lists.map(l => (Array.isArray(l) ? oldestFirst(l).slice(0, LIST_LIMIT) : []));
                 running = run;
                 drawRunning(queue);
+                readLeaseStarts(queue, run);
                 const open = id => cockpit.location.go([queue, id]);
                 const cancel = [["Cancel", j => act(queue, ["cancel", queue, j.job_id])]];
                 for (const [id, jobs, actions] of [["ready", ready, cancel], ["delayed", delayed, cancel]]) {
@@ -527,6 +544,22 @@
             }, ex => reportFailure(queue, ex)).finally(() => {
                 listing = false;
                 if (relist && watchQueue === queue) refreshLists(queue);
+            });
+        }
+
+        /** When each running job was leased (one `show --no-journal` per job not read yet, at most SHOW_RUNNING_LIMIT). */
+        function readLeaseStarts(queue, jobs) {
+            const ids = jobs.map(j => j.job_id);
+            const known = {};
+            for (const id of ids) if (runningSince[id] !== undefined) known[id] = runningSince[id];
+            runningSince = known; // forget the jobs that stopped running
+            const wanted = ids.filter(id => known[id] === undefined).slice(0, SHOW_RUNNING_LIMIT);
+            Promise.all(wanted.map(id => steadq(["show", queue, id, "--no-journal"]).then(story => {
+                if (story && story.state === "leased" && story.in_state_since_ns !== undefined) {
+                    runningSince[id] = story.in_state_since_ns;
+                }
+            }, () => null))).then(() => {
+                if (watchQueue === queue) drawRunning(queue);
             });
         }
 
@@ -587,6 +620,7 @@
                     for (const id of ["running", "ready", "delayed", "dead"]) clear($(id));
                     $("queue-counts").textContent = "";
                     running = [];
+                    runningSince = {};
                 }
                 startWatch(queue);
             } else {
@@ -625,6 +659,7 @@
         EXIT_PERMISSION,
         formatAge,
         formatTimeNs,
+        elapsedSeconds,
         pausedText,
         attemptText,
         failureText,

@@ -232,3 +232,12 @@ test("job lists are shown oldest first, without changing the listing given", () 
     assert.deepEqual(page.oldestFirst(jobs).map(j => j.job_id), ["b", "a", "c"]);
     assert.deepEqual(jobs.map(j => j.job_id), ["a", "b", "c"]);
 });
+
+test("elapsed seconds are counted on the server's clock, in nanoseconds, never negative", () => {
+    assert.equal(page.elapsedSeconds(1796532556890126467n, 1796532554775947404n), 2);
+    assert.equal(page.elapsedSeconds(1796532556890126467, 1796532496890126467), 60);
+    assert.equal(page.elapsedSeconds(1, 5000000000), 0);
+    assert.equal(page.elapsedSeconds(null, 1), null);
+    assert.equal(page.elapsedSeconds(1, undefined), null);
+    assert.equal(page.formatAge(page.elapsedSeconds(1796532556890126467, 1796532556890126467 - 3725e9)), "1h 02m");
+});

@@ -310,6 +310,11 @@ def test_member_sees_a_running_job_s_progress_and_cancels_it(
     _until(driver, "the running job's progress", lambda: "frame <b>42</b>/100" in _text(driver, row))
     assert driver.find_element("css selector", f"{row} progress").get_attribute("value") == "42"
     assert driver.find_elements("css selector", f"{row} b") == []
+    # Elapsed since the lease (show's in_state_since_ns against the watch frame's time), ticking with the frames.
+    elapsed = lambda: driver.find_element("css selector", row).find_elements("tag name", "td")[2].text  # noqa: E731
+    _until(driver, "the running job's elapsed time", lambda: re.fullmatch(r"\d+s", elapsed()))
+    first = int(elapsed()[:-1])
+    _until(driver, "the elapsed time ticking", lambda: re.fullmatch(r"\d+s", elapsed()) and int(elapsed()[:-1]) > first)
     driver.save_screenshot(str(tmp_path / "running.png"))
     driver.find_element("css selector", f'{row} button[data-action="cancel"]').click()
     _until(
