@@ -459,7 +459,9 @@
 
         // -- one queue
         function stopWatch() {
-            if (watchProc) watchProc.close();
+            // With a problem code the bridge kills the process (SIGTERM: watch ends between lines);
+            // a plain close() only closes the channel and leaves `watch` writing into a pipe nobody reads.
+            if (watchProc) watchProc.close("terminated");
             watchProc = null;
             watchQueue = null;
             lastCounts = null;

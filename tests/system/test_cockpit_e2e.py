@@ -209,6 +209,12 @@ def _put(root: SystemdRoot, payload: str, *extra: str) -> str:
     return m[1]
 
 
+def _watchers(root: SystemdRoot) -> int:
+    """How many `steadq --json watch` processes the member's Cockpit session runs now."""
+    out = root.run("pgrep", "-c", "-u", MEMBER, "-f", "steadq --json watch", check=False).stdout.strip()
+    return int(out or 0)
+
+
 def _no_csp_refusal(driver: Any) -> None:
     log = driver.get_log("browser")
     refused = [e for e in log if "Content Security Policy" in str(e.get("message", ""))]
@@ -316,6 +322,12 @@ def test_member_sees_a_running_job_s_progress_and_cancels_it(
     first = int(elapsed()[:-1])
     _until(driver, "the elapsed time ticking", lambda: re.fullmatch(r"\d+s", elapsed()) and int(elapsed()[:-1]) > first)
     driver.save_screenshot(str(tmp_path / "running.png"))
+    # One `steadq watch` for the open queue view (not a process per refresh); leaving the view ends it.
+    assert _watchers(root) == 1, root.run("ps", "-ef", check=False).stdout
+    driver.find_element("id", "back-overview").click()
+    _until(driver, "the watch process ended", lambda: _watchers(root) == 0)
+    driver.get(PAGE + "#/" + LIVE)
+    _until(driver, "the running job again", lambda: "frame <b>42</b>/100" in _text(driver, row))
     driver.find_element("css selector", f'{row} button[data-action="cancel"]').click()
     _until(
         driver,
