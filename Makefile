@@ -1,6 +1,7 @@
 # Packaging entry points (docs/packaging.md). Everything else: ./dev.sh.
 #
-#   make deb              Debian package dist/steadqd_<version>_<arch>.deb, checked by lintian
+#   make deb              Debian packages dist/steadqd_<version>_<arch>.deb and
+#                         dist/cockpit-steadq_<version>_all.deb (the Cockpit page), checked by lintian
 #                         (DEB_VERSION=0.1.0+1 builds a higher version, e.g. to test upgrades)
 #   make bundle           appliance bundle dist/steadqd-bundle-<version>-<arch>.tar.gz
 #   make packages         both
@@ -23,5 +24,5 @@ packages: deb bundle
 
 clean-packaging:
 	rm -rf build/deb build/bundle
-	rm -f dist/steadqd_* dist/steadqd-bundle-* dist/lintian.txt
+	rm -f dist/steadqd_* dist/cockpit-steadq_* dist/steadqd-bundle-* dist/lintian.txt
 	-rmdir dist build 2>/dev/null

@@ -21,6 +21,10 @@ CEPH_PACKAGES=(ceph-mon ceph-osd radosgw)
 # in the prometheus package (19 MB download, 96 MB installed, no other package ships it); its postinst enables the
 # Prometheus server's unit too, which on a machine booted with systemd then listens on :9090 (stop it if unwanted).
 MONITORING_PACKAGES=(prometheus)
+# tests/system/test_cockpit_e2e.py: the offline test root sees the host's packages, so Cockpit (small: 14 packages
+# with --no-install-recommends) and the browser that drives its page (chromium with chromium-driver, ~300 MB
+# installed) must be on the host. cockpit-ws's postinst enables cockpit.socket; the test root starts it itself.
+COCKPIT_PACKAGES=(cockpit-ws cockpit-bridge cockpit-system chromium chromium-driver)
 
 install_system_packages() {
     command -v dpkg-query >/dev/null 2>&1 || return 0
@@ -31,6 +35,7 @@ install_system_packages() {
     apt_ensure dev.sh "${wanted[@]}"
     apt_ensure dev.sh --no-install-recommends "${CEPH_PACKAGES[@]}"
     apt_ensure dev.sh --no-install-recommends "${MONITORING_PACKAGES[@]}"
+    apt_ensure dev.sh --no-install-recommends "${COCKPIT_PACKAGES[@]}"
 }
 
 setup() {

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Build the steadqd Debian package and check it with lintian (`make deb`).
+# Build the steadqd and cockpit-steadq Debian packages and check them with lintian (`make deb`).
 #
 #   packaging/build-deb.sh [--out DIR] [--work DIR] [--version VERSION] [--no-lintian]
 #
-#   --out DIR          where the .deb, .buildinfo, .changes and lintian.txt go (default: dist/)
+#   --out DIR          where the two .debs, .buildinfo, .changes and lintian.txt go (default: dist/)
 #   --work DIR         scratch directory for the staged source tree (default: build/deb/)
 #   --version VERSION  build VERSION instead of the one in packaging/debian/changelog, by adding a
 #                      changelog entry in the staged copy (upgrade tests: a "newer" package)
 #   --no-lintian       skip lintian
 #
 # dpkg-buildpackage needs debian/ at the top of the source tree, so the build runs in a staged
-# copy: the files the package is built from (steadqd/, pyproject.toml, setup.py, README.md, docs/, units/,
-# etc/, packaging/vendor/) plus packaging/debian/ as debian/. The checkout itself is never written
+# copy: the files the packages are built from (steadqd/, pyproject.toml, setup.py, README.md, docs/, units/,
+# etc/, cockpit/, packaging/vendor/) plus packaging/debian/ as debian/. The checkout itself is never written
 # to except for --out. Build dependencies come from Debian only (apt-get, when missing and root);
 # nothing is downloaded from PyPI. Exit status: non-zero when the build fails or lintian reports an
 # error (E:); warnings are listed in docs/packaging.md.
@@ -48,7 +48,7 @@ stage() {
     mkdir -p "$dst"
     # Only what the package is built from; no caches, no egg-info, no tests.
     tar -C "$SRC" --exclude='__pycache__' --exclude='*.pyc' --exclude='*.egg-info' \
-        -cf - steadqd pyproject.toml setup.py README.md docs man units etc monitoring packaging/vendor | tar -C "$dst" -xf -
+        -cf - steadqd pyproject.toml setup.py README.md docs man units etc monitoring cockpit packaging/vendor | tar -C "$dst" -xf -
     cp -r "$SRC/packaging/debian" "$dst/debian"
     # dh_installsysusers/dh_installtmpfiles --name=steadq read these names; the single source of
     # truth stays in units/.
@@ -84,7 +84,7 @@ WORK="$(cd "$WORK" && pwd)"
 OUT="$(cd "$OUT" && pwd)"
 TREE="$WORK/steadqd-${VERSION:-$PKG_VERSION}"
 stage "$TREE"
-rm -f "$WORK"/steadqd_*
+rm -f "$WORK"/steadqd_* "$WORK"/cockpit-steadq_*
 
 # A clean environment: Debian's own python3 and tools only. A developer's PATH may put pyenv, a
 # virtualenv or /usr/local first, and pybuild would then build for that interpreter.
@@ -97,13 +97,16 @@ CLEAN_ENV=(env -i "PATH=/usr/sbin:/usr/bin:/sbin:/bin" "HOME=${HOME:-/root}" "LC
 }
 
 DEB="$(ls "$WORK"/steadqd_*_"$(dpkg --print-architecture)".deb)"
-cp "$DEB" "$WORK"/steadqd_*.buildinfo "$WORK"/steadqd_*.changes "$OUT"/
-echo "build-deb.sh: built $OUT/$(basename "$DEB")"
+# The Cockpit page: Architecture: all, from the same source and version.
+COCKPIT_DEB="$(ls "$WORK"/cockpit-steadq_*_all.deb)"
+cp "$DEB" "$COCKPIT_DEB" "$WORK"/steadqd_*.buildinfo "$WORK"/steadqd_*.changes "$OUT"/
+echo "build-deb.sh: built $OUT/$(basename "$DEB") and $OUT/$(basename "$COCKPIT_DEB")"
 
 if [ "$LINTIAN" -eq 1 ]; then
     # lintian exits non-zero on errors (--fail-on error); the full report is kept next to the .deb.
     status=0
-    "${CLEAN_ENV[@]}" lintian --info --display-info --fail-on error "$OUT/$(basename "$DEB")" >"$OUT/lintian.txt" 2>&1 || status=$?
+    "${CLEAN_ENV[@]}" lintian --info --display-info --fail-on error "$OUT/$(basename "$DEB")" \
+        "$OUT/$(basename "$COCKPIT_DEB")" >"$OUT/lintian.txt" 2>&1 || status=$?
     cat "$OUT/lintian.txt"
     if [ "$status" -ne 0 ]; then
         echo "build-deb.sh: lintian reported errors (status $status); see $OUT/lintian.txt" >&2

@@ -336,6 +336,35 @@ def test_deb_maintainer_scripts(deb_build: DebBuild) -> None:
         _run(["sh", "-n", str(deb_build.control / script)])
 
 
+def test_cockpit_deb_ships_the_page_unchanged(deb_build: DebBuild, tmp_path: Path) -> None:
+    """cockpit-steadq (issue 34 #1): built next to steadqd, Architecture: all, the four page files as they are."""
+    debs = sorted(deb_build.out.glob(f"cockpit-steadq_{_pyproject_version()}_all.deb"))
+    assert len(debs) == 1, sorted(p.name for p in deb_build.out.iterdir())
+    control = _run(["dpkg-deb", "-f", str(debs[0]), "Architecture", "Depends", "Version"]).stdout
+    assert "Architecture: all\n" in control, control
+    depends = re.search(r"^Depends: (.*)$", control, re.M)
+    assert depends, control
+    names = [d.strip().split()[0] for d in depends.group(1).split(",")]
+    assert names == ["cockpit-bridge", "steadqd"], names
+    assert f"steadqd (>= {_pyproject_version()})" in depends.group(1), "the page reads this version's --json keys"
+    page = sorted(p.name for p in (REPO / "cockpit").iterdir())
+    shipped = {p for p in _paths(_run(["dpkg-deb", "-c", str(debs[0])]).stdout) if not p.endswith("/")}
+    assert shipped == {f"/usr/share/cockpit/steadq/{name}" for name in page} | {
+        "/usr/share/doc/cockpit-steadq/changelog.gz",
+        "/usr/share/doc/cockpit-steadq/copyright",
+        "/usr/share/lintian/overrides/cockpit-steadq",
+    }, sorted(shipped)
+    tree = tmp_path / "tree"
+    _run(["dpkg-deb", "-x", str(debs[0]), str(tree)])
+    for name in page:
+        assert (tree / "usr/share/cockpit/steadq" / name).read_bytes() == (REPO / "cockpit" / name).read_bytes()
+    assert not any("cockpit" in p for p in _paths(deb_build.contents)), "the page is not in steadqd's .deb"
+    # lintian ran on both packages: nothing about cockpit-steadq but the overridden tag (masked as O:).
+    report = (deb_build.out / "lintian.txt").read_text()
+    tags = [line for line in report.splitlines() if re.match(r"^[EWIP]: cockpit-steadq", line)]
+    assert tags == [], tags
+
+
 def test_deb_vendored_inotify_simple_is_found_through_the_pth(deb_build: DebBuild) -> None:
     pth = (deb_build.tree / "usr/lib/python3/dist-packages/steadqd-vendor.pth").read_text().split()
     assert pth == ["/usr/share/steadqd/vendor"]

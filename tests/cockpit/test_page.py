@@ -1,0 +1,169 @@
+"""The Cockpit page (cockpit/, shipped as the cockpit-steadq package): its logic and its rules, without a browser.
+
+Why these tests exist: the page shows text that anyone who can enqueue chooses (metadata, payloads,
+journal lines), inside a session that can run commands as the logged-in user. One `innerHTML` with
+such text is a cross-site scripting hole with a shell behind it. So:
+
+- steadq.test.js runs the page's own formatting and rendering functions under Node's test runner
+  against a stand-in document whose HTML-parsing entry points throw: a hostile metadata string,
+  payload, journal line or queue name must come out as text. It also checks the age formatting and
+  the line-by-line reading of the `watch --json` stream however a pipe splits it.
+- The static checks hold the page to Cockpit's Content-Security-Policy (no inline script or style,
+  no event-handler attribute) and to "nothing fetched from outside" (no URL with a scheme).
+- The shapes the page reads are checked against the real CLI's output, so a renamed key breaks a
+  test here rather than the page in a browser.
+
+The browser itself (log in through cockpit-ws, click through, pause/resume) is
+tests/system/test_cockpit_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PAGE = REPO / "cockpit"
+NODE_TESTS = Path(__file__).resolve().parent / "steadq.test.js"
+
+
+def _node() -> str:
+    node = shutil.which("node")
+    if node is None:
+        # A skip here becomes a failure under STEADQ_SYSTEM_TESTS=require (tests/prereq.py).
+        pytest.skip("node is not installed (apt-get install nodejs): the page's logic tests need Node >= 18")
+    return node
+
+
+def test_page_logic_under_node() -> None:
+    """steadq.test.js: escaping, ages, the watch stream by lines, the permission sentence."""
+    proc = subprocess.run([_node(), "--test", str(NODE_TESTS)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert re.search(r"^# pass [1-9]", proc.stdout, re.M), proc.stdout[-2000:]
+    assert re.search(r"^# fail 0$", proc.stdout, re.M), proc.stdout[-2000:]
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.script_text = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        self._in_script = tag == "script"
+
+    def handle_data(self, data: str) -> None:
+        if getattr(self, "_in_script", False):
+            self.script_text += data
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_script = False
+
+
+def test_html_has_no_inline_script_style_or_remote_resource() -> None:
+    """Cockpit's CSP forbids inline script and style; the page loads only cockpit.js and its own two files."""
+    html = (PAGE / "index.html").read_text()
+    parser = _Tags()
+    parser.feed(html)
+    scripts = [attrs.get("src") for tag, attrs in parser.tags if tag == "script"]
+    assert scripts == ["../base1/cockpit.js", "steadq.js"], scripts
+    assert parser.script_text.strip() == "", "inline script"
+    assert not any(tag == "style" for tag, _ in parser.tags), "inline <style>"
+    links = [attrs.get("href") for tag, attrs in parser.tags if tag == "link"]
+    assert links == ["steadq.css"], links
+    for tag, attrs in parser.tags:
+        for name in attrs:
+            assert name != "style" and not name.startswith("on"), f"<{tag} {name}=…>"
+    for name in ("index.html", "steadq.js", "steadq.css", "manifest.json"):
+        assert not re.search(r"\b(https?|wss?|ftp)://", (PAGE / name).read_text()), f"{name} names a remote URL"
+    assert sorted(p.name for p in PAGE.iterdir()) == ["index.html", "manifest.json", "steadq.css", "steadq.js"]
+
+
+def test_script_never_parses_html() -> None:
+    """Everything from a job or the tree is inserted as text: no HTML-parsing or code-evaluating call exists."""
+    js = (PAGE / "steadq.js").read_text()
+    code = re.sub(r"/\*.*?\*/|//[^\n]*", "", js, flags=re.S)  # the comments may name what is forbidden
+    for forbidden in (
+        "innerHTML",
+        "outerHTML",
+        "insertAdjacentHTML",
+        "document.write",
+        "eval(",
+        "new Function",
+        'setTimeout("',
+        "createContextualFragment",
+        "DOMParser",
+        "superuser",
+    ):
+        assert forbidden not in code, forbidden
+
+
+def test_manifest_names_the_menu_entry() -> None:
+    manifest = json.loads((PAGE / "manifest.json").read_text())
+    assert manifest["menu"]["index"]["label"] == "Job queues"
+    assert "content-security-policy" not in manifest, "the page keeps Cockpit's default policy"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "steadqd.cli.main", "--json", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_shapes_the_page_reads_are_the_cli_s(tmp_path: Path) -> None:
+    """list, watch, ls and show --json carry every key steadq.js reads (docs/cli-json.md)."""
+    q = str(tmp_path / "q")
+    assert _cli("init", q, "--shards", "4").returncode == 0
+    put = subprocess.run(
+        [sys.executable, "-m", "steadqd.cli.main", "put", q, "--meta", "task=<img src=x onerror=alert(1)>"],
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert put.returncode == 0, put.stderr
+    job_id = re.search(r"job_id: (\w+)", put.stdout)
+    assert job_id, put.stdout
+    frame = json.loads(_cli("watch", q, "--count", "1").stdout.splitlines()[0])
+    assert {"states", "paused", "progress"} <= frame.keys()
+    assert frame["states"]["ready"]["objects"] == 1 and {"delayed", "running", "dead"} <= frame["states"].keys()
+    listed = json.loads(_cli("ls", q, "ready").stdout)
+    assert {"job_id", "attempt", "max_attempts", "age_seconds"} <= listed[0].keys()
+    story = json.loads(_cli("show", q, job_id.group(1), "--no-journal").stdout)
+    keys = {
+        "state",
+        "reason_name",
+        "attempt",
+        "max_attempts",
+        "generation",
+        "created_at_ns",
+        "in_state_since_ns",
+        "content_type",
+        "producer_id",
+        "metadata",
+        "payload_length",
+        "payload_verified",
+        "problem",
+        "payload_head_text",
+        "payload_head_base64",
+        "payload_head_bytes",
+        "progress",
+        "journal",
+        "failure",
+    }
+    assert keys <= story.keys(), keys - story.keys()
+    assert story["metadata"] == {"task": "<img src=x onerror=alert(1)>"}
+    paused = json.loads(_cli("pause", q, "--reason", "why").stdout)["paused"]
+    assert {"reason", "since_ns", "by", "problem"} <= paused.keys()
+    purge = json.loads(_cli("admin", "purge", q, "dead", "--dry-run").stdout)
+    assert purge["dry_run"] is True and purge["selected"] == 0
+    overview = json.loads(_cli("list").stdout)
+    assert {"config_dir", "queues"} <= overview.keys()

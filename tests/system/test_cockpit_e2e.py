@@ -1,0 +1,355 @@
+"""The Cockpit page (cockpit-steadq) in a real browser, against real Cockpit and real systemd (issue 34 #1).
+
+What an administrator and a user do: ``apt-get install`` both packages (offline, in the harness's
+throwaway root, never the host's systemd), log in to Cockpit with a password, find "Job queues"
+in the menu, and watch a queue while jobs arrive; open a job's story; pause and resume; cancel,
+requeue and purge. What the tests hold the page to:
+
+* a job whose metadata and payload are HTML (``<img src=x onerror=alert(1)>``) is shown as that
+  text: no element is made of it and no script runs;
+* a user outside the queue's group gets one sentence ("You are not in group steadq"), not an
+  error dump;
+* Cockpit's Content-Security-Policy never had to refuse anything (the browser's log has no CSP
+  report).
+
+How: the root's network namespace has only a loopback device. cockpit.socket gets a drop-in that
+listens on 127.0.0.1:9090 only (plain HTTP: Cockpit allows it from localhost; its HTTPS instance
+factory needs D-Bus, which the root masks). The test process enters that network namespace
+(setns, this thread only) to start chromedriver and Debian's chromium, so the browser reaches
+127.0.0.1:9090 inside the root and nothing else at all: it cannot phone home. Chromium runs headless with a
+fresh profile under the test's tmp dir; screenshots of each step are saved there too.
+
+The root is offline and sees the host's packages: cockpit-ws, cockpit-bridge, cockpit-system,
+chromium and chromium-driver must be installed on the host (``./dev.sh setup`` does), selenium
+in the venv (the test extra); the test skips naming what is missing (fails under
+STEADQ_SYSTEM_TESTS=require).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import package_builds
+
+from .sysroot import SystemdRoot
+from .test_packages_e2e import _apt, _build_unavailable, booted_root, package_prerequisites
+
+pytestmark = [pytest.mark.system, pytest.mark.packaging]
+
+HOST_PACKAGES = ("cockpit-ws", "cockpit-bridge", "cockpit-system", "chromium", "chromium-driver")
+NAME = "demo"
+QUEUE = f"/var/lib/steadq/{NAME}"
+MEMBER, OUTSIDER = "ann", "bob"
+PASSWORD = "Queue-pass-1"
+XSS = "<img src=x onerror=alert(1)>"
+URL = "http://127.0.0.1:9090"
+PAGE = f"{URL}/cockpit/@localhost/steadq/index.html"
+DEADLINE = 60.0
+# A second queue with a running worker: its job reports progress (HTML in the text) and waits to be
+# cancelled from the page, at most 60 s.
+LIVE = "live"
+LIVE_JOB = "/usr/local/bin/cockpit-e2e-job"
+LIVE_SCRIPT = """#!/bin/sh
+echo "42 frame <b>42</b>/100" > "$STEADQ_PROGRESS"
+i=0
+while [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+"""
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,900",
+)
+CLONE_NEWNET = 0x40000000
+
+
+def _host_has(package: str) -> bool:
+    st = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
+    return "install ok installed" in st.stdout
+
+
+@pytest.fixture(scope="module")
+def cockpit_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdRoot]:
+    """A booted root with steadqd and cockpit-steadq installed by apt-get, Cockpit on 127.0.0.1:9090,
+    the queue ``demo`` (no worker: jobs stay where the test puts them), ``ann`` in group steadq and
+    ``bob`` outside it."""
+    package_prerequisites()
+    for package in HOST_PACKAGES:
+        if not _host_has(package):
+            _build_unavailable(f"{package} is not installed on the host (the offline root needs it; ./dev.sh setup)")
+    pytest.importorskip("selenium", reason="selenium is not installed (pip install -e '.[test]')")
+    built = package_builds.build(tmp_path_factory, "build-deb.sh")
+    if built.failure:
+        _build_unavailable(built.failure)
+    arch = subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()
+    (deb,) = sorted(built.out.glob(f"steadqd_*_{arch}.deb"))
+    (page_deb,) = sorted(built.out.glob("cockpit-steadq_*_all.deb"))
+    with booted_root(built.out) as root:
+        _apt(root, "install", str(deb), str(page_deb))
+        root.sh(
+            f"""
+            set -e
+            mkdir -p /etc/systemd/system/cockpit.socket.d
+            printf '[Socket]\\nListenStream=\\nListenStream=127.0.0.1:9090\\n' \\
+                > /etc/systemd/system/cockpit.socket.d/listen.conf
+            systemctl daemon-reload
+            systemctl restart cockpit.socket
+            useradd -m -s /bin/bash -G steadq {MEMBER}
+            useradd -m -s /bin/bash {OUTSIDER}
+            printf '%s\\n' '{MEMBER}:{PASSWORD}' '{OUTSIDER}:{PASSWORD}' | chpasswd
+            install -d -m 2770 -o steadq -g steadq {QUEUE}
+            runuser -u steadq -- steadq init {QUEUE} --shared --shards 4
+            printf 'queue: {QUEUE}\\nworker:\\n  command: ["/bin/true"]\\n' > /etc/steadq/queues/{NAME}.yaml
+            install -d -m 2770 -o steadq -g steadq /var/lib/steadq/{LIVE}
+            runuser -u steadq -- steadq init /var/lib/steadq/{LIVE} --shared --shards 4
+            printf 'queue: /var/lib/steadq/{LIVE}\\nworker:\\n  command: ["{LIVE_JOB}"]\\n' > /etc/steadq/queues/{LIVE}.yaml
+            """
+        )
+        root.run("install", "-m", "0755", "/dev/stdin", LIVE_JOB, input=LIVE_SCRIPT)
+        root.run("systemctl", "enable", "--now", f"steadq-worker@{LIVE}.service")
+        listen = root.run("systemctl", "show", "-P", "Listen", "cockpit.socket").stdout.strip()
+        assert listen == "127.0.0.1:9090 (Stream)", listen
+        yield root
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns(CLONE_NEWNET): {os.strerror(err)}")
+
+
+@pytest.fixture
+def browser(cockpit_root: SystemdRoot, tmp_path: Path) -> Iterator[Any]:
+    """Headless chromium in the root's network namespace (only its loopback), a fresh profile."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    own = os.open("/proc/self/ns/net", os.O_RDONLY)
+    driver = None
+    try:
+        target = os.open(f"/proc/{cockpit_root.pid1}/ns/net", os.O_RDONLY)
+        try:
+            _setns(target)  # chromedriver and chromium inherit it; so do selenium's sockets
+        finally:
+            os.close(target)
+        options = webdriver.ChromeOptions()
+        options.binary_location = "/usr/bin/chromium"
+        for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
+            options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        service = Service(executable_path="/usr/bin/chromedriver", log_output=str(tmp_path / "chromedriver.log"))
+        driver = webdriver.Chrome(service=service, options=options)
+        driver.implicitly_wait(0)
+        yield driver
+    finally:
+        if driver is not None:
+            driver.quit()
+        _setns(own)
+        os.close(own)
+
+
+def _until(driver: Any, what: str, fn: Callable[[], object], timeout: float = DEADLINE) -> Any:
+    """Wait for an observable fact of the page; on timeout, name it and show the page's text."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def probe(_: Any) -> object:
+        try:
+            return fn()
+        except Exception:  # noqa: BLE001 - an element not there yet (stale, missing) is "not yet"
+            return False
+
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.2).until(probe)
+    except TimeoutException:
+        body = driver.find_element("tag name", "body").text
+        raise AssertionError(f"timed out waiting for {what}; the page says:\n{body[:3000]}") from None
+
+
+def _login(driver: Any, user: str, shots: Path) -> None:
+    driver.get(URL + "/")
+    _until(driver, "the login form", lambda: driver.find_element("id", "login-user-input").is_displayed())
+    driver.find_element("id", "login-user-input").send_keys(user)
+    driver.find_element("id", "login-password-input").send_keys(PASSWORD)
+    driver.find_element("id", "login-button").click()
+    # The shell's menu lists the page from its manifest.json.
+    _until(driver, "the menu entry 'Job queues'", lambda: "Job queues" in driver.find_element("tag name", "body").text)
+    driver.save_screenshot(str(shots / f"{user}-shell.png"))
+
+
+def _text(driver: Any, css: str) -> str:
+    return str(driver.find_element("css selector", css).text)
+
+
+def _cell(driver: Any, column: int) -> str:
+    """A cell of the demo row of the overview (1: ready, 2: delayed, 3: running, 4: dead)."""
+    row = driver.find_element("css selector", f'#queues tr[data-queue="{NAME}"]')
+    return str(row.find_elements("tag name", "td")[column].text)
+
+
+def _put(root: SystemdRoot, payload: str, *extra: str) -> str:
+    out = root.run("steadq", "put", NAME, "-", *extra, user=MEMBER, input=payload).stdout
+    m = re.search(r"^job_id: ([0-9a-f]{32})$", out, re.M)
+    assert m, out
+    return m[1]
+
+
+def _watchers(root: SystemdRoot) -> int:
+    """How many `steadq --json watch` processes the member's Cockpit session runs now."""
+    out = root.run("pgrep", "-c", "-u", MEMBER, "-f", "steadq --json watch", check=False).stdout.strip()
+    return int(out or 0)
+
+
+def _no_csp_refusal(driver: Any) -> None:
+    log = driver.get_log("browser")
+    refused = [e for e in log if "Content Security Policy" in str(e.get("message", ""))]
+    assert refused == [], refused
+
+
+def _paused(root: SystemdRoot) -> object:
+    listing = json.loads(root.run("steadq", "--json", "list", user=MEMBER).stdout)
+    (entry,) = [q for q in listing["queues"] if q["name"] == NAME]
+    return entry["paused"]
+
+
+def test_member_watches_the_queue_opens_a_job_and_acts(cockpit_root: SystemdRoot, browser: Any, tmp_path: Path) -> None:
+    root, driver = cockpit_root, browser
+    _login(driver, MEMBER, tmp_path)
+
+    # -- all queues: the counts follow the jobs as they are enqueued ------------------------------
+    driver.get(PAGE)
+    _until(driver, "the demo row with 0 ready", lambda: _cell(driver, 1) == "0")
+    for i in range(3):
+        _put(root, f"job {i}")
+    _until(driver, "3 ready in the overview", lambda: _cell(driver, 1) == "3")
+    hostile = _put(root, "<script>alert(2)</script>", "--meta", f"task={XSS}")
+    _until(driver, "4 ready in the overview", lambda: _cell(driver, 1) == "4")
+    driver.save_screenshot(str(tmp_path / "overview.png"))
+
+    # -- one queue: the watch stream's counts and the ready list ---------------------------------
+    driver.find_element("css selector", f'#queues tr[data-queue="{NAME}"] button').click()
+    _until(driver, "4 ready in the queue view", lambda: _text(driver, "#queue-counts").startswith("4 ready"))
+    _until(driver, "4 rows of ready jobs", lambda: len(driver.find_elements("css selector", "#ready tr")) == 4)
+    _put(root, "one more")
+    _until(driver, "5 ready from the stream", lambda: _text(driver, "#queue-counts").startswith("5 ready"))
+    _until(driver, "5 rows of ready jobs", lambda: len(driver.find_elements("css selector", "#ready tr")) == 5)
+
+    # -- the hostile job's story: its metadata and payload are text, nothing ran ------------------
+    driver.find_element("css selector", f'#ready tr[data-job="{hostile}"] button').click()
+    _until(driver, "the job's story", lambda: "Metadata" in _text(driver, "#job-story"))
+    story = _text(driver, "#job-story")
+    assert XSS in story and "<script>alert(2)</script>" in story, story
+    assert driver.execute_script("return document.querySelectorAll('img, #job-story script').length") == 0
+    from selenium.common.exceptions import NoAlertPresentException
+
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert.text  # noqa: B018 - an onerror=alert(1) that ran would have opened one
+    driver.save_screenshot(str(tmp_path / "job.png"))
+
+    # -- pause and resume from the page; the CLI sees the same state -----------------------------
+    driver.find_element("id", "back-queue").click()
+    _until(driver, "the queue view", lambda: _text(driver, "#queue-counts").startswith("5 ready"))
+    driver.find_element("id", "pause-reason").send_keys(f"maintenance {XSS}")
+    driver.find_element("id", "pause").click()
+    _until(driver, "the pause line", lambda: "paused since" in _text(driver, "#queue-paused"))
+    line = _text(driver, "#queue-paused")
+    assert f" by {MEMBER}@" in line and line.endswith(f": maintenance {XSS}"), line
+    paused = _paused(root)
+    assert isinstance(paused, dict) and paused["reason"] == f"maintenance {XSS}", paused
+    driver.save_screenshot(str(tmp_path / "paused.png"))
+    driver.find_element("id", "resume").click()
+    _until(driver, "the pause line gone", lambda: not driver.find_element("id", "queue-paused").is_displayed())
+    assert _paused(root) is None
+
+    # -- cancel, requeue, purge (the dry run's count is what the page asks to confirm) ------------
+    driver.find_element("css selector", f'#ready tr[data-job="{hostile}"] button[data-action="cancel"]').click()
+    _until(
+        driver,
+        "the cancelled job in the dead list",
+        lambda: driver.find_elements("css selector", f'#dead tr[data-job="{hostile}"]'),
+    )
+    assert "cancelled" in _text(driver, f'#dead tr[data-job="{hostile}"]')
+    driver.find_element("css selector", f'#dead tr[data-job="{hostile}"] button[data-action="requeue"]').click()
+    _until(driver, "the dead list empty after requeue", lambda: not driver.find_elements("css selector", "#dead tr"))
+    _until(driver, "5 ready after requeue", lambda: _text(driver, "#queue-counts").startswith("5 ready"))
+    first = driver.find_elements("css selector", "#ready tr")[0].get_attribute("data-job")
+    driver.find_element("css selector", f'#ready tr[data-job="{first}"] button[data-action="cancel"]').click()
+    _until(driver, "one dead job", lambda: len(driver.find_elements("css selector", "#dead tr")) == 1)
+    driver.find_element("id", "purge").click()
+    _until(driver, "the purge confirmation", lambda: driver.find_element("id", "confirm").is_displayed())
+    assert _text(driver, "#confirm-text") == f"Remove 1 dead job(s) of {NAME} for good? This cannot be undone."
+    driver.find_element("id", "confirm-yes").click()
+    _until(driver, "the dead list empty after purge", lambda: not driver.find_elements("css selector", "#dead tr"))
+    _until(driver, "0 dead", lambda: _text(driver, "#queue-counts").endswith("0 dead"))
+    ls = json.loads(root.run("steadq", "--json", "ls", NAME, "dead", user=MEMBER).stdout)
+    assert ls == [], ls
+    _no_csp_refusal(driver)
+
+
+def test_member_sees_a_running_job_s_progress_and_cancels_it(
+    cockpit_root: SystemdRoot, browser: Any, tmp_path: Path
+) -> None:
+    """The running list: elapsed time and the progress the job reports (from the watch stream), as text."""
+    root, driver = cockpit_root, browser
+    _login(driver, MEMBER, tmp_path)
+    out = root.run("steadq", "put", LIVE, "-", user=MEMBER, input="work").stdout
+    m = re.search(r"^job_id: ([0-9a-f]{32})$", out, re.M)
+    assert m, out
+    job = m[1]
+    driver.get(PAGE + "#/" + LIVE)
+    row = f'#running tr[data-job="{job}"]'
+    _until(driver, "the running job's progress", lambda: "frame <b>42</b>/100" in _text(driver, row))
+    assert driver.find_element("css selector", f"{row} progress").get_attribute("value") == "42"
+    assert driver.find_elements("css selector", f"{row} b") == []
+    # Elapsed since the lease (show's in_state_since_ns against the watch frame's time), ticking with the frames.
+    elapsed = lambda: driver.find_element("css selector", row).find_elements("tag name", "td")[2].text  # noqa: E731
+    _until(driver, "the running job's elapsed time", lambda: re.fullmatch(r"\d+s", elapsed()))
+    first = int(elapsed()[:-1])
+    _until(driver, "the elapsed time ticking", lambda: re.fullmatch(r"\d+s", elapsed()) and int(elapsed()[:-1]) > first)
+    driver.save_screenshot(str(tmp_path / "running.png"))
+    # One `steadq watch` for the open queue view (not a process per refresh); leaving the view ends it.
+    assert _watchers(root) == 1, root.run("ps", "-ef", check=False).stdout
+    driver.find_element("id", "back-overview").click()
+    _until(driver, "the watch process ended", lambda: _watchers(root) == 0)
+    driver.get(PAGE + "#/" + LIVE)
+    _until(driver, "the running job again", lambda: "frame <b>42</b>/100" in _text(driver, row))
+    driver.find_element("css selector", f'{row} button[data-action="cancel"]').click()
+    _until(
+        driver,
+        "the cancelled job in the dead list",
+        lambda: "cancelled" in _text(driver, f'#dead tr[data-job="{job}"]'),
+    )
+    assert driver.find_elements("css selector", "#running tr") == []
+    _no_csp_refusal(driver)
+
+
+def test_outsider_gets_one_sentence(cockpit_root: SystemdRoot, browser: Any, tmp_path: Path) -> None:
+    """bob is not in group steadq: the queue view says so, in one sentence; nothing of the queue shows."""
+    driver = browser
+    _login(driver, OUTSIDER, tmp_path)
+    driver.get(PAGE + "#/" + NAME)
+    _until(driver, "the message", lambda: driver.find_element("id", "message").is_displayed())
+    message = _text(driver, "#message")
+    assert message == "You are not in group steadq: ask an administrator to add you, then log in again.", message
+    assert driver.find_elements("css selector", "#ready tr, #dead tr, #running tr") == []
+    driver.save_screenshot(str(tmp_path / "outsider.png"))
+    # The overview still lists the queue (list exits 1 for it, with its document): the CLI's one line, as text.
+    driver.get(PAGE + "#/")
+    _until(driver, "the demo row", lambda: _cell(driver, 6).startswith(f"cannot open queue {QUEUE}"))
+    assert _cell(driver, 1) == "–"
+    _no_csp_refusal(driver)
