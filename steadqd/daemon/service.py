@@ -335,7 +335,8 @@ class Service:
         # STEADQ_ROLE_LOCKS: where this run's (queue, role) locks are; "none" = a second run would go unnoticed.
         self.log.notice(
             "started",
-            roles=",".join(r.name for r in self.roles),
+            # the roles that work: a watch role with no folder configured waits for a reload, unnamed
+            roles=",".join(r.name for r in self.roles if getattr(r, "configured", True)),
             path=settings.queue,
             role_locks=self._held.where or "none",
         )

@@ -69,6 +69,9 @@ class _SignalledDuringCommit:
         os.kill(os.getpid(), signal.SIGINT)
         return self.real.enqueue_detailed(data, **options)
 
+    def pause_state(self) -> Any:
+        return self.real.pause_state()
+
     def close(self) -> None:
         self.real.close()
 

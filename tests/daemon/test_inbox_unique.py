@@ -97,13 +97,19 @@ def test_off_keeps_taking_every_upload_of_a_name(denv: Env, folders: tuple[Path,
 CRASH_POINTS = ("_write_intent", "_place", "_enqueue", "_finish")
 
 
-@pytest.mark.parametrize("after", ["move", "delete", "keep"])
-@pytest.mark.parametrize("point", CRASH_POINTS)
+# A kept file is not moved before its enqueue: keep has no _place step to crash in.
+@pytest.mark.parametrize(
+    ("after", "point"),
+    [
+        (after, point)
+        for after in ("move", "delete", "keep")
+        for point in CRASH_POINTS
+        if (after, point) != ("keep", "_place")
+    ],
+)
 def test_a_crash_at_any_step_gives_one_job_with_the_key_s_id(
     queue: Queue, folders: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, after: str, point: str
 ) -> None:
-    if after == "keep" and point == "_place":
-        pytest.skip("a kept file is not moved before its enqueue")
     inbox, done = folders
     (inbox / "a.mkv").write_bytes(b"movie")
     options = {

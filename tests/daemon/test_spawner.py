@@ -194,6 +194,7 @@ def test_environment_metadata_and_payload_file_are_data(denv: Env, daemons, tmp_
     pf = res["payload_file"]
     assert pf["mode"] == 0o400 and res["payload"] == payload.decode() and res["stdin"] == ""
     assert env["STEADQ_PAYLOAD_FILE"] == pf["path"]
+    payload_copies_removed(denv)  # the settling thread removes the copy after it reported the verdict
     assert not os.path.exists(pf["path"]) and not os.path.exists(os.path.dirname(pf["path"]))
     # the job ran in its own session / process group
     assert res["pgid"] == res["pid"] == res["sid"] and res["pgid"] != d.pid

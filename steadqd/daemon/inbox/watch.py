@@ -484,6 +484,11 @@ class InboxRole:
             inbox=config.path,
         )
 
+    @property
+    def configured(self) -> bool:
+        """A folder is configured (watched or failed); without one the role only waits for a reload to add it."""
+        return self.settings.inbox is not None
+
     def status(self) -> str:
         if self.failed and self.settings.inbox is not None:
             return f"failed: {shown(self.settings.inbox.path)} not watched (see the journal)"
