@@ -136,8 +136,8 @@ def test_a_failing_pause_get_makes_the_consumer_claim_nothing(
     def opened(target: str, **options: Any) -> BucketBackend:
         return BucketBackend(open_layout(store, "farm/", worker_id="w", certify_store=False), url=target)
 
-    monkeypatch.setattr("steadqd.tasks.open_queue", opened)
-    monkeypatch.setattr("steadqd.tasks.ERROR_PAUSE", 0.05)
+    monkeypatch.setattr("steadqd.tasks.worker.open_queue", opened)
+    monkeypatch.setattr("steadqd.tasks.worker.ERROR_PAUSE", 0.05)
     started: list[str] = []
     worker = Worker("s3://mem/farm", lambda job: started.append(job.id), concurrency=2, poll=0.2)
     thread = threading.Thread(target=worker.run)
