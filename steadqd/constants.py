@@ -304,3 +304,20 @@ REFUSED_FILESYSTEMS = {
 # Python worker API's (steadqd.tasks) are this one policy.
 DEFAULT_BACKOFF_BASE_S = 1.0
 DEFAULT_BACKOFF_MAX_S = 300.0
+
+
+def runtime_dirs(kind: str, override_env: str) -> list[str]:
+    """Where this host's processes meet for ``kind`` (doorbells, published progress), in the order they try them.
+
+    One rule for every such place: ``$<override_env>`` alone when set; else
+    ``/run/steadq/<kind>`` (made by the package's tmpfiles.d for the units and the
+    group), then ``$XDG_RUNTIME_DIR/steadq/<kind>`` for a user's own processes.
+    """
+    override = os.environ.get(override_env)
+    if override:
+        return [override]
+    found = [f"/run/steadq/{kind}"]
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        found.append(os.path.join(runtime, "steadq", kind))
+    return found

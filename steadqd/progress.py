@@ -36,6 +36,8 @@ import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from steadqd.constants import runtime_dirs
+
 __all__ = [
     "MAX_FILE",
     "PROGRESS_DIR_ENV",
@@ -52,7 +54,6 @@ __all__ = [
 ]
 
 PROGRESS_DIR_ENV = "STEADQ_PROGRESS_DIR"
-RUN_DIR = "/run/steadq/progress"
 READ_EVERY = 1.0  # s; the most often a job's file is read
 MAX_FILE = 1 << 20  # bytes; a larger progress file is refused (rewrite it rather than append forever)
 TAIL = 4096  # bytes read from the end of the file
@@ -67,14 +68,8 @@ class Refused(Exception):
 
 
 def bases() -> list[str]:
-    override = os.environ.get(PROGRESS_DIR_ENV)
-    if override:
-        return [override]
-    found = [RUN_DIR]
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        found.append(os.path.join(runtime, "steadq", "progress"))
-    return found
+    """The base directories of published progress, in the order the worker tries them."""
+    return runtime_dirs("progress", PROGRESS_DIR_ENV)
 
 
 def parse(data: bytes) -> tuple[float, str] | None:

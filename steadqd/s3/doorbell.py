@@ -43,10 +43,11 @@ import socket
 import stat
 from collections.abc import Collection
 
-__all__ = ["DOORBELL_DIR_ENV", "Doorbell", "RUN_DIR", "bases", "ring"]
+from steadqd.constants import runtime_dirs
+
+__all__ = ["DOORBELL_DIR_ENV", "Doorbell", "bases", "ring"]
 
 DOORBELL_DIR_ENV = "STEADQ_DOORBELL_DIR"
-RUN_DIR = "/run/steadq/doorbell"
 _SUFFIX = ".sock"
 _MAX_RUNG = 64  # sockets one ring reaches: bounds the cost of an enqueue on a crowded host
 _STALE = (errno.ECONNREFUSED, errno.ENOENT)  # a socket whose process is gone
@@ -54,14 +55,7 @@ _STALE = (errno.ECONNREFUSED, errno.ENOENT)  # a socket whose process is gone
 
 def bases() -> list[str]:
     """The base directories, in the order a listener tries them (a ringer rings in all)."""
-    override = os.environ.get(DOORBELL_DIR_ENV)
-    if override:
-        return [override]
-    found = [RUN_DIR]
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        found.append(os.path.join(runtime, "steadq", "doorbell"))
-    return found
+    return runtime_dirs("doorbell", DOORBELL_DIR_ENV)
 
 
 def _queue_dir(base: str, queue_id: str) -> str:
