@@ -18,11 +18,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import package_builds
-
 from .conftest import main_pid, queue_state, wait_for
 from .sysroot import SystemdRoot
-from .test_packages_e2e import _apt, _build_unavailable, booted_root, package_prerequisites
+from .test_packages_e2e import root_with_deb
 
 pytestmark = [pytest.mark.system, pytest.mark.packaging]
 
@@ -36,13 +34,7 @@ STOPPED = 15.0  # the cancelled job's process must be gone well before a renewal
 @pytest.fixture(scope="module")
 def deb_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdRoot]:
     """A booted root with this session's .deb installed by apt, and the demo queue running ``sleep 1000``."""
-    package_prerequisites()
-    built = package_builds.build(tmp_path_factory, "build-deb.sh")
-    if built.failure:
-        _build_unavailable(built.failure)
-    (deb,) = sorted(built.out.glob("steadqd_*.deb"))
-    with booted_root(built.out) as root:
-        _apt(root, "install", str(deb))
+    with root_with_deb(tmp_path_factory) as root:
         root.run(STEADQ, "init", QUEUE, "--shared", "--shards", "4", user="steadq")
         root.sh(
             f"""

@@ -38,10 +38,8 @@ from typing import Any
 
 import pytest
 
-from tests import package_builds
-
 from .sysroot import SystemdRoot
-from .test_packages_e2e import _apt, _build_unavailable, booted_root, package_prerequisites
+from .test_packages_e2e import _build_unavailable, package_prerequisites, root_with_deb
 
 pytestmark = [pytest.mark.system, pytest.mark.packaging]
 
@@ -92,14 +90,7 @@ def cockpit_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdRo
         if not _host_has(package):
             _build_unavailable(f"{package} is not installed on the host (the offline root needs it; ./dev.sh setup)")
     pytest.importorskip("selenium", reason="selenium is not installed (pip install -e '.[test]')")
-    built = package_builds.build(tmp_path_factory, "build-deb.sh")
-    if built.failure:
-        _build_unavailable(built.failure)
-    arch = subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()
-    (deb,) = sorted(built.out.glob(f"steadqd_*_{arch}.deb"))
-    (page_deb,) = sorted(built.out.glob("cockpit-steadq_*_all.deb"))
-    with booted_root(built.out) as root:
-        _apt(root, "install", str(deb), str(page_deb))
+    with root_with_deb(tmp_path_factory, "cockpit-steadq_*_all.deb") as root:
         root.sh(
             f"""
             set -e

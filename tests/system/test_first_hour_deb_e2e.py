@@ -21,16 +21,13 @@ from __future__ import annotations
 import glob
 import os
 import re
-import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from tests import package_builds
-
 from .conftest import journal, queue_state, wait_for
 from .sysroot import SystemdRoot
-from .test_packages_e2e import _active, _apt, _build_unavailable, booted_root, package_prerequisites
+from .test_packages_e2e import _active, root_with_deb
 
 pytestmark = [pytest.mark.system, pytest.mark.packaging]
 
@@ -54,14 +51,7 @@ DEADLINE = 60.0
 @pytest.fixture(scope="module")
 def deb_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdRoot]:
     """A booted root with the package installed by apt-get (offline) and nothing else."""
-    package_prerequisites()
-    built = package_builds.build(tmp_path_factory, "build-deb.sh")
-    if built.failure:
-        _build_unavailable(built.failure)
-    arch = subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()
-    (deb,) = sorted(built.out.glob(f"steadqd_*_{arch}.deb"))
-    with booted_root(built.out) as root:
-        _apt(root, "install", str(deb))
+    with root_with_deb(tmp_path_factory) as root:
         wait_for("steadq.target active", lambda: _active(root, "steadq.target") == "active")
         yield root
 

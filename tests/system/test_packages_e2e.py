@@ -147,6 +147,26 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
 
 
 @contextlib.contextmanager
+def root_with_deb(tmp_path_factory: pytest.TempPathFactory, *also: str) -> Iterator[SystemdRoot]:
+    """A booted root with this session's first .deb installed by apt-get (offline), plus the packages
+    of the same build named by ``also`` (glob patterns, e.g. ``cockpit-steadq_*_all.deb``).
+
+    The one way the single-package system tests get their root: the prerequisites are checked (skip
+    or fail as the tier says), the build is tests/package_builds' (shared with tests/packaging)."""
+    package_prerequisites()
+    built = package_builds.build(tmp_path_factory, "build-deb.sh")
+    if built.failure:
+        _build_unavailable(built.failure)
+    arch = subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()
+    (deb,) = sorted(built.out.glob(f"steadqd_*_{arch}.deb"))
+    extra = [str(found) for pattern in also for found in sorted(built.out.glob(pattern))[:1]]
+    assert len(extra) == len(also), (also, sorted(built.out.iterdir()))
+    with booted_root(built.out) as root:
+        _apt(root, "install", str(deb), *extra)
+        yield root
+
+
+@contextlib.contextmanager
 def booted_root(dist: Path) -> Iterator[SystemdRoot]:
     """A freshly booted root WITHOUT the project installed, ``dist`` bound into it; torn down and leak-checked."""
     sysroot.reap_stale()

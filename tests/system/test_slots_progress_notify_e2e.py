@@ -20,17 +20,14 @@ test_packages_e2e.py installs; the harness's own throwaway root, never the host'
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests import package_builds
-
 from .conftest import journal, main_pid, queue_state, wait_for
 from .sysroot import SystemdRoot
-from .test_packages_e2e import _active, _apt, _build_unavailable, booted_root, package_prerequisites
+from .test_packages_e2e import _active, root_with_deb
 
 pytestmark = [pytest.mark.system, pytest.mark.packaging]
 
@@ -95,14 +92,7 @@ worker:
 @pytest.fixture(scope="module")
 def deb_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdRoot]:
     """A booted root with the .deb installed by apt-get, the render queue configured and its worker enabled."""
-    package_prerequisites()
-    built = package_builds.build(tmp_path_factory, "build-deb.sh")
-    if built.failure:
-        _build_unavailable(built.failure)
-    arch = subprocess.check_output(["dpkg", "--print-architecture"], text=True).strip()
-    (deb,) = sorted(built.out.glob(f"steadqd_*_{arch}.deb"))
-    with booted_root(built.out) as root:
-        _apt(root, "install", str(deb))
+    with root_with_deb(tmp_path_factory) as root:
         root.run("install", "-m", "0755", "/dev/stdin", JOB, input=JOB_SCRIPT)
         root.run("install", "-m", "0755", "/dev/stdin", NOTIFY, input=NOTIFY_SCRIPT)
         root.run("install", "-d", "-m", "2770", "-o", "steadq", "-g", "steadq", RESULTS)
