@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 __all__ = [
@@ -135,9 +135,9 @@ def stream_durably(
     return total
 
 
-def _step(step: str, call: object, *args: object) -> None:
+def _step(step: str, call: Callable[..., object], *args: object) -> None:
     try:
-        call(*args)  # type: ignore[operator]
+        call(*args)
     except StepFailed:
         raise
     except OSError as e:
