@@ -59,6 +59,12 @@ def assert_exhausted(e: NotCommitted) -> None:
     assert "space" in str(e).lower() or "ENOSPC" in str(e), str(e)
 
 
+def assert_scan_failed_for_space(e: NotCommitted) -> None:
+    """A claim's scan reports its errors as IoFailure whatever the errno (spec errors.md), naming the cause."""
+    assert e.kind is ErrorKind.IO_FAILURE, (e.kind, str(e))
+    assert str(e).startswith("scan completed with errors") and "No space left on device" in str(e), str(e)
+
+
 @pytest.fixture
 def tiny() -> Iterator[str]:
     with loop_filesystem("ext4", 16) as mnt:
@@ -109,8 +115,8 @@ def test_enospc_lane(tiny: str, request: pytest.FixtureRequest) -> None:
             extra = q.lease()
             outcomes["lease"] = "ok" if extra is not None else "none"
         except NotCommitted as e:
-            assert_exhausted(e)
-            outcomes["lease"] = "NotCommitted(RESOURCE_EXHAUSTED)"
+            assert_scan_failed_for_space(e)
+            outcomes["lease"] = "NotCommitted(IO_FAILURE: no space)"
             extra = None
         assert not q.poisoned
         ts = check_tree(root, allow_temps=False, allow_quarantine=False)

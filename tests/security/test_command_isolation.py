@@ -24,7 +24,7 @@ from pathlib import Path
 
 from steadqd import Queue
 from tests.daemon.conftest import Env, daemons, denv, wait_for  # noqa: F401 - fixtures used by name
-from tests.invariants import check_tree
+from tests.invariants import live_tree
 
 SCRIPT = r"""#!{python}
 import json, os, sys
@@ -69,7 +69,7 @@ def test_metacharacters_in_command_and_job_data_are_inert(denv: Env, daemons, tm
         d.ready()
         result = denv.results / f"{job}.json"
         wait_for(result.exists, what="the job's record")
-        wait_for(lambda: job in check_tree(denv.queue_path).receipts, what="ack")
+        wait_for(lambda: job in live_tree(denv.queue_path).receipts, what="ack")  # the daemon is still settling
     info = json.loads(result.read_text())
     assert info["argv"] == argv  # exactly the configured items: nothing split, globbed or expanded
     assert info["cmdline"].split("\0")[1:-1] == argv  # the interpreter's argv: no sh -c in between
