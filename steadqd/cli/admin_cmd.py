@@ -24,7 +24,7 @@ from steadqd.cli.common import (
     Parser,
     Subcommands,
     add_command,
-    add_queue_argument,
+    add_queue_command,
     duration,
     err,
     error_text,
@@ -53,11 +53,9 @@ def add_admin(sub: Subcommands) -> None:
     asub = adm.add_subparsers(dest="admin_command", metavar="ADMIN_COMMAND", parser_class=Parser)
     asub.required = True
     for name, args, help_text, run in _ADMIN_COMMANDS:
-        a = add_command(asub, name, help_text, f"steadq admin {name} /srv/q {' '.join(args)}".rstrip())
-        add_queue_argument(a)
+        a = add_queue_command(asub, name, help_text, f"steadq admin {name} /srv/q {' '.join(args)}".rstrip(), run=run)
         for arg in args:
             a.add_argument(arg.lower(), metavar=arg)
-        a.set_defaults(run=run)
     _add_requeue(asub)
     _add_purge(asub)
 
@@ -279,24 +277,21 @@ _ADMIN_COMMANDS: tuple[tuple[str, tuple[str, ...], str, Callable[[argparse.Names
 
 
 def _add_requeue(asub: Subcommands) -> None:
-    a = add_command(asub, "requeue", "move dead jobs back to ready with fresh attempts (one, some, or a selection)",
-                    "steadq admin requeue /srv/q --reason attempts_exhausted --older-than 1h --dry-run")  # fmt: skip
-    add_queue_argument(a)
+    a = add_queue_command(asub, "requeue", "move dead jobs back to ready with fresh attempts (one, some, or a selection)",
+                          "steadq admin requeue /srv/q --reason attempts_exhausted --older-than 1h --dry-run",
+                          run=cmd_admin_requeue)  # fmt: skip
     a.add_argument("job_ids", metavar="JOB_ID", nargs="*", help="the dead jobs to requeue (or select with the options)")
     a.add_argument("--all", action="store_true", help="every dead job")
     _add_selection(a, "dead jobs", "attempts_exhausted, consumer_rejected, 0x0004")
-    a.set_defaults(run=cmd_admin_requeue)
 
 
 def _add_purge(asub: Subcommands) -> None:
-    a = add_command(asub, "purge", "delete dead jobs or quarantined objects for good, one durable unlink at a time",
-                    "steadq admin purge /srv/q dead --older-than 7d --dry-run")  # fmt: skip
-    add_queue_argument(a)
+    a = add_queue_command(asub, "purge", "delete dead jobs or quarantined objects for good, one durable unlink at a time",
+                          "steadq admin purge /srv/q dead --older-than 7d --dry-run", run=cmd_admin_purge)  # fmt: skip
     a.add_argument("place", metavar="dead|quarantine", choices=("dead", "quarantine"),
                    help="what to purge (with no option: all of it)")  # fmt: skip
     _add_selection(a, "objects", "a dead reason for dead (attempts_exhausted, 0x0004), a quarantine reason "
                    "for quarantine (payload_corrupt, 0x0002)")  # fmt: skip
-    a.set_defaults(run=cmd_admin_purge)
 
 
 def _add_selection(a: Parser, what: str, reasons: str) -> None:

@@ -23,8 +23,7 @@ from typing import Literal
 from steadqd.cli.common import (
     CliError,
     Subcommands,
-    add_command,
-    add_queue_argument,
+    add_queue_command,
     duration,
     err,
     error_text,
@@ -37,10 +36,13 @@ COUNTERS = ("enqueued", "leased", "acked")
 
 
 def add_bench(sub: Subcommands) -> None:
-    s = add_command(
-        sub, "bench", "throughput test on an existing queue", "steadq bench /srv/q --producers 2 --consumers 2"
+    s = add_queue_command(
+        sub,
+        "bench",
+        "throughput test on an existing queue",
+        "steadq bench /srv/q --producers 2 --consumers 2",
+        run=cmd_bench,
     )
-    add_queue_argument(s)
     s.add_argument("--producers", type=int_in(0, 4096, "count"), default=1, help="producer processes")
     s.add_argument("--consumers", type=int_in(0, 4096, "count"), default=1, help="consumer processes")
     s.add_argument(
@@ -64,7 +66,6 @@ def add_bench(sub: Subcommands) -> None:
         metavar="DURATION",
         help="each consumer's lease: 30s, or seconds",
     )
-    s.set_defaults(run=cmd_bench)
 
 
 @dataclass(frozen=True)

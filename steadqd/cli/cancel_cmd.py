@@ -24,8 +24,7 @@ from steadqd.cli.common import (
     ALL_STATES,
     CliError,
     Subcommands,
-    add_command,
-    add_queue_argument,
+    add_queue_command,
     err,
     error_text,
     find_job,
@@ -45,15 +44,14 @@ _WAS = {"ready": "ready", "delayed": "delayed", "leased": "running"}
 
 
 def add_cancel(sub: Subcommands) -> None:
-    c = add_command(
+    c = add_queue_command(
         sub,
         "cancel",
         "cancel jobs: a ready, delayed or running job becomes dead with reason cancelled (a running one is killed)",
         "steadq cancel /srv/q fed535fe",
+        run=cmd_cancel,
     )
-    add_queue_argument(c)
     c.add_argument("job_ids", nargs="+", metavar="JOB_ID", help="the jobs to cancel (whole ids or unique prefixes)")
-    c.set_defaults(run=cmd_cancel)
 
 
 def cancel_line(job: str, c: Cancellation) -> tuple[str, int]:

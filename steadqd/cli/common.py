@@ -31,7 +31,7 @@ import signal
 import stat
 import sys
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from typing import Any, BinaryIO, NoReturn, TypeAlias
+from typing import Any, BinaryIO, NoReturn, TypeAlias, TypeVar
 
 from steadqd.backend import Backend
 from steadqd.backend import open_queue as open_backend
@@ -92,6 +92,11 @@ def error_text(e: BaseException) -> str:
         where = f"{e.filename}: " if e.filename is not None else ""
         return f"{where}{e.strerror or e}"
     return str(e)
+
+
+def failure(what: str, e: BaseException, after: str = "") -> CliError:
+    """A library error as a command's failure: ``<what>: <error text><after>``, with the error's exit code."""
+    return CliError(f"{what}: {error_text(e)}{after}", error_code(e))
 
 
 def err(*lines: str) -> None:
@@ -347,20 +352,37 @@ def _regular(path: str) -> bool:
 # =========================================================================== argument types
 
 
-def int_in(lo: int, hi: int, what: str) -> Callable[[str], int]:
-    """An argparse type: a decimal integer in ``lo..hi``; ``what`` names it in the error."""
+_Number = TypeVar("_Number", int, float)
 
-    def parse(text: str) -> int:
-        try:
-            value = int(text, 10)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected an integer") from None
+
+def _in_range(
+    convert: Callable[[str], _Number], lo: _Number, hi: _Number, what: str, span: str
+) -> Callable[[str], _Number]:
+    """An argparse type: ``convert(text)`` when it lies in ``lo..hi``; else "invalid <what> <text>: must be <span>".
+
+    The one range check behind :func:`int_in` and :func:`duration_in`; ``convert`` raises its own
+    ArgumentTypeError for text that is no number at all."""
+
+    def parse(text: str) -> _Number:
+        value = convert(text)
         if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: must be in {lo}..{hi}")
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: must be {span}")
         return value
 
     parse.__name__ = what
     return parse
+
+
+def int_in(lo: int, hi: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a decimal integer in ``lo..hi``; ``what`` names it in the error."""
+
+    def integer(text: str) -> int:
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected an integer") from None
+
+    return _in_range(integer, lo, hi, what, f"in {lo}..{hi}")
 
 
 def seconds_number(text: str) -> float:
@@ -384,6 +406,10 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+# The argparse types whose values are seconds, which --help shows as durations (90s, 5m).
+_DURATION_TYPES: set[Callable[[str], float]] = {duration}
+
+
 def _is_negative_duration(text: str) -> bool:
     """Whether ``text`` is a duration with a minus sign, which the grammar only calls malformed."""
     body = text.strip()
@@ -402,13 +428,8 @@ def duration_in(lo: float, hi: float, what: str) -> Callable[[str], float]:
     One type for a flag and its reference alias (``--duration 5m`` and
     ``--duration-seconds 300``), so both are checked the same way."""
 
-    def parse(text: str) -> float:
-        value = duration(text)
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: must be {lo:g} s .. {hi:g} s")
-        return value
-
-    parse.__name__ = what
+    parse = _in_range(duration, lo, hi, what, f"{lo:g} s .. {hi:g} s")
+    _DURATION_TYPES.add(parse)
     return parse
 
 
@@ -517,7 +538,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         default = action.default
         if "%(default)" in text or not action.option_strings or default in (None, False, argparse.SUPPRESS):
             return text
-        if action.type is duration or getattr(action.type, "__qualname__", "").startswith("duration_in."):
+        if action.type in _DURATION_TYPES:
             return f"{text} (default: {format_duration(default)})"
         return f"{text} (default: %(default)s)"
 
@@ -553,6 +574,24 @@ def add_queue_argument(s: argparse.ArgumentParser, *, existing: bool = True, hel
     ``existing=False``: a command that may be given a queue that does not exist yet (init, doctor)."""
     s.add_argument("path", metavar="QUEUE", help=help)
     s.set_defaults(queue_must_exist=existing)
+
+
+def add_queue_command(
+    sub: Subcommands,
+    name: str,
+    help_text: str,
+    example: str,
+    *,
+    run: Callable[[argparse.Namespace], int],
+    existing: bool = True,
+    queue_help: str | None = None,
+) -> Parser:
+    """A subcommand that acts on one queue: its parser (:func:`add_command`) with the QUEUE positional
+    first (:func:`add_queue_argument`) and ``run`` as what ``main`` calls; the caller adds the rest."""
+    s = add_command(sub, name, help_text, example)
+    add_queue_argument(s, existing=existing, help=queue_help)
+    s.set_defaults(run=run)
+    return s
 
 
 def resolve_queue(text: str, directory: str | None, *, must_exist: bool = True) -> str:

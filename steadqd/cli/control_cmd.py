@@ -15,8 +15,7 @@ import argparse
 from steadqd.backend import PauseState
 from steadqd.cli.common import (
     Subcommands,
-    add_command,
-    add_queue_argument,
+    add_queue_command,
     err,
     open_queue,
     out,
@@ -38,21 +37,20 @@ def pause_json(state: PauseState | None) -> dict[str, object] | None:
 
 
 def add_pause(sub: Subcommands) -> None:
-    s = add_command(
+    s = add_queue_command(
         sub,
         "pause",
         "stop workers claiming jobs from a queue (running jobs finish; put goes on) until resume",
         "steadq pause /srv/q --reason 'disk migration'",
+        run=cmd_pause,
     )
-    add_queue_argument(s)
     s.add_argument("--reason", default="", metavar="TEXT", help="why, shown by stats, ls, watch and the daemons")
-    s.set_defaults(run=cmd_pause)
 
 
 def add_resume(sub: Subcommands) -> None:
-    s = add_command(sub, "resume", "let workers claim jobs from a paused queue again", "steadq resume /srv/q")
-    add_queue_argument(s)
-    s.set_defaults(run=cmd_resume)
+    add_queue_command(
+        sub, "resume", "let workers claim jobs from a paused queue again", "steadq resume /srv/q", run=cmd_resume
+    )
 
 
 def cmd_pause(a: argparse.Namespace) -> int:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 
 from steadqd.backend import doctor
-from steadqd.cli.common import Subcommands, add_command, add_queue_argument, err, error_text, out_json
+from steadqd.cli.common import Subcommands, add_queue_command, err, error_text, out_json
 
 
 def add_doctor(sub: Subcommands) -> None:
-    s = add_command(sub, "doctor", "check the machine and filesystem", "steadq doctor /srv/q")
-    add_queue_argument(s, existing=False)
-    s.set_defaults(run=cmd_doctor)
+    add_queue_command(
+        sub, "doctor", "check the machine and filesystem", "steadq doctor /srv/q", run=cmd_doctor, existing=False
+    )
 
 
 def cmd_doctor(a: argparse.Namespace) -> int:

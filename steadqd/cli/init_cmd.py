@@ -9,11 +9,9 @@ from steadqd.backend import init_queue
 from steadqd.cli.common import (
     CliError,
     Subcommands,
-    add_command,
-    add_queue_argument,
+    add_queue_command,
     err,
-    error_code,
-    error_text,
+    failure,
     int_in,
     out,
 )
@@ -21,11 +19,14 @@ from steadqd.constants import DEFAULT_SHARDS, DEFAULT_TERMINAL_WIDTH_NS, MAX_SHA
 
 
 def add_init(sub: Subcommands) -> None:
-    s = add_command(sub, "init", "create a queue", "Q_ID=$(steadq init /srv/q --shards 64)")
-    add_queue_argument(
-        s,
+    s = add_queue_command(
+        sub,
+        "init",
+        "create a queue",
+        "Q_ID=$(steadq init /srv/q --shards 64)",
+        run=cmd_init,
         existing=False,
-        help="the queue directory to create (its parent must exist), or a configured queue's name",
+        queue_help="the queue directory to create (its parent must exist), or a configured queue's name",
     )
     s.add_argument(
         "--shards",
@@ -50,7 +51,6 @@ def add_init(sub: Subcommands) -> None:
         action="store_true",
         help="also create missing parent directories (like mkdir -p; no effect on s3://)",
     )
-    s.set_defaults(run=cmd_init)
 
 
 def cmd_init(a: argparse.Namespace) -> int:
@@ -65,7 +65,7 @@ def cmd_init(a: argparse.Namespace) -> int:
         queue_id = q.queue_id
         q.close()
     except Exception as e:  # noqa: BLE001
-        raise CliError(f"init failed: {error_text(e)}", error_code(e)) from e
+        raise failure("init failed", e) from e
     err(f"initialized queue at {a.path}", f"queue_id: {queue_id}", f"shards: {a.shards}")
     if a.shared:
         err("shared: group members may produce and consume (mode 2770)")

@@ -23,13 +23,13 @@ from steadqd.backend import Backend
 from steadqd.cli.common import (
     CliError,
     Interrupts,
+    Parser,
     Subcommands,
-    add_command,
-    add_queue_argument,
+    add_queue_command,
     duration_in,
     err,
     error_code,
-    error_text,
+    failure,
     int_in,
     open_queue,
     os_exit_code,
@@ -50,8 +50,7 @@ _HANDLE_HELP = "the handle file lease wrote (lease --handle-file)"
 
 
 def add_lease(sub: Subcommands) -> None:
-    s = add_command(sub, "lease", "claim one job", "steadq lease /srv/q --handle-file h.json")
-    add_queue_argument(s)
+    s = add_queue_command(sub, "lease", "claim one job", "steadq lease /srv/q --handle-file h.json", run=cmd_lease)
     s.add_argument(
         "--duration",
         "--duration-seconds",
@@ -65,25 +64,23 @@ def add_lease(sub: Subcommands) -> None:
     s.add_argument(
         "--ticket-out", default=None, metavar="FILE", help="on outcome unknown, write the ticket for resolve here"
     )
-    s.set_defaults(run=cmd_lease)
+
+
+def _add_settler(
+    sub: Subcommands, name: str, help_text: str, run: Callable[[argparse.Namespace], int], example_options: str = ""
+) -> Parser:
+    """One of ack, retry and bury: a queue command that settles the job of the handle file ``lease`` wrote."""
+    s = add_queue_command(sub, name, help_text, f"steadq {name} /srv/q --handle-file h.json{example_options}", run=run)
+    s.add_argument("--handle-file", required=True, metavar="FILE", help=_HANDLE_HELP)
+    return s
 
 
 def add_ack(sub: Subcommands) -> None:
-    s = add_command(sub, "ack", "acknowledge a leased job", "steadq ack /srv/q --handle-file h.json")
-    add_queue_argument(s)
-    s.add_argument("--handle-file", required=True, metavar="FILE", help=_HANDLE_HELP)
-    s.set_defaults(run=cmd_ack)
+    _add_settler(sub, "ack", "acknowledge a leased job", cmd_ack)
 
 
 def add_retry(sub: Subcommands) -> None:
-    s = add_command(
-        sub,
-        "retry",
-        "give a leased job back (now or later)",
-        "steadq retry /srv/q --handle-file h.json --after 1m",
-    )
-    add_queue_argument(s)
-    s.add_argument("--handle-file", required=True, metavar="FILE", help=_HANDLE_HELP)
+    s = _add_settler(sub, "retry", "give a leased job back (now or later)", cmd_retry, " --after 1m")
     s.add_argument(
         "--after",
         "--after-seconds",
@@ -93,13 +90,10 @@ def add_retry(sub: Subcommands) -> None:
         metavar="DURATION",
         help="make the job leasable again only after this long (90s, 15m, 2h, or seconds); default: now",
     )
-    s.set_defaults(run=cmd_retry)
 
 
 def add_bury(sub: Subcommands) -> None:
-    s = add_command(sub, "bury", "dead-letter a leased job", "steadq bury /srv/q --handle-file h.json --reason 1")
-    add_queue_argument(s)
-    s.add_argument("--handle-file", required=True, metavar="FILE", help=_HANDLE_HELP)
+    s = _add_settler(sub, "bury", "dead-letter a leased job", cmd_bury, " --reason 1")
     s.add_argument(
         "--reason",
         type=int_in(0, U16_MAX, "reason"),
@@ -107,17 +101,16 @@ def add_bury(sub: Subcommands) -> None:
         metavar="N",
         help="dead reason 0-4 (1 consumer rejected, 2 permanent failure, ...); others are recorded as 0",
     )
-    s.set_defaults(run=cmd_bury)
 
 
 def add_work(sub: Subcommands) -> None:
-    s = add_command(
+    s = add_queue_command(
         sub,
         "work",
         "run a command for every job (payload on its stdin)",
         "steadq work /srv/q --concurrency 4 -- ./handle.sh",
+        run=cmd_work,
     )
-    add_queue_argument(s)
     s.add_argument(
         "--concurrency", type=int_in(1, 4096, "concurrency"), default=1, metavar="N", help="jobs run at once"
     )
@@ -131,7 +124,6 @@ def add_work(sub: Subcommands) -> None:
         help="each job's lease, renewed every half of it while the command runs (1m, 90s, or seconds)",
     )
     s.add_argument("--once", action="store_true", help="run one job (or none) and exit with its result")
-    s.set_defaults(run=cmd_work)
 
 
 # =========================================================================== one job through a handle file
@@ -164,7 +156,7 @@ def settle_failure(e: BaseException) -> CliError:
         return CliError(["outcome unknown", f"  {e.message}"], 2)
     if isinstance(e, NotCommitted):
         return CliError(f"not committed: {e.message}", e.exit_code)
-    return CliError(f"not committed: {error_text(e)}", error_code(e))
+    return failure("not committed", e)
 
 
 def cmd_lease(a: argparse.Namespace) -> int:

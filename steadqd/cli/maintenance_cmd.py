@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from steadqd.backend import Backend, RecoveryReport, dump_file, parse_ticket, verify_file
@@ -18,10 +19,11 @@ from steadqd.cli.common import (
     CliError,
     Subcommands,
     add_command,
-    add_queue_argument,
+    add_queue_command,
     err,
     error_code,
     error_text,
+    failure,
     int_in,
     open_queue,
     os_exit_code,
@@ -34,13 +36,13 @@ from steadqd.errors import QueueCorrupt, SteadQError, UnsupportedFormat
 
 
 def add_fsck(sub: Subcommands) -> None:
-    s = add_command(sub, "fsck", "check (and optionally repair) the whole tree", "steadq fsck /srv/q --deep")
-    add_queue_argument(s)
+    s = add_queue_command(
+        sub, "fsck", "check (and optionally repair) the whole tree", "steadq fsck /srv/q --deep", run=cmd_fsck
+    )
     s.add_argument("--deep", action="store_true", help="also read every payload and check its digest (slow)")
     s.add_argument(
         "--repair", action="store_true", help="move what is corrupt to quarantine/ and remove stray temporary files"
     )
-    s.set_defaults(run=cmd_fsck)
 
 
 def add_verify(sub: Subcommands) -> None:
@@ -59,43 +61,41 @@ def add_format_dump(sub: Subcommands) -> None:
 
 
 def add_recover(sub: Subcommands) -> None:
-    s = add_command(
-        sub, "recover", "run a recovery pass (reap, promote, clean up)", "steadq recover /srv/q --budget-ops 5000"
+    s = add_queue_command(
+        sub,
+        "recover",
+        "run a recovery pass (reap, promote, clean up)",
+        "steadq recover /srv/q --budget-ops 5000",
+        run=cmd_recover,
     )
-    add_queue_argument(s)
     s.add_argument("--watch", action="store_true", help="repeat the pass every 5 seconds until interrupted (Ctrl-C)")
-    s.add_argument(
-        "--budget-ops",
-        type=int_in(0, U64_MAX, "budget"),
-        default=1000,
-        metavar="N",
-        help="stop a pass after this many changes",
-    )
-    s.add_argument(
-        "--budget-ms",
-        type=int_in(0, U64_MAX, "budget"),
-        default=100,
-        metavar="MS",
-        help="stop a pass after this many milliseconds",
-    )
-    s.set_defaults(run=cmd_recover)
+    for flag, default, metavar, unit in (
+        ("--budget-ops", 1000, "N", "changes"),
+        ("--budget-ms", 100, "MS", "milliseconds"),
+    ):
+        s.add_argument(
+            flag,
+            type=int_in(0, U64_MAX, "budget"),
+            default=default,
+            metavar=metavar,
+            help=f"stop a pass after this many {unit}",
+        )
 
 
 def add_resolve(sub: Subcommands) -> None:
-    s = add_command(
+    s = add_queue_command(
         sub,
         "resolve",
         "decide an indeterminate transition from its ticket",
         "steadq resolve /srv/q --result-file t.json",
+        run=cmd_resolve,
     )
-    add_queue_argument(s)
     s.add_argument(
         "--result-file", required=True, metavar="TICKET.json", help="the ticket an outcome-unknown command wrote"
     )
     s.add_argument(
         "--stabilize", action="store_true", help="also fsync what was observed, so the answer survives a crash"
     )
-    s.set_defaults(run=cmd_resolve)
 
 
 # =========================================================================== fsck
@@ -120,7 +120,7 @@ def cmd_fsck(a: argparse.Namespace) -> int:
         try:
             r = q.fsck(deep=a.deep, repair=a.repair)
         except Exception as e:  # noqa: BLE001
-            raise CliError(f"fsck failed: {error_text(e)}", error_code(e)) from e
+            raise failure("fsck failed", e) from e
     finally:
         with contextlib.suppress(Exception):
             q.close()
@@ -148,30 +148,33 @@ def cmd_fsck(a: argparse.Namespace) -> int:
 # =========================================================================== verify / format-dump
 
 
+@contextlib.contextmanager
+def _reading(path: str, *, corrupt: str, corrupt_code: int, unknown: str) -> Iterator[None]:
+    """The failures of reading one file: ``<corrupt>: <what>`` for a corrupt one, ``unknown`` for one of
+    another format, the OS error's line otherwise (verify and format-dump word the first two as the
+    reference does, differently)."""
+    try:
+        yield
+    except QueueCorrupt as e:
+        raise CliError(f"{corrupt}: {e.message}", corrupt_code) from e
+    except UnsupportedFormat as e:
+        raise CliError(unknown, 1) from e
+    except OSError as e:
+        raise CliError(f"cannot read {path}: {e.strerror}", os_exit_code(e)) from e
+
+
 def cmd_verify(a: argparse.Namespace) -> int:
     """Streams the file (flat memory); each fact is printed before the check that may fail."""
-    try:
+    with _reading(a.file, corrupt="CORRUPT", corrupt_code=3, unknown="unknown format"):
         for name, value in verify_file(a.file, deep=a.deep):
             err(f"{name}: {value}")
-    except QueueCorrupt as e:
-        raise CliError(f"CORRUPT: {e.message}", 3) from e
-    except UnsupportedFormat as e:
-        raise CliError("unknown format", 1) from e
-    except OSError as e:
-        raise CliError(f"cannot read {a.file}: {e.strerror}", os_exit_code(e)) from e
     err("valid")
     return 0
 
 
 def cmd_format_dump(a: argparse.Namespace) -> int:
-    try:
+    with _reading(a.file, corrupt="parse error", corrupt_code=1, unknown="unrecognized format"):
         fields = dump_file(a.file)
-    except QueueCorrupt as e:
-        raise CliError(f"parse error: {e.message}", 1) from e
-    except UnsupportedFormat as e:
-        raise CliError("unrecognized format", 1) from e
-    except OSError as e:
-        raise CliError(f"cannot read {a.file}: {e.strerror}", os_exit_code(e)) from e
     if a.json:
         out_json(fields)
     else:

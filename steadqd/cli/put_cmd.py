@@ -30,8 +30,7 @@ from steadqd.cli.common import (
     Interrupted,
     Interrupts,
     Subcommands,
-    add_command,
-    add_queue_argument,
+    add_queue_command,
     duration,
     err,
     int_in,
@@ -49,13 +48,13 @@ _METADATA_KEY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 
 def add_put(sub: Subcommands) -> None:
-    s = add_command(
+    s = add_queue_command(
         sub,
         "put",
         "enqueue a job (or many with --dir, --jsonl, --lines, --path)",
         "echo hello | steadq put /srv/q --meta user=ann",
+        run=cmd_put,
     )
-    add_queue_argument(s)
     s.add_argument("file", metavar="FILE", nargs="?", default="-", help="payload file; '-' or omitted: stdin")
     s.add_argument(
         "--content-type", default=None, help="default application/octet-stream (application/json for --jsonl)"
@@ -90,7 +89,6 @@ def add_put(sub: Subcommands) -> None:
         metavar="KEY",
         help="refused (exit 1, the existing job's id) while a job of KEY is anywhere in the queue",
     )
-    s.set_defaults(run=cmd_put)
 
 
 def _meta(text: str) -> tuple[str, str]:

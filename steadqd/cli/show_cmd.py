@@ -20,10 +20,8 @@ from steadqd.cli.common import (
     ALL_STATES,
     CliError,
     Subcommands,
-    add_command,
-    add_queue_argument,
-    error_code,
-    error_text,
+    add_queue_command,
+    failure,
     find_job,
     job_id,
     job_object_json,
@@ -46,14 +44,12 @@ _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-nd
 
 
 def add_show(sub: Subcommands) -> None:
-    s = add_command(sub, "show", "one job's whole story: state, attempts, ages, metadata, payload, journal",
-                    "steadq show /srv/q 0123456789abcdef0123456789abcdef")  # fmt: skip
-    add_queue_argument(s)
+    s = add_queue_command(sub, "show", "one job's whole story: state, attempts, ages, metadata, payload, journal",
+                          "steadq show /srv/q 0123456789abcdef0123456789abcdef", run=cmd_show)  # fmt: skip
     s.add_argument("job_id", metavar="JOB_ID")
     s.add_argument("--payload", action="store_true",
                    help="write the whole payload to stdout, and only once it has verified (nothing else is printed)")  # fmt: skip
     s.add_argument("--no-journal", action="store_true", help="do not look for the job's lines in the journal")
-    s.set_defaults(run=cmd_show)
 
 
 def cmd_show(a: argparse.Namespace) -> int:
@@ -72,7 +68,7 @@ def cmd_show(a: argparse.Namespace) -> int:
         try:
             story = q.job_story(job, SHOW_HEAD_BYTES)
         except Exception as e:  # noqa: BLE001
-            raise CliError(f"show: {error_text(e)}", error_code(e)) from e
+            raise failure("show", e) from e
         queue_id = q.queue_id
     finally:
         q.close()
@@ -95,7 +91,7 @@ def _show_payload(q: Any, job: str) -> int:
     try:
         q.copy_job_payload(job, sys.stdout.buffer)
     except Exception as e:  # noqa: BLE001
-        raise CliError(f"show --payload: {error_text(e)} (nothing was written)", error_code(e)) from e
+        raise failure("show --payload", e, " (nothing was written)") from e
     sys.stdout.buffer.flush()
     return 0
 

@@ -20,11 +20,9 @@ from steadqd.cli.common import (
     ALL_STATES,
     CliError,
     Subcommands,
-    add_command,
-    add_queue_argument,
+    add_queue_command,
     err,
-    error_code,
-    error_text,
+    failure,
     find_job,
     job_id,
     job_object_json,
@@ -46,29 +44,33 @@ LISTABLE_STATES = tuple(s.value for s in State)
 
 
 def add_stats(sub: Subcommands) -> None:
-    s = add_command(sub, "stats", "object counts and oldest age per state", "steadq stats /srv/q --prometheus")
-    add_queue_argument(s)
+    s = add_queue_command(
+        sub, "stats", "object counts and oldest age per state", "steadq stats /srv/q --prometheus", run=cmd_stats
+    )
     s.add_argument("--prometheus", action="store_true", help="print Prometheus text exposition instead")
-    s.set_defaults(run=cmd_stats)
 
 
 def add_inspect(sub: Subcommands) -> None:
-    s = add_command(sub, "inspect", "every object of one job", "steadq inspect /srv/q 0123456789abcdef0123456789abcdef")
-    add_queue_argument(s)
+    s = add_queue_command(
+        sub,
+        "inspect",
+        "every object of one job",
+        "steadq inspect /srv/q 0123456789abcdef0123456789abcdef",
+        run=cmd_inspect,
+    )
     s.add_argument("job_id", metavar="JOB_ID")
-    s.set_defaults(run=cmd_inspect)
 
 
 def add_ls(sub: Subcommands) -> None:
-    s = add_command(sub, "ls", "list jobs with state, attempt, age and deadline", "steadq ls /srv/q running")
-    add_queue_argument(s)
+    s = add_queue_command(
+        sub, "ls", "list jobs with state, attempt, age and deadline", "steadq ls /srv/q running", run=cmd_ls
+    )
     s.add_argument("state", metavar="STATE", nargs="?", default=None,
                    help="ready | running (or leased) | delayed | dead | receipt | all (default: all but receipts)")  # fmt: skip
     s.add_argument("--meta", action="append", default=[], metavar="KEY",
                    help="add a column of this metadata key (repeatable; reads each job's header)")  # fmt: skip
     s.add_argument("--filter", action="append", default=[], type=_meta_filter, metavar="KEY=VALUE",
                    help="list only the jobs whose metadata KEY is VALUE (repeatable: all must match)")  # fmt: skip
-    s.set_defaults(run=cmd_ls)
 
 
 def _meta_filter(text: str) -> tuple[str, str]:
@@ -210,7 +212,7 @@ def cmd_ls(a: argparse.Namespace) -> int:
             try:
                 jobs = q.list_jobs(states, metadata=True)
             except SteadQError as e:
-                raise CliError(f"ls --meta/--filter: {error_text(e)}", error_code(e)) from e
+                raise failure("ls --meta/--filter", e) from e
             jobs = _matching(jobs, a.filter) if a.filter else jobs
         else:
             jobs = q.list_jobs(states)
@@ -305,7 +307,7 @@ def cmd_inspect(a: argparse.Namespace) -> int:
         try:
             objs = q.inspect_detailed(job)
         except Exception as e:  # noqa: BLE001
-            raise CliError(f"inspect failed: {error_text(e)}", error_code(e)) from e
+            raise failure("inspect failed", e) from e
     finally:
         q.close()
     if a.json:

@@ -20,8 +20,7 @@ from steadqd.backend import PauseState, is_bucket_url
 from steadqd.cli.common import (
     CliError,
     Subcommands,
-    add_command,
-    add_queue_argument,
+    add_queue_command,
     discard_stdout,
     duration,
     err,
@@ -37,16 +36,15 @@ from steadqd.text import printable
 
 
 def add_watch(sub: Subcommands) -> None:
-    s = add_command(
+    s = add_queue_command(
         sub,
         "watch",
         "live view of counts, throughput and oldest job per state (--json: one object per line)",
         "steadq watch /srv/q",
+        run=cmd_watch,
     )
-    add_queue_argument(s)
     s.add_argument("--interval", type=duration, default=1.0, metavar="DURATION", help="time between frames")
     s.add_argument("--count", type=int_in(0, U32_MAX, "count"), default=0, metavar="N", help="stop after N frames")
-    s.set_defaults(run=cmd_watch)
 
 
 # watch shows jobs by what they are doing: ready (waiting), running, delayed, done, dead;
