@@ -48,8 +48,7 @@ from typing import TYPE_CHECKING, Any
 from steadqd.s3.certify import certify
 from steadqd.s3.handle import BucketQueue
 from steadqd.s3.recovery.sweep import ObservedStore
-from steadqd.s3.store import SEAWEEDFS
-from steadqd.s3.store.base import ObjectStore
+from steadqd.s3.store.base import SEAWEEDFS, ObjectStore
 
 from .common import payload_of
 

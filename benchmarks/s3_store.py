@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from steadqd.errors import AlreadyExists
-from steadqd.s3.store import SEAWEEDFS
+from steadqd.s3.store.base import SEAWEEDFS
 from steadqd.s3.store.s3 import TRANSPORTS, S3Store
 from tests.stowq.seaweed import ACCESS_KEY, SECRET_KEY, Seaweed, running, weed_binary
 

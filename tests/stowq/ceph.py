@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from steadqd.demo.seaweed import free_ports
-from steadqd.s3.store import CEPH_RGW, StoreProfile
+from steadqd.s3.store.base import CEPH_RGW, StoreProfile
 from tests.procs import die_with_parent
 from tests.stowq.live_s3 import ACCESS_KEY, SECRET_KEY, Gateway, write_credentials
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from steadqd.errors import NotCommitted, NotFound
-from steadqd.s3.store import StoreProfile
+from steadqd.s3.store.base import StoreProfile
 from steadqd.s3.store.s3 import S3Settings, S3Store
 
 ACCESS_KEY = "steadqtest"

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from steadqd.errors import NotCommitted, NotFound
-from steadqd.s3.store import SEAWEEDFS
+from steadqd.s3.store.base import SEAWEEDFS
 from steadqd.s3.store.s3 import S3Settings, S3Store
 from tests.procs import alive, die_with_parent
 from tests.stowq import seaweed

@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from steadqd.demo import seaweed as launcher
 from steadqd.demo.seaweed import READY_TIMEOUT_S, weed_binary
-from steadqd.s3.store import SEAWEEDFS, StoreProfile
+from steadqd.s3.store.base import SEAWEEDFS, StoreProfile
 from tests.stowq.live_s3 import ACCESS_KEY, SECRET_KEY, Gateway, write_credentials
 
 __all__ = [

@@ -13,7 +13,7 @@ import pytest
 
 from steadqd.errors import ErrorKind, NotCommitted, NotFound, StoreProfileViolation
 from steadqd.s3.certify import Certification, certify
-from steadqd.s3.store import Committed, ListPage, ObjectMeta, StoredObject, StoreProfile
+from steadqd.s3.store.base import Committed, ListPage, ObjectMeta, StoredObject, StoreProfile
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 

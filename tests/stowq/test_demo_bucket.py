@@ -19,7 +19,7 @@ import pytest
 from steadqd.demo import seaweed
 from steadqd.demo.bucket import BUCKET_URL
 from steadqd.demo.plan import plan_counts
-from steadqd.s3.store import SEAWEEDFS
+from steadqd.s3.store.base import SEAWEEDFS
 from steadqd.s3.store.s3 import S3Settings, S3Store
 from tests import prereq
 from tests.integration.test_demo import summary

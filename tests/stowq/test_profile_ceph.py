@@ -15,8 +15,7 @@ import pytest
 
 from steadqd.errors import NotCommitted, PreconditionFailed
 from steadqd.s3.certify import certify
-from steadqd.s3.store import CEPH_RGW, MEMORY, S3_GENERIC, StoreProfile
-from steadqd.s3.store.base import SECOND_NS, check_if_match
+from steadqd.s3.store.base import CEPH_RGW, MEMORY, S3_GENERIC, SECOND_NS, StoreProfile, check_if_match
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import ManualClock, MemoryStore
 from steadqd.s3.store.s3 import S3Settings, S3Store

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from steadqd.errors import AlreadyExists, InvalidInput, NotCommitted, NotFound, OutcomeUnknown
-from steadqd.s3.store import PendingWrite, StoreProfile
+from steadqd.s3.store.base import PendingWrite, StoreProfile
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import MemoryStore
 

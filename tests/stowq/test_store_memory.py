@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from steadqd.errors import AlreadyExists, ChecksumMismatch, InvalidInput, NotFound, PreconditionFailed
-from steadqd.s3.store import MEMORY, StoreProfile
+from steadqd.s3.store.base import MEMORY, StoreProfile
 from steadqd.s3.store.memory import ManualClock, MemoryStore, WallClock
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from steadqd.errors import AlreadyExists, NotCommitted, NotFound, OutcomeUnknown, PreconditionFailed
-from steadqd.s3.store import PendingWrite
+from steadqd.s3.store.base import PendingWrite
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import MemoryStore
 

@@ -31,8 +31,7 @@ from botocore.exceptions import (
 from botocore.parsers import ResponseParserError
 
 from steadqd.errors import AlreadyExists, ErrorKind, InvalidInput, NotCommitted, OutcomeUnknown, PreconditionFailed
-from steadqd.s3.store import PendingWrite
-from steadqd.s3.store.base import parse_last_modified
+from steadqd.s3.store.base import PendingWrite, parse_last_modified
 from steadqd.s3.store.s3 import (
     _CREDENTIAL_SOURCES,
     TRANSPORTS,
@@ -237,7 +236,7 @@ def test_refusals_are_not_committed_with_their_kind(
 
 
 def test_if_match_carries_the_etag_as_the_profile_wants(credentials: Path) -> None:
-    from steadqd.s3.store import CEPH_RGW, S3_GENERIC
+    from steadqd.s3.store.base import CEPH_RGW, S3_GENERIC
 
     quoted = S3Store(S3Settings("b-ok", endpoint_url="http://127.0.0.1:9", credentials_file=str(credentials)))
     bare = S3Store(

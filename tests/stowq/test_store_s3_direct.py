@@ -19,7 +19,7 @@ import pytest
 from botocore.parsers import ResponseParserError
 
 from steadqd.errors import AlreadyExists, InvalidInput, NotFound
-from steadqd.s3.store import SEAWEEDFS
+from steadqd.s3.store.base import SEAWEEDFS
 from steadqd.s3.store.s3 import S3Settings, S3Store
 from steadqd.s3.store.s3_direct import DirectClient, _client_error, _parse_listing
 from tests.stowq import test_store_seaweedfs as live

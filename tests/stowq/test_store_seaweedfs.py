@@ -18,7 +18,7 @@ import pytest
 
 from steadqd.errors import AlreadyExists, ErrorKind, NotCommitted, NotFound, PreconditionFailed
 from steadqd.s3.certify import certify
-from steadqd.s3.store import SEAWEEDFS
+from steadqd.s3.store.base import SEAWEEDFS
 from steadqd.s3.store.s3 import TRANSPORTS, S3Settings, S3Store
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.live_s3 import Gateway, raw_bucket, status

@@ -15,37 +15,7 @@
   botocore (``S3Settings(transport="direct")``, the default).
 
 The format modules (``keys``, ``timemath``, ``retry``, ``records``) never
-import this package; the protocol sits above both.
+import this package; the protocol sits above both. Each name is imported from
+its module (``steadqd.s3.store.base`` for the protocol, profiles and result
+types): the package re-exports nothing, so no second list of them can drift.
 """
-
-from steadqd.s3.store.base import (
-    CEPH_RGW,
-    LIST_PAGE_MAX,
-    MEMORY,
-    OPERATIONS,
-    S3_GENERIC,
-    SEAWEEDFS,
-    Committed,
-    ListPage,
-    ObjectMeta,
-    ObjectStore,
-    PendingWrite,
-    StoredObject,
-    StoreProfile,
-)
-
-__all__ = [
-    "CEPH_RGW",
-    "Committed",
-    "LIST_PAGE_MAX",
-    "ListPage",
-    "MEMORY",
-    "OPERATIONS",
-    "ObjectMeta",
-    "ObjectStore",
-    "PendingWrite",
-    "S3_GENERIC",
-    "SEAWEEDFS",
-    "StoreProfile",
-    "StoredObject",
-]

@@ -210,7 +210,7 @@ class DirectClient:
             headers["If-None-Match"] = condition["IfNoneMatch"]
         if "IfMatch" in condition:
             headers["If-Match"] = condition["IfMatch"]
-        status, answer, _ = self._send("PUT", Bucket, Key, headers=headers, body=Body)
+        status, answer, _ = self._whole(self._exchange("PUT", Bucket, Key, headers=headers, body=Body))
         return {"ETag": answer.get("etag"), "ResponseMetadata": {"HTTPStatusCode": status}}
 
     def get_object(self, *, Bucket: str, Key: str, **extra: str) -> dict[str, Any]:
@@ -223,11 +223,11 @@ class DirectClient:
         return {**self._object_meta(answer), "ContentRange": answer.get("content-range"), "Body": _Body(self, response)}
 
     def head_object(self, *, Bucket: str, Key: str) -> dict[str, Any]:
-        _, answer, _ = self._send("HEAD", Bucket, Key)
+        _, answer, _ = self._whole(self._exchange("HEAD", Bucket, Key))
         return self._object_meta(answer)
 
     def delete_object(self, *, Bucket: str, Key: str) -> dict[str, Any]:
-        status, _, _ = self._send("DELETE", Bucket, Key)
+        status, _, _ = self._whole(self._exchange("DELETE", Bucket, Key))
         return {"ResponseMetadata": {"HTTPStatusCode": status}}
 
     def list_objects_v2(
@@ -241,7 +241,7 @@ class DirectClient:
         query = [("list-type", "2"), ("max-keys", str(MaxKeys)), ("prefix", Prefix)]
         if StartAfter is not None:
             query.append(("start-after", StartAfter))
-        _, _, body = self._send("GET", Bucket, None, query=query)
+        _, _, body = self._whole(self._exchange("GET", Bucket, None, query=query))
         return _parse_listing(body)
 
     def create_bucket(self, *, Bucket: str, CreateBucketConfiguration: dict[str, str] | None = None) -> dict[str, Any]:
@@ -252,7 +252,7 @@ class DirectClient:
                 '<CreateBucketConfiguration xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
                 f"<LocationConstraint>{constraint}</LocationConstraint></CreateBucketConfiguration>"
             ).encode()
-        self._send("PUT", Bucket, None, body=body)
+        self._whole(self._exchange("PUT", Bucket, None, body=body))
         return {}
 
     def close(self) -> None:
@@ -299,17 +299,9 @@ class DirectClient:
         S3SigV4Auth(credentials, "s3", region).add_auth(request)
         return dict(request.headers.items())
 
-    def _send(
-        self,
-        method: str,
-        bucket: str,
-        key: str | None,
-        *,
-        headers: dict[str, str] | None = None,
-        body: bytes = b"",
-        query: list[tuple[str, str]] | None = None,
-    ) -> tuple[int, dict[str, str], bytes]:
-        response, answer = self._exchange(method, bucket, key, headers=headers, body=body, query=query)
+    def _whole(self, exchanged: tuple[urllib3.BaseHTTPResponse, dict[str, str]]) -> tuple[int, dict[str, str], bytes]:
+        """An :meth:`_exchange`'s status, headers and body, the body read to the end (which frees the connection)."""
+        response, answer = exchanged
         data = _Body(self, response).read()
         return response.status, answer, data
 
