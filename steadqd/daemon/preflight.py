@@ -111,6 +111,33 @@ def credentials_problems(settings: QueueSettings, account: Account) -> list[Prob
     return []
 
 
+def _real_directory(
+    path: str,
+    *,
+    missing: str,
+    unreadable: Callable[[str], str],
+    symlink: Callable[[str], str],
+    not_directory: str,
+) -> os.stat_result | Problem:
+    """``path``'s lstat when it is a directory itself (not a symlink to one), else the Problem in the caller's
+    words: ``unreadable`` is given the lstat error's text, ``symlink`` where the link leads (escaped)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return Problem(missing)
+    except OSError as e:
+        return Problem(unreadable(str(e.strerror)))
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = printable(os.path.realpath(path))
+        except OSError:
+            target = "?"
+        return Problem(symlink(target))
+    if not stat.S_ISDIR(st.st_mode):
+        return Problem(not_directory)
+    return st
+
+
 def queue_problems(settings: QueueSettings, account: Account) -> list[Problem]:
     """Can ``account`` (the process's own user) use the configured queue directory (or its bucket's credentials)?"""
     if settings.bucket:
@@ -126,25 +153,18 @@ def queue_problems(settings: QueueSettings, account: Account) -> list[Problem]:
                 f"({owner_mode(blocked)}); let the user through (e.g. chmod o+x {printable(blocked)}) or move the queue"
             )
         ]
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return [Problem(f"queue {shown} does not exist; create it as the service user: {init}")]
-    except OSError as e:
-        return [Problem(f"queue {shown}: user {account.name} cannot look at it: {e.strerror}")]
-    if stat.S_ISLNK(st.st_mode):
-        try:
-            target = printable(os.path.realpath(path))
-        except OSError:
-            target = "?"
-        return [
-            Problem(
-                f"queue {shown} is a symlink (to {target}); queues are never opened through a symlink: "
-                f"set `queue:` in {printable(settings.source)} to the real directory"
-            )
-        ]
-    if not stat.S_ISDIR(st.st_mode):
-        return [Problem(f"queue {shown} is not a directory; set `queue:` to a queue made with: {init}")]
+    looked = _real_directory(
+        path,
+        missing=f"queue {shown} does not exist; create it as the service user: {init}",
+        unreadable=lambda error: f"queue {shown}: user {account.name} cannot look at it: {error}",
+        symlink=lambda target: (
+            f"queue {shown} is a symlink (to {target}); queues are never opened through a symlink: "
+            f"set `queue:` in {printable(settings.source)} to the real directory"
+        ),
+        not_directory=f"queue {shown} is not a directory; set `queue:` to a queue made with: {init}",
+    )
+    if isinstance(looked, Problem):
+        return [looked]
     for sub in ("", *STATE_DIRS):
         p = os.path.join(path, sub) if sub else path
         if sub and not os.path.isdir(p):
@@ -331,24 +351,19 @@ def metrics_problems(settings: QueueSettings, account: Account) -> list[Problem]
     target = printable(textfile_for(configured, "worker"))
     where = printable(directory)
     install = f"install -d -o {account.name} -m 0755 {where}"
-    try:
-        st = os.lstat(directory)
-    except FileNotFoundError:
-        return [
-            Problem(f"metrics_textfile: directory {where} does not exist, so {target} cannot be written; {install}")
-        ]
-    except OSError as e:
-        return [Problem(f"metrics_textfile: user {account.name} cannot look at {where}: {e.strerror}; {install}")]
-    if stat.S_ISLNK(st.st_mode):
-        return [
-            Problem(
-                f"metrics_textfile: directory {where} is a symbolic link, which the writer never follows; name "
-                f"the real directory ({printable(os.path.realpath(directory))}) in metrics_textfile:"
-            )
-        ]
-    if not stat.S_ISDIR(st.st_mode):
-        return [Problem(f"metrics_textfile: {where} is not a directory; {install}")]
-    if problem := directory_problem(directory, st):
+    looked = _real_directory(
+        directory,
+        missing=f"metrics_textfile: directory {where} does not exist, so {target} cannot be written; {install}",
+        unreadable=lambda error: f"metrics_textfile: user {account.name} cannot look at {where}: {error}; {install}",
+        symlink=lambda real: (
+            f"metrics_textfile: directory {where} is a symbolic link, which the writer never follows; name "
+            f"the real directory ({real}) in metrics_textfile:"
+        ),
+        not_directory=f"metrics_textfile: {where} is not a directory; {install}",
+    )
+    if isinstance(looked, Problem):
+        return [looked]
+    if problem := directory_problem(directory, looked):
         return [Problem(f"{problem}; {target} would not be written")]
     if not os.access(directory, os.W_OK | os.X_OK):
         return [
