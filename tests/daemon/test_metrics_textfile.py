@@ -26,6 +26,9 @@ from steadqd.daemon import metrics
 from steadqd.daemon.config import load_config
 from steadqd.daemon.journal import Log
 from steadqd.daemon.metrics import DURATION_BUCKETS, Metrics, UncontrolledDirectory, textfile_for, write_textfile
+from steadqd.daemon.preflight import metrics_problems
+from steadqd.daemon.problem import Account
+from steadqd.daemon.settings import QueueSettings
 from steadqd.daemon.sweeper import SweeperRole
 from tests.daemon.conftest import STEADQD, Daemon, Env, job_spec, traversable, wait_for
 from tests.integration.test_shared_queue import PRODUCER, QUEUE_GID, as_user
@@ -355,3 +358,33 @@ def test_the_sweeper_counts_at_most_every_count_interval_and_only_with_a_file(
     monkeypatch.setattr(metrics, "_process", fresh)
     SweeperRole(load_config("r", str(tmp_path)), Log("sweeper", "r", journal=False, stream=io.StringIO()))._count(q)
     assert "steadqd_queue_jobs" not in fresh.render()
+
+
+def _metrics_preflight(textfile: Path) -> list[str]:
+    """What a start's preflight says about ``metrics_textfile: <textfile>``, as the service user it runs as."""
+    settings = QueueSettings(name="q", source="/etc/steadq/queues/q.yaml", queue="/srv/q", worker=None,
+                             metrics_textfile=str(textfile))  # fmt: skip
+    return [p.text for p in metrics_problems(settings, Account.current())]
+
+
+def test_the_preflight_says_what_is_wrong_with_the_metrics_directory_before_a_start(tmp_path: Path) -> None:
+    """Each way the directory can fail the writer's rule is one line naming it and what to do (nothing is made)."""
+    user = Account.current().name
+    missing = tmp_path / "gone"
+    assert _metrics_preflight(missing / "q.prom") == [
+        f"metrics_textfile: directory {missing} does not exist, so {missing}/q.worker.prom cannot be written; "
+        f"install -d -o {user} -m 0755 {missing}"
+    ]
+    assert not missing.exists()
+    real = tmp_path / "real"
+    real.mkdir(mode=0o755)
+    (tmp_path / "link").symlink_to(real)
+    assert _metrics_preflight(tmp_path / "link" / "q.prom") == [
+        f"metrics_textfile: directory {tmp_path / 'link'} is a symbolic link, which the writer never follows; "
+        f"name the real directory ({real}) in metrics_textfile:"
+    ]
+    (tmp_path / "file").write_text("")
+    assert _metrics_preflight(tmp_path / "file" / "q.prom") == [
+        f"metrics_textfile: {tmp_path / 'file'} is not a directory; install -d -o {user} -m 0755 {tmp_path / 'file'}"
+    ]
+    assert _metrics_preflight(real / "q.prom") == []
