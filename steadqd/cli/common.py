@@ -30,6 +30,7 @@ import re
 import signal
 import stat
 import sys
+import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO, NoReturn, TypeAlias, TypeVar
 
@@ -406,8 +407,9 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-# The argparse types whose values are seconds, which --help shows as durations (90s, 5m).
-_DURATION_TYPES: set[Callable[[str], float]] = {duration}
+# The argparse types whose values are seconds, which --help shows as durations (90s, 5m); weak, since
+# a parser built per call (tests run main() many times) makes its own duration_in types each time.
+_DURATION_TYPES: weakref.WeakSet[Callable[[str], float]] = weakref.WeakSet([duration])
 
 
 def _is_negative_duration(text: str) -> bool:
