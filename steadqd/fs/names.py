@@ -26,6 +26,8 @@ from typing import Any
 
 from steadqd.constants import (
     COMPACT_TMP_PREFIX,
+    DEAD_DIR,
+    DELAYED_DIR,
     DOMAIN_NAME,
     DOMAIN_SHARD,
     ID_BYTES,
@@ -33,7 +35,9 @@ from steadqd.constants import (
     MAX_SHARDS,
     NAME_TAG_BYTES,
     QUARANTINE_EXT,
+    READY_DIR,
     RECEIPT_EXT,
+    RECEIPTS_DIR,
     TAG_STATE_WORD,
     TEMP_EXT,
     U16_MAX,
@@ -720,6 +724,23 @@ _SHARD_DIRS = tuple(f"{s:04x}" for s in range(MAX_SHARDS))
 def bucket_dir(bucket: int) -> str:
     """Bucket directory name: always 16 lowercase hex digits of the u64."""
     return f"{_check_int('bucket', bucket, U64_MAX):016x}"
+
+
+_BUCKETED_DIRS = {State.DELAYED: DELAYED_DIR, State.RECEIPT: RECEIPTS_DIR, State.DEAD: DEAD_DIR}
+
+
+def state_dir(state: State, shard: int, bucket: int | None = None) -> str:
+    """The directory, relative to the queue root, that holds names of ``state`` in ``shard`` (and ``bucket``).
+
+    Ready and (colocated) leased names live in ``ready/<shard>/``; delayed,
+    receipt and dead names in ``<state dir>/<bucket>/<shard>/`` (layout.md).
+    """
+    top = _BUCKETED_DIRS.get(state)
+    if top is None:
+        return f"{READY_DIR}/{shard_dir(shard)}"
+    if bucket is None:
+        raise InvalidInput(f"a {state.value} directory needs its bucket")
+    return f"{top}/{bucket_dir(bucket)}/{shard_dir(shard)}"
 
 
 def parse_shard_dir(name: str | bytes, shard_count: int) -> int | None:

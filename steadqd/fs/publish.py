@@ -22,15 +22,14 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from steadqd.constants import (
-    DELAYED_DIR,
     ENQUEUE_MANY_GROUP,
     HEADER_SIZE,
     MAX_MAXIMUM_ATTEMPTS,
     MAX_PAYLOAD_LENGTH,
     MIN_MAXIMUM_ATTEMPTS,
-    READY_DIR,
     TMP_DIR,
     U64_MAX,
+    State,
 )
 from steadqd.errors import (
     EnqueueIncomplete,
@@ -46,7 +45,6 @@ from steadqd.fs.clock import checked_seconds_ns
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import EnqueueTicket
 from steadqd.fs.names import (
-    bucket_dir,
     delayed_bucket,
     delayed_name,
     make_filename,
@@ -54,6 +52,7 @@ from steadqd.fs.names import (
     ready_name,
     shard_dir,
     shard_of,
+    state_dir,
 )
 from steadqd.fs.records import Extension, JobHeader, build_header, encode_extension
 from steadqd.fs.tree import (
@@ -326,7 +325,7 @@ def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
             bucket=bucket,
             lease_width_ns=fmt.lease_width_ns,
         )
-        dest_rel, state = f"{DELAYED_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}", "delayed"
+        dest_rel, state = state_dir(State.DELAYED, shard, bucket), "delayed"
     else:
         name = make_filename(
             fmt.queue_id,
@@ -334,7 +333,7 @@ def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
             shard=shard,
             lease_width_ns=fmt.lease_width_ns,
         )
-        dest_rel, state = f"{READY_DIR}/{shard_dir(shard)}", "ready"
+        dest_rel, state = state_dir(State.READY, shard), "ready"
     max_payload = min(fmt.max_payload_length, MAX_PAYLOAD_LENGTH)
     writer = _writer(payload, job_id, max_attempts, wall, extension, max_payload)
     job_hex = job_id.hex()

@@ -18,7 +18,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from steadqd.constants import DEAD_DIR, READY_DIR, QuarantineReason, State
+from steadqd.constants import DEAD_DIR, QuarantineReason, State
 from steadqd.errors import (
     CorruptObject,
     ErrorKind,
@@ -59,6 +59,7 @@ from steadqd.fs.names import (
     ready_name,
     shard_dir,
     shard_of,
+    state_dir,
 )
 from steadqd.fs.quarantine import quarantine
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, MoveFailed, SourceChanged, SourceMissing, Witness
@@ -342,7 +343,7 @@ def _requeue(ctx: Context, job_id: str, reset: bool) -> str:
     shard = shard_of(fmt.queue_id, job, fmt.shard_count)
     target = ready_name(job, next_generation(dead.generation), attempt, dead.max_attempts)
     target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
-    dest_rel = f"{READY_DIR}/{shard_dir(shard)}"
+    dest_rel = state_dir(State.READY, shard)
     src_rel, src_name = split_path(dead.path)
     try:
         src_fd = ctx.tree.dir(src_rel)

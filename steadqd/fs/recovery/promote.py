@@ -15,9 +15,16 @@ Its other entries are left unopened, as later buckets are.
 
 from __future__ import annotations
 
-from steadqd.constants import DELAYED_DIR, JOB_EXT, READY_DIR, State
+from steadqd.constants import DELAYED_DIR, JOB_EXT, State
 from steadqd.errors import CorruptObject, SteadQError
-from steadqd.fs.names import make_filename, next_generation, parse_bucket_dir, parse_name, ready_name, shard_dir
+from steadqd.fs.names import (
+    make_filename,
+    next_generation,
+    parse_bucket_dir,
+    parse_name,
+    ready_name,
+    state_dir,
+)
 from steadqd.fs.recovery.buckets import prune_delayed_buckets
 from steadqd.fs.recovery.objects import move, valid
 from steadqd.fs.recovery.state import Pass
@@ -55,6 +62,6 @@ def _delayed_entry(p: Pass, dir_fd: int, rel: str, raw: bytes, bucket: int, shar
     fmt = p.fmt
     target = ready_name(job.job_id, generation, job.attempt, job.max_attempts)
     target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
-    dst_rel = f"{READY_DIR}/{shard_dir(shard)}"
+    dst_rel = state_dir(State.READY, shard)
     if move(p, "promote", dir_fd, rel, name, dst_rel, target_file):
         p.report.delayed_promoted += 1

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import contextlib
 
-from steadqd.constants import DEAD_DIR, JOB_EXT, LEASED_DIR, READY_DIR, DeadReason, QuarantineReason, State
+from steadqd.constants import JOB_EXT, LEASED_DIR, READY_DIR, DeadReason, QuarantineReason, State
 from steadqd.errors import CorruptObject, SteadQError
 from steadqd.fs import linux
 from steadqd.fs.names import (
     JobName,
     authenticate,
-    bucket_dir,
     dead_name,
     format_name,
     leased_name,
@@ -33,6 +32,7 @@ from steadqd.fs.names import (
     ready_name,
     shard_dir,
     shard_of,
+    state_dir,
     terminal_bucket,
 )
 from steadqd.fs.recovery.objects import move, quarantine_object, rename, valid
@@ -151,7 +151,7 @@ def _reap(p: Pass, src_fd: int, src_rel: str, name: str, job: JobName, shard: in
             p.report.leases_reaped += 1
             p.report.reaped_jobs.append(job.job_id.hex())
         return
-    dst_rel = f"{READY_DIR}/{shard_dir(shard)}"
+    dst_rel = state_dir(State.READY, shard)
     if move(p, "reap_to_ready", src_fd, src_rel, name, dst_rel, target_file):
         p.report.leases_reaped += 1
         p.report.reaped_jobs.append(job.job_id.hex())
@@ -165,7 +165,7 @@ def _reap_to_dead(p: Pass, src_fd: int, src_rel: str, name: str, job: JobName, g
     tb = terminal_bucket(p.wall, fmt.terminal_width_ns)
     target = dead_name(job.job_id, generation, job.attempt, job.max_attempts, reason=DeadReason.ATTEMPTS_EXHAUSTED)
     target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=tb, lease_width_ns=fmt.lease_width_ns)
-    dst_rel = f"{DEAD_DIR}/{bucket_dir(tb)}/{shard_dir(shard)}"
+    dst_rel = state_dir(State.DEAD, shard, tb)
     if move(p, "reap_to_dead", src_fd, src_rel, name, dst_rel, target_file):
         p.report.leases_to_dead += 1
         p.report.reaped_jobs.append(job.job_id.hex())
