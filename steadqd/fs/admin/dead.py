@@ -43,6 +43,7 @@ from steadqd.fs.admin.files import (
     open_object,
     raw_chunks,
     split_path,
+    stat_entries,
     unlink_durably,
     write_atomically,
 )
@@ -117,20 +118,8 @@ def _dead_in(ctx: Context, bucket: int, shard: int, rel: str, prefix: bytes = b"
     if dir_fd is None:
         return
     try:
-        try:
-            entries = linux.list_dir(dir_fd)
-        except OSError as e:
-            raise io_error(e, f"list {rel}") from e
-        for raw in entries:
-            if not raw.startswith(prefix):
-                continue
-            try:
-                mode = linux.stat_at(dir_fd, raw).st_mode
-            except FileNotFoundError:
-                continue  # moved on since it was listed
-            except OSError as e:
-                raise io_error(e, f"stat {rel}") from e
-            name = dead_job(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, bucket, shard, raw, mode)
+        for raw, st in stat_entries(dir_fd, rel, lambda raw: raw.startswith(prefix)):
+            name = dead_job(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, bucket, shard, raw, st.st_mode)
             if name is None:
                 continue
             assert name.reason is not None
