@@ -304,9 +304,7 @@ class _Scan:
         token = ctx.random(16)
         generation, attempt = next_generation(job.generation), next_attempt(job.attempt)
         # Every part was parsed by the grammar or computed and checked just above.
-        target = trusted_leased_name(
-            job.job_id, generation, attempt, job.max_attempts, ctx.boot_raw, bt_deadline, wall_deadline, token
-        )
+        target = trusted_leased_name(job, generation, attempt, ctx.boot_raw, bt_deadline, wall_deadline, token)
         target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
         target_rel = f"{rel}/{target_file}"
         lease = lease_from_claim(

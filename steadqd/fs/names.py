@@ -504,27 +504,26 @@ def _trusted_name(values: dict[str, Any]) -> JobName:
 
 
 def trusted_leased_name(
-    job_id: bytes,
+    ready: JobName,
     generation: int,
     attempt: int,
-    max_attempts: int,
     boot_id: bytes,
     boottime_deadline: int,
     wall_deadline: int,
-    lease_token: bytes,
+    token: bytes,
 ) -> JobName:
-    """A leased identity of parts the claim has just parsed or computed, built unchecked.
+    """The leased identity a claim of the parsed name ``ready`` writes, built unchecked.
 
-    Only for values already known to fit: a job id and attempt limit parsed
-    by the grammar, a generation and attempt from next_generation and
-    next_attempt, the handle's boot id, deadlines checked against u64, a
+    Only for values already known to fit: the job id and attempt limit of a
+    name the grammar parsed, a generation and attempt from next_generation
+    and next_attempt, the handle's boot id, deadlines checked against u64, a
     fresh 16-byte token. Anything from a caller goes through :func:`leased_name`.
     """
     name = object.__new__(JobName)
     name.__dict__.update({
-        "state": State.LEASED, "job_id": job_id, "generation": generation, "attempt": attempt,
-        "max_attempts": max_attempts, "boot_id": boot_id, "boottime_deadline": boottime_deadline,
-        "wall_deadline": wall_deadline, "lease_token": lease_token, "not_before": None, "reason": None, "tag": None,
+        "state": State.LEASED, "job_id": ready.job_id, "generation": generation, "attempt": attempt,
+        "max_attempts": ready.max_attempts, "boot_id": boot_id, "boottime_deadline": boottime_deadline,
+        "wall_deadline": wall_deadline, "lease_token": token, "not_before": None, "reason": None, "tag": None,
     })  # fmt: skip
     return name
 
