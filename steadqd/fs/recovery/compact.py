@@ -16,9 +16,8 @@ from steadqd.constants import RECEIPT_EXT, RECEIPTS_DIR
 from steadqd.errors import SteadQError
 from steadqd.fs import linux
 from steadqd.fs.names import bucket_start, is_compact_temp_name, make_compact_temp_name, parse_bucket_dir
-from steadqd.fs.receipt import verify_receipt
 from steadqd.fs.records import CompactReceipt
-from steadqd.fs.recovery.objects import locked_receipt
+from steadqd.fs.recovery.objects import locked_receipt, verified_receipt
 from steadqd.fs.recovery.state import Pass
 from steadqd.fs.recovery.temp import delete_temp
 from steadqd.fs.recovery.walk import NOT_BUCKET, Level, leaf_name, shard_level, walk
@@ -41,15 +40,8 @@ def _compact_one(p: Pass, dir_fd: int, rel: str, name: str, bucket: int, shard: 
     with locked_receipt(p, dir_fd, rel, name, "receipt_compact_failed") as fd:
         if fd is None:
             return
-        try:
-            info = verify_receipt(fmt, fd, name, bucket, shard)
-        except SteadQError as e:
-            p.error("receipt_compact_invalid", f"{rel}/{name}: {e}")
-            return
-        except OSError as e:
-            p.error("receipt_compact_failed", f"{rel}/{name}: {e.strerror}")
-            return
-        if info.compact:
+        info = verified_receipt(p, fd, rel, name, bucket, shard, "receipt_compact")
+        if info is None or info.compact:
             return
         assert info.name.lease_token is not None
         p.op()

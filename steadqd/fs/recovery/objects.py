@@ -20,6 +20,7 @@ from steadqd.errors import CorruptObject, QueueCorrupt, SteadQError
 from steadqd.fs import linux
 from steadqd.fs.names import JobName, authenticate, delayed_bucket, lease_bucket, shard_of
 from steadqd.fs.quarantine import quarantine, quarantine_special
+from steadqd.fs.receipt import ReceiptInfo, verify_receipt
 from steadqd.fs.recovery.state import Pass
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, MoveFailed, SourceMissing, Witness
 from steadqd.fs.verify import Envelope, check_name_matches, check_object_stat, read_envelope
@@ -174,3 +175,18 @@ def locked_receipt(p: Pass, dir_fd: int, rel: str, name: str, code: str) -> Iter
     finally:
         with contextlib.suppress(OSError):
             linux.close(fd)
+
+
+def verified_receipt(
+    p: Pass, fd: int, rel: str, name: str, bucket: int, shard: int, code: str, note: str = ""
+) -> ReceiptInfo | None:
+    """The receipt open on ``fd`` (from :func:`locked_receipt`), verified for its directory; None when
+    it does not verify (reported as ``<code>_invalid``, ``note`` after the reason) or cannot be read
+    (``<code>_failed``)."""
+    try:
+        return verify_receipt(p.fmt, fd, name, bucket, shard)
+    except SteadQError as e:
+        p.error(f"{code}_invalid", f"{rel}/{name}: {e}{note}")
+    except OSError as e:
+        p.error(f"{code}_failed", f"{rel}/{name}: {e.strerror}")
+    return None

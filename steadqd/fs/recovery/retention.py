@@ -28,8 +28,7 @@ from steadqd.constants import DEAD_DIR, JOB_EXT, RECEIPT_EXT, RECEIPTS_DIR, Stat
 from steadqd.errors import CorruptObject, QueueCorrupt, SteadQError
 from steadqd.fs import linux
 from steadqd.fs.names import JobName, bucket_end, parse_bucket_dir, parse_name
-from steadqd.fs.receipt import verify_receipt
-from steadqd.fs.recovery.objects import locked_receipt, validate
+from steadqd.fs.recovery.objects import locked_receipt, validate, verified_receipt
 from steadqd.fs.recovery.state import Key, Pass
 from steadqd.fs.recovery.walk import Level, ascii_name, dirs, entries, open_dir, shard_level
 from steadqd.fs.tree import Indeterminate, MoveFailed, SourceMissing, Witness
@@ -126,13 +125,8 @@ def _delete_receipt(p: Pass, dir_fd: int, rel: str, name: str, _job: JobName, bu
     with locked_receipt(p, dir_fd, rel, name, "receipt_delete_failed") as fd:
         if fd is None:
             return not _exists(dir_fd, name)
-        try:
-            info = verify_receipt(p.fmt, fd, name, bucket, shard)
-        except SteadQError as e:
-            p.error("receipt_delete_invalid", f"{rel}/{name}: {e}; kept")
-            return False
-        except OSError as e:
-            p.error("receipt_delete_failed", f"{rel}/{name}: {e.strerror}")
+        info = verified_receipt(p, fd, rel, name, bucket, shard, "receipt_delete", note="; kept")
+        if info is None:
             return False
         gone, deleted = _unlink_verified(p, dir_fd, rel, name, info.witness, "receipt_delete")
         p.report.receipts_deleted += deleted
