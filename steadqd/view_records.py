@@ -9,6 +9,7 @@ that backend leaves it None and says so in its own module.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar, Generic, TypeVar
 
@@ -154,6 +155,16 @@ class QuarantinedObject:
     size: int
     mtime_ns: int | None = field(default=None, compare=False)  # its age for selection, not its identity
     finding: str = ""
+
+
+def quarantined_by_id(
+    found: Iterable[QuarantinedObject], quarantine_id: str, missing: Callable[[], Exception]
+) -> QuarantinedObject:
+    """The first of ``found`` with this id (both backends' ``admin quarantine-inspect``); raises ``missing()`` if none."""
+    for obj in found:
+        if obj.quarantine_id == quarantine_id:
+            return obj
+    raise missing()
 
 
 @dataclass

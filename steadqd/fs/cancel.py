@@ -27,7 +27,7 @@ from __future__ import annotations
 import errno
 import os
 
-from steadqd.constants import DEAD_DIR, Cancellation, CancelResult, DeadReason, State
+from steadqd.constants import Cancellation, CancelResult, DeadReason, State
 from steadqd.errors import CorruptObject, ErrorKind, NotCommitted, OutcomeUnknown, SteadQError, kind_for_errno
 from steadqd.fs import linux
 from steadqd.fs.context import Context, not_committed
@@ -35,12 +35,11 @@ from steadqd.fs.json_records import DeadLocation, LeasedLocation, TransitionTick
 from steadqd.fs.lease import Lease
 from steadqd.fs.names import (
     boot_dashed,
-    bucket_dir,
     dead_name,
     make_filename,
     next_generation,
-    shard_dir,
     shard_of,
+    state_dir,
     terminal_bucket,
 )
 from steadqd.fs.settle import _move_into
@@ -131,7 +130,7 @@ def _move_to_dead(ctx: Context, obj: JobObject) -> None:
         jn.job_id, next_generation(jn.generation), jn.attempt, jn.max_attempts, reason=DeadReason.CANCELLED
     )
     target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
-    dest_rel = f"{DEAD_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}"
+    dest_rel = state_dir(State.DEAD, shard, bucket)
     try:
         dest_fd = ctx.tree.ensure_dir(dest_rel)
     except OSError as e:

@@ -21,7 +21,6 @@ from typing import Any
 
 from steadqd.constants import (
     CLAIM_SCAN_CHUNK_BYTES,
-    DEAD_DIR,
     U64_MAX,
     DeadReason,
     QuarantineReason,
@@ -36,15 +35,14 @@ from steadqd.fs.lease import Lease, lease_from_claim, make_ticket, remember_own_
 from steadqd.fs.names import (
     JobName,
     authenticate,
-    bucket_dir,
     dead_name,
     looks_ready,
     make_filename,
     next_attempt,
     next_generation,
     parse_name,
-    shard_dir,
     shard_of,
+    state_dir,
     terminal_bucket,
     trusted_leased_name,
 )
@@ -306,9 +304,7 @@ class _Scan:
         token = ctx.random(16)
         generation, attempt = next_generation(job.generation), next_attempt(job.attempt)
         # Every part was parsed by the grammar or computed and checked just above.
-        target = trusted_leased_name(
-            job.job_id, generation, attempt, job.max_attempts, ctx.boot_raw, bt_deadline, wall_deadline, token
-        )
+        target = trusted_leased_name(job, generation, attempt, ctx.boot_raw, bt_deadline, wall_deadline, token)
         target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
         target_rel = f"{rel}/{target_file}"
         lease = lease_from_claim(
@@ -373,7 +369,7 @@ class _Scan:
             reason=DeadReason.ATTEMPTS_EXHAUSTED,
         )
         target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
-        dead_rel = f"{DEAD_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}"
+        dead_rel = state_dir(State.DEAD, shard, bucket)
         try:
             dead_fd = ctx.tree.ensure_dir(dead_rel)
             ctx.tree.move_unwitnessed(dir_fd, name, dead_fd, target_file)

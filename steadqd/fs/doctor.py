@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from steadqd.constants import DELAYED_DIR, READY_DIR, SUPPORTED_FILESYSTEMS, TMP_DIR
 from steadqd.fs import linux
+from steadqd.fs.boot_id import read_boot_id
 from steadqd.fs.layout import filesystem_name
 from steadqd.fs.owner import command_name, groups_of, owner_and_mode, readable_by, user_name
 
@@ -45,7 +46,7 @@ def doctor_checks(path: str) -> list[Check]:
         except Exception as e:  # noqa: BLE001 - a failed probe is a failed check
             checks.append(Check(name, False, e))
 
-    check("boot_id", linux.read_boot_id)
+    check("boot_id", read_boot_id)
     check("clock_boottime", lambda: f"{linux.boottime_ns()} ns")
     check("clock_realtime", lambda: f"{linux.realtime_ns()} ns")
     check("getrandom", lambda: "OK" if len(linux.getrandom(16)) == 16 else "short read")

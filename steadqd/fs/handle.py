@@ -267,7 +267,7 @@ class Queue:
 
         def publish(jid: str | None) -> tuple[str, str]:
             raw = chosen if jid is None else parse_job_id(jid)
-            published = enqueue(self._ctx, payload, delay=delay or None, job_id=raw, **kwargs)  # type: ignore[arg-type]
+            published = enqueue(self._ctx, payload, delay=delay or None, job_id=raw, **kwargs)
             return published.job_id, published.path
 
         with mutation("enqueue", self._ctx):

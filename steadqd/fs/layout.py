@@ -54,6 +54,7 @@ from steadqd.errors import (
     UnsupportedFilesystem,
 )
 from steadqd.fs import linux
+from steadqd.fs.boot_id import read_boot_id
 from steadqd.fs.json_records import validate_cursor
 from steadqd.fs.names import shard_dir, watermark_bucket
 from steadqd.fs.records import FormatRecord, Watermark, validate_queue_config
@@ -358,7 +359,7 @@ def open_queue_root(path: str, options: OpenOptions) -> OpenedRoot:
             if sst.st_dev != root_dev:
                 raise QueueCorrupt(f"state directory {d}/ is on another device than the queue root")
         try:
-            boot_id = linux.read_boot_id()
+            boot_id = read_boot_id()
         except ValueError as e:
             raise InvalidInput(str(e)) from e
         control = linux.open_dir(root, CONTROL_DIR)

@@ -22,7 +22,6 @@ import contextlib
 import errno as _errno
 import fcntl
 import os
-import re
 import stat
 import struct
 import sys
@@ -50,8 +49,6 @@ __all__ = [
     "ShortRead",
     "TmpfileLinkUnsupported",
     "TraceEvent",
-    "boot_id_bytes",
-    "boot_id_dashed",
     "boottime_ns",
     "close",
     "dup",
@@ -75,7 +72,6 @@ __all__ = [
     "open_tmpfile",
     "pread",
     "pwrite_all",
-    "read_boot_id",
     "read_exact",
     "realtime_ns",
     "rename_noreplace",
@@ -665,41 +661,3 @@ def getrandom(n: int) -> bytes:
         except InterruptedError:  # PEP 475 retries real EINTR; this catches injected ones
             continue
     return out
-
-
-# --- Boot id. ---
-
-_BOOT_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def _check_boot_id(text: str) -> str:
-    if not _BOOT_ID_RE.fullmatch(text):
-        raise ValueError(f"boot id {text!r} is not canonical lowercase 8-4-4-4-12 hex")
-    return text
-
-
-def read_boot_id(path: str = "/proc/sys/kernel/random/boot_id") -> str:
-    """The current boot id, whitespace stripped; ValueError unless canonical lowercase 8-4-4-4-12 hex."""
-    fd = open_at(AT_FDCWD, path, os.O_RDONLY)
-    try:
-        raw = pread(fd, 4096, 0)
-    finally:
-        close(fd)
-    try:
-        text = raw.strip().decode("ascii")
-    except UnicodeDecodeError:
-        raise ValueError(f"boot id in {path} is not ASCII: {raw!r}") from None
-    return _check_boot_id(text)
-
-
-def boot_id_bytes(dashed: str) -> bytes:
-    """The 16 bytes of a canonical dashed boot id (the 32 hex digits in order)."""
-    return bytes.fromhex(_check_boot_id(dashed).replace("-", ""))
-
-
-def boot_id_dashed(raw16: bytes) -> str:
-    """The canonical dashed lowercase form of 16 boot-id bytes."""
-    if len(raw16) != 16:
-        raise ValueError(f"boot id must be 16 bytes, got {len(raw16)}")
-    h = raw16.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

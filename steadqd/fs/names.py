@@ -26,6 +26,8 @@ from typing import Any
 
 from steadqd.constants import (
     COMPACT_TMP_PREFIX,
+    DEAD_DIR,
+    DELAYED_DIR,
     DOMAIN_NAME,
     DOMAIN_SHARD,
     ID_BYTES,
@@ -33,7 +35,9 @@ from steadqd.constants import (
     MAX_SHARDS,
     NAME_TAG_BYTES,
     QUARANTINE_EXT,
+    READY_DIR,
     RECEIPT_EXT,
+    RECEIPTS_DIR,
     TAG_STATE_WORD,
     TEMP_EXT,
     U16_MAX,
@@ -500,27 +504,26 @@ def _trusted_name(values: dict[str, Any]) -> JobName:
 
 
 def trusted_leased_name(
-    job_id: bytes,
+    ready: JobName,
     generation: int,
     attempt: int,
-    max_attempts: int,
     boot_id: bytes,
     boottime_deadline: int,
     wall_deadline: int,
-    lease_token: bytes,
+    token: bytes,
 ) -> JobName:
-    """A leased identity of parts the claim has just parsed or computed, built unchecked.
+    """The leased identity a claim of the parsed name ``ready`` writes, built unchecked.
 
-    Only for values already known to fit: a job id and attempt limit parsed
-    by the grammar, a generation and attempt from next_generation and
-    next_attempt, the handle's boot id, deadlines checked against u64, a
+    Only for values already known to fit: the job id and attempt limit of a
+    name the grammar parsed, a generation and attempt from next_generation
+    and next_attempt, the handle's boot id, deadlines checked against u64, a
     fresh 16-byte token. Anything from a caller goes through :func:`leased_name`.
     """
     name = object.__new__(JobName)
     name.__dict__.update({
-        "state": State.LEASED, "job_id": job_id, "generation": generation, "attempt": attempt,
-        "max_attempts": max_attempts, "boot_id": boot_id, "boottime_deadline": boottime_deadline,
-        "wall_deadline": wall_deadline, "lease_token": lease_token, "not_before": None, "reason": None, "tag": None,
+        "state": State.LEASED, "job_id": ready.job_id, "generation": generation, "attempt": attempt,
+        "max_attempts": ready.max_attempts, "boot_id": boot_id, "boottime_deadline": boottime_deadline,
+        "wall_deadline": wall_deadline, "lease_token": token, "not_before": None, "reason": None, "tag": None,
     })  # fmt: skip
     return name
 
@@ -720,6 +723,23 @@ _SHARD_DIRS = tuple(f"{s:04x}" for s in range(MAX_SHARDS))
 def bucket_dir(bucket: int) -> str:
     """Bucket directory name: always 16 lowercase hex digits of the u64."""
     return f"{_check_int('bucket', bucket, U64_MAX):016x}"
+
+
+_BUCKETED_DIRS = {State.DELAYED: DELAYED_DIR, State.RECEIPT: RECEIPTS_DIR, State.DEAD: DEAD_DIR}
+
+
+def state_dir(state: State, shard: int, bucket: int | None = None) -> str:
+    """The directory, relative to the queue root, that holds names of ``state`` in ``shard`` (and ``bucket``).
+
+    Ready and (colocated) leased names live in ``ready/<shard>/``; delayed,
+    receipt and dead names in ``<state dir>/<bucket>/<shard>/`` (layout.md).
+    """
+    top = _BUCKETED_DIRS.get(state)
+    if top is None:
+        return f"{READY_DIR}/{shard_dir(shard)}"
+    if bucket is None:
+        raise InvalidInput(f"a {state.value} directory needs its bucket")
+    return f"{top}/{bucket_dir(bucket)}/{shard_dir(shard)}"
 
 
 def parse_shard_dir(name: str | bytes, shard_count: int) -> int | None:

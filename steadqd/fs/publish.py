@@ -19,18 +19,17 @@ import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from steadqd.constants import (
-    DELAYED_DIR,
     ENQUEUE_MANY_GROUP,
     HEADER_SIZE,
     MAX_MAXIMUM_ATTEMPTS,
     MAX_PAYLOAD_LENGTH,
     MIN_MAXIMUM_ATTEMPTS,
-    READY_DIR,
     TMP_DIR,
     U64_MAX,
+    State,
 )
 from steadqd.errors import (
     EnqueueIncomplete,
@@ -46,7 +45,6 @@ from steadqd.fs.clock import checked_seconds_ns
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import EnqueueTicket
 from steadqd.fs.names import (
-    bucket_dir,
     delayed_bucket,
     delayed_name,
     make_filename,
@@ -54,6 +52,7 @@ from steadqd.fs.names import (
     ready_name,
     shard_dir,
     shard_of,
+    state_dir,
 )
 from steadqd.fs.records import Extension, JobHeader, build_header, encode_extension
 from steadqd.fs.tree import (
@@ -89,18 +88,20 @@ class Published:
 
 @dataclass(slots=True)
 class _Options:
-    """The caller's options of one enqueue call, validated once: with
-    :func:`enqueue_many` they apply to every job of the call. (Not frozen:
+    """The caller's options of one enqueue call (their one list here: the
+    keyword arguments of :meth:`steadqd.backend.Backend.enqueue`, which says
+    what each means), validated once: with :func:`enqueue_many` they apply
+    to every job of the call. (Not frozen:
     built once per enqueue and never changed, and a frozen dataclass's
     generated constructor sets each field through ``object.__setattr__``.)"""
 
-    max_attempts: int
-    content_type: str
-    metadata: Mapping[str, bool | int | str | bytes] | None
-    producer_id: str | None
-    trace_context: bytes | None
-    delay: float | None
-    not_before_ns: int | None
+    max_attempts: int = 3
+    content_type: str = "application/octet-stream"
+    metadata: Mapping[str, bool | int | str | bytes] | None = None
+    producer_id: str | None = None
+    trace_context: bytes | None = None
+    delay: float | None = None
+    not_before_ns: int | None = None
     # Drawn by the caller from getrandom (backend.new_job_id) and recorded
     # before the call, so that it can find out after a crash whether the job exists.
     job_id: bytes | None = None
@@ -117,40 +118,19 @@ class _Options:
             checked_seconds_ns("delay", self.delay)  # refused before any file is written
 
 
-def enqueue(
-    ctx: Context,
-    payload: Payload,
-    *,
-    max_attempts: int = 3,
-    content_type: str = "application/octet-stream",
-    metadata: Mapping[str, bool | int | str | bytes] | None = None,
-    producer_id: str | None = None,
-    trace_context: bytes | None = None,
-    delay: float | None = None,
-    not_before_ns: int | None = None,
-    job_id: bytes | None = None,
-) -> Published:
+def enqueue(ctx: Context, payload: Payload, **options: Any) -> Published:
+    """Publish one job; ``options``: the fields of :class:`_Options` (an unknown one is a TypeError)."""
     ctx.check_usable()
-    opts = _Options(max_attempts, content_type, metadata, producer_id, trace_context, delay, not_before_ns, job_id)
+    opts = _Options(**options)
     publication = _prepare(ctx, payload, opts)
     publication.run()
     return publication.result()
 
 
-def enqueue_many(
-    ctx: Context,
-    payloads: Iterable[Payload],
-    *,
-    max_attempts: int = 3,
-    content_type: str = "application/octet-stream",
-    metadata: Mapping[str, bool | int | str | bytes] | None = None,
-    producer_id: str | None = None,
-    trace_context: bytes | None = None,
-    delay: float | None = None,
-    not_before_ns: int | None = None,
-) -> list[Published]:
+def enqueue_many(ctx: Context, payloads: Iterable[Payload], **options: Any) -> list[Published]:
     """Publish one job per payload, in order, with one group of file fsyncs per
-    :data:`ENQUEUE_MANY_GROUP` jobs.
+    :data:`ENQUEUE_MANY_GROUP` jobs. ``options``: as :func:`enqueue`'s but
+    ``job_id`` (each job's id is drawn for it).
 
     Why: on ext4 every job's own fsync commits its own journal transaction.
     Here a group is published in phases: (a) prepare, create the O_TMPFILE,
@@ -182,7 +162,9 @@ def enqueue_many(
     through :func:`enqueue`'s named-temp path, with the same failure rules.
     """
     ctx.check_usable()
-    opts = _Options(max_attempts, content_type, metadata, producer_id, trace_context, delay, not_before_ns)
+    if "job_id" in options:
+        raise TypeError("enqueue_many() got an unexpected keyword argument 'job_id'")
+    opts = _Options(**options)
     done: list[Published] = []
     items = iter(payloads)
     try:
@@ -326,7 +308,7 @@ def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
             bucket=bucket,
             lease_width_ns=fmt.lease_width_ns,
         )
-        dest_rel, state = f"{DELAYED_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}", "delayed"
+        dest_rel, state = state_dir(State.DELAYED, shard, bucket), "delayed"
     else:
         name = make_filename(
             fmt.queue_id,
@@ -334,7 +316,7 @@ def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
             shard=shard,
             lease_width_ns=fmt.lease_width_ns,
         )
-        dest_rel, state = f"{READY_DIR}/{shard_dir(shard)}", "ready"
+        dest_rel, state = state_dir(State.READY, shard), "ready"
     max_payload = min(fmt.max_payload_length, MAX_PAYLOAD_LENGTH)
     writer = _writer(payload, job_id, max_attempts, wall, extension, max_payload)
     job_hex = job_id.hex()

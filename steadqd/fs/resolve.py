@@ -53,7 +53,6 @@ from steadqd.fs.names import (
     JobName,
     authenticate,
     boot_raw,
-    bucket_dir,
     dead_name,
     delayed_bucket,
     delayed_name,
@@ -63,8 +62,8 @@ from steadqd.fs.names import (
     parse_name,
     ready_name,
     receipt_name,
-    shard_dir,
     shard_of,
+    state_dir,
 )
 from steadqd.fs.receipt import ExpectedReceipt, verify_receipt
 from steadqd.fs.tree import is_single_regular
@@ -134,10 +133,9 @@ def _expected(ctx: Context, ticket: TransitionTicket, loc: Location, common: tup
     job, mx, token = ticket.job_id, ticket.maximum_attempts, ticket.lease_token
     gen, att = common
     shard = shard_of(fmt.queue_id, job, fmt.shard_count)
-    s = shard_dir(shard)
-    bucket: int | None
+    bucket: int | None = None
     if isinstance(loc, ReadyLocation):
-        name, state, rel, bucket = ready_name(job, gen, att, mx), State.READY, f"{READY_DIR}/{s}", None
+        name = ready_name(job, gen, att, mx)
     elif isinstance(loc, LeasedLocation):
         # Colocated lease in ready/<S>/; the tag context uses the lease bucket
         # of the deadline (make_filename derives it from the name).
@@ -151,23 +149,19 @@ def _expected(ctx: Context, ticket: TransitionTicket, loc: Location, common: tup
             wall_deadline=loc.wall_deadline_ns,
             lease_token=token,
         )
-        state, rel, bucket = State.LEASED, f"{READY_DIR}/{s}", None
     elif isinstance(loc, DelayedLocation):
         bucket = delayed_bucket(loc.not_before_ns, fmt.delayed_width_ns)
         name = delayed_name(job, gen, att, mx, not_before=loc.not_before_ns)
-        state, rel = State.DELAYED, f"{DELAYED_DIR}/{bucket_dir(bucket)}/{s}"
     elif isinstance(loc, ReceiptLocation):
         bucket = loc.terminal_bucket
         name = receipt_name(job, gen, att, mx, lease_token=token)
-        state, rel = State.RECEIPT, f"{RECEIPTS_DIR}/{bucket_dir(bucket)}/{s}"
     elif isinstance(loc, DeadLocation):
         bucket = loc.terminal_bucket
         name = dead_name(job, gen, att, mx, reason=loc.reason)
-        state, rel = State.DEAD, f"{DEAD_DIR}/{bucket_dir(bucket)}/{s}"
     else:  # pragma: no cover - validate() rejects anything else
         raise InvalidInput(f"ticket location {loc!r} is not a state")
     filename = make_filename(fmt.queue_id, name, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
-    return _Expected(state, rel, filename, shard, bucket, name)
+    return _Expected(name.state, state_dir(name.state, shard, bucket), filename, shard, bucket, name)
 
 
 def _expected_pair(ctx: Context, ticket: TransitionTicket) -> tuple[_Expected, _Expected]:

@@ -14,14 +14,11 @@ from collections.abc import Callable
 
 from steadqd.backoff import RetryPolicy, retry_delay_ms
 from steadqd.constants import (
-    DEAD_DIR,
-    DELAYED_DIR,
     I63_MAX,
-    READY_DIR,
-    RECEIPTS_DIR,
     U16_MAX,
     AckResult,
     DeadReason,
+    State,
 )
 from steadqd.errors import (
     CorruptObject,
@@ -39,7 +36,7 @@ from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import DeadLocation, DelayedLocation, Location, ReadyLocation, ReceiptLocation
 from steadqd.fs.lease import Lease, Source, indeterminate, validate_source
 from steadqd.fs.names import (
-    bucket_dir,
+    JobName,
     dead_name,
     delayed_bucket,
     delayed_name,
@@ -47,8 +44,8 @@ from steadqd.fs.names import (
     next_generation,
     ready_name,
     receipt_name,
-    shard_dir,
     shard_of,
+    state_dir,
     terminal_bucket,
 )
 from steadqd.fs.receipt import ExpectedReceipt, verify_receipt
@@ -112,15 +109,10 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     wall = ctx.wall_floor()
     bucket = terminal_bucket(wall, fmt.terminal_width_ns)
     shard = _shard(ctx, lease)
-    target = receipt_name(
-        lease.job_id_bytes,
-        next_generation(lease.generation),
-        lease.attempt,
-        lease.max_attempts,
-        lease_token=lease.token,
+    target_file = make_filename(
+        fmt.queue_id, _receipt_of(lease), shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns
     )
-    target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
-    dest_rel = f"{RECEIPTS_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}"
+    dest_rel = state_dir(State.RECEIPT, shard, bucket)
     try:
         src = validate_source(ctx, lease, moving=True)
     except LeaseLost:
@@ -151,6 +143,17 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     return AckResult.ACKED
 
 
+def _receipt_of(lease: Lease) -> JobName:
+    """The receipt name acknowledging ``lease`` (the name ack writes and the duplicate-ack probe looks for)."""
+    return receipt_name(
+        lease.job_id_bytes,
+        next_generation(lease.generation),
+        lease.attempt,
+        lease.max_attempts,
+        lease_token=lease.token,
+    )
+
+
 def _expected_receipt(lease: Lease) -> ExpectedReceipt:
     return ExpectedReceipt(
         generation=next_generation(lease.generation),
@@ -178,15 +181,9 @@ def _probe_or_lost(ctx: Context, lease: Lease, wall: int, shard: int) -> AckResu
     fmt = ctx.fmt
     now_b = terminal_bucket(wall, fmt.terminal_width_ns)
     r = -(-ctx.options.receipt_retention_ns // fmt.terminal_width_ns)
-    name = receipt_name(
-        lease.job_id_bytes,
-        next_generation(lease.generation),
-        lease.attempt,
-        lease.max_attempts,
-        lease_token=lease.token,
-    )
+    name = _receipt_of(lease)
     for b in range(now_b, max(0, now_b - (r + 2)) - 1, -1):
-        rel = f"{RECEIPTS_DIR}/{bucket_dir(b)}/{shard_dir(shard)}"
+        rel = state_dir(State.RECEIPT, shard, b)
         filename = make_filename(fmt.queue_id, name, shard=shard, bucket=b, lease_width_ns=fmt.lease_width_ns)
         try:
             dir_fd = linux.open_beneath(ctx.root_fd, rel, os.O_RDONLY | os.O_DIRECTORY)
@@ -245,13 +242,13 @@ def retry(ctx: Context, lease: Lease, *, delay: float | None = None, policy: Ret
     destination: ReadyLocation | DelayedLocation
     if not_before <= wall:
         target = ready_name(job, generation, lease.attempt, lease.max_attempts)
-        dest_rel = f"{READY_DIR}/{shard_dir(shard)}"
+        dest_rel = state_dir(State.READY, shard)
         target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
         operation, destination, state = "retry_now", ReadyLocation(), "ready"
     else:
         bucket = delayed_bucket(not_before, fmt.delayed_width_ns)
         target = delayed_name(job, generation, lease.attempt, lease.max_attempts, not_before=not_before)
-        dest_rel = f"{DELAYED_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}"
+        dest_rel = state_dir(State.DELAYED, shard, bucket)
         target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
         operation, destination, state = "retry_later", DelayedLocation(not_before), "delayed"
     src = validate_source(ctx, lease, moving=True)
@@ -278,7 +275,7 @@ def _bury(ctx: Context, lease: Lease, reason: int, wall: int) -> None:
         lease.job_id_bytes, next_generation(lease.generation), lease.attempt, lease.max_attempts, reason=int(reason)
     )
     target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns)
-    dest_rel = f"{DEAD_DIR}/{bucket_dir(bucket)}/{shard_dir(shard)}"
+    dest_rel = state_dir(State.DEAD, shard, bucket)
     src = validate_source(ctx, lease, moving=True)
     try:
         _move(ctx, lease, src, dest_rel, target_file, "bury", DeadLocation(bucket, int(reason)))

@@ -396,6 +396,13 @@ def inspect_job(ctx: Context, job_id: str) -> list[JobObject]:
     def add(jn: JobName, rel: str, state: str, details: dict[str, object]) -> None:
         out.append(JobObject(state, jn.generation, jn.attempt, jn.max_attempts, rel, jn, details))
 
+    def bucket_rels(top: str) -> Iterator[tuple[int, str]]:
+        """(bucket, the job's shard directory in it) for each bucket directory of ``top``."""
+        for b in _list_names(root, top):
+            bucket = parse_bucket_dir(b)
+            if bucket is not None:
+                yield bucket, f"{top}/{b.decode()}/{s}"
+
     with ctx.tree.operation():
         rel = f"{READY_DIR}/{s}"
         for name in matching(rel):
@@ -423,11 +430,7 @@ def inspect_job(ctx: Context, job_id: str) -> list[JobObject]:
                     if in_place and auth(jn, None):
                         add(jn, f"{rel}/{name}", "leased", _details(jn, "legacy"))
         for top, state in ((DELAYED_DIR, State.DELAYED), (DEAD_DIR, State.DEAD)):
-            for b in _list_names(root, top):
-                bucket = parse_bucket_dir(b)
-                if bucket is None:
-                    continue
-                rel = f"{top}/{b.decode()}/{s}"
+            for bucket, rel in bucket_rels(top):
                 for name in matching(rel):
                     try:
                         jn = parse_name(state, name)
@@ -435,11 +438,7 @@ def inspect_job(ctx: Context, job_id: str) -> list[JobObject]:
                         continue
                     if auth(jn, bucket):
                         add(jn, f"{rel}/{name}", state.value, _details(jn))
-        for b in _list_names(root, RECEIPTS_DIR):
-            bucket = parse_bucket_dir(b)
-            if bucket is None:
-                continue
-            rel = f"{RECEIPTS_DIR}/{b.decode()}/{s}"
+        for bucket, rel in bucket_rels(RECEIPTS_DIR):
             for name in matching(rel):
                 obj = _verified_receipt(ctx, rel, name, bucket, shard)
                 if obj is not None:

@@ -49,7 +49,7 @@ from steadqd.s3.views import (
     read_payload_verified,
     read_verified,
 )
-from steadqd.view_records import QuarantinedObject
+from steadqd.view_records import QuarantinedObject, quarantined_by_id
 
 __all__ = [
     "QuarantinedObject",
@@ -257,10 +257,9 @@ def _quarantine_id(quarantine_id: str) -> str:
 def inspect_quarantine(layout: QueueLayout, quarantine_id: str) -> QuarantinedObject:
     """The finding with this id; NOT_FOUND if none. Cost: as :func:`list_quarantine`, up to the finding."""
     wanted = _quarantine_id(quarantine_id)
-    for found in list_quarantine(layout):
-        if found.quarantine_id == wanted:
-            return found
-    raise _not_found(f"no quarantine finding {quarantine_id}")
+    return quarantined_by_id(
+        list_quarantine(layout), wanted, lambda: _not_found(f"no quarantine finding {quarantine_id}")
+    )
 
 
 def export_quarantine(layout: QueueLayout, quarantine_id: str, out_path: str) -> int:

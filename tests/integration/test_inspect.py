@@ -42,8 +42,9 @@ from steadqd import (
 from steadqd.cli import maintenance_cmd, view_cmd
 from steadqd.fs import names
 from steadqd.fs import views as insp
+from steadqd.fs.boot_id import read_boot_id
 from steadqd.fs.fsck import FsckResult
-from steadqd.fs.linux import ofd_lock, read_boot_id
+from steadqd.fs.linux import ofd_lock
 from steadqd.fs.records import Extension, build_header, encode_extension
 from tests.fabricate import plant_in_dead, write_ready_jobs
 from tests.invariants import check_tree

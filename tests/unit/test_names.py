@@ -557,7 +557,7 @@ def test_trusted_leased_name_is_the_checked_one(
 ) -> None:
     """The claim's unchecked builder makes the very name the checked builder makes, field for field
     (an unset or misnamed field would differ in ``__dict__``, and so in the name and its tag)."""
-    trusted = names.trusted_leased_name(job, gen, att, mx, boot, bt, wall, token)
+    trusted = names.trusted_leased_name(names.ready_name(job, 0, 0, mx), gen, att, boot, bt, wall, token)
     checked = names.leased_name(
         job, gen, att, mx, boot_id=boot, boottime_deadline=bt, wall_deadline=wall, lease_token=token
     )

@@ -18,7 +18,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from steadqd.constants import DEAD_DIR, READY_DIR, QuarantineReason, State
+from steadqd.constants import DEAD_DIR, QuarantineReason, State
 from steadqd.errors import (
     CorruptObject,
     ErrorKind,
@@ -43,6 +43,7 @@ from steadqd.fs.admin.files import (
     open_object,
     raw_chunks,
     split_path,
+    stat_entries,
     unlink_durably,
     write_atomically,
 )
@@ -59,6 +60,7 @@ from steadqd.fs.names import (
     ready_name,
     shard_dir,
     shard_of,
+    state_dir,
 )
 from steadqd.fs.quarantine import quarantine
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, MoveFailed, SourceChanged, SourceMissing, Witness
@@ -116,20 +118,8 @@ def _dead_in(ctx: Context, bucket: int, shard: int, rel: str, prefix: bytes = b"
     if dir_fd is None:
         return
     try:
-        try:
-            entries = linux.list_dir(dir_fd)
-        except OSError as e:
-            raise io_error(e, f"list {rel}") from e
-        for raw in entries:
-            if not raw.startswith(prefix):
-                continue
-            try:
-                mode = linux.stat_at(dir_fd, raw).st_mode
-            except FileNotFoundError:
-                continue  # moved on since it was listed
-            except OSError as e:
-                raise io_error(e, f"stat {rel}") from e
-            name = dead_job(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, bucket, shard, raw, mode)
+        for raw, st in stat_entries(dir_fd, rel, lambda raw: raw.startswith(prefix)):
+            name = dead_job(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, bucket, shard, raw, st.st_mode)
             if name is None:
                 continue
             assert name.reason is not None
@@ -342,7 +332,7 @@ def _requeue(ctx: Context, job_id: str, reset: bool) -> str:
     shard = shard_of(fmt.queue_id, job, fmt.shard_count)
     target = ready_name(job, next_generation(dead.generation), attempt, dead.max_attempts)
     target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
-    dest_rel = f"{READY_DIR}/{shard_dir(shard)}"
+    dest_rel = state_dir(State.READY, shard)
     src_rel, src_name = split_path(dead.path)
     try:
         src_fd = ctx.tree.dir(src_rel)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from steadqd.durable_file import StepFailed, Syscalls, export_durably
 from steadqd.errors import (
@@ -100,6 +100,28 @@ def list_names(root_fd: int, rel: str, *, missing_ok: bool = True) -> list[bytes
     finally:
         with contextlib.suppress(OSError):
             linux.close(fd)
+
+
+def stat_entries(dir_fd: int, rel: str, keep: Callable[[bytes], bool]) -> Iterator[tuple[bytes, os.stat_result]]:
+    """Each entry of the open directory ``rel`` that ``keep`` selects, with its lstat, in listing order.
+
+    An entry gone since the listing is skipped (it moved on meanwhile); any
+    other failure to list or stat is an error of the kind its errno says.
+    """
+    try:
+        entries = linux.list_dir(dir_fd)
+    except OSError as e:
+        raise io_error(e, f"list {rel}") from e
+    for raw in entries:
+        if not keep(raw):
+            continue
+        try:
+            st = linux.stat_at(dir_fd, raw)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise io_error(e, f"stat {rel}") from e
+        yield raw, st
 
 
 def close_quietly(fd: int) -> None:

@@ -9,7 +9,6 @@ names that parse for the directory they are in.
 
 from __future__ import annotations
 
-import errno
 import stat
 from collections.abc import Iterator
 
@@ -22,12 +21,12 @@ from steadqd.fs import linux
 from steadqd.fs.admin.files import (
     close_quietly,
     fstat_object,
-    io_error,
     mutation,
     not_found,
     open_dir,
     open_object,
     raw_chunks,
+    stat_entries,
     unlink_durably,
     write_atomically,
 )
@@ -37,7 +36,7 @@ from steadqd.fs.names import (
     parse_quarantine_name,
 )
 from steadqd.fs.records import JobHeader
-from steadqd.view_records import QuarantinedObject
+from steadqd.view_records import QuarantinedObject, quarantined_by_id
 
 __all__ = [
     "QuarantinedObject",
@@ -69,20 +68,8 @@ def _walk_quarantine(ctx: Context, rel: str, depth: int) -> Iterator[Quarantined
     found: list[QuarantinedObject] = []
     subdirs: list[str] = []
     try:
-        try:
-            entries = linux.list_dir(dir_fd)
-        except OSError as e:
-            raise io_error(e, f"list {rel}") from e
-        for raw in entries:
-            try:
-                text = raw.decode("ascii")
-                st = linux.stat_at(dir_fd, raw)
-            except UnicodeDecodeError:
-                continue
-            except OSError as e:
-                if e.errno == errno.ENOENT:
-                    continue  # removed meanwhile
-                raise io_error(e, f"stat {rel}") from e
+        for raw, st in stat_entries(dir_fd, rel, bytes.isascii):
+            text = raw.decode("ascii")
             parsed = parse_quarantine_name(text)
             if parsed is not None:  # a quarantined directory (reason 0x0008) is one object, never walked
                 found.append(QuarantinedObject(parsed[0].hex(), parsed[1], f"{rel}/{text}", st.st_size, st.st_mtime_ns))
@@ -139,10 +126,7 @@ def _parse_quarantine_id(quarantine_id: str) -> str:
 def inspect_quarantine(ctx: Context, quarantine_id: str) -> QuarantinedObject:
     """The quarantined object with this id (32 lowercase hex); NOT_FOUND if none."""
     qid = _parse_quarantine_id(quarantine_id)
-    for obj in list_quarantine(ctx):
-        if obj.quarantine_id == qid:
-            return obj
-    raise not_found(f"no quarantined object {qid}")
+    return quarantined_by_id(list_quarantine(ctx), qid, lambda: not_found(f"no quarantined object {qid}"))
 
 
 def export_quarantine(ctx: Context, quarantine_id: str, out_path: str) -> int:

@@ -10,15 +10,13 @@ the receipt's name (same tag), so a duplicate ack still recognises it.
 from __future__ import annotations
 
 import contextlib
-import os
 
 from steadqd.constants import RECEIPT_EXT, RECEIPTS_DIR
 from steadqd.errors import SteadQError
 from steadqd.fs import linux
 from steadqd.fs.names import bucket_start, is_compact_temp_name, make_compact_temp_name, parse_bucket_dir
-from steadqd.fs.receipt import verify_receipt
 from steadqd.fs.records import CompactReceipt
-from steadqd.fs.recovery.objects import locked_receipt
+from steadqd.fs.recovery.objects import locked_receipt, verified_receipt, write_temp
 from steadqd.fs.recovery.state import Pass
 from steadqd.fs.recovery.temp import delete_temp
 from steadqd.fs.recovery.walk import NOT_BUCKET, Level, leaf_name, shard_level, walk
@@ -41,15 +39,8 @@ def _compact_one(p: Pass, dir_fd: int, rel: str, name: str, bucket: int, shard: 
     with locked_receipt(p, dir_fd, rel, name, "receipt_compact_failed") as fd:
         if fd is None:
             return
-        try:
-            info = verify_receipt(fmt, fd, name, bucket, shard)
-        except SteadQError as e:
-            p.error("receipt_compact_invalid", f"{rel}/{name}: {e}")
-            return
-        except OSError as e:
-            p.error("receipt_compact_failed", f"{rel}/{name}: {e.strerror}")
-            return
-        if info.compact:
+        info = verified_receipt(p, fd, rel, name, bucket, shard, "receipt_compact")
+        if info is None or info.compact:
             return
         assert info.name.lease_token is not None
         p.op()
@@ -72,7 +63,7 @@ def _compact_one(p: Pass, dir_fd: int, rel: str, name: str, bucket: int, shard: 
 def _replace_receipt(p: Pass, dir_fd: int, rel: str, name: str, record: bytes, witness: Witness) -> bool:
     """temp + fsync, identity re-check, plain rename over the receipt
     (the linearization point), fsync of the shard directory."""
-    tmp = _write_temp(p, dir_fd, rel, name, record)
+    tmp = write_temp(p, dir_fd, rel, make_compact_temp_name, record, ("receipt_compact_failed", f"{rel}/{name}"))
     if tmp is None:
         return False
     if not _rename_over(p, dir_fd, rel, name, tmp, witness):
@@ -86,33 +77,6 @@ def _replace_receipt(p: Pass, dir_fd: int, rel: str, name: str, record: bytes, w
         p.error("receipt_compact_outcome_unknown", f"{rel}/{name}: fsync directory: {e.strerror}")
         return False
     return True
-
-
-def _write_temp(p: Pass, dir_fd: int, rel: str, name: str, record: bytes) -> str | None:
-    """The compact record, durable under a fresh temp name; None (temp gone) on failure."""
-    try:
-        tmp = make_compact_temp_name(p.ctx.random(16))
-    except OSError as e:
-        p.error("receipt_compact_failed", f"{rel}/{name}: getrandom: {e.strerror}")
-        return None
-    try:
-        tfd = linux.open_at(dir_fd, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, p.ctx.modes.file)
-    except OSError as e:
-        p.error("receipt_compact_failed", f"cannot create {rel}/{tmp}: {e.strerror}")
-        return None
-    try:
-        try:
-            p.ctx.new_file_mode(tfd)
-            linux.write_all(tfd, record)
-            linux.fsync(tfd)
-        finally:
-            linux.close(tfd)
-    except OSError as e:
-        p.error("receipt_compact_failed", f"{rel}/{name}: {e.strerror}")
-        with contextlib.suppress(OSError):
-            linux.unlink_at(dir_fd, tmp)
-        return None
-    return tmp
 
 
 def _rename_over(p: Pass, dir_fd: int, rel: str, name: str, tmp: str, witness: Witness) -> bool:

@@ -32,6 +32,7 @@ from steadqd.constants import RECOVERY_CURSOR_FILE, TEMP_EXT
 from steadqd.errors import QueueCorrupt
 from steadqd.fs import linux
 from steadqd.fs.json_records import cursor_json, validate_cursor
+from steadqd.fs.recovery.objects import write_temp
 from steadqd.fs.recovery.state import PHASES, Key, Pass
 from steadqd.fs.tree import is_single_regular
 
@@ -145,29 +146,19 @@ def _holds(control: int, data: bytes) -> bool:
 def _replace(p: Pass, data: bytes) -> bool:
     """Temp file, fsync, rename over the cursor, fsync ``control/``; False (error recorded) on failure."""
     control = p.control
-    try:
-        tmp = _CURSOR_TMP_PREFIX + p.ctx.random(16).hex() + TEMP_EXT
-    except OSError as e:
-        p.error("recovery_cursor", f"cannot persist the recovery cursor: getrandom: {e.strerror}")
-        return False
-    try:
-        fd = linux.open_at(control, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, p.ctx.modes.file)
-    except OSError as e:
-        p.error("recovery_cursor", f"cannot create control/{tmp}: {e.strerror}")
-        if e.errno != errno.EEXIST:
-            # The create may have happened before the error (layout.md: the
-            # temp is unlinked on failure; nothing ever sweeps control/).
-            with contextlib.suppress(OSError):
-                linux.unlink_at(control, tmp)
+    tmp = write_temp(
+        p,
+        control,
+        "control",
+        lambda rand16: _CURSOR_TMP_PREFIX + rand16.hex() + TEMP_EXT,
+        data,
+        ("recovery_cursor", "cannot persist the recovery cursor"),
+        unlink_failed_create=True,  # the temp is unlinked on failure; nothing ever sweeps control/ (layout.md)
+    )
+    if tmp is None:
         return False
     renamed = False
     try:
-        try:
-            p.ctx.new_file_mode(fd)
-            linux.write_all(fd, data)
-            linux.fsync(fd)
-        finally:
-            linux.close(fd)
         linux.rename_replace(control, tmp, control, RECOVERY_CURSOR_FILE)
         renamed = True
         linux.fsync(control)

@@ -13,13 +13,14 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from steadqd.constants import QuarantineReason, State
 from steadqd.errors import CorruptObject, QueueCorrupt, SteadQError
 from steadqd.fs import linux
 from steadqd.fs.names import JobName, authenticate, delayed_bucket, lease_bucket, shard_of
 from steadqd.fs.quarantine import quarantine, quarantine_special
+from steadqd.fs.receipt import ReceiptInfo, verify_receipt
 from steadqd.fs.recovery.state import Pass
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, MoveFailed, SourceMissing, Witness
 from steadqd.fs.verify import Envelope, check_name_matches, check_object_stat, read_envelope
@@ -174,3 +175,64 @@ def locked_receipt(p: Pass, dir_fd: int, rel: str, name: str, code: str) -> Iter
     finally:
         with contextlib.suppress(OSError):
             linux.close(fd)
+
+
+def verified_receipt(
+    p: Pass, fd: int, rel: str, name: str, bucket: int, shard: int, code: str, note: str = ""
+) -> ReceiptInfo | None:
+    """The receipt open on ``fd`` (from :func:`locked_receipt`), verified for its directory; None when
+    it does not verify (reported as ``<code>_invalid``, ``note`` after the reason) or cannot be read
+    (``<code>_failed``)."""
+    try:
+        return verify_receipt(p.fmt, fd, name, bucket, shard)
+    except SteadQError as e:
+        p.error(f"{code}_invalid", f"{rel}/{name}: {e}{note}")
+    except OSError as e:
+        p.error(f"{code}_failed", f"{rel}/{name}: {e.strerror}")
+    return None
+
+
+def write_temp(
+    p: Pass,
+    dir_fd: int,
+    dir_rel: str,
+    temp_name: Callable[[bytes], str],
+    data: bytes,
+    report: tuple[str, str],
+    *,
+    unlink_failed_create: bool = False,
+) -> str | None:
+    """``data`` in a new file, durable under a fresh temp name (``temp_name`` of 16 random bytes) in
+    ``dir_fd`` (``dir_rel``), for the caller to rename over its target; returns the temp name.
+
+    None on failure, reported as ``report`` = (error code, what was being done), the temp unlinked
+    once it exists. ``unlink_failed_create``: a create that failed may still have made the file, so
+    unlink the name (unless it was taken before: EEXIST) — for a directory nothing sweeps.
+    """
+    code, what = report
+    try:
+        tmp = temp_name(p.ctx.random(16))
+    except OSError as e:
+        p.error(code, f"{what}: getrandom: {e.strerror}")
+        return None
+    try:
+        fd = linux.open_at(dir_fd, tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, p.ctx.modes.file)
+    except OSError as e:
+        p.error(code, f"cannot create {dir_rel}/{tmp}: {e.strerror}")
+        if unlink_failed_create and e.errno != errno.EEXIST:
+            with contextlib.suppress(OSError):
+                linux.unlink_at(dir_fd, tmp)
+        return None
+    try:
+        try:
+            p.ctx.new_file_mode(fd)
+            linux.write_all(fd, data)
+            linux.fsync(fd)
+        finally:
+            linux.close(fd)
+    except OSError as e:
+        p.error(code, f"{what}: {e.strerror}")
+        with contextlib.suppress(OSError):
+            linux.unlink_at(dir_fd, tmp)
+        return None
+    return tmp

@@ -15,13 +15,19 @@ Its other entries are left unopened, as later buckets are.
 
 from __future__ import annotations
 
-from steadqd.constants import DELAYED_DIR, JOB_EXT, READY_DIR, State
-from steadqd.errors import CorruptObject, SteadQError
-from steadqd.fs.names import make_filename, next_generation, parse_bucket_dir, parse_name, ready_name, shard_dir
+from steadqd.constants import DELAYED_DIR, State
+from steadqd.errors import SteadQError
+from steadqd.fs.names import (
+    make_filename,
+    next_generation,
+    parse_bucket_dir,
+    ready_name,
+    state_dir,
+)
 from steadqd.fs.recovery.buckets import prune_delayed_buckets
 from steadqd.fs.recovery.objects import move, valid
 from steadqd.fs.recovery.state import Pass
-from steadqd.fs.recovery.walk import NOT_BUCKET, Level, leaf_name, shard_level, walk
+from steadqd.fs.recovery.walk import NOT_BUCKET, Level, leaf_job, shard_level, walk
 
 
 def promote_delayed(p: Pass) -> None:
@@ -36,12 +42,11 @@ def promote_delayed(p: Pass) -> None:
 
 def _delayed_entry(p: Pass, dir_fd: int, rel: str, raw: bytes, bucket: int, shard: int, *, own_due: int | None) -> None:
     """``own_due``: the bucket is not due yet, only jobs whose not_before is at most this instant are."""
-    name = leaf_name(p, raw, rel, JOB_EXT)
-    if name is None:
+    leaf = leaf_job(p, raw, rel, State.DELAYED)
+    if leaf is None:
         return
-    try:
-        job = parse_name(State.DELAYED, name)
-    except CorruptObject:
+    name, job = leaf
+    if job is None:
         return  # not a delayed name: skipped silently (recovery.md)
     if own_due is not None and (job.not_before is None or job.not_before > own_due):
         return  # in the current bucket, not due by its own not_before: left unopened
@@ -55,6 +60,6 @@ def _delayed_entry(p: Pass, dir_fd: int, rel: str, raw: bytes, bucket: int, shar
     fmt = p.fmt
     target = ready_name(job.job_id, generation, job.attempt, job.max_attempts)
     target_file = make_filename(fmt.queue_id, target, shard=shard, lease_width_ns=fmt.lease_width_ns)
-    dst_rel = f"{READY_DIR}/{shard_dir(shard)}"
+    dst_rel = state_dir(State.READY, shard)
     if move(p, "promote", dir_fd, rel, name, dst_rel, target_file):
         p.report.delayed_promoted += 1

@@ -16,28 +16,27 @@ from __future__ import annotations
 
 import contextlib
 
-from steadqd.constants import DEAD_DIR, JOB_EXT, LEASED_DIR, READY_DIR, DeadReason, QuarantineReason, State
-from steadqd.errors import CorruptObject, SteadQError
+from steadqd.constants import LEASED_DIR, READY_DIR, DeadReason, QuarantineReason, State
+from steadqd.errors import SteadQError
 from steadqd.fs import linux
 from steadqd.fs.names import (
     JobName,
     authenticate,
-    bucket_dir,
     dead_name,
     format_name,
     leased_name,
     make_filename,
     next_generation,
     parse_bucket_dir,
-    parse_name,
     ready_name,
     shard_dir,
     shard_of,
+    state_dir,
     terminal_bucket,
 )
 from steadqd.fs.recovery.objects import move, quarantine_object, rename, valid
 from steadqd.fs.recovery.state import Key, Pass
-from steadqd.fs.recovery.walk import NOT_BOOT, NOT_BUCKET, Level, entries, leaf_name, parse_boot, shard_level, walk
+from steadqd.fs.recovery.walk import NOT_BOOT, NOT_BUCKET, Level, entries, leaf_job, parse_boot, shard_level, walk
 
 # Leased names have one fixed length (names.md); measured on one rather than restated.
 _LEASED_NAME_LENGTH = len(
@@ -69,12 +68,11 @@ def _reap_legacy(p: Pass) -> None:
 def _legacy_entry(
     p: Pass, dir_fd: int, rel: str, raw: bytes, boot: bytes, current: bool, bucket: int, shard: int
 ) -> None:
-    name = leaf_name(p, raw, rel, JOB_EXT)
-    if name is None:
+    leaf = leaf_job(p, raw, rel, State.LEASED)
+    if leaf is None:
         return
-    try:
-        job = parse_name(State.LEASED, name)
-    except CorruptObject:
+    name, job = leaf
+    if job is None:
         quarantine_object(p, dir_fd, rel, name, QuarantineReason.FILENAME_PARSE_FAILED)
         return
     assert job.boottime_deadline is not None
@@ -110,12 +108,11 @@ def _colocated_shard(p: Pass, dir_fd: int, rel: str, skey: Key, shard: int) -> N
     # Every pass scans these shards first, and most of their entries are
     # ready jobs: only names of a lease's length cost a budget check or a parse.
     for raw in entries(p, dir_fd, rel, skey, keep=lambda raw: len(raw) == _LEASED_NAME_LENGTH):
-        name = leaf_name(p, raw, rel, JOB_EXT)
-        if name is None:
+        leaf = leaf_job(p, raw, rel, State.LEASED)
+        if leaf is None:
             continue
-        try:
-            job = parse_name(State.LEASED, name)
-        except CorruptObject:
+        name, job = leaf
+        if job is None:
             continue  # fsck's business
         if not authenticate(fmt.queue_id, job, shard=shard, lease_width_ns=fmt.lease_width_ns) or (
             shard_of(fmt.queue_id, job.job_id, fmt.shard_count) != shard
@@ -151,7 +148,7 @@ def _reap(p: Pass, src_fd: int, src_rel: str, name: str, job: JobName, shard: in
             p.report.leases_reaped += 1
             p.report.reaped_jobs.append(job.job_id.hex())
         return
-    dst_rel = f"{READY_DIR}/{shard_dir(shard)}"
+    dst_rel = state_dir(State.READY, shard)
     if move(p, "reap_to_ready", src_fd, src_rel, name, dst_rel, target_file):
         p.report.leases_reaped += 1
         p.report.reaped_jobs.append(job.job_id.hex())
@@ -165,7 +162,7 @@ def _reap_to_dead(p: Pass, src_fd: int, src_rel: str, name: str, job: JobName, g
     tb = terminal_bucket(p.wall, fmt.terminal_width_ns)
     target = dead_name(job.job_id, generation, job.attempt, job.max_attempts, reason=DeadReason.ATTEMPTS_EXHAUSTED)
     target_file = make_filename(fmt.queue_id, target, shard=shard, bucket=tb, lease_width_ns=fmt.lease_width_ns)
-    dst_rel = f"{DEAD_DIR}/{bucket_dir(tb)}/{shard_dir(shard)}"
+    dst_rel = state_dir(State.DEAD, shard, tb)
     if move(p, "reap_to_dead", src_fd, src_rel, name, dst_rel, target_file):
         p.report.leases_to_dead += 1
         p.report.reaped_jobs.append(job.job_id.hex())

@@ -28,8 +28,7 @@ from steadqd.constants import DEAD_DIR, JOB_EXT, RECEIPT_EXT, RECEIPTS_DIR, Stat
 from steadqd.errors import CorruptObject, QueueCorrupt, SteadQError
 from steadqd.fs import linux
 from steadqd.fs.names import JobName, bucket_end, parse_bucket_dir, parse_name
-from steadqd.fs.receipt import verify_receipt
-from steadqd.fs.recovery.objects import locked_receipt, validate
+from steadqd.fs.recovery.objects import locked_receipt, validate, verified_receipt
 from steadqd.fs.recovery.state import Key, Pass
 from steadqd.fs.recovery.walk import Level, ascii_name, dirs, entries, open_dir, shard_level
 from steadqd.fs.tree import Indeterminate, MoveFailed, SourceMissing, Witness
@@ -87,65 +86,51 @@ def _expire_bucket(p: Pass, kfd: int, krel: str, kkey: Key, bucket: int, delete_
     return bucket_empty and not not_entered
 
 
-def _delete_receipts_in_shard(p: Pass, dir_fd: int, rel: str, prefix: Key, bucket: int, shard: int) -> bool:
-    """Delete every verified receipt; True if every entry seen is gone."""
-    all_gone = True
-    for raw in entries(p, dir_fd, rel, prefix):
-        name = ascii_name(raw)
-        if name is None or not name.endswith(RECEIPT_EXT):
-            all_gone = False
-            continue
-        try:
-            parse_name(State.RECEIPT, name)
-        except CorruptObject:
-            p.error("receipt_parse", f"{rel}/{name}: not a receipt name")
-            all_gone = False
-            continue
-        if not _delete_receipt(p, dir_fd, rel, name, bucket, shard):
-            all_gone = False
-    return all_gone
+# Deletes one parsed object of a shard directory: (pass, fd, rel, name, parsed name, bucket, shard) -> gone.
+ObjectDeleter = Callable[[Pass, int, str, str, JobName, int, int], bool]
 
 
-def _delete_receipt(p: Pass, dir_fd: int, rel: str, name: str, bucket: int, shard: int) -> bool:
+def _shard_deleter(state: State, ext: str, bad_name: tuple[str, str], delete: ObjectDeleter) -> ShardDeleter:
+    """Empties one shard directory of ``state``'s names through ``delete``; True if every entry seen is gone.
+
+    Only names that parse as ``state``'s are handed to ``delete``, which
+    deletes only what proves to be this queue's object for this very
+    directory: a stray or corrupt file may be evidence somebody needs, so it
+    stays (fsck reports it) and keeps its directory. ``bad_name``: the error
+    code and text a name of the right extension that does not parse is reported with.
+    """
+
+    def delete_in_shard(p: Pass, dir_fd: int, rel: str, prefix: Key, bucket: int, shard: int) -> bool:
+        all_gone = True
+        for raw in entries(p, dir_fd, rel, prefix):
+            name = ascii_name(raw)
+            if name is None or not name.endswith(ext):
+                all_gone = False
+                continue
+            try:
+                job = parse_name(state, name)
+            except CorruptObject:
+                p.error(bad_name[0], f"{rel}/{name}: {bad_name[1]}")
+                all_gone = False
+                continue
+            if not delete(p, dir_fd, rel, name, job, bucket, shard):
+                all_gone = False
+        return all_gone
+
+    return delete_in_shard
+
+
+def _delete_receipt(p: Pass, dir_fd: int, rel: str, name: str, _job: JobName, bucket: int, shard: int) -> bool:
     """True when the receipt is gone (deleted now or by someone else)."""
     with locked_receipt(p, dir_fd, rel, name, "receipt_delete_failed") as fd:
         if fd is None:
             return not _exists(dir_fd, name)
-        try:
-            info = verify_receipt(p.fmt, fd, name, bucket, shard)
-        except SteadQError as e:
-            p.error("receipt_delete_invalid", f"{rel}/{name}: {e}; kept")
-            return False
-        except OSError as e:
-            p.error("receipt_delete_failed", f"{rel}/{name}: {e.strerror}")
+        info = verified_receipt(p, fd, rel, name, bucket, shard, "receipt_delete", note="; kept")
+        if info is None:
             return False
         gone, deleted = _unlink_verified(p, dir_fd, rel, name, info.witness, "receipt_delete")
         p.report.receipts_deleted += deleted
         return gone
-
-
-def _delete_dead_in_shard(p: Pass, dir_fd: int, rel: str, prefix: Key, bucket: int, shard: int) -> bool:
-    """Delete every verified dead job of an expired bucket; True if every entry seen is gone.
-
-    Only objects that prove to be this queue's dead jobs for this very
-    directory are deleted: a stray or corrupt file may be evidence somebody
-    needs, so it stays (fsck reports it) and keeps its directory.
-    """
-    all_gone = True
-    for raw in entries(p, dir_fd, rel, prefix):
-        name = ascii_name(raw)
-        if name is None or not name.endswith(JOB_EXT):
-            all_gone = False
-            continue
-        try:
-            job = parse_name(State.DEAD, name)
-        except CorruptObject:
-            p.error("dead_parse", f"{rel}/{name}: not a dead job name; kept")
-            all_gone = False
-            continue
-        if not _delete_dead(p, dir_fd, rel, name, job, bucket, shard):
-            all_gone = False
-    return all_gone
 
 
 def _delete_dead(p: Pass, dir_fd: int, rel: str, name: str, job: JobName, bucket: int, shard: int) -> bool:
@@ -165,6 +150,12 @@ def _delete_dead(p: Pass, dir_fd: int, rel: str, name: str, job: JobName, bucket
     gone, deleted = _unlink_verified(p, dir_fd, rel, name, env.witness, "dead_delete")
     p.report.dead_deleted += deleted
     return gone
+
+
+_delete_receipts_in_shard = _shard_deleter(
+    State.RECEIPT, RECEIPT_EXT, ("receipt_parse", "not a receipt name"), _delete_receipt
+)
+_delete_dead_in_shard = _shard_deleter(State.DEAD, JOB_EXT, ("dead_parse", "not a dead job name; kept"), _delete_dead)
 
 
 def _unlink_verified(p: Pass, dir_fd: int, rel: str, name: str, witness: Witness, code: str) -> tuple[bool, bool]:

@@ -21,9 +21,10 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from steadqd.errors import InvalidInput
+from steadqd.constants import JOB_EXT, State
+from steadqd.errors import CorruptObject, InvalidInput
 from steadqd.fs import linux
-from steadqd.fs.names import boot_raw, parse_shard_dir
+from steadqd.fs.names import JobName, boot_raw, parse_name, parse_shard_dir
 from steadqd.fs.recovery.state import Key, Pass
 
 _LISTING_CAP = 65_536
@@ -82,6 +83,19 @@ def leaf_name(p: Pass, raw: bytes, rel: str, ext: str) -> str | None:
         p.error("invalid_name", f"{rel}: non-ASCII entry {raw!r}")
         return None
     return name if name.endswith(ext) else None
+
+
+def leaf_job(p: Pass, raw: bytes, rel: str, state: State) -> tuple[str, JobName | None] | None:
+    """A job file's entry (``.job``) parsed as a ``state`` name: None if the entry is no job file
+    (non-ASCII is an error), else its name and the parsed name, None when it does not parse
+    (each caller says what a job file of a bad name is to it)."""
+    name = leaf_name(p, raw, rel, JOB_EXT)
+    if name is None:
+        return None
+    try:
+        return name, parse_name(state, name)
+    except CorruptObject:
+        return name, None
 
 
 @contextlib.contextmanager
