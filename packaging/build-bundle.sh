@@ -7,7 +7,8 @@
 # The tarball holds a private, relocatable Python environment (steadqd and the wheels it needs:
 # cffi, PyYAML, inotify_simple, systemd-python, installed into venv/lib/pythonX.Y/site-packages
 # and byte-compiled), the units, the sysusers.d/tmpfiles.d files, the example configuration, the
-# docs, and install.sh / uninstall.sh (packaging/bundle/). It is built with Debian's own
+# docs, the Cockpit page (cockpit/: install.sh installs it where Cockpit is) and install.sh /
+# uninstall.sh (packaging/bundle/). It is built with Debian's own
 # /usr/bin/python3, never a pyenv or virtualenv interpreter, because the target runs the
 # packages with its /usr/bin/python3.X: compiled modules (cffi's backend, PyYAML's _yaml,
 # systemd's _journal) only load into the same minor version, which MANIFEST records and
@@ -91,6 +92,9 @@ cp "$SRC/units/steadq.sysusers.conf" "$SRC/units/steadq.tmpfiles.conf" "$B/"
 cp "$SRC/etc/steadq/queues/example.yaml" "$B/etc/example.yaml"
 cp "$SRC"/docs/*.md "$SRC/README.md" "$B/docs/"
 cp "$SRC"/monitoring/* "$B/monitoring/"
+# The Cockpit page as the cockpit-steadq .deb ships it: cockpit/ is its one source.
+mkdir -p "$B/cockpit"
+cp "$SRC"/cockpit/* "$B/cockpit/"
 # Man pages as written (man/), completion scripts from the programs just built, as the .deb has them.
 mkdir -p "$B/man" "$B/completions"
 cp "$SRC"/man/*.1 "$SRC"/man/*.5 "$B/man/"

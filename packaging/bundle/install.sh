@@ -17,8 +17,10 @@
 # installs the example queue file as P/share/steadq/examples/example.yaml (never a live
 # config in /etc/steadq/queues: it names no real queue or command), and enables steadq.target. Queue
 # templates (steadq-worker@ etc.) are never enabled: `systemctl enable --now
-# steadq-worker@QUEUE` does that. Re-running it upgrades in place and restarts running queue
-# units. Nothing is downloaded.
+# steadq-worker@QUEUE` does that. Where Cockpit is (cockpit-bridge), the page "Job queues"
+# goes to /usr/share/cockpit/steadq/ (as the cockpit-steadq .deb puts it); else it is skipped,
+# saying so. Re-running it upgrades in place and restarts running queue units. Nothing is
+# downloaded.
 set -eu
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -33,7 +35,7 @@ while [ $# -gt 0 ]; do
         --prefix) [ $# -ge 2 ] || die "--prefix needs a value"; PREFIX=$2; shift 2 ;;
         --root) [ $# -ge 2 ] || die "--root needs a value"; ROOT=$2; shift 2 ;;
         --no-symlinks) SYMLINKS=0; shift ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) die "unknown argument $1 (see --help)" ;;
     esac
 done
@@ -153,6 +155,35 @@ if [ "$SYMLINKS" -eq 1 ]; then
         ln -sfn "$PREFIX/bin/$s" "$link"
         echo "/usr/local/bin/$s" >>"$FILES.new"
     done
+fi
+
+# The Cockpit page (the cockpit-steadq .deb's files): Cockpit serves /usr/share/cockpit/NAME/ to
+# the logged-in user, whose session runs `steadq` from PATH (/usr/local/bin). Cockpit is there
+# when cockpit-bridge is (it reads the pages; base1/ is its own). A page directory this bundle did
+# not install (the .deb's) is left alone; ours is replaced whole, and removed when Cockpit is gone.
+PAGE=/usr/share/cockpit/steadq
+PAGE_OURS=0
+if [ -f "$FILES" ] && grep -qx "$PAGE/manifest.json" "$FILES"; then PAGE_OURS=1; fi
+if [ -x "$R/usr/bin/cockpit-bridge" ] || [ -d "$R/usr/share/cockpit/base1" ]; then
+    if [ -e "$R$PAGE" ] && [ "$PAGE_OURS" -eq 0 ]; then
+        echo "install.sh: $PAGE exists and is not from this bundle (the cockpit-steadq package?); left alone" >&2
+    else
+        rm -rf "$R$PAGE.new"
+        install -d -m 0755 "$R$PAGE.new"
+        for f in "$HERE"/cockpit/*; do
+            install -m 0644 "$f" "$R$PAGE.new/"
+            echo "$PAGE/$(basename "$f")" >>"$FILES.new"
+        done
+        rm -rf "$R$PAGE"
+        mv "$R$PAGE.new" "$R$PAGE"
+        echo "install.sh: Cockpit found: installed the page \"Job queues\" into $PAGE"
+        if [ "$SYMLINKS" -eq 0 ]; then
+            echo "install.sh: the page runs \`steadq\` from PATH: without the /usr/local/bin links, put $PREFIX/bin there" >&2
+        fi
+    fi
+else
+    if [ "$PAGE_OURS" -eq 1 ]; then rm -rf "$R$PAGE"; fi
+    echo "install.sh: Cockpit not found (no cockpit-bridge): its page \"Job queues\" is skipped"
 fi
 mv "$FILES.new" "$FILES"
 : >"$D/.steadq-bundle"

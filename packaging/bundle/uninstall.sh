@@ -5,7 +5,8 @@
 #
 # Run as PREFIX/share/steadq/uninstall.sh (the prefix is then found by itself) or from the
 # unpacked bundle. Stops every queue unit (workers drain first), disables steadq.target, removes
-# the units, the sysusers.d/tmpfiles.d files, the /usr/local/bin links and the prefix.
+# the units, the sysusers.d/tmpfiles.d files, the /usr/local/bin links, the Cockpit page if it
+# installed one, and the prefix.
 #
 # Always kept: /var/lib/steadq (the queues and every job in them), the steadq user and group
 # (files in the queues are owned by their IDs), /etc/steadq/queues/*.yaml that you wrote, and the
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
         --prefix) [ $# -ge 2 ] || die "--prefix needs a value"; PREFIX=$2; shift 2 ;;
         --root) [ $# -ge 2 ] || die "--root needs a value"; ROOT=$2; shift 2 ;;
         --purge) PURGE=1; shift ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) die "unknown argument $1 (see --help)" ;;
     esac
 done
@@ -80,6 +81,10 @@ if [ -f "$D/share/steadq/installed-files" ]; then
             /*) rm -f "$R$f" ;;
         esac
     done <"$D/share/steadq/installed-files"
+    # The Cockpit page's directory, once its files (listed above) are gone.
+    if grep -qx /usr/share/cockpit/steadq/manifest.json "$D/share/steadq/installed-files"; then
+        rmdir "$R/usr/share/cockpit/steadq" 2>/dev/null || true
+    fi
 fi
 
 if [ "$PURGE" -eq 1 ]; then

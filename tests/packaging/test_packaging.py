@@ -476,14 +476,45 @@ def test_bundle_name_and_manifest(bundle: Bundle) -> None:
         "steadq.tmpfiles.conf",
         "README.txt",
         "licenses",
+        "cockpit",
     } <= names
     assert sorted(os.listdir(bundle.unpacked / "units")) == UNIT_FILES
+
+
+COCKPIT_PAGE = "usr/share/cockpit/steadq"
+PAGE_FILES = sorted(p.name for p in (REPO / "cockpit").iterdir())
+
+
+def _assert_page_installed(root: Path) -> None:
+    """The page in ``root`` is exactly cockpit/: the same names, the same bytes, world-readable."""
+    page = root / COCKPIT_PAGE
+    assert sorted(p.name for p in page.iterdir()) == PAGE_FILES
+    for name in PAGE_FILES:
+        assert (page / name).read_bytes() == (REPO / "cockpit" / name).read_bytes(), name
+        assert oct((page / name).stat().st_mode & 0o777) == oct(0o644), name
+
+
+def test_bundle_carries_the_cockpit_page_unchanged(bundle: Bundle) -> None:
+    """The tarball's cockpit/ is the source tree's cockpit/, byte for byte (issue 34: the page in the bundle)."""
+    with tarfile.open(bundle.tarball) as tf:
+        members = {
+            m.name.split("/", 2)[2]: m for m in tf.getmembers() if m.isfile() and m.name.split("/")[1:2] == ["cockpit"]
+        }
+        assert sorted(members) == PAGE_FILES, sorted(members)
+        for name, member in members.items():
+            f = tf.extractfile(member)
+            assert f is not None
+            assert f.read() == (REPO / "cockpit" / name).read_bytes(), name
 
 
 def test_bundle_install_run_uninstall(bundle: Bundle, fake_root: Path, tmp_path: Path) -> None:
     """install.sh into a scratch root: working environment, rewritten units, user, spool; uninstall keeps the spool."""
     out = _install(bundle, fake_root)
     assert "installing steadqd" in out
+    # No Cockpit in this root: its page is skipped, in one line, and nothing is written for it.
+    skipped = [line for line in out.splitlines() if "Cockpit" in line]
+    assert skipped == ['install.sh: Cockpit not found (no cockpit-bridge): its page "Job queues" is skipped'], out
+    assert not (fake_root / "usr/share/cockpit").exists()
     prefix = fake_root / "opt/steadq"
 
     # The private environment runs and is isolated from the host's site-packages.
@@ -551,6 +582,57 @@ def test_bundle_install_run_uninstall(bundle: Bundle, fake_root: Path, tmp_path:
     assert (queue_dir / "marker").read_text() == "a queued job\n"
     assert "steadq:" in (fake_root / "etc/passwd").read_text()
     assert (fake_root / "etc/steadq/queues/render.yaml").exists()
+
+
+def test_bundle_installs_the_cockpit_page_where_cockpit_is(bundle: Bundle, fake_root: Path) -> None:
+    """With cockpit-bridge in the root the page lands; an upgrade replaces it whole; a reinstall after
+    Cockpit went removes it; uninstall.sh removes it."""
+    bridge = fake_root / "usr/bin/cockpit-bridge"
+    bridge.write_text("#!/bin/sh\n")  # a stand-in: install.sh only looks for it
+    bridge.chmod(0o755)
+    out = _install(bundle, fake_root)
+    assert f'install.sh: Cockpit found: installed the page "Job queues" into /{COCKPIT_PAGE}' in out, out
+    _assert_page_installed(fake_root)
+    listed = (fake_root / "opt/steadq/share/steadq/installed-files").read_text().splitlines()
+    assert {f"/{COCKPIT_PAGE}/{name}" for name in PAGE_FILES} <= set(listed), listed
+
+    # Upgrade: the page is replaced as a whole (an edited file restored, a stray one gone).
+    page = fake_root / COCKPIT_PAGE
+    (page / "steadq.js").write_text("// edited on the target\n")
+    (page / "old-version.js").write_text("// a file an older page had\n")
+    _install(bundle, fake_root)
+    _assert_page_installed(fake_root)
+
+    # Cockpit removed since: the next install.sh skips the page and takes its own copy away.
+    bridge.unlink()
+    out = _install(bundle, fake_root)
+    assert 'its page "Job queues" is skipped' in out, out
+    assert not page.exists()
+    assert f"/{COCKPIT_PAGE}/manifest.json" not in (fake_root / "opt/steadq/share/steadq/installed-files").read_text()
+
+    # Cockpit back: installed again; uninstall.sh removes it, and nothing of Cockpit's own.
+    bridge.write_text("#!/bin/sh\n")
+    bridge.chmod(0o755)
+    _install(bundle, fake_root)
+    _assert_page_installed(fake_root)
+    _run([str(fake_root / "opt/steadq/share/steadq/uninstall.sh"), "--root", str(fake_root)], env=_clean_env())
+    assert not page.exists()
+    assert (fake_root / "usr/share/cockpit").is_dir() and bridge.exists()
+
+
+def test_bundle_leaves_a_cockpit_page_it_did_not_install_alone(bundle: Bundle, fake_root: Path) -> None:
+    """The cockpit-steadq .deb's page (a directory not in installed-files) is neither overwritten nor removed."""
+    (fake_root / "usr/share/cockpit/base1").mkdir(parents=True)  # cockpit-bridge's own page directory
+    page = fake_root / COCKPIT_PAGE
+    page.mkdir()
+    (page / "manifest.json").write_text('{"from": "the cockpit-steadq package"}\n')
+    proc = _run([str(bundle.unpacked / "install.sh"), "--root", str(fake_root)], env=_clean_env())
+    assert "is not from this bundle (the cockpit-steadq package?); left alone" in proc.stderr, proc.stderr
+    assert "Cockpit found" not in proc.stdout, proc.stdout
+    assert sorted(os.listdir(page)) == ["manifest.json"]
+    assert "/usr/share/cockpit" not in (fake_root / "opt/steadq/share/steadq/installed-files").read_text()
+    _run([str(fake_root / "opt/steadq/share/steadq/uninstall.sh"), "--root", str(fake_root)], env=_clean_env())
+    assert (page / "manifest.json").read_text() == '{"from": "the cockpit-steadq package"}\n'
 
 
 def test_bundle_refuses_foreign_prefix_and_missing_python(bundle: Bundle, fake_root: Path) -> None:

@@ -31,7 +31,6 @@ import ctypes
 import json
 import os
 import re
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from typing import Any
 import pytest
 
 from .sysroot import SystemdRoot
-from .test_packages_e2e import _build_unavailable, package_prerequisites, root_with_deb
+from .test_packages_e2e import _build_unavailable, _host_has, package_prerequisites, root_with_deb
 
 pytestmark = [pytest.mark.system, pytest.mark.packaging]
 
@@ -73,11 +72,6 @@ CHROMIUM_FLAGS = (
     "--window-size=1280,900",
 )
 CLONE_NEWNET = 0x40000000
-
-
-def _host_has(package: str) -> bool:
-    st = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
-    return "install ok installed" in st.stdout
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ steadq.target and no template; `systemctl enable --now steadq-worker@demo` runs 
 to a higher version restarts the worker (new MainPID) and keeps every queued job; `apt-get remove`
 stops the units and leaves every job on disk; a reinstall starts the enabled queue again and
 finishes them; purge keeps /var/lib/steadq. The bundle goes through the same cycle with
-install.sh / a second install.sh (upgrade) / uninstall.sh / install.sh.
+install.sh / a second install.sh (upgrade) / uninstall.sh / install.sh, and installs the Cockpit
+page where cockpit-bridge is (listed by ``cockpit-bridge --packages``), skipping it where not.
 The .deb also carries issue 32's pause and unique keys as an administrator meets them: ``steadq
 pause`` shown by ``systemctl status``, held jobs run after ``steadq resume``, ``put --unique`` twice.
 
@@ -28,6 +29,7 @@ must still hold ready jobs), never assumed, and a violated premise fails with th
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -81,6 +83,12 @@ echo "$STEADQ_JOB_ID $STEADQ_ATTEMPT $PPID done" >> "$log"
 """
 
 
+def _host_has(package: str) -> bool:
+    """The host has ``package`` installed (the offline roots see the host's packages)."""
+    st = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
+    return "install ok installed" in st.stdout
+
+
 @dataclass(frozen=True)
 class Artefacts:
     deb: Path  # the version in packaging/debian/changelog
@@ -111,8 +119,7 @@ def package_prerequisites() -> None:
         _build_unavailable("not a Debian system (no dpkg-query)")
     # The roots are offline and see the host's packages: the .deb's Depends must be there.
     for dep in HOST_DEPENDENCIES:
-        st = subprocess.run(["dpkg-query", "-W", "-f=${Status}", dep], capture_output=True, text=True)
-        if "install ok installed" not in st.stdout:
+        if not _host_has(dep):
             _build_unavailable(
                 f"{dep} is not installed on the host (the offline test root needs it: apt-get install {dep})"
             )
@@ -485,13 +492,19 @@ def test_deb_pause_shows_in_systemctl_status_and_put_unique_refuses_a_second(
 # -- the appliance bundle -----------------------------------------------------------------------
 
 
-def test_bundle_install_enable_upgrade_uninstall_reinstall(clean_root: SystemdRoot, artefacts: Artefacts) -> None:
-    root = clean_root
+def _unpack_bundle(root: SystemdRoot, artefacts: Artefacts) -> str:
+    """``tar xzf`` the bundle in /root/bundle inside the root; returns its top directory there."""
     top = re.sub(r"\.tar\.gz$", "", artefacts.bundle.name)
     root.run("mkdir", "-p", "/root/bundle")
     root.run("tar", "-C", "/root/bundle", "-xzf", str(artefacts.bundle))
     unpacked = f"/root/bundle/{top}"
     assert root.run("test", "-x", f"{unpacked}/install.sh", check=False).returncode == 0, "no install.sh at the top"
+    return unpacked
+
+
+def test_bundle_install_enable_upgrade_uninstall_reinstall(clean_root: SystemdRoot, artefacts: Artefacts) -> None:
+    root = clean_root
+    unpacked = _unpack_bundle(root, artefacts)
 
     def install(r: SystemdRoot) -> None:
         r.run("sh", "-c", f"cd {unpacked} && ./install.sh", timeout=180)
@@ -513,3 +526,57 @@ def test_bundle_install_enable_upgrade_uninstall_reinstall(clean_root: SystemdRo
             removed_paths=("/opt/steadq", "/usr/local/bin/steadq", "/etc/systemd/system/steadq-worker@.service"),
         ),
     )
+
+
+COCKPIT_PAGE = "/usr/share/cockpit/steadq"
+
+
+def _cockpit_packages(root: SystemdRoot) -> dict[str, str]:
+    """``cockpit-bridge --packages`` in the root (offline): package name -> its directory."""
+    out = root.run("cockpit-bridge", "--packages").stdout
+    return {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.strip() and " = " not in line}
+
+
+def _page_digests(root: SystemdRoot) -> dict[str, str]:
+    """sha256 of each file in the root's page directory, by name ({} when it is absent)."""
+    out = root.sh(f"if [ -d {COCKPIT_PAGE} ]; then cd {COCKPIT_PAGE} && sha256sum -- *; fi").stdout
+    return {line.split()[1]: line.split()[0] for line in out.splitlines()}
+
+
+def test_bundle_installs_the_cockpit_page_where_cockpit_is_and_skips_it_where_not(
+    clean_root: SystemdRoot, artefacts: Artefacts
+) -> None:
+    """Issue 34: the bundle carries cockpit-steadq's page. On a root with cockpit-bridge, install.sh
+    puts it where Cockpit finds it (``cockpit-bridge --packages`` lists ``steadq``), an upgrade
+    replaces it and uninstall.sh removes it; once Cockpit is removed, install.sh skips it in one line."""
+    if not _host_has("cockpit-bridge"):
+        _build_unavailable("cockpit-bridge is not installed on the host (the offline root needs it; ./dev.sh setup)")
+    root = clean_root
+    unpacked = _unpack_bundle(root, artefacts)
+    source = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (package_builds.REPO / "cockpit").iterdir()}
+    assert "steadq" not in _cockpit_packages(root)
+
+    def install() -> list[str]:
+        out = root.run("sh", "-c", f"cd {unpacked} && ./install.sh", timeout=180).stdout
+        return [line for line in out.splitlines() if "Cockpit" in line]
+
+    assert install() == [f'install.sh: Cockpit found: installed the page "Job queues" into {COCKPIT_PAGE}']
+    assert _page_digests(root) == source
+    assert _cockpit_packages(root).get("steadq") == COCKPIT_PAGE
+
+    # Upgrade (install.sh again) over a page edited on the target: the bundle's files come back.
+    root.sh(f"echo '// edited' >> {COCKPIT_PAGE}/steadq.js && touch {COCKPIT_PAGE}/stray.js")
+    install()
+    assert _page_digests(root) == source
+    assert _cockpit_packages(root).get("steadq") == COCKPIT_PAGE
+
+    root.run("/opt/steadq/share/steadq/uninstall.sh", timeout=180)
+    assert root.run("test", "-e", COCKPIT_PAGE, check=False).returncode != 0, "uninstall.sh left the page"
+    assert "steadq" not in _cockpit_packages(root)
+
+    # The same root without Cockpit: apt-get removes it (offline; cockpit-ws and -system go with it).
+    _apt(root, "remove", "cockpit-bridge")
+    assert root.run("test", "-e", "/usr/bin/cockpit-bridge", check=False).returncode != 0
+    assert install() == ['install.sh: Cockpit not found (no cockpit-bridge): its page "Job queues" is skipped']
+    assert root.run("test", "-e", COCKPIT_PAGE, check=False).returncode != 0
+    root.run("/opt/steadq/share/steadq/uninstall.sh", timeout=180)
