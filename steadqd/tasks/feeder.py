@@ -89,9 +89,11 @@ class Feeder:
         w, q = self.w, self.consumer.q
         with running.lock:
             running.settling = True  # no more renewals
-            if not running.job.lease_lost and q is not None:
+            if running.job.lease_lost:
+                pass  # lost to a renewal, or already handed back by a forced stop: not ours to give
+            elif q is not None:
                 w._give_back(q, running.lease, why)
-            elif q is None:
+            else:
                 log.warning("job %s claimed but not started; no handle to give it back, its lease expires",
                             running.lease.job_id)  # fmt: skip
         w._forget(running)
