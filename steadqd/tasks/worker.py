@@ -1,5 +1,6 @@
 """The worker: its consumer threads run handlers on leased jobs, its renewing thread keeps their leases
-and publishes their progress, and a stop drains them or hands them back."""
+and publishes their progress, and a stop drains them or hands them back. On a bucket queue one claiming
+thread leases for all the others (steadqd.tasks.feeder)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from types import FrameType
 from typing import Any
 
 from steadqd import progress as progress_mod
-from steadqd.backend import Backend, LeaseHandle, PauseState, init_queue, open_queue
+from steadqd.backend import Backend, LeaseHandle, PauseState, init_queue, is_bucket_url, open_queue
 from steadqd.backoff import RetryPolicy
 from steadqd.constants import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_MAX_S
 from steadqd.daemon.worker.renew import Renewal, interval, renew
 from steadqd.errors import InvalidInput, LeaseLost, OutcomeUnknown, SteadQError
 from steadqd.tasks import journal as journal_mod
 from steadqd.tasks.consumer import Consumer
+from steadqd.tasks.feeder import Feeder
 from steadqd.tasks.job import Bury, Job, Retry, WorkStats
 from steadqd.tasks.journal import JournalHandler, about, log
 from steadqd.text import printable
@@ -189,14 +191,23 @@ class Worker:
 
     def _serve_checked(self, call: Call) -> WorkStats:
         renewer = threading.Thread(target=self._renew_loop, name="steadqd-renew", daemon=True)
+        feeder = Feeder(self) if is_bucket_url(self.queue) else None
+        loop = self._work_loop if feeder is None else feeder.run_loop
         workers = [
-            threading.Thread(target=self._work_loop, args=(call,), name=f"steadqd-work-{i}", daemon=True)
+            threading.Thread(target=loop, args=(call,), name=f"steadqd-work-{i}", daemon=True)
             for i in range(self.concurrency)
         ]
+        claimer = None
+        if feeder is not None:
+            claimer = threading.Thread(target=feeder.feed_loop, name="steadqd-claim", daemon=True)
         renewer.start()
         for t in workers:
             t.start()
+        if claimer is not None:
+            claimer.start()
         self._stop.wait()
+        if claimer is not None:
+            claimer.join()  # no claim after this; one made as the stop came went back at once
         deadline = None if self.drain_timeout is None else time.monotonic() + self.drain_timeout
         for t in workers:
             while t.is_alive() and not self._abandon.is_set():
@@ -207,6 +218,10 @@ class Worker:
                 t.join(0.1)
         if self._abandon.is_set():
             self._hand_back()
+        if feeder is not None:
+            feeder.release_unstarted()
+            if not any(t.is_alive() for t in workers):  # an abandoned handler's thread may still hold it
+                feeder.close()
         self._done.set()
         self._wake_renewer.set()
         renewer.join()
@@ -231,24 +246,59 @@ class Worker:
         finally:
             c.close()
 
-    def _one_job(self, q: Backend, lease: LeaseHandle, call: Call) -> Backend | None:
+    def _claimed(self, lease: LeaseHandle) -> _Running:
+        """A job claimed for a thread that has not started it (steadqd.tasks.feeder): renewed from now on
+        like a running one, and given back by a forced stop; its Job gets the payload when a thread reads it."""
+        job = Job(lease.job_id, lease.attempt, lease.max_attempts, lease.content_type, lease.metadata, b"")
+        running = _Running(lease, job, time.monotonic() + self.renew_s)
+        with self._lock:
+            self._running[job.id] = running
+        self._wake_renewer.set()
+        return running
+
+    def _forget(self, running: _Running) -> None:
+        with self._lock:
+            if self._running.get(running.job.id) is running:
+                del self._running[running.job.id]
+
+    def _one_job(self, q: Backend, lease: LeaseHandle, call: Call, claimed: _Running | None = None) -> Backend | None:
+        """Read, run and settle one job; ``claimed``: registered at its claim (``_claimed``), whose lease
+        may have been renewed, or lost, since. None when the handle can no longer be trusted."""
+        if claimed is not None:
+            with claimed.lock:
+                lease, lost = claimed.lease, claimed.job.lease_lost
+            if lost:
+                self._forget(claimed)
+                self._count("lost")
+                log.warning("job %s lost its lease before it was started", lease.job_id)
+                return q
         try:
             payload = q.read_payload(lease)
         except LeaseLost as e:
             self._count("lost")
             log.warning("job %s lost its lease before its payload was read: %s", lease.job_id, e)
-            return q
+            return self._unclaim(claimed, q)
         except SteadQError as e:
             if getattr(e, "payload", False):
                 self._count("quarantined")
                 log.error("job %s has a corrupt payload; the queue quarantined it: %s", lease.job_id, e)
-                return q
+                return self._unclaim(claimed, q)
+            self._unclaim(claimed, q)  # not renewed any more: the lease expires and the job is taken again
             return q if self._after_error(q, f"read the payload of {lease.job_id}", e) else None
-        job = Job(lease.job_id, lease.attempt, lease.max_attempts, lease.content_type, lease.metadata, payload)
-        running = _Running(lease, job, time.monotonic() + self.renew_s)
-        with self._lock:
-            self._running[job.id] = running
-        self._wake_renewer.set()
+        if claimed is None:
+            job = Job(lease.job_id, lease.attempt, lease.max_attempts, lease.content_type, lease.metadata, payload)
+            running = _Running(lease, job, time.monotonic() + self.renew_s)
+            with self._lock:
+                self._running[job.id] = running
+            self._wake_renewer.set()
+        else:
+            running = claimed
+            with running.lock:
+                was = running.job
+                job = Job(
+                    was.id, was.attempt, was.max_attempts, was.content_type, was.metadata, payload, _lost=was._lost
+                )
+                running.job = job
         outcome: BaseException | None = None
         try:
             call(job)
@@ -270,6 +320,13 @@ class Worker:
             log.warning("job %s raised %s; stopping the worker", job.id, type(outcome).__name__)
             self.stop()
         return self._settle(q, lease, outcome)
+
+    def _unclaim(self, claimed: _Running | None, q: Backend) -> Backend:
+        if claimed is not None:
+            with claimed.lock:
+                claimed.settling = True
+            self._forget(claimed)
+        return q
 
     def _settle(self, q: Backend, lease: LeaseHandle, outcome: BaseException | None) -> Backend | None:
         job_id = lease.job_id

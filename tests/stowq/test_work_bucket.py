@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -23,10 +23,12 @@ from steadqd.errors import InvalidInput
 from steadqd.s3.backend import BucketBackend
 from steadqd.s3.control import PAUSE_KEY
 from steadqd.s3.layout import init_layout, open_layout
+from steadqd.s3.lease import Lease
 from steadqd.s3.store.base import MUTATIONS
 from steadqd.s3.store.faults import Fault, FaultKind, FaultyStore
 from steadqd.s3.store.memory import MemoryStore
 from steadqd.tasks import Bury, Job, Task, Worker
+from steadqd.tasks.feeder import Feeder
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.seaweed import Seaweed
 
@@ -80,8 +82,9 @@ def test_a_worker_of_a_paused_bucket_queue_claims_nothing_and_resumes(
     seaweed: Seaweed, live_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``steadq pause`` on a bucket queue (issue 32 #2): the worker API reads ``meta/steadq-paused`` before
-    every lease, so jobs put after the pause wait while the running handler finishes and acks; a
-    paused consumer reads the pause again every PAUSED_BUCKET_LOOK (no event comes from a bucket)."""
+    claiming (while busy at most every PAUSE_RECHECK, and always after a quiet wait), so jobs put after
+    the pause wait while the running handler finishes and acks; a paused consumer reads the pause again
+    every PAUSED_BUCKET_LOOK (no event comes from a bucket)."""
     seaweed.store(LIVE_BUCKET).close()
     for name, value in seaweed.environment().items():
         monkeypatch.setenv(name, value)
@@ -158,6 +161,105 @@ def test_a_failing_pause_get_makes_the_consumer_claim_nothing(
             thread.join(60)
     assert not thread.is_alive()
     assert set(started) == jobs
+
+
+class _Spied(BucketBackend):
+    """A memory-store bucket handle that notes which handle claimed, and how many jobs it asked for."""
+
+    claims: ClassVar[list[tuple[int, int]]] = []
+
+    def lease_many(self, n: int, duration: float = 30.0, *, wait: float = 0.0) -> list[Lease]:
+        self.claims.append((id(self), n))
+        return super().lease_many(n, duration, wait=wait)
+
+    def lease(self, wait: float = 0.0, duration: float = 30.0) -> Lease | None:
+        self.claims.append((id(self), 1))
+        return super().lease(wait, duration)
+
+
+def _memory_queue(monkeypatch: pytest.MonkeyPatch, jobs: int) -> tuple[BucketBackend, set[str], MemoryStore]:
+    """A bucket queue on the memory store (its clock moved by hand) with ``jobs`` jobs, which the worker
+    API opens as ``s3://mem/farm``."""
+    store = MemoryStore()
+    q = BucketBackend(init_layout(store, "farm/", worker_id="w", certify_store=False), url="s3://mem/farm")
+    ids = {q.enqueue(b"job %d" % i) for i in range(jobs)}
+
+    def opened(target: str, **options: Any) -> BucketBackend:
+        return _Spied(open_layout(store, "farm/", worker_id="w", certify_store=False), url=target)
+
+    _Spied.claims = []
+    monkeypatch.setattr("steadqd.tasks.worker.open_queue", opened)
+    return q, ids, store
+
+
+def test_one_handle_claims_in_batches_for_every_thread_of_a_bucket_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a bucket the threads do not each open a handle and race each other for jobs: one claiming
+    thread leases with lease_many as many jobs as threads are free, and the threads run them at once."""
+    q, ids, _ = _memory_queue(monkeypatch, 12)
+    together = threading.Barrier(4, timeout=30)  # passes only when four handlers run at the same time
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def handler(job: Job) -> None:
+        with lock:
+            ran.append(job.id)
+            first_four = len(ran) <= 4
+        if first_four:
+            together.wait()
+
+    worker = Worker("s3://mem/farm", handler, concurrency=4, poll=0.1)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        _wait(lambda: worker.stats.acked == len(ids), "every job acked")
+    finally:
+        worker.stop()
+        thread.join(60)
+        q.close()
+    assert not thread.is_alive()
+    assert sorted(ran) == sorted(ids), "a job ran twice or not at all"
+    assert len({handle for handle, _ in _Spied.claims}) == 1, "more than one handle claimed"
+    assert max(n for _, n in _Spied.claims) == 4, "the four free threads' jobs were not claimed in one round"
+    assert (worker.stats.lost, worker.stats.retried) == (0, 0)
+
+
+def test_a_claimed_job_no_thread_started_is_renewed_and_given_back_at_the_stop(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job claimed in a batch but not yet started is the worker's as much as a running one: the
+    renewing thread keeps its lease (a new generation each time), and a stop gives it back rather
+    than letting it expire into a second run while this worker still counts it as its own."""
+    q, ids, store = _memory_queue(monkeypatch, 2)
+    monkeypatch.setattr(Feeder, "run_loop", lambda self, call: self.w._stop.wait())  # no thread takes a claim
+    worker = Worker("s3://mem/farm", lambda job: None, concurrency=2, lease=3.0, renew_every=0.3, poll=0.1)
+    thread = threading.Thread(target=worker.run)
+    with caplog.at_level(logging.INFO, logger="steadqd.tasks"):
+        thread.start()
+        try:
+            _wait(lambda: len(worker._running) == 2, "both jobs claimed")
+            first = {job_id: r.lease.generation for job_id, r in worker._running.items()}
+            _wait(
+                lambda: all(r.lease.generation > first[j] + 1 for j, r in worker._running.items()),
+                "two renewals of each claimed job",
+            )
+        finally:
+            worker.stop()
+            thread.join(60)
+    assert not thread.is_alive()
+    assert set(first) == ids and worker._running == {}
+    given_back = [r.getMessage() for r in caplog.records if "handed back" in r.getMessage()]
+    assert len(given_back) == 2 and all("stopped before running it" in m for m in given_back), caplog.text
+    assert worker.stats.lost == 0
+    try:
+        store.clock.advance(10 * 10**9)  # past the given-back leases: the jobs are then another worker's to take
+        again: list[Lease] = []
+        deadline = time.monotonic() + 30
+        while len(again) < 2 and time.monotonic() < deadline:
+            again += q.lease_many(2 - len(again), duration=5.0, wait=1.0)
+        assert {lease.job_id for lease in again} == ids
+        assert all(lease.attempt == 2 for lease in again), "a given-back job keeps its used attempt"
+    finally:
+        q.close()
 
 
 def _wait(pred: Callable[[], object], what: str, timeout: float = 60.0) -> None:
