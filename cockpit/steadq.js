@@ -506,7 +506,8 @@
         const title = doc.createElementNS(SVG_NS, "title");
         title.textContent = text;
         svg.appendChild(title);
-        for (const [cls, values] of [["acked", series.acked], ["buried", series.buried]]) {
+        // Buried first, so the acked line is drawn over it where both are zero.
+        for (const [cls, values] of [["buried", series.buried], ["acked", series.acked]]) {
             const line = doc.createElementNS(SVG_NS, "polyline");
             line.setAttribute("class", "spark-" + cls);
             line.setAttribute("points", sparkPoints(values, SPARK_W, SPARK_H, series.peak));

@@ -306,9 +306,11 @@ test("the sparkline is an SVG built through the DOM with its totals as its acces
     assert.equal(svg.getAttribute("aria-label"), text);
     assert.equal(svg.all().find(e => e.tagName === "TITLE").textContent, text);
     const lines = svg.all().filter(e => e.tagName === "POLYLINE");
-    assert.deepEqual(lines.map(l => l.getAttribute("class")), ["spark-acked", "spark-buried"]);
-    assert.equal(lines[0].getAttribute("points").split(" ").length, 60);
-    assert.ok(lines[0].getAttribute("points").endsWith(" 120,0"), "the newest minute is the peak");
+    assert.deepEqual(lines.map(l => l.getAttribute("class")), ["spark-buried", "spark-acked"], "acked drawn on top");
+    const acked = lines[1].getAttribute("points").split(" ");
+    assert.equal(acked.length, 60);
+    assert.deepEqual(acked.slice(-2), ["117.97,14.4", "120,0"], "2 then 5 (the peak) in the last two minutes");
+    assert.equal(lines[0].getAttribute("points").split(" ").slice(-1)[0], "120,19.2", "1 buried, to the same scale");
     assert.ok(box.textContent.endsWith("7 acked, 1 buried"), box.textContent);
 });
 
