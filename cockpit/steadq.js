@@ -35,6 +35,7 @@
     const HISTORY_MIN_MS = 15000; // a queue's history is read again at most this often (when its counts moved)
     const HISTORY_MAX_MS = 60000; // and at least this often while the overview is open
     const UNIT_REFRESH_MS = 10000; // the unit states on the queue view
+    const ADMIN_WAIT_MS = 5000; // how long a refusal waits to learn whether the session is an administrator's
     const SPARK_W = 120;
     const SPARK_H = 24;
     const QUEUE_NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/; // steadqd/queue_names.py QUEUE_NAME
@@ -645,6 +646,20 @@
             if (status === EXIT_PERMISSION && queue && adminQueues[queue]) {
                 // A refusal of a command started as the user before the switch below: superseded.
                 return Promise.resolve();
+            }
+            if (status === EXIT_PERMISSION && queue && admin.allowed === null && !ex.waitedForAdmin) {
+                // Whether the session is an administrator's is not known yet: decide once it is
+                // (or after ADMIN_WAIT_MS, as not one).
+                ex.waitedForAdmin = true;
+                return new Promise(resolve => {
+                    const decide = () => {
+                        admin.removeEventListener("changed", decide);
+                        clearTimeout(timer);
+                        resolve(reportFailure(queue, ex));
+                    };
+                    const timer = setTimeout(decide, ADMIN_WAIT_MS);
+                    admin.addEventListener("changed", decide);
+                });
             }
             if (status === EXIT_PERMISSION && queue && admin.allowed === true) {
                 // Not this user's queue, but the session is an administrator's: show it as root.
