@@ -449,6 +449,11 @@ def test_administrator_sees_throughput_and_restarts_the_worker(
         lambda: driver.find_element("css selector", f"{spark} polyline.spark-acked").get_attribute("points"),
     )
     assert len(points.split()) == 60 and any(not p.endswith(",24") for p in points.split()), points
+    _until(
+        driver,
+        "a sparkline in every row (the screenshot docs/img/dashboard.png is this one)",
+        lambda: len(driver.find_elements("css selector", "#queues svg.spark")) == 3,
+    )
     driver.save_screenshot(str(tmp_path / "overview-throughput.png"))
     # New verdicts reach the open overview (history is read again within a minute, not per second).
     for i in range(2):
