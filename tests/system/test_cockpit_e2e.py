@@ -11,6 +11,12 @@ requeue and purge. What the tests hold the page to:
   error dump;
 * Cockpit's Content-Security-Policy never had to refuse anything (the browser's log has no CSP
   report).
+* an administrator (group sudo; Cockpit's superuser started with sudo at login) sees the throughput
+  sparkline count acked jobs, restarts a worker unit from the page and follows Logs to Cockpit's
+  journal page; a member without administrative access sees the unit buttons disabled with the reason.
+
+Rows are redrawn under the test (the overview every 5 s, running rows every watch frame): every
+lookup of a row is re-done inside a bounded wait (``_get``, ``_click``), never after a sleep.
 
 How: the root's network namespace has only a loopback device. cockpit.socket gets a drop-in that
 listens on 127.0.0.1:9090 only (plain HTTP: Cockpit allows it from localhost; its HTTPS instance
