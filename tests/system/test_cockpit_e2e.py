@@ -447,8 +447,12 @@ def test_administrator_sees_throughput_and_restarts_the_worker(
             driver.find_element("css selector", spark).get_attribute("aria-label")
         ),
     )
-    title = _get(driver, "the sparkline's title", lambda: driver.find_element("css selector", f"{spark} title"))
-    assert _get(driver, "the title's text", lambda: title.get_attribute("textContent")) == label
+    title = _get(
+        driver,
+        "the sparkline's title",
+        lambda: driver.find_element("css selector", f"{spark} title").get_attribute("textContent"),
+    )
+    assert title == label, (title, label)
     points = _get(
         driver,
         "the acked line",
@@ -536,21 +540,29 @@ def test_member_without_administrative_access_sees_unit_controls_disabled(
     driver = browser
     _login(driver, MEMBER, tmp_path)
     driver.get(PAGE + "#/" + FAST)
-    _until(driver, "the units note", lambda: driver.find_element("id", "units-note").is_displayed())
-    note = _text(driver, "#units-note")
-    assert note.startswith("Starting, stopping and restarting units needs administrative access"), note
-    units = ["steadq-worker", "steadq-sweeper", "steadq-promoter"]
-    rows = _until(
+    # The note says "Checking administrative access…" until Cockpit has answered; then the reason.
+    reason = "Starting, stopping and restarting units needs administrative access"
+    note = _until(
         driver,
-        "three unit rows",
-        lambda: (lambda r: len(r) == 3 and r)(driver.find_elements("css selector", "#units tr")),
+        "the units note giving the reason",
+        lambda: (lambda t: t.startswith(reason) and t)(_text(driver, "#units-note")),
     )
-    assert [r.get_attribute("data-unit") for r in rows] == [f"{u}@{FAST}.service" for u in units]
-    for verb in ("start", "stop", "restart"):
-        for button in driver.find_elements("css selector", f'#units button[data-action="{verb}"]'):
-            assert not button.is_enabled()
-            assert button.get_attribute("title") == note
-    assert all(b.is_enabled() for b in driver.find_elements("css selector", '#units button[data-action="logs"]'))
+
+    def controls() -> tuple[list[str], list[tuple[str, bool, str]], list[bool]]:
+        # Read in one go, inside a bounded wait: the rows are redrawn every 10 s (the unit states).
+        units = [r.get_attribute("data-unit") for r in driver.find_elements("css selector", "#units tr")]
+        verbs = [
+            (b.get_attribute("data-action"), b.is_enabled(), b.get_attribute("title"))
+            for b in driver.find_elements("css selector", "#units button[data-action]")
+            if b.get_attribute("data-action") != "logs"
+        ]
+        logs = [b.is_enabled() for b in driver.find_elements("css selector", '#units button[data-action="logs"]')]
+        return units, verbs, logs
+
+    units, verbs, logs = _get(driver, "the unit rows and their buttons", controls)
+    assert units == [f"{u}@{FAST}.service" for u in ("steadq-worker", "steadq-sweeper", "steadq-promoter")], units
+    assert verbs == [(v, False, note) for _ in range(3) for v in ("start", "stop", "restart")], verbs
+    assert logs == [True, True, True], logs
     assert not driver.find_element("id", "message").is_displayed()
     driver.save_screenshot(str(tmp_path / "units-member.png"))
     _no_csp_refusal(driver)
