@@ -31,6 +31,15 @@
     const OVERVIEW_REFRESH_MS = 5000;
     const LIST_LIMIT = 200; // rows shown per state; the count line says how many there are
     const SHOW_RUNNING_LIMIT = 20; // running jobs whose lease start is read (one `show` each, on a count change)
+    const HISTORY_BINS = 60; // the sparkline: one bin per minute of the last hour
+    const HISTORY_MIN_MS = 15000; // a queue's history is read again at most this often (when its counts moved)
+    const HISTORY_MAX_MS = 60000; // and at least this often while the overview is open
+    const UNIT_REFRESH_MS = 10000; // the unit states on the queue view
+    const ADMIN_WAIT_MS = 5000; // how long a refusal waits to learn whether the session is an administrator's
+    const SPARK_W = 120;
+    const SPARK_H = 24;
+    const QUEUE_NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/; // steadqd/queue_names.py QUEUE_NAME
+    const UNIT_ROLES = ["worker", "sweeper", "promoter"];
 
     // ---------------------------------------------------------------- formatting (pure)
 
@@ -192,6 +201,124 @@
     /** The argument that names a queue to the command: its configured name, else its path. */
     function queueArg(entry) {
         return entry.name || entry.queue;
+    }
+
+    // ---------------------------------------------------------------- throughput (pure)
+
+    /**
+     * The sparkline's two series from a `history --json` document: `bins` numbers each for acked
+     * and buried, oldest first, each bin `minutesPerBin` of the document's minute rows (contiguous,
+     * zeros included), counted back from the newest row, so the last bin holds the current minute.
+     * Older rows are left out (`--since 1h` gives 61 rows: the first minute is a partial one); fewer
+     * rows leave zeros at the old end. The totals are of the bins drawn, so text and picture agree.
+     */
+    function sparkSeries(history, bins, minutesPerBin) {
+        const n = Math.max(1, Math.floor(Number(bins) || HISTORY_BINS));
+        const width = Math.max(1, Math.floor(Number(minutesPerBin) || 1));
+        const rows = (history && Array.isArray(history.minutes)) ? history.minutes : [];
+        const count = (row, key) => Math.max(0, Math.floor(Number(row && row[key]) || 0));
+        const acked = new Array(n).fill(0);
+        const buried = new Array(n).fill(0);
+        for (let i = rows.length - 1, k = 0; i >= 0 && k < n * width; i--, k++) {
+            const bin = n - 1 - Math.floor(k / width);
+            acked[bin] += count(rows[i], "acked");
+            buried[bin] += count(rows[i], "buried");
+        }
+        const sum = values => values.reduce((a, b) => a + b, 0);
+        return {
+            acked,
+            buried,
+            totals: { acked: sum(acked), buried: sum(buried) },
+            peak: Math.max(0, ...acked, ...buried),
+            minutesPerBin: width,
+        };
+    }
+
+    /**
+     * SVG polyline points for `values` in a width x height box, against a common `peak` (so the
+     * buried line is drawn to the acked line's scale). Zero sits on the bottom edge, the peak on the
+     * top; a peak of 0 draws a flat line. One value is drawn as a level line across the box.
+     */
+    function sparkPoints(values, width, height, peak) {
+        const top = Math.max(Number(peak) || 0, 1);
+        const n = values.length;
+        const round = v => Math.round(v * 100) / 100;
+        const y = v => round(height - (Math.min(Math.max(Number(v) || 0, 0), top) / top) * height);
+        if (n === 0) return "";
+        if (n === 1) return "0," + y(values[0]) + " " + width + "," + y(values[0]);
+        return values.map((v, i) => round((i * width) / (n - 1)) + "," + y(v)).join(" ");
+    }
+
+    /** The sparkline's text alternative: "Last hour: 12 acked, 1 buried (at most 5 a minute)". */
+    function sparkText(series) {
+        let text = "Last hour: " + series.totals.acked + " acked, " + series.totals.buried + " buried";
+        if (series.peak > 0) {
+            text += " (at most " + series.peak + (series.minutesPerBin > 1 ? " per " + series.minutesPerBin +
+                " minutes)" : " a minute)");
+        }
+        return text;
+    }
+
+    /**
+     * Whether a queue's history is read again now: never read, older than HISTORY_MAX_MS, or the
+     * queue's counts moved and the last read is at least HISTORY_MIN_MS old. One `history` process
+     * per queue per minute at most while nothing changes; a busy queue at most every 15 s.
+     */
+    function historyDue(last, nowMs, counts) {
+        if (!last) return true;
+        const age = nowMs - last.atMs;
+        if (age >= HISTORY_MAX_MS) return true;
+        return age >= HISTORY_MIN_MS && !sameCounts(last.counts, counts);
+    }
+
+    // ---------------------------------------------------------------- units (pure)
+
+    /** The queue's three unit names, or [] for a name that is no configured queue name (a path). */
+    function unitNames(name) {
+        if (typeof name !== "string" || !QUEUE_NAME.test(name)) return [];
+        return UNIT_ROLES.map(role => "steadq-" + role + "@" + name + ".service");
+    }
+
+    /**
+     * `systemctl show --property=Id,ActiveState,SubState,... UNIT...` as {Id: {property: value}}:
+     * one block of KEY=VALUE lines per unit, blocks separated by a blank line.
+     */
+    function parseUnitShow(text) {
+        const out = {};
+        for (const block of String(text || "").split(/\n\s*\n/)) {
+            const props = {};
+            for (const line of block.split("\n")) {
+                const eq = line.indexOf("=");
+                if (eq > 0) props[line.slice(0, eq)] = line.slice(eq + 1);
+            }
+            if (props.Id) out[props.Id] = props;
+        }
+        return out;
+    }
+
+    /** "active (running)", "inactive (dead)", "unknown". */
+    function unitStateText(props) {
+        if (!props || !props.ActiveState) return "unknown";
+        return props.ActiveState + (props.SubState ? " (" + props.SubState + ")" : "");
+    }
+
+    /** Cockpit's journal page filtered to one unit, as its own Services page links it. */
+    function logsLocation(unit) {
+        return "/system/logs/#/?prio=debug&service=" + unit;
+    }
+
+    /**
+     * Whether the unit buttons work, from cockpit.permission({admin: true}).allowed: true (the
+     * session has administrative access), false (it has not), null (not known yet).
+     */
+    function unitControl(allowed) {
+        if (allowed === true) return { disabled: false, reason: "" };
+        if (allowed === null || allowed === undefined) return { disabled: true, reason: "Checking administrative access…" };
+        return {
+            disabled: true,
+            reason: "Starting, stopping and restarting units needs administrative access: switch to it in " +
+                "Cockpit's top bar (\"Limited access\"), if your account may use sudo.",
+        };
     }
 
     // ---------------------------------------------------------------- rendering (document passed in)
@@ -362,6 +489,76 @@
         return box;
     }
 
+    const SVG_NS = "http://www.w3.org/2000/svg";
+
+    /**
+     * The throughput sparkline: an SVG made through the DOM (no markup string), acked and buried
+     * per minute drawn to one scale, with its text alternative as the SVG's accessible name and
+     * <title>, and visibly next to it.
+     */
+    function sparkline(doc, series) {
+        const text = sparkText(series);
+        const svg = doc.createElementNS(SVG_NS, "svg");
+        for (const [k, v] of [["class", "spark"], ["viewBox", "0 0 " + SPARK_W + " " + SPARK_H],
+            ["width", SPARK_W], ["height", SPARK_H], ["role", "img"], ["aria-label", text],
+            ["preserveAspectRatio", "none"]]) {
+            svg.setAttribute(k, String(v));
+        }
+        const title = doc.createElementNS(SVG_NS, "title");
+        title.textContent = text;
+        svg.appendChild(title);
+        // Buried first, so the acked line is drawn over it where both are zero.
+        for (const [cls, values] of [["buried", series.buried], ["acked", series.acked]]) {
+            const line = doc.createElementNS(SVG_NS, "polyline");
+            line.setAttribute("class", "spark-" + cls);
+            line.setAttribute("points", sparkPoints(values, SPARK_W, SPARK_H, series.peak));
+            svg.appendChild(line);
+        }
+        const box = el(doc, "span", { className: "throughput" }, [svg]);
+        box.appendChild(el(doc, "span", { className: "spark-text", text: series.totals.acked + " acked, " +
+            series.totals.buried + " buried" }));
+        return box;
+    }
+
+    /** The throughput cell of a queue: its sparkline, or why there is none (as text). */
+    function throughputCell(doc, state) {
+        const cell = el(doc, "td", { className: "throughput-cell" });
+        if (!state) {
+            cell.appendChild(el(doc, "span", { className: "note", text: "–" }));
+        } else if (state.error) {
+            cell.appendChild(el(doc, "span", { className: "note", title: state.error, text: "no history" }));
+        } else {
+            cell.appendChild(sparkline(doc, sparkSeries(state.history, HISTORY_BINS)));
+        }
+        return cell;
+    }
+
+    /**
+     * One unit's row on the queue view: name, state, Start/Stop/Restart (disabled, with the reason
+     * as their title, when `control.disabled`), and a Logs link. `onAction(verb, unit)`, `onLogs(unit)`.
+     */
+    function unitRow(doc, unit, props, control, onAction, onLogs) {
+        const buttons = ["Start", "Stop", "Restart"].map(label => {
+            const b = el(doc, "button", { type: "button", text: label, "data-action": label.toLowerCase() });
+            if (control.disabled) {
+                b.disabled = true;
+                b.setAttribute("disabled", "");
+                b.setAttribute("title", control.reason);
+            }
+            b.addEventListener("click", () => onAction(label.toLowerCase(), unit));
+            return b;
+        });
+        const logs = el(doc, "button", { className: "link", type: "button", text: "Logs", "data-action": "logs" });
+        logs.addEventListener("click", () => onLogs(unit));
+        const state = unitStateText(props);
+        return el(doc, "tr", { "data-unit": unit }, [
+            el(doc, "td", { className: "mono", text: unit }),
+            el(doc, "td", { className: state.startsWith("failed") ? "unit-failed" : "", text: state }),
+            el(doc, "td", {}, buttons),
+            el(doc, "td", {}, [logs]),
+        ]);
+    }
+
     // ---------------------------------------------------------------- the page (browser only)
 
     function start(cockpit, doc) {
@@ -377,6 +574,17 @@
         let runningSince = {}; // job id -> in_state_since_ns (from show), for the elapsed time
         let entries = {}; // queue argument -> list --json entry (its path, for the group lookup)
         let confirmAction = null;
+        let histories = {}; // queue argument -> {atMs, counts, history, error}: the sparklines' data
+        let historyRound = false; // a round of `history` reads is under way
+        let throughputCells = {}; // queue argument -> its overview cell, redrawn when its history arrives
+        let unitTimer = null;
+        let unitProps = {}; // unit -> `systemctl show` properties, for the open queue view
+        // Queues this user cannot open as themselves, shown with administrative access ("try") because
+        // the session has it: another user's private queue, say.
+        const adminQueues = {};
+        // Whether the session has administrative access (Cockpit's superuser): the unit buttons need it.
+        // Cockpit reloads the page when it changes.
+        const admin = cockpit.permission({ admin: true });
 
         function showMessage(text, isError) {
             const m = $("message");
@@ -390,15 +598,23 @@
          * failure rejects with cockpit's ProcessError (exit_status, message: stderr), its stdout
          * kept as `output`.
          */
-        function steadq(args) {
+        function steadq(args, queue) {
             return new Promise((resolve, reject) => {
-                cockpit.spawn(["steadq", "--json", ...args], { err: "message" }).then(
+                cockpit.spawn(["steadq", "--json", ...args], spawnOptions(queue)).then(
                     out => resolve(parseOutput(out)),
                     (ex, out) => {
                         if (ex && typeof ex === "object") ex.output = out;
                         reject(ex);
                     });
             });
+        }
+
+        /**
+         * The spawn options for a command about `queue`: as the user, or with administrative access
+         * ("try": root when the session has it, else the user) for a queue the user could not open.
+         */
+        function spawnOptions(queue) {
+            return queue !== undefined && adminQueues[queue] ? { err: "message", superuser: "try" } : { err: "message" };
         }
 
         /** `list`: exits 1 when a queue could not be opened, but its document still has every queue. */
@@ -427,6 +643,33 @@
         function reportFailure(queue, ex) {
             const status = ex && ex.exit_status !== undefined ? ex.exit_status : null;
             const stderr = ex && ex.message ? ex.message : String(ex);
+            if (status === EXIT_PERMISSION && queue && adminQueues[queue]) {
+                // A refusal of a command started as the user before the switch below: superseded.
+                return Promise.resolve();
+            }
+            if (status === EXIT_PERMISSION && queue && admin.allowed === null && !ex.waitedForAdmin) {
+                // Whether the session is an administrator's is not known yet: decide once it is
+                // (or after ADMIN_WAIT_MS, as not one).
+                ex.waitedForAdmin = true;
+                return new Promise(resolve => {
+                    const decide = () => {
+                        admin.removeEventListener("changed", decide);
+                        clearTimeout(timer);
+                        resolve(reportFailure(queue, ex));
+                    };
+                    const timer = setTimeout(decide, ADMIN_WAIT_MS);
+                    admin.addEventListener("changed", decide);
+                });
+            }
+            if (status === EXIT_PERMISSION && queue && admin.allowed === true) {
+                // Not this user's queue, but the session is an administrator's: show it as root.
+                adminQueues[queue] = true;
+                return queueGroup(queue).then(group => {
+                    reopen(queue);
+                    showMessage((group ? "You are not in group " + group : "You are not in this queue's group") +
+                        ": shown with administrative access.", false);
+                });
+            }
             if (status === EXIT_PERMISSION && queue) {
                 return queueGroup(queue).then(group => showMessage(failureText(status, stderr, group), true));
             }
@@ -441,15 +684,53 @@
                 clear(body);
                 entries = {};
                 const queues = (doc_ && doc_.queues) || [];
+                throughputCells = {};
                 for (const entry of queues) {
-                    entries[queueArg(entry)] = entry;
-                    body.appendChild(queueRow(doc, entry, e => cockpit.location.go([String(queueArg(e))])));
+                    const q = queueArg(entry);
+                    entries[q] = entry;
+                    const row = queueRow(doc, entry, e => cockpit.location.go([String(queueArg(e))]));
+                    throughputCells[q] = row.appendChild(throughputCell(doc, histories[q]));
+                    body.appendChild(row);
                 }
+                readHistories(queues);
                 $("overview-note").textContent = queues.length ? "" : "No queue is configured in " +
                     String((doc_ && doc_.config_dir) || "/etc/steadq/queues") + ".";
             }, ex => reportFailure(null, ex)).finally(() => {
                 if (overviewTimer !== null) overviewTimer = setTimeout(refreshOverview, OVERVIEW_REFRESH_MS);
             });
+        }
+
+        /**
+         * The sparklines' data: `steadq history NAME --since 1h` for each configured queue that is due
+         * (historyDue), one process at a time, never two rounds at once. It runs with administrative
+         * access when the session has it ("try"): the verdicts are the system journal's, which a user
+         * outside systemd-journal/adm cannot read; the output is counts only.
+         */
+        function readHistories(queues) {
+            if (historyRound) return;
+            const now = Date.now();
+            const due = queues.filter(e => unitNames(e.name).length && historyDue(histories[queueArg(e)], now, e.counts));
+            if (!due.length) return;
+            historyRound = true;
+            const next = i => {
+                if (i >= due.length || overviewTimer === null) {
+                    historyRound = false;
+                    return;
+                }
+                const entry = due[i];
+                const q = queueArg(entry);
+                cockpit.spawn(["steadq", "--json", "history", entry.name, "--since", "1h"],
+                    { err: "message", superuser: "try" }).then(
+                    out => ({ history: parseOutput(out), error: null }),
+                    ex => ({ history: null, error: failureText(ex && ex.exit_status, ex && ex.message, null) }))
+                    .then(result => {
+                        histories[q] = { atMs: Date.now(), counts: entry.counts, ...result };
+                        const cell = throughputCells[q];
+                        if (cell && cell.parentNode) cell.parentNode.replaceChild(throughputCell(doc, histories[q]), cell);
+                        next(i + 1);
+                    });
+            };
+            next(0);
         }
 
         function stopOverview() {
@@ -472,7 +753,7 @@
             stopWatch();
             watchQueue = queue;
             progress = {};
-            const proc = cockpit.spawn(["steadq", "--json", "watch", queue, "--interval", "1s"], { err: "message" });
+            const proc = cockpit.spawn(["steadq", "--json", "watch", queue, "--interval", "1s"], spawnOptions(queue));
             watchProc = proc;
             proc.stream(lineReader(line => {
                 const frame = parseFrame(line);
@@ -523,7 +804,7 @@
             listing = true;
             relist = false;
             const states = ["running", "ready", "delayed", "dead"];
-            Promise.all(states.map(s => steadq(["ls", queue, s]))).then(lists => {
+            Promise.all(states.map(s => steadq(["ls", queue, s], queue))).then(lists => {
                 if (watchQueue !== queue) return;
                 const [run, ready, delayed, dead] = lists.map(l => (Array.isArray(l) ? oldestFirst(l).slice(0, LIST_LIMIT) : []));
                 running = run;
@@ -556,7 +837,7 @@
             for (const id of ids) if (runningSince[id] !== undefined) known[id] = runningSince[id];
             runningSince = known; // forget the jobs that stopped running
             const wanted = ids.filter(id => known[id] === undefined).slice(0, SHOW_RUNNING_LIMIT);
-            Promise.all(wanted.map(id => steadq(["show", queue, id, "--no-journal"]).then(story => {
+            Promise.all(wanted.map(id => steadq(["show", queue, id, "--no-journal"], queue).then(story => {
                 if (story && story.state === "leased" && story.in_state_since_ns !== undefined) {
                     runningSince[id] = story.in_state_since_ns;
                 }
@@ -567,14 +848,14 @@
 
         /** Run an action, then list again (a requeue may leave the counts where they were). */
         function act(queue, args) {
-            return steadq(args).then(() => {
+            return steadq(args, queue).then(() => {
                 showMessage("");
                 if (watchQueue === queue) refreshLists(queue);
             }, ex => reportFailure(queue, ex));
         }
 
         function askPurge(queue) {
-            steadq(["admin", "purge", queue, "dead", "--dry-run"]).then(result => {
+            steadq(["admin", "purge", queue, "dead", "--dry-run"], queue).then(result => {
                 const n = result && typeof result === "object" ? result.selected : "?";
                 $("confirm-text").textContent = "Remove " + String(n) + " dead job(s) of " + queue +
                     " for good? This cannot be undone.";
@@ -583,13 +864,84 @@
             }, ex => reportFailure(queue, ex));
         }
 
+        // -- the queue's units
+        /** The configured name of the queue argument (its units' instance), or null for a path. */
+        function queueName(queue) {
+            const entry = entries[queue];
+            if (entry) return unitNames(entry.name).length ? entry.name : null;
+            return unitNames(queue).length ? queue : null;
+        }
+
+        function drawUnits(queue) {
+            const body = $("units");
+            clear(body);
+            const names = unitNames(queueName(queue));
+            const control = unitControl(admin.allowed);
+            const note = $("units-note");
+            note.textContent = !names.length ? "This queue is named by its path: it has no units of its own."
+                : control.reason;
+            note.hidden = note.textContent === "";
+            for (const unit of names) {
+                body.appendChild(unitRow(doc, unit, unitProps[unit], control,
+                    (verb, u) => unitAction(queue, verb, u), u => cockpit.jump(logsLocation(u))));
+            }
+        }
+
+        /** The units' states (`systemctl show`; as root when the session may, which needs no D-Bus). */
+        function readUnits(queue) {
+            const names = unitNames(queueName(queue));
+            if (!names.length) return;
+            cockpit.spawn(["systemctl", "show", "--property=Id,ActiveState,SubState", "--", ...names],
+                { err: "message", superuser: "try" }).then(
+                out => parseUnitShow(out), () => ({})).then(props => {
+                if (watchQueue !== queue) return;
+                unitProps = props;
+                drawUnits(queue);
+            });
+        }
+
+        /** systemctl start/stop/restart of one of the queue's units, through Cockpit's superuser. */
+        function unitAction(queue, verb, unit) {
+            if (!["start", "stop", "restart"].includes(verb) || !unitNames(queueName(queue)).includes(unit)) return;
+            cockpit.spawn(["systemctl", verb, "--", unit], { err: "message", superuser: "require" }).then(
+                () => showMessage(""),
+                ex => showMessage("systemctl " + verb + " " + unit + ": " +
+                    (String((ex && ex.message) || "").trim().split("\n")[0] || "failed"), true))
+                .then(() => readUnits(queue));
+        }
+
+        function startUnits(queue) {
+            stopUnits();
+            unitProps = {};
+            drawUnits(queue);
+            readUnits(queue);
+            unitTimer = setInterval(() => readUnits(queue), UNIT_REFRESH_MS);
+        }
+
+        function stopUnits() {
+            if (unitTimer !== null) clearInterval(unitTimer);
+            unitTimer = null;
+        }
+
+        /** Show a queue's view again from the start (after switching it to administrative access). */
+        function reopen(queue) {
+            const path = cockpit.location.path;
+            if (path[0] !== queue) return;
+            if (path.length === 1) {
+                stopWatch();
+                startWatch(queue);
+            } else if (path.length === 2) {
+                showJob(queue, path[1]);
+            }
+        }
+
         // -- one job
         function showJob(queue, jobId) {
             $("job-title").textContent = queue + " / " + jobId;
             const box = $("job-story");
             clear(box);
             box.appendChild(el(doc, "p", { className: "note", text: "reading…" }));
-            steadq(["show", queue, jobId]).then(story => {
+            steadq(["show", queue, jobId], queue).then(story => {
                 clear(box);
                 box.appendChild(jobStory(doc, story));
             }, ex => {
@@ -606,6 +958,7 @@
             $("overview").hidden = path.length !== 0;
             $("queue").hidden = path.length !== 1;
             $("job").hidden = path.length !== 2;
+            if (path.length !== 1) stopUnits();
             if (path.length === 0) {
                 stopWatch();
                 if (overviewTimer === null) {
@@ -625,6 +978,7 @@
                     runningSince = {};
                 }
                 startWatch(queue);
+                startUnits(queue);
             } else {
                 stopWatch();
                 showJob(queue, path[1]);
@@ -650,6 +1004,9 @@
             confirmAction = null;
         });
         cockpit.addEventListener("locationchanged", route);
+        admin.addEventListener("changed", () => {
+            if (cockpit.location.path.length === 1) drawUnits(cockpit.location.path[0]);
+        });
         // The queue names come from `list`: read it once before the first route, so a page opened
         // straight on a queue can still name its group.
         steadqList().then(d => {
@@ -683,6 +1040,20 @@
         jobRow,
         progressCell,
         jobStory,
+        sparkSeries,
+        sparkPoints,
+        sparkText,
+        historyDue,
+        unitNames,
+        parseUnitShow,
+        unitStateText,
+        logsLocation,
+        unitControl,
+        sparkline,
+        throughputCell,
+        unitRow,
+        HISTORY_MIN_MS,
+        HISTORY_MAX_MS,
         start,
     };
 }));

@@ -52,6 +52,7 @@ class FakeElement {
 
 const doc = {
     createElement: tag => new FakeElement(tag),
+    createElementNS: (ns, tag) => Object.assign(new FakeElement(tag), { namespaceURI: ns }),
     createTextNode: text => new FakeText(text),
     write() { throw new Error("document.write used"); },
 };
@@ -240,4 +241,148 @@ test("elapsed seconds are counted on the server's clock, in nanoseconds, never n
     assert.equal(page.elapsedSeconds(null, 1), null);
     assert.equal(page.elapsedSeconds(1, undefined), null);
     assert.equal(page.formatAge(page.elapsedSeconds(1796532556890126467, 1796532556890126467 - 3725e9)), "1h 02m");
+});
+
+// ---------------------------------------------------------------- throughput sparkline
+
+function minutes(rows) {
+    return { minutes: rows.map(([acked, buried], i) => ({ start_ns: 1796126400000000000 + i * 60e9, acked, retried: 0,
+        buried, abandoned: 0 })) };
+}
+
+test("the sparkline keeps the newest 60 minutes of a 61-row hour, oldest first, totals of what it draws", () => {
+    const rows = Array.from({ length: 61 }, (_, i) => [i === 0 ? 100 : i % 10 === 0 ? 3 : 0, i === 60 ? 2 : 0]);
+    const s = page.sparkSeries(minutes(rows), 60);
+    assert.equal(s.acked.length, 60);
+    assert.equal(s.buried.length, 60);
+    assert.deepEqual(s.acked.slice(0, 10), [0, 0, 0, 0, 0, 0, 0, 0, 0, 3], "row 0 (a partial minute) is left out");
+    assert.equal(s.acked[59], 3);
+    assert.equal(s.buried[59], 2, "the newest row is the last bin");
+    assert.deepEqual(s.totals, { acked: 18, buried: 2 });
+    assert.equal(s.peak, 3);
+    assert.equal(page.sparkText(s), "Last hour: 18 acked, 2 buried (at most 3 a minute)");
+});
+
+test("fewer rows than bins leave zeros at the old end; wider bins sum their minutes", () => {
+    const s = page.sparkSeries(minutes([[1, 0], [2, 1], [4, 0]]), 5);
+    assert.deepEqual(s.acked, [0, 0, 1, 2, 4]);
+    assert.deepEqual(s.buried, [0, 0, 0, 1, 0]);
+    const w = page.sparkSeries(minutes([[1, 0], [2, 1], [4, 0], [8, 0], [16, 5]]), 2, 2);
+    assert.deepEqual(w.acked, [6, 24], "bins of two minutes counted back from the newest; the oldest row is out");
+    assert.deepEqual(w.buried, [1, 5]);
+    assert.equal(page.sparkText(w), "Last hour: 30 acked, 6 buried (at most 24 per 2 minutes)");
+});
+
+test("a history with junk counts, no rows or no document draws zeros, not NaN", () => {
+    const junk = { minutes: [{ acked: "x", buried: -4 }, { acked: null, buried: 2.7 }, null] };
+    const s = page.sparkSeries(junk, 3);
+    assert.deepEqual(s.acked, [0, 0, 0]);
+    assert.deepEqual(s.buried, [0, 2, 0]);
+    for (const empty of [null, {}, { minutes: "no" }]) {
+        const e = page.sparkSeries(empty, 4);
+        assert.deepEqual(e.acked, [0, 0, 0, 0]);
+        assert.equal(e.peak, 0);
+        assert.equal(page.sparkText(e), "Last hour: 0 acked, 0 buried");
+    }
+});
+
+test("sparkline points: zero on the bottom edge, the common peak on the top, a flat line without any", () => {
+    assert.equal(page.sparkPoints([0, 5, 10], 100, 20, 10), "0,20 50,10 100,0");
+    assert.equal(page.sparkPoints([0, 1], 100, 20, 4), "0,20 100,15", "the buried line is scaled to the acked peak");
+    assert.equal(page.sparkPoints([0, 0, 0], 120, 24, 0), "0,24 60,24 120,24");
+    assert.equal(page.sparkPoints([3], 120, 24, 3), "0,0 120,0");
+    assert.equal(page.sparkPoints([], 120, 24, 0), "");
+    assert.equal(page.sparkPoints([1, 2, 3], 100, 30, 3), "0,20 50,10 100,0");
+    assert.equal(page.sparkPoints([50], 10, 10, 5), "0,0 10,0", "a value above the peak stays in the box");
+});
+
+test("the sparkline is an SVG built through the DOM with its totals as its accessible name", () => {
+    const s = page.sparkSeries(minutes([[2, 0], [5, 1]]), 60);
+    const box = page.sparkline(doc, s);
+    const svg = box.all().find(e => e.tagName === "SVG");
+    assert.equal(svg.namespaceURI, "http://www.w3.org/2000/svg");
+    assert.equal(svg.getAttribute("role"), "img");
+    const text = "Last hour: 7 acked, 1 buried (at most 5 a minute)";
+    assert.equal(svg.getAttribute("aria-label"), text);
+    assert.equal(svg.all().find(e => e.tagName === "TITLE").textContent, text);
+    const lines = svg.all().filter(e => e.tagName === "POLYLINE");
+    assert.deepEqual(lines.map(l => l.getAttribute("class")), ["spark-buried", "spark-acked"], "acked drawn on top");
+    const acked = lines[1].getAttribute("points").split(" ");
+    assert.equal(acked.length, 60);
+    assert.deepEqual(acked.slice(-2), ["117.97,14.4", "120,0"], "2 then 5 (the peak) in the last two minutes");
+    assert.equal(lines[0].getAttribute("points").split(" ").slice(-1)[0], "120,19.2", "1 buried, to the same scale");
+    assert.ok(box.textContent.endsWith("7 acked, 1 buried"), box.textContent);
+});
+
+test("a queue without history says so as text; its error is a title, never markup", () => {
+    const failed = page.throughputCell(doc, { history: null, error: "history: no journal " + XSS });
+    assert.equal(failed.textContent, "no history");
+    assert.equal(failed.all().find(e => e.tagName === "SPAN").getAttribute("title"), "history: no journal " + XSS);
+    assert.ok(!failed.all().some(e => e.tagName === "IMG"));
+    assert.equal(page.throughputCell(doc, undefined).textContent, "–");
+    const drawn = page.throughputCell(doc, { history: minutes([[1, 0]]), error: null });
+    assert.ok(drawn.all().some(e => e.tagName === "SVG"));
+});
+
+test("a queue's history is read again after a minute, or after 15 s when its counts moved", () => {
+    const counts = { ready: 1, delayed: 0, running: 0, dead: 0 };
+    const moved = { ...counts, ready: 0 };
+    assert.ok(page.historyDue(undefined, 0, counts), "never read");
+    const last = { atMs: 1000000, counts };
+    assert.ok(!page.historyDue(last, 1000000 + page.HISTORY_MIN_MS - 1, moved), "moved, but too soon");
+    assert.ok(page.historyDue(last, 1000000 + page.HISTORY_MIN_MS, moved), "moved, 15 s later");
+    assert.ok(!page.historyDue(last, 1000000 + page.HISTORY_MAX_MS - 1, counts), "quiet queue: once a minute");
+    assert.ok(page.historyDue(last, 1000000 + page.HISTORY_MAX_MS, counts));
+    assert.ok(page.HISTORY_MIN_MS >= 10000 && page.HISTORY_MAX_MS >= page.HISTORY_MIN_MS, "not a process per second");
+});
+
+// ---------------------------------------------------------------- unit controls
+
+test("a queue's units are its configured name's three; a path or a hostile name has none", () => {
+    assert.deepEqual(page.unitNames("demo"),
+        ["steadq-worker@demo.service", "steadq-sweeper@demo.service", "steadq-promoter@demo.service"]);
+    for (const bad of ["/var/lib/steadq/demo", XSS, "a".repeat(65), "-x", "", null, undefined, "a b", "a\nb"]) {
+        assert.deepEqual(page.unitNames(bad), [], String(bad));
+    }
+    assert.equal(page.unitNames("a".repeat(64)).length, 3);
+    assert.equal(page.logsLocation("steadq-worker@demo.service"),
+        "/system/logs/#/?prio=debug&service=steadq-worker@demo.service");
+});
+
+test("systemctl show output is read block by block", () => {
+    const text = "Id=steadq-worker@demo.service\nActiveState=active\nSubState=running\n\n" +
+        "Id=steadq-sweeper@demo.service\nActiveState=failed\nSubState=failed\n\nActiveState=orphan\n";
+    const props = page.parseUnitShow(text);
+    assert.deepEqual(Object.keys(props), ["steadq-worker@demo.service", "steadq-sweeper@demo.service"]);
+    assert.equal(page.unitStateText(props["steadq-worker@demo.service"]), "active (running)");
+    assert.equal(page.unitStateText(props["steadq-promoter@demo.service"]), "unknown");
+    assert.equal(page.unitStateText({ ActiveState: "inactive", SubState: "" }), "inactive");
+    assert.deepEqual(page.parseUnitShow(""), {});
+});
+
+test("without administrative access the unit buttons are disabled with the reason; Logs still works", () => {
+    assert.deepEqual(page.unitControl(true), { disabled: false, reason: "" });
+    assert.match(page.unitControl(false).reason, /needs administrative access/);
+    assert.ok(page.unitControl(false).disabled && page.unitControl(null).disabled);
+    const calls = [];
+    const unit = "steadq-worker@demo.service";
+    const props = { Id: unit, ActiveState: "failed", SubState: "failed" };
+    const off = page.unitRow(doc, unit, props, page.unitControl(false), (v, u) => calls.push([v, u]),
+        u => calls.push(["logs", u]));
+    assert.deepEqual(off.childNodes.map(c => c.textContent), [unit, "failed (failed)", "StartStopRestart", "Logs"]);
+    assert.equal(off.childNodes[1].className, "unit-failed");
+    const buttons = off.all().filter(e => e.tagName === "BUTTON");
+    for (const b of buttons.slice(0, 3)) {
+        assert.equal(b.getAttribute("disabled"), "");
+        assert.match(b.getAttribute("title"), /needs administrative access/);
+    }
+    assert.equal(buttons[3].getAttribute("disabled"), null);
+    buttons[3].click();
+    assert.deepEqual(calls, [["logs", unit]]);
+    const on = page.unitRow(doc, unit, undefined, page.unitControl(true), (v, u) => calls.push([v, u]), () => {});
+    const restart = on.all().find(e => e.getAttribute("data-action") === "restart");
+    assert.equal(restart.getAttribute("disabled"), null);
+    restart.click();
+    assert.deepEqual(calls[1], ["restart", unit]);
+    assert.equal(on.childNodes[1].textContent, "unknown");
 });

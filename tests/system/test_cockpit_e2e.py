@@ -11,6 +11,12 @@ requeue and purge. What the tests hold the page to:
   error dump;
 * Cockpit's Content-Security-Policy never had to refuse anything (the browser's log has no CSP
   report).
+* an administrator (group sudo; Cockpit's superuser started with sudo at login) sees the throughput
+  sparkline count acked jobs, restarts a worker unit from the page and follows Logs to Cockpit's
+  journal page; a member without administrative access sees the unit buttons disabled with the reason.
+
+Rows are redrawn under the test (the overview every 5 s, running rows every watch frame): every
+lookup of a row is re-done inside a bounded wait (``_get``, ``_click``), never after a sleep.
 
 How: the root's network namespace has only a loopback device. cockpit.socket gets a drop-in that
 listens on 127.0.0.1:9090 only (plain HTTP: Cockpit allows it from localhost; its HTTPS instance
@@ -46,6 +52,9 @@ HOST_PACKAGES = ("cockpit-ws", "cockpit-bridge", "cockpit-system", "chromium", "
 NAME = "demo"
 QUEUE = f"/var/lib/steadq/{NAME}"
 MEMBER, OUTSIDER = "ann", "bob"
+# An administrator as Cockpit knows one: in group sudo (Debian's sudoers: %sudo ALL=(ALL:ALL) ALL), so
+# Cockpit's superuser bridge (`sudo -k -A cockpit-bridge --privileged`, the login password on askpass) starts.
+ADMIN = "carol"
 PASSWORD = "Queue-pass-1"
 XSS = "<img src=x onerror=alert(1)>"
 URL = "http://127.0.0.1:9090"
@@ -60,6 +69,12 @@ echo "42 frame <b>42</b>/100" > "$STEADQ_PROGRESS"
 i=0
 while [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
 """
+# A third queue whose worker acks every job at once (/bin/true): the throughput sparkline and the unit controls.
+FAST = "fast"
+FAST_WORKER = f"steadq-worker@{FAST}.service"
+# A private queue of the member's (0700): an administrator's session shows it with administrative access.
+# (Below the root's ext4 spool, which only group steadq may enter: a strict queue refuses overlayfs, /home's.)
+PRIVATE = f"/var/lib/steadq/{MEMBER}-private/q"
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -95,17 +110,23 @@ def cockpit_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdRo
             systemctl restart cockpit.socket
             useradd -m -s /bin/bash -G steadq {MEMBER}
             useradd -m -s /bin/bash {OUTSIDER}
-            printf '%s\\n' '{MEMBER}:{PASSWORD}' '{OUTSIDER}:{PASSWORD}' | chpasswd
+            useradd -m -s /bin/bash -G steadq,sudo {ADMIN}
+            printf '%s\\n' '{MEMBER}:{PASSWORD}' '{OUTSIDER}:{PASSWORD}' '{ADMIN}:{PASSWORD}' | chpasswd
+            install -d -m 0700 -o {MEMBER} -g {MEMBER} {os.path.dirname(PRIVATE)}
+            runuser -u {MEMBER} -- steadq init {PRIVATE} --shards 4
             install -d -m 2770 -o steadq -g steadq {QUEUE}
             runuser -u steadq -- steadq init {QUEUE} --shared --shards 4
             printf 'queue: {QUEUE}\\nworker:\\n  command: ["/bin/true"]\\n' > /etc/steadq/queues/{NAME}.yaml
             install -d -m 2770 -o steadq -g steadq /var/lib/steadq/{LIVE}
             runuser -u steadq -- steadq init /var/lib/steadq/{LIVE} --shared --shards 4
             printf 'queue: /var/lib/steadq/{LIVE}\\nworker:\\n  command: ["{LIVE_JOB}"]\\n' > /etc/steadq/queues/{LIVE}.yaml
+            install -d -m 2770 -o steadq -g steadq /var/lib/steadq/{FAST}
+            runuser -u steadq -- steadq init /var/lib/steadq/{FAST} --shared --shards 4
+            printf 'queue: /var/lib/steadq/{FAST}\\nworker:\\n  command: ["/bin/true"]\\n' > /etc/steadq/queues/{FAST}.yaml
             """
         )
         root.run("install", "-m", "0755", "/dev/stdin", LIVE_JOB, input=LIVE_SCRIPT)
-        root.run("systemctl", "enable", "--now", f"steadq-worker@{LIVE}.service")
+        root.run("systemctl", "enable", "--now", f"steadq-worker@{LIVE}.service", FAST_WORKER)
         listen = root.run("systemctl", "show", "-P", "Listen", "cockpit.socket").stdout.strip()
         assert listen == "127.0.0.1:9090 (Stream)", listen
         yield root
@@ -166,14 +187,43 @@ def _until(driver: Any, what: str, fn: Callable[[], object], timeout: float = DE
         raise AssertionError(f"timed out waiting for {what}; the page says:\n{body[:3000]}") from None
 
 
-def _login(driver: Any, user: str, shots: Path) -> None:
+def _get(driver: Any, what: str, fn: Callable[[], Any], timeout: float = DEADLINE) -> Any:
+    """fn()'s value, read inside a bounded wait: the page redraws its rows (the overview every 5 s,
+    the running rows every watch frame), so an element found a moment ago may be stale by the time
+    it is read; the read is then done again on the element found anew."""
+    return _until(driver, what, lambda: (fn(),), timeout)[0]
+
+
+def _click(driver: Any, what: str, css: str, timeout: float = DEADLINE) -> None:
+    """Find and click inside a bounded wait, for the same reason: a click on a row redrawn between
+    the find and the click raises StaleElementReferenceException (and clicks nothing)."""
+
+    def attempt() -> bool:
+        driver.find_element("css selector", css).click()
+        return True
+
+    _until(driver, what, attempt, timeout)
+
+
+def _login(driver: Any, user: str, shots: Path, *, admin: bool = False) -> None:
     driver.get(URL + "/")
     _until(driver, "the login form", lambda: driver.find_element("id", "login-user-input").is_displayed())
+    if admin:
+        # What Cockpit's own test library does for an administrator's login: the login page sends
+        # localStorage's "superuser:USER" as X-Superuser ("none" unless set), and "any" makes the
+        # session start its privileged bridge with sudo and the login password.
+        driver.execute_script("window.localStorage.setItem(arguments[0], 'any')", f"superuser:{user}")
     driver.find_element("id", "login-user-input").send_keys(user)
     driver.find_element("id", "login-password-input").send_keys(PASSWORD)
     driver.find_element("id", "login-button").click()
     # The shell's menu lists the page from its manifest.json.
     _until(driver, "the menu entry 'Job queues'", lambda: "Job queues" in driver.find_element("tag name", "body").text)
+    if admin:
+        _until(
+            driver,
+            "the shell's 'Administrative access' (sudo worked)",
+            lambda: "Administrative access" in driver.find_element("tag name", "body").text,
+        )
     driver.save_screenshot(str(shots / f"{user}-shell.png"))
 
 
@@ -227,7 +277,7 @@ def test_member_watches_the_queue_opens_a_job_and_acts(cockpit_root: SystemdRoot
     driver.save_screenshot(str(tmp_path / "overview.png"))
 
     # -- one queue: the watch stream's counts and the ready list ---------------------------------
-    driver.find_element("css selector", f'#queues tr[data-queue="{NAME}"] button').click()
+    _click(driver, "the demo row's link", f'#queues tr[data-queue="{NAME}"] button')
     _until(driver, "4 ready in the queue view", lambda: _text(driver, "#queue-counts").startswith("4 ready"))
     _until(driver, "4 rows of ready jobs", lambda: len(driver.find_elements("css selector", "#ready tr")) == 4)
     _put(root, "one more")
@@ -235,7 +285,7 @@ def test_member_watches_the_queue_opens_a_job_and_acts(cockpit_root: SystemdRoot
     _until(driver, "5 rows of ready jobs", lambda: len(driver.find_elements("css selector", "#ready tr")) == 5)
 
     # -- the hostile job's story: its metadata and payload are text, nothing ran ------------------
-    driver.find_element("css selector", f'#ready tr[data-job="{hostile}"] button').click()
+    _click(driver, "the hostile job's link", f'#ready tr[data-job="{hostile}"] button')
     _until(driver, "the job's story", lambda: "Metadata" in _text(driver, "#job-story"))
     story = _text(driver, "#job-story")
     assert XSS in story and "<script>alert(2)</script>" in story, story
@@ -262,18 +312,21 @@ def test_member_watches_the_queue_opens_a_job_and_acts(cockpit_root: SystemdRoot
     assert _paused(root) is None
 
     # -- cancel, requeue, purge (the dry run's count is what the page asks to confirm) ------------
-    driver.find_element("css selector", f'#ready tr[data-job="{hostile}"] button[data-action="cancel"]').click()
+    _click(driver, "Cancel of the hostile job", f'#ready tr[data-job="{hostile}"] button[data-action="cancel"]')
     _until(
         driver,
         "the cancelled job in the dead list",
-        lambda: driver.find_elements("css selector", f'#dead tr[data-job="{hostile}"]'),
+        lambda: "cancelled" in _text(driver, f'#dead tr[data-job="{hostile}"]'),
     )
-    assert "cancelled" in _text(driver, f'#dead tr[data-job="{hostile}"]')
-    driver.find_element("css selector", f'#dead tr[data-job="{hostile}"] button[data-action="requeue"]').click()
+    _click(driver, "Requeue of the hostile job", f'#dead tr[data-job="{hostile}"] button[data-action="requeue"]')
     _until(driver, "the dead list empty after requeue", lambda: not driver.find_elements("css selector", "#dead tr"))
     _until(driver, "5 ready after requeue", lambda: _text(driver, "#queue-counts").startswith("5 ready"))
-    first = driver.find_elements("css selector", "#ready tr")[0].get_attribute("data-job")
-    driver.find_element("css selector", f'#ready tr[data-job="{first}"] button[data-action="cancel"]').click()
+    first = _get(
+        driver,
+        "the first ready job",
+        lambda: driver.find_elements("css selector", "#ready tr")[0].get_attribute("data-job"),
+    )
+    _click(driver, "Cancel of the first ready job", f'#ready tr[data-job="{first}"] button[data-action="cancel"]')
     _until(driver, "one dead job", lambda: len(driver.find_elements("css selector", "#dead tr")) == 1)
     driver.find_element("id", "purge").click()
     _until(driver, "the purge confirmation", lambda: driver.find_element("id", "confirm").is_displayed())
@@ -299,12 +352,16 @@ def test_member_sees_a_running_job_s_progress_and_cancels_it(
     driver.get(PAGE + "#/" + LIVE)
     row = f'#running tr[data-job="{job}"]'
     _until(driver, "the running job's progress", lambda: "frame <b>42</b>/100" in _text(driver, row))
-    assert driver.find_element("css selector", f"{row} progress").get_attribute("value") == "42"
+    _until(
+        driver,
+        "the progress bar at 42",
+        lambda: driver.find_element("css selector", f"{row} progress").get_attribute("value") == "42",
+    )
     assert driver.find_elements("css selector", f"{row} b") == []
     # Elapsed since the lease (show's in_state_since_ns against the watch frame's time), ticking with the frames.
     elapsed = lambda: driver.find_element("css selector", row).find_elements("tag name", "td")[2].text  # noqa: E731
     _until(driver, "the running job's elapsed time", lambda: re.fullmatch(r"\d+s", elapsed()))
-    first = int(elapsed()[:-1])
+    first = int(_get(driver, "the elapsed time", elapsed)[:-1])
     _until(driver, "the elapsed time ticking", lambda: re.fullmatch(r"\d+s", elapsed()) and int(elapsed()[:-1]) > first)
     driver.save_screenshot(str(tmp_path / "running.png"))
     # One `steadq watch` for the open queue view (not a process per refresh); leaving the view ends it.
@@ -313,7 +370,7 @@ def test_member_sees_a_running_job_s_progress_and_cancels_it(
     _until(driver, "the watch process ended", lambda: _watchers(root) == 0)
     driver.get(PAGE + "#/" + LIVE)
     _until(driver, "the running job again", lambda: "frame <b>42</b>/100" in _text(driver, row))
-    driver.find_element("css selector", f'{row} button[data-action="cancel"]').click()
+    _click(driver, "Cancel of the running job", f'{row} button[data-action="cancel"]')
     _until(
         driver,
         "the cancelled job in the dead list",
@@ -336,5 +393,170 @@ def test_outsider_gets_one_sentence(cockpit_root: SystemdRoot, browser: Any, tmp
     # The overview still lists the queue (list exits 1 for it, with its document): the CLI's one line, as text.
     driver.get(PAGE + "#/")
     _until(driver, "the demo row", lambda: _cell(driver, 6).startswith(f"cannot open queue {QUEUE}"))
-    assert _cell(driver, 1) == "–"
+    assert _get(driver, "the demo row's ready cell", lambda: _cell(driver, 1)) == "–"
+    _no_csp_refusal(driver)
+
+
+def _acked(root: SystemdRoot) -> int:
+    """The fast queue's acked jobs of the last hour, as root reads the journal (the CLI's count)."""
+    history = json.loads(root.run("steadq", "--json", "history", FAST, "--since", "1h").stdout)
+    return int(history["totals"]["acked"])
+
+
+def _unit(root: SystemdRoot, unit: str) -> dict[str, str]:
+    out = root.run("systemctl", "show", "--property=ActiveState,MainPID,ActiveEnterTimestampMonotonic", unit).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def _page_frame(driver: Any) -> None:
+    """Into the shell's frame of the page (the shell URL /steadq loads it as cockpit1:localhost/steadq)."""
+    css = 'iframe[name="cockpit1:localhost/steadq"]'
+    frame = _until(driver, "the page's frame in the shell", lambda: driver.find_element("css selector", css))
+    driver.switch_to.frame(frame)
+
+
+def test_administrator_sees_throughput_and_restarts_the_worker(
+    cockpit_root: SystemdRoot, browser: Any, tmp_path: Path
+) -> None:
+    """carol (groups steadq and sudo) logs in with administrative access: the fast queue's sparkline
+    counts the jobs its worker acked and follows new ones without a reload; Restart of the worker
+    unit from the page restarts it (a new main process, a new ActiveEnterTimestamp); Logs opens
+    Cockpit's journal page on that unit; another user's private queue is shown through the
+    superuser ("try"), saying so."""
+    root, driver = cockpit_root, browser
+    before = _acked(root)
+    for i in range(3):
+        root.run("steadq", "put", FAST, "-", user=ADMIN, input=f"fast {i}")
+    _until(driver, "3 jobs acked in the journal", lambda: _acked(root) == before + 3)
+    _login(driver, ADMIN, tmp_path, admin=True)
+    driver.get(URL + "/steadq")
+    _page_frame(driver)
+
+    # -- the sparkline: its accessible name and its visible text count the acked jobs -------------
+    spark = f'#queues tr[data-queue="{FAST}"] svg.spark'
+    label = _until(
+        driver,
+        f"the sparkline counting {before + 3} acked",
+        lambda: (lambda t: t.startswith(f"Last hour: {before + 3} acked, 0 buried") and t)(
+            driver.find_element("css selector", spark).get_attribute("aria-label")
+        ),
+    )
+    title = _get(
+        driver,
+        "the sparkline's title",
+        lambda: driver.find_element("css selector", f"{spark} title").get_attribute("textContent"),
+    )
+    assert title == label, (title, label)
+    points = _get(
+        driver,
+        "the acked line",
+        lambda: driver.find_element("css selector", f"{spark} polyline.spark-acked").get_attribute("points"),
+    )
+    assert len(points.split()) == 60 and any(not p.endswith(",24") for p in points.split()), points
+    _until(
+        driver,
+        "a sparkline in every row (the screenshot docs/img/dashboard.png is this one)",
+        lambda: len(driver.find_elements("css selector", "#queues svg.spark")) == 3,
+    )
+    driver.save_screenshot(str(tmp_path / "overview-throughput.png"))
+    # New verdicts reach the open overview (history is read again within a minute, not per second).
+    for i in range(2):
+        root.run("steadq", "put", FAST, "-", user=ADMIN, input=f"more {i}")
+    _until(
+        driver,
+        f"the sparkline counting {before + 5} acked",
+        lambda: (
+            f"{before + 5} acked, 0 buried"
+            in driver.find_element("css selector", f'#queues tr[data-queue="{FAST}"] .spark-text').text
+        ),
+        timeout=DEADLINE + 45,
+    )
+
+    # -- the worker unit: restart from the page ------------------------------------------------
+    _click(driver, "the fast row's link", f'#queues tr[data-queue="{FAST}"] button')
+    row = f'#units tr[data-unit="{FAST_WORKER}"]'
+    _until(driver, "the worker unit active", lambda: _text(driver, row).split("\n")[0].startswith(FAST_WORKER))
+    _until(driver, "the worker's state", lambda: "active (running)" in _text(driver, row))
+    _until(
+        driver,
+        "Restart enabled",
+        lambda: driver.find_element("css selector", f'{row} button[data-action="restart"]').is_enabled(),
+    )
+    assert not driver.find_element("id", "units-note").is_displayed()
+    old = _unit(root, FAST_WORKER)
+    assert old["ActiveState"] == "active", old
+    _click(driver, "Restart of the worker", f'{row} button[data-action="restart"]')
+    _until(
+        driver,
+        "the worker restarted (new main PID and start time)",
+        lambda: (
+            lambda new: (
+                new["ActiveState"] == "active"
+                and new["MainPID"] not in ("0", old["MainPID"])
+                and new["ActiveEnterTimestampMonotonic"] != old["ActiveEnterTimestampMonotonic"]
+            )
+        )(_unit(root, FAST_WORKER)),
+    )
+    _until(driver, "the worker's state after the restart", lambda: "active (running)" in _text(driver, row))
+    assert not driver.find_element("id", "message").is_displayed(), _text(driver, "#message")
+    driver.save_screenshot(str(tmp_path / "units-admin.png"))
+
+    # -- another user's private queue: shown through the superuser, saying so ---------------------
+    driver.switch_to.default_content()
+    driver.get(PAGE + "#/" + PRIVATE.replace("/", "%2F"))
+    _until(driver, "the private queue's counts", lambda: _text(driver, "#queue-counts").startswith("0 ready"))
+    message = _get(driver, "the message", lambda: _text(driver, "#message"))
+    assert re.fullmatch(
+        r"You are not in (group \S+|this queue's group): shown with administrative access\.", message
+    ), message
+
+    # -- Logs: Cockpit's journal page, filtered to the unit, as its Services page links it ---------
+    driver.switch_to.default_content()
+    driver.get(URL + "/steadq#/" + FAST)
+    _page_frame(driver)
+    _click(driver, "Logs of the worker", f'{row} button[data-action="logs"]')
+    driver.switch_to.default_content()
+    from urllib.parse import unquote
+
+    _until(
+        driver,
+        "the shell on the journal page of the worker unit",
+        lambda: "/system/logs" in driver.current_url and f"service={FAST_WORKER}" in unquote(driver.current_url),
+    )
+    _no_csp_refusal(driver)
+
+
+def test_member_without_administrative_access_sees_unit_controls_disabled(
+    cockpit_root: SystemdRoot, browser: Any, tmp_path: Path
+) -> None:
+    """ann may act on the queue but not on its units: Start/Stop/Restart are disabled with the reason
+    (as their title and as a note), not an error after a click; Logs stays usable."""
+    driver = browser
+    _login(driver, MEMBER, tmp_path)
+    driver.get(PAGE + "#/" + FAST)
+    # The note says "Checking administrative access…" until Cockpit has answered; then the reason.
+    reason = "Starting, stopping and restarting units needs administrative access"
+    note = _until(
+        driver,
+        "the units note giving the reason",
+        lambda: (lambda t: t.startswith(reason) and t)(_text(driver, "#units-note")),
+    )
+
+    def controls() -> tuple[list[str], list[tuple[str, bool, str]], list[bool]]:
+        # Read in one go, inside a bounded wait: the rows are redrawn every 10 s (the unit states).
+        units = [r.get_attribute("data-unit") for r in driver.find_elements("css selector", "#units tr")]
+        verbs = [
+            (b.get_attribute("data-action"), b.is_enabled(), b.get_attribute("title"))
+            for b in driver.find_elements("css selector", "#units button[data-action]")
+            if b.get_attribute("data-action") != "logs"
+        ]
+        logs = [b.is_enabled() for b in driver.find_elements("css selector", '#units button[data-action="logs"]')]
+        return units, verbs, logs
+
+    units, verbs, logs = _get(driver, "the unit rows and their buttons", controls)
+    assert units == [f"{u}@{FAST}.service" for u in ("steadq-worker", "steadq-sweeper", "steadq-promoter")], units
+    assert verbs == [(v, False, note) for _ in range(3) for v in ("start", "stop", "restart")], verbs
+    assert logs == [True, True, True], logs
+    assert not driver.find_element("id", "message").is_displayed()
+    driver.save_screenshot(str(tmp_path / "units-member.png"))
     _no_csp_refusal(driver)
