@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from operator import attrgetter
 
 from steadqd.constants import HEADER_SIZE, QuarantineReason, State
 from steadqd.errors import CorruptObject
@@ -95,14 +96,12 @@ def verify_receipt(
     return info
 
 
+# What makes a receipt the acknowledgment of one particular lease (its name and the expectation share the names).
+_SETTLED_IDENTITY = attrgetter("generation", "attempt", "max_attempts", "lease_token")
+
+
 def _check_expected(info: ReceiptInfo, exp: ExpectedReceipt) -> None:
-    n = info.name
-    if (n.generation, n.attempt, n.max_attempts, n.lease_token) != (
-        exp.generation,
-        exp.attempt,
-        exp.max_attempts,
-        exp.lease_token,
-    ):
+    if _SETTLED_IDENTITY(info.name) != _SETTLED_IDENTITY(exp):
         raise _corrupt("identity differs from the expected acknowledgment", QuarantineReason.FILENAME_HEADER_MISMATCH)
     if info.envelope_digest != exp.envelope_digest or info.payload_length != exp.payload_length:
         raise _corrupt("envelope differs from the acknowledged lease", QuarantineReason.FILENAME_HEADER_MISMATCH)

@@ -25,6 +25,7 @@ import enum
 import errno
 import os
 from dataclasses import dataclass
+from operator import attrgetter
 
 from steadqd.constants import (
     DEAD_DIR,
@@ -80,6 +81,10 @@ class ResolveResult:
     source_path: str
     destination_path: str
     error: str | None = None
+
+
+# Which job, generation and attempt a name is: what a ticket's expected name must agree on.
+_NAME_IDENTITY = attrgetter("job_id", "generation", "attempt", "max_attempts")
 
 
 class _Verdict(enum.Enum):
@@ -268,13 +273,7 @@ def _judge(ctx: Context, ticket: TransitionTicket, exp: _Expected, fd: int) -> t
         ):
             return _Verdict.CONFLICT, f"{exp.path}: header does not match the ticket"
         name = parse_name(exp.state, exp.filename)
-        want = exp.name
-        if (name.job_id, name.generation, name.attempt, name.max_attempts) != (
-            want.job_id,
-            want.generation,
-            want.attempt,
-            want.max_attempts,
-        ):
+        if _NAME_IDENTITY(name) != _NAME_IDENTITY(exp.name):
             return _Verdict.CONFLICT, f"{exp.path}: name identity does not match the ticket"
         if exp.state is State.LEASED and name.lease_token != ticket.lease_token:
             return _Verdict.CONFLICT, f"{exp.path}: lease token does not match the ticket"
