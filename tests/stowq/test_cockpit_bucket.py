@@ -21,7 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from steadqd.errors import ErrorKind, SteadQError
+from steadqd.s3.store.s3 import _check_credentials_file
 from tests.cli.test_history import _journal, _verdicts
+from tests.cli.test_permission_exit import NOBODY
 from tests.cockpit.test_page import (
     COUNT_KEYS,
     FRAME_KEYS,
@@ -214,3 +217,44 @@ def test_the_sparkline_history_of_a_bucket_queue_is_read_by_name_from_the_journa
     assert isinstance(history, dict) and HISTORY_KEYS <= history.keys() and history["queue"] == NAME
     assert all(HISTORY_MINUTE_KEYS <= row.keys() for row in history["minutes"])
     assert (history["totals"]["acked"], history["totals"]["buried"]) == (2, 2)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
+def test_a_user_who_may_not_read_the_daemons_credentials_file_is_told_so_exit_5(tmp_path: Path) -> None:
+    """A queue group's member on the page cannot read the service user's 0600 credentials file. botocore
+    skips a file it cannot read, so the member got "no AWS credentials found" (exit 1), which the page
+    showed as is and never retried with administrative access; it is a refusal (exit 5) naming whose
+    file it is, which the page turns into its sentence, or shows with administrative access."""
+    for parent in tmp_path.parents:  # pytest's base is 0700: let nobody reach the file, as a member can
+        parent.chmod(parent.stat().st_mode | 0o011)
+    tmp_path.chmod(0o755)
+    secret = tmp_path / "render.aws"
+    secret.write_text("[default]\naws_access_key_id = a\naws_secret_access_key = b\n")
+    secret.chmod(0o600)
+    assert _check_credentials_file(str(secret)) == str(secret)  # its owner reads it
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            try:
+                _check_credentials_file(str(secret))
+                code = 0
+            except SteadQError as e:
+                os.write(w, e.message.encode())
+                code = e.exit_code
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        message = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == ErrorKind.PERMISSION_DENIED.exit_code == 5, message
+    assert message == (
+        f"credentials file {secret}: this user may not read it (it belongs to root, mode 0600, as the queue's "
+        "daemons need it): run the command as root"
+    )
