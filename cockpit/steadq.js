@@ -89,13 +89,21 @@
         return String(job.attempt ?? "?") + "/" + String(job.max_attempts ?? "?");
     }
 
-    /** The sentence for a command that failed: a permission refusal becomes the group message. */
-    function failureText(exitStatus, stderr, group) {
+    /**
+     * The sentence for a command that failed: a permission refusal becomes the group message. A
+     * bucket queue's refusal is not a group's: the command's own line says whose credentials
+     * file it could not read (or that the store refused them).
+     */
+    function failureText(exitStatus, stderr, group, bucket) {
+        const first = String(stderr || "").trim().split("\n")[0];
+        if (exitStatus === EXIT_PERMISSION && bucket) {
+            return (first || "steadq was refused (exit 5)") + ". A bucket queue opens with its daemons' " +
+                "credentials file: with administrative access the page reads it as root.";
+        }
         if (exitStatus === EXIT_PERMISSION) {
             return group ? "You are not in group " + group + ": ask an administrator to add you, then log in again."
                 : "You are not in this queue's group: ask an administrator to add you, then log in again.";
         }
-        const first = String(stderr || "").trim().split("\n")[0];
         return first || "steadq failed (exit " + String(exitStatus) + ")";
     }
 
@@ -176,6 +184,24 @@
             p = p.slice(0, p.lastIndexOf("/")) || "/";
         }
         return out;
+    }
+
+    /** Whether a queue (a `list --json` entry's `queue`, a watch frame's `queue`) is a bucket's (StowQ/1). */
+    function isBucket(queue) {
+        return typeof queue === "string" && queue.startsWith("s3://");
+    }
+
+    /**
+     * The queue view's note on a bucket queue, from a watch frame: how often it refreshes (the
+     * frame's own interval; `watch` raises the page's 1 s to 2 s there) and why not faster. "" for
+     * a directory queue, whose frames come every second.
+     */
+    function refreshNote(frame) {
+        if (!frame || !isBucket(frame.queue)) return "";
+        const s = Number(frame.interval_seconds);
+        const every = Number.isFinite(s) && s > 0 ? String(Math.round(s * 10) / 10) + " s" : "few seconds";
+        return "A bucket queue: refreshes every " + every + ", since each refresh lists the bucket " +
+            "(requests the store counts and may bill).";
     }
 
     /** Jobs of an `ls --json` listing (in shard order) sorted oldest first, as an operator reads them. */
@@ -670,6 +696,10 @@
                         ": shown with administrative access.", false);
                 });
             }
+            if (status === EXIT_PERMISSION && queue && isBucket(entries[queue] ? entries[queue].queue : queue)) {
+                showMessage(failureText(status, stderr, null, true), true);
+                return Promise.resolve();
+            }
             if (status === EXIT_PERMISSION && queue) {
                 return queueGroup(queue).then(group => showMessage(failureText(status, stderr, group), true));
             }
@@ -771,6 +801,9 @@
             const paused = $("queue-paused");
             paused.textContent = pausedText(frame.paused);
             paused.hidden = !frame.paused;
+            const note = $("queue-refresh");
+            note.textContent = refreshNote(frame);
+            note.hidden = note.textContent === "";
             progress = frame.progress || {};
             frameTimeNs = frame.time_ns ?? null;
             if (!sameCounts(counts, lastCounts)) {
@@ -1029,6 +1062,8 @@
         progressText,
         lineReader,
         parseFrame,
+        isBucket,
+        refreshNote,
         queueArg,
         ancestors,
         parseOutput,

@@ -34,6 +34,12 @@ MAX_CONFIG_BYTES = 256 * 1024
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # `s3:` settings that say how to reach the store: what a program opening the queue must pass on.
 S3_ACCESS_SETTINGS = ("credentials_file", "aws_profile", "store_profile")
+# Where a bucket queue's store is, from ``<config dir>/<name>.env`` (the units' ``EnvironmentFile=``,
+# docs/stowq.md): the variable and the option ``backend.open_queue`` takes for it. Only these are
+# read: the endpoint and region say where the daemons' requests go; anything else in the file
+# (a proxy, keys) is the units' business, and a command run by a person keeps its own.
+ENV_FILE_SETTINGS = {"AWS_ENDPOINT_URL": "endpoint_url", "AWS_REGION": "region"}
+MAX_ENV_FILE_BYTES = 64 * 1024
 
 
 def config_dir(override: str | None = None) -> str:
@@ -138,6 +144,40 @@ def read_queue_entry(name: str, directory: str | None = None) -> QueueEntry:
         for key in S3_ACCESS_SETTINGS if isinstance(s3, dict) else ():
             if isinstance(s3.get(key), str):
                 options[key] = s3[key]
+        options.update(read_env_settings(path[: -len(".yaml")] + ".env"))
     elif doc.get("allow_unsupported_fs") is True:
         options["allow_unsupported_fs"] = True
     return QueueEntry(name, path, queue, options)
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return value[1:-1]
+    return value
+
+
+def read_env_settings(path: str) -> dict[str, str]:
+    """The :data:`ENV_FILE_SETTINGS` a units' environment file sets, as open options; {} when there is none.
+
+    The file is systemd's ``EnvironmentFile=`` format; the subset read here is what
+    docs/stowq.md writes: ``KEY=VALUE`` lines, ``#`` and ``;`` comments, a value in
+    matching quotes. A later line wins, as in systemd. A file that exists but
+    cannot be read raises the OSError (naming it): a command that went to another
+    store instead would show, and change, the wrong queue.
+    """
+    try:
+        raw = read_regular(path, MAX_ENV_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return {}
+    if len(raw) > MAX_ENV_FILE_BYTES:
+        raise ConfigError(f"file is larger than {MAX_ENV_FILE_BYTES} bytes", path=path)
+    found: dict[str, str] = {}
+    for line in raw.decode("utf-8", errors="replace").splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        key, eq, value = line.partition("=")
+        option = ENV_FILE_SETTINGS.get(key.strip())
+        if eq and option is not None:
+            found[option] = _unquote(value.strip())
+    return {k: v for k, v in found.items() if v}

@@ -620,7 +620,7 @@ def resolve_queue(text: str, directory: str | None, *, must_exist: bool = True) 
         raise CliError(f"queue {text}: {e.message}", 1) from e
     except OSError as e:
         raise CliError(
-            f"queue {text}: cannot read {config_path(text, directory)}: {e.strerror}", os_exit_code(e)
+            f"queue {text}: cannot read {e.filename or config_path(text, directory)}: {e.strerror}", os_exit_code(e)
         ) from e
     _configured[entry.queue] = entry
     return entry.queue

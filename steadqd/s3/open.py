@@ -1,11 +1,13 @@
 """Queue URLs ``s3://BUCKET/PREFIX``: parse one, and open or create the bucket queue it names.
 
-Why the endpoint and the credentials are not in the URL or the options: a
-URL is printed, logged and pasted into YAML, so anything in it is public.
-They come from the standard AWS settings only (``AWS_ENDPOINT_URL``,
+Why the endpoint and the credentials are not in the URL: a URL is printed,
+logged and pasted into YAML, so anything in it is public. They come from
+the standard AWS settings (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``,
 ``AWS_PROFILE``, the shared credentials file, or one named by
-``credentials_file``), as ``steadqd.s3.store.s3`` reads them. Which
+``credentials_file``), as ``steadqd.s3.store.s3`` reads them; a queue
+opened by its configured name also takes ``endpoint_url`` and ``region``
+from the units' environment file (``steadqd.queue_names``), never a key. Which
 engine's quirks to expect is the same kind of setting: ``store_profile``
 (a daemon's ``s3:`` section) or ``STEADQ_STORE_PROFILE`` in the
 environment, so that every ``steadq`` command of a shell speaks to the
@@ -114,7 +116,11 @@ def _settings_options(options: dict[str, Any]) -> dict[str, Any]:
     for name in _FS_ONLY:
         if options.pop(name, None):
             raise InvalidInput(f"{name} is an option of filesystem queues; a bucket queue has no such setting")
-    return {name: options.pop(name) for name in ("credentials_file", "aws_profile") if name in options}
+    return {
+        name: options.pop(name)
+        for name in ("credentials_file", "aws_profile", "endpoint_url", "region")
+        if name in options
+    }
 
 
 def _chosen(given: str | None, source: str, variable: str, known: Collection[str], what: str) -> str | None:

@@ -85,6 +85,22 @@ def test_a_bucket_config_carries_its_access_settings(tmp_path: Path) -> None:
     entry = read_queue_entry("media", str(tmp_path))
     assert entry.queue == "s3://media-bucket/jobs"
     assert entry.options == {"credentials_file": "/etc/steadq/media.credentials", "aws_profile": "media"}
+    # The units' environment file says where the store is (docs/stowq.md): its endpoint and region only.
+    (tmp_path / "media.env").write_text(
+        "# EnvironmentFile=\n; another comment\nAWS_ENDPOINT_URL=http://10.0.0.5:8333\n"
+        " AWS_REGION = 'eu-west-1' \nAWS_SECRET_ACCESS_KEY=never-read\nHTTPS_PROXY=http://proxy:3128\nAWS_REGION=\"us-east-1\"\n"
+    )
+    assert read_queue_entry("media", str(tmp_path)).options == {
+        "credentials_file": "/etc/steadq/media.credentials",
+        "aws_profile": "media",
+        "endpoint_url": "http://10.0.0.5:8333",
+        "region": "us-east-1",  # the later line wins, as in systemd
+    }
+    (tmp_path / "media.env").unlink()
+    (tmp_path / "media.env").mkdir()
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_queue_entry("media", str(tmp_path))  # not silently another store
+    (tmp_path / "local.env").write_text("AWS_ENDPOINT_URL=http://10.0.0.5:8333\n")
     (tmp_path / "local.yaml").write_text("queue: /srv/q\nallow_unsupported_fs: true\n")
     assert read_queue_entry("local", str(tmp_path)).options == {"allow_unsupported_fs": True}
     (tmp_path / "fifo.yaml").unlink(missing_ok=True)

@@ -192,6 +192,32 @@ test("a line that is not a JSON object is no frame", () => {
     assert.deepEqual(page.parseFrame("{\"x\": 1}"), { x: 1 });
 });
 
+test("a bucket queue's view says how often it refreshes and why; a directory queue's says nothing", () => {
+    assert.equal(page.refreshNote({ queue: "s3://render/farm", interval_seconds: 2.0 }),
+        "A bucket queue: refreshes every 2 s, since each refresh lists the bucket " +
+        "(requests the store counts and may bill).");
+    assert.match(page.refreshNote({ queue: "s3://render/farm", interval_seconds: 2.5 }), /every 2\.5 s,/);
+    assert.match(page.refreshNote({ queue: "s3://render/farm" }), /every few seconds,/);
+    assert.equal(page.refreshNote({ queue: "/var/lib/steadq/render", interval_seconds: 1.0 }), "");
+    assert.equal(page.refreshNote({ queue: "s3-looking/dir", interval_seconds: 2.0 }), "");
+    assert.equal(page.refreshNote(null), "");
+    assert.equal(page.isBucket("s3://b"), true);
+    assert.equal(page.isBucket(null), false);
+});
+
+test("a bucket queue's refusal (exit 5) is the command's own line, not the group sentence", () => {
+    const line = "cannot open queue s3://render/farm (queue render, from /etc/steadq/queues/render.yaml): " +
+        "credentials file /etc/steadq/render.aws: this user may not read it (it belongs to steadq, mode 0600, " +
+        "as the queue's daemons need it): run the command as steadq or root";
+    const text = page.failureText(5, line + "\nsecond line\n", null, true);
+    assert.equal(text, line + ". A bucket queue opens with its daemons' credentials file: with administrative " +
+        "access the page reads it as root.");
+    assert.doesNotMatch(text, /not in/);
+    assert.match(page.failureText(5, "", null, true), /^steadq was refused \(exit 5\)\. /);
+    assert.match(page.failureText(5, line, "steadq", false), /^You are not in group steadq/);
+    assert.equal(page.failureText(6, "cannot reach the object store\n", null, true), "cannot reach the object store");
+});
+
 test("a permission refusal (exit 5) becomes the group sentence; other failures their first stderr line", () => {
     assert.equal(page.failureText(5, "cannot open queue /var/lib/steadq/x: Permission denied", "steadq"),
         "You are not in group steadq: ask an administrator to add you, then log in again.");

@@ -33,6 +33,46 @@ REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "cockpit"
 NODE_TESTS = Path(__file__).resolve().parent / "steadq.test.js"
 
+# The keys steadq.js reads from each command's JSON (docs/cli-json.md), one place for the filesystem
+# test below and the bucket one (tests/stowq/test_cockpit_bucket.py);
+# test_every_key_listed_is_one_the_page_reads keeps the lists to what the script names.
+LIST_KEYS = frozenset({"config_dir", "queues"})
+LIST_QUEUE_KEYS = frozenset({"name", "queue", "counts", "oldest_age_seconds", "paused", "error", "units"})
+COUNT_KEYS = frozenset({"ready", "delayed", "running", "dead"})  # list's counts, and a frame's states
+FRAME_KEYS = frozenset({"time_ns", "queue", "interval_seconds", "states", "paused", "progress"})
+LS_KEYS = frozenset({"job_id", "attempt", "max_attempts", "age_seconds"})
+LS_DEAD_KEYS = LS_KEYS | {"reason", "reason_name"}
+SHOW_KEYS = frozenset(
+    {
+        "state",
+        "reason_name",
+        "attempt",
+        "max_attempts",
+        "generation",
+        "created_at_ns",
+        "in_state_since_ns",
+        "content_type",
+        "producer_id",
+        "metadata",
+        "payload_length",
+        "payload_verified",
+        "problem",
+        "payload_head_text",
+        "payload_head_base64",
+        "payload_head_bytes",
+        "progress",
+        "journal",
+        "failure",
+    }
+)
+PAUSED_KEYS = frozenset({"reason", "since_ns", "by", "problem"})
+PURGE_KEYS = frozenset({"selected"})
+HISTORY_KEYS = frozenset({"minutes"})
+HISTORY_MINUTE_KEYS = frozenset({"acked", "buried"})
+READ_KEYS = (
+    LIST_KEYS | LIST_QUEUE_KEYS | COUNT_KEYS | FRAME_KEYS | LS_DEAD_KEYS | SHOW_KEYS | PAUSED_KEYS | PURGE_KEYS
+) | (HISTORY_KEYS | HISTORY_MINUTE_KEYS)
+
 
 def _node() -> str:
     node = shutil.which("node")
@@ -155,37 +195,23 @@ def test_the_shapes_the_page_reads_are_the_cli_s(tmp_path: Path) -> None:
     job_id = re.search(r"job_id: (\w+)", put.stdout)
     assert job_id, put.stdout
     frame = json.loads(_cli("watch", q, "--count", "1").stdout.splitlines()[0])
-    assert {"states", "paused", "progress"} <= frame.keys()
-    assert frame["states"]["ready"]["objects"] == 1 and {"delayed", "running", "dead"} <= frame["states"].keys()
+    assert FRAME_KEYS <= frame.keys()
+    assert frame["states"]["ready"]["objects"] == 1 and COUNT_KEYS <= frame["states"].keys()
     listed = json.loads(_cli("ls", q, "ready").stdout)
-    assert {"job_id", "attempt", "max_attempts", "age_seconds"} <= listed[0].keys()
+    assert LS_KEYS <= listed[0].keys()
     story = json.loads(_cli("show", q, job_id.group(1), "--no-journal").stdout)
-    keys = {
-        "state",
-        "reason_name",
-        "attempt",
-        "max_attempts",
-        "generation",
-        "created_at_ns",
-        "in_state_since_ns",
-        "content_type",
-        "producer_id",
-        "metadata",
-        "payload_length",
-        "payload_verified",
-        "problem",
-        "payload_head_text",
-        "payload_head_base64",
-        "payload_head_bytes",
-        "progress",
-        "journal",
-        "failure",
-    }
-    assert keys <= story.keys(), keys - story.keys()
+    assert SHOW_KEYS <= story.keys(), SHOW_KEYS - story.keys()
     assert story["metadata"] == {"task": "<img src=x onerror=alert(1)>"}
     paused = json.loads(_cli("pause", q, "--reason", "why").stdout)["paused"]
-    assert {"reason", "since_ns", "by", "problem"} <= paused.keys()
+    assert PAUSED_KEYS <= paused.keys()
     purge = json.loads(_cli("admin", "purge", q, "dead", "--dry-run").stdout)
-    assert purge["dry_run"] is True and purge["selected"] == 0
+    assert purge["dry_run"] is True and purge["selected"] == 0 and PURGE_KEYS <= purge.keys()
     overview = json.loads(_cli("list").stdout)
-    assert {"config_dir", "queues"} <= overview.keys()
+    assert LIST_KEYS <= overview.keys()
+
+
+def test_every_key_listed_is_one_the_page_reads() -> None:
+    """The lists above are the script's: each key is read as `.key` (or `["key"]`) somewhere in steadq.js."""
+    code = re.sub(r"/\*.*?\*/|//[^\n]*", "", (PAGE / "steadq.js").read_text(), flags=re.S)
+    unread = sorted(k for k in READ_KEYS if not re.search(rf"\.{k}\b|\[\"{k}\"\]|\"{k}\"", code))
+    assert unread == [], unread

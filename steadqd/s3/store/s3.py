@@ -27,6 +27,7 @@ import base64
 import calendar
 import functools
 import os
+import pwd
 import random
 import re
 import stat
@@ -174,6 +175,18 @@ def _check_credentials_file(path: str) -> str:
         raise InvalidInput(
             f"credentials file {path} is readable by every user (mode {stat.S_IMODE(info.st_mode):04o}): "
             f"run chmod o-r {path}"
+        )
+    if not os.access(path, os.R_OK):
+        # botocore skips a file it cannot read and would say "no credentials": say whose file it is instead.
+        try:
+            owner = pwd.getpwuid(info.st_uid).pw_name
+        except KeyError:
+            owner = f"uid {info.st_uid}"
+        raise SteadQError(
+            f"credentials file {path}: this user may not read it (it belongs to {owner}, mode "
+            f"{stat.S_IMODE(info.st_mode):04o}, as the queue's daemons need it): run the command as {owner}"
+            + ("" if owner == "root" else " or root"),
+            ErrorKind.PERMISSION_DENIED,
         )
     return path
 
