@@ -44,7 +44,7 @@ def _child(args: argparse.Namespace) -> None:
     import steadqd.s3.store.s3 as s3_module
     from steadqd.s3.handle import BucketQueue
     from steadqd.s3.recovery.sweep import ObservedStore
-    from steadqd.s3.store import SEAWEEDFS
+    from steadqd.s3.store.base import SEAWEEDFS
 
     calls: Counter[str] = Counter()
     lock = threading.Lock()
