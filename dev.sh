@@ -24,7 +24,8 @@ MONITORING_PACKAGES=(prometheus)
 # tests/system/test_cockpit_e2e.py: the offline test root sees the host's packages, so Cockpit (small: 14 packages
 # with --no-install-recommends) and the browser that drives its page (chromium with chromium-driver, ~300 MB
 # installed) must be on the host. cockpit-ws's postinst enables cockpit.socket; the test root starts it itself.
-COCKPIT_PACKAGES=(cockpit-ws cockpit-bridge cockpit-system chromium chromium-driver)
+# dbus: that root runs its own system bus (as every machine with Cockpit does), for a user's `systemctl is-active`.
+COCKPIT_PACKAGES=(cockpit-ws cockpit-bridge cockpit-system dbus chromium chromium-driver)
 
 install_system_packages() {
     command -v dpkg-query >/dev/null 2>&1 || return 0

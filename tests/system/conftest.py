@@ -247,6 +247,8 @@ def system_root() -> Iterator[SystemdRoot]:
         pid_ns = _ns_inode(root.pid1, "pid") if root.pid1 else None
         if state != "running":
             raise AssertionError(f"the test root booted {state}; failed units:\n{root.failed_units()}")
+        foreign = root.foreign_units()
+        assert foreign == [], f"the root's boot started the host's units (add them to sysroot.HOST_SERVICES): {foreign}"
         install_project(root)
         init_queue(root, "demo")
         yield root

@@ -41,9 +41,52 @@ BOOT_SCRIPT = HERE / "boot.sh"
 PREFIX = "steadq-sysroot-"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-# Units that would touch the host (kernel modules, sysctls, audit, the clock),
-# do nothing useful in a test container (gettys, timers, login) or belong to
-# unrelated packages installed on the dev box (postgresql, redis). Masked in
+# Services of the host machine: a database, Ceph, Prometheus, disk and LVM monitors that packages on the
+# dev box or CI image enable (links in /etc/systemd/system/*.wants, /etc/rc?.d for SysV scripts such as
+# radosgw's). The root's lower layer is the host's /, so its boot would start them all (Prometheus would
+# even listen on :9090, Cockpit's port, in the root's network namespace). EVERY root masks these,
+# whatever set of other units a test chooses (SystemdRoot's ``masked``); a missing name is harmless.
+# A host service missing here is caught after boot: :func:`foreign_units` lists it.
+HOST_SERVICES = (
+    "postgresql.service",
+    "postgresql@.service",
+    "redis.service",
+    "redis-server.service",
+    "prometheus.service",
+    # ./dev.sh setup installs Ceph for the RGW suite; its packages enable these on the host.
+    "ceph.target",
+    "ceph-crash.service",
+    "ceph-mon.service",
+    "ceph-mon.target",
+    "ceph-mon@.service",
+    "ceph-osd.target",
+    "ceph-osd@.service",
+    "ceph-radosgw.target",
+    "ceph-radosgw@.service",
+    "ceph-volume@.service",
+    "radosgw.service",  # made from /etc/init.d/radosgw by systemd-sysv-generator
+    "rbdmap.service",
+    "smartmontools.service",
+    "smartd.service",
+    "lvm2-monitor.service",
+    "lvm2-lvmpolld.socket",
+    "lvm2-lvmpolld.service",
+    "dm-event.socket",
+    "dm-event.service",
+    "blk-availability.service",
+    "nvmefc-boot-connections.service",
+    "nvmf-autoconnect.service",
+    "uuidd.socket",
+    "uuidd.service",
+)
+
+# The system bus. Masked by default (nothing of the queues needs it; root's systemctl talks to
+# systemd's private socket); a root that must answer a non-root user's `systemctl is-active`, as
+# Cockpit's test root does, leaves these out of its ``masked`` (:data:`MASKED_WITH_DBUS`).
+DBUS_UNITS = ("dbus.service", "dbus.socket")
+
+# Units that would touch the host (kernel modules, sysctls, audit, the clock) or do nothing useful
+# in a test container (gettys, timers, login), plus D-Bus and the host's services above. Masked in
 # the overlay's /etc before boot; a missing unit name is harmless.
 MASKED_UNITS = (
     "getty.target",
@@ -51,22 +94,13 @@ MASKED_UNITS = (
     "console-getty.service",
     "getty@.service",
     "serial-getty@.service",
-    "postgresql.service",
-    "postgresql@.service",
-    "redis.service",
-    "redis-server.service",
-    # ./dev.sh setup installs Ceph for the RGW suite; its packages enable these on the host.
-    "ceph.target",
-    "ceph-crash.service",
-    "ceph-mon.target",
-    "ceph-osd.target",
-    "ceph-radosgw.target",
     "e2scrub_reap.service",
     "e2scrub_all.timer",
     "apt-daily.timer",
     "apt-daily-upgrade.timer",
     "dpkg-db-backup.timer",
     "fstrim.timer",
+    "logrotate.timer",
     "man-db.timer",
     "systemd-tmpfiles-clean.timer",
     "systemd-timesyncd.service",
@@ -91,15 +125,22 @@ MASKED_UNITS = (
     "systemd-ask-password-wall.path",
     "systemd-ask-password-console.path",
     "systemd-logind.service",
-    "dbus.service",
-    "dbus.socket",
     "systemd-networkd.service",
     "systemd-networkd.socket",
     "systemd-resolved.service",
     "systemd-udevd.service",
     "systemd-udev-trigger.service",
     "systemd-udev-settle.service",
+    *DBUS_UNITS,
+    *HOST_SERVICES,
 )
+
+MASKED_WITH_DBUS = tuple(u for u in MASKED_UNITS if u not in DBUS_UNITS)
+
+# What a booted root may run (:meth:`SystemdRoot.foreign_units`): systemd's own units, the bus,
+# Cockpit (cockpit-ws enables cockpit.socket on the host; it listens only in the root's network
+# namespace) and the project's.
+OWN_UNIT_PREFIXES = ("systemd-", "dbus.", "cockpit", "steadq")
 
 
 class Unavailable(Exception):
@@ -236,7 +277,8 @@ class SystemdRoot:
     ) -> None:
         self.unit = unit
         self.binds = tuple(binds)
-        self.masked = tuple(masked)
+        # The host's services are masked whatever the caller chose (dict: ordered, no duplicates).
+        self.masked = tuple(dict.fromkeys((*masked, *HOST_SERVICES)))
         self.dir: str | None = None
         self.layers: str | None = None
         self.spool: str | None = None
@@ -418,6 +460,22 @@ class SystemdRoot:
         """Where a path below /var/lib/steadq inside the root is on the host (the ext4 spool)."""
         assert self.spool is not None and path.startswith("/var/lib/steadq")
         return self.spool + path[len("/var/lib/steadq") :]
+
+    def foreign_units(self) -> list[str]:
+        """Units the boot started that are neither systemd's own nor a D-Bus, Cockpit or SteadQ unit:
+        a host service that :data:`HOST_SERVICES` misses (the fixtures check this right after boot)."""
+        out = self.run(
+            "systemctl",
+            "list-units",
+            "--no-legend",
+            "--plain",
+            "--all",
+            "--state=active,activating,reloading,deactivating,failed",
+            "--type=service,socket,timer,path,automount",
+            check=False,
+        ).stdout
+        names = [line.split()[0] for line in out.splitlines() if line.strip()]
+        return [n for n in names if not n.startswith(OWN_UNIT_PREFIXES)]
 
     def failed_units(self) -> str:
         return self.run("systemctl", "--failed", "--no-legend", "--plain", check=False).stdout

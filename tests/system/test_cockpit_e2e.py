@@ -14,18 +14,25 @@ requeue and purge. What the tests hold the page to:
 * an administrator (group sudo; Cockpit's superuser started with sudo at login) sees the throughput
   sparkline count acked jobs, restarts a worker unit from the page and follows Logs to Cockpit's
   journal page; a member without administrative access sees the unit buttons disabled with the reason.
+* both see the units' states as systemd has them: the overview's Units column ("promoter active,
+  sweeper active, worker active" for a running queue, from `steadq list` as the user) and the queue
+  view's units table (`systemctl show`; as the member without administrative access, as the
+  administrator as root), each checked against what root's systemctl says.
 
 Rows are redrawn under the test (the overview every 5 s, running rows every watch frame): every
 lookup of a row is re-done inside a bounded wait (``_get``, ``_click``), never after a sleep.
 
 How: the root's network namespace has only a loopback device. cockpit.socket gets a drop-in that
-listens on 127.0.0.1:9090 only (plain HTTP: Cockpit allows it from localhost; its HTTPS instance
-factory needs D-Bus, which the root masks). The test process enters that network namespace
+listens on 127.0.0.1:9090 only (plain HTTP: Cockpit allows it from localhost). Unlike the other
+system roots, this one runs its own system bus (Debian's dbus, not masked: sysroot.MASKED_WITH_DBUS),
+as every machine with Cockpit has: a user's `systemctl is-active`/`show` asks systemd over it, so
+the page shows the unit states a user sees on a real machine (without the bus: "–"/"unknown").
+The test process enters that network namespace
 (setns, this thread only) to start chromedriver and Debian's chromium, so the browser reaches
 127.0.0.1:9090 inside the root and nothing else at all: it cannot phone home. Chromium runs headless with a
 fresh profile under the test's tmp dir; screenshots of each step are saved there too.
 
-The root is offline and sees the host's packages: cockpit-ws, cockpit-bridge, cockpit-system,
+The root is offline and sees the host's packages: cockpit-ws, cockpit-bridge, cockpit-system, dbus,
 chromium and chromium-driver must be installed on the host (``./dev.sh setup`` does), selenium
 in the venv (the test extra); the test skips naming what is missing (fails under
 STEADQ_SYSTEM_TESTS=require).
@@ -43,12 +50,12 @@ from typing import Any
 
 import pytest
 
-from .sysroot import SystemdRoot
+from .sysroot import MASKED_WITH_DBUS, SystemdRoot
 from .test_packages_e2e import _build_unavailable, _host_has, package_prerequisites, root_with_deb
 
 pytestmark = [pytest.mark.system, pytest.mark.packaging]
 
-HOST_PACKAGES = ("cockpit-ws", "cockpit-bridge", "cockpit-system", "chromium", "chromium-driver")
+HOST_PACKAGES = ("cockpit-ws", "cockpit-bridge", "cockpit-system", "dbus", "chromium", "chromium-driver")
 NAME = "demo"
 QUEUE = f"/var/lib/steadq/{NAME}"
 MEMBER, OUTSIDER = "ann", "bob"
@@ -91,15 +98,18 @@ CLONE_NEWNET = 0x40000000
 
 @pytest.fixture(scope="module")
 def cockpit_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdRoot]:
-    """A booted root with steadqd and cockpit-steadq installed by apt-get, Cockpit on 127.0.0.1:9090,
-    the queue ``demo`` (no worker: jobs stay where the test puts them), ``ann`` in group steadq and
-    ``bob`` outside it."""
+    """A booted root with its own system bus, steadqd and cockpit-steadq installed by apt-get, Cockpit
+    on 127.0.0.1:9090, the queue ``demo`` (no worker: jobs stay where the test puts them), ``ann`` in
+    group steadq and ``bob`` outside it."""
     package_prerequisites()
     for package in HOST_PACKAGES:
         if not _host_has(package):
             _build_unavailable(f"{package} is not installed on the host (the offline root needs it; ./dev.sh setup)")
     pytest.importorskip("selenium", reason="selenium is not installed (pip install -e '.[test]')")
-    with root_with_deb(tmp_path_factory, "cockpit-steadq_*_all.deb") as root:
+    with root_with_deb(tmp_path_factory, "cockpit-steadq_*_all.deb", masked=MASKED_WITH_DBUS) as root:
+        # The bus answers a user (what the page's `steadq list` and `systemctl show` need).
+        bus = root.run("runuser", "-u", "nobody", "--", "systemctl", "is-active", "dbus.service", check=False)
+        assert bus.stdout.strip() == "active", (bus.stdout, bus.stderr)
         root.sh(
             f"""
             set -e
@@ -237,6 +247,48 @@ def _cell(driver: Any, column: int) -> str:
     return str(row.find_elements("tag name", "td")[column].text)
 
 
+def _units_cell(driver: Any, queue: str) -> str:
+    """The Units cell of a queue's overview row ("promoter active, sweeper active, worker active")."""
+    row = driver.find_element("css selector", f'#queues tr[data-queue="{queue}"]')
+    return str(row.find_elements("tag name", "td")[7].text)
+
+
+def _units_text(root: SystemdRoot, queue: str) -> str:
+    """What the Units cell must say: root's own `systemctl is-active` (systemd's private socket, not
+    the bus the page's user goes through), in the page's words."""
+    units = [f"steadq-{role}@{queue}.service" for role in ("promoter", "sweeper", "worker")]
+    states = root.run("systemctl", "is-active", *units, check=False).stdout.split()
+    assert len(states) == 3, states
+    return ", ".join(f"{role} {state}" for role, state in zip(("promoter", "sweeper", "worker"), states, strict=True))
+
+
+def _unit_states_shown(driver: Any) -> dict[str, str]:
+    """The queue view's units table: unit -> its state cell ("active (running)")."""
+    return {
+        str(tr.get_attribute("data-unit")): str(tr.find_elements("tag name", "td")[1].text)
+        for tr in driver.find_elements("css selector", "#units tr")
+    }
+
+
+def _unit_states_root(root: SystemdRoot, queue: str) -> dict[str, str]:
+    """The same as root's `systemctl show` has them, in the page's words."""
+    units = [f"steadq-{role}@{queue}.service" for role in ("worker", "sweeper", "promoter")]
+    out = root.run("systemctl", "show", "--property=Id,ActiveState,SubState", "--", *units).stdout
+    states = {}
+    for block in out.strip().split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        states[props["Id"]] = f"{props['ActiveState']} ({props['SubState']})"
+    assert sorted(states) == sorted(units), out
+    return states
+
+
+def _assert_unit_states(root: SystemdRoot, driver: Any, queue: str, who: str) -> None:
+    """The queue view's units table shows each unit's state as systemd has it (all three running)."""
+    expected = _unit_states_root(root, queue)
+    assert set(expected.values()) == {"active (running)"}, expected
+    _until(driver, f"the unit states {who} sees: {expected}", lambda: _unit_states_shown(driver) == expected)
+
+
 def _put(root: SystemdRoot, payload: str, *extra: str) -> str:
     out = root.run("steadq", "put", NAME, "-", *extra, user=MEMBER, input=payload).stdout
     m = re.search(r"^job_id: ([0-9a-f]{32})$", out, re.M)
@@ -269,6 +321,13 @@ def test_member_watches_the_queue_opens_a_job_and_acts(cockpit_root: SystemdRoot
     # -- all queues: the counts follow the jobs as they are enqueued ------------------------------
     driver.get(PAGE)
     _until(driver, "the demo row with 0 ready", lambda: _cell(driver, 1) == "0")
+    # -- the units' states, as the member's `steadq list` gets them over the bus ------------------
+    live = _units_text(root, LIVE)
+    assert live == "promoter active, sweeper active, worker active", live
+    _until(driver, f"the live row's units: {live}", lambda: _units_cell(driver, LIVE) == live)
+    idle = _units_text(root, NAME)
+    assert idle == "promoter inactive, sweeper inactive, worker inactive", idle
+    _until(driver, f"the demo row's units: {idle}", lambda: _units_cell(driver, NAME) == idle)
     for i in range(3):
         _put(root, f"job {i}")
     _until(driver, "3 ready in the overview", lambda: _cell(driver, 1) == "3")
@@ -458,6 +517,11 @@ def test_administrator_sees_throughput_and_restarts_the_worker(
         "a sparkline in every row (the screenshot docs/img/dashboard.png is this one)",
         lambda: len(driver.find_elements("css selector", "#queues svg.spark")) == 3,
     )
+    # The units' states: `steadq list` runs as carol herself (not through the superuser), over the bus.
+    for queue in (LIVE, FAST):
+        shown = _units_text(root, queue)
+        assert shown == "promoter active, sweeper active, worker active", (queue, shown)
+        _until(driver, f"the {queue} row's units: {shown}", lambda q=queue, t=shown: _units_cell(driver, q) == t)
     driver.save_screenshot(str(tmp_path / "overview-throughput.png"))
     # New verdicts reach the open overview (history is read again within a minute, not per second).
     for i in range(2):
@@ -498,6 +562,7 @@ def test_administrator_sees_throughput_and_restarts_the_worker(
         )(_unit(root, FAST_WORKER)),
     )
     _until(driver, "the worker's state after the restart", lambda: "active (running)" in _text(driver, row))
+    _assert_unit_states(root, driver, FAST, ADMIN)
     assert not driver.find_element("id", "message").is_displayed(), _text(driver, "#message")
     driver.save_screenshot(str(tmp_path / "units-admin.png"))
 
@@ -530,8 +595,8 @@ def test_member_without_administrative_access_sees_unit_controls_disabled(
     cockpit_root: SystemdRoot, browser: Any, tmp_path: Path
 ) -> None:
     """ann may act on the queue but not on its units: Start/Stop/Restart are disabled with the reason
-    (as their title and as a note), not an error after a click; Logs stays usable."""
-    driver = browser
+    (as their title and as a note), not an error after a click; Logs stays usable. The states show."""
+    root, driver = cockpit_root, browser
     _login(driver, MEMBER, tmp_path)
     driver.get(PAGE + "#/" + FAST)
     # The note says "Checking administrative access…" until Cockpit has answered; then the reason.
@@ -553,6 +618,8 @@ def test_member_without_administrative_access_sees_unit_controls_disabled(
         logs = [b.is_enabled() for b in driver.find_elements("css selector", '#units button[data-action="logs"]')]
         return units, verbs, logs
 
+    # The states themselves: `systemctl show` as ann (no superuser), over the bus.
+    _assert_unit_states(root, driver, FAST, MEMBER)
     units, verbs, logs = _get(driver, "the unit rows and their buttons", controls)
     assert units == [f"{u}@{FAST}.service" for u in ("steadq-worker", "steadq-sweeper", "steadq-promoter")], units
     assert verbs == [(v, False, note) for _ in range(3) for v in ("start", "stop", "restart")], verbs

@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,9 +154,12 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
 
 
 @contextlib.contextmanager
-def root_with_deb(tmp_path_factory: pytest.TempPathFactory, *also: str) -> Iterator[SystemdRoot]:
+def root_with_deb(
+    tmp_path_factory: pytest.TempPathFactory, *also: str, masked: Sequence[str] = sysroot.MASKED_UNITS
+) -> Iterator[SystemdRoot]:
     """A booted root with this session's first .deb installed by apt-get (offline), plus the packages
-    of the same build named by ``also`` (glob patterns, e.g. ``cockpit-steadq_*_all.deb``).
+    of the same build named by ``also`` (glob patterns, e.g. ``cockpit-steadq_*_all.deb``); ``masked``
+    as :func:`booted_root`.
 
     The one way the single-package system tests get their root: the prerequisites are checked (skip
     or fail as the tier says), the build is tests/package_builds' (shared with tests/packaging)."""
@@ -168,16 +171,19 @@ def root_with_deb(tmp_path_factory: pytest.TempPathFactory, *also: str) -> Itera
     (deb,) = sorted(built.out.glob(f"steadqd_*_{arch}.deb"))
     extra = [str(found) for pattern in also for found in sorted(built.out.glob(pattern))[:1]]
     assert len(extra) == len(also), (also, sorted(built.out.iterdir()))
-    with booted_root(built.out) as root:
+    with booted_root(built.out, masked=masked) as root:
         _apt(root, "install", str(deb), *extra)
         yield root
 
 
 @contextlib.contextmanager
-def booted_root(dist: Path) -> Iterator[SystemdRoot]:
-    """A freshly booted root WITHOUT the project installed, ``dist`` bound into it; torn down and leak-checked."""
+def booted_root(dist: Path, masked: Sequence[str] = sysroot.MASKED_UNITS) -> Iterator[SystemdRoot]:
+    """A freshly booted root WITHOUT the project installed, ``dist`` bound into it; torn down and leak-checked.
+
+    ``masked``: the units masked before boot (e.g. :data:`sysroot.MASKED_WITH_DBUS` for a root with a
+    system bus); the host's services (:data:`sysroot.HOST_SERVICES`) are masked whatever it says."""
     sysroot.reap_stale()
-    root = SystemdRoot(binds=(*EXTRA_BINDS, str(dist)))
+    root = SystemdRoot(masked=masked, binds=(*EXTRA_BINDS, str(dist)))
     pid_ns = None
     problems: list[str] = []
     try:
@@ -185,6 +191,8 @@ def booted_root(dist: Path) -> Iterator[SystemdRoot]:
         pid_ns = _ns_inode(root.pid1, "pid") if root.pid1 else None
         if state != "running":
             raise AssertionError(f"the test root booted {state}; failed units:\n{root.failed_units()}")
+        foreign = root.foreign_units()
+        assert foreign == [], f"the root's boot started the host's units (add them to sysroot.HOST_SERVICES): {foreign}"
         # A container image's /usr/sbin/policy-rc.d ("exit 101", Docker's default) makes
         # deb-systemd-invoke skip every start/stop/restart of maintainer scripts. A real system has
         # none; remove it in the overlay only (a whiteout in the upper layer, the host keeps it).
