@@ -39,6 +39,7 @@ class Profile:
     wake_jobs: int
     spawner_jobs: int
     spawner_concurrency: tuple[int, ...]
+    spawner_floor_rounds: int  # steadqd's spawner against the spawner floor, `true` at 4, alternating rounds
     idle_seconds: float
     scale_sizes: tuple[int, ...]
     scale_leases: int
@@ -74,6 +75,7 @@ PROFILES: dict[str, Profile] = {
         wake_jobs=3,
         spawner_jobs=8,
         spawner_concurrency=(2,),
+        spawner_floor_rounds=1,
         idle_seconds=0.5,
         scale_sizes=(100,),
         scale_leases=3,
@@ -101,6 +103,7 @@ PROFILES: dict[str, Profile] = {
         wake_jobs=30,
         spawner_jobs=200,
         spawner_concurrency=(1, 4),
+        spawner_floor_rounds=3,
         idle_seconds=5.0,
         scale_sizes=(1_000, 10_000),
         scale_leases=200,
@@ -125,6 +128,7 @@ PROFILES: dict[str, Profile] = {
         wake_jobs=100,
         spawner_jobs=1000,
         spawner_concurrency=(1, 4, 8),
+        spawner_floor_rounds=5,
         idle_seconds=30.0,
         scale_sizes=(1_000, 100_000),
         scale_leases=1000,

@@ -19,6 +19,7 @@ from typing import Any
 
 from steadqd import Queue
 
+from . import floor
 from .common import log, summary_ms
 
 STAMP_C = r"""
@@ -189,14 +190,18 @@ def receipt_ctimes(qpath: str) -> list[int]:
     return out
 
 
-def spawner_throughput(workdir: str, jobs: int, concurrency: int) -> dict[str, Any]:
-    """``true`` as the command: jobs enqueued first, then the worker drains them."""
-    true = shutil.which("true") or "/bin/true"
-    name = f"spawn{concurrency}"
-    qpath, cfg = _setup(workdir, name, [true], concurrency)
+def _enqueue_jobs(qpath: str, jobs: int) -> None:
     with Queue.open(qpath, deferred=True) as q, q.batch():
         for i in range(jobs):
             q.enqueue(b"spawn %d" % i)
+
+
+def spawner_throughput(workdir: str, jobs: int, concurrency: int, name: str = "") -> dict[str, Any]:
+    """``true`` as the command: jobs enqueued first, then the worker drains them."""
+    true = shutil.which("true") or "/bin/true"
+    name = name or f"spawn{concurrency}"
+    qpath, cfg = _setup(workdir, name, [true], concurrency)
+    _enqueue_jobs(qpath, jobs)
     d = Daemon(workdir, cfg, "worker", name)
     t_start = time.monotonic()
     try:
@@ -224,6 +229,83 @@ def spawner_throughput(workdir: str, jobs: int, concurrency: int) -> dict[str, A
         "left_leased": detailed.get("leased", 0),
         "worker_exit": rc,
     }
+
+
+def spawn_floor_throughput(workdir: str, binary: str, jobs: int, concurrency: int, name: str = "") -> dict[str, Any]:
+    """The spawner floor (``floor.SPAWN_C_SOURCE``) on the same tree: steadqd's queue, ``true`` and jobs alike.
+
+    The rate is taken as :func:`spawner_throughput` takes it, from the receipts' ctimes, first to last;
+    the floor's own clock (first to last settle) is kept beside it as a check.
+    """
+    true = shutil.which("true") or "/bin/true"
+    qpath, _cfg = _setup(workdir, name or f"floor{concurrency}", [true], concurrency)
+    _enqueue_jobs(qpath, jobs)
+    t_start = time.monotonic()
+    own = floor.run_spawn_floor(binary, qpath, concurrency, true, timeout=max(60.0, jobs / 20))
+    wall = time.monotonic() - t_start
+    ctimes = sorted(receipt_ctimes(qpath))
+    left = {"ready": 0, "leased": 0}
+    for _dirpath, _dirs, files in os.walk(os.path.join(qpath, "ready")):
+        for fn in files:
+            left["leased" if fn.endswith(".lsd") else "ready"] += 1
+    span = (ctimes[-1] - ctimes[0]) / 1e9 if len(ctimes) > 1 else 0.0
+    return {
+        "concurrency": concurrency,
+        "jobs": jobs,
+        "acked": len(ctimes),
+        "jobs_per_s": round((len(ctimes) - 1) / span, 2) if span > 0 else None,
+        "first_to_last_ack_s": round(span, 4),
+        "wall_including_startup_s": round(wall, 3),
+        "left_ready": left["ready"],
+        "left_leased": left["leased"],
+        "floor_own": own,
+    }
+
+
+def spawner_vs_floor(workdir: str, jobs: int, concurrency: int, rounds: int) -> dict[str, Any]:
+    """steadqd's spawner and the spawner floor, ``true`` at ``concurrency``, in alternating rounds.
+
+    Each round drains ``jobs`` enqueued jobs once with each, in a fresh queue, the order alternating
+    (steadqd first in even rounds); medians of the rates and of the per-round ratios, as the headline.
+    """
+    import statistics
+
+    cc_dir = floor.c_floor_tmpdir()
+    try:
+        binary, why = floor.build_spawn_floor(cc_dir)
+        if binary is None:
+            return {"skipped": why}
+        per: dict[str, list[dict[str, Any]]] = {"steadqd": [], "floor": []}
+        for r in range(rounds):
+            order = ("steadqd", "floor") if r % 2 == 0 else ("floor", "steadqd")
+            for side in order:
+                d = os.path.join(workdir, f"r{r}-{side}")
+                os.makedirs(d)
+                if side == "steadqd":
+                    per[side].append(spawner_throughput(d, jobs, concurrency, name=f"sp{r}"))
+                else:
+                    per[side].append(spawn_floor_throughput(d, binary, jobs, concurrency, name=f"fl{r}"))
+                shutil.rmtree(d, ignore_errors=True)
+            log(
+                f"spawner vs floor, round {r}: {per['steadqd'][-1]['jobs_per_s']} vs {per['floor'][-1]['jobs_per_s']} jobs/s"
+            )
+    finally:
+        shutil.rmtree(cc_dir, ignore_errors=True)
+    rates = {k: [x["jobs_per_s"] for x in v] for k, v in per.items()}
+    ratios = [a / b for a, b in zip(rates["steadqd"], rates["floor"], strict=True) if a and b]
+    out: dict[str, Any] = {"concurrency": concurrency, "jobs": jobs, "rounds": rounds, "command": "true"}
+    for side, runs in per.items():
+        ok = [x for x in rates[side] if x]
+        out[side] = {
+            "median_jobs_per_s": round(statistics.median(ok), 1) if ok else None,
+            "rounds_jobs_per_s": rates[side],
+            "acked": [x["acked"] for x in runs],
+            "stranded": [x["left_ready"] + x["left_leased"] for x in runs],
+            "runs": runs,
+        }
+    out["median_ratio"] = round(statistics.median(ratios), 3) if ratios else None
+    out["round_ratios"] = [round(x, 3) for x in ratios]
+    return out
 
 
 # ------------------------------------------------------------------ idle cost

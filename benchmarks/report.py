@@ -170,6 +170,23 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     "",
                 )
             )
+    sf = _get(r, "daemons", "spawner_floor")
+    if isinstance(sf, dict) and "median_ratio" in sf:
+        x = sf["median_ratio"]
+        stranded = sum(sf["steadqd"]["stranded"])
+        out.append(
+            (
+                f"spawner `true` at concurrency {sf['concurrency']} >= 0.8x the spawner floor (C)",
+                f"{x:.2f}x ({_fmt(sf['steadqd']['median_jobs_per_s'])} vs {_fmt(sf['floor']['median_jobs_per_s'])} "
+                f"jobs/s, medians of {sf['rounds']} alternating rounds)"
+                if x
+                else "–",
+                verdict(None if not x else x >= 0.8 and stranded == 0),
+                f"steadqd left {stranded} stranded" if stranded else "",
+            )
+        )
+    elif isinstance(sf, dict):
+        out.append(("spawner `true` at concurrency 4 >= 0.8x the spawner floor (C)", _why(sf), "–", ""))
     idle = _get(r, "daemons", "idle")
     if isinstance(idle, dict):
         for role in ("worker", "sweeper", "promoter"):
@@ -448,6 +465,27 @@ def markdown(r: dict[str, Any], plots: list[str], plot_note: str = "") -> str:
                 f"| concurrency {s['concurrency']} | {s['jobs']} | {s['acked']} | {_fmt(s['jobs_per_s'])} | {s['wall_including_startup_s']} s | {s['left_ready']} / {s['left_leased']} |"
             )
         L.append("")
+    sf = d.get("spawner_floor")
+    if isinstance(sf, dict) and "median_ratio" in sf:
+        L.append(
+            f"Spawner against the spawner floor (C: the same claim and settle syscalls on the same tree, "
+            f"one posix_spawn + wait per job, {sf['concurrency']} threads), `true` at concurrency {sf['concurrency']}, "
+            f"{sf['jobs']} jobs per round, {sf['rounds']} alternating rounds, first to last receipt:\n"
+        )
+        L.append("| | median jobs/s | rounds | acked | stranded |")
+        L.append("|---|---:|---|---|---|")
+        for side, label in (("steadqd", "steadqd worker"), ("floor", "spawner floor (C)")):
+            x = sf[side]
+            L.append(
+                f"| {label} | {_fmt(x['median_jobs_per_s'])} | {', '.join(_fmt(v) for v in x['rounds_jobs_per_s'])} "
+                f"| {', '.join(str(a) for a in x['acked'])} | {', '.join(str(v) for v in x['stranded'])} |"
+            )
+        ratios = ", ".join(f"{v:.2f}" for v in sf["round_ratios"])
+        mr = sf["median_ratio"]
+        L.append(f"| **steadqd / floor** | **{_fmt(mr, 2)}x** (median of rounds) | {ratios} | | |")
+        L.append("")
+    elif isinstance(sf, dict):
+        L.append(f"Spawner against the spawner floor: {_why(sf)}\n")
     idle = d.get("idle")
     if isinstance(idle, dict) and "worker" in idle:
         L.append(

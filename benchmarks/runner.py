@@ -330,6 +330,11 @@ class Runner:
                         f"daemons.spawner.{c}", lambda d=d, c=c: daemons.spawner_throughput(d, self.p.spawner_jobs, c)
                     )
                 )
+        with scratch(self.base, "daemons-spawn-floor") as d:
+            out["spawner_floor"] = self.guarded(
+                "daemons.spawner_floor",
+                lambda: daemons.spawner_vs_floor(d, self.p.spawner_jobs, 4, self.p.spawner_floor_rounds),
+            )
         with scratch(self.base, "daemons-idle") as d:
             out["idle"] = self.guarded("daemons.idle", lambda: daemons.idle_cost(d, self.p.idle_seconds))
         return out

@@ -174,6 +174,27 @@ def test_daemon_measurements(smoke_run: tuple[dict[str, Any], Path]) -> None:
         assert d["idle"][role]["rss_mb"] > 0
 
 
+def test_spawner_against_its_floor(smoke_run: tuple[dict[str, Any], Path]) -> None:
+    """Both sides of the spawner-vs-floor comparison drained every job of every round and nothing was stranded."""
+    results, out = smoke_run
+    sf = results["daemons"]["spawner_floor"]
+    if "skipped" in sf:
+        pytest.skip(sf["skipped"])  # no gcc
+    profile = results["meta"]["profile"]
+    assert (sf["rounds"], sf["jobs"], sf["concurrency"]) == (
+        profile["spawner_floor_rounds"],
+        profile["spawner_jobs"],
+        4,
+    )
+    for side in ("steadqd", "floor"):
+        assert sf[side]["acked"] == [sf["jobs"]] * sf["rounds"]
+        assert sf[side]["stranded"] == [0] * sf["rounds"]
+    assert [r["floor_own"]["settled"] for r in sf["floor"]["runs"]] == [sf["jobs"]] * sf["rounds"]
+    assert len(sf["round_ratios"]) == sf["rounds"] and sf["median_ratio"] > 0
+    md = (out / "results.md").read_text()
+    assert "| **steadqd / floor** |" in md and ">= 0.8x the spawner floor (C)" in md
+
+
 def test_scaling_and_syscalls(smoke_run: tuple[dict[str, Any], Path]) -> None:
     results, _ = smoke_run
     (point,) = results["scaling"]
