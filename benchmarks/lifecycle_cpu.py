@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 
 _CHILD = r"""
@@ -51,13 +52,15 @@ for _ in range(jobs):
     life()
 r1 = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"user_us": (r1.ru_utime - r0.ru_utime) / jobs * 1e6, "sys_us": (r1.ru_stime - r0.ru_stime) / jobs * 1e6,
-                  "code": steadqd.__file__}))
+                  "code": steadqd.__file__,
+                  "modules": {k: getattr(m, "__file__", None) for k, m in sys.modules.items() if k.startswith("steadqd")}}))
 """
 
 _HERE = str(Path(__file__).resolve().parent.parent)
 
 
-def one(code: str, base: str, jobs: int) -> dict[str, float]:
+def one(code: str, base: str, jobs: int, *, compiled: Collection[str] | None = None) -> dict[str, float]:
+    """User and system CPU per lifecycle of ``code``'s steadqd (see :func:`check_extensions` for ``compiled``)."""
     with tempfile.TemporaryDirectory(dir=base) as d:
         env = {**os.environ, "PYTHONPATH": code}
         # cwd: ``python -c`` puts the current directory before PYTHONPATH, and run
@@ -72,18 +75,37 @@ def one(code: str, base: str, jobs: int) -> dict[str, float]:
             timeout=600,
         ).stdout
     got = json.loads(out)
-    _check_imported(got.pop("code"), code)
+    check_imported(got.pop("code"), code)
+    modules = got.pop("modules")
+    if compiled is not None:
+        check_extensions(modules, compiled)
     return {k: float(v) for k, v in got.items()}
 
 
-def _check_imported(imported: str, code: str) -> None:
+def check_imported(imported: str, code: str) -> None:
     """A comparison of one tree with itself would report a ratio of 1 and look like a measurement."""
     if not os.path.realpath(imported).startswith(os.path.realpath(code) + os.sep):
         raise SystemExit(f"the side meant to run {code} imported steadqd from {imported}")
 
 
+def check_extensions(modules: dict[str, str | None], compiled: Collection[str]) -> None:
+    """Stop unless exactly the ``steadqd.fs`` modules named in ``compiled`` were loaded from ``.so`` files.
+
+    ``modules``: name -> ``__file__`` of every steadqd module a child imported. A compiled side that
+    fell back to a module's source, or a pure side that loaded an extension, would measure the wrong thing.
+    """
+    want = {f"steadqd.fs.{m}" for m in compiled}
+    missing = sorted(want - set(modules))
+    if missing:
+        raise SystemExit(f"modules meant to be compiled were never imported: {', '.join(missing)}")
+    # mypyc's support library of a one-module group, ``<module>__mypyc``, is part of that module.
+    so = {k for k, f in modules.items() if f is not None and f.endswith(".so") and not k.endswith("__mypyc")}
+    if so != want:
+        raise SystemExit(f"extension modules loaded {sorted(so)}, expected {sorted(want)}")
+
+
 _LIFE_ONLY = r"""
-import sys
+import json, sys
 import steadqd
 from steadqd import Queue
 print("steadqd from", steadqd.__file__, file=sys.stderr)
@@ -95,10 +117,12 @@ for _ in range(jobs):
     lease = q.lease(wait=0)
     lease.payload()
     q.ack(lease)
+print("steadqd modules", json.dumps({k: getattr(m, "__file__", None) for k, m in sys.modules.items()
+                                     if k.startswith("steadqd")}), file=sys.stderr)
 """
 
 
-def instructions(code: str, base: str, jobs: int) -> int:
+def instructions(code: str, base: str, jobs: int, *, compiled: Collection[str] | None = None) -> int:
     """User-space instructions of ``jobs`` lifecycles, less a run of a fifth as many."""
 
     def run(n: int) -> int:
@@ -109,7 +133,9 @@ def instructions(code: str, base: str, jobs: int) -> int:
                 env={**os.environ, "PYTHONPATH": code, "PYTHONHASHSEED": "0"}, cwd=d, capture_output=True, text=True,
                 check=True, timeout=3600,
             ).stderr  # fmt: skip
-        _check_imported(err.split("steadqd from ", 1)[1].split("\n", 1)[0], code)
+        check_imported(err.split("steadqd from ", 1)[1].split("\n", 1)[0], code)
+        if compiled is not None:
+            check_extensions(json.loads(err.split("steadqd modules ", 1)[1].split("\n", 1)[0]), compiled)
         return int(err.rsplit("Collected : ", 1)[1].split()[0])
 
     few = max(1, jobs // 5)

@@ -15,7 +15,7 @@ import errno
 import os
 import stat
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any
 
@@ -322,7 +322,7 @@ class _Scan:
 
         def unknown(e: Indeterminate) -> SteadQError:
             # For the ticket the source identity is the ready object's.
-            source_view = Lease(**{**lease.__dict__, "generation": job.generation, "attempt": job.attempt})
+            source_view = replace(lease, generation=job.generation, attempt=job.attempt)
             destination = LeasedLocation(ctx.boot_id, bt_deadline, wall_deadline)
             return _claim_unknown(ctx, source_view, e, destination)
 
