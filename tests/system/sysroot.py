@@ -477,6 +477,17 @@ class SystemdRoot:
         names = [line.split()[0] for line in out.splitlines() if line.strip()]
         return [n for n in names if not n.startswith(OWN_UNIT_PREFIXES)]
 
+    def stop_foreign_units(self) -> list[str]:
+        """Stop what :meth:`foreign_units` finds and return its names, for the fixtures to warn about.
+
+        A warning, not a failure: another machine's image may carry a service :data:`HOST_SERVICES`
+        does not know yet, and it ran only inside this throwaway root (overlay upper layer, loopback
+        only); the warning names it so it gets masked."""
+        foreign = self.foreign_units()
+        if foreign:
+            self.run("systemctl", "stop", "--", *foreign, check=False)
+        return foreign
+
     def failed_units(self) -> str:
         return self.run("systemctl", "--failed", "--no-legend", "--plain", check=False).stdout
 
