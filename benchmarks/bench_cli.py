@@ -123,19 +123,7 @@ def reference_work(binary: str, workdir: str, jobs: int, concurrency: int) -> di
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-    ctimes = sorted(daemons.receipt_ctimes(q))
-    with Queue.open(q) as h:
-        objects = {k: v.objects for k, v in h.stats().items()}
-    span = (ctimes[-1] - ctimes[0]) / 1e9 if len(ctimes) > 1 else 0.0
-    return {
-        "concurrency": concurrency,
-        "jobs": jobs,
-        "acked": len(ctimes),
-        "jobs_per_s": round((len(ctimes) - 1) / span, 2) if span > 0 else None,
-        "wall_including_startup_s": round(seen - t0, 3),
-        "left_ready": objects.get("ready", 0),
-        "left_leased": objects.get("leased", 0),
-    }
+    return daemons.drain_result(q, jobs, concurrency, seen - t0, daemons.objects_left(q))
 
 
 def compare_spawner(base: str, profile: Profile, reference: str) -> dict[str, Any]:

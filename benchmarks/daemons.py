@@ -80,6 +80,43 @@ def _yaml(queue: str, command: list[str], concurrency: int = 1) -> str:
     )
 
 
+def daemon_env(workdir: str) -> dict[str, str]:
+    """A daemon child's whole environment: a fixed PATH and locale, its jobs' TMPDIR under ``workdir``
+    (made here), and this run's PYTHONPATH, so each side imports the tree it is meant to."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LANG": "C.UTF-8",
+        "TMPDIR": os.path.join(workdir, "jobtmp"),
+    }
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    os.makedirs(env["TMPDIR"], exist_ok=True)
+    return env
+
+
+def drain_result(qpath: str, jobs: int, concurrency: int, wall: float, left: dict[str, int]) -> dict[str, Any]:
+    """One drain's row, the same for steadqd's spawner, its C floor and the reference's ``work``:
+    the rate from the receipts' ctimes, first to last, and what was left ready or leased."""
+    ctimes = sorted(receipt_ctimes(qpath))
+    span = (ctimes[-1] - ctimes[0]) / 1e9 if len(ctimes) > 1 else 0.0
+    return {
+        "concurrency": concurrency,
+        "jobs": jobs,
+        "acked": len(ctimes),
+        "jobs_per_s": round((len(ctimes) - 1) / span, 2) if span > 0 else None,
+        "first_to_last_ack_s": round(span, 4),
+        "wall_including_startup_s": round(wall, 3),
+        "left_ready": left.get("ready", 0),
+        "left_leased": left.get("leased", 0),
+    }
+
+
+def objects_left(qpath: str) -> dict[str, int]:
+    """Objects per state, as the library counts them after a drain."""
+    with Queue.open(qpath) as q:
+        return {k: v.objects for k, v in q.stats().items()}
+
+
 class Daemon:
     """One ``steadqd`` role process with its log in a file; stopped by PID."""
 
@@ -87,14 +124,7 @@ class Daemon:
         self, workdir: str, cfg_dir: str, role: str, name: str, env_extra: dict[str, str] | None = None
     ) -> None:
         self.log_path = os.path.join(workdir, f"{role}-{name}.log")
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "LANG": "C.UTF-8",
-            "TMPDIR": os.path.join(workdir, "jobtmp"),
-        }
-        if "PYTHONPATH" in os.environ:
-            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        os.makedirs(env["TMPDIR"], exist_ok=True)
+        env = daemon_env(workdir)
         env.update(env_extra or {})
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -214,21 +244,7 @@ def spawner_throughput(workdir: str, jobs: int, concurrency: int, name: str = ""
         t_seen = time.monotonic()
     finally:
         rc = d.stop()
-    ctimes = sorted(receipt_ctimes(qpath))
-    with Queue.open(qpath) as q:
-        detailed = {k: v.objects for k, v in q.stats().items()}
-    span = (ctimes[-1] - ctimes[0]) / 1e9 if len(ctimes) > 1 else 0.0
-    return {
-        "concurrency": concurrency,
-        "jobs": jobs,
-        "acked": len(ctimes),
-        "jobs_per_s": round((len(ctimes) - 1) / span, 2) if span > 0 else None,
-        "first_to_last_ack_s": round(span, 4),
-        "wall_including_startup_s": round(t_seen - t_start, 3),
-        "left_ready": detailed.get("ready", 0),
-        "left_leased": detailed.get("leased", 0),
-        "worker_exit": rc,
-    }
+    return {**drain_result(qpath, jobs, concurrency, t_seen - t_start, objects_left(qpath)), "worker_exit": rc}
 
 
 def spawn_floor_throughput(workdir: str, binary: str, jobs: int, concurrency: int, name: str = "") -> dict[str, Any]:
@@ -243,23 +259,11 @@ def spawn_floor_throughput(workdir: str, binary: str, jobs: int, concurrency: in
     t_start = time.monotonic()
     own = floor.run_spawn_floor(binary, qpath, concurrency, true, timeout=max(60.0, jobs / 20))
     wall = time.monotonic() - t_start
-    ctimes = sorted(receipt_ctimes(qpath))
     left = {"ready": 0, "leased": 0}
     for _dirpath, _dirs, files in os.walk(os.path.join(qpath, "ready")):
         for fn in files:
             left["leased" if fn.endswith(".lsd") else "ready"] += 1
-    span = (ctimes[-1] - ctimes[0]) / 1e9 if len(ctimes) > 1 else 0.0
-    return {
-        "concurrency": concurrency,
-        "jobs": jobs,
-        "acked": len(ctimes),
-        "jobs_per_s": round((len(ctimes) - 1) / span, 2) if span > 0 else None,
-        "first_to_last_ack_s": round(span, 4),
-        "wall_including_startup_s": round(wall, 3),
-        "left_ready": left["ready"],
-        "left_leased": left["leased"],
-        "floor_own": own,
-    }
+    return {**drain_result(qpath, jobs, concurrency, wall, left), "floor_own": own}
 
 
 def spawner_vs_floor(workdir: str, jobs: int, concurrency: int, rounds: int) -> dict[str, Any]:

@@ -69,14 +69,7 @@ def drain(side: str, workdir: str, jobs: int, binary: str) -> collections.Counte
     if side == "floor":
         subprocess.run([*strace, binary, qpath, "4", true], check=True, capture_output=True)
     else:
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "LANG": "C.UTF-8",
-            "TMPDIR": os.path.join(workdir, "jobtmp"),
-        }
-        if "PYTHONPATH" in os.environ:
-            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        os.makedirs(env["TMPDIR"])
+        env = daemons.daemon_env(workdir)
         argv = [*strace, *daemons._steadqd(), "--config-dir", cfg, "worker", "sq"]
         p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
