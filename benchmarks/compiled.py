@@ -96,32 +96,6 @@ setup(name="steadqd_compiled_prototype", ext_modules=mypycify({args}, opt_level=
 """
 _MYPYC_ATTR_IMPORT = "from mypy_extensions import mypyc_attr  # benchmarks/compiled.py: Python classes below\n"
 
-# A child for the loop-disk rounds: ``jobs`` strict lifecycles on a fresh queue, wall time and
-# user CPU, and the file of every steadqd module it imported.
-_LOOP_CHILD = r"""
-import json, resource, sys, time
-import steadqd
-from steadqd import Queue
-path, jobs, unsupported = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "tmpfs"
-Queue.init(path, allow_unsupported_fs=unsupported).close()
-q = Queue.open(path, allow_unsupported_fs=unsupported)
-def life():
-    q.enqueue(b"x" * 100)
-    lease = q.lease(wait=0)
-    lease.payload()
-    q.ack(lease)
-for _ in range(20):
-    life()
-r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-for _ in range(jobs):
-    life()
-t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"jobs_per_s": jobs / (t1 - t0), "user_us": (r1.ru_utime - r0.ru_utime) / jobs * 1e6,
-                  "sys_us": (r1.ru_stime - r0.ru_stime) / jobs * 1e6, "code": steadqd.__file__,
-                  "modules": {k: getattr(m, "__file__", None) for k, m in sys.modules.items() if k.startswith("steadqd")}}))
-"""
-
-
 # A child for section ``hook``: what the crash lab's and the tests' ways of watching and changing the
 # syscall layer still see. Each entry counts calls made by one warm lifecycle (or one step of it).
 _HOOK_CHILD = r"""
@@ -253,23 +227,13 @@ def compile_tree(tree: str, modules: Sequence[str], *, jobs: int = 2) -> list[st
 
 
 def lifecycles(tree: str, compiled: Sequence[str], base: str, jobs: int) -> dict[str, float]:
-    """``jobs`` strict lifecycles of ``tree``'s steadqd on a fresh queue in ``base``, in a child.
+    """``jobs`` strict lifecycles of ``tree``'s steadqd on a fresh queue in ``base`` (after 20 to warm up).
 
     Returns jobs/s and CPU per job; stops the run if the child imported the wrong code (see
     ``lifecycle_cpu.check_extensions``) or failed.
     """
-    kind = "tmpfs" if base.startswith("/dev/shm") else "disk"  # allow_unsupported_fs only where fsync is free
-    with tempfile.TemporaryDirectory(dir=base) as d:
-        r = subprocess.run(
-            [sys.executable, "-c", _LOOP_CHILD, os.path.join(d, "q"), str(jobs), kind],
-            env={**os.environ, "PYTHONPATH": tree}, cwd=d, capture_output=True, text=True, check=False, timeout=1800,
-        )  # fmt: skip
-    if r.returncode != 0:
-        raise SystemExit(f"the lifecycle child of {tree} failed ({r.returncode}):\n{r.stderr[-4000:]}")
-    got = json.loads(r.stdout)
-    lifecycle_cpu.check_imported(got.pop("code"), tree)
-    lifecycle_cpu.check_extensions(got.pop("modules"), compiled)
-    return {k: float(v) for k, v in got.items()}
+    unsupported = base.startswith("/dev/shm")  # allow_unsupported_fs only where fsync is free
+    return lifecycle_cpu.one(tree, base, jobs, compiled=compiled, warm=20, unsupported=unsupported, timeout=1800)
 
 
 def _instructions(sides: dict[str, tuple[str, tuple[str, ...]]], base: str, jobs: int, repeat: int) -> dict[str, Any]:

@@ -33,48 +33,64 @@ import tempfile
 from collections.abc import Collection
 from pathlib import Path
 
+# ``jobs`` strict lifecycles after ``warm`` ones, on a fresh queue at ``path`` (``allow_unsupported_fs``
+# when ``unsupported`` is "1": /dev/shm, where fsync is free), with wall time, user and system CPU,
+# and the file of every steadqd module imported.
 _CHILD = r"""
-import json, resource, sys
+import json, resource, sys, time
 import steadqd
 from steadqd import Queue
-path, jobs = sys.argv[1], int(sys.argv[2])
-Queue.init(path, allow_unsupported_fs=True).close()
-q = Queue.open(path, allow_unsupported_fs=True)
+path, jobs, warm, unsupported = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+Queue.init(path, allow_unsupported_fs=unsupported).close()
+q = Queue.open(path, allow_unsupported_fs=unsupported)
 def life():
     q.enqueue(b"x" * 100)
     lease = q.lease(wait=0)
     lease.payload()
     q.ack(lease)
-for _ in range(200):
+for _ in range(warm):
     life()
-r0 = resource.getrusage(resource.RUSAGE_SELF)
+r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
 for _ in range(jobs):
     life()
-r1 = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"user_us": (r1.ru_utime - r0.ru_utime) / jobs * 1e6, "sys_us": (r1.ru_stime - r0.ru_stime) / jobs * 1e6,
-                  "code": steadqd.__file__,
+t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"jobs_per_s": jobs / (t1 - t0), "user_us": (r1.ru_utime - r0.ru_utime) / jobs * 1e6,
+                  "sys_us": (r1.ru_stime - r0.ru_stime) / jobs * 1e6, "code": steadqd.__file__,
                   "modules": {k: getattr(m, "__file__", None) for k, m in sys.modules.items() if k.startswith("steadqd")}}))
 """
 
 _HERE = str(Path(__file__).resolve().parent.parent)
 
 
-def one(code: str, base: str, jobs: int, *, compiled: Collection[str] | None = None) -> dict[str, float]:
-    """User and system CPU per lifecycle of ``code``'s steadqd (see :func:`check_extensions` for ``compiled``)."""
+def one(
+    code: str,
+    base: str,
+    jobs: int,
+    *,
+    compiled: Collection[str] | None = None,
+    warm: int = 200,
+    unsupported: bool = True,
+    timeout: float = 600,
+) -> dict[str, float]:
+    """Jobs/s, user and system CPU per lifecycle of ``code``'s steadqd in a fresh queue under ``base``
+    (see :func:`check_extensions` for ``compiled``); ``unsupported``: open it with
+    ``allow_unsupported_fs`` (the default's /dev/shm), never on a real disk."""
     with tempfile.TemporaryDirectory(dir=base) as d:
         env = {**os.environ, "PYTHONPATH": code}
         # cwd: ``python -c`` puts the current directory before PYTHONPATH, and run
         # from the checkout every side would import the checkout's steadqd.
-        out = subprocess.run(
-            [sys.executable, "-c", _CHILD, os.path.join(d, "q"), str(jobs)],
+        r = subprocess.run(
+            [sys.executable, "-c", _CHILD, os.path.join(d, "q"), str(jobs), str(warm), "1" if unsupported else "0"],
             env=env,
             cwd=d,
             capture_output=True,
             text=True,
-            check=True,
-            timeout=600,
-        ).stdout
-    got = json.loads(out)
+            check=False,
+            timeout=timeout,
+        )
+    if r.returncode != 0:
+        raise SystemExit(f"the lifecycle child of {code} failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    got = json.loads(r.stdout)
     check_imported(got.pop("code"), code)
     modules = got.pop("modules")
     if compiled is not None:
