@@ -24,7 +24,6 @@ import os
 import secrets
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -248,12 +247,7 @@ def system_root() -> Iterator[SystemdRoot]:
         pid_ns = _ns_inode(root.pid1, "pid") if root.pid1 else None
         if state != "running":
             raise AssertionError(f"the test root booted {state}; failed units:\n{root.failed_units()}")
-        foreign = root.stop_foreign_units()
-        if foreign:
-            warnings.warn(
-                f"the root's boot started the host's units (stopped; add them to sysroot.HOST_SERVICES): {foreign}",
-                stacklevel=1,
-            )
+        root.stop_foreign_units()
         install_project(root)
         init_queue(root, "demo")
         yield root

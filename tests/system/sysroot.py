@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -478,7 +479,7 @@ class SystemdRoot:
         return [n for n in names if not n.startswith(OWN_UNIT_PREFIXES)]
 
     def stop_foreign_units(self) -> list[str]:
-        """Stop what :meth:`foreign_units` finds and return its names, for the fixtures to warn about.
+        """Stop what :meth:`foreign_units` finds, warn naming it, and return its names.
 
         A warning, not a failure: another machine's image may carry a service :data:`HOST_SERVICES`
         does not know yet, and it ran only inside this throwaway root (overlay upper layer, loopback
@@ -486,6 +487,10 @@ class SystemdRoot:
         foreign = self.foreign_units()
         if foreign:
             self.run("systemctl", "stop", "--", *foreign, check=False)
+            warnings.warn(
+                f"the root's boot started the host's units (stopped; add them to sysroot.HOST_SERVICES): {foreign}",
+                stacklevel=2,
+            )
         return foreign
 
     def failed_units(self) -> str:

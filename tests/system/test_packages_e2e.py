@@ -35,7 +35,6 @@ import re
 import shutil
 import subprocess
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -192,12 +191,7 @@ def booted_root(dist: Path, masked: Sequence[str] = sysroot.MASKED_UNITS) -> Ite
         pid_ns = _ns_inode(root.pid1, "pid") if root.pid1 else None
         if state != "running":
             raise AssertionError(f"the test root booted {state}; failed units:\n{root.failed_units()}")
-        foreign = root.stop_foreign_units()
-        if foreign:
-            warnings.warn(
-                f"the root's boot started the host's units (stopped; add them to sysroot.HOST_SERVICES): {foreign}",
-                stacklevel=1,
-            )
+        root.stop_foreign_units()
         # A container image's /usr/sbin/policy-rc.d ("exit 101", Docker's default) makes
         # deb-systemd-invoke skip every start/stop/restart of maintainer scripts. A real system has
         # none; remove it in the overlay only (a whiteout in the upper layer, the host keeps it).
