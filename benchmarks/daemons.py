@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -272,8 +273,6 @@ def spawner_vs_floor(workdir: str, jobs: int, concurrency: int, rounds: int) -> 
     Each round drains ``jobs`` enqueued jobs once with each, in a fresh queue, the order alternating
     (steadqd first in even rounds); medians of the rates and of the per-round ratios, as the headline.
     """
-    import statistics
-
     cc_dir = floor.c_floor_tmpdir()
     try:
         binary, why = floor.build_spawn_floor(cc_dir)
