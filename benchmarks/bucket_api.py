@@ -47,12 +47,19 @@ def _child(args: argparse.Namespace) -> None:
     from steadqd.s3.store.base import SEAWEEDFS
 
     calls: Counter[str] = Counter()
+    families: Counter[str] = Counter()
     lock = threading.Lock()
+
+    def family(key: str) -> str:
+        """The key's plane (its first directory under the queue), or its whole name for a top-level object."""
+        relative = key[len(prefix) :] if key.startswith(prefix) else key
+        return relative.split("/", 1)[0] if "/" in relative else relative
 
     class Counting(ObservedStore):
         def observe(self, operation: str, key: str) -> None:
             with lock:
                 calls[operation] += 1
+                families[f"{operation} {family(key)}"] += 1
 
     real = s3_module.S3Store
     prefix = f"api-{args.tag}-{os.getpid()}/"
@@ -120,6 +127,7 @@ def _child(args: argparse.Namespace) -> None:
                 "cpu_ms_per_job": round(1000 * cpu_s / acked, 2) if acked else None,
                 "ops_per_job": round(sum(calls.values()) / acked, 2) if acked else None,
                 "ops_by_kind": {k: round(v / max(1, acked), 2) for k, v in sorted(calls.items())},
+                "ops_by_plane": {k: round(v / max(1, acked), 2) for k, v in sorted(families.items())},
             }
         )
     )
