@@ -4,8 +4,8 @@ Why: a bucket worker is bound by botocore's CPU per request (docs/stowq.md,
 "What a store operation costs"): the model-driven serialisation, event
 dispatch, endpoint rules and response parsing cost more than the store's
 answer. This client sends the seven requests the protocol makes through
-urllib3 (the pool botocore itself sends with), signed by botocore's own
-SigV4 signer, and reads the few answer headers and the LIST XML itself.
+urllib3 (the pool botocore itself sends with), signed as botocore's own
+SigV4 signer signs (:mod:`steadqd.s3.store.sigv4`, tested against it), and reads the few answer headers and the LIST XML itself.
 urllib3 brings what users have: TLS with verification, proxies
 (``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY``, as botocore reads them),
 kept connections checked before reuse.
@@ -44,8 +44,6 @@ from typing import Any
 
 import urllib3
 import urllib3.connection
-from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
 from botocore.exceptions import (
     ClientError,
     ConnectionClosedError,
@@ -61,6 +59,7 @@ from botocore.utils import get_environ_proxies
 
 from steadqd.errors import InvalidInput
 from steadqd.s3.store.base import parse_last_modified
+from steadqd.s3.store.sigv4 import Signer
 from steadqd.text import redacted
 
 __all__ = ["DirectClient"]
@@ -186,6 +185,7 @@ class DirectClient:
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._base_path = parts.path.rstrip("/")
         self._credentials = credentials
+        self._signer = Signer()
         host = parts.hostname
         on_aws = host == "amazonaws.com" or host.endswith(".amazonaws.com")
         self._virtual = addressing_style == "virtual" or (addressing_style == "auto" and on_aws)
@@ -294,10 +294,8 @@ class DirectClient:
         credentials = self._credentials.get_frozen_credentials() if self._credentials is not None else None
         if credentials is None:
             raise NoCredentialsError()
-        request = AWSRequest(method=method, url=f"{self._scheme}://{host}{target}", headers=headers, data=body)
-        request.headers["Host"] = host
-        S3SigV4Auth(credentials, "s3", region).add_auth(request)
-        return dict(request.headers.items())
+        headers["Host"] = host
+        return self._signer.sign(credentials, method, region, target, headers, body)
 
     def _whole(self, exchanged: tuple[urllib3.BaseHTTPResponse, dict[str, str]]) -> tuple[int, dict[str, str], bytes]:
         """An :meth:`_exchange`'s status, headers and body, the body read to the end (which frees the connection)."""
