@@ -102,9 +102,11 @@ def _child(args: argparse.Namespace) -> None:
         threading.Thread.run = profiled  # type: ignore[method-assign]
         profiles.append(cProfile.Profile())
         profiles[0].enable()
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
     cpu0, t0 = cpu(), time.monotonic()
     stats = worker.run()
     cpu_s, wall = cpu() - cpu0, done.get("last", time.monotonic()) - t0
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     if profiles:
         import pstats
 
@@ -125,6 +127,14 @@ def _child(args: argparse.Namespace) -> None:
                 "duplicates": acked - len(set(seen)),
                 "jobs_per_s": round(acked / wall, 1) if wall > 0 else None,
                 "cpu_ms_per_job": round(1000 * cpu_s / acked, 2) if acked else None,
+                # user and system CPU, and context switches (a thread handing over the GIL or waiting), per job
+                "user_sys_ms_per_job": [
+                    round(1000 * (usage.ru_utime - usage0.ru_utime) / max(1, acked), 2),
+                    round(1000 * (usage.ru_stime - usage0.ru_stime) / max(1, acked), 2),
+                ],
+                "switches_per_job": round(
+                    (usage.ru_nvcsw + usage.ru_nivcsw - usage0.ru_nvcsw - usage0.ru_nivcsw) / max(1, acked), 1
+                ),
                 "ops_per_job": round(sum(calls.values()) / acked, 2) if acked else None,
                 "ops_by_kind": {k: round(v / max(1, acked), 2) for k, v in sorted(calls.items())},
                 "ops_by_plane": {k: round(v / max(1, acked), 2) for k, v in sorted(families.items())},
