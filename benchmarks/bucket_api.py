@@ -88,19 +88,21 @@ def _child(args: argparse.Namespace) -> None:
     timer = threading.Timer(args.seconds, worker.stop)
     timer.start()
     profiles: list[Any] = []
-    if args.cprofile:  # cProfile sees one thread: every thread started from here on gets its own profiler
+    # cProfile sees one thread: every thread started from here on gets its own profiler, timed by its own
+    # CPU clock (time.thread_time), so a thread waiting on the network or the GIL is not charged for it.
+    if args.cprofile:
         import cProfile
 
         run = threading.Thread.run
 
         def profiled(self: threading.Thread) -> None:
-            profiler = cProfile.Profile()
+            profiler = cProfile.Profile(time.thread_time)
             with lock:
                 profiles.append(profiler)
             profiler.runcall(run, self)
 
         threading.Thread.run = profiled  # type: ignore[method-assign]
-        profiles.append(cProfile.Profile())
+        profiles.append(cProfile.Profile(time.thread_time))
         profiles[0].enable()
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
     cpu0, t0 = cpu(), time.monotonic()
