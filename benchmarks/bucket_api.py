@@ -73,11 +73,25 @@ def _child(args: argparse.Namespace) -> None:
     seen: list[int] = []
     done: dict[str, float] = {}
 
+    by_thread: dict[str, float] = {}
+
+    def thread_cpu(sign: int = 1) -> None:
+        """Add (or, at the start, subtract) each live thread's CPU so far (from /proc), by name without its number."""
+        tick = os.sysconf("SC_CLK_TCK")
+        for t in threading.enumerate():
+            try:
+                fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            name = t.name.rstrip("0123456789_").rstrip("-") or t.name
+            by_thread[name] = by_thread.get(name, 0.0) + sign * (int(fields[11]) + int(fields[12])) / tick
+
     def handler(job: Any) -> None:
         with lock:
             seen.append(int(job.payload[:10]))
             if len(seen) >= args.jobs:
                 done["last"] = time.monotonic()
+                thread_cpu()
                 worker.stop()
 
     def cpu() -> float:
@@ -104,6 +118,7 @@ def _child(args: argparse.Namespace) -> None:
         threading.Thread.run = profiled  # type: ignore[method-assign]
         profiles.append(cProfile.Profile(time.thread_time))
         profiles[0].enable()
+    thread_cpu(-1)
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
     cpu0, t0 = cpu(), time.monotonic()
     stats = worker.run()
@@ -138,6 +153,9 @@ def _child(args: argparse.Namespace) -> None:
                     (usage.ru_nvcsw + usage.ru_nivcsw - usage0.ru_nvcsw - usage0.ru_nivcsw) / max(1, acked), 1
                 ),
                 "ops_per_job": round(sum(calls.values()) / acked, 2) if acked else None,
+                "thread_cpu_ms_per_job": {
+                    k: round(1000 * v / max(1, acked), 2) for k, v in sorted(by_thread.items()) if v
+                },
                 "ops_by_kind": {k: round(v / max(1, acked), 2) for k, v in sorted(calls.items())},
                 "ops_by_plane": {k: round(v / max(1, acked), 2) for k, v in sorted(families.items())},
             }
