@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         mine = [x for x in results if x["tree"] == tag and "error" not in x]
         if mine:
             keys = ("jobs_per_s", "cpu_ms_per_job", "ops_per_job")
-            med = {k: sorted(x[k] for x in mine)[len(mine) // 2] for k in keys}
+            med = {k: statistics.median(x[k] for x in mine) for k in keys}
             print(f"{tag}: median of {len(mine)}: " + ", ".join(f"{k} {v}" for k, v in med.items()))
     return 0
 

@@ -1,4 +1,4 @@
-"""The direct transport (``S3Settings(transport="direct")``, the default): urllib3's pools, botocore's signer.
+"""The direct transport (``S3Settings(transport="direct")``, the default): urllib3's pools, SigV4 as botocore signs.
 
 The scripted-server tests of tests/stowq/test_store_s3.py run over both
 transports, and TLS, proxies, addressing and region redirects are in

@@ -1,11 +1,12 @@
-"""The S3 requests of :class:`~steadqd.s3.store.s3.S3Store` over urllib3's connection pools, signed by botocore.
+"""The S3 requests of :class:`~steadqd.s3.store.s3.S3Store` over urllib3's connection pools, signed as botocore signs.
 
 Why: a bucket worker is bound by botocore's CPU per request (docs/stowq.md,
 "What a store operation costs"): the model-driven serialisation, event
 dispatch, endpoint rules and response parsing cost more than the store's
 answer. This client sends the seven requests the protocol makes through
 urllib3 (the pool botocore itself sends with), signed as botocore's own
-SigV4 signer signs (:mod:`steadqd.s3.store.sigv4`, tested against it), and reads the few answer headers and the LIST XML itself.
+SigV4 signer signs (:mod:`steadqd.s3.store.sigv4`, tested against it),
+and reads the answer's header block and the LIST XML itself.
 urllib3 brings what users have: TLS with verification, proxies
 (``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY``, as botocore reads them),
 kept connections checked before reuse.
