@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,12 +48,19 @@ def _child(args: argparse.Namespace) -> None:
     from steadqd.s3.store.base import SEAWEEDFS
 
     calls: Counter[str] = Counter()
+    families: Counter[str] = Counter()
     lock = threading.Lock()
+
+    def family(key: str) -> str:
+        """The key's plane (its first directory under the queue), or its whole name for a top-level object."""
+        relative = key[len(prefix) :] if key.startswith(prefix) else key
+        return relative.split("/", 1)[0] if "/" in relative else relative
 
     class Counting(ObservedStore):
         def observe(self, operation: str, key: str) -> None:
             with lock:
                 calls[operation] += 1
+                families[f"{operation} {family(key)}"] += 1
 
     real = s3_module.S3Store
     prefix = f"api-{args.tag}-{os.getpid()}/"
@@ -66,11 +74,25 @@ def _child(args: argparse.Namespace) -> None:
     seen: list[int] = []
     done: dict[str, float] = {}
 
+    by_thread: dict[str, float] = {}
+
+    def thread_cpu(sign: int = 1) -> None:
+        """Add (or, at the start, subtract) each live thread's CPU so far (from /proc), by name without its number."""
+        tick = os.sysconf("SC_CLK_TCK")
+        for t in threading.enumerate():
+            try:
+                fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            name = t.name.rstrip("0123456789_").rstrip("-") or t.name
+            by_thread[name] = by_thread.get(name, 0.0) + sign * (int(fields[11]) + int(fields[12])) / tick
+
     def handler(job: Any) -> None:
         with lock:
             seen.append(int(job.payload[:10]))
             if len(seen) >= args.jobs:
                 done["last"] = time.monotonic()
+                thread_cpu()
                 worker.stop()
 
     def cpu() -> float:
@@ -81,23 +103,28 @@ def _child(args: argparse.Namespace) -> None:
     timer = threading.Timer(args.seconds, worker.stop)
     timer.start()
     profiles: list[Any] = []
-    if args.cprofile:  # cProfile sees one thread: every thread started from here on gets its own profiler
+    # cProfile sees one thread: every thread started from here on gets its own profiler, timed by its own
+    # CPU clock (time.thread_time), so a thread waiting on the network or the GIL is not charged for it.
+    if args.cprofile:
         import cProfile
 
         run = threading.Thread.run
 
         def profiled(self: threading.Thread) -> None:
-            profiler = cProfile.Profile()
+            profiler = cProfile.Profile(time.thread_time)
             with lock:
                 profiles.append(profiler)
             profiler.runcall(run, self)
 
         threading.Thread.run = profiled  # type: ignore[method-assign]
-        profiles.append(cProfile.Profile())
+        profiles.append(cProfile.Profile(time.thread_time))
         profiles[0].enable()
+    thread_cpu(-1)
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
     cpu0, t0 = cpu(), time.monotonic()
     stats = worker.run()
     cpu_s, wall = cpu() - cpu0, done.get("last", time.monotonic()) - t0
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     if profiles:
         import pstats
 
@@ -118,8 +145,20 @@ def _child(args: argparse.Namespace) -> None:
                 "duplicates": acked - len(set(seen)),
                 "jobs_per_s": round(acked / wall, 1) if wall > 0 else None,
                 "cpu_ms_per_job": round(1000 * cpu_s / acked, 2) if acked else None,
+                # user and system CPU, and context switches (a thread handing over the GIL or waiting), per job
+                "user_sys_ms_per_job": [
+                    round(1000 * (usage.ru_utime - usage0.ru_utime) / max(1, acked), 2),
+                    round(1000 * (usage.ru_stime - usage0.ru_stime) / max(1, acked), 2),
+                ],
+                "switches_per_job": round(
+                    (usage.ru_nvcsw + usage.ru_nivcsw - usage0.ru_nvcsw - usage0.ru_nivcsw) / max(1, acked), 1
+                ),
                 "ops_per_job": round(sum(calls.values()) / acked, 2) if acked else None,
+                "thread_cpu_ms_per_job": {
+                    k: round(1000 * v / max(1, acked), 2) for k, v in sorted(by_thread.items()) if v
+                },
                 "ops_by_kind": {k: round(v / max(1, acked), 2) for k, v in sorted(calls.items())},
+                "ops_by_plane": {k: round(v / max(1, acked), 2) for k, v in sorted(families.items())},
             }
         )
     )
@@ -172,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         mine = [x for x in results if x["tree"] == tag and "error" not in x]
         if mine:
             keys = ("jobs_per_s", "cpu_ms_per_job", "ops_per_job")
-            med = {k: sorted(x[k] for x in mine)[len(mine) // 2] for k in keys}
+            med = {k: statistics.median(x[k] for x in mine) for k in keys}
             print(f"{tag}: median of {len(mine)}: " + ", ".join(f"{k} {v}" for k, v in med.items()))
     return 0
 

@@ -1,4 +1,4 @@
-"""The direct transport (``S3Settings(transport="direct")``, the default): urllib3's pools, botocore's signer.
+"""The direct transport (``S3Settings(transport="direct")``, the default): urllib3's pools, SigV4 as botocore signs.
 
 The scripted-server tests of tests/stowq/test_store_s3.py run over both
 transports, and TLS, proxies, addressing and region redirects are in
@@ -10,18 +10,28 @@ tests/stowq/test_store_seaweedfs.py run again with it, certification included.
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import http.server
+import io
 import threading
 from collections.abc import Iterator
+from http.client import HTTPException
 from pathlib import Path
 
 import pytest
 from botocore.parsers import ResponseParserError
 
-from steadqd.errors import AlreadyExists, InvalidInput, NotFound
+from steadqd.errors import AlreadyExists, InvalidInput, NotFound, OutcomeUnknown
 from steadqd.s3.store.base import SEAWEEDFS
 from steadqd.s3.store.s3 import S3Settings, S3Store
-from steadqd.s3.store.s3_direct import DirectClient, _client_error, _parse_listing
+from steadqd.s3.store.s3_direct import (
+    _MAX_HEADER_LINE,
+    _MAX_HEADERS,
+    DirectClient,
+    _client_error,
+    _parse_listing,
+    _Response,
+)
 from tests.stowq import test_store_seaweedfs as live
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.seaweed import Seaweed
@@ -174,3 +184,106 @@ def test_a_listing_is_parsed_with_or_without_the_s3_namespace() -> None:
         assert parsed["Contents"][0]["LastModified"].year == 2026
     with pytest.raises(ResponseParserError, match="unreadable Size or LastModified"):
         _parse_listing(b"<ListBucketResult><Contents><Key>k</Key><Size>big</Size></Contents></ListBucketResult>")
+
+
+class _Canned:
+    """A socket whose answer is fixed bytes: what ``http.client``'s response reads through ``makefile``."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(io.BytesIO(self._data))  # type: ignore[arg-type]
+
+
+def _framing(cls: type[http.client.HTTPResponse], raw: bytes, method: str) -> tuple[object, ...]:
+    response = cls(_Canned(raw), method=method)  # type: ignore[arg-type]
+    response.begin()
+    framing = (response.status, response.reason, response.version, response.chunked, response.length)
+    return framing + (response.will_close, response.msg.items(), response.getheader("etag"), response.read())
+
+
+_ANSWERS = [
+    b'HTTP/1.1 200 OK\r\nEtag: "e1"\r\nContent-Length: 5\r\nLast-Modified: Sun, 06 Dec 2026 21:00:00 GMT\r\n\r\nhello',
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",  # the same, asked with HEAD: no body is read
+    b'HTTP/1.1 100 Continue\r\nX-A: 1\r\n\r\nHTTP/1.1 200 OK\r\nETag: "e2"\r\nContent-Length: 0\r\n\r\n',
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    b"HTTP/1.1 404 Not Found\r\nConnection: close\r\nContent-Length: 3\r\n\r\nxyz",
+    b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil close",
+    b"HTTP/1.1 204 No Content\r\nX-Amz-Request-Id: 7\r\n\r\n",
+    b'HTTP/1.1 304 Not Modified\r\nETag: "e3"\r\n\r\n',
+    b"HTTP/1.1 200 OK\r\nContent-Length: -4\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: many\r\nConnection: keep-alive\r\n\r\n",
+    b'HTTP/1.1 200 OK\r\netag: "first"\r\nETag: "second"\r\nContent-Length: 0\r\nkeep-alive: timeout=5\r\n\r\n',
+    b"HTTP/1.1 301 Moved Permanently\r\nX-Amz-Bucket-Region: eu-west-3\r\nContent-Length: 0\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+@pytest.mark.parametrize("raw", _ANSWERS)
+def test_answers_are_framed_as_http_client_frames_them(raw: bytes, method: str) -> None:
+    """The framing of an answer (length, chunked, close, status) is http.client's own, from the faster header read."""
+    assert _framing(_Response, raw, method) == _framing(http.client.HTTPResponse, raw, method)
+
+
+@pytest.mark.parametrize(
+    ("block", "refused"),
+    [
+        (b"X-Bad\r\n", "no 'name: value'"),  # email would take the rest for a body
+        (b"Bad Name: v\r\n", "no 'name: value'"),
+        (b": empty name\r\n", "no 'name: value'"),
+        (b"\r\r\n", "no 'name: value'"),
+        (b" folded first\r\n", "continuation"),
+        (b"".join(b"X-%d: v\r\n" % i for i in range(101)), "more than 100 headers"),
+        (b"X-Long: " + b"a" * 70000 + b"\r\n", "header line"),
+    ],
+)
+def test_a_hostile_header_block_is_refused_as_a_lost_answer(block: bytes, refused: str) -> None:
+    """The store's answers are hostile input: every bound http.client keeps, and no line that is not a header."""
+    raw = b"HTTP/1.1 200 OK\r\n" + block + b"Content-Length: 0\r\n\r\n"
+    response = _Response(_Canned(raw), method="GET")  # type: ignore[arg-type]
+    with pytest.raises(HTTPException, match=refused):
+        response.begin()
+    assert http.client.HTTPResponse  # the stock parser's bounds are the same two numbers
+    assert (_MAX_HEADERS, _MAX_HEADER_LINE) == (http.client._MAXHEADERS, http.client._MAXLINE)  # type: ignore[attr-defined]
+
+
+def test_a_folded_header_continues_its_value() -> None:
+    raw = b"HTTP/1.1 200 OK\r\nX-Note: one\r\n  two\r\n\tthree\r\nContent-Length: 0\r\n\r\n"
+    response = _Response(_Canned(raw), method="GET")  # type: ignore[arg-type]
+    response.begin()
+    assert response.getheader("x-note") == "one two three"
+    assert "X-NOTE" in response.msg and response.msg["content-length"] == "0"
+
+
+class _MalformedHeader(http.server.BaseHTTPRequestHandler):
+    """Answers a write with a header line that is no header (a hostile or broken store)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_PUT(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.wfile.write(b'HTTP/1.1 200 OK\r\nETag: "e"\r\nnot a header\r\nContent-Length: 0\r\n\r\n')
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_write_answered_with_a_malformed_header_is_outcome_unknown(credentials: Path) -> None:  # noqa: F811
+    """The request was sent, so a refused answer cannot mean "not written": the key must be read again."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _MalformedHeader)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        settings = S3Settings(
+            "test-bucket", endpoint_url=endpoint, credentials_file=str(credentials), attempts=1, transport="direct"
+        )
+        store = S3Store(settings)
+        with pytest.raises(OutcomeUnknown, match="re-read the key"):
+            store.put_if_absent("k", b"x")
+        store.close()
+    finally:
+        server.shutdown()
+        server.server_close()

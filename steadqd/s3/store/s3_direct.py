@@ -1,11 +1,12 @@
-"""The S3 requests of :class:`~steadqd.s3.store.s3.S3Store` over urllib3's connection pools, signed by botocore.
+"""The S3 requests of :class:`~steadqd.s3.store.s3.S3Store` over urllib3's connection pools, signed as botocore signs.
 
 Why: a bucket worker is bound by botocore's CPU per request (docs/stowq.md,
 "What a store operation costs"): the model-driven serialisation, event
 dispatch, endpoint rules and response parsing cost more than the store's
 answer. This client sends the seven requests the protocol makes through
-urllib3 (the pool botocore itself sends with), signed by botocore's own
-SigV4 signer, and reads the few answer headers and the LIST XML itself.
+urllib3 (the pool botocore itself sends with), signed as botocore's own
+SigV4 signer signs (:mod:`steadqd.s3.store.sigv4`, tested against it),
+and reads the answer's header block and the LIST XML itself.
 urllib3 brings what users have: TLS with verification, proxies
 (``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY``, as botocore reads them),
 kept connections checked before reuse.
@@ -34,6 +35,7 @@ protocol needs:
 
 from __future__ import annotations
 
+import http.client
 import re
 import ssl
 import urllib.parse
@@ -44,8 +46,6 @@ from typing import Any
 
 import urllib3
 import urllib3.connection
-from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
 from botocore.exceptions import (
     ClientError,
     ConnectionClosedError,
@@ -61,6 +61,7 @@ from botocore.utils import get_environ_proxies
 
 from steadqd.errors import InvalidInput
 from steadqd.s3.store.base import parse_last_modified
+from steadqd.s3.store.sigv4 import Signer
 from steadqd.text import redacted
 
 __all__ = ["DirectClient"]
@@ -97,11 +98,135 @@ _REGION = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 _REGION_REDIRECTS = frozenset({301, 307, 400})
 
 
+# http.client's own bounds on an answer's header block: one line, and the number of lines.
+_MAX_HEADER_LINE = 65536
+_MAX_HEADERS = 100
+
+
+class _Fields(http.client.HTTPMessage):
+    """An answer's header fields, read by :class:`_Response` rather than by the ``email`` package.
+
+    Why: ``http.client`` hands the header block to ``email``'s feed parser,
+    and every later ``get`` walks the whole list lowering each name; that was
+    a fifth of the client's Python per request. This is an ``HTTPMessage``
+    (urllib3 checks the type) holding the same ``(name, value)`` list, with
+    the first value of each lowercased name indexed, as ``get`` returns it.
+    """
+
+    def __init__(self, fields: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self._headers = fields  # email.message.Message's own list: items(), get_all() and the rest read it
+        self._first: dict[str, str] = {}
+        for name, value in fields:
+            self._first.setdefault(name.lower(), value)
+
+    def get(self, name: str, failobj: Any = None) -> Any:
+        return self._first.get(name.lower(), failobj)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._first.get(name.lower())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._first
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(self._headers)
+
+
+def _read_fields(fp: Any) -> _Fields:
+    """The header block up to its empty line, within ``http.client``'s bounds; a malformed line is refused.
+
+    The store's answers are hostile input: a line longer than 64 KiB, more
+    than 100 lines, a line that is no ``name: value`` (where ``email`` would
+    take the rest of the block for a body and the headers after it would be
+    lost) raise ``HTTPException``, which the client reports as a lost
+    answer (outcome unknown for a write). An obsolete folded line (RFC 9112
+    §5.2) continues the previous value after one space.
+    """
+    fields: list[tuple[str, str]] = []
+    for _ in range(_MAX_HEADERS + 1):
+        line = fp.readline(_MAX_HEADER_LINE + 1)
+        if len(line) > _MAX_HEADER_LINE:
+            raise http.client.LineTooLong("header line")
+        if line in (b"\r\n", b"\n", b""):
+            return _Fields(fields)
+        text = line.decode("iso-8859-1").rstrip("\r\n")
+        if text[:1] in (" ", "\t"):
+            if not fields:
+                raise HTTPException(f"the answer's first header line is a continuation: {text[:80]!r}")
+            name, value = fields[-1]
+            more = text.strip(" \t")
+            fields[-1] = (name, f"{value} {more}" if value else more)
+            continue
+        name, colon, value = text.partition(":")
+        if not colon or not _FIELD_NAME.fullmatch(name):
+            raise HTTPException(f"the answer has a header line that is no 'name: value': {text[:80]!r}")
+        fields.append((name, value.strip(" \t")))
+    raise HTTPException(f"got more than {_MAX_HEADERS} headers")
+
+
+# RFC 9110 §5.6.2: a field name is a token.
+_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+class _Response(http.client.HTTPResponse):
+    """``http.client``'s response with the header block read by :func:`_read_fields`; the rest is its ``begin``.
+
+    ``begin`` is the standard library's (Python 3.11-3.13 alike) but for
+    the one line that parses the headers: the framing decisions (chunked,
+    Content-Length, close, bodiless statuses, HEAD) are the same code, which
+    a test checks against ``http.client`` on the same answers.
+    """
+
+    def begin(self) -> None:
+        if self.headers is not None:
+            return  # already started reading the response
+        while True:  # read until an answer that is not 100 Continue, skipping the 100's header block
+            version, status, reason = self._read_status()
+            if status != http.client.CONTINUE:
+                break
+            _read_fields(self.fp)
+        self.code = self.status = status
+        self.reason = reason.strip()
+        if version in ("HTTP/1.0", "HTTP/0.9"):
+            self.version = 10
+        elif version.startswith("HTTP/1."):
+            self.version = 11
+        else:
+            raise http.client.UnknownProtocol(version)
+        self.headers = self.msg = _read_fields(self.fp)
+        transfer = self.headers.get("transfer-encoding")
+        self.chunked = bool(transfer) and transfer.lower() == "chunked"
+        if self.chunked:
+            self.chunk_left = None
+        self.will_close = self._check_close()
+        self.length = None
+        length = self.headers.get("content-length")
+        if length and not self.chunked:
+            try:
+                self.length = int(length)
+            except ValueError:
+                self.length = None
+            else:
+                if self.length < 0:
+                    self.length = None
+        if (
+            status in (http.client.NO_CONTENT, http.client.NOT_MODIFIED)
+            or 100 <= status < 200
+            or self._method == "HEAD"
+        ):
+            self.length = 0
+        if not self.will_close and not self.chunked and self.length is None:
+            self.will_close = True
+
+
 class _NeverSent(Exception):
     """Opening a connection failed (to the store or its proxy, TLS handshake and tunnel included): nothing was sent."""
 
 
 class _Connection(urllib3.connection.HTTPConnection):
+    response_class = _Response
+
     def connect(self) -> None:
         try:
             super().connect()
@@ -110,6 +235,8 @@ class _Connection(urllib3.connection.HTTPConnection):
 
 
 class _TLSConnection(urllib3.connection.HTTPSConnection):
+    response_class = _Response
+
     def connect(self) -> None:
         try:
             super().connect()
@@ -186,6 +313,7 @@ class DirectClient:
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._base_path = parts.path.rstrip("/")
         self._credentials = credentials
+        self._signer = Signer()
         host = parts.hostname
         on_aws = host == "amazonaws.com" or host.endswith(".amazonaws.com")
         self._virtual = addressing_style == "virtual" or (addressing_style == "auto" and on_aws)
@@ -294,10 +422,8 @@ class DirectClient:
         credentials = self._credentials.get_frozen_credentials() if self._credentials is not None else None
         if credentials is None:
             raise NoCredentialsError()
-        request = AWSRequest(method=method, url=f"{self._scheme}://{host}{target}", headers=headers, data=body)
-        request.headers["Host"] = host
-        S3SigV4Auth(credentials, "s3", region).add_auth(request)
-        return dict(request.headers.items())
+        headers["Host"] = host
+        return self._signer.sign(credentials, method, region, target, headers, body)
 
     def _whole(self, exchanged: tuple[urllib3.BaseHTTPResponse, dict[str, str]]) -> tuple[int, dict[str, str], bytes]:
         """An :meth:`_exchange`'s status, headers and body, the body read to the end (which frees the connection)."""
