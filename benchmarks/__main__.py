@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from . import loopdisk
@@ -98,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
         default=loopdisk.DEFAULT_DIRECT_IO,
         help=f"losetup --direct-io for --fs runs (default {loopdisk.DEFAULT_DIRECT_IO})",
     )
+    r.add_argument(
+        "--image-in-ram",
+        action="store_true",
+        help="with --fs: keep the loop image in a fresh directory under /dev/shm (loop direct I/O off): the same "
+        "journaled filesystem with cheap fsyncs, where CPU decides",
+    )
     r.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {','.join(SECTIONS)}")
     r.add_argument("--peers", default=",".join(PEERS), help=f"comma list of {','.join(PEERS)}")
     r.add_argument("--install-peers", action="store_true", help="pip/apt-install the peers first")
@@ -134,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.install_peers:
         install_peers()
     out = a.out or os.path.join(REPO, "benchmarks", "results", profile.name)
+    if a.image_in_ram and a.fs == "host":
+        ap.error("--image-in-ram needs --fs ext4|xfs|btrfs (it says where the loop image lives)")
     if a.fs != "host":
         try:
             loopdisk.check_can_build(a.fs)
@@ -158,8 +167,16 @@ def main(argv: list[str] | None = None) -> int:
             stack.enter_context(signals_unwind())
             measured, setup = base, None
             if a.fs != "host":
+                image_dir, direct_io = None, a.loop_direct_io
+                if a.image_in_ram:  # tmpfs has no O_DIRECT: the loop reads and writes through the page cache
+                    image_dir = stack.enter_context(
+                        tempfile.TemporaryDirectory(prefix="steadqd-bench-", dir="/dev/shm")
+                    )
+                    direct_io = "off"
                 measured, loop = stack.enter_context(
-                    loopdisk.loop_filesystem(a.fs, base, full_scale=a.full_scale, direct_io=a.loop_direct_io)
+                    loopdisk.loop_filesystem(
+                        a.fs, base, full_scale=a.full_scale, direct_io=direct_io, image_dir=image_dir
+                    )
                 )
                 setup = loop.to_json()
             runner = Runner(

@@ -173,17 +173,24 @@ def _no_interrupts() -> Iterator[None]:
 
 @contextlib.contextmanager
 def loop_filesystem(
-    fs: str, base: str, *, full_scale: bool = False, direct_io: str = DEFAULT_DIRECT_IO
+    fs: str,
+    base: str,
+    *,
+    full_scale: bool = False,
+    direct_io: str = DEFAULT_DIRECT_IO,
+    image_dir: str | None = None,
 ) -> Iterator[tuple[str, LoopSetup]]:
     """Yield ``(scratch dir, setup)`` on a fresh ``fs`` whose sparse image lives in ``base``.
 
     ``base`` must be on the disk to measure: the image's blocks, and so every fsync of the
-    loop filesystem, land there.
+    loop filesystem, land there. ``image_dir`` puts the image elsewhere (``/dev/shm``: the
+    same journaled filesystem with fsyncs that cost little, so CPU decides) while the mount
+    point stays in ``base``.
     """
     check_can_build(fs)
     setup = LoopSetup(
         fs=fs,
-        image=os.path.join(base, f"steadqd-bench-{fs}.img"),
+        image=os.path.join(image_dir or base, f"steadqd-bench-{fs}.img"),
         size_bytes=image_size(full_scale),
         mkfs=mkfs_command(fs, full_scale),
         direct_io_requested=direct_io,
