@@ -311,14 +311,21 @@ SPAWN_SIDES = {"steadqd": {}, "steadqd-popen": {"STEADQ_SPAWN": "popen"}}
 
 
 def spawner_vs_floor(
-    workdir: str, jobs: int, concurrency: int, rounds: int, sides: tuple[str, ...] = ("steadqd", "floor")
+    workdir: str,
+    jobs: int,
+    concurrency: int,
+    rounds: int,
+    sides: tuple[str, ...] = ("steadqd", "floor"),
+    side_env: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """steadqd's spawner and the spawner floor, ``true`` at ``concurrency``, in alternating rounds.
 
     Each round drains ``jobs`` enqueued jobs once with each side, in a fresh queue, the order rotating
     by one each round; medians of the rates, of the CPU per job and of the per-round ratios to the floor
-    (the headline). ``sides`` may add ``steadqd-popen``: the same tree with its spawn fallback.
+    (the headline). ``sides`` may add ``steadqd-popen``: the same tree with its spawn fallback, or any
+    name ``side_env`` gives the worker's extra environment for (``PYTHONPATH`` of another tree).
     """
+    envs = {**SPAWN_SIDES, **(side_env or {})}
     import statistics
 
     cc_dir = floor.c_floor_tmpdir()
@@ -335,7 +342,7 @@ def spawner_vs_floor(
                 if side == "floor":
                     per[side].append(spawn_floor_throughput(d, binary, jobs, concurrency, name=f"fl{r}"))
                 else:
-                    per[side].append(spawner_throughput(d, jobs, concurrency, f"sp{r}", SPAWN_SIDES[side]))
+                    per[side].append(spawner_throughput(d, jobs, concurrency, f"sp{r}", envs[side]))
                 shutil.rmtree(d, ignore_errors=True)
             log(
                 f"spawner vs floor, round {r}: "
@@ -383,12 +390,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--fallback", action="store_true", help="also steadqd with STEADQ_SPAWN=popen")
+    ap.add_argument("--against", help="also the worker of this source tree (its PYTHONPATH), side 'against'")
     a = ap.parse_args(argv)
-    sides = ("steadqd", "steadqd-popen", "floor") if a.fallback else ("steadqd", "floor")
+    sides: tuple[str, ...] = ("steadqd", "steadqd-popen") if a.fallback else ("steadqd",)
+    sides += ("against", "floor") if a.against else ("floor",)
+    side_env = {"against": {"PYTHONPATH": os.path.abspath(a.against)}} if a.against else None
     direct = "off" if a.dir.startswith("/dev/shm") else loopdisk.DEFAULT_DIRECT_IO
     with loopdisk.loop_filesystem("ext4", a.dir, direct_io=direct) as (mnt, _setup_info):
-        out = spawner_vs_floor(mnt, a.jobs, 4, a.rounds, sides)
-    print(json.dumps({k: v for k, v in out.items()}, indent=1, default=str))
+        out = spawner_vs_floor(mnt, a.jobs, 4, a.rounds, sides, side_env)
+    for side in sides:  # the per-run rows stay out of the printout: the medians and rounds say it
+        if isinstance(out.get(side), dict):
+            out[side].pop("runs", None)
+    out["load_average"] = os.getloadavg()
+    print(json.dumps(out, indent=1, default=str))
     return 0
 
 
