@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,8 @@ def test_signals_the_worker_catches_or_ignores_are_default_and_none_blocked() ->
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
     try:
         code, out, _ = run(["/bin/grep", "-E", "^Sig(Blk|Ign|Cgt)", "/proc/self/status"])
+        mine = {k: int(v, 16) for k, v in (x.split(":\t") for x in Path("/proc/self/status").read_text().splitlines()
+                                           if x.startswith(("SigCgt", "SigIgn")))}  # fmt: skip
     finally:
         signal.signal(signal.SIGUSR1, old_usr1)
         signal.signal(signal.SIGPIPE, old_pipe)
@@ -189,6 +192,8 @@ def test_signals_the_worker_catches_or_ignores_are_default_and_none_blocked() ->
     assert masks["SigIgn"] & bit[signal.SIGPIPE] == 0  # Popen's restore_signals
     assert masks["SigBlk"] & bit[signal.SIGUSR2] == bit[signal.SIGUSR2]  # the caller's mask, as Popen's fork keeps
     assert masks["SigBlk"] & ~bit[signal.SIGUSR2] == 0  # and nothing the spawn blocked for its own vfork
+    # the vfork'd child reset its own copy of the handlers, not the worker's
+    assert mine["SigCgt"] & bit[signal.SIGUSR1] and mine["SigIgn"] & bit[signal.SIGPIPE]
 
 
 def test_the_parent_death_signal_is_set() -> None:
@@ -260,3 +265,26 @@ def test_wait_with_a_timeout_and_poll_behave_as_popens() -> None:
     assert p.stdout is not None and p.stderr is not None
     p.stdout.close()
     p.stderr.close()
+
+
+@pytest.mark.usefixtures("as_root")
+def test_run_as_another_user_from_a_threaded_worker_changes_only_the_child(tmp_path: Path) -> None:
+    """The worker has threads, and the vfork'd child shares its memory: the C library's setuid family would
+    broadcast the change to the threads it believes are its own (the worker's). The child's own ids only."""
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        creds = {"user": NOBODY, "group": NOBODY, "extra_groups": [NOBODY]}
+        for _ in range(3):
+            code, out, _ = run(["/usr/bin/id", "-u"], cwd="/", creds=creds)
+            assert (code, out) == (0, f"{NOBODY}\n".encode())
+        for tid in os.listdir("/proc/self/task"):
+            status = Path(f"/proc/self/task/{tid}/status").read_text().splitlines()
+            ids = [line.split()[1:] for line in status if line.startswith(("Uid:", "Gid:"))]
+            assert ids == [["0"] * 4, ["0"] * 4], (tid, ids)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()

@@ -10,7 +10,8 @@
  *      SIGXFSZ too (Popen's restore_signals), then the caller's signal mask;
  *   4. setsid (the job is its own process group and session);
  *   5. setgroups, setregid, setreuid (a job run as another user), in that
- *      order: groups while still privileged, the uid last;
+ *      order: groups while still privileged, the uid last (raw system calls:
+ *      see there why not the C library's);
  *   6. every other descriptor closed (close_range; a loop without it);
  *   7. PR_SET_PDEATHSIG(SIGKILL), after the uid change, which clears it;
  *      then the check that the worker is still the parent (else the signal
@@ -29,7 +30,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -42,6 +42,17 @@
 #include <unistd.h>
 
 #include "spawn.h"
+
+/* 32-bit ids: the plain calls of the older 32-bit ABIs take 16-bit ones. */
+#ifdef SYS_setgroups32
+#define SYS_SETGROUPS SYS_setgroups32
+#define SYS_SETREGID SYS_setregid32
+#define SYS_SETREUID SYS_setreuid32
+#else
+#define SYS_SETGROUPS SYS_setgroups
+#define SYS_SETREGID SYS_setregid
+#define SYS_SETREUID SYS_setreuid
+#endif
 
 /* The child's steps. Returns only on failure: its errno, with the step in *stage (a local of child()). */
 static __attribute__((noinline)) int child_steps(const struct steadq_spawn_args *a, const sigset_t *old_mask, int *stage)
@@ -91,11 +102,14 @@ static __attribute__((noinline)) int child_steps(const struct steadq_spawn_args 
 
     if (setsid() < 0)
         return errno;
-    if (a->ngroups >= 0 && setgroups((size_t)a->ngroups, a->groups) != 0)
+    /* Raw system calls, not the C library's: its setuid family applies the change to every thread it
+     * knows of, and in a vfork'd child those are the worker's (shared memory, shared locks). The kernel
+     * call changes this task alone, which in the child is the whole process. */
+    if (a->ngroups >= 0 && syscall(SYS_SETGROUPS, (long)a->ngroups, a->groups) != 0)
         return errno;
-    if (a->gid >= 0 && setregid((gid_t)a->gid, (gid_t)a->gid) != 0)
+    if (a->gid >= 0 && syscall(SYS_SETREGID, a->gid, a->gid) != 0)
         return errno;
-    if (a->uid >= 0 && setreuid((uid_t)a->uid, (uid_t)a->uid) != 0)
+    if (a->uid >= 0 && syscall(SYS_SETREUID, a->uid, a->uid) != 0)
         return errno;
 
     if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
