@@ -98,3 +98,17 @@ def test_remove_of_a_missing_or_empty_name_does_nothing(tmp: Path) -> None:
     payload.remove("")
     payload.remove(str(tmp / "never-made"))
     assert list(tmp.iterdir()) == []
+
+
+def test_remove_of_a_directory_swapped_for_a_symlink_touches_nothing_it_points_to(tmp: Path) -> None:
+    """A command that owns its directory (user: with input: file) may rename it and plant a symlink."""
+    elsewhere = tmp / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    for name in ("payload", "progress", "other"):
+        (elsewhere / name).write_text("keep")
+    d = payload.make("cd" * 16)
+    os.rename(d, tmp / "moved")
+    os.symlink(elsewhere, d)
+    payload.remove(d)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["other", "payload", "progress"]
+    assert oct(elsewhere.stat().st_mode & 0o777) == oct(0o755)
