@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -288,3 +289,24 @@ def test_run_as_another_user_from_a_threaded_worker_changes_only_the_child(tmp_p
         stop.set()
         for t in threads:
             t.join()
+
+
+def test_a_worker_started_with_its_standard_descriptors_closed_still_wires_the_command(tmp_path: Path) -> None:
+    """With 0, 1 and 2 closed the output pipes themselves get those numbers: the child must not clobber one
+    with another (Popen's care, CPython #12607)."""
+    result = tmp_path / "result"
+    probe = (
+        "import os, sys\n"
+        "from steadqd.daemon.worker.run import fastspawn\n"
+        "p = fastspawn.spawn(['/bin/sh', '-c', 'echo out; echo err >&2; ls /proc/self/fd | wc -l'],"
+        " env={'PATH': '/usr/bin:/bin'}, cwd=None, stdin_fd=None, credentials={})\n"
+        "fds = (p.stdout.fileno(), p.stderr.fileno())\n"
+        "out, err = p.stdout.read(), p.stderr.read()\n"
+        f"open({str(result)!r}, 'w').write(repr((fds, out, err, p.wait())))\n"
+    )
+    subprocess.run(
+        ["/bin/sh", "-c", 'exec 0<&- 1>&- 2>&- "$0" -c "$1"', sys.executable, probe], check=True, timeout=DEADLINE
+    )
+    fds, out, err, code = eval(result.read_text())  # noqa: S307 - our own repr of plain values
+    assert 0 in fds or 1 in fds, f"the pipes did not land on the closed descriptors: {fds}"
+    assert (out, err, code) == (b"out\n4\n", b"err\n", 0)  # 0, 1, 2 and ls's own
