@@ -484,6 +484,9 @@ def test_bundle_name_and_manifest(bundle: Bundle) -> None:
         "cockpit",
     } <= names
     assert sorted(os.listdir(bundle.unpacked / "units")) == UNIT_FILES
+    # The compiled job spawn (cffi): built into the bundle's steadqd like the deb's.
+    spawn = list((bundle.unpacked / "venv").glob("lib/python3*/site-packages/steadqd/daemon/worker/run/_fastspawn*.so"))
+    assert len(spawn) == 1, spawn
 
 
 COCKPIT_PAGE = "usr/share/cockpit/steadq"
