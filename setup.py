@@ -1,4 +1,5 @@
-"""Builds ``steadq-exec``, the job commands' exec helper (steadqd/daemon/worker/run/exec_helper.c).
+"""Builds ``steadq-exec``, the job commands' exec helper (steadqd/daemon/worker/run/exec_helper.c), and
+``_fastspawn``, the one-exec spawn that replaces it where built (steadqd/daemon/worker/run/spawn.c, cffi).
 
 Everything else is in pyproject.toml. The helper is an executable, not an
 extension module, so it is linked by hand after ``build_ext``; the
@@ -47,4 +48,9 @@ class BuildExecHelper(build_ext):
         return [*super().get_outputs(), os.path.join(self._helper_dir(), HELPER_NAME)]
 
 
-setup(distclass=BinaryDistribution, cmdclass={"build_ext": BuildExecHelper})
+# The one-exec job spawn (steadqd/daemon/worker/run/spawn.c), a cffi extension in API mode.
+setup(
+    distclass=BinaryDistribution,
+    cmdclass={"build_ext": BuildExecHelper},
+    cffi_modules=["steadqd/daemon/worker/run/fastspawn_build.py:ffibuilder"],
+)

@@ -227,88 +227,182 @@ def _enqueue_jobs(qpath: str, jobs: int) -> None:
             q.enqueue(b"spawn %d" % i)
 
 
-def spawner_throughput(workdir: str, jobs: int, concurrency: int, name: str = "") -> dict[str, Any]:
-    """``true`` as the command: jobs enqueued first, then the worker drains them."""
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and every live descendant, each with its reaped children's (stat's utime, stime,
+    cutime, cstime): a worker's own threads, its process guard and every job command it has reaped."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15])
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+    return total / ticks
+
+
+def spawner_throughput(
+    workdir: str, jobs: int, concurrency: int, name: str = "", env_extra: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``true`` as the command: jobs enqueued first, then the worker drains them.
+
+    CPU per job is the worker's process tree (its threads, its guard, the reaped commands) between the
+    first receipt seen and the last, over the jobs settled in between: start-up and shutdown left out.
+    """
     true = shutil.which("true") or "/bin/true"
     name = name or f"spawn{concurrency}"
     qpath, cfg = _setup(workdir, name, [true], concurrency)
     _enqueue_jobs(qpath, jobs)
-    d = Daemon(workdir, cfg, "worker", name)
+    d = Daemon(workdir, cfg, "worker", name, env_extra)
     t_start = time.monotonic()
+    first: tuple[int, float] | None = None
+    last: tuple[int, float] | None = None
     try:
         d.wait_started()
         deadline = time.monotonic() + max(60.0, jobs / 20)
-        while len(receipt_ctimes(qpath)) < jobs:
+        while (acked := len(receipt_ctimes(qpath))) < jobs:
+            if first is None and acked > 0:
+                first = (acked, tree_cpu_s(d.proc.pid))
             if time.monotonic() > deadline or d.proc.poll() is not None:
                 break
-            time.sleep(0.1)
+            time.sleep(0.05)
         t_seen = time.monotonic()
+        last = (len(receipt_ctimes(qpath)), tree_cpu_s(d.proc.pid))
     finally:
         rc = d.stop()
-    return {**drain_result(qpath, jobs, concurrency, t_seen - t_start, objects_left(qpath)), "worker_exit": rc}
+    row = {**drain_result(qpath, jobs, concurrency, t_seen - t_start, objects_left(qpath)), "worker_exit": rc}
+    if first is not None and last is not None and last[0] > first[0]:
+        row["cpu_ms_per_job"] = round((last[1] - first[1]) * 1000 / (last[0] - first[0]), 3)
+    return row
 
 
 def spawn_floor_throughput(workdir: str, binary: str, jobs: int, concurrency: int, name: str = "") -> dict[str, Any]:
     """The spawner floor (``floor.SPAWN_C_SOURCE``) on the same tree: steadqd's queue, ``true`` and jobs alike.
 
     The rate is taken as :func:`spawner_throughput` takes it, from the receipts' ctimes, first to last;
-    the floor's own clock (first to last settle) is kept beside it as a check.
+    the floor's own clock (first to last settle) is kept beside it as a check. Its CPU per job is the
+    whole run's (the floor process and its commands, from RUSAGE_CHILDREN): a C program starts in no time.
     """
+    import resource
+
     true = shutil.which("true") or "/bin/true"
     qpath, _cfg = _setup(workdir, name or f"floor{concurrency}", [true], concurrency)
     _enqueue_jobs(qpath, jobs)
     t_start = time.monotonic()
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     own = floor.run_spawn_floor(binary, qpath, concurrency, true, timeout=max(60.0, jobs / 20))
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.monotonic() - t_start
     left = {"ready": 0, "leased": 0}
     for _dirpath, _dirs, files in os.walk(os.path.join(qpath, "ready")):
         for fn in files:
             left["leased" if fn.endswith(".lsd") else "ready"] += 1
-    return {**drain_result(qpath, jobs, concurrency, wall, left), "floor_own": own}
+    row = {**drain_result(qpath, jobs, concurrency, wall, left), "floor_own": own}
+    cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+    if row["acked"]:
+        row["cpu_ms_per_job"] = round(cpu * 1000 / row["acked"], 3)
+    return row
 
 
-def spawner_vs_floor(workdir: str, jobs: int, concurrency: int, rounds: int) -> dict[str, Any]:
+# The spawner's sides: steadqd as installed, steadqd on its spawn fallback (Popen and steadq-exec), the C floor.
+SPAWN_SIDES = {"steadqd": {}, "steadqd-popen": {"STEADQ_SPAWN": "popen"}}
+
+
+def spawner_vs_floor(
+    workdir: str,
+    jobs: int,
+    concurrency: int,
+    rounds: int,
+    sides: tuple[str, ...] = ("steadqd", "floor"),
+    side_env: dict[str, dict[str, str]] | None = None,
+) -> dict[str, Any]:
     """steadqd's spawner and the spawner floor, ``true`` at ``concurrency``, in alternating rounds.
 
-    Each round drains ``jobs`` enqueued jobs once with each, in a fresh queue, the order alternating
-    (steadqd first in even rounds); medians of the rates and of the per-round ratios, as the headline.
+    Each round drains ``jobs`` enqueued jobs once with each side, in a fresh queue, the order rotating
+    by one each round; medians of the rates, of the CPU per job and of the per-round ratios to the floor
+    (the headline). ``sides`` may add ``steadqd-popen``: the same tree with its spawn fallback, or any
+    name ``side_env`` gives the worker's extra environment for (``PYTHONPATH`` of another tree).
     """
+    envs = {**SPAWN_SIDES, **(side_env or {})}
     cc_dir = floor.c_floor_tmpdir()
     try:
         binary, why = floor.build_spawn_floor(cc_dir)
         if binary is None:
             return {"skipped": why}
-        per: dict[str, list[dict[str, Any]]] = {"steadqd": [], "floor": []}
+        per: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
         for r in range(rounds):
-            order = ("steadqd", "floor") if r % 2 == 0 else ("floor", "steadqd")
+            order = sides[r % len(sides) :] + sides[: r % len(sides)]
             for side in order:
                 d = os.path.join(workdir, f"r{r}-{side}")
                 os.makedirs(d)
-                if side == "steadqd":
-                    per[side].append(spawner_throughput(d, jobs, concurrency, name=f"sp{r}"))
-                else:
+                if side == "floor":
                     per[side].append(spawn_floor_throughput(d, binary, jobs, concurrency, name=f"fl{r}"))
+                else:
+                    per[side].append(spawner_throughput(d, jobs, concurrency, f"sp{r}", envs[side]))
                 shutil.rmtree(d, ignore_errors=True)
             log(
-                f"spawner vs floor, round {r}: {per['steadqd'][-1]['jobs_per_s']} vs {per['floor'][-1]['jobs_per_s']} jobs/s"
+                f"spawner vs floor, round {r}: "
+                + ", ".join(
+                    f"{k} {v[-1]['jobs_per_s']} jobs/s {v[-1].get('cpu_ms_per_job')} ms/job" for k, v in per.items()
+                )
             )
     finally:
         shutil.rmtree(cc_dir, ignore_errors=True)
     rates = {k: [x["jobs_per_s"] for x in v] for k, v in per.items()}
-    ratios = [a / b for a, b in zip(rates["steadqd"], rates["floor"], strict=True) if a and b]
     out: dict[str, Any] = {"concurrency": concurrency, "jobs": jobs, "rounds": rounds, "command": "true"}
     for side, runs in per.items():
         ok = [x for x in rates[side] if x]
+        cpu = [x["cpu_ms_per_job"] for x in runs if x.get("cpu_ms_per_job")]
         out[side] = {
             "median_jobs_per_s": round(statistics.median(ok), 1) if ok else None,
             "rounds_jobs_per_s": rates[side],
+            "median_cpu_ms_per_job": round(statistics.median(cpu), 3) if cpu else None,
+            "rounds_cpu_ms_per_job": [x.get("cpu_ms_per_job") for x in runs],
             "acked": [x["acked"] for x in runs],
             "stranded": [x["left_ready"] + x["left_leased"] for x in runs],
             "runs": runs,
         }
-    out["median_ratio"] = round(statistics.median(ratios), 3) if ratios else None
-    out["round_ratios"] = [round(x, 3) for x in ratios]
+    for side in sides:
+        if side == "floor" or "floor" not in sides:
+            continue
+        ratios = [a / b for a, b in zip(rates[side], rates["floor"], strict=True) if a and b]
+        key = "" if side == "steadqd" else f"_{side}"
+        out[f"median_ratio{key}"] = round(statistics.median(ratios), 3) if ratios else None
+        out[f"round_ratios{key}"] = [round(x, 3) for x in ratios]
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.daemons spawner [--dir D] [--rounds N] [--jobs N] [--fallback]``: the spawner
+    against its floor on a fresh journaled ext4 loop disk whose image lives in ``--dir`` (``/dev/shm``: held
+    in RAM, loop direct I/O off); ``--fallback`` adds steadqd on its spawn fallback as a third side. Root."""
+    import argparse
+
+    from . import loopdisk
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.daemons")
+    ap.add_argument("what", choices=["spawner"])
+    ap.add_argument("--dir", default="/var/tmp", help="where the loop image lives (default /var/tmp)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--fallback", action="store_true", help="also steadqd with STEADQ_SPAWN=popen")
+    ap.add_argument("--against", help="also the worker of this source tree (its PYTHONPATH), side 'against'")
+    a = ap.parse_args(argv)
+    sides: tuple[str, ...] = ("steadqd", "steadqd-popen") if a.fallback else ("steadqd",)
+    sides += ("against", "floor") if a.against else ("floor",)
+    side_env = {"against": {"PYTHONPATH": os.path.abspath(a.against)}} if a.against else None
+    direct = "off" if a.dir.startswith("/dev/shm") else loopdisk.DEFAULT_DIRECT_IO
+    with loopdisk.loop_filesystem("ext4", a.dir, direct_io=direct) as (mnt, _setup_info):
+        out = spawner_vs_floor(mnt, a.jobs, 4, a.rounds, sides, side_env)
+    for side in sides:  # the per-run rows stay out of the printout: the medians and rounds say it
+        if isinstance(out.get(side), dict):
+            out[side].pop("runs", None)
+    out["load_average"] = os.getloadavg()
+    print(json.dumps(out, indent=1, default=str))
+    return 0
 
 
 # ------------------------------------------------------------------ idle cost
@@ -390,3 +484,7 @@ def idle_cost(workdir: str, seconds: float) -> dict[str, Any]:
         out["notify_messages"] = n
     log(f"idle: {json.dumps({k: v for k, v in out.items() if isinstance(v, dict)})}")
     return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -95,12 +95,31 @@ def become_subreaper() -> bool:
     return prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
 
 
+def _read(path: str) -> bytes | None:
+    """A small /proc file's bytes (one open, one read: the sweep runs after every job), None once it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 65536)
+        while len(data) >= 65536 and (more := os.read(fd, 65536)):  # a children list of thousands
+            data += more
+        return data
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _stat(pid: int | str) -> tuple[str, int, int] | None:
     """(state, session id, start time in clock ticks) of a process, None once it is gone."""
+    raw = _read(f"/proc/{pid}/stat")
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
+        fields = raw.rsplit(b")", 1)[1].split() if raw is not None else None
+    except IndexError:
+        return None
+    if not fields:
         return None
     # after the ")": state ppid pgrp session ... starttime is the 20th
     return fields[0].decode(), int(fields[3]), int(fields[19])
@@ -114,11 +133,9 @@ def children() -> set[int]:
     except OSError:
         return found
     for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/children", "rb") as f:
-                found.update(int(p) for p in f.read().split())
-        except OSError:
-            continue
+        raw = _read(f"/proc/self/task/{tid}/children")
+        if raw is not None:
+            found.update(int(p) for p in raw.split())
     return found
 
 
@@ -133,9 +150,12 @@ def kill_escaped(leaders: Collection[int]) -> tuple[int, int]:
     pid cannot be reused, so the signal cannot hit another process. Their own
     children come to us when they die, for the next sweep. Returns how many
     were killed and how many reaped ((0, 0): nothing escaped, no follow-up sweep needed).
+    The leaders' start times are read only when a live escapee is there to judge (the
+    sweep runs after every job, and almost always finds only the guard, in our session).
     """
     own_session = os.getsid(0)
-    oldest = min((s[2] for s in (_stat(p) for p in leaders) if s is not None), default=None)
+    oldest: int | None = None
+    oldest_known = False
     killed = reaped = 0
     for pid in children() - set(leaders):
         st = _stat(pid)
@@ -143,6 +163,9 @@ def kill_escaped(leaders: Collection[int]) -> tuple[int, int]:
             continue
         state, _, started = st
         if state != "Z":
+            if not oldest_known:
+                oldest = min((s[2] for s in (_stat(p) for p in leaders) if s is not None), default=None)
+                oldest_known = True
             if oldest is not None and started >= oldest:
                 continue
             with contextlib.suppress(ProcessLookupError):

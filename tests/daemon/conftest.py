@@ -193,6 +193,8 @@ class Daemon:
         }
         if "PYTHONPATH" in os.environ:  # e.g. running the suite from an uninstalled tree
             child_env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        if "STEADQ_SPAWN" in os.environ:  # STEADQ_SPAWN=popen: the suite on the spawn's fallback (fastspawn.py)
+            child_env["STEADQ_SPAWN"] = os.environ["STEADQ_SPAWN"]
         child_env.update(extra_env or {})
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(

@@ -17,11 +17,17 @@ from typing import Any
 import pytest
 
 from steadqd.daemon.config import WorkerConfig
-from steadqd.daemon.worker.run import child, exec_helper, guard
+from steadqd.daemon.worker.run import child, exec_helper, fastspawn, guard
 
 from .conftest import DEADLINE
 
 _KW: dict[str, Any] = dict(stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True)
+
+
+@pytest.fixture(autouse=True)
+def _fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper is the spawn's fallback: where the compiled spawn is built, these run with it switched off."""
+    monkeypatch.setenv(fastspawn.SWITCH, "popen")
 
 
 def test_the_helper_is_built_by_the_install() -> None:

@@ -26,14 +26,16 @@ from steadqd.daemon.journal import Log
 from steadqd.daemon.service import Loop
 from steadqd.daemon.worker import claim, payload
 from steadqd.daemon.worker.role import WorkerRole
-from steadqd.daemon.worker.run import child, exec_helper, guard
+from steadqd.daemon.worker.run import child, exec_helper, fastspawn, guard
 
 from .conftest import DEADLINE, worker_in_process
 
 
 @pytest.fixture(autouse=True)
-def _helper_built() -> None:
+def _helper_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report pipe is the fallback's (Popen and the helper); the compiled spawn knows at once (fastspawn)."""
     assert exec_helper.available(), f"{exec_helper.HELPER} missing: ./dev.sh setup (pip install -e .) builds it"
+    monkeypatch.setenv(fastspawn.SWITCH, "popen")
 
 
 @pytest.fixture

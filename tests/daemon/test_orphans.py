@@ -17,7 +17,7 @@ import pytest
 
 from steadqd import Queue
 from steadqd.daemon.config import WorkerConfig
-from steadqd.daemon.worker.run import guard
+from steadqd.daemon.worker.run import fastspawn, guard
 from steadqd.daemon.worker.run.child import spawn
 
 from .conftest import DEADLINE, Env, job_spec, kill_group, live_group_members, wait_for
@@ -74,9 +74,17 @@ _PDEATHSIG_PROBE = (
 )
 
 
+@pytest.mark.parametrize("spawn_path", ["compiled", "popen"])
 @pytest.mark.parametrize("as_nobody", [False, True])
-def test_the_command_leader_has_a_parent_death_signal_after_the_user_change(tmp_path: Path, as_nobody: bool) -> None:
-    """setuid() clears PR_SET_PDEATHSIG: it must be set after Popen's user change."""
+def test_the_command_leader_has_a_parent_death_signal_after_the_user_change(
+    tmp_path: Path, as_nobody: bool, spawn_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """setuid() clears PR_SET_PDEATHSIG: it must be set after the user change, on either spawn path."""
+    if spawn_path == "popen":
+        monkeypatch.setenv(fastspawn.SWITCH, "popen")
+    else:
+        monkeypatch.delenv(fastspawn.SWITCH, raising=False)
+        assert fastspawn.available(), fastspawn.path()
     if as_nobody and os.geteuid() != 0:
         pytest.fail("needs root to run the command as another user")
     cfg = WorkerConfig(command=("/usr/bin/python3", "-c", _PDEATHSIG_PROBE))  # not the venv: nobody may not read it
@@ -86,7 +94,10 @@ def test_the_command_leader_has_a_parent_death_signal_after_the_user_change(tmp_
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     proc = spawn(cfg, env, str(payload), creds)
     try:
-        out, _ = proc.communicate(timeout=DEADLINE)
+        assert proc.stdout is not None and proc.stderr is not None
+        with proc.stdout, proc.stderr:
+            out = proc.stdout.read()
+        proc.wait(timeout=DEADLINE)
     finally:
         guard.process_guard().forget(proc.pid)
         guard.process_guard().close()  # the guard this test process started exits now, not with pytest

@@ -266,6 +266,11 @@ def test_deb_contents(deb_build: DebBuild) -> None:
         "/usr/lib/python3/dist-packages/steadqd/daemon/worker/run/steadq-exec",
     }
     assert expected <= paths, sorted(expected - paths)
+    # The compiled job spawn (cffi, steadqd/daemon/worker/run/spawn.c): without it every job takes two execs.
+    run_dir = "/usr/lib/python3/dist-packages/steadqd/daemon/worker/run/"
+    assert any(p.startswith(run_dir + "_fastspawn.") and p.endswith(".so") for p in paths), sorted(
+        p for p in paths if p.startswith(run_dir)
+    )
     # The spool is created by tmpfiles.d, never shipped: dpkg would otherwise own (and on removal
     # try to delete) the directory that holds the queues.
     assert not any(p.startswith("/var/lib/steadq") for p in paths)
@@ -479,6 +484,9 @@ def test_bundle_name_and_manifest(bundle: Bundle) -> None:
         "cockpit",
     } <= names
     assert sorted(os.listdir(bundle.unpacked / "units")) == UNIT_FILES
+    # The compiled job spawn (cffi): built into the bundle's steadqd like the deb's.
+    spawn = list((bundle.unpacked / "venv").glob("lib/python3*/site-packages/steadqd/daemon/worker/run/_fastspawn*.so"))
+    assert len(spawn) == 1, spawn
 
 
 COCKPIT_PAGE = "usr/share/cockpit/steadq"

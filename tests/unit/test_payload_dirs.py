@@ -52,3 +52,63 @@ def test_remove_stale_takes_only_dead_workers_of_this_namespace(tmp: Path) -> No
     assert not dead.exists()
     for d in (live, mine, other_ns, old_style, stranger):
         assert d.exists(), d
+
+
+def _filled(tmp: Path, *, readonly: bool) -> str:
+    """A job's directory as the claim leaves it: its payload copy (0400) and progress file."""
+    d = payload.make("ab" * 16)
+    payload.make_progress(d)
+    payload.write_copy(d, lambda f: f.write(b"payload"))
+    if readonly:
+        os.chmod(d, 0o500)  # as for a command run as another user (write_copy with an owner)
+    return d
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_remove_takes_the_directory_with_its_own_files(tmp: Path, readonly: bool) -> None:
+    d = _filled(tmp, readonly=readonly)
+    payload.remove(d)
+    assert not os.path.lexists(d)
+
+
+@pytest.mark.parametrize("what", ["a file", "a tree", "progress replaced by a directory", "a symlink out"])
+def test_remove_takes_whatever_the_command_left_there_too_and_nothing_outside(tmp: Path, what: str) -> None:
+    """A command run as the daemon's user may write into its directory: all of it goes, nothing it points to."""
+    outside = tmp / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    d = Path(_filled(tmp, readonly=False))
+    if what == "a file":
+        (d / "out.txt").write_text("x")
+    elif what == "a tree":
+        (d / "sub" / "deeper").mkdir(parents=True)
+        (d / "sub" / "deeper" / "f").write_text("x")
+    elif what == "progress replaced by a directory":
+        (d / "progress").unlink()
+        (d / "progress").mkdir()
+        (d / "progress" / "f").write_text("x")
+    else:
+        (d / "link").symlink_to(outside)
+    payload.remove(str(d))
+    assert not os.path.lexists(d)
+    assert (outside / "keep").read_text() == "x"
+
+
+def test_remove_of_a_missing_or_empty_name_does_nothing(tmp: Path) -> None:
+    payload.remove("")
+    payload.remove(str(tmp / "never-made"))
+    assert list(tmp.iterdir()) == []
+
+
+def test_remove_of_a_directory_swapped_for_a_symlink_touches_nothing_it_points_to(tmp: Path) -> None:
+    """A command that owns its directory (user: with input: file) may rename it and plant a symlink."""
+    elsewhere = tmp / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    for name in ("payload", "progress", "other"):
+        (elsewhere / name).write_text("keep")
+    d = payload.make("cd" * 16)
+    os.rename(d, tmp / "moved")
+    os.symlink(elsewhere, d)
+    payload.remove(d)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["other", "payload", "progress"]
+    assert oct(elsewhere.stat().st_mode & 0o777) == oct(0o755)

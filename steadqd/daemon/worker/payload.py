@@ -95,13 +95,41 @@ def make_progress(directory: str, owner: tuple[int, int] | None = None, *, trave
     return path
 
 
+_OWN_FILES = ("payload", "progress")  # what make_progress and write_copy put in a job's directory
+
+
 def remove(directory: str) -> None:
-    """Remove a job's payload directory, read-only as it may be; never raises."""
+    """Remove a job's payload directory, read-only as it may be; never raises.
+
+    Its own two files and the directory go in a few calls; only a directory
+    that holds more (a command run as the daemon's user may write there) is
+    walked by ``shutil.rmtree``, which costs several times that for every job.
+    The directory is opened without following a symlink and its files are
+    removed through that descriptor: a command whose user owns the directory
+    (``user:`` with ``input: file``) may rename it and leave a symlink in its
+    place, and the daemon must then change and remove nothing it points to.
+    """
     if not directory:
         return
-    with contextlib.suppress(OSError):
-        os.chmod(directory, 0o700)
-    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        fd = -1  # gone, or not a directory: rmdir and rmtree below judge it (rmtree refuses a symlink)
+    if fd >= 0:
+        try:
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, 0o700)
+            for name in _OWN_FILES:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+    try:
+        os.rmdir(directory)
+    except FileNotFoundError:
+        return
+    except OSError:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def remove_stale(directory: str | None = None) -> list[str]:

@@ -2,7 +2,8 @@
 
 - :class:`_Job` (here): a leased job whose command was started, the lease's side of a :class:`Child`;
 - child.py: the command's process (spawn, output, exit, timeout, kill);
-- exec_helper.py and exec_helper.c: ``steadq-exec``, which lets Popen vfork and reports the exec;
+- fastspawn.py and spawn.c: the compiled spawn, one vfork and one exec per job (cffi);
+- exec_helper.py and exec_helper.c: ``steadq-exec``, which lets Popen vfork and reports the exec (the fallback);
 - guard.py: the process that kills the groups a SIGKILLed worker leaves;
 - hold.py: no new leases while jobs cannot be started;
 - slots.py: which STEADQ_SLOT a starting command gets;
@@ -11,7 +12,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.service import Timers
 from steadqd.daemon.worker.policy import Verdict
 from steadqd.daemon.worker.run.child import Child
+from steadqd.daemon.worker.run.fastspawn import Process
 
 if TYPE_CHECKING:
     from steadqd.daemon.worker.role import WorkerRole
@@ -35,7 +36,7 @@ class _Job:
         role: WorkerRole,
         lease: LeaseHandle,
         cfg: WorkerConfig,
-        proc: subprocess.Popen[bytes],
+        proc: Process,
         tmpdir: str,
         report_fd: int | None = None,
         slot: int = 0,

@@ -48,12 +48,13 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.journal import INFO, WARNING, Log, short_id
 from steadqd.daemon.service import Loop, Timers
-from steadqd.daemon.worker.run import exec_helper
+from steadqd.daemon.worker.run import exec_helper, fastspawn
+from steadqd.daemon.worker.run.fastspawn import Process
 from steadqd.daemon.worker.run.guard import die_with_parent, process_guard
 
 __all__ = ["Child", "command_argv", "identity", "launch", "spawn", "terminate"]
@@ -94,16 +95,19 @@ def command_argv(cfg: WorkerConfig) -> list[str]:
 
 def launch(
     cfg: WorkerConfig, env: Mapping[str, str], payload_path: str, credentials: Mapping[str, Any]
-) -> tuple[subprocess.Popen[bytes], int | None]:
+) -> tuple[Process, int | None]:
     """Start the command in a session of its own, output on pipes, with a parent-death signal.
 
-    Returns with Popen, before the command's own exec, and the read end of
-    ``steadq-exec``'s report pipe (steadqd.daemon.worker.run.exec_helper): its EOF says
-    the command runs, a number that its exec failed. None instead of a pipe:
-    the exec is already known to have worked (Popen itself raised otherwise).
+    The compiled path (steadqd.daemon.worker.run.fastspawn: one vfork, one
+    exec, whoever the command runs as) returns once the exec worked, with no
+    report pipe. Without it: Popen through ``steadq-exec``
+    (steadqd.daemon.worker.run.exec_helper) returns before the command's own
+    exec, with the read end of the helper's report pipe: its EOF says the
+    command runs, a number that its exec failed. None instead of a pipe: the
+    exec is already known to have worked (Popen itself raised otherwise).
     The signal is set by ``steadq-exec`` so that Popen can vfork: a
-    ``preexec_fn`` would make it fork the whole worker. A command run as
-    another user gets it from ``preexec_fn`` as before: a uid/gid change
+    ``preexec_fn`` would make it fork the whole worker. On that path a
+    command run as another user gets it from ``preexec_fn``: a uid/gid change
     makes CPython fork anyway.
     With ``input: stdin`` its stdin is the read-only payload copy itself: a
     regular file cannot deadlock the loop the way a pipe it must feed could.
@@ -114,23 +118,33 @@ def launch(
         if cfg.input == "stdin":
             stdin_file = open(payload_path, "rb")  # noqa: SIM115 - closed right after the spawn
             stdin = stdin_file
-        kwargs: dict[str, Any] = dict(
-            stdin=stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=cfg.working_directory,
-            start_new_session=True,
-            close_fds=True,
-            **credentials,
-        )
-        # With user:/group: CPython forks whatever we pass, and that user need not be able to
-        # execute the helper (a checkout under /root); an uninstalled tree has no helper.
         report: int | None = None
-        if exec_helper.available() and not credentials:
-            proc, report = exec_helper.start(command_argv(cfg), **kwargs)
+        proc: Process
+        if fastspawn.available():
+            proc = fastspawn.spawn(
+                command_argv(cfg),
+                env=env,
+                cwd=cfg.working_directory,
+                stdin_fd=None if stdin_file is None else stdin_file.fileno(),
+                credentials=credentials,
+            )
         else:
-            proc = subprocess.Popen(command_argv(cfg), preexec_fn=die_with_parent(), **kwargs)
+            kwargs: dict[str, Any] = dict(
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=cfg.working_directory,
+                start_new_session=True,
+                close_fds=True,
+                **credentials,
+            )
+            # With user:/group: CPython forks whatever we pass, and that user need not be able to
+            # execute the helper (a checkout under /root); an uninstalled tree has no helper.
+            if exec_helper.available() and not credentials:
+                proc, report = exec_helper.start(command_argv(cfg), **kwargs)
+            else:
+                proc = subprocess.Popen(command_argv(cfg), preexec_fn=die_with_parent(), **kwargs)
         process_guard(env.get("STEADQ_QUEUE", "")).watch(proc.pid, env.get("STEADQ_JOB_ID", ""))
         return proc, report
     finally:
@@ -138,14 +152,12 @@ def launch(
             stdin_file.close()
 
 
-def spawn(
-    cfg: WorkerConfig, env: Mapping[str, str], payload_path: str, credentials: Mapping[str, Any]
-) -> subprocess.Popen[bytes]:
+def spawn(cfg: WorkerConfig, env: Mapping[str, str], payload_path: str, credentials: Mapping[str, Any]) -> Process:
     """:func:`launch`, returning once the command's exec worked (else its ``OSError``, as Popen's)."""
     proc, report = launch(cfg, env, payload_path, credentials)
     if report is not None:
-        try:
-            exec_helper.wait_report(proc, report, command_argv(cfg)[0])
+        try:  # only the helper's path (a Popen) reports through a pipe
+            exec_helper.wait_report(cast("subprocess.Popen[bytes]", proc), report, command_argv(cfg)[0])
         except OSError:
             process_guard().forget(proc.pid)
             raise
@@ -202,7 +214,7 @@ class Child:
 
     def __init__(
         self,
-        proc: subprocess.Popen[bytes],
+        proc: Process,
         cfg: WorkerConfig,
         *,
         loop: Loop,

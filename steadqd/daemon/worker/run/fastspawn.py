@@ -1,0 +1,225 @@
+"""One job spawn in one vfork and one exec: the compiled path (``spawn.c``, cffi API mode).
+
+Popen with ``steadq-exec`` (steadqd.daemon.worker.run.exec_helper) takes two
+execs per job, the helper's and the command's, and about 0.85 ms of the
+child's CPU for the helper alone; a command run as another user makes
+CPython fork the whole worker. ``spawn.c`` does in one vfork'd child what
+Popen's child and the helper did together, in the same order (its header
+comment lists it: descriptors, cwd, signals, session, groups/gid/uid, other
+descriptors closed, the parent-death signal after the uid change, the parent
+check, Popen's PATH search) and executes the command itself, for every job,
+whoever it runs as.
+
+A start failure stays exact: the vfork'd child shares the worker's memory
+and the worker is suspended until its exec or exit, so :func:`spawn` knows
+on return whether the exec worked and raises the ``OSError`` Popen would
+(the command as its filename for an exec, the directory for a chdir), which
+``steadqd.daemon.worker.run.hold`` relies on. No report pipe is needed.
+
+Without the built module (a source tree whose extension was never built, or
+``STEADQ_SPAWN=popen`` in the worker's environment, the fallback's switch for
+tests and for an operator who suspects the compiled path) the worker spawns
+through Popen as before; :func:`path` says which path runs and why.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO, Any, Protocol
+
+try:
+    from steadqd.daemon.worker.run import _fastspawn  # type: ignore[attr-defined]
+except ImportError as e:  # not built: the Popen path
+    _fastspawn = None
+    _MISSING = f"the compiled spawn module is not built ({e})"
+else:
+    _MISSING = ""
+
+__all__ = ["Process", "Spawned", "available", "path", "spawn"]
+
+SWITCH = "STEADQ_SPAWN"  # "popen": the fallback even where the module is built
+
+
+class Process(Protocol):
+    """What the worker uses of a started command; ``subprocess.Popen`` is one."""
+
+    @property
+    def pid(self) -> int: ...
+
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+    returncode: int | Any
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def available() -> bool:
+    """Does the worker spawn through the compiled path?"""
+    return _fastspawn is not None and os.environ.get(SWITCH, "") != "popen"
+
+
+def path() -> str:
+    """Which spawn path the worker uses and why, one line (for ``steadq doctor`` and ``--version``)."""
+    if available():
+        return "compiled (one vfork and one exec per job: steadqd/daemon/worker/run/spawn.c)"
+    why = f"{SWITCH}=popen is set" if _fastspawn is not None else _MISSING
+    return f"Popen and steadq-exec (two execs per job): {why}"
+
+
+class Spawned:
+    """A command :func:`spawn` started: the part of ``subprocess.Popen`` the worker uses (pid, pipes, reaping)."""
+
+    def __init__(self, args: Sequence[str], pid: int, stdout: IO[bytes] | None, stderr: IO[bytes] | None) -> None:
+        self.args = list(args)
+        self._pid = pid
+        self.stdin: IO[bytes] | None = None
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def poll(self) -> int | None:
+        """Reap it if it has exited (Popen's poll: a child someone else reaped counts as exit 0)."""
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self._pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = 0
+            else:
+                if pid == self._pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for its exit (``subprocess.TimeoutExpired`` after ``timeout`` seconds, as Popen)."""
+        if timeout is None:
+            while self.returncode is None:
+                try:
+                    _, status = os.waitpid(self._pid, 0)
+                except ChildProcessError:
+                    self.returncode = 0
+                else:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        delay = 0.0005
+        while (code := self.poll()) is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(min(delay, remaining, 0.05))
+            delay *= 2
+        return code
+
+
+def _cstr(text: str | bytes, what: str) -> bytes:
+    raw = os.fsencode(text)
+    if b"\0" in raw:
+        raise ValueError(f"embedded null byte in the {what}")
+    return raw
+
+
+def _executables(program: str, env: Mapping[str, str]) -> list[bytes]:
+    """Popen's candidates: the program itself when it names a directory, else each entry of the job's PATH."""
+    prog = _cstr(program, "command")
+    if os.path.dirname(prog):
+        return [prog]
+    return [os.path.join(os.fsencode(d), prog) for d in os.get_exec_path(env)]
+
+
+def _environment(env: Mapping[str, str]) -> list[bytes]:
+    out = []
+    for k, v in env.items():
+        key = _cstr(k, "environment")
+        if not key or b"=" in key:
+            raise ValueError(f"illegal environment variable name {k!r}")
+        out.append(key + b"=" + _cstr(v, "environment"))
+    return out
+
+
+_devnull: int | None = None
+
+
+def _stdin_null() -> int:
+    """One /dev/null for every job's stdin (Popen opens one per job), opened at the first spawn."""
+    global _devnull
+    if _devnull is None:
+        _devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    return _devnull
+
+
+def _error(stage: int, err: int, program: str, cwd: str | None) -> OSError:
+    """The ``OSError`` Popen raises for the same failed step."""
+    lib = _fastspawn.lib
+    if stage == lib.STEADQ_SPAWN_EXEC:
+        return OSError(err, os.strerror(err), program)
+    if stage == lib.STEADQ_SPAWN_CHDIR:
+        return OSError(err, os.strerror(err), cwd)
+    return OSError(err, os.strerror(err))
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    stdin_fd: int | None,
+    credentials: Mapping[str, Any],
+    parent: int | None = None,
+) -> Spawned:
+    """Start ``argv`` in a session of its own, stdout and stderr on pipes, stdin from ``stdin_fd`` (None:
+    /dev/null), as ``credentials`` say (:func:`steadqd.daemon.worker.run.child.identity`'s keywords).
+
+    Returns once its exec worked; raises Popen's ``OSError`` when a step failed, ``ValueError`` for a NUL
+    in an argument or the environment (as Popen does). ``parent``: the pid the child must find as its parent
+    before it executes anything (default: this process; a test passes another to see it refuse).
+    """
+    assert _fastspawn is not None, "spawn() without the compiled module: check available() first"
+    ffi, lib = _fastspawn.ffi, _fastspawn.lib
+    if not argv:
+        raise ValueError("empty command")
+    execs = [ffi.new("char[]", p) for p in _executables(argv[0], env)]
+    args = [ffi.new("char[]", _cstr(a, "command")) for a in argv]
+    envs = [ffi.new("char[]", e) for e in _environment(env)]
+    c_execs = ffi.new("char *[]", execs)
+    c_argv = ffi.new("char *[]", [*args, ffi.NULL])
+    c_envp = ffi.new("char *[]", [*envs, ffi.NULL])
+    c_cwd = ffi.new("char[]", _cstr(cwd, "working directory")) if cwd is not None else ffi.NULL
+    groups = credentials.get("extra_groups")
+    c_groups = ffi.new("gid_t[]", list(groups)) if groups is not None else ffi.NULL
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        a = ffi.new("struct steadq_spawn_args *")
+        a.executables, a.n_executables = c_execs, len(execs)
+        a.argv, a.envp, a.cwd = c_argv, c_envp, c_cwd
+        a.stdin_fd = _stdin_null() if stdin_fd is None else stdin_fd
+        a.stdout_fd, a.stderr_fd = out_w, err_w
+        a.groups, a.ngroups = c_groups, (len(groups) if groups is not None else -1)
+        a.gid = credentials.get("group", -1)
+        a.uid = credentials.get("user", -1)
+        a.parent = os.getpid() if parent is None else parent
+        a.max_fd = os.sysconf("SC_OPEN_MAX")
+        stage, err = ffi.new("int *"), ffi.new("int *")
+        pid = lib.steadq_spawn(a, stage, err)
+    except BaseException:
+        for fd in (out_r, err_r):
+            os.close(fd)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    if pid < 0:
+        os.close(out_r)
+        os.close(err_r)
+        raise _error(stage[0], err[0], argv[0], cwd)
+    return Spawned(argv, pid, open(out_r, "rb", buffering=0), open(err_r, "rb", buffering=0))  # noqa: SIM115

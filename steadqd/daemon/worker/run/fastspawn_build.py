@@ -1,0 +1,52 @@
+"""cffi (API, out-of-line) build of ``_fastspawn``: spawn.c's one-exec job spawn (``setup.py`` runs it).
+
+``python steadqd/daemon/worker/run/fastspawn_build.py`` builds it in place by hand; ``pip install -e .``
+does it through setup.py's ``cffi_modules``. Without it the worker spawns through Popen and
+``steadq-exec`` (steadqd.daemon.worker.run.fastspawn says which path runs and why).
+"""
+
+from __future__ import annotations
+
+import os
+
+import cffi
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+CDEF = """
+#define STEADQ_SPAWN_OK 0
+#define STEADQ_SPAWN_FORK 1
+#define STEADQ_SPAWN_SETUP 2
+#define STEADQ_SPAWN_CHDIR 3
+#define STEADQ_SPAWN_EXEC 4
+typedef int... gid_t;
+struct steadq_spawn_args {
+    char *const *executables;
+    int n_executables;
+    char *const *argv;
+    char *const *envp;
+    const char *cwd;
+    int stdin_fd, stdout_fd, stderr_fd;
+    const gid_t *groups;
+    int ngroups;
+    long gid;
+    long uid;
+    long parent;
+    long max_fd;
+};
+int steadq_spawn(const struct steadq_spawn_args *a, int *stage, int *err);
+"""
+
+ffibuilder = cffi.FFI()
+ffibuilder.cdef(CDEF)
+ffibuilder.set_source(
+    "steadqd.daemon.worker.run._fastspawn",
+    '#include "spawn.h"',
+    sources=[os.path.relpath(os.path.join(HERE, "spawn.c"))],
+    include_dirs=[os.path.relpath(HERE)],
+    depends=[os.path.relpath(os.path.join(HERE, "spawn.h"))],
+    extra_compile_args=["-O2", "-Wall"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(tmpdir=os.path.join(HERE, "..", "..", "..", ".."), verbose=True)

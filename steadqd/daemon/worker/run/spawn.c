@@ -1,0 +1,177 @@
+/*
+ * steadq_spawn: one job's command in one vfork and one exec (steadqd/daemon/worker/run/fastspawn.py).
+ *
+ * The child does, in this order, what Popen's child and steadq-exec did between
+ * them (CPython's _posixsubprocess child_exec, then exec_helper.c):
+ *   1. stdin/stdout/stderr onto 0, 1, 2 (Popen's care for a source that is
+ *      itself 0, 1 or 2: the daemon may run with those closed);
+ *   2. chdir to the working directory;
+ *   3. every signal the worker catches back to its default, SIGPIPE and
+ *      SIGXFSZ too (Popen's restore_signals), then the caller's signal mask;
+ *   4. setsid (the job is its own process group and session);
+ *   5. setgroups, setregid, setreuid (a job run as another user), in that
+ *      order: groups while still privileged, the uid last (raw system calls:
+ *      see there why not the C library's);
+ *   6. every other descriptor closed (close_range; a loop without it);
+ *   7. PR_SET_PDEATHSIG(SIGKILL), after the uid change, which clears it;
+ *      then the check that the worker is still the parent (else the signal
+ *      would never come: exit 255 without running anything);
+ *   8. execve of each candidate path in turn (Popen's PATH search, the list
+ *      made by the caller from the job's own PATH): the first error other
+ *      than ENOENT/ENOTDIR wins, else the last one.
+ *
+ * With vfork the parent is suspended until the exec or _exit, and they share
+ * memory: a failure is reported through *stage and *err (which step, which
+ * errno), the child is reaped here, and the caller raises what Popen raises.
+ * Between vfork and exec the child calls only async-signal-safe functions
+ * and uses no memory it allocates; all signals are blocked across the vfork
+ * so that no handler of the worker runs on the shared memory in the child.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "spawn.h"
+
+/* 32-bit ids: the plain calls of the older 32-bit ABIs take 16-bit ones. */
+#ifdef SYS_setgroups32
+#define SYS_SETGROUPS SYS_setgroups32
+#define SYS_SETREGID SYS_setregid32
+#define SYS_SETREUID SYS_setreuid32
+#else
+#define SYS_SETGROUPS SYS_setgroups
+#define SYS_SETREGID SYS_setregid
+#define SYS_SETREUID SYS_setreuid
+#endif
+
+/* The child's steps. Returns only on failure: its errno, with the step in *stage (a local of child()). */
+static __attribute__((noinline)) int child_steps(const struct steadq_spawn_args *a, const sigset_t *old_mask, int *stage)
+{
+    int in = a->stdin_fd, out = a->stdout_fd, err = a->stderr_fd;
+
+    *stage = STEADQ_SPAWN_SETUP; /* until the exec loop: a failure before it is not the command's */
+    /* A source on a lower standard descriptor would be overwritten by an earlier dup2 (CPython #12607). */
+    if (out == 0 && (out = dup(out)) < 0)
+        return errno;
+    while (err == 0 || err == 1)
+        if ((err = dup(err)) < 0)
+            return errno;
+    int srcs[3] = {in, out, err};
+    for (int target = 0; target < 3; target++) {
+        int src = srcs[target];
+        if (src == target) {
+            int flags = fcntl(src, F_GETFD);
+            if (flags < 0 || fcntl(src, F_SETFD, flags & ~FD_CLOEXEC) < 0)
+                return errno;
+        } else if (dup2(src, target) < 0) {
+            return errno;
+        }
+    }
+
+    if (a->cwd != NULL && chdir(a->cwd) != 0) {
+        *stage = STEADQ_SPAWN_CHDIR;
+        return errno;
+    }
+
+    for (int sig = 1; sig < NSIG; sig++) {
+        struct sigaction sa;
+        if (sig == SIGKILL || sig == SIGSTOP)
+            continue;
+        if (sigaction(sig, NULL, &sa) != 0)
+            continue; /* a signal number the C library reserves */
+        int restore = sig == SIGPIPE || sig == SIGXFSZ;
+        if (restore || (sa.sa_handler != SIG_IGN && sa.sa_handler != SIG_DFL)) {
+            sa.sa_handler = SIG_DFL;
+            sa.sa_flags = 0;
+            sigemptyset(&sa.sa_mask);
+            sigaction(sig, &sa, NULL);
+        }
+    }
+    if (sigprocmask(SIG_SETMASK, old_mask, NULL) != 0)
+        return errno;
+
+    if (setsid() < 0)
+        return errno;
+    /* Raw system calls, not the C library's: its setuid family applies the change to every thread it
+     * knows of, and in a vfork'd child those are the worker's (shared memory, shared locks). The kernel
+     * call changes this task alone, which in the child is the whole process. */
+    if (a->ngroups >= 0 && syscall(SYS_SETGROUPS, (long)a->ngroups, a->groups) != 0)
+        return errno;
+    if (a->gid >= 0 && syscall(SYS_SETREGID, a->gid, a->gid) != 0)
+        return errno;
+    if (a->uid >= 0 && syscall(SYS_SETREUID, a->uid, a->uid) != 0)
+        return errno;
+
+    if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
+        for (long fd = 3; fd < a->max_fd; fd++)
+            close((int)fd);
+    }
+
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
+        return errno;
+    if (getppid() != (pid_t)a->parent)
+        _exit(255);
+
+    *stage = STEADQ_SPAWN_EXEC;
+    int first = 0, last = ENOENT;
+    for (int i = 0; i < a->n_executables; i++) {
+        execve(a->executables[i], a->argv, a->envp);
+        last = errno;
+        if (last != ENOENT && last != ENOTDIR && first == 0)
+            first = last;
+    }
+    return first != 0 ? first : last;
+}
+
+/* The child: the caller's *stage and *err are written only on failure (a successful exec leaves them
+ * STEADQ_SPAWN_OK); its own variables live below the suspended parent's frame, never in it. */
+static __attribute__((noinline, noreturn)) void child(const struct steadq_spawn_args *a, const sigset_t *old_mask,
+                                                      int *stage, int *err)
+{
+    int st = STEADQ_SPAWN_SETUP;
+    int e = child_steps(a, old_mask, &st);
+    *err = e;
+    *stage = st;
+    _exit(127);
+}
+
+int steadq_spawn(const struct steadq_spawn_args *a, int *stage, int *err)
+{
+    sigset_t all, old_mask;
+
+    *stage = STEADQ_SPAWN_OK;
+    *err = 0;
+    sigfillset(&all);
+    if (pthread_sigmask(SIG_BLOCK, &all, &old_mask) != 0) {
+        *stage = STEADQ_SPAWN_SETUP;
+        *err = EINVAL;
+        return -1;
+    }
+    pid_t pid = vfork();
+    if (pid == 0)
+        child(a, &old_mask, stage, err); /* the caller's memory, which the suspended parent reads after _exit */
+    int fork_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    if (pid < 0) {
+        *stage = STEADQ_SPAWN_FORK;
+        *err = fork_errno;
+        return -1;
+    }
+    if (*stage != STEADQ_SPAWN_OK) {
+        /* It has exited already (vfork resumed us at its _exit): reap it, as Popen does. */
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+        return -1;
+    }
+    return pid;
+}
