@@ -1,4 +1,7 @@
-"""``steadq doctor``: can this machine and filesystem hold a queue? Exit 6 if any check fails."""
+"""``steadq doctor``: can this machine and filesystem hold a queue? Exit 6 if any check fails.
+
+The spec's checks (cli.md), then ``job_spawn``: which spawn path the worker uses (issue 35).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +18,11 @@ def add_doctor(sub: Subcommands) -> None:
 
 
 def cmd_doctor(a: argparse.Namespace) -> int:
+    from steadqd.daemon.worker.run import fastspawn  # loads the compiled spawn: only for doctor
+
     checks = [(name, ok, value if isinstance(value, str) else error_text(value)) for name, ok, value in doctor(a.path)]
+    # Not a check of PATH: which job spawn this installation's worker uses (the fallback works, at more CPU a job).
+    checks.append(("job_spawn", True, fastspawn.path()))
     if a.json:
         out_json({name: {"ok": ok, "value": value} for name, ok, value in sorted(checks)})
     else:

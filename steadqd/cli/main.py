@@ -38,7 +38,6 @@ queue only through ``steadqd.backend``.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import sys
 
@@ -71,6 +70,7 @@ from steadqd.cli.common import (
     error_text,
     resolve_queue,
 )
+from steadqd.version import VersionAction, installed_version
 
 GROUPS = (
     init_cmd, put_cmd, lease_cmd, cancel_cmd, view_cmd, watch_cmd, show_cmd, status_cmd, history_cmd,
@@ -97,7 +97,9 @@ def build_parser() -> Parser:
         allow_abbrev=False,
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--version", action="version", version=f"{PROG} {version()}", help="print the version and exit")
+    p.add_argument(
+        "--version", action=VersionAction, spawn_path=_spawn_path, help="print the version and the job spawn path"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output (stats, doctor, listings)")
     p.add_argument("--config-dir", metavar="DIR", help=CONFIG_DIR_HELP)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -120,10 +122,13 @@ def _config_dir_anywhere(sub: argparse._SubParsersAction) -> None:
 
 def version() -> str:
     """The installed distribution's version: the one ``pip`` and ``dpkg`` report."""
-    try:
-        return importlib.metadata.version("steadqd")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+    return installed_version()
+
+
+def _spawn_path() -> str:
+    from steadqd.daemon.worker.run import fastspawn  # loads the compiled module: only when asked
+
+    return fastspawn.path()
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str] | None, bool]:

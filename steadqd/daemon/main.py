@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from steadqd.completion import SHELLS, build_tree, script
 from steadqd.daemon.config import QueueSettings, config_dir, load_config
 from steadqd.errors import ConfigError, SteadQError
+from steadqd.version import VersionAction
 
 if TYPE_CHECKING:
     from steadqd.daemon.journal import Log
@@ -148,14 +149,10 @@ def _warn_command(name: str, settings: QueueSettings) -> None:
         )
 
 
-def _version() -> str:
-    """The installed distribution's version (as ``steadq --version`` and dpkg report it)."""
-    from importlib.metadata import PackageNotFoundError, version
+def _spawn_path() -> str:
+    from steadqd.daemon.worker.run import fastspawn  # loads the compiled module: only when asked
 
-    try:
-        return version("steadqd")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+    return fastspawn.path()
 
 
 def daemon_main(argv: list[str] | None = None) -> int:
@@ -166,7 +163,9 @@ def daemon_main(argv: list[str] | None = None) -> int:
 
         return demo_main(args[1:])
     ap = argparse.ArgumentParser(prog="steadqd", description="SteadQ/1 queue daemons.", allow_abbrev=False)
-    ap.add_argument("--version", action="version", version=f"steadqd {_version()}", help="print the version and exit")
+    ap.add_argument(
+        "--version", action=VersionAction, spawn_path=_spawn_path, help="print the version and the job spawn path"
+    )
     config_help = "directory of <queue>.yaml files (default $STEADQ_CONFIG_DIR or /etc/steadq/queues)"
     ap.add_argument("--config-dir", help=config_help)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", help="a role to run, or a tool")

@@ -598,14 +598,17 @@ def test_doctor(qpath: str, tmp_path: Path) -> None:
     names = [line.strip().split(":")[0] for line in r.err_lines[1:]]
     assert names == [
         "boot_id", "clock_boottime", "clock_realtime", "getrandom", "filesystem", "job_access",
-        "publication_mode", "rename_noreplace", "dir_fsync",
+        "publication_mode", "rename_noreplace", "dir_fsync", "job_spawn",
     ]  # fmt: skip
     assert "  filesystem: ext4 (magic 0xef53)" in r.err_lines and "  rename_noreplace: supported" in r.err_lines
     doc = json.loads(steadq("doctor", qpath, "--json").out)
     assert list(doc) == sorted(names) and all(v["ok"] for v in doc.values())
     assert os.listdir(Path(qpath, "tmp")) == []  # probes cleaned up
+    from steadqd.daemon.worker.run import fastspawn
+
+    assert f"  job_spawn: {fastspawn.path()}" in r.err_lines  # the spawn path this installation's worker uses
     r = steadq("doctor", tmp_path / "nowhere")
-    assert r.code == 0 and len(r.err_lines) == 5
+    assert r.code == 0 and len(r.err_lines) == 6
     shm = Path("/dev/shm") / f"steadq-doctor-{os.getpid()}"
     shm.mkdir()
     try:

@@ -35,11 +35,15 @@ def put(qpath: str, payload: bytes = b"x") -> None:
 # --------------------------------------------------------------------------- --version, --json
 
 
-def test_version() -> None:
+def test_version_names_the_job_spawn_path() -> None:
     from importlib.metadata import version
 
+    from steadqd.daemon.worker.run import fastspawn
+
     r = steadq("--version")
-    assert (r.code, r.out) == (0, f"steadq {version('steadqd')}\n")
+    assert (r.code, r.out) == (0, f"steadq {version('steadqd')}\njob spawn: {fastspawn.path()}\n")
+    r = steadq("--version", env={"STEADQ_SPAWN": "popen"})
+    assert r.out.splitlines()[1] == "job spawn: Popen and steadq-exec (two execs per job): STEADQ_SPAWN=popen is set"
 
 
 def test_json_is_accepted_before_and_after_the_subcommand(qpath: str) -> None:

@@ -24,9 +24,11 @@ def steadqd(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_version() -> None:
+def test_version_names_the_job_spawn_path() -> None:
+    from steadqd.daemon.worker.run import fastspawn
+
     d = steadqd("--version")
-    assert (d.returncode, d.stdout) == (0, f"steadqd {version('steadqd')}\n")
+    assert (d.returncode, d.stdout) == (0, f"steadqd {version('steadqd')}\njob spawn: {fastspawn.path()}\n")
 
 
 def test_config_dir_before_or_after_the_subcommand(

@@ -95,6 +95,8 @@ def test_the_first_hour_as_root(deb_root: SystemdRoot) -> None:
     assert "transcoded clip-1 as steadq" in ran, ran
     doctor = root.run("steadq", "doctor", NAME, check=False)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    # The .deb carries the compiled spawn (issue 35): the installed worker starts a job with one exec.
+    assert "  job_spawn: compiled (" in doctor.stderr, doctor.stderr
 
     # -- #3: a foreground run beside the active unit is refused, naming the unit ---------------------
     # (`timeout`: a run that is not refused would otherwise run on; it would exit 124, not 75)
