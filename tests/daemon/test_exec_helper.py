@@ -110,12 +110,16 @@ _CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(_CASES))
-def test_an_exec_failure_is_reported_exactly_as_popen_reports_it(bins: dict[str, Path], case: str) -> None:
+def case_command(bins: dict[str, Path], case: str) -> tuple[list[str], dict[str, str]]:
+    """One of ``_CASES`` with the ``bins`` fixture's paths filled in: (argv, env with its PATH)."""
     argv_t, path_t = _CASES[case]
     fmt = {k: str(v) for k, v in bins.items()}
-    argv = [a.format(**fmt) for a in argv_t]
-    env = {"PATH": path_t.format(**fmt)}
+    return [a.format(**fmt) for a in argv_t], {"PATH": path_t.format(**fmt)}
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_an_exec_failure_is_reported_exactly_as_popen_reports_it(bins: dict[str, Path], case: str) -> None:
+    argv, env = case_command(bins, case)
 
     def outcome(start: Any) -> tuple[Any, ...]:
         try:

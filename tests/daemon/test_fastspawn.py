@@ -26,7 +26,7 @@ from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.worker.run import child, fastspawn, guard
 
 from .conftest import DEADLINE
-from .test_exec_helper import _CASES, bins  # noqa: F401 - bins is the fixture _CASES needs
+from .test_exec_helper import _CASES, bins, case_command  # noqa: F401 - bins is the fixture _CASES needs
 
 ENV = {"PATH": "/usr/bin:/bin"}
 PDEATHSIG_PROBE = (
@@ -81,10 +81,7 @@ def test_the_worker_spawns_through_the_compiled_path(tmp_path: Path, monkeypatch
 
 @pytest.mark.parametrize("case", sorted(_CASES))
 def test_an_exec_failure_is_the_error_popen_raises(bins: dict[str, Path], case: str) -> None:  # noqa: F811
-    argv_t, path_t = _CASES[case]
-    fmt = {k: str(v) for k, v in bins.items()}
-    argv = [a.format(**fmt) for a in argv_t]
-    env = {"PATH": path_t.format(**fmt)}
+    argv, env = case_command(bins, case)
 
     def outcome(start: Any) -> tuple[Any, ...]:
         try:
