@@ -233,7 +233,12 @@ def _traced_ops(root: Path, lib: object, corrupt: bytes | None) -> list[str]:
     saved = verify.LIB
     verify.LIB = lib
     try:
-        Queue.init(str(root), allow_unsupported_fs=True).close()
+        # Hour-wide buckets: the wall watermark advances (and a receipt bucket is made) once per bucket, so with
+        # the default one-second width a run crossing a second would trace that, whichever path it took.
+        hour = 3600 * 10**9
+        Queue.init(
+            str(root), shards=1, delayed_width_ns=hour, terminal_width_ns=hour, allow_unsupported_fs=True
+        ).close()
         with Queue.open(str(root), allow_unsupported_fs=True) as q, linux.trace() as events:
             q.enqueue(b"p" * 100)
             if corrupt is not None:
