@@ -20,19 +20,18 @@ few per cent between runs of one tree (random job ids and tokens, address
 layout; ``PYTHONHASHSEED`` is fixed for it), so ``--repeat R`` runs each
 side R times, alternating, and reports the medians.
 
-``--ccore`` compares instead this tree with itself: the compiled envelope
-check (``steadqd.fs._core``, issue 35's prototype (b)) against
-``STEADQ_PURE_PYTHON=1``; each child must have loaded (or not) exactly that
-extension. It is not part of the install: a run builds it in place
-(``python steadqd/fs/_core_build.py``: a C compiler, cffi and OpenSSL's
-headers) and removes what it built afterwards.
+``--ccore`` compares instead a scratch copy of this tree with the C
+envelope check of issue 35's prototype (b) hooked in and built
+(``benchmarks/ccore``: a C compiler, cffi and OpenSSL's headers) with
+itself under ``STEADQ_PURE_PYTHON=1``; each child must have loaded (or not)
+exactly that extension. Nothing of it is in the checkout's ``steadqd``;
+the copy is removed afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import json
 import os
 import statistics
@@ -171,24 +170,18 @@ def instructions(
 
 
 @contextlib.contextmanager
-def built_core() -> Iterator[None]:
-    """``steadqd/fs/_core*.so`` for the duration (built in place unless it already was, then removed again)."""
-    pattern = os.path.join(_HERE, "steadqd", "fs", "_core.*.so")
-    if glob.glob(pattern):
-        yield
-        return
-    subprocess.run([sys.executable, os.path.join(_HERE, "steadqd", "fs", "_core_build.py")], check=True, cwd=_HERE)
-    try:
-        yield
-    finally:
-        for built in glob.glob(pattern):
-            os.unlink(built)
+def ccore_tree() -> Iterator[str]:
+    """A scratch copy of this tree with prototype (b) hooked in and built (``benchmarks.ccore``), for the duration."""
+    from benchmarks import ccore  # its build needs cffi, which the other comparisons do not
+
+    with tempfile.TemporaryDirectory(prefix="steadq-ccore-") as d:
+        yield ccore.make_tree(os.path.join(d, "tree"))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--code", help="the other tree (a worktree of the commit to compare with)")
-    ap.add_argument("--ccore", action="store_true", help="compiled core against STEADQ_PURE_PYTHON=1, this tree")
+    ap.add_argument("--ccore", action="store_true", help="C envelope core against STEADQ_PURE_PYTHON=1, a scratch copy")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--jobs", type=int, default=2000)
     ap.add_argument("--dir", default="/dev/shm")
@@ -197,12 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.ccore == bool(a.code):
         ap.error("give --code OLD_TREE or --ccore")
-    with built_core() if a.ccore else contextlib.nullcontext():
-        return _compare(a)
+    if not a.ccore:
+        return _compare(a, {"old": a.code, "new": _HERE})
+    with ccore_tree() as tree:
+        return _compare(a, {"old": tree, "new": tree})
 
 
-def _compare(a: argparse.Namespace) -> int:
-    sides = {"old": a.code or _HERE, "new": _HERE}
+def _compare(a: argparse.Namespace, sides: dict[str, str]) -> int:
     # --ccore: which extensions each side must load, and its environment
     compiled: dict[str, Collection[str] | None] = {"old": None, "new": None}
     envs: dict[str, dict[str, str]] = {"old": {}, "new": {}}

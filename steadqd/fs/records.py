@@ -339,27 +339,6 @@ class JobHeader:
         fields["minor"] = minor
         return header
 
-    @classmethod
-    def decoded(cls, data: bytes) -> JobHeader:
-        """The header of 128 bytes that the compiled core (``steadqd.fs.ccore``) has accepted.
-
-        Only for bytes that :meth:`decode` would accept: it unpacks without checking.
-        """
-        (_, _, minor, ext_len, payload_len, _, _, _, job_id, max_attempts, _,
-         created, payload_digest, env_digest) = _HEADER.unpack_from(data)  # fmt: skip
-        # As decode fills them (a second __init__ would cost a call per read).
-        header = object.__new__(cls)
-        fields = header.__dict__
-        fields["job_id"] = job_id
-        fields["max_attempts"] = max_attempts
-        fields["created_at_ns"] = created
-        fields["extension_length"] = ext_len
-        fields["payload_length"] = payload_len
-        fields["payload_digest"] = payload_digest
-        fields["envelope_digest"] = env_digest
-        fields["minor"] = minor
-        return header
-
     @property
     def file_size(self) -> int:
         """The only valid size of the whole job file; anything else is corruption."""

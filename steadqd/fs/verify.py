@@ -18,7 +18,6 @@ from typing import BinaryIO
 from steadqd.constants import ENVELOPE_READ_BYTES, HEADER_SIZE, QuarantineReason
 from steadqd.errors import CorruptObject
 from steadqd.fs import linux
-from steadqd.fs.ccore import LIB
 from steadqd.fs.names import JobName
 from steadqd.fs.records import JobHeader, check_envelope
 from steadqd.fs.tree import Witness
@@ -41,25 +40,14 @@ class Envelope:
     # The file's first bytes as read with the header (up to ENVELOPE_READ_BYTES):
     # for a small job the whole file, so the payload needs no second read.
     head: bytes = field(default=b"", repr=False, compare=False)
-    # True when the compiled core hashed the payload within ``head`` and it matched (steadqd.fs.ccore).
-    payload_ok: bool = field(default=False, repr=False, compare=False)
 
-    def __init__(
-        self,
-        header: JobHeader,
-        extension: bytes,
-        size: int,
-        witness: Witness,
-        head: bytes = b"",
-        payload_ok: bool = False,
-    ) -> None:
+    def __init__(self, header: JobHeader, extension: bytes, size: int, witness: Witness, head: bytes = b"") -> None:
         f = self.__dict__
         f["header"] = header
         f["extension"] = extension
         f["size"] = size
         f["witness"] = witness
         f["head"] = head
-        f["payload_ok"] = payload_ok
 
     @property
     def payload_offset(self) -> int:
@@ -86,14 +74,6 @@ def read_envelope(fd: int, max_payload: int, st: os.stat_result | None = None) -
     # One read for header, extension and (small) payload alike; the size
     # checks below still run against the header before anything else is read.
     head = linux.pread(fd, min(st.st_size, ENVELOPE_READ_BYTES), 0)
-    if LIB is not None:
-        # The compiled core accepts only what the lines below accept (tests/unit/test_ccore.py);
-        # when it does not, they run on the same bytes and say why.
-        accepted = LIB.sq_envelope(head, len(head), st.st_size, max_payload)
-        if accepted:
-            header = JobHeader.decoded(head)
-            extension = head[HEADER_SIZE : HEADER_SIZE + header.extension_length]
-            return Envelope(header, extension, st.st_size, Witness(st.st_dev, st.st_ino), head, accepted == 2)
     if len(head) < HEADER_SIZE:
         raise CorruptObject("short read of the header", QuarantineReason.ENVELOPE_CORRUPT)
     raw = head[:HEADER_SIZE]
@@ -161,7 +141,7 @@ def iter_payload(fd: int, env: Envelope) -> Iterator[bytes]:
         # Read together with the header: verify exactly the bytes delivered.
         if head:
             yield head
-        _check_head_payload(head, env)
+        _check_payload_digest(hashlib.sha256(head).digest(), env)
         return
     h = hashlib.sha256()
     offset = env.payload_offset
@@ -184,17 +164,6 @@ def _head_payload(env: Envelope) -> bytes | None:
     return env.head[offset:end] if end <= len(env.head) else None
 
 
-def _check_head_payload(head: bytes, env: Envelope) -> None:
-    """Check a payload read with the envelope (``head``: ``env.head``'s payload bytes)."""
-    if env.payload_ok:  # the compiled core hashed exactly these bytes when it read the envelope
-        return
-    if LIB is not None and LIB.sq_payload(
-        env.head, len(env.head), env.payload_offset, env.header.payload_length, env.header.payload_digest
-    ):
-        return
-    _check_payload_digest(hashlib.sha256(head).digest(), env)
-
-
 def _check_payload_digest(digest: bytes, env: Envelope) -> None:
     if digest != env.header.payload_digest:
         raise CorruptObject("payload digest mismatch", QuarantineReason.PAYLOAD_CORRUPT, payload=True)
@@ -207,14 +176,14 @@ def verify_payload(fd: int, env: Envelope) -> None:
         for _ in iter_payload(fd, env):
             pass
     else:
-        _check_head_payload(head, env)
+        _check_payload_digest(hashlib.sha256(head).digest(), env)
 
 
 def read_payload(fd: int, env: Envelope) -> bytes:
     head = _head_payload(env)
     if head is None:
         return b"".join(iter_payload(fd, env))
-    _check_head_payload(head, env)
+    _check_payload_digest(hashlib.sha256(head).digest(), env)
     return head
 
 

@@ -1,12 +1,14 @@
 /* Issue 35, prototype (b): the envelope and payload checks of a job file in C.
  *
- * The Python in steadqd/fs/records.py and steadqd/fs/verify.py is the
+ * Built only into a scratch copy of steadqd (benchmarks/ccore, hook.patch):
+ * it lost the measurement, so the product has no C envelope check. The
+ * Python in steadqd/fs/records.py and steadqd/fs/verify.py is the
  * definition; this file only *accepts* what it accepts. Every function
  * answers "accepted" or "not accepted", never why: on "not accepted" the
  * caller runs the Python on the same bytes, which raises the error the spec
  * names (or takes the slow path, e.g. an extension larger than the first
  * read). So there is one set of messages, error types and quarantine
- * reasons, and the differential test (tests/unit/fs/test_core.py) only has
+ * reasons, and the differential test (tests/test_ccore_bench.py) only has
  * to show that this accepts exactly what the Python accepts.
  *
  * No system calls: the bytes were read by Python through the syscall hook,

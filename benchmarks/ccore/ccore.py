@@ -1,11 +1,12 @@
 """Which envelope check runs: the compiled C core or the Python that defines it (issue 35, prototype (b)).
 
-``steadqd.fs._core`` is ``steadqd/fs/core.c`` built by cffi in API mode
-(``steadqd/fs/_core_build.py``). It only ever *accepts*: when it does not,
-the Python in ``records``/``verify`` runs on the same bytes and raises the
-spec's error. Without the module, or with ``STEADQ_PURE_PYTHON=1``, the
-Python runs alone; :func:`core_path` says which and why, for ``steadq
-doctor``, ``--version`` and the tests that run the core on both.
+Copied by ``benchmarks/ccore`` into a scratch copy of ``steadqd`` as
+``steadqd/fs/ccore.py``, never part of the product. ``steadqd.fs._core`` is
+``core.c`` built by cffi in API mode (``build.py``). It only ever
+*accepts*: when it does not, the Python in ``records``/``verify`` runs on
+the same bytes and raises the spec's error. Without the module, or with
+``STEADQ_PURE_PYTHON=1``, the Python runs alone; :func:`core_path` says
+which and why, for the tests that run the core on both.
 """
 
 from __future__ import annotations

@@ -1,13 +1,16 @@
-"""cffi API-mode (out-of-line) build of ``steadqd.fs._core`` from ``steadqd/fs/core.c`` (issue 35, prototype (b)).
+"""cffi API-mode (out-of-line) build of ``steadqd.fs._core`` from ``core.c`` beside this file (issue 35, prototype (b)).
 
-setup.py names this file in ``cffi_modules``; ``python steadqd/fs/_core_build.py``
-builds the module in place by hand. SHA-256 comes from the system's OpenSSL
-libcrypto, the library Python's own hashlib uses.
+Only ever built into a scratch copy of ``steadqd`` (:func:`benchmarks.ccore.make_tree`):
+the product's setup.py does not know it. SHA-256 comes from the system's OpenSSL
+libcrypto, the library Python's own hashlib uses (build needs a C compiler, cffi and
+OpenSSL's headers: libssl-dev).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 from cffi import FFI
 
@@ -31,10 +34,12 @@ ffibuilder.set_source(
     extra_compile_args=["-O2", "-Wall", "-Wno-deprecated-declarations"],
 )
 
-if __name__ == "__main__":
-    import shutil
-    import tempfile
 
+def build(fs_dir: str) -> str:
+    """Compile the module and copy it into ``fs_dir`` (a copy's ``steadqd/fs``); return its path.
+
+    Raises cffi's ``VerificationError`` (or ``OSError``) without a compiler or OpenSSL's headers.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         built = ffibuilder.compile(tmpdir=tmp, verbose=False)
-        shutil.copy(built, os.path.join(_HERE, os.path.basename(built)))
+        return shutil.copy(built, os.path.join(fs_dir, os.path.basename(built)))
