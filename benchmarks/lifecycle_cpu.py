@@ -19,18 +19,26 @@ and K lifecycles so that start-up cancels out. The count still moves by a
 few per cent between runs of one tree (random job ids and tokens, address
 layout; ``PYTHONHASHSEED`` is fixed for it), so ``--repeat R`` runs each
 side R times, alternating, and reports the medians.
+
+``--ccore`` compares instead a scratch copy of this tree with the C
+envelope check of issue 35's prototype (b) hooked in and built
+(``benchmarks/ccore``: a C compiler, cffi and OpenSSL's headers) with
+itself under ``STEADQ_PURE_PYTHON=1``; each child must have loaded (or not)
+exactly that extension. Nothing of it is in the checkout's ``steadqd``;
+the copy is removed afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 # ``jobs`` strict lifecycles after ``warm`` ones, on a fresh queue at ``path`` (``allow_unsupported_fs``
@@ -71,12 +79,13 @@ def one(
     warm: int = 200,
     unsupported: bool = True,
     timeout: float = 600,
+    env: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """Jobs/s, user and system CPU per lifecycle of ``code``'s steadqd in a fresh queue under ``base``
     (see :func:`check_extensions` for ``compiled``); ``unsupported``: open it with
     ``allow_unsupported_fs`` (the default's /dev/shm), never on a real disk."""
     with tempfile.TemporaryDirectory(dir=base) as d:
-        env = {**os.environ, "PYTHONPATH": code}
+        env = {**os.environ, **(env or {}), "PYTHONPATH": code}
         # cwd: ``python -c`` puts the current directory before PYTHONPATH, and run
         # from the checkout every side would import the checkout's steadqd.
         r = subprocess.run(
@@ -138,15 +147,17 @@ print("steadqd modules", json.dumps({k: getattr(m, "__file__", None) for k, m in
 """
 
 
-def instructions(code: str, base: str, jobs: int, *, compiled: Collection[str] | None = None) -> int:
-    """User-space instructions of ``jobs`` lifecycles, less a run of a fifth as many."""
+def instructions(
+    code: str, base: str, jobs: int, *, compiled: Collection[str] | None = None, env: dict[str, str] | None = None
+) -> int:
+    """User-space instructions of ``jobs`` lifecycles, less a run of a fifth as many (``env``: added to the child's)."""
 
     def run(n: int) -> int:
         with tempfile.TemporaryDirectory(dir=base) as d:
             err = subprocess.run(
                 ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", _LIFE_ONLY,
                  os.path.join(d, "q"), str(n)],
-                env={**os.environ, "PYTHONPATH": code, "PYTHONHASHSEED": "0"}, cwd=d, capture_output=True, text=True,
+                env={**os.environ, **(env or {}), "PYTHONPATH": code, "PYTHONHASHSEED": "0"}, cwd=d, capture_output=True, text=True,
                 check=True, timeout=3600,
             ).stderr  # fmt: skip
         check_imported(err.split("steadqd from ", 1)[1].split("\n", 1)[0], code)
@@ -158,37 +169,63 @@ def instructions(code: str, base: str, jobs: int, *, compiled: Collection[str] |
     return (run(jobs) - run(few)) // (jobs - few)
 
 
+@contextlib.contextmanager
+def ccore_tree() -> Iterator[str]:
+    """A scratch copy of this tree with prototype (b) hooked in and built (``benchmarks.ccore``), for the duration."""
+    from benchmarks import ccore  # its build needs cffi, which the other comparisons do not
+
+    with tempfile.TemporaryDirectory(prefix="steadq-ccore-") as d:
+        yield ccore.make_tree(os.path.join(d, "tree"))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--code", required=True, help="the other tree (a worktree of the commit to compare with)")
+    ap.add_argument("--code", help="the other tree (a worktree of the commit to compare with)")
+    ap.add_argument("--ccore", action="store_true", help="C envelope core against STEADQ_PURE_PYTHON=1, a scratch copy")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--jobs", type=int, default=2000)
     ap.add_argument("--dir", default="/dev/shm")
     ap.add_argument("--instructions", action="store_true", help="count instructions under callgrind instead")
     ap.add_argument("--repeat", type=int, default=1, help="with --instructions: runs per side (medians reported)")
     a = ap.parse_args(argv)
-    sides = {"old": a.code, "new": _HERE}
+    if a.ccore == bool(a.code):
+        ap.error("give --code OLD_TREE or --ccore")
+    if not a.ccore:
+        return _compare(a, {"old": a.code, "new": _HERE})
+    with ccore_tree() as tree:
+        return _compare(a, {"old": tree, "new": tree})
+
+
+def _compare(a: argparse.Namespace, sides: dict[str, str]) -> int:
+    # --ccore: which extensions each side must load, and its environment
+    compiled: dict[str, Collection[str] | None] = {"old": None, "new": None}
+    envs: dict[str, dict[str, str]] = {"old": {}, "new": {}}
+    labels = dict(sides)
+    if a.ccore:
+        labels = {"old": "STEADQ_PURE_PYTHON=1", "new": "compiled core"}
+        compiled = {"old": (), "new": ("_core",)}
+        envs = {"old": {"STEADQ_PURE_PYTHON": "1"}, "new": {"STEADQ_PURE_PYTHON": "0"}}
     if a.instructions:
         runs: dict[str, list[int]] = {"old": [], "new": []}
         for _ in range(a.repeat):
             for side in ("old", "new"):
-                runs[side].append(instructions(sides[side], a.dir, a.jobs))
+                runs[side].append(instructions(sides[side], a.dir, a.jobs, compiled=compiled[side], env=envs[side]))
         counts = {side: int(statistics.median(runs[side])) for side in ("old", "new")}
         for side in ("old", "new"):
             each = ", ".join(f"{c:,}" for c in runs[side])
-            print(f"{side} ({sides[side]}): {counts[side]:,} user-space instructions per strict lifecycle ({each})")
+            print(f"{side} ({labels[side]}): {counts[side]:,} user-space instructions per strict lifecycle ({each})")
         print(f"ratio new/old: {counts['new'] / counts['old']:.3f}")
         return 0
     got: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
     for r in range(a.rounds):
         for side in ("old", "new") if r % 2 == 0 else ("new", "old"):
-            got[side].append(one(sides[side], a.dir, a.jobs))
+            got[side].append(one(sides[side], a.dir, a.jobs, compiled=compiled[side], env=envs[side]))
     ratios = [n["user_us"] / o["user_us"] for n, o in zip(got["new"], got["old"], strict=True)]
     print(f"{a.rounds} rounds x {a.jobs} strict lifecycles in {a.dir}, load average {os.getloadavg()[0]:.1f}")
     for side in ("old", "new"):
         user = statistics.median(x["user_us"] for x in got[side])
         sys_ = statistics.median(x["sys_us"] for x in got[side])
-        print(f"{side} ({sides[side]}): user {user:.0f} us/job, system {sys_:.0f} us/job")
+        print(f"{side} ({labels[side]}): user {user:.0f} us/job, system {sys_:.0f} us/job")
     print(f"median per-round ratio of user CPU new/old: {statistics.median(ratios):.3f}")
     return 0
 
