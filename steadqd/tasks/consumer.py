@@ -71,7 +71,11 @@ class Consumer:
                 self._drop()
             return []
         self.w._report_scan(self.q)
-        if not leases:
+        if leases:
+            # Busy: the next round claims at once. Waiting for news again would stall a burst put after a
+            # quiet spell, as the watch reports each job once (as it appears), not each job left to claim.
+            self._rescan_at = 0.0
+        else:
             self._unpaused_at = None  # news after a quiet wait is claimed only after a fresh pause read
             self._rescan_at = time.monotonic() + QUIET_RESCAN
             if self.watch is not None:
