@@ -382,9 +382,15 @@ class BucketQueue:
                     outcomes.append(exc)
                     break
         else:
+            # The first claim runs on this thread, which would otherwise only wait: one hand-off to the
+            # pool and back fewer a wave.
             pool = self._executor()
-            futures = [pool.submit(self._try, shard, job_id, floor_ns, lease_ns) for shard, job_id in wave]
-            outcomes = [_outcome(future) for future in futures]
+            futures = [pool.submit(self._try, shard, job_id, floor_ns, lease_ns) for shard, job_id in wave[1:]]
+            try:
+                outcomes.append(self._try(wave[0][0], wave[0][1], floor_ns, lease_ns))
+            except SteadQError as exc:
+                outcomes.append(exc)
+            outcomes += [_outcome(future) for future in futures]
         claims.extend(o for o in outcomes if isinstance(o, Lease))
         # Not strict: trying in turn stops at the first failure, so outcomes may be shorter than the wave.
         contended = {shard for (shard, _), o in zip(wave, outcomes, strict=False) if o is Miss.LOST}

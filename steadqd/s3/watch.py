@@ -198,6 +198,7 @@ class BucketReadyWatch:
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._hold_until = 0.0  # monotonic: no tick before this (see hold)
 
     # Read by steadqd.tasks: the index cursors report delayed jobs and leases as they come
     # due, so a quiet wait needs no claim pass (which would LIST every shard).
@@ -237,6 +238,21 @@ class BucketReadyWatch:
         self.watch_missing()
         readable, _, _ = select.select([self._event], [], [], max(0.0, seconds))
         return bool(readable) and self.read().appeared
+
+    def hold(self, seconds: float) -> None:
+        """Make no LIST for ``seconds`` from now (0: from now on, again): its caller is claiming on its own.
+
+        Why: a worker that keeps finding jobs claims round after round and
+        never waits on the watch, whose ticks (a ``jobs/`` page of up to
+        1,000 keys among them) would only be read after it next finds
+        nothing. The caller renews the hold after each round that claimed,
+        and ends it after one that found nothing; a tick the hold put off
+        comes when it ends, at worst ``seconds`` after the worker went idle,
+        and what it lists is judged as ever (an index bucket that started
+        meanwhile is news then). Rings are heard as ever.
+        """
+        with self._lock:
+            self._hold_until = time.monotonic() + seconds if seconds > 0 else 0.0
 
     def close(self) -> None:
         if self._closed:
@@ -342,6 +358,11 @@ class BucketReadyWatch:
                 heard = now
                 self.ring()
             if now >= due:
+                with self._lock:
+                    held = self._hold_until
+                if now < held:
+                    due = held  # put off, not skipped: the tick comes when the hold ends (or is renewed then)
+                    continue
                 if self.tick():
                     self._signal()
                 due = time.monotonic() + self.pause

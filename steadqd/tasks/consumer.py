@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 # has news, and at least this often (the daemon worker's safety rescan): on a
 # bucket a scan LISTs every shard, which one poll a second would repeat.
 QUIET_RESCAN = 60.0
+# While a consumer keeps claiming, its bucket watch makes no LIST (BucketReadyWatch.hold) for this long after
+# each round that claimed: its news is read only after a round that found nothing, which ends the hold.
+BUSY_HOLD = 1.0
 
 
 class Consumer:
@@ -71,7 +74,16 @@ class Consumer:
                 self._drop()
             return []
         self.w._report_scan(self.q)
-        if not leases:
+        hold = getattr(self.watch, "hold", None)  # a bucket's watch: no LIST while its news would go unread
+        if leases:
+            # Busy: the next round claims at once. Waiting for news again would stall a burst put after a
+            # quiet spell, as the watch reports each job once (as it appears), not each job left to claim.
+            self._rescan_at = 0.0
+            if hold is not None:
+                hold(BUSY_HOLD)
+        else:
+            if hold is not None:
+                hold(0.0)
             self._unpaused_at = None  # news after a quiet wait is claimed only after a fresh pause read
             self._rescan_at = time.monotonic() + QUIET_RESCAN
             if self.watch is not None:

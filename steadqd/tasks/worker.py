@@ -97,6 +97,7 @@ class Worker:
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()  # guards _running and stats
         self._wake_renewer = threading.Event()
+        self._renewer_wakes_at = 0.0  # monotonic end of the renewer's current wait (under _lock)
         self._done = threading.Event()  # workers joined (or abandoned): the renewer ends
         self._publisher: progress_mod.Publisher | None = None  # Job.progress's (renewing thread only)
         self._publisher_failed = False
@@ -251,10 +252,23 @@ class Worker:
         like a running one, and given back by a forced stop; its Job gets the payload when a thread reads it."""
         job = Job(lease.job_id, lease.attempt, lease.max_attempts, lease.content_type, lease.metadata, b"")
         running = _Running(lease, job, time.monotonic() + self.renew_s)
-        with self._lock:
-            self._running[job.id] = running
-        self._wake_renewer.set()
+        self._register(running)
         return running
+
+    def _register(self, running: _Running) -> None:
+        """Hand a job to the renewing thread; woken only if the job is due before it wakes anyway.
+
+        Why not wake it for every job: on a bucket each wake is two thread
+        switches and a GIL hand-off per job, to learn of a renewal due a
+        third of a lease later. The renewer sets its wake time under the
+        same lock as it reads the jobs, so a job it did not see is compared
+        with the wait it is in.
+        """
+        with self._lock:
+            self._running[running.job.id] = running
+            wake = running.next_renew < self._renewer_wakes_at
+        if wake:
+            self._wake_renewer.set()
 
     def _forget(self, running: _Running) -> None:
         with self._lock:
@@ -288,9 +302,7 @@ class Worker:
         if claimed is None:
             job = Job(lease.job_id, lease.attempt, lease.max_attempts, lease.content_type, lease.metadata, payload)
             running = _Running(lease, job, time.monotonic() + self.renew_s)
-            with self._lock:
-                self._running[job.id] = running
-            self._wake_renewer.set()
+            self._register(running)
         else:
             running = claimed
             with running.lock:
@@ -381,7 +393,8 @@ class Worker:
                 self._publish_progress()
                 with self._lock:
                     upcoming = min((r.next_renew for r in self._running.values()), default=now + 1.0)
-                self._wake_renewer.wait(max(0.0, min(1.0, upcoming - time.monotonic())))
+                    self._renewer_wakes_at = wakes_at = min(time.monotonic() + 1.0, upcoming)
+                self._wake_renewer.wait(max(0.0, wakes_at - time.monotonic()))
                 self._wake_renewer.clear()
         finally:
             if q is not None:

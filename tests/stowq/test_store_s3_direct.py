@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 from botocore.parsers import ResponseParserError
+from hypothesis import given
+from hypothesis import strategies as st
 
 from steadqd.errors import AlreadyExists, InvalidInput, NotFound, OutcomeUnknown
 from steadqd.s3.store.base import SEAWEEDFS
@@ -29,7 +31,9 @@ from steadqd.s3.store.s3_direct import (
     _MAX_HEADERS,
     DirectClient,
     _client_error,
+    _parse_lines,
     _parse_listing,
+    _read_fields,
     _Response,
 )
 from tests.stowq import test_store_seaweedfs as live
@@ -254,6 +258,45 @@ def test_a_folded_header_continues_its_value() -> None:
     response.begin()
     assert response.getheader("x-note") == "one two three"
     assert "X-NOTE" in response.msg and response.msg["content-length"] == "0"
+
+
+_HEADER_BYTES = st.sampled_from([b"A", b"x", b"-", b":", b" ", b"\t", b"\r", b"\n", b"\x0b", b"\x85", b"\xe9"])
+_BLANKS = st.lists(st.sampled_from([b" ", b"\t"]), max_size=3).map(b"".join)
+# Mostly lines that are fields (a token, blanks around the value), some anything at all.
+_HEADER_LINE = st.one_of(
+    st.tuples(
+        st.text("Ax-", min_size=1, max_size=4).map(str.encode),
+        _BLANKS,
+        st.lists(_HEADER_BYTES.filter(lambda b: b not in (b"\r", b"\n")), max_size=6).map(b"".join),
+        _BLANKS,
+    ).map(lambda p: p[0] + b":" + p[1] + p[2] + p[3]),
+    st.lists(_HEADER_BYTES, max_size=14).map(b"".join),
+)
+
+
+@given(st.lists(_HEADER_LINE, max_size=6), st.sampled_from([b"\r\n", b"\n"]))
+def test_a_header_block_read_in_one_pass_is_read_as_line_by_line(lines: list[bytes], end: bytes) -> None:
+    """The one-pass reading of a plain header block (a regular expression over the whole block) gives the
+    fields the line-by-line reading gives, and refuses what it refuses; the answer's dictionary keeps each
+    lowercased name's last value, as one built from urllib3's header items does."""
+    raw = b"".join(line + end for line in lines) + end
+
+    def read(one_pass: bool) -> tuple[str, object]:
+        fp = io.BufferedReader(io.BytesIO(raw))  # type: ignore[arg-type]
+        try:
+            if one_pass:
+                return "fields", _read_fields(fp).items()
+            kept: list[bytes] = []
+            while (line := fp.readline(_MAX_HEADER_LINE + 1)) not in (b"\r\n", b"\n", b""):
+                kept.append(line)
+            return "fields", _parse_lines(kept)
+        except HTTPException as exc:
+            return "refused", str(exc)
+
+    assert read(True) == read(False)
+    if read(True)[0] == "fields":
+        fields = _read_fields(io.BufferedReader(io.BytesIO(raw)))  # type: ignore[arg-type]
+        assert fields.last == {name.lower(): value for name, value in fields.items()}
 
 
 class _MalformedHeader(http.server.BaseHTTPRequestHandler):

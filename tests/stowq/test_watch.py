@@ -93,6 +93,29 @@ def test_an_idle_watch_lists_once_per_tick_and_backs_off_to_the_cap(queue: _Queu
     assert idle_lists_per_minute(2.0, 16) == 46.0  # the watch's 30 and a safety rescan's 16
 
 
+def test_a_held_watch_lists_nothing_until_the_hold_ends_and_then_reports_what_came(queue: _Queue) -> None:
+    """A worker that keeps claiming holds its watch (steadqd.tasks.consumer): no LIST while the hold lasts,
+    and a job put meanwhile is news once it ends, not lost."""
+    watch = queue.watch(poll_first_s=0.05, poll_max_s=0.1, doorbell=False)
+    try:
+        watch.hold(0.8)
+        watch.watch_missing()  # the thread's first tick is due at once: put off
+        time.sleep(0.3)
+        assert watch.lists == 0
+        queue.q.enqueue(b"put while held")
+        assert watch.wait(0.2) is False, "news while held"
+        assert watch.lists == 0
+        assert watch.wait(5.0) is True, "the job put while held was not news after the hold"
+        watch.hold(0.0)
+        listed = watch.lists
+        deadline = time.monotonic() + 5
+        while watch.lists < listed + 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watch.lists >= listed + 3, "ticks did not go on after the hold ended"
+    finally:
+        watch.close()
+
+
 def test_the_cap_is_a_setting_refused_out_of_range(queue: _Queue) -> None:
     assert check_poll_max(10) == 10.0
     for bad in (0, -1, 0.01, 7200, True, "2s"):

@@ -262,6 +262,59 @@ def test_a_claimed_job_no_thread_started_is_renewed_and_given_back_at_the_stop(
         q.close()
 
 
+def test_a_bucket_worker_that_went_idle_drains_a_burst_without_waiting_for_news_each_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a round that found nothing, the claiming thread waits on the ready watch for news; once
+    the news came and a round claimed jobs, the queue is busy and the next round claims at once. It
+    used to wait for fresh news before every round, and the watch lists each new job once: a burst
+    put after a quiet spell ran one round per news (a handful of jobs), the rest at the minute's rescan."""
+    q, _, _ = _memory_queue(monkeypatch, 0)
+    worker = Worker("s3://mem/farm", lambda job: time.sleep(0.005), concurrency=2, poll=0.2)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        _wait(lambda: _Spied.claims, "a first, empty, claim round")
+        time.sleep(0.3)  # the round found nothing: the consumer now waits on its watch
+        ids = {q.enqueue(b"burst %d" % i) for i in range(30)}
+        _wait(lambda: worker.stats.acked == len(ids), "the burst drained", timeout=15.0)
+    finally:
+        worker.stop()
+        thread.join(60)
+        q.close()
+    assert not thread.is_alive()
+    assert (worker.stats.acked, worker.stats.lost) == (30, 0)
+
+
+def test_the_renewing_thread_is_not_woken_for_each_job_due_after_its_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job registered with the renewer is due a renewal a third of a lease later: the renewer, which
+    wakes at least once a second, is woken early only for a job due before then, not for every job
+    (two thread switches and a GIL hand-off a job). Its loops are counted, and bounded by the seconds."""
+    q, ids, _ = _memory_queue(monkeypatch, 40)
+    loops: list[float] = []
+    real = Worker._publish_progress
+
+    def counted(self: Worker) -> None:
+        loops.append(time.monotonic())
+        real(self)
+
+    monkeypatch.setattr(Worker, "_publish_progress", counted)
+    worker = Worker("s3://mem/farm", lambda job: None, concurrency=4, poll=0.1)
+    thread = threading.Thread(target=worker.run)
+    started = time.monotonic()
+    thread.start()
+    try:
+        _wait(lambda: worker.stats.acked == len(ids), "every job acked")
+        seconds = time.monotonic() - started
+        woken = len([t for t in loops if t <= started + seconds])
+    finally:
+        worker.stop()
+        thread.join(60)
+        q.close()
+    assert not thread.is_alive()
+    assert woken <= seconds + 2, f"the renewer looped {woken} times in {seconds:.1f}s for {len(ids)} jobs"
+
+
 def _wait(pred: Callable[[], object], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not pred():

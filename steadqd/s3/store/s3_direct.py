@@ -116,9 +116,11 @@ class _Fields(http.client.HTTPMessage):
     def __init__(self, fields: list[tuple[str, str]]) -> None:
         super().__init__()
         self._headers = fields  # email.message.Message's own list: items(), get_all() and the rest read it
-        self._first: dict[str, str] = {}
-        for name, value in fields:
-            self._first.setdefault(name.lower(), value)
+        lowered = [(name.lower(), value) for name, value in fields]
+        self._first = dict(reversed(lowered))
+        # Each lowercased name's last value: the client's answer dictionary, as a dict built from urllib3's
+        # header items would be (they are these fields: a value never holds the CRLF urllib3 would unfold).
+        self.last = dict(lowered)
 
     def get(self, name: str, failobj: Any = None) -> Any:
         return self._first.get(name.lower(), failobj)
@@ -143,13 +145,25 @@ def _read_fields(fp: Any) -> _Fields:
     answer (outcome unknown for a write). An obsolete folded line (RFC 9112
     §5.2) continues the previous value after one space.
     """
-    fields: list[tuple[str, str]] = []
+    lines: list[bytes] = []
     for _ in range(_MAX_HEADERS + 1):
         line = fp.readline(_MAX_HEADER_LINE + 1)
         if len(line) > _MAX_HEADER_LINE:
             raise http.client.LineTooLong("header line")
         if line in (b"\r\n", b"\n", b""):
-            return _Fields(fields)
+            block = b"".join(lines).decode("iso-8859-1")
+            found = _PLAIN_FIELD.findall(block)
+            if len(found) == len(lines):  # every line a plain 'name: value' (all but odd answers): one pass
+                return _Fields([(name, value.rstrip(" \t")) for name, value in found])
+            return _Fields(_parse_lines(lines))
+        lines.append(line)
+    raise HTTPException(f"got more than {_MAX_HEADERS} headers")
+
+
+def _parse_lines(lines: list[bytes]) -> list[tuple[str, str]]:
+    """The fields of a header block line by line: folded lines joined, a line that is no field refused."""
+    fields: list[tuple[str, str]] = []
+    for line in lines:
         text = line.decode("iso-8859-1").rstrip("\r\n")
         if text[:1] in (" ", "\t"):
             if not fields:
@@ -162,11 +176,17 @@ def _read_fields(fp: Any) -> _Fields:
         if not colon or not _FIELD_NAME.fullmatch(name):
             raise HTTPException(f"the answer has a header line that is no 'name: value': {text[:80]!r}")
         fields.append((name, value.strip(" \t")))
-    raise HTTPException(f"got more than {_MAX_HEADERS} headers")
+    return fields
 
 
 # RFC 9110 §5.6.2: a field name is a token.
-_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_FIELD_NAME = re.compile(_TOKEN)
+# A whole line 'name: value' with no CR but its line end's: anchored at a line's start and ending at its
+# end, so a block is plain when there are as many matches as lines, and each match is what the line-by-line
+# parser makes of that line once the value's trailing blanks are stripped. Possessive (Python 3.11): no
+# backtracking, so a hostile 64 KiB line costs linear time.
+_PLAIN_FIELD = re.compile(rf"^({_TOKEN}):[ \t]*+([^\r\n]*+)\r?\n", re.MULTILINE)
 
 
 class _Response(http.client.HTTPResponse):
@@ -453,7 +473,7 @@ class DirectClient:
             host, target = self._target(host, bucket, key, query or [])
             signed = self._sign(method, region, host, target, dict(headers or {}), body)
             response = self._urlopen(method, f"{self._scheme}://{host}{target}", body, signed)
-            answer = {name.lower(): value for name, value in response.headers.items()}
+            answer = _answer_fields(response)
             if response.status < 300:
                 return response, answer
             data = _Body(self, response).read()
@@ -525,6 +545,19 @@ class DirectClient:
         if isinstance(exc, (urllib3.exceptions.ReadTimeoutError, TimeoutError)):
             return ReadTimeoutError(endpoint_url=self.meta.endpoint_url, error=exc)
         return ConnectionClosedError(endpoint_url=self.meta.endpoint_url, error=exc)
+
+
+def _answer_fields(response: urllib3.BaseHTTPResponse) -> dict[str, str]:
+    """The answer's headers by lowercased name (the last value of a repeated one).
+
+    Read from the header block :class:`_Response` parsed, where it can be
+    (urllib3 keeps it as ``_original_response``, as requests reads it): a
+    dictionary made while parsing, rather than walking urllib3's copy.
+    """
+    fields = getattr(getattr(response, "_original_response", None), "msg", None)
+    if isinstance(fields, _Fields):
+        return fields.last
+    return {name.lower(): value for name, value in response.headers.items()}
 
 
 class _Body:
