@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -92,7 +93,9 @@ def test_a_worker_killed_right_after_the_exec_leaves_no_grandchild(
 
 def _start(path: str, argv: list[str], guard_fd: int, env: dict[str, str]) -> subprocess.Popen[bytes] | Any:
     """Start ``argv`` on one spawn path, its child writing its guard line to ``guard_fd``; Popen's OSError."""
-    kwargs: dict[str, Any] = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    kwargs: dict[str, Any] = dict(
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+    )
     tail = guard.GroupGuard().tail(env.get("STEADQ_JOB_ID", ""))
     if path == "compiled":
         return fastspawn.spawn(
@@ -216,3 +219,27 @@ def test_a_worker_whose_guard_died_tells_a_new_one_the_group() -> None:
         if sleeper is not None and sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_command_keeps_no_guard_descriptor(path: str) -> None:
+    """A command holding the guard's pipe could write lines of its own (another group's id to kill)."""
+    r, w = _guard_pipe()
+    env = {"PATH": os.environ["PATH"]}
+    try:
+        proc = _start(path, ["sleep", "1000"], w, env)
+    finally:
+        os.close(w)
+    try:
+        raw = b""
+        while select.select([r], [], [], DEADLINE)[0] and (chunk := os.read(r, 4096)):
+            raw += chunk
+        assert raw == b"+%d\n" % proc.pid
+        assert proc.poll() is None  # EOF while the command runs: it has no copy of the write end
+        assert sorted(os.listdir(f"/proc/{proc.pid}/fd")) == ["0", "1", "2"]
+    finally:
+        os.close(r)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
