@@ -111,6 +111,9 @@ def launch(
     makes CPython fork anyway.
     With ``input: stdin`` its stdin is the read-only payload copy itself: a
     regular file cannot deadlock the loop the way a pipe it must feed could.
+    On every path the child tells the guard its group before the command can
+    run (:meth:`GroupGuard.pipe`): told after the spawn returned, a worker
+    killed in between would leave a running group the guard never heard of.
     """
     stdin: Any = subprocess.DEVNULL
     stdin_file = None
