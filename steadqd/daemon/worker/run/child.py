@@ -55,7 +55,7 @@ from steadqd.daemon.journal import INFO, WARNING, Log, short_id
 from steadqd.daemon.service import Loop, Timers
 from steadqd.daemon.worker.run import exec_helper, fastspawn
 from steadqd.daemon.worker.run.fastspawn import Process
-from steadqd.daemon.worker.run.guard import die_with_parent, process_guard
+from steadqd.daemon.worker.run.guard import GroupGuard, die_with_parent, process_guard
 
 __all__ = ["Child", "command_argv", "identity", "launch", "spawn", "terminate"]
 
@@ -111,6 +111,9 @@ def launch(
     makes CPython fork anyway.
     With ``input: stdin`` its stdin is the read-only payload copy itself: a
     regular file cannot deadlock the loop the way a pipe it must feed could.
+    On every path the child tells the guard its group before the command can
+    run (:meth:`GroupGuard.pipe`): told after the spawn returned, a worker
+    killed in between would leave a running group the guard never heard of.
     """
     stdin: Any = subprocess.DEVNULL
     stdin_file = None
@@ -120,13 +123,20 @@ def launch(
             stdin = stdin_file
         report: int | None = None
         proc: Process
+        guard = process_guard(env.get("STEADQ_QUEUE", ""))
+        job_id = env.get("STEADQ_JOB_ID", "")
+        told = False  # has the child written its own guard line (or will Popen's preexec_fn)?
         if fastspawn.available():
+            guard_fd = guard.pipe()
+            told = guard_fd >= 0
             proc = fastspawn.spawn(
                 command_argv(cfg),
                 env=env,
                 cwd=cfg.working_directory,
                 stdin_fd=None if stdin_file is None else stdin_file.fileno(),
                 credentials=credentials,
+                guard_fd=guard_fd,
+                guard_tail=guard.tail(job_id),
             )
         else:
             kwargs: dict[str, Any] = dict(
@@ -142,14 +152,43 @@ def launch(
             # With user:/group: CPython forks whatever we pass, and that user need not be able to
             # execute the helper (a checkout under /root); an uninstalled tree has no helper.
             if exec_helper.available() and not credentials:
-                proc, report = exec_helper.start(command_argv(cfg), **kwargs)
+                guard_fd = guard.pipe()
+                told = guard_fd >= 0
+                proc, report = exec_helper.start(command_argv(cfg), guard_fd=guard_fd, **kwargs)
             else:
-                proc = subprocess.Popen(command_argv(cfg), preexec_fn=die_with_parent(), **kwargs)
-        process_guard(env.get("STEADQ_QUEUE", "")).watch(proc.pid, env.get("STEADQ_JOB_ID", ""))
+                proc = _popen_telling_the_guard(command_argv(cfg), guard, job_id, kwargs)
+                told = True  # by the preexec_fn; started() sees a guard that could not be started
+        guard.started(proc.pid, job_id, told=told)
         return proc, report
     finally:
         if stdin_file is not None:
             stdin_file.close()
+
+
+def _popen_telling_the_guard(
+    argv: list[str], guard: GroupGuard, job_id: str, kwargs: Mapping[str, Any]
+) -> subprocess.Popen[bytes]:
+    """Popen with :func:`die_with_parent` as ``preexec_fn``, which also tells the guard the group.
+
+    A failed exec makes Popen raise after reaping the child, with no pid: the child wrote it to a pipe
+    of ours too, so its guard line is taken back.
+    """
+    pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        try:
+            preexec = die_with_parent(guard.pipe(), guard.tail(job_id), pid_w)
+            return subprocess.Popen(argv, preexec_fn=preexec, **kwargs)
+        except OSError:
+            os.close(pid_w)
+            pid_w = -1
+            os.set_blocking(pid_r, False)
+            with contextlib.suppress(OSError, ValueError):
+                guard.failed(int(os.read(pid_r, 32)))
+            raise
+    finally:
+        os.close(pid_r)
+        if pid_w >= 0:
+            os.close(pid_w)
 
 
 def spawn(cfg: WorkerConfig, env: Mapping[str, str], payload_path: str, credentials: Mapping[str, Any]) -> Process:

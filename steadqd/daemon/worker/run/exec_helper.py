@@ -39,20 +39,23 @@ def available() -> bool:
     return os.access(HELPER, os.X_OK)
 
 
-def start(argv: Sequence[str], **kwargs: Any) -> tuple[subprocess.Popen[bytes], int]:
+def start(argv: Sequence[str], *, guard_fd: int = -1, **kwargs: Any) -> tuple[subprocess.Popen[bytes], int]:
     """Start ``argv`` through the helper; returns the process and the read end of its report pipe.
 
     Returns as soon as Popen does, before the command's own exec: the
     caller reads the report (EOF: the command runs; bytes: a failed exec,
     :func:`start_error`) and closes it. ``kwargs`` must not hold
     ``preexec_fn`` (it would bring the fork back) or ``pass_fds`` (the
-    helper's report descriptor is the one passed).
+    helper's report descriptor is the one passed). ``guard_fd`` (-1: none): the guard's pipe, to which
+    the helper writes ``+PID`` (and the job id of the environment's ``STEADQ_JOB_ID``) before the command
+    can run (steadqd.daemon.worker.run.guard).
     """
     if "preexec_fn" in kwargs or "pass_fds" in kwargs:
         raise ValueError("exec_helper.popen sets the parent-death signal itself and passes its own descriptor")
     r, w = os.pipe2(os.O_CLOEXEC)
     try:
-        proc = subprocess.Popen([str(HELPER), str(os.getpid()), str(w), *argv], pass_fds=(w,), **kwargs)
+        fds = (w, guard_fd) if guard_fd >= 0 else (w,)
+        proc = subprocess.Popen([str(HELPER), str(os.getpid()), str(w), str(guard_fd), *argv], pass_fds=fds, **kwargs)
     except BaseException:
         os.close(r)
         raise

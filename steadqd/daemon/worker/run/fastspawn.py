@@ -175,6 +175,8 @@ def spawn(
     stdin_fd: int | None,
     credentials: Mapping[str, Any],
     parent: int | None = None,
+    guard_fd: int = -1,
+    guard_tail: bytes = b"\n",
 ) -> Spawned:
     """Start ``argv`` in a session of its own, stdout and stderr on pipes, stdin from ``stdin_fd`` (None:
     /dev/null), as ``credentials`` say (:func:`steadqd.daemon.worker.run.child.identity`'s keywords).
@@ -182,6 +184,8 @@ def spawn(
     Returns once its exec worked; raises Popen's ``OSError`` when a step failed, ``ValueError`` for a NUL
     in an argument or the environment (as Popen does). ``parent``: the pid the child must find as its parent
     before it executes anything (default: this process; a test passes another to see it refuse).
+    ``guard_fd``: the guard's pipe (close-on-exec, >= 3; -1: none), to which the child writes
+    ``+PID`` and ``guard_tail`` before it runs anything, and ``-PID`` if it then fails.
     """
     assert _fastspawn is not None, "spawn() without the compiled module: check available() first"
     ffi, lib = _fastspawn.ffi, _fastspawn.lib
@@ -196,6 +200,7 @@ def spawn(
     c_cwd = ffi.new("char[]", _cstr(cwd, "working directory")) if cwd is not None else ffi.NULL
     groups = credentials.get("extra_groups")
     c_groups = ffi.new("gid_t[]", list(groups)) if groups is not None else ffi.NULL
+    c_tail = ffi.new("char[]", guard_tail)
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     try:
@@ -209,6 +214,7 @@ def spawn(
         a.uid = credentials.get("user", -1)
         a.parent = os.getpid() if parent is None else parent
         a.max_fd = os.sysconf("SC_OPEN_MAX")
+        a.guard_fd, a.guard_tail = guard_fd, c_tail
         stage, err = ffi.new("int *"), ffi.new("int *")
         pid = lib.steadq_spawn(a, stage, err)
     except BaseException:

@@ -33,6 +33,8 @@ struct steadq_spawn_args {
     long uid;
     long parent;
     long max_fd;
+    int guard_fd;
+    const char *guard_tail;
 };
 int steadq_spawn(const struct steadq_spawn_args *a, int *stage, int *err);
 """

@@ -17,8 +17,12 @@ Parent-death signal
 The guard process
     One small process per worker (``python -m steadqd.daemon.worker.run.guard``) holds
     the read end of a pipe; the worker, the only holder of the write end,
-    sends ``+PGID`` when it starts a command and ``-PGID`` just before it
-    reaps the command's leader. When the pipe reaches EOF the worker is gone:
+    has ``+PGID`` sent when it starts a command and sends ``-PGID`` just before it
+    reaps the command's leader. ``+PGID`` is written by the spawned child
+    itself before the command can run (spawn.c, ``steadq-exec``, or the
+    ``preexec_fn``): written by the worker after the spawn returned, it
+    would miss a worker killed in between while the command already ran and
+    forked (:meth:`GroupGuard.pipe`). When the pipe reaches EOF the worker is gone:
     the guard SIGKILLs every group still on its list (the grandchildren the
     parent-death signal does not reach) and exits. ``-PGID`` goes out while
     the leader is still an unreaped zombie, which pins the number, so the
@@ -40,6 +44,7 @@ escapes this; under systemd the unit's cgroup (``KillMode=mixed``) holds it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import signal
@@ -57,24 +62,51 @@ __all__ = ["GroupGuard", "die_with_parent", "main", "process_guard"]
 READ_PACE = 0.05  # s; the guard's shortest time between two reads of the worker's lines (see _read_groups)
 
 
-def die_with_parent() -> Callable[[], None]:
+def die_with_parent(guard_fd: int = -1, tail: bytes = b"\n", pid_fd: int = -1) -> Callable[[], None]:
     """A ``preexec_fn`` for a job: SIGKILL when this process's forking thread dies.
 
     The fallback of ``steadq-exec``, which does the same without making Popen fork.
 
     Call it in the thread that forks, and fork from the loop's thread: the
     kernel sends the signal when the parent *thread* exits. The function runs
-    in the forked child, so it does nothing but two syscalls; the getppid
-    check closes the race of a worker that died before the prctl.
+    in the forked child, so it does little but syscalls; the getppid check
+    closes the race of a worker that died before the prctl.
+
+    With ``guard_fd`` (:meth:`GroupGuard.pipe`) it first writes ``+PID`` and
+    ``tail`` there, as spawn.c and ``steadq-exec`` do, and its pid to
+    ``pid_fd``: if the exec then fails, Popen raises without a pid, and the
+    worker takes the line back with :meth:`GroupGuard.failed`.
     """
     parent = os.getpid()
 
     def preexec() -> None:
+        told = False
+        if guard_fd >= 0:
+            pid = os.getpid()
+            told = _write_guard(guard_fd, b"+%d" % pid + tail)
+            if told and pid_fd >= 0:
+                os.write(pid_fd, b"%d" % pid)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:
+            if told:
+                _write_guard(guard_fd, b"-%d\n" % os.getpid())
             os._exit(255)
 
     return preexec
+
+
+def _write_guard(fd: int, line: bytes) -> bool:
+    """One line to the guard from a forked child, where SIGPIPE is back to its default: a dead guard's EPIPE
+    must not kill the job. The signal is blocked around the write and a pending one taken."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
+    try:
+        os.write(fd, line)
+    except OSError:
+        signal.sigtimedwait({signal.SIGPIPE}, 0)
+        return False
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return True
 
 
 class GroupGuard:
@@ -89,13 +121,46 @@ class GroupGuard:
 
     def watch(self, pgid: int, job_id: str = "") -> None:
         """A command was started as group ``pgid`` for ``job_id``; never raises (the job runs either way)."""
+        self.started(pgid, job_id, told=False)
+
+    def pipe(self) -> int:
+        """The guard's pipe for a spawn whose child writes its own ``+PGID`` line (-1: no guard could be started).
+
+        The child writes before its command can run, so a worker killed while
+        it is still on its way back from the spawn leaves no group unknown.
+        The descriptor is close-on-exec and never 0, 1 or 2 (which a spawn
+        overwrites). It changes when a dead guard is replaced: ask each time.
+        """
+        if self._fd < 0:
+            self._start()
+        return self._fd
+
+    def tail(self, job_id: str) -> bytes:
+        """What follows ``+PGID`` on a line a child writes: the job id if it is one, then the newline."""
+        return f" {job_id}\n".encode() if _JOB_ID.fullmatch(job_id) else b"\n"
+
+    def started(self, pgid: int, job_id: str = "", *, told: bool) -> None:
+        """Group ``pgid`` runs ``job_id``; ``told``: its child wrote the line to :meth:`pipe` itself. Never raises.
+
+        A child's line can have gone nowhere (EPIPE: the guard had died); a
+        guard found dead is replaced here with the whole list, this group
+        included. A line the guard gets twice is harmless: it keeps a set.
+        """
         self.groups.add(pgid)
         self.jobs[pgid] = job_id
-        self._send(self._line(pgid))
+        if not told or not self.running():
+            self._send(self._line(pgid))
 
     def _line(self, pgid: int) -> str:
         job = self.jobs.get(pgid, "")
         return f"+{pgid} {job}\n" if _JOB_ID.fullmatch(job) else f"+{pgid}\n"
+
+    def failed(self, pgid: int) -> None:
+        """A child that wrote ``+PGID`` itself failed to execute its command: take the line back."""
+        self.groups.discard(pgid)
+        self.jobs.pop(pgid, None)
+        if self.running():
+            self._send(f"-{pgid}\n")
 
     def forget(self, pgid: int) -> None:
         """Its leader is about to be reaped: the id may be reused after that."""
@@ -135,6 +200,10 @@ class GroupGuard:
 
     def _start(self) -> bool:
         r, w = os.pipe2(os.O_CLOEXEC)
+        if w < 3:  # a daemon started with 0, 1 or 2 closed: a spawn's dup2 onto those would replace it
+            moved = fcntl.fcntl(w, fcntl.F_DUPFD_CLOEXEC, 3)
+            os.close(w)
+            w = moved
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "steadqd.daemon.worker.run.guard", str(os.getpid()), self.queue],

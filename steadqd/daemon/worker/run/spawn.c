@@ -3,6 +3,12 @@
  *
  * The child does, in this order, what Popen's child and steadq-exec did between
  * them (CPython's _posixsubprocess child_exec, then exec_helper.c):
+ *   0. "+PID[ JOBID]" to the worker's guard (guard.py), its pid being the
+ *      group id it takes at step 4: the guard knows the group before the
+ *      command can run, however long the worker takes to return from here
+ *      (a SIGKILLed worker's guard kills it). One write of < PIPE_BUF bytes
+ *      to a pipe is atomic. A failed write (the guard is dead: EPIPE) is no
+ *      failure: the worker replaces the guard with its whole list;
  *   1. stdin/stdout/stderr onto 0, 1, 2 (Popen's care for a source that is
  *      itself 0, 1 or 2: the daemon may run with those closed);
  *   2. chdir to the working directory;
@@ -12,13 +18,16 @@
  *   5. setgroups, setregid, setreuid (a job run as another user), in that
  *      order: groups while still privileged, the uid last (raw system calls:
  *      see there why not the C library's);
- *   6. every other descriptor closed (close_range; a loop without it);
+ *   6. every other descriptor closed (close_range; a loop without it), but
+ *      the guard's, which is close-on-exec;
  *   7. PR_SET_PDEATHSIG(SIGKILL), after the uid change, which clears it;
  *      then the check that the worker is still the parent (else the signal
  *      would never come: exit 255 without running anything);
  *   8. execve of each candidate path in turn (Popen's PATH search, the list
  *      made by the caller from the job's own PATH): the first error other
  *      than ENOENT/ENOTDIR wins, else the last one.
+ * A child that got past step 0 and fails later tells the guard "-PID" before
+ * it exits, while it is alive and its pid cannot be reused.
  *
  * With vfork the parent is suspended until the exec or _exit, and they share
  * memory: a failure is reported through *stage and *err (which step, which
@@ -54,12 +63,67 @@
 #define SYS_SETREUID SYS_setreuid
 #endif
 
+/* The child's own record of its guard line (its stack, not the suspended parent's). */
+struct told {
+    pid_t pid;
+    int told; /* the guard got "+PID": a failure must take it back */
+};
+
+/* Write "<sign>PID<tail>" to the guard in one write; 0 when it went out whole. Async-signal-safe. */
+static int guard_line(int fd, char sign, pid_t pid, const char *tail)
+{
+    char buf[128], digits[16];
+    size_t n = 0, d = 0, tl = strlen(tail);
+    if (tl > sizeof buf - sizeof digits - 1)
+        return -1;
+    buf[n++] = sign;
+    do {
+        digits[d++] = (char)('0' + pid % 10);
+        pid /= 10;
+    } while (pid > 0);
+    while (d > 0)
+        buf[n++] = digits[--d];
+    memcpy(buf + n, tail, tl);
+    n += tl;
+    ssize_t w;
+    while ((w = write(fd, buf, n)) < 0 && errno == EINTR)
+        ;
+    return w == (ssize_t)n ? 0 : -1;
+}
+
+/* A failed step after "+PID": take it back. SIGPIPE blocked first, so a guard that died meanwhile costs
+ * a pending signal that _exit discards, not the child's report of what failed. */
+static void untell(const struct steadq_spawn_args *a, const struct told *t)
+{
+    if (!t->told)
+        return;
+    sigset_t pipe_only;
+    sigemptyset(&pipe_only);
+    sigaddset(&pipe_only, SIGPIPE);
+    sigprocmask(SIG_BLOCK, &pipe_only, NULL);
+    guard_line(a->guard_fd, '-', t->pid, "\n");
+}
+
 /* The child's steps. Returns only on failure: its errno, with the step in *stage (a local of child()). */
-static __attribute__((noinline)) int child_steps(const struct steadq_spawn_args *a, const sigset_t *old_mask, int *stage)
+static __attribute__((noinline)) int child_steps(const struct steadq_spawn_args *a, const sigset_t *old_mask, int *stage,
+                                                 struct told *t)
 {
     int in = a->stdin_fd, out = a->stdout_fd, err = a->stderr_fd;
 
     *stage = STEADQ_SPAWN_SETUP; /* until the exec loop: a failure before it is not the command's */
+    if (a->guard_fd >= 3) {
+        t->pid = (pid_t)syscall(SYS_getpid);
+        t->told = guard_line(a->guard_fd, '+', t->pid, a->guard_tail) == 0;
+        if (!t->told) {
+            /* Every signal is blocked here, so EPIPE left a SIGPIPE pending, which would kill the child once
+             * the mask is restored: ignoring it discards it (step 3 sets the default back). */
+            struct sigaction ign;
+            memset(&ign, 0, sizeof ign);
+            ign.sa_handler = SIG_IGN;
+            sigemptyset(&ign.sa_mask);
+            sigaction(SIGPIPE, &ign, NULL);
+        }
+    }
     /* A source on a lower standard descriptor would be overwritten by an earlier dup2 (CPython #12607). */
     if (out == 0 && (out = dup(out)) < 0)
         return errno;
@@ -112,15 +176,27 @@ static __attribute__((noinline)) int child_steps(const struct steadq_spawn_args 
     if (a->uid >= 0 && syscall(SYS_SETREUID, a->uid, a->uid) != 0)
         return errno;
 
-    if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
-        for (long fd = 3; fd < a->max_fd; fd++)
-            close((int)fd);
+    if (a->guard_fd < 3) {
+        if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
+            for (long fd = 3; fd < a->max_fd; fd++)
+                close((int)fd);
+        }
+    } else { /* all but the guard's: a failure below still has to tell it; the exec closes it */
+        unsigned g = (unsigned)a->guard_fd;
+        int below = g == 3 || syscall(SYS_close_range, 3U, g - 1, 0U) == 0;
+        if (!below || syscall(SYS_close_range, g + 1, ~0U, 0U) != 0) {
+            for (long fd = 3; fd < a->max_fd; fd++)
+                if (fd != a->guard_fd)
+                    close((int)fd);
+        }
     }
 
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
         return errno;
-    if (getppid() != (pid_t)a->parent)
+    if (getppid() != (pid_t)a->parent) {
+        untell(a, t);
         _exit(255);
+    }
 
     *stage = STEADQ_SPAWN_EXEC;
     int first = 0, last = ENOENT;
@@ -139,9 +215,11 @@ static __attribute__((noinline, noreturn)) void child(const struct steadq_spawn_
                                                       int *stage, int *err)
 {
     int st = STEADQ_SPAWN_SETUP;
-    int e = child_steps(a, old_mask, &st);
+    struct told t = {0, 0};
+    int e = child_steps(a, old_mask, &st, &t);
     *err = e;
     *stage = st;
+    untell(a, &t);
     _exit(127);
 }
 

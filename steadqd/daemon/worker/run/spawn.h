@@ -21,6 +21,8 @@ struct steadq_spawn_args {
     long uid;    /* -1: unchanged */
     long parent; /* the worker's pid: a child whose parent is another exits 255 */
     long max_fd; /* descriptors below this are closed when close_range is missing */
+    int guard_fd;           /* the guard's pipe (close-on-exec, >= 3), or -1: the child writes "+PID" there */
+    const char *guard_tail; /* what follows the pid on that line: " JOBID\n" or "\n" */
 };
 
 /* The child's pid, or -1 with the failed step in *stage and its errno in *err (the child reaped). */
