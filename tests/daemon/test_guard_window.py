@@ -63,18 +63,18 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("spawn_path", ["compiled", "popen", "popen-preexec"])
 @pytest.mark.parametrize("job_id", ["0123456789abcdef0123456789abcdef", ""])
 def test_a_worker_killed_right_after_the_exec_leaves_no_grandchild(
-    tmp_path: Path, spawn_path: str, job_id: str
+    tmp_path: Path, spawn_path: str, job_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With and without a job id: the group kill alone must do it (the env scan needs the id).
 
     ``popen-preexec``: a command run as a user (this one) on the fallback is started by Popen with a
     ``preexec_fn``, not through ``steadq-exec``."""
-    env = dict(os.environ)
     if spawn_path.startswith("popen"):
-        env[fastspawn.SWITCH] = "popen"
-    else:
-        env.pop(fastspawn.SWITCH, None)
+        monkeypatch.setenv(fastspawn.SWITCH, "popen")
+    else:  # also when the whole suite runs on the fallback (STEADQ_SPAWN=popen): this case is the compiled one
+        monkeypatch.delenv(fastspawn.SWITCH, raising=False)
         assert fastspawn.available(), fastspawn.path()
+    env = dict(os.environ)
     marker = tmp_path / "grandchild"
     argv = [sys.executable, "-c", _WORKER, str(marker), job_id, "as" if spawn_path == "popen-preexec" else ""]
     worker = subprocess.Popen(argv, env=env)
