@@ -34,6 +34,7 @@ __all__ = [
     "Seaweed",
     "SeaweedMissing",
     "free_ports",
+    "local_socket",
     "running",
     "server_command",
     "start",
@@ -166,7 +167,24 @@ def server_command(
         "-s3.port.lance=0",
         f"-s3.config={identities}",
         f"-s3.autoCreateBucket={str(auto_create_bucket).lower()}",
+        *local_socket("filer.localSocket", root, "filer.sock"),
+        *local_socket("s3.localSocket", root, "s3.sock"),
     ]
+
+
+# sun_path holds 108 bytes with its NUL.
+_SUN_PATH_MAX = 107
+
+
+def local_socket(flag: str, root: str, name: str) -> list[str]:
+    """``-<flag>=<root>/<name>``: weed's local socket in the server's own directory, not its /tmp default.
+
+    The default, ``/tmp/seaweedfs-<role>-<port>.sock``, is left behind in the machine's /tmp by every
+    server, and two gateways on one port in separate network namespaces (tests/stowq/netns.py) share
+    that path: the second to bind fails. A directory too deep for a socket path keeps the default.
+    """
+    path = os.path.join(root, name)
+    return [f"-{flag}={path}"] if len(os.fsencode(path)) <= _SUN_PATH_MAX else []
 
 
 def _answers(url: str, *, any_status: bool) -> bool:

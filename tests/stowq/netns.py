@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from steadqd.demo import seaweed as launcher
 from steadqd.errors import NotCommitted, NotFound
 from steadqd.s3.store.base import SEAWEEDFS
 from steadqd.s3.store.s3 import S3Settings, S3Store
@@ -315,6 +316,7 @@ class Cluster:
             "-autoCreateBucket=false",
             "-port.iceberg=0",
             "-port.lance=0",
+            *launcher.local_socket("localSocket", str(self.root), f"s3-{gateway}.sock"),
         )
 
     def kill_gateway(self, gateway: int, hang_s: float) -> None:
@@ -418,6 +420,7 @@ def start_cluster(root: Path, weed: str, store_hosts: tuple[Host, Host], client:
             f"-port={FILER_PORT}",
             f"-master={cluster.master}",
             f"-defaultStoreDir={root / 'filer'}",
+            *launcher.local_socket("localSocket", str(root), "filer.sock"),
         )
         for gateway in (0, 1):
             cluster.start_gateway(gateway)

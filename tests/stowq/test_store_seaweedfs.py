@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
+import stat
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -171,3 +174,13 @@ def test_the_standard_aws_environment_alone_reaches_the_store(
     assert from_env.location == f"s3://{LIVE_BUCKET} at {seaweed.endpoint}"
     from_env.list_page("", limit=1)
     from_env.close()
+
+
+def test_the_servers_local_sockets_live_in_its_own_directory_not_in_tmp(seaweed: Seaweed) -> None:
+    """weed's default, /tmp/seaweedfs-<role>-<port>.sock, litters the machine's /tmp with every server and
+    makes two gateways on one port in separate network namespaces fight over one path (CI: "bind: address
+    already in use", a multihost gateway exited)."""
+    for name in ("s3.sock", "filer.sock"):
+        assert stat.S_ISSOCK(os.stat(seaweed.root / name).st_mode), name
+    port = urlsplit(seaweed.endpoint).port
+    assert not os.path.exists(f"/tmp/seaweedfs-s3-{port}.sock")
