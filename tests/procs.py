@@ -21,6 +21,16 @@ def die_with_parent() -> None:
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited: a zombie (Z) or a dead task (X) does not run."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
 def alive(pid: int) -> bool:
     """Whether process ``pid`` exists in this pid namespace (``kill(pid, 0)``); another user's counts as alive."""
     try:

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from steadqd.daemon.worker.run import child, exec_helper, fastspawn, guard
+from tests.procs import running
 
 from .conftest import DEADLINE, wait_for
 
@@ -52,14 +53,6 @@ child.launch(cfg, env, os.devnull, credentials)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
 @pytest.mark.parametrize("spawn_path", ["compiled", "popen", "popen-preexec"])
 @pytest.mark.parametrize("job_id", ["0123456789abcdef0123456789abcdef", ""])
 def test_a_worker_killed_right_after_the_exec_leaves_no_grandchild(
@@ -82,12 +75,12 @@ def test_a_worker_killed_right_after_the_exec_leaves_no_grandchild(
     try:
         assert worker.wait(timeout=DEADLINE) == -9  # killed by its own command, stalled before the spawn returned
         grandchild = int(marker.read_text())
-        wait_for(lambda: not _alive(grandchild), DEADLINE, "the guard to kill the job's grandchild")
+        wait_for(lambda: not running(grandchild), DEADLINE, "the guard to kill the job's grandchild")
     finally:
         if worker.poll() is None:
             worker.kill()
             worker.wait()
-        if grandchild and _alive(grandchild):
+        if grandchild and running(grandchild):
             os.kill(grandchild, 9)
 
 

@@ -19,16 +19,9 @@ from steadqd import Queue
 from steadqd.daemon.config import WorkerConfig
 from steadqd.daemon.worker.run import fastspawn, guard
 from steadqd.daemon.worker.run.child import spawn
+from tests.procs import running
 
 from .conftest import DEADLINE, Env, job_spec, kill_group, live_group_members, wait_for
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 @pytest.mark.parametrize("role", ["worker", "run"])
@@ -42,11 +35,11 @@ def test_sigkill_of_the_daemon_kills_its_job_groups(denv: Env, daemons, role: st
         d.ready()
         info = denv.started(job, 1)
         pgid, grandchild = info["pgid"], info["grandchild"]
-        wait_for(lambda: _alive(grandchild), DEADLINE, "the grandchild to start")
+        wait_for(lambda: running(grandchild), DEADLINE, "the grandchild to start")
         d.proc.kill()
         d.wait()
         wait_for(lambda: not live_group_members(pgid), DEADLINE, "the job's process group to die")
-        assert not _alive(info["pid"]) and not _alive(grandchild)
+        assert not running(info["pid"]) and not running(grandchild)
         wait_for(lambda: "died with 1 job command still running" in d.log(), DEADLINE, "the guard's journal line")
     finally:
         if pgid is not None:
@@ -230,10 +223,10 @@ def test_a_process_that_left_the_job_s_group_dies_when_the_job_ends(denv: Env, d
         d.ready()
         sleeper = _escaped_pid(denv, job)
         d.wait_log(r"finished: ack")
-        wait_for(lambda: not _alive(sleeper), DEADLINE, "the escaped sleeper to die with its job")
+        wait_for(lambda: not running(sleeper), DEADLINE, "the escaped sleeper to die with its job")
         d.wait_log(r"killed 1 process that ended jobs left outside their process groups")
     finally:
-        if sleeper is not None and _alive(sleeper):
+        if sleeper is not None and running(sleeper):
             os.kill(sleeper, signal.SIGKILL)
 
 
@@ -249,8 +242,8 @@ def test_a_process_that_left_the_job_s_group_dies_with_a_sigkilled_daemon(denv: 
         sleeper = _escaped_pid(denv, job)
         d.proc.kill()
         d.wait()
-        wait_for(lambda: not _alive(sleeper), DEADLINE, "the escaped sleeper to die with the daemon")
+        wait_for(lambda: not running(sleeper), DEADLINE, "the escaped sleeper to die with the daemon")
         wait_for(lambda: "had left their process groups" in d.log(), DEADLINE, "the guard's journal line")
     finally:
-        if sleeper is not None and _alive(sleeper):
+        if sleeper is not None and running(sleeper):
             os.kill(sleeper, signal.SIGKILL)
