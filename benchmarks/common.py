@@ -487,3 +487,17 @@ def log(msg: str) -> None:
 
 def skipped(reason: str) -> dict[str, Any]:
     return {"skipped": reason}
+
+
+def copy_tree(dest: str) -> str:
+    """Copy the checkout's ``steadqd`` package (sources only) to ``dest/steadqd``; return ``dest``.
+
+    The scratch tree both compiled-path prototypes build on (benchmarks/compiled.py, benchmarks/ccore/).
+    """
+    os.makedirs(dest)
+    shutil.copytree(
+        os.path.join(REPO, "steadqd"),
+        os.path.join(dest, "steadqd"),
+        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc"),
+    )
+    return dest

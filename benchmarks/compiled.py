@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from . import lifecycle_cpu, loopdisk
-from .common import REPO, log, signals_unwind
+from .common import REPO, copy_tree, log, signals_unwind
 
 # The modules of a strict lifecycle with most of its Python (cProfile own time, docs/performance.md
 # "Where the time goes"), all in steadqd/fs/. ``linux`` is the syscall layer: compiled, its callers'
@@ -166,17 +166,6 @@ def hook(tree: str) -> dict[str, Any]:
         raise SystemExit(f"the hook child of {tree} failed ({r.returncode}):\n{r.stderr[-4000:]}")
     got: dict[str, Any] = json.loads(r.stdout)
     return got
-
-
-def copy_tree(dest: str) -> str:
-    """Copy the checkout's ``steadqd`` package (sources only) to ``dest/steadqd``; return ``dest``."""
-    os.makedirs(dest)
-    shutil.copytree(
-        os.path.join(REPO, "steadqd"),
-        os.path.join(dest, "steadqd"),
-        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc"),
-    )
-    return dest
 
 
 def mark_python_classes(source: str, classes: Sequence[str]) -> str:

@@ -27,7 +27,7 @@ import shutil
 import subprocess
 
 from benchmarks.ccore import build
-from benchmarks.common import REPO
+from benchmarks.common import copy_tree
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PATCH = os.path.join(HERE, "hook.patch")
@@ -39,13 +39,8 @@ def make_tree(dest: str) -> str:
     Raises SystemExit when ``hook.patch`` no longer applies (the checkout's verify.py or records.py moved on),
     and cffi's ``VerificationError`` when the C cannot be built here.
     """
-    os.makedirs(dest)
+    copy_tree(dest)
     fs_dir = os.path.join(dest, "steadqd", "fs")
-    shutil.copytree(
-        os.path.join(REPO, "steadqd"),
-        os.path.join(dest, "steadqd"),
-        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc"),
-    )
     # git apply outside a repository works like patch(1); the ceiling keeps it so even when ``dest`` lies
     # inside one (else it would apply the paths relative to that repository's top).
     ceiling = {**os.environ, "GIT_CEILING_DIRECTORIES": os.path.dirname(os.path.abspath(dest))}
