@@ -24,28 +24,13 @@ import hmac
 import time
 from typing import Any
 
-__all__ = ["EMPTY_SHA256", "Signer"]
+from botocore.auth import EMPTY_SHA256_HASH, SIGNED_HEADERS_BLACKLIST
 
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-# botocore.auth.SIGNED_HEADERS_BLACKLIST: headers a proxy or the HTTP library may change on the way.
-_UNSIGNED = frozenset(
-    {
-        "baggage",
-        "connection",
-        "expect",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "traceparent",
-        "tracestate",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "user-agent",
-        "x-amzn-trace-id",
-    }
-)
+__all__ = ["Signer"]
+
+# The empty payload's hash, and the headers a proxy or the HTTP library may change on the way, which
+# botocore's signer leaves unsigned: its own constants, so the two sign the same headers.
+_UNSIGNED = SIGNED_HEADERS_BLACKLIST
 _SERVICE = "s3"
 
 
@@ -98,7 +83,7 @@ class Signer:
         ``amz_date`` fixes the time (tests).
         """
         stamp = self._amz_date() if amz_date is None else amz_date
-        payload = hashlib.sha256(body).hexdigest() if body else EMPTY_SHA256
+        payload = hashlib.sha256(body).hexdigest() if body else EMPTY_SHA256_HASH
         signed = dict(headers)
         signed["X-Amz-Date"] = stamp
         if credentials.token:
