@@ -14,7 +14,6 @@ have been told by the spawn, so it kills the grandchild.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import select
 import signal
@@ -106,22 +105,13 @@ def _start(path: str, argv: list[str], guard_fd: int, env: dict[str, str]) -> su
         os.close(pid_w)
 
 
-def _guard_pipe() -> tuple[int, int]:
-    r, w = os.pipe2(os.O_CLOEXEC)
-    if w < 3:
-        w2 = fcntl.fcntl(w, fcntl.F_DUPFD_CLOEXEC, 3)
-        os.close(w)
-        w = w2
-    return r, w
-
-
 PATHS = ["compiled", "helper", "preexec"]
 JOB = "0123456789abcdef0123456789abcdef"
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_the_child_tells_the_guard_its_group_and_job(path: str) -> None:
-    r, w = _guard_pipe()
+    r, w = guard.guard_pipe()
     env = {"PATH": os.environ["PATH"], "STEADQ_JOB_ID": JOB}
     try:
         proc = _start(path, ["/bin/sh", "-c", "exit 0"], w, env)
@@ -152,7 +142,7 @@ def test_a_child_whose_exec_fails_takes_its_guard_line_back(path: str, monkeypat
     """Else the guard would hold a pid that is free again, and kill its next owner's group at the worker's death.
 
     On Popen's own exec (``preexec``) the child cannot: the worker takes it back with the pid it was sent."""
-    r, w = _guard_pipe()
+    r, w = guard.guard_pipe()
     env = {"PATH": os.environ["PATH"], "STEADQ_JOB_ID": JOB}
     try:
         with pytest.raises(FileNotFoundError):
@@ -179,7 +169,7 @@ def test_a_child_whose_exec_fails_takes_its_guard_line_back(path: str, monkeypat
 @pytest.mark.parametrize("path", PATHS)
 def test_a_dead_guard_does_not_stop_the_job(path: str) -> None:
     """EPIPE on the child's guard line (SIGPIPE at its default in Popen's child): the command runs as ever."""
-    r, w = _guard_pipe()
+    r, w = guard.guard_pipe()
     os.close(r)  # no reader: the guard is dead
     env = {"PATH": os.environ["PATH"], "STEADQ_JOB_ID": JOB}
     try:
@@ -217,7 +207,7 @@ def test_a_worker_whose_guard_died_tells_a_new_one_the_group() -> None:
 @pytest.mark.parametrize("path", PATHS)
 def test_the_command_keeps_no_guard_descriptor(path: str) -> None:
     """A command holding the guard's pipe could write lines of its own (another group's id to kill)."""
-    r, w = _guard_pipe()
+    r, w = guard.guard_pipe()
     env = {"PATH": os.environ["PATH"]}
     try:
         proc = _start(path, ["sleep", "1000"], w, env)

@@ -57,7 +57,7 @@ from pathlib import Path
 from steadqd.daemon.journal import Log
 from steadqd.daemon.process import PR_SET_PDEATHSIG, prctl, without_credentials
 
-__all__ = ["GroupGuard", "die_with_parent", "main", "process_guard"]
+__all__ = ["GroupGuard", "die_with_parent", "guard_pipe", "main", "process_guard"]
 
 READ_PACE = 0.05  # s; the guard's shortest time between two reads of the worker's lines (see _read_groups)
 
@@ -109,6 +109,24 @@ def _write_guard(fd: int, line: bytes) -> bool:
     return True
 
 
+def _tail(job_id: str) -> str:
+    """What follows ``+PGID`` on a guard line: the job id if it is one (the guard's escapee scan keys on it)."""
+    return f" {job_id}\n" if _JOB_ID.fullmatch(job_id) else "\n"
+
+
+def guard_pipe() -> tuple[int, int]:
+    """A close-on-exec pipe whose write end is never 0, 1 or 2.
+
+    A daemon may be started with those closed, and a spawn's dup2 onto them would replace the guard's end.
+    """
+    r, w = os.pipe2(os.O_CLOEXEC)
+    if w < 3:
+        moved = fcntl.fcntl(w, fcntl.F_DUPFD_CLOEXEC, 3)
+        os.close(w)
+        w = moved
+    return r, w
+
+
 class GroupGuard:
     """The worker's side: a pipe to the guard process, restarted if the guard died."""
 
@@ -137,7 +155,7 @@ class GroupGuard:
 
     def tail(self, job_id: str) -> bytes:
         """What follows ``+PGID`` on a line a child writes: the job id if it is one, then the newline."""
-        return f" {job_id}\n".encode() if _JOB_ID.fullmatch(job_id) else b"\n"
+        return _tail(job_id).encode()
 
     def started(self, pgid: int, job_id: str = "", *, told: bool) -> None:
         """Group ``pgid`` runs ``job_id``; ``told``: its child wrote the line to :meth:`pipe` itself. Never raises.
@@ -152,8 +170,11 @@ class GroupGuard:
             self._send(self._line(pgid))
 
     def _line(self, pgid: int) -> str:
-        job = self.jobs.get(pgid, "")
-        return f"+{pgid} {job}\n" if _JOB_ID.fullmatch(job) else f"+{pgid}\n"
+        return f"+{pgid}{_tail(self.jobs.get(pgid, ''))}"
+
+    def _lines(self) -> str:
+        """The whole list, for a guard started (again) while groups run."""
+        return "".join(self._line(g) for g in sorted(self.groups))
 
     def failed(self, pgid: int) -> None:
         """A child that wrote ``+PGID`` itself failed to execute its command: take the line back."""
@@ -196,14 +217,10 @@ class GroupGuard:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         self._proc.wait(timeout=1)
                 self._proc = None
-                line = "".join(self._line(g) for g in sorted(self.groups))
+                line = self._lines()
 
     def _start(self) -> bool:
-        r, w = os.pipe2(os.O_CLOEXEC)
-        if w < 3:  # a daemon started with 0, 1 or 2 closed: a spawn's dup2 onto those would replace it
-            moved = fcntl.fcntl(w, fcntl.F_DUPFD_CLOEXEC, 3)
-            os.close(w)
-            w = moved
+        r, w = guard_pipe()
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "steadqd.daemon.worker.run.guard", str(os.getpid()), self.queue],
@@ -218,7 +235,7 @@ class GroupGuard:
         finally:
             os.close(r)
         self._fd = w
-        initial = "".join(self._line(g) for g in sorted(self.groups))
+        initial = self._lines()
         if initial:
             try:
                 os.write(w, initial.encode())
