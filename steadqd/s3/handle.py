@@ -310,6 +310,13 @@ class BucketQueue:
         self._remember_settled(shard, job_id)
         return False
 
+    def _try_outcome(self, shard: int, job_id: bytes, floor_ns: int, lease_ns: int) -> Lease | Miss | SteadQError:
+        """:meth:`_try` on this thread, the store's failure as a value (as :func:`_outcome` for the pool's)."""
+        try:
+            return self._try(shard, job_id, floor_ns, lease_ns)
+        except SteadQError as exc:
+            return exc
+
     def _try(self, shard: int, job_id: bytes, floor_ns: int, lease_ns: int) -> Lease | Miss:
         got = claim_job(self._layout, shard, job_id, floor_ns=floor_ns, lease_duration_ns=lease_ns)
         if got is Miss.TERMINAL:
@@ -376,20 +383,15 @@ class BucketQueue:
         outcomes: list[Lease | Miss | SteadQError] = []
         if len(wave) == 1 or self._batch_threads == 1:
             for shard, job_id in wave:
-                try:
-                    outcomes.append(self._try(shard, job_id, floor_ns, lease_ns))
-                except SteadQError as exc:
-                    outcomes.append(exc)
+                outcomes.append(self._try_outcome(shard, job_id, floor_ns, lease_ns))
+                if isinstance(outcomes[-1], SteadQError):
                     break
         else:
             # The first claim runs on this thread, which would otherwise only wait: one hand-off to the
             # pool and back fewer a wave.
             pool = self._executor()
             futures = [pool.submit(self._try, shard, job_id, floor_ns, lease_ns) for shard, job_id in wave[1:]]
-            try:
-                outcomes.append(self._try(wave[0][0], wave[0][1], floor_ns, lease_ns))
-            except SteadQError as exc:
-                outcomes.append(exc)
+            outcomes.append(self._try_outcome(wave[0][0], wave[0][1], floor_ns, lease_ns))
             outcomes += [_outcome(future) for future in futures]
         claims.extend(o for o in outcomes if isinstance(o, Lease))
         # Not strict: trying in turn stops at the first failure, so outcomes may be shorter than the wave.
