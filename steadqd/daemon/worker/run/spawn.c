@@ -176,19 +176,19 @@ static __attribute__((noinline)) int child_steps(const struct steadq_spawn_args 
     if (a->uid >= 0 && syscall(SYS_SETREUID, a->uid, a->uid) != 0)
         return errno;
 
+    /* Every descriptor above 2 but the guard's: a failure below still has to tell it; the exec closes it. */
+    int closed;
     if (a->guard_fd < 3) {
-        if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
-            for (long fd = 3; fd < a->max_fd; fd++)
-                close((int)fd);
-        }
-    } else { /* all but the guard's: a failure below still has to tell it; the exec closes it */
+        closed = syscall(SYS_close_range, 3U, ~0U, 0U) == 0;
+    } else {
         unsigned g = (unsigned)a->guard_fd;
-        int below = g == 3 || syscall(SYS_close_range, 3U, g - 1, 0U) == 0;
-        if (!below || syscall(SYS_close_range, g + 1, ~0U, 0U) != 0) {
-            for (long fd = 3; fd < a->max_fd; fd++)
-                if (fd != a->guard_fd)
-                    close((int)fd);
-        }
+        closed = (g == 3 || syscall(SYS_close_range, 3U, g - 1, 0U) == 0) &&
+                 syscall(SYS_close_range, g + 1, ~0U, 0U) == 0;
+    }
+    if (!closed) { /* no close_range (Linux < 5.9): one by one */
+        for (long fd = 3; fd < a->max_fd; fd++)
+            if (fd != a->guard_fd)
+                close((int)fd);
     }
 
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
