@@ -70,7 +70,7 @@ from steadqd.cli.common import (
     error_text,
     resolve_queue,
 )
-from steadqd.version import VersionAction, installed_version
+from steadqd.version import VersionAction
 
 GROUPS = (
     init_cmd, put_cmd, lease_cmd, cancel_cmd, view_cmd, watch_cmd, show_cmd, status_cmd, history_cmd,
@@ -118,11 +118,6 @@ def _config_dir_anywhere(sub: argparse._SubParsersAction) -> None:
         for action in parser._subparsers._group_actions if parser._subparsers else ():
             if isinstance(action, argparse._SubParsersAction):
                 _config_dir_anywhere(action)
-
-
-def version() -> str:
-    """The installed distribution's version: the one ``pip`` and ``dpkg`` report."""
-    return installed_version()
 
 
 def _spawn_path() -> str:

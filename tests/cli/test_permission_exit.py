@@ -14,14 +14,15 @@ import os
 import pytest
 
 from steadqd import Queue
-from steadqd.cli.main import main, version
+from steadqd.cli.main import main
+from steadqd.version import installed_version
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
 
 
 def run_as_nobody(argv: list[str]) -> tuple[int, str]:
-    version()  # imports what importlib.metadata imports lazily, which nobody could not read under /root
+    installed_version()  # imports what importlib.metadata imports lazily, which nobody could not read under /root
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
