@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -34,6 +35,7 @@ __all__ = [
     "Seaweed",
     "SeaweedMissing",
     "free_ports",
+    "grpc_sockets",
     "local_socket",
     "running",
     "server_command",
@@ -113,6 +115,7 @@ class Seaweed:
     secret_key: str
     process: subprocess.Popen[bytes]
     log_path: str
+    ports: dict[str, int]
 
     def environment(self) -> dict[str, str]:
         """The standard AWS variables that point any S3 client (steadq, the daemons, aws) at this server."""
@@ -131,6 +134,8 @@ class Seaweed:
             return "(no log)"
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        # Unlinked while the server still holds its ports, so no newer server can own these paths yet.
+        _remove_sockets(grpc_sockets(self.ports))
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -138,6 +143,27 @@ class Seaweed:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def grpc_sockets(ports: dict[str, int]) -> list[str]:
+    """The sockets weed puts in /tmp for its gRPC ports, ``/tmp/seaweedfs-<role>-grpc-<port>.sock``.
+
+    weed has no flag to move them (unlike the HTTP ones, :func:`local_socket`), and
+    leaves them behind: a server's own ports, drawn at random, name only its own.
+    """
+    return [
+        f"/tmp/seaweedfs-{name.removesuffix('_grpc')}-grpc-{port}.sock"
+        for name, port in ports.items()
+        if name.endswith("_grpc")
+    ]
+
+
+def _remove_sockets(paths: list[str]) -> None:
+    """Unlink each path that is a socket (never a file or link someone else put there)."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
 
 
 def server_command(
@@ -242,7 +268,7 @@ def start(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a terminal's ^C reaches it through stop(), after the daemon drained
         )
-    server = Seaweed(f"http://127.0.0.1:{ports['s3']}", access, secret, process, log_path)
+    server = Seaweed(f"http://127.0.0.1:{ports['s3']}", access, secret, process, log_path, ports)
     filer = f"http://127.0.0.1:{ports['filer']}/"
     answers = ready or (lambda s: _ready(s, filer))
     try:

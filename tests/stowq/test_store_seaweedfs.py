@@ -14,15 +14,18 @@ import os
 import stat
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
+from steadqd.demo import seaweed as launcher
 from steadqd.errors import AlreadyExists, ErrorKind, NotCommitted, NotFound, PreconditionFailed
 from steadqd.s3.certify import certify
 from steadqd.s3.store.base import SEAWEEDFS
 from steadqd.s3.store.s3 import TRANSPORTS, S3Settings, S3Store
+from tests.stowq import seaweed as seaweed_server
 from tests.stowq.conftest import LIVE_BUCKET
 from tests.stowq.live_s3 import Gateway, raw_bucket, status
 from tests.stowq.seaweed import Seaweed
@@ -174,6 +177,19 @@ def test_the_standard_aws_environment_alone_reaches_the_store(
     assert from_env.location == f"s3://{LIVE_BUCKET} at {seaweed.endpoint}"
     from_env.list_page("", limit=1)
     from_env.close()
+
+
+def test_a_stopped_server_leaves_no_grpc_socket_in_tmp(tmp_path: Path) -> None:
+    """weed puts one socket per gRPC port in /tmp (no flag moves them) and never removes them: every
+    server the suite or a demo started left three or four behind. The launcher's stop removes its own."""
+    weed = launcher.weed_binary()
+    assert weed is not None  # the session's seaweed fixture would have skipped the module otherwise
+    with seaweed_server.running(tmp_path, weed) as server:
+        sockets = launcher.grpc_sockets(server.server.ports)
+        present = [p for p in sockets if os.path.exists(p)]
+        assert present, f"none of {sockets} exists: weed's naming changed, and stop() would remove nothing"
+        assert all(stat.S_ISSOCK(os.lstat(p).st_mode) for p in present)
+    assert [p for p in sockets if os.path.lexists(p)] == []
 
 
 def test_the_servers_local_sockets_live_in_its_own_directory_not_in_tmp(seaweed: Seaweed) -> None:
