@@ -61,6 +61,8 @@ from botocore.utils import get_environ_proxies
 
 from steadqd.errors import InvalidInput
 from steadqd.s3.store.base import parse_last_modified
+from steadqd.s3.store.plain_http import NeverSent as _NeverSent
+from steadqd.s3.store.plain_http import PlainAnswer, PlainPool
 from steadqd.s3.store.sigv4 import Signer
 from steadqd.text import redacted
 
@@ -97,6 +99,9 @@ _REGION = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 # The answers that carry x-amz-bucket-region when a bucket lives in another region than the request was signed for.
 _REGION_REDIRECTS = frozenset({301, 307, 400})
 
+
+# An answer as urllib3 or the plain-HTTP pool gives it: status, headers, a body read on demand.
+_Answer = urllib3.BaseHTTPResponse | PlainAnswer
 
 # http.client's own bounds on an answer's header block: one line, and the number of lines.
 _MAX_HEADER_LINE = 65536
@@ -240,10 +245,6 @@ class _Response(http.client.HTTPResponse):
             self.will_close = True
 
 
-class _NeverSent(Exception):
-    """Opening a connection failed (to the store or its proxy, TLS handshake and tunnel included): nothing was sent."""
-
-
 class _Connection(urllib3.connection.HTTPConnection):
     response_class = _Response
 
@@ -347,6 +348,11 @@ class DirectClient:
             ca_bundle=ca_bundle,
             max_connections=max_connections,
         )
+        # Plain HTTP without a proxy skips urllib3 (steadqd.s3.store.plain_http); one pool per host:port.
+        self._plain = parts.scheme == "http" and self._proxy is None
+        self._plain_pools: dict[str, PlainPool] = {}
+        self._timeouts = (connect_timeout_s, read_timeout_s)
+        self._max_connections = max_connections
 
     # -- the calls S3Store makes -------------------------------------------------------
 
@@ -406,6 +412,9 @@ class DirectClient:
     def close(self) -> None:
         self._pools = {}
         self._manager.clear()
+        plain, self._plain_pools = self._plain_pools, {}
+        for pool in plain.values():
+            pool.close()
 
     # -- one request ---------------------------------------------------------------------
 
@@ -445,7 +454,7 @@ class DirectClient:
         headers["Host"] = host
         return self._signer.sign(credentials, method, region, target, headers, body)
 
-    def _whole(self, exchanged: tuple[urllib3.BaseHTTPResponse, dict[str, str]]) -> tuple[int, dict[str, str], bytes]:
+    def _whole(self, exchanged: tuple[_Answer, dict[str, str]]) -> tuple[int, dict[str, str], bytes]:
         """An :meth:`_exchange`'s status, headers and body, the body read to the end (which frees the connection)."""
         response, answer = exchanged
         data = _Body(self, response).read()
@@ -460,7 +469,7 @@ class DirectClient:
         headers: dict[str, str] | None = None,
         body: bytes = b"",
         query: list[tuple[str, str]] | None = None,
-    ) -> tuple[urllib3.BaseHTTPResponse, dict[str, str]]:
+    ) -> tuple[_Answer, dict[str, str]]:
         """Send one request and read the answer's status and headers; the body is the caller's to read.
 
         An error status is raised here (its body, the engine's short XML,
@@ -493,13 +502,15 @@ class DirectClient:
         self.meta = _Meta(self.meta.endpoint_url, region)
         return True
 
-    def _urlopen(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> urllib3.BaseHTTPResponse:
-        """One request through urllib3, never retried or redirected by it.
+    def _urlopen(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> _Answer:
+        """One request through urllib3 (or, plain HTTP without a proxy, :class:`PlainPool`), never retried or redirected.
 
         Without a proxy the host's pool is asked directly with the request
         target: the pool manager would parse the URL and look the pool up
         again for every request, a tenth of urllib3's own CPU per request.
         """
+        if self._plain:
+            return self._plain_request(method, url, body, headers)
         options: dict[str, Any] = {
             "body": body if method in ("PUT", "POST") else None,
             "headers": headers,
@@ -525,6 +536,28 @@ class DirectClient:
         except (urllib3.exceptions.HTTPError, OSError, HTTPException) as exc:
             raise self._lost(exc) from exc
 
+    def _plain_request(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> PlainAnswer:
+        _, _, rest = url.partition("://")
+        authority, slash, target = rest.partition("/")
+        pool = self._plain_pools.get(authority)
+        if pool is None:
+            parsed = urllib3.util.parse_url(url)
+            connect_s, read_s = self._timeouts
+            pool = self._plain_pools[authority] = PlainPool(
+                (parsed.host or "").strip("[]"),
+                parsed.port or 80,
+                connect_timeout_s=connect_s,
+                read_timeout_s=read_s,
+                maxsize=self._max_connections,
+                response_class=_Response,
+            )
+        try:
+            return pool.request(method, slash + target, headers, body)
+        except _NeverSent as exc:
+            raise self._not_sent(exc) from exc.__cause__
+        except (OSError, HTTPException) as exc:
+            raise self._lost(exc) from exc
+
     def _not_sent(self, exc: _NeverSent) -> Exception:
         """botocore's exception for a connection that never opened: each is a ``ConnectionError``, "nothing sent"."""
         cause, endpoint = exc.__cause__, self.meta.endpoint_url
@@ -547,17 +580,21 @@ class DirectClient:
         return ConnectionClosedError(endpoint_url=self.meta.endpoint_url, error=exc)
 
 
-def _answer_fields(response: urllib3.BaseHTTPResponse) -> dict[str, str]:
+def _answer_fields(response: _Answer) -> dict[str, str]:
     """The answer's headers by lowercased name (the last value of a repeated one).
 
     Read from the header block :class:`_Response` parsed, where it can be
     (urllib3 keeps it as ``_original_response``, as requests reads it): a
     dictionary made while parsing, rather than walking urllib3's copy.
     """
-    fields = getattr(getattr(response, "_original_response", None), "msg", None)
-    if isinstance(fields, _Fields):
-        return fields.last
-    return {name.lower(): value for name, value in response.headers.items()}
+    if isinstance(response, PlainAnswer):
+        fields = response.msg  # always a _Fields: the plain pool reads with _Response
+    else:
+        fields = getattr(getattr(response, "_original_response", None), "msg", None)
+        if not isinstance(fields, _Fields):
+            return {name.lower(): value for name, value in response.headers.items()}
+    last: dict[str, str] = fields.last
+    return last
 
 
 class _Body:
@@ -568,7 +605,7 @@ class _Body:
     closed, since they would otherwise be taken for the next answer.
     """
 
-    def __init__(self, client: DirectClient, response: urllib3.BaseHTTPResponse) -> None:
+    def __init__(self, client: DirectClient, response: _Answer) -> None:
         self._client = client
         self._response = response
 
