@@ -218,3 +218,43 @@ def test_an_answer_that_never_comes_times_out_and_closes_the_connection() -> Non
             pool.request("GET", "/b/k", {"Host": "h"}, b"")
         assert len(pool._idle) == 0
         pool.close()
+
+
+def test_threads_opening_the_first_connection_at_once_share_one_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both first requests made their own pool; the one not kept would hold its connection past close()."""
+    import urllib3
+
+    from steadqd.s3.store import s3_direct
+
+    both = threading.Barrier(2, timeout=5)
+    parse_url = urllib3.util.parse_url
+
+    def in_step(url: str) -> object:
+        both.wait()  # each thread has found no pool yet
+        return parse_url(url)
+
+    monkeypatch.setattr(s3_direct.urllib3.util, "parse_url", in_step)
+    with serving(_answering(OK, OK)) as (port, accepted):
+        client = s3_direct.DirectClient(
+            endpoint_url=f"http://127.0.0.1:{port}",
+            region="us-east-1",
+            credentials=None,
+            addressing_style="path",
+            connect_timeout_s=2,
+            read_timeout_s=2,
+        )
+        answers: list[tuple[int, bytes]] = []
+
+        def one() -> None:
+            answers.append(_whole(client._plain_request("GET", f"http://127.0.0.1:{port}/b/k", b"", {"Host": "h"})))
+
+        threads = [threading.Thread(target=one) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(5)
+        assert answers == [(200, b"ok")] * 2 and len(accepted) == 2
+        (pool,) = client._plain_pools.values()
+        assert len(pool._idle) == 2  # both connections kept by the one pool close() closes
+        client.close()
+        assert len(pool._idle) == 0

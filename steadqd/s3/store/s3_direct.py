@@ -553,7 +553,7 @@ class DirectClient:
         if pool is None:
             parsed = urllib3.util.parse_url(url)
             connect_s, read_s = self._timeouts
-            pool = self._plain_pools[authority] = PlainPool(
+            made = PlainPool(
                 (parsed.host or "").strip("[]"),
                 parsed.port or 80,
                 connect_timeout_s=connect_s,
@@ -561,6 +561,8 @@ class DirectClient:
                 maxsize=self._max_connections,
                 response_class=_Response,
             )
+            # setdefault (atomic): two threads asking at once share one pool, none left unclosed by close().
+            pool = self._plain_pools.setdefault(authority, made)
         try:
             return pool.request(method, slash + target, headers, body)
         except _NeverSent as exc:
