@@ -11,6 +11,7 @@ test_store_s3_direct.py, which run over this pool.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -258,3 +259,21 @@ def test_threads_opening_the_first_connection_at_once_share_one_pool(monkeypatch
         assert len(pool._idle) == 2  # both connections kept by the one pool close() closes
         client.close()
         assert len(pool._idle) == 0
+
+
+def test_an_answer_that_does_not_parse_closes_its_connection_at_once() -> None:
+    """The socket is closed with the exception, not when the traceback holding its reader is dropped."""
+    closed = threading.Event()
+
+    def script(_: int, conn: socket.socket) -> None:
+        _read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nnot a header\r\nContent-Length: 0\r\n\r\n")
+        if conn.recv(1) == b"":
+            closed.set()
+
+    with serving(script) as (port, _accepted):
+        pool = _pool(port)
+        with pytest.raises(http.client.HTTPException) as refused:
+            pool.request("PUT", "/b/k", {"Host": "h"}, b"x")
+        assert closed.wait(5), refused.value  # the exception (and its traceback) still held here
+        pool.close()

@@ -150,6 +150,7 @@ class PlainPool:
         lines.append("\r\n")
         head = "".join(lines).encode("latin-1")
         conn = self._connection()
+        response = None
         try:
             if len(body) <= 65536:
                 conn.sock.sendall(head + body)
@@ -159,6 +160,8 @@ class PlainPool:
             response = self._response_class(conn.sock, method=method)
             response.begin()
         except BaseException:
+            if response is not None:
+                response.close()  # its reader first: a socket with a reader open is closed only with it
             conn.close()
             raise
         return PlainAnswer(self, conn, response)
