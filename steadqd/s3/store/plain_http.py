@@ -101,6 +101,7 @@ class PlainAnswer:
         if self._response.isclosed() and not self._response.will_close:
             self._pool.put(conn)
         else:
+            self._response.close()  # its reader, if still open, first: the socket closes only after it
             conn.close()
 
 
