@@ -1,4 +1,4 @@
-"""The S3 requests of :class:`~steadqd.s3.store.s3.S3Store` over urllib3's connection pools, signed as botocore signs.
+"""The S3 requests of :class:`~steadqd.s3.store.s3.S3Store` over kept sockets or urllib3, signed as botocore signs.
 
 Why: a bucket worker is bound by botocore's CPU per request (docs/stowq.md,
 "What a store operation costs"): the model-driven serialisation, event
@@ -9,7 +9,10 @@ SigV4 signer signs (:mod:`steadqd.s3.store.sigv4`, tested against it),
 and reads the answer's header block and the LIST XML itself.
 urllib3 brings what users have: TLS with verification, proxies
 (``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY``, as botocore reads them),
-kept connections checked before reuse.
+kept connections checked before reuse. Plain HTTP without a proxy (a
+same-host store) skips it (:mod:`steadqd.s3.store.plain_http`: urllib3
+was about three quarters of such a request's CPU), keeping the same
+checks and the same split below.
 
 Why it speaks botocore's dialect: :class:`S3Store` keeps the single home of
 the retry policy and of the sorting of answers into outcome classes, written
