@@ -9,7 +9,8 @@ put-if-absent (a create, and a losing create: the 412 of a claim race),
 CAS, GET, ranged GET, HEAD, LIST of 100 keys, delete. Beside them, the same
 PUT through plain botocore with its defaults, through boto3's client and
 through boto3's resource layer, HEAD, GET, create and LIST over each
-transport (botocore's client, and ``s3_direct``'s, the default: urllib3, signed as botocore signs), and
+transport (botocore's client, and ``s3_direct``'s, the default: kept sockets for plain HTTP, urllib3
+for TLS, signed as botocore signs), and
 the same operations through obstore
 (Rust's object_store), each only where it is installed (none is a
 dependency), so the cost of each layer, and of botocore's

@@ -15,6 +15,7 @@ import http.client
 import http.server
 import io
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from http.client import HTTPException
 from pathlib import Path
@@ -34,6 +35,8 @@ from steadqd.s3.store.s3_direct import (
     _client_error,
     _parse_lines,
     _parse_listing,
+    _quote,
+    _quote_key,
     _read_fields,
     _Response,
 )
@@ -325,3 +328,13 @@ def test_a_write_answered_with_a_malformed_header_is_outcome_unknown(credentials
     """The request was sent, so a refused answer cannot mean "not written": the key must be read again."""
     with _answered_by(_MalformedHeader, credentials) as store, pytest.raises(OutcomeUnknown, match="re-read the key"):
         store.put_if_absent("k", b"x")
+
+
+# Keys as the protocol builds them, and anything else: what a key or a query value is quoted to is quote's answer.
+_QUOTABLE = st.one_of(st.text(), st.text("abcXYZ019_.-~/ %+=&?#é\x00", max_size=40))
+
+
+@given(_QUOTABLE)
+def test_keys_and_query_values_are_quoted_as_quote_quotes_them(text: str) -> None:
+    assert _quote_key(text) == urllib.parse.quote(text, safe="/~")
+    assert _quote(text) == urllib.parse.quote(text, safe="-_.~")

@@ -137,10 +137,13 @@ def _store(endpoint: str, credentials: Path, **options: Any) -> S3Store:  # noqa
     return S3Store(dataclasses.replace(settings, **options))
 
 
-def test_the_default_transport_is_urllib3_signed_by_botocore(credentials: Path) -> None:  # noqa: F811
+def test_the_default_transport_is_the_direct_client_plain_http_without_urllib3(credentials: Path) -> None:  # noqa: F811
     store = _store("http://127.0.0.1:9", credentials)
-    assert isinstance(store._client, DirectClient)
+    assert isinstance(store._client, DirectClient) and store._client._plain
     store.close()
+    tls = _store("https://127.0.0.1:9", credentials)
+    assert isinstance(tls._client, DirectClient) and not tls._client._plain  # TLS stays on urllib3
+    tls.close()
 
 
 # -- TLS --------------------------------------------------------------------------------

@@ -11,8 +11,10 @@
 * ``s3``: the S3 client over botocore, with conditional writes, SHA-256
   checksums, bounded retries and timeouts, and settings from the standard
   AWS environment only;
-* ``s3_direct``: the same requests over urllib3's pools, signed by
-  botocore (``S3Settings(transport="direct")``, the default).
+* ``s3_direct``: the same requests, signed as botocore signs, over kept
+  sockets of its own for plain HTTP without a proxy (``plain_http``) and
+  over urllib3's pools for TLS or a proxy (``S3Settings(transport="direct")``,
+  the default).
 
 The format modules (``keys``, ``timemath``, ``retry``, ``records``) never
 import this package; the protocol sits above both. Each name is imported from

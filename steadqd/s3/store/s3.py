@@ -130,8 +130,9 @@ class S3Settings:
     configure`` writes) and ``aws_profile`` the section of it to use.
     ``attempts`` bounds the retries of reads and of writes that never left.
     ``transport`` is who sends the requests: "direct" (the default),
-    urllib3's pools with botocore's signer and our own few answer parsers
-    (:mod:`steadqd.s3.store.s3_direct`, a third of the CPU per request), or
+    kept sockets (plain HTTP) or urllib3's pools (TLS, proxies) with
+    botocore's signing and our own few answer parsers
+    (:mod:`steadqd.s3.store.s3_direct`, about a fifth of the CPU per request), or
     "botocore"'s whole client.
     """
 

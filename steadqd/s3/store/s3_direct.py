@@ -1,4 +1,4 @@
-"""The S3 requests of :class:`~steadqd.s3.store.s3.S3Store` over urllib3's connection pools, signed as botocore signs.
+"""The S3 requests of :class:`~steadqd.s3.store.s3.S3Store` over kept sockets or urllib3, signed as botocore signs.
 
 Why: a bucket worker is bound by botocore's CPU per request (docs/stowq.md,
 "What a store operation costs"): the model-driven serialisation, event
@@ -9,7 +9,10 @@ SigV4 signer signs (:mod:`steadqd.s3.store.sigv4`, tested against it),
 and reads the answer's header block and the LIST XML itself.
 urllib3 brings what users have: TLS with verification, proxies
 (``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY``, as botocore reads them),
-kept connections checked before reuse.
+kept connections checked before reuse. Plain HTTP without a proxy (a
+same-host store) skips it (:mod:`steadqd.s3.store.plain_http`: urllib3
+was about three quarters of such a request's CPU), keeping the same
+checks and the same split below.
 
 Why it speaks botocore's dialect: :class:`S3Store` keeps the single home of
 the retry policy and of the sorting of answers into outcome classes, written
@@ -61,6 +64,8 @@ from botocore.utils import get_environ_proxies
 
 from steadqd.errors import InvalidInput
 from steadqd.s3.store.base import parse_last_modified
+from steadqd.s3.store.plain_http import NeverSent as _NeverSent
+from steadqd.s3.store.plain_http import PlainAnswer, PlainPool
 from steadqd.s3.store.sigv4 import Signer
 from steadqd.text import redacted
 
@@ -80,8 +85,18 @@ class _Meta:
     region_name: str
 
 
+# What ``quote`` leaves as it is (its always-safe ASCII letters, digits and "_.-~", and "/" in a key): a
+# string of only these is its own quoting, told by one match instead of quote's per-character Python.
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9_.\-~]*")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.\-~/]*")
+
+
 def _quote(value: str) -> str:
-    return urllib.parse.quote(value, safe=_UNRESERVED)
+    return value if _PLAIN_VALUE.fullmatch(value) else urllib.parse.quote(value, safe=_UNRESERVED)
+
+
+def _quote_key(key: str) -> str:
+    return key if _PLAIN_KEY.fullmatch(key) else urllib.parse.quote(key, safe=_KEY_SAFE)
 
 
 def _child(element: ElementTree.Element, name: str) -> str | None:
@@ -97,6 +112,9 @@ _REGION = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 # The answers that carry x-amz-bucket-region when a bucket lives in another region than the request was signed for.
 _REGION_REDIRECTS = frozenset({301, 307, 400})
 
+
+# An answer as urllib3 or the plain-HTTP pool gives it: status, headers, a body read on demand.
+_Answer = urllib3.BaseHTTPResponse | PlainAnswer
 
 # http.client's own bounds on an answer's header block: one line, and the number of lines.
 _MAX_HEADER_LINE = 65536
@@ -240,10 +258,6 @@ class _Response(http.client.HTTPResponse):
             self.will_close = True
 
 
-class _NeverSent(Exception):
-    """Opening a connection failed (to the store or its proxy, TLS handshake and tunnel included): nothing was sent."""
-
-
 class _Connection(urllib3.connection.HTTPConnection):
     response_class = _Response
 
@@ -347,6 +361,11 @@ class DirectClient:
             ca_bundle=ca_bundle,
             max_connections=max_connections,
         )
+        # Plain HTTP without a proxy skips urllib3 (steadqd.s3.store.plain_http); one pool per host:port.
+        self._plain = parts.scheme == "http" and self._proxy is None
+        self._plain_pools: dict[str, PlainPool] = {}
+        self._timeouts = (connect_timeout_s, read_timeout_s)
+        self._max_connections = max_connections
 
     # -- the calls S3Store makes -------------------------------------------------------
 
@@ -406,6 +425,9 @@ class DirectClient:
     def close(self) -> None:
         self._pools = {}
         self._manager.clear()
+        plain, self._plain_pools = self._plain_pools, {}
+        for pool in plain.values():
+            pool.close()
 
     # -- one request ---------------------------------------------------------------------
 
@@ -431,7 +453,7 @@ class DirectClient:
             host = f"{bucket}.{host}"
         else:
             path += f"/{bucket}"
-        path += "/" if key is None else "/" + urllib.parse.quote(key, safe=_KEY_SAFE)
+        path += "/" if key is None else "/" + _quote_key(key)
         if query:
             path += "?" + "&".join(f"{_quote(name)}={_quote(value)}" for name, value in query)
         return host, path
@@ -445,7 +467,7 @@ class DirectClient:
         headers["Host"] = host
         return self._signer.sign(credentials, method, region, target, headers, body)
 
-    def _whole(self, exchanged: tuple[urllib3.BaseHTTPResponse, dict[str, str]]) -> tuple[int, dict[str, str], bytes]:
+    def _whole(self, exchanged: tuple[_Answer, dict[str, str]]) -> tuple[int, dict[str, str], bytes]:
         """An :meth:`_exchange`'s status, headers and body, the body read to the end (which frees the connection)."""
         response, answer = exchanged
         data = _Body(self, response).read()
@@ -460,7 +482,7 @@ class DirectClient:
         headers: dict[str, str] | None = None,
         body: bytes = b"",
         query: list[tuple[str, str]] | None = None,
-    ) -> tuple[urllib3.BaseHTTPResponse, dict[str, str]]:
+    ) -> tuple[_Answer, dict[str, str]]:
         """Send one request and read the answer's status and headers; the body is the caller's to read.
 
         An error status is raised here (its body, the engine's short XML,
@@ -493,13 +515,15 @@ class DirectClient:
         self.meta = _Meta(self.meta.endpoint_url, region)
         return True
 
-    def _urlopen(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> urllib3.BaseHTTPResponse:
-        """One request through urllib3, never retried or redirected by it.
+    def _urlopen(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> _Answer:
+        """One request through urllib3 (or, plain HTTP without a proxy, :class:`PlainPool`), never retried or redirected.
 
         Without a proxy the host's pool is asked directly with the request
         target: the pool manager would parse the URL and look the pool up
         again for every request, a tenth of urllib3's own CPU per request.
         """
+        if self._plain:
+            return self._plain_request(method, url, body, headers)
         options: dict[str, Any] = {
             "body": body if method in ("PUT", "POST") else None,
             "headers": headers,
@@ -525,6 +549,30 @@ class DirectClient:
         except (urllib3.exceptions.HTTPError, OSError, HTTPException) as exc:
             raise self._lost(exc) from exc
 
+    def _plain_request(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> PlainAnswer:
+        _, _, rest = url.partition("://")
+        authority, slash, target = rest.partition("/")
+        pool = self._plain_pools.get(authority)
+        if pool is None:
+            parsed = urllib3.util.parse_url(url)
+            connect_s, read_s = self._timeouts
+            made = PlainPool(
+                (parsed.host or "").strip("[]"),
+                parsed.port or 80,
+                connect_timeout_s=connect_s,
+                read_timeout_s=read_s,
+                maxsize=self._max_connections,
+                response_class=_Response,
+            )
+            # setdefault (atomic): two threads asking at once share one pool, none left unclosed by close().
+            pool = self._plain_pools.setdefault(authority, made)
+        try:
+            return pool.request(method, slash + target, headers, body)
+        except _NeverSent as exc:
+            raise self._not_sent(exc) from exc.__cause__
+        except (OSError, HTTPException) as exc:
+            raise self._lost(exc) from exc
+
     def _not_sent(self, exc: _NeverSent) -> Exception:
         """botocore's exception for a connection that never opened: each is a ``ConnectionError``, "nothing sent"."""
         cause, endpoint = exc.__cause__, self.meta.endpoint_url
@@ -547,17 +595,21 @@ class DirectClient:
         return ConnectionClosedError(endpoint_url=self.meta.endpoint_url, error=exc)
 
 
-def _answer_fields(response: urllib3.BaseHTTPResponse) -> dict[str, str]:
+def _answer_fields(response: _Answer) -> dict[str, str]:
     """The answer's headers by lowercased name (the last value of a repeated one).
 
     Read from the header block :class:`_Response` parsed, where it can be
     (urllib3 keeps it as ``_original_response``, as requests reads it): a
     dictionary made while parsing, rather than walking urllib3's copy.
     """
-    fields = getattr(getattr(response, "_original_response", None), "msg", None)
-    if isinstance(fields, _Fields):
-        return fields.last
-    return {name.lower(): value for name, value in response.headers.items()}
+    if isinstance(response, PlainAnswer):
+        fields = response.msg  # always a _Fields: the plain pool reads with _Response
+    else:
+        fields = getattr(getattr(response, "_original_response", None), "msg", None)
+        if not isinstance(fields, _Fields):
+            return {name.lower(): value for name, value in response.headers.items()}
+    last: dict[str, str] = fields.last
+    return last
 
 
 class _Body:
@@ -568,7 +620,7 @@ class _Body:
     closed, since they would otherwise be taken for the next answer.
     """
 
-    def __init__(self, client: DirectClient, response: urllib3.BaseHTTPResponse) -> None:
+    def __init__(self, client: DirectClient, response: _Answer) -> None:
         self._client = client
         self._response = response
 
