@@ -47,8 +47,12 @@ class RoleSweep:
             time.sleep(0.05)
 
     def _sweep_escaped(self) -> None:
-        """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any."""
-        self._sweep_timer = None
+        """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any.
+
+        A look already scheduled stays scheduled: a job's end sweeps at once and the look
+        :data:`ESCAPED_SWEEP` later is shared by every job that ends meanwhile (one sweep of ``/proc``
+        a job, not two).
+        """
         leaders = [j.pid for j in self.jobs.values() if j.child.returncode is None]
         if self._hooks is not None:  # a notification command runs in a session of its own, and is ours to reap
             leaders += list(self._hooks.running)
@@ -59,9 +63,21 @@ class RoleSweep:
         if killed or reaped:  # their own children come to us as they die
             self._schedule_sweep(0.1)
 
+    def _on_sweep_timer(self) -> None:
+        self._sweep_timer = None
+        self._sweep_escaped()
+
     def _schedule_sweep(self, delay: float) -> None:
-        if self.loop is not None and self._sweep_timer is None and not self.closed:
-            self._sweep_timer = self.loop.call_later(delay, self._guarded(self._sweep_escaped))
+        """A look ``delay`` from now, unless one is scheduled by then already (a later one is moved up)."""
+        if self.loop is None or self.closed:
+            return
+        when = self.loop.now() + delay
+        pending = self._sweep_timer
+        if pending is not None and not pending.cancelled:
+            if pending.when <= when:
+                return
+            pending.cancel()
+        self._sweep_timer = self.loop.call_at(when, self._guarded(self._on_sweep_timer))
 
     def _sweep_after_job(self) -> None:
         """A job has ended: kill what it left outside its group now, and look again once their parents are gone."""

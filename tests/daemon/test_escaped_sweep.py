@@ -1,0 +1,95 @@
+"""The sweep for escaped job processes runs once when a job ends and once more a moment later, not twice a job.
+
+``RoleSweep._sweep_after_job`` sweeps now and schedules a look ``ESCAPED_SWEEP`` later. Every job's
+end used to drop the pending look without cancelling it and schedule a new one, so each job's look still
+ran: two full sweeps of ``/proc`` a job instead of one a job and one per quiet spell.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from steadqd.daemon import process
+from steadqd.daemon.service import Loop, Timer
+from steadqd.daemon.worker.run import escaped
+from steadqd.daemon.worker.run.escaped import RoleSweep
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warning(self, message: str, **_fields: object) -> None:
+        self.warnings.append(message)
+
+
+class _Role(RoleSweep):
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self.log = _Log()  # type: ignore[assignment]
+        self.jobs = {}
+        self.closed = False
+        self._hooks = None
+        self._sweep_timer: Timer | None = None
+
+    def _guarded(self, fn: Callable[[], None], job: object = None) -> Callable[[], None]:
+        return fn
+
+
+def _run_for(loop: Loop, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        loop.run_once(max_wait=max(0.0, deadline - time.monotonic()))
+
+
+class _Sweeps:
+    """process.kill_escaped's stand-in: counts the sweeps, answers (killed, reaped) from ``answers``, then (0, 0)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.answers: list[tuple[int, int]] = []
+
+    def __call__(self, leaders: object) -> tuple[int, int]:
+        self.calls += 1
+        return self.answers.pop(0) if self.answers else (0, 0)
+
+
+@pytest.fixture
+def sweeps(monkeypatch: pytest.MonkeyPatch) -> _Sweeps:
+    fake = _Sweeps()
+    monkeypatch.setattr(process, "kill_escaped", fake)
+    monkeypatch.setattr(escaped, "ESCAPED_SWEEP", 0.05)
+    return fake
+
+
+def test_jobs_ending_in_a_row_share_the_later_look(sweeps: _Sweeps) -> None:
+    loop = Loop()
+    try:
+        role = _Role(loop)
+        for _ in range(5):
+            role._sweep_after_job()
+        assert sweeps.calls == 5  # one sweep now for each job's end
+        _run_for(loop, 0.25)
+        assert sweeps.calls == 6, "the later look runs once for the five ends, not once per end"
+    finally:
+        loop.close()
+
+
+def test_something_found_is_looked_for_again_sooner_than_the_pending_look(
+    monkeypatch: pytest.MonkeyPatch, sweeps: _Sweeps
+) -> None:
+    monkeypatch.setattr(escaped, "ESCAPED_SWEEP", 5.0)
+    sweeps.answers.append((1, 1))  # the first sweep kills one: its children come to us soon
+    loop = Loop()
+    try:
+        role = _Role(loop)
+        role._sweep_after_job()
+        assert sweeps.calls == 1
+        _run_for(loop, 0.4)
+        assert sweeps.calls == 2, "a sweep that killed something looks again after 0.1 s, whatever is pending"
+        assert role.log.warnings
+    finally:
+        loop.close()
