@@ -7,6 +7,8 @@ ran: two full sweeps of ``/proc`` a job instead of one a job and one per quiet s
 
 from __future__ import annotations
 
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 
@@ -52,7 +54,7 @@ class _Sweeps:
         self.calls = 0
         self.answers: list[tuple[int, int]] = []
 
-    def __call__(self, leaders: object) -> tuple[int, int]:
+    def __call__(self, leaders: object, ours: object = ()) -> tuple[int, int]:
         self.calls += 1
         return self.answers.pop(0) if self.answers else (0, 0)
 
@@ -93,3 +95,52 @@ def test_something_found_is_looked_for_again_sooner_than_the_pending_look(
         assert role.log.warnings
     finally:
         loop.close()
+
+
+def test_a_child_known_as_ours_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard, in our session, was read from /proc after every job only to be left alone."""
+    read: list[int | str] = []
+    real = process._stat
+
+    def recording(pid: int | str) -> tuple[str, int, int] | None:
+        read.append(int(pid))
+        return real(pid)
+
+    monkeypatch.setattr(process, "_stat", recording)
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert process.kill_escaped([]) == (0, 0)  # in our session: left alone, but read
+        assert child.pid in read
+        read.clear()
+        assert process.kill_escaped([], ours=[child.pid]) == (0, 0)
+        assert child.pid not in read
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_children_of_a_thread_started_after_the_last_listing_are_seen() -> None:
+    """The thread list is kept between sweeps; a thread started since is listed, with its children."""
+    process.children()  # lists the threads now
+    started = threading.Event()
+    done = threading.Event()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawner() -> None:
+        procs.append(subprocess.Popen(["sleep", "30"]))
+        started.set()
+        done.wait(30)
+
+    t = threading.Thread(target=spawner)
+    t.start()
+    try:
+        assert started.wait(10)
+        assert procs[0].pid in process.children()
+    finally:
+        done.set()
+        t.join(10)
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[0].pid not in process.children()

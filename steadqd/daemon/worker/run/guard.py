@@ -193,6 +193,11 @@ class GroupGuard:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def unreaped_pid(self) -> int | None:
+        """The guard's pid while it is an unreaped child of ours (its number cannot be another's then)."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.returncode is None else None
+
     def close(self) -> None:
         """The worker is done: EOF tells the guard to kill what is left (nothing, normally) and exit."""
         if self._fd >= 0:
