@@ -2,7 +2,9 @@
 
 ``RoleSweep._sweep_after_job`` sweeps now and schedules a look ``ESCAPED_SWEEP`` later. Every job's
 end used to drop the pending look without cancelling it and schedule a new one, so each job's look still
-ran: two full sweeps of ``/proc`` a job instead of one a job and one per quiet spell.
+ran: two full sweeps of ``/proc`` a job instead of one a job and one per quiet spell. The look is still
+never less than ``ESCAPED_SWEEP`` after a job's end: its group kill's orphans come to us as their
+parents die.
 """
 
 from __future__ import annotations
@@ -76,6 +78,22 @@ def test_jobs_ending_in_a_row_share_the_later_look(sweeps: _Sweeps) -> None:
         assert sweeps.calls == 5  # one sweep now for each job's end
         _run_for(loop, 0.25)
         assert sweeps.calls == 6, "the later look runs once for the five ends, not once per end"
+    finally:
+        loop.close()
+
+
+def test_the_later_look_comes_a_full_delay_after_the_last_end(monkeypatch: pytest.MonkeyPatch, sweeps: _Sweeps) -> None:
+    monkeypatch.setattr(escaped, "ESCAPED_SWEEP", 1.0)
+    loop = Loop()
+    try:
+        role = _Role(loop)
+        role._sweep_after_job()
+        time.sleep(0.5)
+        role._sweep_after_job()  # its look is 1.0 s from now, not the first end's, 0.5 s from now
+        _run_for(loop, 0.7)
+        assert sweeps.calls == 2, "no look before 1.0 s after the second end"
+        _run_for(loop, 0.6)
+        assert sweeps.calls == 3
     finally:
         loop.close()
 
