@@ -18,7 +18,7 @@ import pytest
 
 from steadqd.daemon import process
 from steadqd.daemon.service import Loop, Timer
-from steadqd.daemon.worker.run import escaped
+from steadqd.daemon.worker.run import escaped, guard
 from steadqd.daemon.worker.run.escaped import RoleSweep
 
 
@@ -162,3 +162,16 @@ def test_children_of_a_thread_started_after_the_last_listing_are_seen() -> None:
             p.kill()
             p.wait()
     assert procs[0].pid not in process.children()
+
+
+def test_a_sweep_before_the_first_job_does_not_make_the_guard(monkeypatch: pytest.MonkeyPatch, sweeps: _Sweeps) -> None:
+    """The guard is made by the first spawn, with the queue's name for its journal lines; a sweep (the
+    safety rescan's, before any job ran) only asks for the pid of a guard that exists."""
+    monkeypatch.setattr(guard, "_guard", None)
+    loop = Loop()
+    try:
+        _Role(loop)._sweep_escaped()
+    finally:
+        loop.close()
+    assert sweeps.calls == 1
+    assert guard.process_guard("q1").queue == "q1"

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from steadqd.daemon import process
 from steadqd.daemon.journal import Log
-from steadqd.daemon.worker.run.guard import process_guard
+from steadqd.daemon.worker.run.guard import guard_pid
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -52,7 +52,7 @@ class RoleSweep:
         leaders = [j.pid for j in self.jobs.values() if j.child.returncode is None]
         if self._hooks is not None:  # a notification command runs in a session of its own, and is ours to reap
             leaders += list(self._hooks.running)
-        guard = process_guard().unreaped_pid()  # in our session: nothing to judge, its stat not read
+        guard = guard_pid()  # in our session: nothing to judge, its stat not read
         killed, reaped = process.kill_escaped(leaders, () if guard is None else (guard,))
         if killed:
             what = "1 process" if killed == 1 else f"{killed} processes"

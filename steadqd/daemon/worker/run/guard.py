@@ -57,7 +57,7 @@ from pathlib import Path
 from steadqd.daemon.journal import Log
 from steadqd.daemon.process import PR_SET_PDEATHSIG, prctl, without_credentials
 
-__all__ = ["GroupGuard", "die_with_parent", "guard_pipe", "main", "process_guard"]
+__all__ = ["GroupGuard", "die_with_parent", "guard_pid", "guard_pipe", "main", "process_guard"]
 
 READ_PACE = 0.05  # s; the guard's shortest time between two reads of the worker's lines (see _read_groups)
 
@@ -250,6 +250,12 @@ class GroupGuard:
 
 
 _guard: GroupGuard | None = None
+
+
+def guard_pid() -> int | None:
+    """The pid of this process's guard while it is our unreaped child; None if none was made (never makes one:
+    the first spawn does, with the queue's name for the guard's journal lines)."""
+    return None if _guard is None else _guard.unreaped_pid()
 
 
 def process_guard(queue: str = "") -> GroupGuard:
