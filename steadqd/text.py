@@ -60,4 +60,8 @@ def redacted(text: str) -> str:
     the daemons' log lines pass through it, as does every place that names a
     store (``S3Store.location``). A bare ``user@host`` without a scheme is left.
     """
-    return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+    if "://" in text:  # a userinfo needs a scheme's "://"
+        text = _USERINFO.sub(r"\1***@", text)
+    if "=" in text:  # a secret parameter needs its "=" (most log fields have neither: no regex run for them)
+        text = _SECRET_PARAM.sub(r"\1***", text)
+    return text

@@ -110,7 +110,11 @@ class Log:
     def log(self, priority: int, message: str, **fields: object) -> None:
         # An endpoint reaches a log inside error texts: its credentials never do (steadqd.text.redacted).
         message = redacted(message)
-        pairs = {_field_name(k): redacted(_field_value(v)) for k, v in fields.items() if v is not None}
+        pairs = {
+            _field_name(k): str(v) if type(v) is int else redacted(_field_value(v))  # a number hides nothing
+            for k, v in fields.items()
+            if v is not None
+        }
         pairs["STEADQ_QUEUE"] = self.queue
         pairs["STEADQ_ROLE"] = self.role
         if self._send is not None:
@@ -192,5 +196,11 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
+_PLAIN_ASCII = re.compile(r"[A-Za-z0-9\-_./:@]+")
+
+
 def _quote(v: str) -> str:
+    """A field's value as the text line shows it: bare when it is letters, digits and ``-_./:@``, else quoted."""
+    if v.isascii():  # every field the worker logs per job: one regex instead of a test per character
+        return v if _PLAIN_ASCII.fullmatch(v) else repr(v)
     return v if v and all(c.isalnum() or c in "-_./:@" for c in v) else repr(v)

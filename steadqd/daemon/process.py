@@ -35,6 +35,7 @@ import ctypes
 import os
 import resource
 import signal
+import threading
 from collections.abc import Collection, Mapping
 
 __all__ = [
@@ -125,21 +126,40 @@ def _stat(pid: int | str) -> tuple[str, int, int] | None:
     return fields[0].decode(), int(fields[3]), int(fields[19])
 
 
+# This process's threads as last listed, with the number of Python threads then: the sweep runs after every
+# job, and listing /proc/self/task each time costs five syscalls for a list that changes when a thread starts.
+_tasks: tuple[int, list[str]] | None = None
+
+
+def _task_ids() -> list[str]:
+    global _tasks
+    count = threading.active_count()
+    if _tasks is None or _tasks[0] != count:
+        _tasks = (count, os.listdir("/proc/self/task"))
+    return _tasks[1]
+
+
 def children() -> set[int]:
-    """This process's children (of every thread: an orphan is re-parented to any of them)."""
-    found: set[int] = set()
+    """This process's children (of every thread: an orphan is re-parented to any of them).
+
+    The threads are listed again when their number changed, or at the next call when one of them was gone.
+    """
+    global _tasks
     try:
-        tasks = os.listdir("/proc/self/task")
+        tasks = _task_ids()
     except OSError:
-        return found
+        return set()
+    found: set[int] = set()
     for tid in tasks:
         raw = _read(f"/proc/self/task/{tid}/children")
-        if raw is not None:
+        if raw is None:  # a thread that ended since the listing
+            _tasks = None
+        else:
             found.update(int(p) for p in raw.split())
     return found
 
 
-def kill_escaped(leaders: Collection[int]) -> tuple[int, int]:
+def kill_escaped(leaders: Collection[int], ours: Collection[int] = ()) -> tuple[int, int]:
     """SIGKILL and reap the children that escaped from job process groups that have ended.
 
     ``leaders`` are the running jobs' unreaped leaders. Any other child in a
@@ -152,12 +172,13 @@ def kill_escaped(leaders: Collection[int]) -> tuple[int, int]:
     were killed and how many reaped ((0, 0): nothing escaped, no follow-up sweep needed).
     The leaders' start times are read only when a live escapee is there to judge (the
     sweep runs after every job, and almost always finds only the guard, in our session).
+    ``ours`` are children known to be the worker's own and unreaped (its guard): not judged, not read.
     """
     own_session = os.getsid(0)
     oldest: int | None = None
     oldest_known = False
     killed = reaped = 0
-    for pid in children() - set(leaders):
+    for pid in children().difference(leaders, ours):
         st = _stat(pid)
         if st is None or st[1] == own_session:
             continue

@@ -307,3 +307,25 @@ def test_a_worker_started_with_its_standard_descriptors_closed_still_wires_the_c
     fds, out, err, code = eval(result.read_text())  # noqa: S307 - our own repr of plain values
     assert 0 in fds or 1 in fds, f"the pipes did not land on the closed descriptors: {fds}"
     assert (out, err, code) == (b"out\n4\n", b"err\n", 0)  # 0, 1, 2 and ls's own
+
+
+def test_the_environment_reaches_the_command_exactly_entry_by_entry() -> None:
+    """The environment is passed as one buffer of NUL-terminated entries: each one whole, none run together."""
+    env = {**ENV, "EMPTY": "", "A": "x", "LONG": "y" * 5000, "UTF": "é€", "EQ": "a=b=c", "Z": "last"}
+    code, out, _err = run(["/usr/bin/env", "-0"], env=env)
+    assert code == 0
+    assert sorted(out.split(b"\0")[:-1]) == sorted(f"{k}={v}".encode() for k, v in env.items())
+    code, out, _err = run(["/usr/bin/env", "-0"], env={})
+    assert (code, out) == (0, b"")
+
+
+def test_a_bare_command_is_searched_on_each_jobs_own_path(tmp_path: Path) -> None:
+    """The command's candidates are kept per command and PATH: a job with another PATH finds its own program."""
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        script = tmp_path / name / "which-one"
+        script.write_text(f"#!/bin/sh\necho {name}\n")
+        script.chmod(0o755)
+    for name in ("one", "two", "one"):
+        code, out, _err = run(["which-one"], env={"PATH": f"{tmp_path / name}:/usr/bin:/bin"})
+        assert (code, out) == (0, f"{name}\n".encode())

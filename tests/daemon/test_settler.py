@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import io
+import os
 import subprocess
 import sys
 import tempfile
@@ -23,8 +24,8 @@ import pytest
 
 from steadqd import Queue
 from steadqd.daemon.service import Loop
+from steadqd.daemon.worker import claim, settle
 from steadqd.daemon.worker import role as worker
-from steadqd.daemon.worker import settle
 from steadqd.daemon.worker.role import WorkerRole, _Job
 from steadqd.fs import linux
 from tests.daemon.conftest import DEADLINE, worker_in_process
@@ -304,3 +305,29 @@ def test_the_loop_thread_gets_the_gil_back_soon_while_the_worker_runs(
     with worker_in_process(make_queue(shards=1), queue_path, jobs=0, concurrency=1) as _:
         assert sys.getswitchinterval() <= worker.LOOP_SWITCH_INTERVAL < 0.005
     assert sys.getswitchinterval() == before  # close() restores the process's own
+
+
+@pytest.mark.parametrize("written", [1, 63, 64, 65, 200])
+def test_a_wakeup_pipe_is_left_empty_in_as_few_reads_as_its_bytes_need(
+    monkeypatch: pytest.MonkeyPatch, written: int
+) -> None:
+    """One read for the usual single byte; a full buffer is read again until a shorter read empties the pipe."""
+    reads = []
+    real_read = os.read
+
+    def counting(fd: int, n: int) -> bytes:
+        reads.append(fd)
+        return real_read(fd, n)
+
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        os.write(w, b"\0" * written)
+        monkeypatch.setattr(os, "read", counting)
+        claim.drain_wakeups(r)
+        monkeypatch.undo()
+        assert len(reads) == written // 64 + 1
+        with pytest.raises(BlockingIOError):
+            os.read(r, 1)
+    finally:
+        os.close(r)
+        os.close(w)

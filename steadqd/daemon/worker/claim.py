@@ -109,6 +109,14 @@ class _RenewingWriter:
         return self._out.write(chunk)
 
 
+def drain_wakeups(fd: int) -> None:
+    """Empty a helper thread's wake-up pipe (non-blocking): one read, unless that read filled its buffer
+    (a shorter read has taken everything; a byte written after it wakes the loop again)."""
+    with contextlib.suppress(BlockingIOError):
+        while len(os.read(fd, 64)) == 64:
+            pass
+
+
 def close_owned(q: Backend | None, r: int, w: int) -> None:
     """What a helper thread that has ended owned: its queue handle and the pipe that woke the loop.
 
@@ -157,9 +165,7 @@ class Preparer:
         self._requests.put((cfg, settings, credentials, max(1, count)))
 
     def collect(self) -> list[Prepared]:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._r, 64):
-                pass
+        drain_wakeups(self._r)
         done: list[Prepared] = []
         while self._results:
             done.append(self._results.popleft())

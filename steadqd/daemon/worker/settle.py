@@ -207,9 +207,7 @@ class Settler:
             self._requests.put(directory)
 
     def collect(self) -> list[Group]:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._r, 64):
-                pass
+        claim.drain_wakeups(self._r)
         with self._lock:
             done, self._results = self._results, []
         return done

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from steadqd.daemon import process
 from steadqd.daemon.journal import Log
+from steadqd.daemon.worker.run.guard import guard_pid
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,22 +49,40 @@ class RoleSweep:
 
     def _sweep_escaped(self) -> None:
         """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any."""
-        self._sweep_timer = None
         leaders = [j.pid for j in self.jobs.values() if j.child.returncode is None]
         if self._hooks is not None:  # a notification command runs in a session of its own, and is ours to reap
             leaders += list(self._hooks.running)
-        killed, reaped = process.kill_escaped(leaders)
+        guard = guard_pid()  # in our session: nothing to judge, its stat not read
+        killed, reaped = process.kill_escaped(leaders, () if guard is None else (guard,))
         if killed:
             what = "1 process" if killed == 1 else f"{killed} processes"
             self.log.warning(f"killed {what} that ended jobs left outside their process groups", count=killed)
         if killed or reaped:  # their own children come to us as they die
             self._schedule_sweep(0.1)
 
-    def _schedule_sweep(self, delay: float) -> None:
-        if self.loop is not None and self._sweep_timer is None and not self.closed:
-            self._sweep_timer = self.loop.call_later(delay, self._guarded(self._sweep_escaped))
+    def _on_sweep_timer(self) -> None:
+        self._sweep_timer = None
+        self._sweep_escaped()
+
+    def _schedule_sweep(self, delay: float, *, postpone: bool = False) -> None:
+        """One pending look, ``delay`` from now: a later one is moved up; an earlier one stays, or with
+        ``postpone`` is moved to then."""
+        if self.loop is None or self.closed:
+            return
+        when = self.loop.now() + delay
+        pending = self._sweep_timer
+        if pending is not None and not pending.cancelled:
+            if pending.when == when or (pending.when < when and not postpone):
+                return
+            pending.cancel()
+        self._sweep_timer = self.loop.call_at(when, self._guarded(self._on_sweep_timer))
 
     def _sweep_after_job(self) -> None:
-        """A job has ended: kill what it left outside its group now, and look again once their parents are gone."""
-        self._sweep_escaped()
-        self._schedule_sweep(ESCAPED_SWEEP)  # what the group kill orphaned is ours once its parents are gone
+        """A job has ended: kill what it left outside its group now, and look again once their parents are gone.
+
+        That later look is :data:`ESCAPED_SWEEP` after the last job's end: a look pending for an earlier
+        job is postponed to it (this sweep finds what that one would have found so far), so jobs ending
+        in a row share one look instead of each adding a full sweep of ``/proc``.
+        """
+        self._schedule_sweep(ESCAPED_SWEEP, postpone=True)
+        self._sweep_escaped()  # something found: the look comes after 0.1 s instead

@@ -24,6 +24,7 @@ through Popen as before; :func:`path` says which path runs and why.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import time
@@ -146,6 +147,37 @@ def _environment(env: Mapping[str, str]) -> list[bytes]:
     return out
 
 
+@functools.lru_cache(maxsize=32)
+def _command(argv: tuple[str, ...], path: str | None) -> tuple[Any, int, Any, object]:
+    """The C arrays of a command's candidate paths and arguments, the candidates' count, and the strings
+    the arrays point into (to keep them alive).
+
+    The same for every job of a configuration, so built once per command and PATH (spawn.c only reads them).
+    """
+    assert _fastspawn is not None
+    ffi = _fastspawn.ffi
+    execs = [ffi.new("char[]", p) for p in _executables(argv[0], {} if path is None else {"PATH": path})]
+    args = [ffi.new("char[]", _cstr(a, "command")) for a in argv]
+    c_execs = ffi.new("char *[]", execs)
+    c_argv = ffi.new("char *[]", [*args, ffi.NULL])
+    return c_execs, len(execs), c_argv, (execs, args)
+
+
+def _environment_block(env: Mapping[str, str]) -> tuple[Any, Any]:
+    """The environment as one buffer of NUL-terminated entries and the array pointing into it (keep both)."""
+    assert _fastspawn is not None
+    ffi = _fastspawn.ffi
+    entries = _environment(env)
+    block = ffi.new("char[]", b"\0".join(entries))
+    base = ffi.cast("char *", block)
+    pointers = []
+    offset = 0
+    for e in entries:
+        pointers.append(base + offset)
+        offset += len(e) + 1
+    return block, ffi.new("char *[]", [*pointers, ffi.NULL])
+
+
 _devnull: int | None = None
 
 
@@ -191,12 +223,8 @@ def spawn(
     ffi, lib = _fastspawn.ffi, _fastspawn.lib
     if not argv:
         raise ValueError("empty command")
-    execs = [ffi.new("char[]", p) for p in _executables(argv[0], env)]
-    args = [ffi.new("char[]", _cstr(a, "command")) for a in argv]
-    envs = [ffi.new("char[]", e) for e in _environment(env)]
-    c_execs = ffi.new("char *[]", execs)
-    c_argv = ffi.new("char *[]", [*args, ffi.NULL])
-    c_envp = ffi.new("char *[]", [*envs, ffi.NULL])
+    c_execs, n_execs, c_argv, _strings = _command(tuple(argv), env.get("PATH"))
+    _block, c_envp = _environment_block(env)  # the block is what c_envp points into: alive until the spawn is done
     c_cwd = ffi.new("char[]", _cstr(cwd, "working directory")) if cwd is not None else ffi.NULL
     groups = credentials.get("extra_groups")
     c_groups = ffi.new("gid_t[]", list(groups)) if groups is not None else ffi.NULL
@@ -205,7 +233,7 @@ def spawn(
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     try:
         a = ffi.new("struct steadq_spawn_args *")
-        a.executables, a.n_executables = c_execs, len(execs)
+        a.executables, a.n_executables = c_execs, n_execs
         a.argv, a.envp, a.cwd = c_argv, c_envp, c_cwd
         a.stdin_fd = _stdin_null() if stdin_fd is None else stdin_fd
         a.stdout_fd, a.stderr_fd = out_w, err_w

@@ -57,7 +57,7 @@ from pathlib import Path
 from steadqd.daemon.journal import Log
 from steadqd.daemon.process import PR_SET_PDEATHSIG, prctl, without_credentials
 
-__all__ = ["GroupGuard", "die_with_parent", "guard_pipe", "main", "process_guard"]
+__all__ = ["GroupGuard", "die_with_parent", "guard_pid", "guard_pipe", "main", "process_guard"]
 
 READ_PACE = 0.05  # s; the guard's shortest time between two reads of the worker's lines (see _read_groups)
 
@@ -193,6 +193,11 @@ class GroupGuard:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def unreaped_pid(self) -> int | None:
+        """The guard's pid while it is an unreaped child of ours (its number cannot be another's then)."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.returncode is None else None
+
     def close(self) -> None:
         """The worker is done: EOF tells the guard to kill what is left (nothing, normally) and exit."""
         if self._fd >= 0:
@@ -245,6 +250,12 @@ class GroupGuard:
 
 
 _guard: GroupGuard | None = None
+
+
+def guard_pid() -> int | None:
+    """The pid of this process's guard while it is our unreaped child; None if none was made (never makes one:
+    the first spawn does, with the queue's name for the guard's journal lines)."""
+    return None if _guard is None else _guard.unreaped_pid()
 
 
 def process_guard(queue: str = "") -> GroupGuard:

@@ -1,0 +1,177 @@
+"""The sweep for escaped job processes runs once when a job ends and once more a moment later, not twice a job.
+
+``RoleSweep._sweep_after_job`` sweeps now and schedules a look ``ESCAPED_SWEEP`` later. Every job's
+end used to drop the pending look without cancelling it and schedule a new one, so each job's look still
+ran: two full sweeps of ``/proc`` a job instead of one a job and one per quiet spell. The look is still
+never less than ``ESCAPED_SWEEP`` after a job's end: its group kill's orphans come to us as their
+parents die.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from steadqd.daemon import process
+from steadqd.daemon.service import Loop, Timer
+from steadqd.daemon.worker.run import escaped, guard
+from steadqd.daemon.worker.run.escaped import RoleSweep
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warning(self, message: str, **_fields: object) -> None:
+        self.warnings.append(message)
+
+
+class _Role(RoleSweep):
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self.log = _Log()  # type: ignore[assignment]
+        self.jobs = {}
+        self.closed = False
+        self._hooks = None
+        self._sweep_timer: Timer | None = None
+
+    def _guarded(self, fn: Callable[[], None], job: object = None) -> Callable[[], None]:
+        return fn
+
+
+def _run_for(loop: Loop, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        loop.run_once(max_wait=max(0.0, deadline - time.monotonic()))
+
+
+class _Sweeps:
+    """process.kill_escaped's stand-in: counts the sweeps, answers (killed, reaped) from ``answers``, then (0, 0)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.answers: list[tuple[int, int]] = []
+
+    def __call__(self, leaders: object, ours: object = ()) -> tuple[int, int]:
+        self.calls += 1
+        return self.answers.pop(0) if self.answers else (0, 0)
+
+
+@pytest.fixture
+def sweeps(monkeypatch: pytest.MonkeyPatch) -> _Sweeps:
+    fake = _Sweeps()
+    monkeypatch.setattr(process, "kill_escaped", fake)
+    monkeypatch.setattr(escaped, "ESCAPED_SWEEP", 0.05)
+    return fake
+
+
+def test_jobs_ending_in_a_row_share_the_later_look(sweeps: _Sweeps) -> None:
+    loop = Loop()
+    try:
+        role = _Role(loop)
+        for _ in range(5):
+            role._sweep_after_job()
+        assert sweeps.calls == 5  # one sweep now for each job's end
+        _run_for(loop, 0.25)
+        assert sweeps.calls == 6, "the later look runs once for the five ends, not once per end"
+    finally:
+        loop.close()
+
+
+def test_the_later_look_comes_a_full_delay_after_the_last_end(monkeypatch: pytest.MonkeyPatch, sweeps: _Sweeps) -> None:
+    monkeypatch.setattr(escaped, "ESCAPED_SWEEP", 1.0)
+    loop = Loop()
+    try:
+        role = _Role(loop)
+        role._sweep_after_job()
+        time.sleep(0.5)
+        role._sweep_after_job()  # its look is 1.0 s from now, not the first end's, 0.5 s from now
+        _run_for(loop, 0.7)
+        assert sweeps.calls == 2, "no look before 1.0 s after the second end"
+        _run_for(loop, 0.6)
+        assert sweeps.calls == 3
+    finally:
+        loop.close()
+
+
+def test_something_found_is_looked_for_again_sooner_than_the_pending_look(
+    monkeypatch: pytest.MonkeyPatch, sweeps: _Sweeps
+) -> None:
+    monkeypatch.setattr(escaped, "ESCAPED_SWEEP", 5.0)
+    sweeps.answers.append((1, 1))  # the first sweep kills one: its children come to us soon
+    loop = Loop()
+    try:
+        role = _Role(loop)
+        role._sweep_after_job()
+        assert sweeps.calls == 1
+        _run_for(loop, 0.4)
+        assert sweeps.calls == 2, "a sweep that killed something looks again after 0.1 s, whatever is pending"
+        assert role.log.warnings
+    finally:
+        loop.close()
+
+
+def test_a_child_known_as_ours_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard, in our session, was read from /proc after every job only to be left alone."""
+    read: list[int | str] = []
+    real = process._stat
+
+    def recording(pid: int | str) -> tuple[str, int, int] | None:
+        read.append(int(pid))
+        return real(pid)
+
+    monkeypatch.setattr(process, "_stat", recording)
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert process.kill_escaped([]) == (0, 0)  # in our session: left alone, but read
+        assert child.pid in read
+        read.clear()
+        assert process.kill_escaped([], ours=[child.pid]) == (0, 0)
+        assert child.pid not in read
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_children_of_a_thread_started_after_the_last_listing_are_seen() -> None:
+    """The thread list is kept between sweeps; a thread started since is listed, with its children."""
+    process.children()  # lists the threads now
+    started = threading.Event()
+    done = threading.Event()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawner() -> None:
+        procs.append(subprocess.Popen(["sleep", "30"]))
+        started.set()
+        done.wait(30)
+
+    t = threading.Thread(target=spawner)
+    t.start()
+    try:
+        assert started.wait(10)
+        assert procs[0].pid in process.children()
+    finally:
+        done.set()
+        t.join(10)
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[0].pid not in process.children()
+
+
+def test_a_sweep_before_the_first_job_does_not_make_the_guard(monkeypatch: pytest.MonkeyPatch, sweeps: _Sweeps) -> None:
+    """The guard is made by the first spawn, with the queue's name for its journal lines; a sweep (the
+    safety rescan's, before any job ran) only asks for the pid of a guard that exists."""
+    monkeypatch.setattr(guard, "_guard", None)
+    loop = Loop()
+    try:
+        _Role(loop)._sweep_escaped()
+    finally:
+        loop.close()
+    assert sweeps.calls == 1
+    assert guard.process_guard("q1").queue == "q1"

@@ -1,0 +1,52 @@
+"""The journal's per-line work skips what cannot apply, and says the same as the full rules.
+
+Every job logs a ``started`` and a ``finished`` line of eight fields on the worker's loop thread, and
+each value used to go through two regular expressions (``steadqd.text.redacted``) and a test per
+character (``journal._quote``). The shortcuts (no ``://`` and no ``=``: nothing to redact; an ASCII
+value: one regular expression; an ``int``: nothing to hide) must give the same text as the rules they skip.
+"""
+
+from __future__ import annotations
+
+import io
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from steadqd.daemon import journal
+from steadqd.daemon.journal import Log
+from steadqd.text import _SECRET_PARAM, _USERINFO, redacted
+
+# Text that hits the rules: URLs with userinfo, secret parameters, and the characters around them.
+_URLISH = st.lists(st.sampled_from([*"ab:/@?&=#.- é\n", "://", "http://u:p@h", "?token=", "&X-Amz-Signature="])).map(
+    "".join
+)
+
+
+def _redacted_by_the_rules(text: str) -> str:
+    return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+
+
+def _quoted_by_the_rule(v: str) -> str:
+    return v if v and all(c.isalnum() or c in "-_./:@" for c in v) else repr(v)
+
+
+@given(st.one_of(_URLISH, st.text()))
+def test_redacted_equals_both_rules_applied(text: str) -> None:
+    assert redacted(text) == _redacted_by_the_rules(text)
+
+
+@given(st.one_of(st.text(), st.text(alphabet=st.characters(max_codepoint=127))))
+def test_a_value_is_quoted_as_the_per_character_rule_says(v: str) -> None:
+    assert journal._quote(v) == _quoted_by_the_rule(v)
+
+
+def _line(**fields: object) -> str:
+    out = io.StringIO()
+    Log("worker", "q", journal=False, stream=out, timestamps=False).info("job x started", **fields)
+    return out.getvalue()
+
+
+@given(st.integers())
+def test_an_int_field_reads_as_its_text(n: int) -> None:
+    assert _line(pid=n, attempt=True) == _line(pid=str(n), attempt="true")
