@@ -260,9 +260,15 @@ def test_a_script_whose_interpreter_vanishes_costs_no_attempt(denv: Env, daemons
     d = daemons(denv)
     d.ready()
     interp.unlink()
+    # The hold comes from the first claim pass asked for after the unlink; a pass asked for before it (the
+    # start's) may still be running, and would claim a job enqueued now (its check passed: the window the
+    # class LaunchCheck names). So the job comes once the worker holds, which no pass in flight outlives.
+    with Queue.open(denv.queue_path) as q:
+        q.pause("news for the worker")
+        q.resume()  # the pause record's removal is ready-watch news: a claim pass is asked for
+    d.wait_log(rf"not leasing jobs: worker.command {script} is a script for {interp}, which does not exist")
     with Queue.open(denv.queue_path) as q:
         job = q.enqueue(job_spec(exit=0))
-    d.wait_log(rf"not leasing jobs: worker.command {script} is a script for {interp}, which does not exist")
     tree = check_tree(denv.queue_path)
     assert tree.ready == {job} and tree.get(job).attempt == 0
     assert "not started" not in d.log(), d.log()
