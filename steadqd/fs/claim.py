@@ -67,6 +67,7 @@ class ScanReport:
 
 
 _PROBE_RUN_MAX = 16  # shards looked up and probed together (_Scan.run)
+_READY = State.READY  # a global: an enum member read through its class is slow on 3.11 (names._READY)
 
 
 class _Scan:
@@ -193,7 +194,7 @@ class _Scan:
 
     def _try_name(self, shard: int, dir_fd: int, rel: str, name: str) -> Lease | None:
         try:
-            job = parse_name(State.READY, name)
+            job = parse_name(_READY, name)
         except CorruptObject:
             return None  # a lease, or not ours to judge here (fsck reports it)
         return self.consider(shard, dir_fd, rel, name, job)

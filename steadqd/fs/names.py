@@ -258,6 +258,11 @@ def _checks_for(state: State) -> tuple[tuple[str, ...], tuple[_FieldCheck, ...]]
 
 _FIELD_CHECKS = {state: _checks_for(state) for state in State}
 
+# The states as module constants: on Python 3.11 an enum class's metaclass has a
+# __getattr__, so every ``State.READY`` read pays a slow attribute hook (~900
+# instructions; ~20 a strict lifecycle in this module). A global costs nothing.
+_READY, _LEASED, _DELAYED, _DEAD, _RECEIPT = State.READY, State.LEASED, State.DELAYED, State.DEAD, State.RECEIPT
+
 
 # --------------------------------------------------------------------------- JobName
 
@@ -356,19 +361,19 @@ class JobName:
     def _format_base(self) -> str:
         common = f"{self.job_id.hex()}.g{self.generation:016x}.a{self.attempt:08x}.m{self.max_attempts:08x}"
         st = self.state
-        if st is State.READY:
+        if st is _READY:
             return common
-        if st is State.LEASED:
+        if st is _LEASED:
             assert self.boot_id is not None and self.lease_token is not None
             return (
                 f"{common}.o{self.boot_id.hex()}.b{self.boottime_deadline:016x}"
                 f".w{self.wall_deadline:016x}.t{self.lease_token.hex()}"
             )
-        if st is State.DELAYED:
+        if st is _DELAYED:
             return f"{common}.d{self.not_before:016x}"
-        if st is State.DEAD:
+        if st is _DEAD:
             return f"{common}.x{self.reason:04x}"
-        assert st is State.RECEIPT and self.lease_token is not None
+        assert st is _RECEIPT and self.lease_token is not None
         return f"{common}.t{self.lease_token.hex()}"
 
 
@@ -398,7 +403,7 @@ def _job_bytes(job_id: bytes) -> bytes:
 
 def ready_name(job_id: bytes, generation: int, attempt: int, max_attempts: int) -> JobName:
     """Untagged ready identity."""
-    return JobName(State.READY, _job_bytes(job_id), generation, attempt, max_attempts)
+    return JobName(_READY, _job_bytes(job_id), generation, attempt, max_attempts)
 
 
 def leased_name(
@@ -414,7 +419,7 @@ def leased_name(
 ) -> JobName:
     """Untagged leased identity; ``boot_id`` is the raw 16 bytes (the name stores them undashed)."""
     return JobName(
-        State.LEASED,
+        _LEASED,
         _job_bytes(job_id),
         generation,
         attempt,
@@ -428,17 +433,17 @@ def leased_name(
 
 def delayed_name(job_id: bytes, generation: int, attempt: int, max_attempts: int, *, not_before: int) -> JobName:
     """Untagged delayed identity; ``not_before`` is the exact requested instant, not the bucket start."""
-    return JobName(State.DELAYED, _job_bytes(job_id), generation, attempt, max_attempts, not_before=not_before)
+    return JobName(_DELAYED, _job_bytes(job_id), generation, attempt, max_attempts, not_before=not_before)
 
 
 def dead_name(job_id: bytes, generation: int, attempt: int, max_attempts: int, *, reason: int) -> JobName:
     """Untagged dead identity with a u16 dead reason."""
-    return JobName(State.DEAD, _job_bytes(job_id), generation, attempt, max_attempts, reason=_plain_int(reason))
+    return JobName(_DEAD, _job_bytes(job_id), generation, attempt, max_attempts, reason=_plain_int(reason))
 
 
 def receipt_name(job_id: bytes, generation: int, attempt: int, max_attempts: int, *, lease_token: bytes) -> JobName:
     """Untagged receipt identity; keeps the token that acknowledged the job."""
-    return JobName(State.RECEIPT, _job_bytes(job_id), generation, attempt, max_attempts, lease_token=lease_token)
+    return JobName(_RECEIPT, _job_bytes(job_id), generation, attempt, max_attempts, lease_token=lease_token)
 
 
 # --------------------------------------------------------------------------- parsing
@@ -451,7 +456,8 @@ def parse_name(state: State, name: str | bytes) -> JobName:
     code recovery/fsck quarantine such objects with.
     """
     try:
-        state = State(state)
+        if type(state) is not State:  # State(state) runs two Python frames of enum's, even for a State
+            state = State(state)
     except ValueError:
         raise InvalidInput(f"no filename grammar for state {state!r}") from None
     text = _ascii_name(name)
@@ -473,16 +479,16 @@ def parse_name(state: State, name: str | bytes) -> JobName:
     # What base() would format: the grammar fixed every width and digit, so the
     # text before ".k<16 hex><ext>" is that very string.
     values["_base"] = text[: -_TAIL_LENGTH[state]]
-    if state is State.LEASED:
+    if state is _LEASED:
         values["boot_id"] = bytes.fromhex(g[4])
         values["boottime_deadline"] = int(g[5], 16)
         values["wall_deadline"] = int(g[6], 16)
         values["lease_token"] = bytes.fromhex(g[7])
-    elif state is State.DELAYED:
+    elif state is _DELAYED:
         values["not_before"] = int(g[4], 16)
-    elif state is State.DEAD:
+    elif state is _DEAD:
         values["reason"] = int(g[4], 16)
-    elif state is State.RECEIPT:
+    elif state is _RECEIPT:
         values["lease_token"] = bytes.fromhex(g[4])
     return _trusted_name(values)
 
@@ -521,7 +527,7 @@ def trusted_leased_name(
     """
     name = object.__new__(JobName)
     name.__dict__.update({
-        "state": State.LEASED, "job_id": ready.job_id, "generation": generation, "attempt": attempt,
+        "state": _LEASED, "job_id": ready.job_id, "generation": generation, "attempt": attempt,
         "max_attempts": ready.max_attempts, "boot_id": boot_id, "boottime_deadline": boottime_deadline,
         "wall_deadline": wall_deadline, "lease_token": token, "not_before": None, "reason": None, "tag": None,
     })  # fmt: skip
@@ -566,11 +572,11 @@ def parse_ready_dir_entry(name: str | bytes) -> JobName:
     The component counts differ (5 vs 9) so at most one grammar can match.
     """
     try:
-        return parse_name(State.READY, name)
+        return parse_name(_READY, name)
     except CorruptObject:
         pass
     try:
-        return parse_name(State.LEASED, name)
+        return parse_name(_LEASED, name)
     except CorruptObject:
         raise CorruptObject(
             f"ready-directory entry {name!r} matches neither the ready nor the leased grammar",
@@ -598,9 +604,9 @@ def tag_context(name: JobName, *, shard: int, bucket: int | None, lease_width_ns
     """
     s = shard_dir(shard)
     word = TAG_STATE_WORD[name.state]
-    if name.state is State.READY:
+    if name.state is _READY:
         return f"{word}/-/-/{s}/{name.base()}"
-    if name.state is State.LEASED:
+    if name.state is _LEASED:
         assert name.boot_id is not None and name.boottime_deadline is not None
         b = lease_bucket(name.boottime_deadline, lease_width_ns)
         return f"{word}/{boot_dashed(name.boot_id)}/{b:016x}/{s}/{name.base()}"
@@ -668,7 +674,7 @@ def dead_job(
     if not stat.S_ISREG(mode):
         return None
     try:
-        jn = parse_name(State.DEAD, name)
+        jn = parse_name(_DEAD, name)
     except CorruptObject:
         return None
     if shard_of(queue_id, jn.job_id, shard_count) != shard:
