@@ -370,22 +370,34 @@ class JobName:
         return cached
 
     def _format_base(self) -> str:
-        common = f"{self.job_id.hex()}.g{self.generation:016x}.a{self.attempt:08x}.m{self.max_attempts:08x}"
+        # printf-style: ~40% cheaper than f-string format specs for these ints (the same
+        # digits for every value in range, which the constructor or the grammar checked).
+        common = _COMMON_FORMAT % (self.job_id.hex(), self.generation, self.attempt, self.max_attempts)
         st = self.state
         if st is _READY:
             return common
         if st is _LEASED:
             assert self.boot_id is not None and self.lease_token is not None
-            return (
-                f"{common}.o{self.boot_id.hex()}.b{self.boottime_deadline:016x}"
-                f".w{self.wall_deadline:016x}.t{self.lease_token.hex()}"
+            return _LEASED_FORMAT % (
+                common,
+                self.boot_id.hex(),
+                self.boottime_deadline,
+                self.wall_deadline,
+                self.lease_token.hex(),
             )
         if st is _DELAYED:
-            return f"{common}.d{self.not_before:016x}"
+            return _DELAYED_FORMAT % (common, self.not_before)
         if st is _DEAD:
-            return f"{common}.x{self.reason:04x}"
+            return _DEAD_FORMAT % (common, self.reason)
         assert st is _RECEIPT and self.lease_token is not None
         return f"{common}.t{self.lease_token.hex()}"
+
+
+_COMMON_FORMAT = "%s.g%016x.a%08x.m%08x"
+_LEASED_FORMAT = "%s.o%s.b%016x.w%016x.t%s"
+_DELAYED_FORMAT = "%s.d%016x"
+_DEAD_FORMAT = "%s.x%04x"
+_U64_FORMAT = "%016x"
 
 
 # --------------------------------------------------------------------------- builders / identity changes
@@ -620,10 +632,13 @@ def tag_context(name: JobName, *, shard: int, bucket: int | None, lease_width_ns
     if name.state is _LEASED:
         assert name.boot_id is not None and name.boottime_deadline is not None
         b = lease_bucket(name.boottime_deadline, lease_width_ns)
-        return f"{word}/{boot_dashed(name.boot_id)}/{b:016x}/{s}/{name.base()}"
+        return _LEASED_CONTEXT_FORMAT % (word, boot_dashed(name.boot_id), b, s, name.base())
     if bucket is None:
         raise InvalidInput(f"a {name.state.value} tag context needs the directory bucket")
     return f"{word}/-/{bucket_dir(bucket)}/{s}/{name.base()}"
+
+
+_LEASED_CONTEXT_FORMAT = "%s/%s/%016x/%s/%s"  # printf-style, as in JobName._format_base
 
 
 def compute_tag(queue_id: bytes, context: str) -> bytes:
@@ -739,7 +754,7 @@ _SHARD_DIRS = tuple(f"{s:04x}" for s in range(MAX_SHARDS))
 
 def bucket_dir(bucket: int) -> str:
     """Bucket directory name: always 16 lowercase hex digits of the u64."""
-    return f"{_check_int('bucket', bucket, U64_MAX):016x}"
+    return _U64_FORMAT % _check_int("bucket", bucket, U64_MAX)
 
 
 _BUCKETED_DIRS = {State.DELAYED: DELAYED_DIR, State.RECEIPT: RECEIPTS_DIR, State.DEAD: DEAD_DIR}
