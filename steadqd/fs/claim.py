@@ -89,7 +89,7 @@ class _Scan:
             round_ = ctx.scan_round
             ctx.scan_round = next_scan_round(round_)
             hint, ctx.last_enqueued_shard = ctx.last_enqueued_shard, None
-        order = scan_order(ctx.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
+        order = scan_order(ctx.fmt.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
         # A shard this handle found empty last time would be rewound and read
         # once, and the scan would go on if the read listed nothing: the probe
         # (linux.first_listing) makes that same rewind and read for a run of

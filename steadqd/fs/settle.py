@@ -57,7 +57,7 @@ _RECEIPT, _ACKED = State.RECEIPT, AckResult.ACKED
 
 
 def _shard(ctx: Context, lease: Lease) -> int:
-    return shard_of(ctx.queue_id, lease.job_id_bytes, ctx.fmt.shard_count)
+    return shard_of(ctx.fmt.queue_id, lease.job_id_bytes, ctx.fmt.shard_count)
 
 
 def _move(

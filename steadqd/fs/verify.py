@@ -40,6 +40,9 @@ class Envelope:
     # The file's first bytes as read with the header (up to ENVELOPE_READ_BYTES):
     # for a small job the whole file, so the payload needs no second read.
     head: bytes = field(default=b"", repr=False, compare=False)
+    # Where the payload starts: the header's extension length, fixed with the header.
+    # Stored, not a property: every read of a job asks it once or twice.
+    payload_offset: int = field(init=False, repr=False, compare=False)
 
     def __init__(self, header: JobHeader, extension: bytes, size: int, witness: Witness, head: bytes = b"") -> None:
         f = self.__dict__
@@ -48,10 +51,7 @@ class Envelope:
         f["size"] = size
         f["witness"] = witness
         f["head"] = head
-
-    @property
-    def payload_offset(self) -> int:
-        return HEADER_SIZE + self.header.extension_length
+        f["payload_offset"] = HEADER_SIZE + header.extension_length
 
 
 def check_object_stat(st: os.stat_result) -> None:
