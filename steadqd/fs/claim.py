@@ -67,6 +67,7 @@ class ScanReport:
 
 
 _PROBE_RUN_MAX = 16  # shards looked up and probed together (_Scan.run)
+_READY = State.READY  # a global: an enum member read through its class is slow on 3.11 (names._READY)
 
 
 class _Scan:
@@ -88,7 +89,7 @@ class _Scan:
             round_ = ctx.scan_round
             ctx.scan_round = next_scan_round(round_)
             hint, ctx.last_enqueued_shard = ctx.last_enqueued_shard, None
-        order = scan_order(ctx.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
+        order = scan_order(ctx.fmt.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
         # A shard this handle found empty last time would be rewound and read
         # once, and the scan would go on if the read listed nothing: the probe
         # (linux.first_listing) makes that same rewind and read for a run of
@@ -193,7 +194,7 @@ class _Scan:
 
     def _try_name(self, shard: int, dir_fd: int, rel: str, name: str) -> Lease | None:
         try:
-            job = parse_name(State.READY, name)
+            job = parse_name(_READY, name)
         except CorruptObject:
             return None  # a lease, or not ours to judge here (fsck reports it)
         return self.consider(shard, dir_fd, rel, name, job)

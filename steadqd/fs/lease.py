@@ -521,7 +521,7 @@ def lease_from_claim(
 ) -> Lease:
     h = env.header
     return Lease(
-        queue_id=ctx.queue_id,
+        queue_id=ctx.fmt.queue_id,
         job_id=h.job_id.hex(),
         generation=generation,
         attempt=attempt,

@@ -397,6 +397,9 @@ def rewind_dir(dirfd: int) -> None:
     _call("lseek", os.lseek, dirfd, 0, os.SEEK_SET, detail=(dirfd,))
 
 
+_DOT = ord(".")
+
+
 def first_listing(dirfds: Sequence[int | None], start: int, size: int) -> int:
     """Rewind ``dirfds[start]``, ``dirfds[start + 1]``, ... in turn and read one chunk of each:
     the index of the first whose :func:`read_dir_chunk` would not be ``[]``, or ``len(dirfds)``.
@@ -424,7 +427,16 @@ def first_listing(dirfds: Sequence[int | None], start: int, size: int) -> int:
         except OSError:
             return i
         n = raw(fd, buf, size)
-        if n != 0 and not (n == dots and data.startswith(b".\0", dot) and data.startswith(b"..\0", dotdot)):
+        # The two names are ".\0" and "..\0", tested byte by byte: a bytearray's startswith
+        # parses its arguments the old way, ~5x the cost of the five subscripts.
+        if n != 0 and not (
+            n == dots
+            and data[dot] == _DOT
+            and data[dot + 1] == 0
+            and data[dotdot] == _DOT
+            and data[dotdot + 1] == _DOT
+            and data[dotdot + 2] == 0
+        ):
             return i
     return len(dirfds)
 

@@ -268,6 +268,9 @@ def _as_outcome(e: SteadQError | OSError) -> NotCommitted | OutcomeUnknown:
     return not_committed(e, "enqueue")
 
 
+_READY = State.READY  # a global: an enum member read through its class is slow on 3.11 (names._READY)
+
+
 def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
     """Protocol.md "Enqueue", preparation: id, wall floor, extension, name,
     destination directory and the writer of one job (NotCommitted on failure)."""
@@ -316,7 +319,7 @@ def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
             shard=shard,
             lease_width_ns=fmt.lease_width_ns,
         )
-        dest_rel, state = state_dir(State.READY, shard), "ready"
+        dest_rel, state = state_dir(_READY, shard), "ready"
     max_payload = min(fmt.max_payload_length, MAX_PAYLOAD_LENGTH)
     writer = _writer(payload, job_id, max_attempts, wall, extension, max_payload)
     job_hex = job_id.hex()

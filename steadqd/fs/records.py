@@ -284,15 +284,33 @@ class JobHeader:
         cached = self.__dict__.get("_encoded")
         if cached is not None:  # set by build_header, which checked the fields encoding the draft
             return cached
-        need_bytes(self.job_id, ID_BYTES, "job_id")
-        if not is_uint(self.max_attempts, U32_MAX) or self.max_attempts == 0:
-            raise InvalidInput(f"maximum_attempts: must be in 1..{U32_MAX}, got {self.max_attempts!r}")
-        _need_uint(self.created_at_ns, U64_MAX, "created_at_ns")
-        _need_uint(self.extension_length, MAX_EXTENSION_LENGTH, "extension_length")
-        _need_uint(self.payload_length, MAX_PAYLOAD_LENGTH, "payload_length")
-        need_bytes(self.payload_digest, DIGEST_BYTES, "payload_digest")
-        need_bytes(self.envelope_digest, DIGEST_BYTES, "envelope_digest")
-        _need_uint(self.minor, U16_MAX, "minor")
+        if not (  # the common case in one test (every enqueue encodes a draft); the checks below name the fault
+            type(self.job_id) is bytes
+            and len(self.job_id) == ID_BYTES
+            and type(self.max_attempts) is int
+            and 0 < self.max_attempts <= U32_MAX
+            and type(self.created_at_ns) is int
+            and 0 <= self.created_at_ns <= U64_MAX
+            and type(self.extension_length) is int
+            and 0 <= self.extension_length <= MAX_EXTENSION_LENGTH
+            and type(self.payload_length) is int
+            and 0 <= self.payload_length <= MAX_PAYLOAD_LENGTH
+            and type(self.payload_digest) is bytes
+            and len(self.payload_digest) == DIGEST_BYTES
+            and type(self.envelope_digest) is bytes
+            and len(self.envelope_digest) == DIGEST_BYTES
+            and type(self.minor) is int
+            and 0 <= self.minor <= U16_MAX
+        ):
+            need_bytes(self.job_id, ID_BYTES, "job_id")
+            if not is_uint(self.max_attempts, U32_MAX) or self.max_attempts == 0:
+                raise InvalidInput(f"maximum_attempts: must be in 1..{U32_MAX}, got {self.max_attempts!r}")
+            _need_uint(self.created_at_ns, U64_MAX, "created_at_ns")
+            _need_uint(self.extension_length, MAX_EXTENSION_LENGTH, "extension_length")
+            _need_uint(self.payload_length, MAX_PAYLOAD_LENGTH, "payload_length")
+            need_bytes(self.payload_digest, DIGEST_BYTES, "payload_digest")
+            need_bytes(self.envelope_digest, DIGEST_BYTES, "envelope_digest")
+            _need_uint(self.minor, U16_MAX, "minor")
         return _HEADER.pack(
             JOB_MAGIC, FORMAT_MAJOR, self.minor, self.extension_length, self.payload_length, 0, DIGEST_SHA256,
             bytes(3), self.job_id, self.max_attempts, bytes(4), self.created_at_ns, self.payload_digest,

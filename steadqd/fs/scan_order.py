@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Iterator
+from typing import Any
 
 from steadqd.constants import DOMAIN_SCAN, U64_MAX
 from steadqd.fs.names import _check_bytes, _check_int, _check_shard_count
@@ -30,18 +31,36 @@ def scan_params(
     """(start, stride) of this handle's shard permutation for ``scan_round`` (names.md).
 
     Not observable on disk; reproduced because the reference pins the values.
+    A consumer that has not just enqueued asks this on every lease, with the
+    same queue id, boot id and nonce each time: the hash of that prefix is
+    kept (checked when it was made) and only the round is hashed per call.
     """
     mask = _check_shard_count(shard_count) - 1
-    h = hashlib.sha256(
-        DOMAIN_SCAN
-        + _check_bytes("queue_id", queue_id)
-        + _check_bytes("boot id", boot_id_raw16)
-        + _check_bytes("worker nonce", worker_nonce16)
-        + struct.pack(">Q", _check_int("scan_round", scan_round, U64_MAX))
-    ).digest()
-    start = int.from_bytes(h[0:8], "big") & mask
-    stride = (int.from_bytes(h[8:16], "big") | 1) & mask
-    return start, stride or 1
+    exact = type(queue_id) is bytes and type(boot_id_raw16) is bytes and type(worker_nonce16) is bytes
+    prefix = _SCAN_HASHERS.get((queue_id, boot_id_raw16, worker_nonce16)) if exact else None
+    if prefix is None:
+        prefix = hashlib.sha256(
+            DOMAIN_SCAN
+            + _check_bytes("queue_id", queue_id)
+            + _check_bytes("boot id", boot_id_raw16)
+            + _check_bytes("worker nonce", worker_nonce16)
+        )
+        if exact:
+            if len(_SCAN_HASHERS) >= _SCAN_HASHERS_MAX:
+                _SCAN_HASHERS.clear()
+            _SCAN_HASHERS[(queue_id, boot_id_raw16, worker_nonce16)] = prefix
+    h = prefix.copy()
+    h.update(_ROUND.pack(_check_int("scan_round", scan_round, U64_MAX)))
+    start, stride = _START_STRIDE.unpack_from(h.digest())
+    return start & mask, ((stride | 1) & mask) or 1
+
+
+# (queue id, boot id, nonce) -> SHA-256 state fed with the scan domain and the three; only
+# exact bytes are kept (a bytearray key could change after its check). A process has a few handles.
+_SCAN_HASHERS: dict[tuple[bytes, bytes, bytes], Any] = {}
+_SCAN_HASHERS_MAX = 64
+_ROUND = struct.Struct(">Q")
+_START_STRIDE = struct.Struct(">QQ")  # the digest's first two big-endian u64
 
 
 def scan_order(

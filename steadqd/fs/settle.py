@@ -52,9 +52,12 @@ from steadqd.fs.receipt import ExpectedReceipt, verify_receipt
 from steadqd.fs.tree import Collision, DestinationGone, Indeterminate, MoveFailed, SourceChanged, SourceMissing
 from steadqd.fs.verify import verify_payload
 
+# Globals: an enum member read through its class is slow on 3.11 (names._READY).
+_RECEIPT, _ACKED = State.RECEIPT, AckResult.ACKED
+
 
 def _shard(ctx: Context, lease: Lease) -> int:
-    return shard_of(ctx.queue_id, lease.job_id_bytes, ctx.fmt.shard_count)
+    return shard_of(ctx.fmt.queue_id, lease.job_id_bytes, ctx.fmt.shard_count)
 
 
 def _move(
@@ -112,7 +115,7 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     target_file = make_filename(
         fmt.queue_id, _receipt_of(lease), shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns
     )
-    dest_rel = state_dir(State.RECEIPT, shard, bucket)
+    dest_rel = state_dir(_RECEIPT, shard, bucket)
     try:
         src = validate_source(ctx, lease, moving=True)
     except LeaseLost:
@@ -140,7 +143,7 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
             return _probe_or_lost(ctx, lease, wall, shard)
     finally:
         src.close()
-    return AckResult.ACKED
+    return _ACKED
 
 
 def _receipt_of(lease: Lease) -> JobName:
