@@ -135,13 +135,15 @@ class _Scan:
         cand = self.ctx.shard_candidates(shard)
         # Names left from this handle's last chunk of the shard come first: a
         # name that vanished meanwhile (claimed elsewhere) fails to open with
-        # ENOENT and is skipped.
+        # ENOENT and is skipped. With several consumers on a shard most of
+        # them have (issue 35: ~0.7 a leased job at 4 consumers), so a leftover
+        # is opened before its name is parsed and checked (_try_leftover).
         tried: set[str] = set()
         names_left = cand.names
         while names_left:  # tested, not popped into an IndexError: most scans find it empty
             name = names_left.popleft()
             tried.add(name)
-            lease = self._try_name(shard, dir_fd, rel, name)
+            lease = self._try_leftover(shard, dir_fd, rel, name)
             if lease is not None:
                 return lease
         # Then the directory, a chunk at a time from where this handle stopped
@@ -199,6 +201,32 @@ class _Scan:
             return None  # a lease, or not ours to judge here (fsck reports it)
         return self.consider(shard, dir_fd, rel, name, job)
 
+    def _try_leftover(self, shard: int, dir_fd: int, rel: str, name: str) -> Lease | None:
+        """A name kept from an earlier scan: the open comes first, so a name another
+        consumer claimed meanwhile costs one failed ``openat`` and no parse, tag or hash.
+
+        For a name that opens, the checks and every later syscall are those of
+        _try_name; the open itself is the one consider() would make, just made
+        before the checks (no syscall lies between them). A name that fails a
+        check is closed and then skipped, quarantined or moved to dead as before:
+        an open and a close more, on a read-only descriptor. The open does not
+        trust the name: a forged name could as well carry a valid tag, the
+        queue id being readable by whoever can write here. Any other open error
+        falls back to _try_name, which opens again and judges it as always.
+        """
+        try:
+            fd = linux.open_at(dir_fd, name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return None
+            return self._try_name(shard, dir_fd, rel, name)
+        try:
+            job = parse_name(_READY, name)
+        except CorruptObject:
+            _close_quietly(fd)
+            return None
+        return self.consider(shard, dir_fd, rel, name, job, fd)
+
     def isolate(self, dir_fd: int, rel: str, name: str, reason: int, witness: Any = None) -> None:
         try:
             if witness is not None and reason in (
@@ -248,38 +276,48 @@ class _Scan:
             return ""
         return f": {unreadable_job_text(st, os.path.join(self.ctx.path, rel, name))}"
 
-    def consider(self, shard: int, dir_fd: int, rel: str, name: str, job: JobName) -> Lease | None:
+    def consider(
+        self, shard: int, dir_fd: int, rel: str, name: str, job: JobName, opened: int | None = None
+    ) -> Lease | None:
+        """Check ``name`` and claim it; ``opened``: its descriptor, when the caller opened it first (_try_leftover)."""
         fmt = self.ctx.fmt
-        if not authenticate(fmt.queue_id, job, shard=shard, lease_width_ns=fmt.lease_width_ns):
-            self.isolate(dir_fd, rel, name, QuarantineReason.FILENAME_TAG_FAILED)
-            return None
-        if shard_of(fmt.queue_id, job.job_id, fmt.shard_count) != shard:
+        if not authenticate(fmt.queue_id, job, shard=shard, lease_width_ns=fmt.lease_width_ns) or (
+            shard_of(fmt.queue_id, job.job_id, fmt.shard_count) != shard
+        ):
+            if opened is not None:
+                _close_quietly(opened)
             self.isolate(dir_fd, rel, name, QuarantineReason.FILENAME_TAG_FAILED)
             return None
         if job.attempt >= job.max_attempts:
+            if opened is not None:
+                _close_quietly(opened)
             self.exhausted_to_dead(shard, dir_fd, name, job)
             return None
-        try:
-            fd = linux.open_at(dir_fd, name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError as e:
-            if e.errno == errno.ENOENT:
+        if opened is not None:
+            fd = opened
+        else:
+            try:
+                fd = linux.open_at(dir_fd, name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError as e:
+                self.open_failed(dir_fd, rel, name, e)
                 return None
-            if e.errno == errno.ELOOP:  # a symlink wearing a job name: never followed
-                self.isolate(dir_fd, rel, name, QuarantineReason.NON_REGULAR_FILE)
-                return None
-            special = linux.not_regular(dir_fd, name)  # ENXIO: a socket; EACCES: maybe a directory
-            if special is not None:
-                self.isolate_special(dir_fd, rel, name, special)
-                return None
-            self.report.errors.append(f"open {rel}/{name}: {e.strerror}{self.unreadable(dir_fd, rel, name, e)}")
-            return None
         try:
             return self.claim_open(shard, dir_fd, rel, name, job, fd)
         finally:
-            try:
-                linux.close(fd)
-            except OSError:
-                pass  # read-only fd: must not turn a committed claim into NotCommitted
+            _close_quietly(fd)  # read-only fd: a failed close must not turn a committed claim into NotCommitted
+
+    def open_failed(self, dir_fd: int, rel: str, name: str, e: OSError) -> None:
+        """The candidate's open failed: skipped (gone), quarantined (not a regular file) or reported."""
+        if e.errno == errno.ENOENT:
+            return
+        if e.errno == errno.ELOOP:  # a symlink wearing a job name: never followed
+            self.isolate(dir_fd, rel, name, QuarantineReason.NON_REGULAR_FILE)
+            return
+        special = linux.not_regular(dir_fd, name)  # ENXIO: a socket; EACCES: maybe a directory
+        if special is not None:
+            self.isolate_special(dir_fd, rel, name, special)
+            return
+        self.report.errors.append(f"open {rel}/{name}: {e.strerror}{self.unreadable(dir_fd, rel, name, e)}")
 
     def claim_open(self, shard: int, dir_fd: int, rel: str, name: str, job: JobName, fd: int) -> Lease | None:
         ctx, fmt = self.ctx, self.ctx.fmt
@@ -380,6 +418,13 @@ class _Scan:
         except (MoveError, Indeterminate, OSError) as e:
             ctx.poison(f"exhausted ready cleanup of {job.job_hex}: {e}")
             raise NotCommitted(f"moving exhausted job {job.job_hex} to dead failed: {e}", ErrorKind.IO_FAILURE) from e
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        linux.close(fd)
+    except OSError:
+        pass
 
 
 def _witness_of(fd: int) -> Witness | None:

@@ -207,3 +207,42 @@ def test_a_remembered_lease_path_still_fails_every_filesystem_check(qpath: str) 
         os.rename(full + ".new", full)
         with pytest.raises(QueueCorrupt):
             lease.payload()
+
+
+def test_a_candidate_taken_meanwhile_costs_one_failed_open_and_no_parse(
+    qpath: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35: at 4 consumers most kept candidates are gone when tried; a leftover is
+    opened first, so a lost race costs the ENOENT open alone, not a parse, tag and hash too."""
+    with Queue.open(qpath) as a, Queue.open(qpath) as b:
+        for i in range(3):
+            b.enqueue(f"job {i}".encode())
+        assert a.lease() is not None  # a keeps the other two names
+        assert b.lease() is not None and b.lease() is not None
+        parsed: list[str] = []
+        real_parse = claim.parse_name
+        monkeypatch.setattr(claim, "parse_name", lambda state, name: parsed.append(name) or real_parse(state, name))
+        with linux.trace() as events:
+            assert a.lease() is None
+        failed_opens = [e for e in events if e.op == "open" and e.failed]
+        assert len(failed_opens) == 2 and parsed == []
+
+
+def test_a_kept_candidate_that_fails_its_name_check_is_closed_and_quarantined(qpath: str) -> None:
+    with Queue.open(qpath) as a, Queue.open(qpath) as b:
+        ids = [b.enqueue(f"job {i}".encode()) for i in range(3)]
+        first = a.lease()
+        assert first is not None
+        cand = a._ctx.shard_candidates(0)
+        assert len(cand.names) == 2
+        shard_dir = os.path.join(qpath, a._ctx.ready_rels[0])
+        name = cand.names[0]
+        forged = name[:-20] + f"{int(name[-20:-4], 16) ^ 1:016x}" + ".sqj"  # the tag no longer authenticates
+        os.rename(os.path.join(shard_dir, name), os.path.join(shard_dir, forged))
+        cand.names[0] = forged
+        lease = a.lease()
+        assert lease is not None and lease.job_id in set(ids) - {first.job_id}
+        (moved,) = os.listdir(os.path.join(qpath, "quarantine"))
+        open_files = {os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")}
+        assert os.path.realpath(os.path.join(qpath, "quarantine", moved)) not in open_files  # the early open was closed
+        assert not os.path.exists(os.path.join(shard_dir, forged))
