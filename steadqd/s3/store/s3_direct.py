@@ -535,23 +535,21 @@ class DirectClient:
         try:
             if self._proxy is not None:
                 return self._manager.urlopen(method, url, **options)
-            scheme, _, rest = url.partition("://")
-            authority, slash, target = rest.partition("/")
+            authority, target = _authority_and_target(url)
             pool = self._pools.get(authority)
             if pool is None:
                 parsed = urllib3.util.parse_url(url)
                 pool = self._pools[authority] = self._manager.connection_from_host(
                     parsed.host, parsed.port, parsed.scheme
                 )
-            return pool.urlopen(method, slash + target, assert_same_host=False, **options)
+            return pool.urlopen(method, target, assert_same_host=False, **options)
         except _NeverSent as exc:
             raise self._not_sent(exc) from exc.__cause__
         except (urllib3.exceptions.HTTPError, OSError, HTTPException) as exc:
             raise self._lost(exc) from exc
 
     def _plain_request(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> PlainAnswer:
-        _, _, rest = url.partition("://")
-        authority, slash, target = rest.partition("/")
+        authority, target = _authority_and_target(url)
         pool = self._plain_pools.get(authority)
         if pool is None:
             parsed = urllib3.util.parse_url(url)
@@ -567,7 +565,7 @@ class DirectClient:
             # setdefault (atomic): two threads asking at once share one pool, none left unclosed by close().
             pool = self._plain_pools.setdefault(authority, made)
         try:
-            return pool.request(method, slash + target, headers, body)
+            return pool.request(method, target, headers, body)
         except _NeverSent as exc:
             raise self._not_sent(exc) from exc.__cause__
         except (OSError, HTTPException) as exc:
@@ -593,6 +591,12 @@ class DirectClient:
         if isinstance(exc, (urllib3.exceptions.ReadTimeoutError, TimeoutError)):
             return ReadTimeoutError(endpoint_url=self.meta.endpoint_url, error=exc)
         return ConnectionClosedError(endpoint_url=self.meta.endpoint_url, error=exc)
+
+
+def _authority_and_target(url: str) -> tuple[str, str]:
+    """``http://host:port/b/k?q`` -> ``("host:port", "/b/k?q")``: the pool's key and the request target."""
+    authority, slash, target = url.partition("://")[2].partition("/")
+    return authority, slash + target
 
 
 def _answer_fields(response: _Answer) -> dict[str, str]:
