@@ -223,7 +223,7 @@ class _Scan:
         try:
             job = parse_name(_READY, name)
         except CorruptObject:
-            _close_quietly(fd)
+            linux.close_quietly(fd)
             return None
         return self.consider(shard, dir_fd, rel, name, job, fd)
 
@@ -285,12 +285,12 @@ class _Scan:
             shard_of(fmt.queue_id, job.job_id, fmt.shard_count) != shard
         ):
             if opened is not None:
-                _close_quietly(opened)
+                linux.close_quietly(opened)
             self.isolate(dir_fd, rel, name, QuarantineReason.FILENAME_TAG_FAILED)
             return None
         if job.attempt >= job.max_attempts:
             if opened is not None:
-                _close_quietly(opened)
+                linux.close_quietly(opened)
             self.exhausted_to_dead(shard, dir_fd, name, job)
             return None
         if opened is not None:
@@ -304,7 +304,7 @@ class _Scan:
         try:
             return self.claim_open(shard, dir_fd, rel, name, job, fd)
         finally:
-            _close_quietly(fd)  # read-only fd: a failed close must not turn a committed claim into NotCommitted
+            linux.close_quietly(fd)  # read-only fd: a failed close must not turn a committed claim into NotCommitted
 
     def open_failed(self, dir_fd: int, rel: str, name: str, e: OSError) -> None:
         """The candidate's open failed: skipped (gone), quarantined (not a regular file) or reported."""
@@ -418,13 +418,6 @@ class _Scan:
         except (MoveError, Indeterminate, OSError) as e:
             ctx.poison(f"exhausted ready cleanup of {job.job_hex}: {e}")
             raise NotCommitted(f"moving exhausted job {job.job_hex} to dead failed: {e}", ErrorKind.IO_FAILURE) from e
-
-
-def _close_quietly(fd: int) -> None:
-    try:
-        linux.close(fd)
-    except OSError:
-        pass
 
 
 def _witness_of(fd: int) -> Witness | None:

@@ -158,7 +158,8 @@ def _b(name: Name) -> bytes:
 _FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
-def _close_quietly(fd: int) -> None:
+def _close_unhooked(fd: int) -> None:
+    """os.close, its error dropped, outside the hook: the cleanup of an open the caller never received."""
     with contextlib.suppress(OSError):
         os.close(fd)
 
@@ -205,7 +206,7 @@ def open_regular(
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(where, st.st_mode)
     except BaseException:
-        _close_quietly(fd)
+        _close_unhooked(fd)
         raise
     return fd, st
 
@@ -284,6 +285,14 @@ def close(fd: int) -> None:
         os.close(fd)
         return
     _call("close", os.close, fd, detail=(fd,))
+
+
+def close_quietly(fd: int) -> None:
+    """:func:`close`, its error dropped: for a read-only descriptor, or one whose bytes were fsynced before
+    they counted, a failed close changes no outcome and must not mask the caller's (a committed claim or
+    enqueue is no NotCommitted; an OutcomeUnknown keeps its ticket)."""
+    with contextlib.suppress(OSError):
+        close(fd)
 
 
 def dup(fd: int) -> int:

@@ -206,7 +206,7 @@ def _publish_group(ctx: Context, items: Iterator[Payload], opts: _Options, done:
         _link_group(ctx, group, done)
     finally:
         for fd in fds:
-            _close_quietly(fd)
+            linux.close_quietly(fd)
     if unsupported is not None:
         unsupported.run()  # the named-temp path; the rest of the input follows one at a time
         done.append(unsupported.result())
@@ -455,7 +455,7 @@ class _Publication:
                 try:
                     return self._via_tmpfile(fd)
                 finally:
-                    _close_quietly(fd)
+                    linux.close_quietly(fd)
         return self._via_named_temp(None)
 
     def open_anonymous(self) -> int | None:
@@ -605,7 +605,7 @@ class _Publication:
                 raise self._unknown(header, e.cause) from e
             return header
         finally:
-            _close_quietly(fd)
+            linux.close_quietly(fd)
             if not published:
                 try:
                     linux.unlink_at(tmp_fd, tmp_name)
@@ -621,16 +621,6 @@ class _Publication:
             except DestinationGone:
                 if not self.recreate_dest():
                     raise
-
-
-def _close_quietly(fd: int) -> None:
-    """Close a job fd; its bytes were fsynced before publication, so a close error
-    cannot change the outcome and must not mask it (a committed enqueue is no
-    NotCommitted, and an OutcomeUnknown must keep its ticket)."""
-    try:
-        linux.close(fd)
-    except OSError:
-        pass
 
 
 def _linked_anyway(fd: int) -> bool:

@@ -27,6 +27,7 @@ from steadqd.errors import (
 )
 from steadqd.fs import linux
 from steadqd.fs.context import Context, not_committed
+from steadqd.fs.linux import close_quietly
 from steadqd.fs.tree import Indeterminate, MoveFailed, SourceMissing
 from steadqd.fs.verify import CHUNK
 
@@ -122,11 +123,6 @@ def stat_entries(dir_fd: int, rel: str, keep: Callable[[bytes], bool]) -> Iterat
         except OSError as e:
             raise io_error(e, f"stat {rel}") from e
         yield raw, st
-
-
-def close_quietly(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        linux.close(fd)
 
 
 def split_path(path: str) -> tuple[str, str]:
