@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["ESCAPED_SWEEP", "RoleSweep"]
 
 ESCAPED_SWEEP = 0.5  # s; after a job's end, when its killed group's escaped descendants have come to us
+SPAWN_WAIT = 0.01  # s; a sweep put off while a spawn is in flight (it ends at the child's exec)
 
 
 class RoleSweep:
@@ -39,6 +40,10 @@ class RoleSweep:
 
         def _guarded(self, fn: Callable[[], None], job: _Job | None = None) -> Callable[[], None]: ...
 
+    def _spawns_in_flight(self) -> bool:
+        """Is the spawn pool starting a command whose pid the loop has not heard yet? (The role's answer.)"""
+        return False
+
     def _kill_all_escaped(self) -> None:
         """At the stop no job runs: every escaped process goes, in a few bounded rounds (each takes a generation)."""
         for _ in range(10):
@@ -48,7 +53,14 @@ class RoleSweep:
             time.sleep(0.05)
 
     def _sweep_escaped(self) -> None:
-        """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any."""
+        """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any.
+
+        Not while the spawn pool starts a command: its child is in a session of its own before the loop
+        knows its pid, and would be taken for an escaped process. The look comes once it is a job.
+        """
+        if self._spawns_in_flight():
+            self._schedule_sweep(SPAWN_WAIT)
+            return
         leaders = [j.pid for j in self.jobs.values() if j.child.returncode is None]
         if self._hooks is not None:  # a notification command runs in a session of its own, and is ours to reap
             leaders += list(self._hooks.running)
