@@ -114,6 +114,21 @@ def test_a_failed_pooled_start_is_the_error_popen_raises_and_leaves_no_descripto
     assert sorted(os.listdir("/proc/self/fd")) == before
 
 
+def test_a_started_command_the_loop_has_not_collected_is_known_to_the_sweep() -> None:
+    """The escaped-process sweep must not take a command the pool started for an escaped process: it waits for
+    the spawns in flight and gets the pids of those not collected yet (its leaders); collect() still has them."""
+    pool = fastspawn.pool()
+    token = pool.submit(["sleep", "1000"], env=ENV, cwd=None, stdin_fd=None, credentials={})
+    pids = pool.started_pids(DEADLINE)
+    assert pids is not None and pool.uncollected
+    done = dict(pool.collect())
+    proc = done[token]
+    try:
+        assert pids == [proc.pid] and not pool.uncollected
+    finally:
+        _end(proc)
+
+
 def test_a_guard_replaced_during_a_spawn_keeps_the_lent_descriptor_and_hears_of_the_group() -> None:
     """The loop replaces a dead guard while a pool thread's child may still write to the old pipe: that
     descriptor stays open (closed, its number could become another file's) until the spawn is done, and

@@ -91,7 +91,7 @@ from steadqd.daemon.worker.run.child import (
     submit,
     terminate,
 )
-from steadqd.daemon.worker.run.escaped import RoleSweep
+from steadqd.daemon.worker.run.escaped import SPAWN_WAIT, RoleSweep
 from steadqd.daemon.worker.run.guard import process_guard
 from steadqd.daemon.worker.run.hold import Hold, hand_back_unstarted
 from steadqd.daemon.worker.run.slots import free_slot
@@ -357,6 +357,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         if spawner is None:
             return
         deadline = time.monotonic() + wait
+        self._on_spawned()  # those a sweep read already are not on the descriptor any more
         while self._spawning and time.monotonic() < deadline:
             spawner.wait(deadline - time.monotonic())
             self._on_spawned()
@@ -562,8 +563,13 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
             return
         self._run_job(p, slot, proc, report)
 
-    def _spawns_in_flight(self) -> bool:
-        return bool(self._spawning)  # a done one is a job once the loop has read the pool's descriptor
+    def _starting_pids(self) -> list[int] | None:
+        if self._spawner is None or not self._spawning:
+            return []
+        pids = self._spawner.started_pids(SPAWN_WAIT)
+        if self._spawner.uncollected and self.loop is not None:  # their tokens are read: the reader stays quiet
+            self.loop.call_later(0.0, self._guarded(self._on_spawned))
+        return pids
 
     def _on_spawned(self) -> None:
         """The spawn pool has started commands (or failed to): each becomes a running job (or a start failure)."""

@@ -21,10 +21,10 @@ if TYPE_CHECKING:
     from steadqd.daemon.worker.hooks import Hooks
     from steadqd.daemon.worker.run import _Job
 
-__all__ = ["ESCAPED_SWEEP", "RoleSweep"]
+__all__ = ["ESCAPED_SWEEP", "SPAWN_WAIT", "RoleSweep"]
 
 ESCAPED_SWEEP = 0.5  # s; after a job's end, when its killed group's escaped descendants have come to us
-SPAWN_WAIT = 0.01  # s; a sweep put off while a spawn is in flight (it ends at the child's exec)
+SPAWN_WAIT = 0.05  # s; how long a sweep waits for a spawn in flight (it ends at the child's exec), then is put off
 
 
 class RoleSweep:
@@ -40,9 +40,10 @@ class RoleSweep:
 
         def _guarded(self, fn: Callable[[], None], job: _Job | None = None) -> Callable[[], None]: ...
 
-    def _spawns_in_flight(self) -> bool:
-        """Is the spawn pool starting a command whose pid the loop has not heard yet? (The role's answer.)"""
-        return False
+    def _starting_pids(self) -> list[int] | None:
+        """The commands the spawn pool started that are not jobs yet; None while one is still being spawned
+        (its pid unknown). The role's answer; without a pool, none."""
+        return []
 
     def _kill_all_escaped(self) -> None:
         """At the stop no job runs: every escaped process goes, in a few bounded rounds (each takes a generation)."""
@@ -55,13 +56,16 @@ class RoleSweep:
     def _sweep_escaped(self) -> None:
         """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any.
 
-        Not while the spawn pool starts a command: its child is in a session of its own before the loop
-        knows its pid, and would be taken for an escaped process. The look comes once it is a job.
+        A command the spawn pool is starting is in a session of its own before the loop knows its pid, and
+        would be taken for an escaped process: the sweep waits for the spawns in flight (moments: until
+        each child's exec) and counts the commands they started as leaders; one still in flight after
+        :data:`SPAWN_WAIT` puts the sweep off by as much.
         """
-        if self._spawns_in_flight():
+        starting = self._starting_pids()
+        if starting is None:
             self._schedule_sweep(SPAWN_WAIT)
             return
-        leaders = [j.pid for j in self.jobs.values() if j.child.returncode is None]
+        leaders = [j.pid for j in self.jobs.values() if j.child.returncode is None] + starting
         if self._hooks is not None:  # a notification command runs in a session of its own, and is ours to reap
             leaders += list(self._hooks.running)
         guard = guard_pid()  # in our session: nothing to judge, its stat not read

@@ -343,6 +343,7 @@ class Pool:
             raise OSError(rc, f"cannot start the spawn threads: {os.strerror(rc)}")
         self._r = r  # the write end stays open for the process's life: the threads write there
         self._pending: dict[int, Pending] = {}
+        self._done: dict[int, Spawned | OSError] = {}  # read from the descriptor, not collected yet
         self._tokens = itertools.count(1)
         self._partial = b""
 
@@ -389,6 +390,30 @@ class Pool:
 
     def collect(self) -> list[tuple[int, Spawned | OSError]]:
         """The spawns done since the last call, by token (never blocks)."""
+        self._read()
+        done = list(self._done.items())
+        self._done.clear()
+        return done
+
+    @property
+    def uncollected(self) -> bool:
+        """Spawns are done that :meth:`collect` has not returned (their tokens are read: the descriptor is quiet)."""
+        return bool(self._done)
+
+    def started_pids(self, timeout: float) -> list[int] | None:
+        """The pids of the commands started but not collected yet, once no spawn is in flight (waiting up to
+        ``timeout`` seconds for those that are); None if one still is (its child's pid is not known yet)."""
+        deadline = time.monotonic() + timeout
+        self._read()
+        while self._pending and (left := deadline - time.monotonic()) > 0:
+            self.wait(left)
+            self._read()
+        if self._pending:
+            return None
+        return [r.pid for r in self._done.values() if isinstance(r, Spawned)]
+
+    def _read(self) -> None:
+        """Move the spawns whose tokens came back from pending to done."""
         raw = self._partial
         with contextlib.suppress(BlockingIOError):
             while chunk := os.read(self._r, 4096):
@@ -397,12 +422,10 @@ class Pool:
                     break
         whole = len(raw) - len(raw) % 8
         self._partial = raw[whole:]
-        done = []
         for (token,) in struct.iter_unpack("=Q", raw[:whole]):
             pending = self._pending.pop(token, None)
             if pending is not None:
-                done.append((token, pending.result()))
-        return done
+                self._done[token] = pending.result()
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the pool's descriptor (a stop waiting for spawns in flight)."""
