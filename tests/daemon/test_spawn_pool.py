@@ -249,3 +249,44 @@ def test_a_stop_during_a_spawn_leaves_no_child_and_no_job(
         guard.process_guard().close()
         if pid and running(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_cancel_heard_during_a_spawn_stops_the_command_once_it_is_a_job(
+    make_queue: Callable[..., Queue], queue_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel's news (the leased object left the store) comes while the command is still being spawned,
+    when it is no job to stop yet: it is asked about once it is one, and its command stopped then."""
+    r, w = _full_pipe()
+    g = guard.process_guard()
+    monkeypatch.setattr(g, "lend", lambda: (w, g.generation))
+    monkeypatch.setattr(g, "give_back", lambda fd: None)
+    try:
+        with worker_in_process(make_queue(shards=1), queue_path, jobs=1, concurrency=2) as (role, lp, out):
+            assert role.q is not None and role.settings.worker is not None
+            lease = role.q.lease()
+            assert lease is not None
+            tmpdir = tempfile.mkdtemp(dir=tmp_path)
+            path = payload.write_copy(tmpdir, lambda f: f.write(b"job"))
+            # A first renewal (which would find the cancel too) far past the test's deadline.
+            cfg = dataclasses.replace(role.settings.worker, command=("sleep", "1000"), lease=600.0)
+            role._start_job(claim.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
+            with Queue.open(queue_path) as q:
+                q.cancel(lease.job_id)
+            deadline = time.monotonic() + DEADLINE
+            while not any(s.cancel_heard for s in role._spawning.values()):
+                assert time.monotonic() < deadline and role._spawning, out.getvalue()
+                lp.run_once(0.05)
+            assert not role.jobs
+            _drain_later(r, 0.0)
+            short = lease.job_id[:8]
+            while f"job {short} cancelled (" not in out.getvalue() or role.jobs:
+                assert time.monotonic() < deadline, out.getvalue()
+                lp.run_once(0.05)
+            assert f"job {short} cancelled: stopping its command" in out.getvalue()
+        with Queue.open(queue_path) as q:
+            stats = q.stats()
+            assert stats["dead"].objects == 1 and stats["ready"].objects == 0 and stats["leased"].objects == 0
+    finally:
+        os.close(w)
+        os.close(r)
+        guard.process_guard().close()
