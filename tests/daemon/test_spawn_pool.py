@@ -27,7 +27,7 @@ import pytest
 
 from steadqd import Queue
 from steadqd.daemon.worker import claim, payload
-from steadqd.daemon.worker.run import child, fastspawn, guard
+from steadqd.daemon.worker.run import child, escaped, fastspawn, guard
 from tests.procs import running
 
 from .conftest import DEADLINE, worker_in_process
@@ -286,6 +286,51 @@ def test_a_cancel_heard_during_a_spawn_stops_the_command_once_it_is_a_job(
         with Queue.open(queue_path) as q:
             stats = q.stats()
             assert stats["dead"].objects == 1 and stats["ready"].objects == 0 and stats["leased"].objects == 0
+    finally:
+        os.close(w)
+        os.close(r)
+        guard.process_guard().close()
+
+
+def test_a_sweep_is_put_off_while_a_spawn_is_in_flight_and_waits_for_it_once_put_off_long(
+    make_queue: Callable[..., Queue], queue_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop does not wait for a spawn at each sweep (put off, no wait); a stream of spawns cannot keep the
+    sweep off for good: once put off for SPAWN_PUT_OFF it waits for them, and their commands are leaders."""
+    r, w = _full_pipe()
+    g = guard.process_guard()
+    monkeypatch.setattr(g, "lend", lambda: (w, g.generation))
+    monkeypatch.setattr(g, "give_back", lambda fd: None)
+    monkeypatch.setattr("steadqd.daemon.worker.role.SPAWN_WAIT", DEADLINE)
+    started: list[int] = []
+
+    def recording(starting: child.Starting, result: Any) -> Any:
+        proc = child.spawned(starting, result)
+        started.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr("steadqd.daemon.worker.role.spawned", recording)
+    try:
+        with worker_in_process(make_queue(shards=1), queue_path, jobs=1, concurrency=2) as (role, lp, out):
+            assert role.q is not None and role.settings.worker is not None
+            lease = role.q.lease()
+            assert lease is not None
+            tmpdir = tempfile.mkdtemp(dir=tmp_path)
+            path = payload.write_copy(tmpdir, lambda f: f.write(b"job"))
+            cfg = dataclasses.replace(role.settings.worker, command=("sleep", "1000"))
+            role._start_job(claim.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
+            t0 = time.monotonic()
+            assert role._starting_pids() is None and time.monotonic() - t0 < 1.0  # put off at once, not waited for
+            assert role._sweep_put_off is not None
+            role._sweep_put_off -= escaped.SPAWN_PUT_OFF
+            _drain_later(r, 0.1)
+            pids = role._starting_pids()  # put off long enough: waits for the spawn
+            assert pids is not None and len(pids) == 1 and role._sweep_put_off is None
+            deadline = time.monotonic() + DEADLINE
+            while not role.jobs:  # the loop collects what the sweep read
+                assert time.monotonic() < deadline, out.getvalue()
+                lp.run_once(0.05)
+            assert started == pids and list(role.jobs) == pids
     finally:
         os.close(w)
         os.close(r)

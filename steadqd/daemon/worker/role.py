@@ -91,7 +91,7 @@ from steadqd.daemon.worker.run.child import (
     submit,
     terminate,
 )
-from steadqd.daemon.worker.run.escaped import SPAWN_WAIT, RoleSweep
+from steadqd.daemon.worker.run.escaped import SPAWN_PUT_OFF, SPAWN_WAIT, RoleSweep
 from steadqd.daemon.worker.run.guard import process_guard
 from steadqd.daemon.worker.run.hold import Hold, hand_back_unstarted
 from steadqd.daemon.worker.run.slots import free_slot
@@ -143,6 +143,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         # Spawns the pool's threads are doing (by token): each holds its slot until it is a job in ``jobs``.
         self._spawning: dict[int, _Spawning] = {}
         self._spawner: fastspawn.Pool | None = None  # None: the loop's thread spawns (the Popen fallback)
+        self._sweep_put_off: float | None = None  # since when the escaped-process sweep waits for spawns
         self.draining = False
         self.closed = False
         self.tally = Tally()
@@ -565,8 +566,14 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
 
     def _starting_pids(self) -> list[int] | None:
         if self._spawner is None or not self._spawning:
+            self._sweep_put_off = None
             return []
-        pids = self._spawner.started_pids(SPAWN_WAIT)
+        now = time.monotonic()
+        if self._sweep_put_off is None:
+            self._sweep_put_off = now
+        pids = self._spawner.started_pids(SPAWN_WAIT if now - self._sweep_put_off >= SPAWN_PUT_OFF else 0.0)
+        if pids is not None:
+            self._sweep_put_off = None
         if self._spawner.uncollected and self.loop is not None:  # their tokens are read: the reader stays quiet
             self.loop.call_later(0.0, self._guarded(self._on_spawned))
         return pids

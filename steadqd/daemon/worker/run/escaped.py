@@ -21,10 +21,12 @@ if TYPE_CHECKING:
     from steadqd.daemon.worker.hooks import Hooks
     from steadqd.daemon.worker.run import _Job
 
-__all__ = ["ESCAPED_SWEEP", "SPAWN_WAIT", "RoleSweep"]
+__all__ = ["ESCAPED_SWEEP", "SPAWN_PUT_OFF", "SPAWN_RETRY", "SPAWN_WAIT", "RoleSweep"]
 
 ESCAPED_SWEEP = 0.5  # s; after a job's end, when its killed group's escaped descendants have come to us
-SPAWN_WAIT = 0.05  # s; how long a sweep waits for a spawn in flight (it ends at the child's exec), then is put off
+SPAWN_RETRY = 0.01  # s; a sweep put off while a spawn is in flight (it ends at the child's exec) looks again then
+SPAWN_PUT_OFF = 0.5  # s; put off that long, a sweep waits for the spawns in flight instead (the loop waits)
+SPAWN_WAIT = 0.05  # s; how long it waits for them before it is put off again
 
 
 class RoleSweep:
@@ -57,13 +59,14 @@ class RoleSweep:
         """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any.
 
         A command the spawn pool is starting is in a session of its own before the loop knows its pid, and
-        would be taken for an escaped process: the sweep waits for the spawns in flight (moments: until
-        each child's exec) and counts the commands they started as leaders; one still in flight after
-        :data:`SPAWN_WAIT` puts the sweep off by as much.
+        would be taken for an escaped process: while a spawn is in flight the sweep is put off by
+        :data:`SPAWN_RETRY` (spawns end at the child's exec); put off for :data:`SPAWN_PUT_OFF`, it waits
+        for them instead (so a steady stream of spawns cannot keep it off). The commands the pool started
+        that are no jobs yet count as leaders.
         """
         starting = self._starting_pids()
         if starting is None:
-            self._schedule_sweep(SPAWN_WAIT)
+            self._schedule_sweep(SPAWN_RETRY)
             return
         leaders = [j.pid for j in self.jobs.values() if j.child.returncode is None] + starting
         if self._hooks is not None:  # a notification command runs in a session of its own, and is ours to reap
