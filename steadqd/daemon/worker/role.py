@@ -571,7 +571,9 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         now = time.monotonic()
         if self._sweep_put_off is None:
             self._sweep_put_off = now
-        pids = self._spawner.started_pids(SPAWN_WAIT if now - self._sweep_put_off >= SPAWN_PUT_OFF else 0.0)
+        if now - self._sweep_put_off < SPAWN_PUT_OFF:
+            return None  # put off: the loop collects the spawns meanwhile
+        pids = self._spawner.started_pids(SPAWN_WAIT)
         if pids is not None:
             self._sweep_put_off = None
         if self._spawner.uncollected and self.loop is not None:  # their tokens are read: the reader stays quiet
