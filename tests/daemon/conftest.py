@@ -285,6 +285,7 @@ def worker_in_process(
     ``queue`` (closed here) gets ``jobs`` jobs first. Without ``lease`` the role is drained at once, so it claims
     nothing of its own and the test hands it jobs; with it the role leases as a daemon would.
     """
+    from steadqd.daemon import process
     from steadqd.daemon.config import parse_config
     from steadqd.daemon.journal import Log
     from steadqd.daemon.service import Loop
@@ -307,6 +308,9 @@ def worker_in_process(
     finally:
         role.close()
         loop.close()
+        # The role made this test process a child subreaper: orphans of later tests would come to it and stay
+        # zombies, which a later kill_escaped() then counts (test_escaped_sweep).
+        process.prctl(process.PR_SET_CHILD_SUBREAPER, 0)
 
 
 @pytest.fixture

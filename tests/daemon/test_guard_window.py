@@ -48,11 +48,14 @@ command = 'sleep 1000 & echo $! > %s.tmp && mv %s.tmp %s; kill -9 $PPID; wait' %
 cfg = WorkerConfig(command=(command,), shell=True)
 env = {"PATH": os.environ["PATH"], "STEADQ_JOB_ID": sys.argv[2], "STEADQ_QUEUE": "window"}
 credentials = {"user": os.getuid(), "group": os.getgid(), "extra_groups": os.getgroups()} if sys.argv[3] else {}
+if sys.argv[4]:  # the spawn pool: its thread spawns, the loop (this thread) never hears of the result
+    child.submit(fastspawn.pool(), cfg, env, os.devnull, credentials)
+    time.sleep(600)
 child.launch(cfg, env, os.devnull, credentials)
 """
 
 
-@pytest.mark.parametrize("spawn_path", ["compiled", "popen", "popen-preexec"])
+@pytest.mark.parametrize("spawn_path", ["compiled", "pool", "popen", "popen-preexec"])
 @pytest.mark.parametrize("job_id", ["0123456789abcdef0123456789abcdef", ""])
 def test_a_worker_killed_right_after_the_exec_leaves_no_grandchild(
     tmp_path: Path, spawn_path: str, job_id: str, monkeypatch: pytest.MonkeyPatch
@@ -60,7 +63,8 @@ def test_a_worker_killed_right_after_the_exec_leaves_no_grandchild(
     """With and without a job id: the group kill alone must do it (the env scan needs the id).
 
     ``popen-preexec``: a command run as a user (this one) on the fallback is started by Popen with a
-    ``preexec_fn``, not through ``steadq-exec``."""
+    ``preexec_fn``, not through ``steadq-exec``. ``pool``: the worker's spawn pool (fastspawn.Pool), whose
+    thread outlives the job: the worker's death must still end it."""
     if spawn_path.startswith("popen"):
         monkeypatch.setenv(fastspawn.SWITCH, "popen")
     else:  # also when the whole suite runs on the fallback (STEADQ_SPAWN=popen): this case is the compiled one
@@ -69,6 +73,7 @@ def test_a_worker_killed_right_after_the_exec_leaves_no_grandchild(
     env = dict(os.environ)
     marker = tmp_path / "grandchild"
     argv = [sys.executable, "-c", _WORKER, str(marker), job_id, "as" if spawn_path == "popen-preexec" else ""]
+    argv.append("pool" if spawn_path == "pool" else "")
     worker = subprocess.Popen(argv, env=env)
     grandchild = 0
     try:

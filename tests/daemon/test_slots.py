@@ -26,6 +26,10 @@ def test_slots_are_never_shared_by_two_running_jobs(denv: Env, daemons) -> None:
         assert run["env"]["STEADQ_SLOT_VALUE"] == gpus[slot]
         seen.add(slot)
     assert len(seen) > 1  # concurrency 4 with 32 jobs: more than one slot was used
+    # Never more than 4 commands at once (a spawn in flight holds its slot): the most runs overlapping one's start.
+    for run in runs.values():
+        at_once = sum(1 for other in runs.values() if other["start"] <= run["start"] < other["end"])
+        assert at_once <= 4, (run, at_once)
     for a, b in itertools.combinations(runs.values(), 2):
         if a["env"]["STEADQ_SLOT"] == b["env"]["STEADQ_SLOT"]:
             # one slot, one running job: the two runs never overlap in time

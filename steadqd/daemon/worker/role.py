@@ -28,11 +28,14 @@ The payload
     :class:`~steadqd.daemon.worker.claim.Preparer` thread with a queue
     handle of its own, so a payload of gigabytes never delays the renewals
     and output of the jobs already running; the loop's handle is touched by
-    the loop's thread only. The command is spawned from the loop's thread
-    (its death signal follows that thread) without waiting for its exec:
-    ``steadq-exec``'s report pipe is a loop reader, and the job is
-    ``started`` at its EOF. The first renewal counts from the claim or the
-    copy's last renewal, not the spawn.
+    the loop's thread only. The compiled spawn runs in the spawn pool's C
+    threads (fastspawn.Pool), which never end (a command's death signal
+    follows the thread that forked it), so the loop does not wait in vfork
+    for each exec; a spawn in flight holds its slot, and the pool's
+    descriptor, a loop reader, makes it a job. The fallback spawns from the
+    loop's thread without waiting for its exec: ``steadq-exec``'s report
+    pipe is a loop reader, and the job is ``started`` at its EOF. The first
+    renewal counts from the claim or the copy's last renewal, not the spawn.
 
 Settling
     By the exit policy (steadqd.daemon.worker.policy), applied by the
@@ -55,10 +58,14 @@ Attempts
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import cast
 
 from steadqd import progress
@@ -73,9 +80,19 @@ from steadqd.daemon.worker.control import RoleControl
 from steadqd.daemon.worker.hooks import Hooks
 from steadqd.daemon.worker.policy import Verdict
 from steadqd.daemon.worker.progress_watch import ProgressWatch
-from steadqd.daemon.worker.run import _Job, exec_helper
-from steadqd.daemon.worker.run.child import EXIT_CHECK_RUNNING, command_argv, identity, launch, terminate
-from steadqd.daemon.worker.run.escaped import RoleSweep
+from steadqd.daemon.worker.run import _Job, exec_helper, fastspawn
+from steadqd.daemon.worker.run.child import (
+    EXIT_CHECK_RUNNING,
+    Starting,
+    command_argv,
+    identity,
+    launch,
+    spawned,
+    submit,
+    terminate,
+)
+from steadqd.daemon.worker.run.escaped import SPAWN_PUT_OFF, SPAWN_WAIT, RoleSweep
+from steadqd.daemon.worker.run.guard import process_guard
 from steadqd.daemon.worker.run.hold import Hold, hand_back_unstarted
 from steadqd.daemon.worker.run.slots import free_slot
 from steadqd.daemon.worker.settle import (
@@ -88,6 +105,17 @@ from steadqd.errors import ConfigError, ErrorKind, LeaseLost, NotCommitted, Outc
 from steadqd.text import printable
 
 __all__ = ["SAFETY_RESCAN", "WorkerRole"]
+
+
+@dataclass(eq=False)
+class _Spawning:
+    """A job whose command the spawn pool is starting: its slot is held, it is not in ``jobs`` yet."""
+
+    prepared: claim.Prepared
+    slot: int
+    starting: Starting
+    cancel_heard: bool = False  # its lease left the store meanwhile: ask whether a cancel took it
+
 
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
@@ -112,6 +140,10 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         self.loop: Loop | None = None
         self.q: Backend | None = None
         self.jobs: dict[int, _Job] = {}  # by pid
+        # Spawns the pool's threads are doing (by token): each holds its slot until it is a job in ``jobs``.
+        self._spawning: dict[int, _Spawning] = {}
+        self._spawner: fastspawn.Pool | None = None  # None: the loop's thread spawns (the Popen fallback)
+        self._sweep_put_off: float | None = None  # since when the escaped-process sweep waits for spawns
         self.draining = False
         self.closed = False
         self.tally = Tally()
@@ -172,6 +204,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch_interval, LOOP_SWITCH_INTERVAL))
         loop.add_reader(self._prep.fileno(), self._guarded(self._on_prepared))
+        self._start_spawner(loop)
         loop.add_reader(self._settler.fileno(), self._guarded(self._on_settled))
         stale = payload.remove_stale()
         if stale:
@@ -195,6 +228,17 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         self.progress = ProgressWatch(publisher, self.log)
         metrics.attach(loop, self.settings, self.log, self.name)
         self._schedule_fill(0.0)  # the first scan runs once the service loop is up (after READY=1)
+
+    def _start_spawner(self, loop: Loop) -> None:
+        """The spawn pool, so that the loop does not wait in vfork for each command's exec (fastspawn.Pool)."""
+        if not fastspawn.available():
+            return
+        try:
+            self._spawner = fastspawn.pool()
+        except OSError as e:
+            self.log.warning(f"spawning from the loop's thread: {e}")
+            return
+        loop.add_reader(self._spawner.fileno(), self._guarded(self._on_spawned))
 
     @property
     def held(self) -> str | None:
@@ -248,11 +292,11 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
             self._fill_timer = None
 
     def running_jobs(self) -> int:
-        return len(self.jobs)
+        return len(self.jobs) + len(self._spawning)
 
     def drained(self) -> bool:
         busy = (self._prep is not None and self._prep.busy) or (self._hooks is not None and self._hooks.busy)
-        return not self.jobs and not busy
+        return not self.jobs and not self._spawning and not busy
 
     def close(self) -> None:
         """Forced stop: kill what still runs and give its leases back right away."""
@@ -267,6 +311,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
             self._hold.cancel()
         self._close_settler()  # what it did not start is still in self.jobs with its verdict: settled below
         self._close_preparer()
+        self._await_spawns(PREPARE_GRACE)  # a command being started becomes a job, stopped with the others
         for j in list(self.jobs.values()):  # already exited (not yet noticed): settle by exit status
             if j.child.returncode is None and j.child.exited():
                 j.child.read_report(wait=True)  # a failed exec is handed back as not started
@@ -306,6 +351,29 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         for j in [j for j in self.jobs.values() if j.settling]:  # in a group still in its barriers
             self.log.error(f"settling still running after {PREPARE_GRACE:g}s: recovery decides its outcome", **j.fields)
             self._drop(j)
+
+    def _await_spawns(self, wait: float) -> None:
+        """close(): the spawns in flight end within moments (at the child's exec); each becomes a job."""
+        spawner = self._spawner
+        if spawner is None:
+            return
+        deadline = time.monotonic() + wait
+        self._on_spawned()  # those a sweep read already are not on the descriptor any more
+        while self._spawning and time.monotonic() < deadline:
+            spawner.wait(deadline - time.monotonic())
+            self._on_spawned()
+        if self.loop is not None:
+            self.loop.remove_reader(spawner.fileno())
+        self._spawner = None
+        for s in self._spawning.values():  # stuck before its exec (a working directory that hangs)
+            lease = s.prepared.lease
+            assert lease is not None
+            self.log.error(
+                f"a command still not started after {wait:g}s is abandoned: its lease expires and recovery returns"
+                " the job; the worker's exit kills it (parent-death signal, guard)",
+                job_id=lease.job_id,
+            )
+        self._spawning.clear()
 
     def _close_preparer(self) -> None:
         if self._prep is None:
@@ -376,6 +444,11 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         if news.rung:  # a bucket's doorbell: perhaps a same-host cancel wrote a request (s3/cancel.py)
             for job in list(self.jobs.values()):
                 self._check_cancelled(job)
+        if (news.left or news.rung) and self._spawning and self.q is not None:  # asked once they are jobs
+            for s in self._spawning.values():
+                lease = s.prepared.lease
+                if news.rung or (lease is not None and self.q.lease_key(lease) in news.left):
+                    s.cancel_heard = True
 
     def _safety_rescan(self) -> None:
         assert self.loop is not None
@@ -398,7 +471,8 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
             return
         if self.held is not None:  # the hold's own timer looks again
             return
-        if self._prep.busy or (self._proven is not cfg and any(j.child.starting for j in self.jobs.values())):
+        unproven = self._proven is not cfg and (self._spawning or any(j.child.starting for j in self.jobs.values()))
+        if self._prep.busy or unproven:
             self._fill_again = True  # after the claim, or the exec report of an unproven command (see _proven)
             return
         if self.q is None:  # no handle to renew and settle with: claim nothing until it is back
@@ -425,7 +499,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         thread holds. Their fsyncs then overlap the next jobs' claims and runs instead of keeping a slot;
         one that comes back unsettled (NotCommitted) takes its slot again while it waits to retry, so a
         disk that cannot settle does not let finished runs pile up."""
-        return sum(1 for j in self.jobs.values() if not j.settling)
+        return len(self._spawning) + sum(1 for j in self.jobs.values() if not j.settling)
 
     def _on_prepared(self) -> None:
         assert self._prep is not None
@@ -476,14 +550,76 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
             metrics.job_cancelled(0)
             self._schedule_fill(0.0)
             return
-        slot = free_slot(self.jobs.values())
+        slot = free_slot(self.jobs.values(), [s.slot for s in self._spawning.values()])
         p.env.update(slot_environment(cfg, slot))
         try:
+            if self._spawner is not None:  # the pool's thread waits for the exec; the loop goes on
+                starting = submit(self._spawner, cfg, p.env, p.payload_path, p.credentials)
+                self._spawning[starting.token] = _Spawning(p, slot, starting)
+                return
             proc, report = launch(cfg, p.env, p.payload_path, p.credentials)
         except (OSError, subprocess.SubprocessError, ValueError) as e:
             payload.remove(p.tmpdir)
             self._start_failed(lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {e}")
             return
+        self._run_job(p, slot, proc, report)
+
+    def _starting_pids(self) -> list[int] | None:
+        if self._spawner is None or not self._spawning:
+            self._sweep_put_off = None
+            return []
+        now = time.monotonic()
+        if self._sweep_put_off is None:
+            self._sweep_put_off = now
+        if now - self._sweep_put_off < SPAWN_PUT_OFF:
+            return None  # put off: the loop collects the spawns meanwhile
+        pids = self._spawner.started_pids(SPAWN_WAIT)
+        if pids is not None:
+            self._sweep_put_off = None
+        if self._spawner.uncollected and self.loop is not None:  # their tokens are read: the reader stays quiet
+            self.loop.call_later(0.0, self._guarded(self._on_spawned))
+        return pids
+
+    def _on_spawned(self) -> None:
+        """The spawn pool has started commands (or failed to): each becomes a running job (or a start failure)."""
+        if self._spawner is None:
+            return
+        for token, result in self._spawner.collect():
+            s = self._spawning.pop(token, None)
+            if s is None:  # not this role's (never, with one role per process): its command must not run on
+                if isinstance(result, fastspawn.Spawned):
+                    self._kill_stray(result)
+                continue
+            self._guarded(functools.partial(self._spawn_done, s, result))()
+
+    def _kill_stray(self, proc: fastspawn.Spawned) -> None:
+        """A command started for no job of ours (a spawn a stop gave up on): killed, its guard line taken back
+        while its pid is still pinned, reaped."""
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        process_guard().failed(proc.pid)
+        proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+    def _spawn_done(self, s: _Spawning, result: fastspawn.Spawned | OSError) -> None:
+        p, cfg = s.prepared, s.prepared.cfg
+        assert p.lease is not None
+        try:
+            proc = spawned(s.starting, result)
+        except OSError as e:
+            payload.remove(p.tmpdir)
+            self._start_failed(p.lease, cfg, f"cannot start the command {printable(command_argv(cfg)[0])!r}: {e}")
+            return
+        job = self._run_job(p, s.slot, proc, None)
+        if s.cancel_heard:
+            self._check_cancelled(job)
+
+    def _run_job(self, p: claim.Prepared, slot: int, proc: fastspawn.Process, report: int | None) -> _Job:
+        """The command was spawned: follow it, renew its lease; it counts as started at its exec report."""
+        assert self.loop is not None and p.lease is not None
+        lease, cfg = p.lease, p.cfg
         job = _Job(self, lease, cfg, proc, p.tmpdir, report, slot, p.env, p.credentials)
         self.jobs[job.pid] = job
         job.child.start()
@@ -493,6 +629,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         job.timers.set("renew", max(0.0, cfg.renew_interval - (self.loop.now() - p.renewed)), lambda: self._renew(job))
         if report is None:
             self._on_report(job, b"")
+        return job
 
     def _on_report(self, job: _Job, report: bytes) -> None:
         """The helper's report: the command runs (``job started``), or its exec failed (a start failure)."""

@@ -2,7 +2,7 @@
 
 - :class:`_Job` (here): a leased job whose command was started, the lease's side of a :class:`Child`;
 - child.py: the command's process (spawn, output, exit, timeout, kill);
-- fastspawn.py and spawn.c: the compiled spawn, one vfork and one exec per job (cffi);
+- fastspawn.py and spawn.c: the compiled spawn, one vfork and one exec per job (cffi), in a pool of C threads;
 - exec_helper.py and exec_helper.c: ``steadq-exec``, which lets Popen vfork and reports the exec (the fallback);
 - guard.py: the process that kills the groups a SIGKILLed worker leaves;
 - hold.py: no new leases while jobs cannot be started;

@@ -57,7 +57,7 @@ from steadqd.daemon.worker.run import exec_helper, fastspawn
 from steadqd.daemon.worker.run.fastspawn import Process
 from steadqd.daemon.worker.run.guard import GroupGuard, die_with_parent, process_guard
 
-__all__ = ["Child", "command_argv", "identity", "launch", "spawn", "terminate"]
+__all__ = ["Child", "Starting", "command_argv", "identity", "launch", "spawn", "spawned", "submit", "terminate"]
 
 MAX_LINE = 16 * 1024  # bytes of one forwarded output line; the rest of the line is dropped
 READ_CHUNK = 64 * 1024
@@ -163,6 +163,57 @@ def launch(
     finally:
         if stdin_file is not None:
             stdin_file.close()
+
+
+@dataclass(eq=False)
+class Starting:
+    """A command handed to the spawn pool (:func:`submit`); :func:`spawned` finishes it."""
+
+    token: int
+    job_id: str
+    guard_fd: int
+    generation: int
+
+
+def submit(
+    pool: fastspawn.Pool, cfg: WorkerConfig, env: Mapping[str, str], payload_path: str, credentials: Mapping[str, Any]
+) -> Starting:
+    """:func:`launch`'s compiled path without waiting for the exec: the pool's thread spawns, the caller goes on.
+
+    The child still tells the guard its group before the command can run;
+    the guard's descriptor is lent to the spawn (:meth:`GroupGuard.lend`) so
+    that a guard replaced meanwhile does not close it under the child.
+    The pool's result goes to :func:`spawned` (with the same ``Starting``).
+    """
+    stdin_fd = os.open(payload_path, os.O_RDONLY | os.O_CLOEXEC) if cfg.input == "stdin" else None
+    guard = process_guard(env.get("STEADQ_QUEUE", ""))
+    job_id = env.get("STEADQ_JOB_ID", "")
+    guard_fd, generation = guard.lend()
+    try:
+        token = pool.submit(
+            command_argv(cfg),
+            env=env,
+            cwd=cfg.working_directory,
+            stdin_fd=stdin_fd,  # the pool's now: closed once the spawn is done, or by submit if it raises
+            credentials=credentials,
+            guard_fd=guard_fd,
+            guard_tail=guard.tail(job_id),
+        )
+    except BaseException:
+        guard.give_back(guard_fd)
+        raise
+    return Starting(token, job_id, guard_fd, generation)
+
+
+def spawned(starting: Starting, result: Process | OSError) -> Process:
+    """A pooled spawn is done: the command runs (its group is the guard's), or its ``OSError`` is raised
+    (its child took its guard line back itself)."""
+    guard = process_guard()
+    guard.give_back(starting.guard_fd)
+    if isinstance(result, OSError):
+        raise result
+    guard.started(result.pid, starting.job_id, told=starting.guard_fd >= 0, generation=starting.generation)
+    return result
 
 
 def _popen_telling_the_guard(

@@ -21,9 +21,12 @@ if TYPE_CHECKING:
     from steadqd.daemon.worker.hooks import Hooks
     from steadqd.daemon.worker.run import _Job
 
-__all__ = ["ESCAPED_SWEEP", "RoleSweep"]
+__all__ = ["ESCAPED_SWEEP", "SPAWN_PUT_OFF", "SPAWN_RETRY", "SPAWN_WAIT", "RoleSweep"]
 
 ESCAPED_SWEEP = 0.5  # s; after a job's end, when its killed group's escaped descendants have come to us
+SPAWN_RETRY = 0.01  # s; a sweep put off while a spawn is in flight (it ends at the child's exec) looks again then
+SPAWN_PUT_OFF = 0.5  # s; put off that long, a sweep waits for the spawns in flight instead (the loop waits)
+SPAWN_WAIT = 0.05  # s; how long it waits for them before it is put off again
 
 
 class RoleSweep:
@@ -39,6 +42,11 @@ class RoleSweep:
 
         def _guarded(self, fn: Callable[[], None], job: _Job | None = None) -> Callable[[], None]: ...
 
+    def _starting_pids(self) -> list[int] | None:
+        """The commands the spawn pool started that are not jobs yet; None while one is still being spawned
+        (its pid unknown). The role's answer; without a pool, none."""
+        return []
+
     def _kill_all_escaped(self) -> None:
         """At the stop no job runs: every escaped process goes, in a few bounded rounds (each takes a generation)."""
         for _ in range(10):
@@ -48,8 +56,19 @@ class RoleSweep:
             time.sleep(0.05)
 
     def _sweep_escaped(self) -> None:
-        """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any."""
-        leaders = [j.pid for j in self.jobs.values() if j.child.returncode is None]
+        """Kill what ended jobs left outside their process groups, reap it, and look again soon if there was any.
+
+        A command the spawn pool is starting is in a session of its own before the loop knows its pid, and
+        would be taken for an escaped process: while a spawn is in flight the sweep is put off by
+        :data:`SPAWN_RETRY` (spawns end at the child's exec); put off for :data:`SPAWN_PUT_OFF`, it waits
+        for them instead (so a steady stream of spawns cannot keep it off). The commands the pool started
+        that are no jobs yet count as leaders.
+        """
+        starting = self._starting_pids()
+        if starting is None:
+            self._schedule_sweep(SPAWN_RETRY)
+            return
+        leaders = [j.pid for j in self.jobs.values() if j.child.returncode is None] + starting
         if self._hooks is not None:  # a notification command runs in a session of its own, and is ours to reap
             leaders += list(self._hooks.running)
         guard = guard_pid()  # in our session: nothing to judge, its stat not read

@@ -16,6 +16,11 @@ on return whether the exec worked and raises the ``OSError`` Popen would
 (the command as its filename for an exec, the directory for a chdir), which
 ``steadqd.daemon.worker.run.hold`` relies on. No report pipe is needed.
 
+The worker spawns through :class:`Pool`: a few C threads started once per
+process that do the vfork, so its loop goes on while each child runs up to
+its exec, and spawns overlap. They never end, because the child's
+parent-death signal fires when the thread that forked it ends.
+
 Without the built module (a source tree whose extension was never built, or
 ``STEADQ_SPAWN=popen`` in the worker's environment, the fallback's switch for
 tests and for an operator who suspects the compiled path) the worker spawns
@@ -24,8 +29,13 @@ through Popen as before; :func:`path` says which path runs and why.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
+import itertools
 import os
+import select
+import struct
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -39,7 +49,7 @@ except ImportError as e:  # not built: the Popen path
 else:
     _MISSING = ""
 
-__all__ = ["Process", "Spawned", "available", "path", "spawn"]
+__all__ = ["Pool", "Process", "Spawned", "available", "path", "pool", "spawn"]
 
 SWITCH = "STEADQ_SPAWN"  # "popen": the fallback even where the module is built
 
@@ -199,6 +209,40 @@ def _error(stage: int, err: int, program: str, cwd: str | None) -> OSError:
     return OSError(err, os.strerror(err))
 
 
+def _build(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None,
+    stdin_fd: int | None,
+    credentials: Mapping[str, Any],
+    parent: int | None,
+    guard_fd: int,
+    guard_tail: bytes,
+    out_w: int,
+    err_w: int,
+) -> tuple[Any, object]:
+    """spawn.c's arguments, and what they point into (alive until the spawn is done)."""
+    ffi = _fastspawn.ffi
+    c_execs, n_execs, c_argv, strings = _command(tuple(argv), env.get("PATH"))
+    block, c_envp = _environment_block(env)
+    c_cwd = ffi.new("char[]", _cstr(cwd, "working directory")) if cwd is not None else ffi.NULL
+    groups = credentials.get("extra_groups")
+    c_groups = ffi.new("gid_t[]", list(groups)) if groups is not None else ffi.NULL
+    c_tail = ffi.new("char[]", guard_tail)
+    a = ffi.new("struct steadq_spawn_args *")
+    a.executables, a.n_executables = c_execs, n_execs
+    a.argv, a.envp, a.cwd = c_argv, c_envp, c_cwd
+    a.stdin_fd = _stdin_null() if stdin_fd is None else stdin_fd
+    a.stdout_fd, a.stderr_fd = out_w, err_w
+    a.groups, a.ngroups = c_groups, (len(groups) if groups is not None else -1)
+    a.gid = credentials.get("group", -1)
+    a.uid = credentials.get("user", -1)
+    a.parent = os.getpid() if parent is None else parent
+    a.max_fd = os.sysconf("SC_OPEN_MAX")
+    a.guard_fd, a.guard_tail = guard_fd, c_tail
+    return a, (c_execs, c_argv, strings, block, c_envp, c_cwd, c_groups, c_tail)
+
+
 def spawn(
     argv: Sequence[str],
     *,
@@ -218,31 +262,16 @@ def spawn(
     before it executes anything (default: this process; a test passes another to see it refuse).
     ``guard_fd``: the guard's pipe (close-on-exec, >= 3; -1: none), to which the child writes
     ``+PID`` and ``guard_tail`` before it runs anything, and ``-PID`` if it then fails.
+    The child's parent-death signal follows the calling thread: :class:`Pool` spawns from threads that never end.
     """
     assert _fastspawn is not None, "spawn() without the compiled module: check available() first"
     ffi, lib = _fastspawn.ffi, _fastspawn.lib
     if not argv:
         raise ValueError("empty command")
-    c_execs, n_execs, c_argv, _strings = _command(tuple(argv), env.get("PATH"))
-    _block, c_envp = _environment_block(env)  # the block is what c_envp points into: alive until the spawn is done
-    c_cwd = ffi.new("char[]", _cstr(cwd, "working directory")) if cwd is not None else ffi.NULL
-    groups = credentials.get("extra_groups")
-    c_groups = ffi.new("gid_t[]", list(groups)) if groups is not None else ffi.NULL
-    c_tail = ffi.new("char[]", guard_tail)
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     try:
-        a = ffi.new("struct steadq_spawn_args *")
-        a.executables, a.n_executables = c_execs, n_execs
-        a.argv, a.envp, a.cwd = c_argv, c_envp, c_cwd
-        a.stdin_fd = _stdin_null() if stdin_fd is None else stdin_fd
-        a.stdout_fd, a.stderr_fd = out_w, err_w
-        a.groups, a.ngroups = c_groups, (len(groups) if groups is not None else -1)
-        a.gid = credentials.get("group", -1)
-        a.uid = credentials.get("user", -1)
-        a.parent = os.getpid() if parent is None else parent
-        a.max_fd = os.sysconf("SC_OPEN_MAX")
-        a.guard_fd, a.guard_tail = guard_fd, c_tail
+        a, _keep = _build(argv, env, cwd, stdin_fd, credentials, parent, guard_fd, guard_tail, out_w, err_w)
         stage, err = ffi.new("int *"), ffi.new("int *")
         pid = lib.steadq_spawn(a, stage, err)
     except BaseException:
@@ -257,3 +286,158 @@ def spawn(
         os.close(err_r)
         raise _error(stage[0], err[0], argv[0], cwd)
     return Spawned(argv, pid, open(out_r, "rb", buffering=0), open(err_r, "rb", buffering=0))  # noqa: SIM115
+
+
+SPAWN_THREADS = 4  # the pool's threads: at concurrency 4 no spawn waits for another
+
+
+def _above_standard(fd: int) -> int:
+    """``fd`` moved to 3 or above (a daemon may run with 0, 1 and 2 closed: a pipe there would be written to
+    as stdout or stderr)."""
+    if fd >= 3:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return moved
+
+
+class Pending:
+    """A spawn handed to the :class:`Pool`: what it needs kept alive until the pool's thread is done with it."""
+
+    __slots__ = ("argv", "cwd", "err_r", "job", "keep", "out_r")
+
+    def __init__(self, argv: Sequence[str], cwd: str | None, job: Any, keep: object, out_r: int, err_r: int) -> None:
+        self.argv, self.cwd, self.job, self.keep, self.out_r, self.err_r = list(argv), cwd, job, keep, out_r, err_r
+
+    def result(self) -> Spawned | OSError:
+        """The started command, or the ``OSError`` :func:`spawn` would have raised."""
+        if self.job.pid < 0:
+            os.close(self.out_r)
+            os.close(self.err_r)
+            return _error(self.job.stage, self.job.err, self.argv[0], self.cwd)
+        out, err = open(self.out_r, "rb", buffering=0), open(self.err_r, "rb", buffering=0)  # noqa: SIM115
+        return Spawned(self.argv, self.job.pid, out, err)
+
+
+class Pool:
+    """Spawns in a few C threads (spawn.c), so the worker's loop does not wait in vfork for a child's exec.
+
+    :meth:`submit` hands a spawn over and returns its token at once; the
+    pool's descriptor (:meth:`fileno`) becomes readable when spawns are done,
+    and :meth:`collect` returns their results. The threads never end (a
+    child's parent-death signal fires when the thread that forked it ends,
+    so they must outlive every job), so there is one pool per process
+    (:func:`pool`). The submitting thread's signal mask at the pool's start
+    is every child's.
+    """
+
+    def __init__(self, threads: int = SPAWN_THREADS) -> None:
+        assert _fastspawn is not None, "a spawn pool without the compiled module: check available() first"
+        r, w = os.pipe2(os.O_CLOEXEC)
+        r, w = _above_standard(r), _above_standard(w)
+        os.set_blocking(r, False)
+        rc = _fastspawn.lib.steadq_pool_start(threads, w)
+        if rc != 0:
+            os.close(r)
+            os.close(w)
+            raise OSError(rc, f"cannot start the spawn threads: {os.strerror(rc)}")
+        self._r = r  # the write end stays open for the process's life: the threads write there
+        self._pending: dict[int, Pending] = {}
+        self._done: dict[int, Spawned | OSError] = {}  # read from the descriptor, not collected yet
+        self._tokens = itertools.count(1)
+        self._partial = b""
+
+    def fileno(self) -> int:
+        return self._r
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def submit(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        stdin_fd: int | None,
+        credentials: Mapping[str, Any],
+        guard_fd: int = -1,
+        guard_tail: bytes = b"\n",
+    ) -> int:
+        """:func:`spawn`'s work in a pool thread; its token. ``stdin_fd`` is the pool's from here: closed
+        once the spawn is done (also when this raises ``ValueError`` for a NUL or a bad variable name)."""
+        ffi, lib = _fastspawn.ffi, _fastspawn.lib
+        out_r = out_w = err_r = err_w = -1
+        try:
+            if not argv:
+                raise ValueError("empty command")
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            a, keep = _build(argv, env, cwd, stdin_fd, credentials, None, guard_fd, guard_tail, out_w, err_w)
+        except BaseException:
+            for fd in (out_r, out_w, err_r, err_w, -1 if stdin_fd is None else stdin_fd):
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        token = next(self._tokens)
+        job = ffi.new("struct steadq_spawn_job *")
+        job.args, job.token = a, token
+        job.close_fds = [out_w, err_w, -1 if stdin_fd is None else stdin_fd]
+        self._pending[token] = Pending(argv, cwd, job, (a, keep), out_r, err_r)
+        lib.steadq_pool_submit(job)
+        return token
+
+    def collect(self) -> list[tuple[int, Spawned | OSError]]:
+        """The spawns done since the last call, by token (never blocks)."""
+        self._read()
+        done = list(self._done.items())
+        self._done.clear()
+        return done
+
+    @property
+    def uncollected(self) -> bool:
+        """Spawns are done that :meth:`collect` has not returned (their tokens are read: the descriptor is quiet)."""
+        return bool(self._done)
+
+    def started_pids(self, timeout: float) -> list[int] | None:
+        """The pids of the commands started but not collected yet, once no spawn is in flight (waiting up to
+        ``timeout`` seconds for those that are); None if one still is (its child's pid is not known yet)."""
+        deadline = time.monotonic() + timeout
+        self._read()
+        while self._pending and (left := deadline - time.monotonic()) > 0:
+            self.wait(left)
+            self._read()
+        if self._pending:
+            return None
+        return [r.pid for r in self._done.values() if isinstance(r, Spawned)]
+
+    def _read(self) -> None:
+        """Move the spawns whose tokens came back from pending to done."""
+        raw = self._partial
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(self._r, 4096):
+                raw += chunk
+                if len(chunk) < 4096:
+                    break
+        whole = len(raw) - len(raw) % 8
+        self._partial = raw[whole:]
+        for (token,) in struct.iter_unpack("=Q", raw[:whole]):
+            pending = self._pending.pop(token, None)
+            if pending is not None:
+                self._done[token] = pending.result()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the pool's descriptor (a stop waiting for spawns in flight)."""
+        return bool(select.select([self._r], [], [], max(0.0, timeout))[0])
+
+
+_pool: Pool | None = None
+
+
+def pool() -> Pool:
+    """This process's spawn pool, started at the first call (``OSError`` if its threads cannot be started)."""
+    global _pool
+    if _pool is None:
+        _pool = Pool()
+    return _pool

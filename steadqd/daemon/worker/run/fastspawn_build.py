@@ -37,6 +37,15 @@ struct steadq_spawn_args {
     const char *guard_tail;
 };
 int steadq_spawn(const struct steadq_spawn_args *a, int *stage, int *err);
+struct steadq_spawn_job {
+    const struct steadq_spawn_args *args;
+    unsigned long long token;
+    int close_fds[3];
+    int pid, stage, err;
+    struct steadq_spawn_job *next;
+};
+int steadq_pool_start(int threads, int notify_fd);
+void steadq_pool_submit(struct steadq_spawn_job *job);
 """
 
 ffibuilder = cffi.FFI()

@@ -67,8 +67,10 @@ def die_with_parent(guard_fd: int = -1, tail: bytes = b"\n", pid_fd: int = -1) -
 
     The fallback of ``steadq-exec``, which does the same without making Popen fork.
 
-    Call it in the thread that forks, and fork from the loop's thread: the
-    kernel sends the signal when the parent *thread* exits. The function runs
+    Call it in the thread that forks, and fork from a thread that lives as
+    long as the worker (the fallback forks from the loop's; the compiled
+    spawn from its pool's C threads): the kernel sends the signal when the
+    parent *thread* exits. The function runs
     in the forked child, so it does little but syscalls; the getppid check
     closes the race of a worker that died before the prctl.
 
@@ -136,6 +138,9 @@ class GroupGuard:
         self.jobs: dict[int, str] = {}  # the job id of each group, for its escaped processes
         self._proc: subprocess.Popen[bytes] | None = None
         self._fd = -1
+        self.generation = 0  # how many guards were started: a line told to an earlier one may be lost
+        self._lent = 0  # spawns in flight (a spawn thread's child) that may still write to the pipe
+        self._retired: list[int] = []  # write ends of dead guards' pipes, closed once nothing is lent
 
     def watch(self, pgid: int, job_id: str = "") -> None:
         """A command was started as group ``pgid`` for ``job_id``; never raises (the job runs either way)."""
@@ -153,20 +158,42 @@ class GroupGuard:
             self._start()
         return self._fd
 
+    def lend(self) -> tuple[int, int]:
+        """:meth:`pipe` for a spawn that runs in another thread (fastspawn.Pool), and the guard's generation,
+        for :meth:`started`. Until :meth:`give_back` the descriptor is never closed (a dead guard's is set
+        aside): closed, its number could be reused by another file, and the child's line would land there."""
+        fd = self.pipe()
+        if fd >= 0:
+            self._lent += 1
+        return fd, self.generation
+
+    def give_back(self, fd: int) -> None:
+        """A spawn :meth:`lend` lent ``fd`` to is done: the child wrote its line or has exec'd (close-on-exec)."""
+        if fd < 0:
+            return
+        self._lent -= 1
+        if self._lent == 0:
+            for old in self._retired:
+                os.close(old)
+            self._retired.clear()
+
     def tail(self, job_id: str) -> bytes:
         """What follows ``+PGID`` on a line a child writes: the job id if it is one, then the newline."""
         return _tail(job_id).encode()
 
-    def started(self, pgid: int, job_id: str = "", *, told: bool) -> None:
+    def started(self, pgid: int, job_id: str = "", *, told: bool, generation: int | None = None) -> None:
         """Group ``pgid`` runs ``job_id``; ``told``: its child wrote the line to :meth:`pipe` itself. Never raises.
 
         A child's line can have gone nowhere (EPIPE: the guard had died); a
         guard found dead is replaced here with the whole list, this group
-        included. A line the guard gets twice is harmless: it keeps a set.
+        included. ``generation``: :meth:`lend`'s, for a spawn in another
+        thread: a guard started meanwhile got the whole list without this
+        group, and the line the child told the old one is lost with it.
+        A line the guard gets twice is harmless: it keeps a set.
         """
         self.groups.add(pgid)
         self.jobs[pgid] = job_id
-        if not told or not self.running():
+        if not told or not self.running() or (generation is not None and generation != self.generation):
             self._send(self._line(pgid))
 
     def _line(self, pgid: int) -> str:
@@ -201,8 +228,7 @@ class GroupGuard:
     def close(self) -> None:
         """The worker is done: EOF tells the guard to kill what is left (nothing, normally) and exit."""
         if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+            self._drop_fd()
         if self._proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=5)
@@ -216,13 +242,20 @@ class GroupGuard:
                 os.write(self._fd, line.encode())
                 return
             except OSError:
-                os.close(self._fd)
-                self._fd = -1
+                self._drop_fd()
                 if self._proc is not None:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         self._proc.wait(timeout=1)
                 self._proc = None
                 line = self._lines()
+
+    def _drop_fd(self) -> None:
+        """No more lines to this guard: its pipe is closed, or set aside while a spawn may still write to it."""
+        if self._lent:
+            self._retired.append(self._fd)
+        else:
+            os.close(self._fd)
+        self._fd = -1
 
     def _start(self) -> bool:
         r, w = guard_pipe()
@@ -240,6 +273,7 @@ class GroupGuard:
         finally:
             os.close(r)
         self._fd = w
+        self.generation += 1
         initial = self._lines()
         if initial:
             try:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["free_slot"]
 
 
-def free_slot(jobs: Iterable[_Job]) -> int:
+def free_slot(jobs: Iterable[_Job], starting: Iterable[int] = ()) -> int:
     """The lowest slot no running command holds (STEADQ_SLOT).
 
     A slot is held from the spawn until the command's group is reaped (its
@@ -24,7 +24,8 @@ def free_slot(jobs: Iterable[_Job]) -> int:
     commands. There is always one below ``cfg.concurrency``: a claim is
     asked for only while fewer commands than that run (WorkerRole._fill).
     After a reload running jobs keep theirs, which may lie beyond a lowered
-    concurrency; new jobs get slots below the new one.
+    concurrency; new jobs get slots below the new one. ``starting``: the
+    slots of commands the spawn pool is starting (held from the hand-over).
     """
-    held = {j.slot for j in jobs if j.child.returncode is None}
+    held = {j.slot for j in jobs if j.child.returncode is None}.union(starting)
     return next(s for s in itertools.count() if s not in held)

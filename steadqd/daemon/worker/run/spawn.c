@@ -223,7 +223,8 @@ static __attribute__((noinline, noreturn)) void child(const struct steadq_spawn_
     _exit(127);
 }
 
-int steadq_spawn(const struct steadq_spawn_args *a, int *stage, int *err)
+/* The spawn; the child takes ``child_mask`` as its signal mask (NULL: the calling thread's). */
+static int spawn_masked(const struct steadq_spawn_args *a, const sigset_t *child_mask, int *stage, int *err)
 {
     sigset_t all, old_mask;
 
@@ -236,8 +237,8 @@ int steadq_spawn(const struct steadq_spawn_args *a, int *stage, int *err)
         return -1;
     }
     pid_t pid = vfork();
-    if (pid == 0)
-        child(a, &old_mask, stage, err); /* the caller's memory, which the suspended parent reads after _exit */
+    if (pid == 0) /* the caller's memory, which the suspended parent reads after _exit */
+        child(a, child_mask != NULL ? child_mask : &old_mask, stage, err);
     int fork_errno = errno;
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     if (pid < 0) {
@@ -252,4 +253,105 @@ int steadq_spawn(const struct steadq_spawn_args *a, int *stage, int *err)
         return -1;
     }
     return pid;
+}
+
+int steadq_spawn(const struct steadq_spawn_args *a, int *stage, int *err)
+{
+    return spawn_masked(a, NULL, stage, err);
+}
+
+/*
+ * The pool: a few threads that spawn, so that the worker's loop never waits
+ * in vfork for a child to reach its exec (the wait overlaps the loop's work
+ * and the other spawns). They are C threads: no Python, no GIL, and they
+ * never exit. That matters: PR_SET_PDEATHSIG fires when the *thread* that
+ * forked the child ends, not the process, so a spawning thread must outlive
+ * every job it started; these live as long as the process. They block every
+ * signal (the process's signals go to its other threads), and give their
+ * children the mask of the thread that started the pool. A finished spawn's
+ * token goes to notify_fd in one write (8 bytes < PIPE_BUF: atomic).
+ */
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_cond = PTHREAD_COND_INITIALIZER;
+static struct steadq_spawn_job *pool_head, *pool_tail;
+static sigset_t pool_child_mask;
+static int pool_fd = -1;
+static int pool_threads;
+
+static void *pool_thread(void *unused)
+{
+    (void)unused;
+    for (;;) {
+        pthread_mutex_lock(&pool_lock);
+        while (pool_head == NULL)
+            pthread_cond_wait(&pool_cond, &pool_lock);
+        struct steadq_spawn_job *j = pool_head;
+        pool_head = j->next;
+        if (pool_head == NULL)
+            pool_tail = NULL;
+        pthread_mutex_unlock(&pool_lock);
+
+        j->pid = spawn_masked(j->args, &pool_child_mask, &j->stage, &j->err);
+        for (int i = 0; i < 3; i++)
+            if (j->close_fds[i] >= 0)
+                close(j->close_fds[i]);
+        unsigned long long token = j->token; /* after the write the caller may free j */
+        const char *p = (const char *)&token;
+        size_t left = sizeof token;
+        while (left > 0) {
+            ssize_t w = write(pool_fd, p, left);
+            if (w < 0) {
+                if (errno == EINTR)
+                    continue;
+                break; /* the loop's end is gone: the process is ending */
+            }
+            p += w;
+            left -= (size_t)w;
+        }
+    }
+    return NULL;
+}
+
+int steadq_pool_start(int threads, int notify_fd)
+{
+    sigset_t all, old_mask;
+    pthread_attr_t attr;
+    int rc = 0;
+
+    pthread_mutex_lock(&pool_lock);
+    if (pool_threads > 0) {
+        pthread_mutex_unlock(&pool_lock);
+        return 0;
+    }
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old_mask); /* the threads start with every signal blocked */
+    pool_child_mask = old_mask;
+    pool_fd = notify_fd;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    for (int i = 0; i < threads; i++) {
+        pthread_t t;
+        rc = pthread_create(&t, &attr, pool_thread, NULL);
+        if (rc != 0)
+            break;
+        pool_threads++;
+    }
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    pthread_mutex_unlock(&pool_lock);
+    return pool_threads > 0 ? 0 : rc;
+}
+
+void steadq_pool_submit(struct steadq_spawn_job *job)
+{
+    job->next = NULL;
+    pthread_mutex_lock(&pool_lock);
+    if (pool_tail != NULL)
+        pool_tail->next = job;
+    else
+        pool_head = job;
+    pool_tail = job;
+    pthread_cond_signal(&pool_cond);
+    pthread_mutex_unlock(&pool_lock);
 }

@@ -28,4 +28,20 @@ struct steadq_spawn_args {
 /* The child's pid, or -1 with the failed step in *stage and its errno in *err (the child reaped). */
 int steadq_spawn(const struct steadq_spawn_args *a, int *stage, int *err);
 
+/* One spawn handed to the pool's threads; the caller keeps it and what it points to alive until its token
+ * comes back on the pool's descriptor. */
+struct steadq_spawn_job {
+    const struct steadq_spawn_args *args;
+    unsigned long long token; /* written to the pool's descriptor once pid/stage/err are set */
+    int close_fds[3];         /* closed by the pool's thread after the spawn (-1: none): the caller's ends */
+    int pid, stage, err;      /* steadq_spawn's result */
+    struct steadq_spawn_job *next;
+};
+
+/* Start the pool's threads (once per process): 0, or an errno. Their children get the calling thread's
+ * signal mask; the threads themselves block every signal and never exit. */
+int steadq_pool_start(int threads, int notify_fd);
+/* Hand a spawn to the pool's threads (never blocks on a spawn). */
+void steadq_pool_submit(struct steadq_spawn_job *job);
+
 #endif
