@@ -1,5 +1,6 @@
 """Builds ``steadq-exec``, the job commands' exec helper (steadqd/daemon/worker/run/exec_helper.c), and
-``_fastspawn``, the one-exec spawn that replaces it where built (steadqd/daemon/worker/run/spawn.c, cffi).
+``_fastspawn``, the one-exec spawn that replaces it where built (steadqd/daemon/worker/run/spawn.c, cffi),
+and ``_claim_core``, the claim's happy path in C (steadqd/fs/claimcore/claim_core.c, cffi).
 
 Everything else is in pyproject.toml. The helper is an executable, not an
 extension module, so it is linked by hand after ``build_ext``; the
@@ -48,9 +49,13 @@ class BuildExecHelper(build_ext):
         return [*super().get_outputs(), os.path.join(self._helper_dir(), HELPER_NAME)]
 
 
-# The one-exec job spawn (steadqd/daemon/worker/run/spawn.c), a cffi extension in API mode.
+# The one-exec job spawn (steadqd/daemon/worker/run/spawn.c) and the C claim core
+# (steadqd/fs/claimcore/claim_core.c, linked with OpenSSL's libcrypto): cffi extensions in API mode.
 setup(
     distclass=BinaryDistribution,
     cmdclass={"build_ext": BuildExecHelper},
-    cffi_modules=["steadqd/daemon/worker/run/fastspawn_build.py:ffibuilder"],
+    cffi_modules=[
+        "steadqd/daemon/worker/run/fastspawn_build.py:ffibuilder",
+        "steadqd/fs/claimcore/claim_core_build.py:ffibuilder",
+    ],
 )
