@@ -37,12 +37,12 @@ from steadqd.fs.names import (
     JobName,
     authenticate,
     dead_name,
+    leased_identity,
     looks_ready,
     make_filename,
     next_attempt,
     next_generation,
     parse_name,
-    ready_name,
     shard_of,
     state_dir,
     terminal_bucket,
@@ -79,9 +79,7 @@ class _Scan:
         self.reader = reader
         self.wall: int | None = None
         self.report = ScanReport([], [], [], [])
-        fmt = ctx.fmt
-        # The C claim core (claim_fast), or None: the pure Python path.
-        self.core = claim_fast.core_for(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, fmt.max_payload_length)
+        self.core = ctx.claim_core  # the C claim core (claim_fast), or None: the pure Python path
 
     def wall_floor(self) -> int:
         if self.wall is None:
@@ -252,8 +250,7 @@ class _Scan:
         """
         core = self.core
         assert core is not None
-        c = core.verify(dir_fd, name, shard, -1 if opened is None else opened)
-        stage = c.stage
+        stage, c = core.verify(dir_fd, name, shard, -1 if opened is None else opened)
         if stage == claim_fast.STOP_PURE:  # no syscall made: the pure path
             if opened is None:
                 return self._try_name_python(shard, dir_fd, rel, name)
@@ -291,8 +288,7 @@ class _Scan:
         attempt = a + 1 if a < U32_MAX else next_attempt(a)
         core = self.core
         assert core is not None
-        core.move(c, ctx.boot_raw, bt_deadline, wall_deadline, token, not ctx.tree.batching)
-        if c.stage != claim_fast.MOVED:
+        if core.move(c, ctx.boot_raw, bt_deadline, wall_deadline, token, not ctx.tree.batching) != claim_fast.MOVED:
             job = parse_name(_READY, name)
             with claim_fast.replaying(c, skip_open=True):
                 return self.claim_open(shard, dir_fd, rel, name, job, fd, (wall, bt, token))
@@ -300,14 +296,20 @@ class _Scan:
         target_rel = f"{rel}/{target_file}"
         st = c.stats[0]
         lease = lease_of_claimed(
-            ctx, target_rel, name[:32], c.max_attempts, st.dev, st.ino, bytes(c.envelope_digest),
-            c.payload_length, bytes(c.payload_digest), extension, generation, attempt, token, bt_deadline, wall_deadline,
+            ctx, target_rel, name[:32], c.max_attempts, st.dev, st.ino, claim_fast.ffi.buffer(c.envelope_digest)[:],
+            c.payload_length, claim_fast.ffi.buffer(c.payload_digest)[:], extension, generation, attempt, token, bt_deadline, wall_deadline,
             self.reader,
         )  # fmt: skip
-        target = trusted_leased_name(
-            ready_name(bytes.fromhex(name[:32]), g, a, c.max_attempts),
-            generation, attempt, ctx.boot_raw, bt_deadline, wall_deadline, token,
-        )  # fmt: skip
+        target = leased_identity(
+            bytes.fromhex(name[:32]),
+            generation,
+            attempt,
+            c.max_attempts,
+            ctx.boot_raw,
+            bt_deadline,
+            wall_deadline,
+            token,
+        )
         remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard, target)
         return lease
 

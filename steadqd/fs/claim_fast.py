@@ -181,32 +181,27 @@ class Core:
         lib.sq_queue_init(q)
         self.q = q
 
-    def verify(self, dir_fd: int, name: str, shard: int, opened: int) -> Any:
-        """sq_claim_verify for ``name`` in ready shard ``shard`` (``opened``: its fd, or -1); returns the record."""
+    def verify(self, dir_fd: int, name: str, shard: int, opened: int) -> tuple[int, Any]:
+        """sq_claim_verify for ``name`` in ready shard ``shard`` (``opened``: its fd, or -1): (stage, record).
+
+        The record is this thread's, reused by its next candidate: read it before the next verify.
+        """
         c = _local.__dict__.get("claim")
         if c is None:
             c = _local.claim = ffi.new("struct sq_claim *")
-        c.dir_fd, c.shard, c.opened_fd = dir_fd, shard, opened
-        c.name = name.encode("ascii")
         if not _armed and not _traces:
             _local.log = None
-            lib.sq_claim_verify(self.q, _DIRECT, c)
-        else:
-            _local.log = []
-            lib.sq_claim_verify(self.q, _HOOKED, c)
-        return c
+            return lib.sq_claim_verify(self.q, _DIRECT, c, dir_fd, name.encode("ascii"), shard, opened), c
+        _local.log = []
+        return lib.sq_claim_verify(self.q, _HOOKED, c, dir_fd, name.encode("ascii"), shard, opened), c
 
-    def move(self, c: Any, boot_id: bytes, bt_deadline: int, wall_deadline: int, token: bytes, may_fsync: bool) -> Any:
-        """sq_claim_move after a verify that returned VERIFIED; the syscalls' record goes on from verify's."""
-        c.boot_id, c.token = boot_id, token
-        c.bt_deadline, c.wall_deadline, c.may_fsync = bt_deadline, wall_deadline, may_fsync
+    def move(self, c: Any, boot_id: bytes, bt_deadline: int, wall_deadline: int, token: bytes, may_fsync: bool) -> int:
+        """sq_claim_move after a verify that returned VERIFIED (the syscalls' record goes on from verify's): the stage."""
         if _local.log is None and not _armed and not _traces:
-            lib.sq_claim_move(self.q, _DIRECT, c)
-        else:
-            if _local.log is None:  # tracing began between the calls: the hooked table from here on
-                _local.log = _records(c, 0)
-            lib.sq_claim_move(self.q, _HOOKED, c)
-        return c
+            return int(lib.sq_claim_move(self.q, _DIRECT, c, boot_id, bt_deadline, wall_deadline, token, may_fsync))
+        if _local.log is None:  # tracing began between the calls: the hooked table from here on
+            _local.log = _records(c, 0)
+        return int(lib.sq_claim_move(self.q, _HOOKED, c, boot_id, bt_deadline, wall_deadline, token, may_fsync))
 
 
 def _records(c: Any, skip: int) -> list[tuple[str, Any]]:
@@ -252,7 +247,7 @@ _CORES: dict[tuple[bytes, int, int, int], Core] = {}
 
 
 def core_for(queue_id: bytes, shard_count: int, lease_width_ns: int, max_payload: int) -> Core | None:
-    """The queue's core when the C path runs, else None."""
+    """The queue's core when the C path runs, else None (asked once per open handle: Context.claim_core)."""
     if not available():
         return None
     key = (queue_id, shard_count, lease_width_ns, max_payload)

@@ -289,43 +289,50 @@ static int check_envelope(const struct sq_queue *q, struct sq_claim *c, int64_t 
 
 /* _Scan._try_name / _try_leftover + consider + the verifying half of claim_open, up to the
  * clock reads (which stay Python's, between this call and sq_claim_move). */
-void sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c) {
+int sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, int dir_fd,
+                    const char *name, int shard, int opened_fd) {
     unsigned char tag[NAME_TAG_BYTES];
     c->nrec = 0;
-    c->fd = c->opened_fd;
+    c->dir_fd = dir_fd;
+    c->shard = shard;
+    c->opened_fd = opened_fd;
+    c->fd = opened_fd;
     c->head_len = 0;
     c->stage = SQ_STOP_PURE;
-    c->name[SQ_NAME_MAX - 1] = 0;
-    if (check_ready_name(q, c, tag) != 0) return;
+    size_t len = strnlen(name, SQ_NAME_MAX);
+    if (len >= SQ_NAME_MAX) return c->stage; /* longer than any name a directory holds */
+    memcpy(c->name, name, len + 1);
+    if (check_ready_name(q, c, tag) != 0) return c->stage;
     if (c->fd < 0) {
         int fd = (int)rec(c, SQ_OP_OPEN, sys->openat(c->dir_fd, c->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK), 0);
         if (fd < 0) {
             c->stage = SQ_STOP_SYSCALL;
-            return;
+            return c->stage;
         }
         c->fd = fd;
     }
     /* read_envelope */
     if (rec(c, SQ_OP_FSTAT, sys->fstat(c->fd, &c->stats[0]), 0) < 0) {
         c->stage = SQ_STOP_SYSCALL;
-        return;
+        return c->stage;
     }
     const struct sq_stat *st = &c->stats[0];
     c->stage = SQ_STOP_CHECK;
-    if (!single_regular(st) || st->size < HEADER_SIZE) return;
+    if (!single_regular(st) || st->size < HEADER_SIZE) return c->stage;
     int64_t n = st->size < SQ_HEAD_BYTES ? st->size : SQ_HEAD_BYTES;
     int64_t got = rec(c, SQ_OP_PREAD, sys->pread(c->fd, c->head, n, 0), 0);
     if (got < 0) {
         c->stage = SQ_STOP_SYSCALL;
-        return;
+        return c->stage;
     }
     c->head_len = got > n ? n : got; /* a callback cannot hand back more than asked */
     int r = check_envelope(q, c, st->size);
     if (r != 0) {
         c->stage = r > 0 ? SQ_STOP_HANDOFF : SQ_STOP_CHECK;
-        return;
+        return c->stage;
     }
     c->stage = SQ_VERIFIED;
+    return c->stage;
 }
 
 /* The leased name (trusted_leased_name + make_filename): "<ready fields, generation and
@@ -373,47 +380,54 @@ static void make_target(const struct sq_queue *q, struct sq_claim *c) {
  * the destination, the after-rename reread_envelope, the directory barrier) and verify_payload
  * of a payload the re-read holds. Needs sq_claim_verify's SQ_VERIFIED and the clock/token inputs;
  * the caller has checked that generation and attempt can be bumped (next_generation/next_attempt). */
-void sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c) {
+int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, const unsigned char *boot_id,
+                  uint64_t bt_deadline, uint64_t wall_deadline, const unsigned char *token, int may_fsync) {
     const struct sq_stat *witness = &c->stats[0];
+    memcpy(c->boot_id, boot_id, 16);
+    memcpy(c->token, token, 16);
+    c->bt_deadline = bt_deadline;
+    c->wall_deadline = wall_deadline;
+    c->may_fsync = may_fsync;
     c->head2_len = 0;
     c->payload_in_head = 0;
     make_target(q, c);
     c->stage = SQ_STOP_SYSCALL;
-    if (rec(c, SQ_OP_STAT, sys->lstatat(c->dir_fd, c->name, &c->stats[1]), 1) < 0) return;
+    if (rec(c, SQ_OP_STAT, sys->lstatat(c->dir_fd, c->name, &c->stats[1]), 1) < 0) return c->stage;
     c->stage = SQ_STOP_CHECK;
-    if (!names_single_file(witness, &c->stats[1])) return;
+    if (!names_single_file(witness, &c->stats[1])) return c->stage;
     c->stage = SQ_STOP_SYSCALL;
-    if (rec(c, SQ_OP_RENAME, sys->rename_noreplace(c->dir_fd, c->name, c->dir_fd, c->target), 0) < 0) return;
-    if (rec(c, SQ_OP_STAT, sys->lstatat(c->dir_fd, c->target, &c->stats[2]), 2) < 0) return;
+    if (rec(c, SQ_OP_RENAME, sys->rename_noreplace(c->dir_fd, c->name, c->dir_fd, c->target), 0) < 0) return c->stage;
+    if (rec(c, SQ_OP_STAT, sys->lstatat(c->dir_fd, c->target, &c->stats[2]), 2) < 0) return c->stage;
     c->stage = SQ_STOP_CHECK;
-    if (!names_single_file(witness, &c->stats[2])) return;
+    if (!names_single_file(witness, &c->stats[2])) return c->stage;
     /* after(): reread_envelope */
     c->stage = SQ_STOP_SYSCALL;
-    if (rec(c, SQ_OP_FSTAT, sys->fstat(c->fd, &c->stats[3]), 3) < 0) return;
+    if (rec(c, SQ_OP_FSTAT, sys->fstat(c->fd, &c->stats[3]), 3) < 0) return c->stage;
     const struct sq_stat *st = &c->stats[3];
     c->stage = SQ_STOP_CHECK;
-    if (!single_regular(st) || st->size != witness->size || st->dev != witness->dev || st->ino != witness->ino) return;
+    if (!single_regular(st) || st->size != witness->size || st->dev != witness->dev || st->ino != witness->ino) return c->stage;
     int64_t n = st->size < SQ_HEAD_BYTES ? st->size : SQ_HEAD_BYTES;
     int64_t got = rec(c, SQ_OP_PREAD, sys->pread(c->fd, c->head2, n, 0), 1);
     if (got < 0) {
         c->stage = SQ_STOP_SYSCALL;
-        return;
+        return c->stage;
     }
     c->head2_len = got > n ? n : got;
     uint64_t payload_offset = HEADER_SIZE + (uint64_t)c->extension_length; /* Envelope.payload_offset */
-    if (c->head2_len != c->head_len || memcmp(c->head2, c->head, (size_t)payload_offset) != 0) return;
+    if (c->head2_len != c->head_len || memcmp(c->head2, c->head, (size_t)payload_offset) != 0) return c->stage;
     /* the barrier (Tree._barrier_pair: one directory, one fsync, forced) */
     c->stage = SQ_STOP_HANDOFF;
-    if (!c->may_fsync) return;
+    if (!c->may_fsync) return c->stage;
     c->stage = SQ_STOP_SYSCALL;
-    if (rec(c, SQ_OP_FSYNC, sys->fsync(c->dir_fd), 0) < 0) return;
+    if (rec(c, SQ_OP_FSYNC, sys->fsync(c->dir_fd), 0) < 0) return c->stage;
     /* verify_payload on the re-read, when it holds the whole payload (_head_payload) */
     c->stage = SQ_STOP_HANDOFF;
     uint64_t end = payload_offset + c->payload_length;
-    if (end > (uint64_t)c->head2_len) return;
+    if (end > (uint64_t)c->head2_len) return c->stage;
     unsigned char d[32];
     SHA256(c->head2 + payload_offset, (size_t)c->payload_length, d);
-    if (memcmp(d, c->payload_digest, 32) != 0) return;
+    if (memcmp(d, c->payload_digest, 32) != 0) return c->stage;
     c->payload_in_head = 1;
     c->stage = SQ_MOVED;
+    return c->stage;
 }

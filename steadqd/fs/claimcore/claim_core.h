@@ -61,7 +61,7 @@ struct sq_queue {
 };
 
 struct sq_claim {
-    /* inputs of sq_claim_verify */
+    /* the arguments of sq_claim_verify */
     int dir_fd;
     char name[SQ_NAME_MAX];
     int shard;
@@ -79,7 +79,7 @@ struct sq_claim {
     struct sq_stat stats[5]; /* 0 fstat, 1 stat source, 2 stat destination, 3 re-read fstat */
     unsigned char head[SQ_HEAD_BYTES];
     int64_t head_len;
-    /* inputs of sq_claim_move */
+    /* the arguments of sq_claim_move */
     unsigned char boot_id[16];
     uint64_t bt_deadline, wall_deadline;
     unsigned char token[16];
@@ -95,8 +95,10 @@ struct sq_claim {
 };
 
 void sq_queue_init(struct sq_queue *q);
-void sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c);
-void sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c);
+int sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, int dir_fd,
+                    const char *name, int shard, int opened_fd);
+int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, const unsigned char *boot_id,
+                  uint64_t bt_deadline, uint64_t wall_deadline, const unsigned char *token, int may_fsync);
 const struct sq_sys *sq_direct_table(void); /* the libc table */
 
 #endif

@@ -80,8 +80,10 @@ struct sq_claim {
     int nrec;
 };
 void sq_queue_init(struct sq_queue *q);
-void sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c);
-void sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c);
+int sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, int dir_fd,
+                    const char *name, int shard, int opened_fd);
+int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, const unsigned char *boot_id,
+                  uint64_t bt_deadline, uint64_t wall_deadline, const unsigned char *token, int may_fsync);
 const struct sq_sys *sq_direct_table(void);
 extern "Python" int sq_py_openat(int, const char *, int);
 extern "Python" int sq_py_fstat(int, struct sq_stat *);
