@@ -161,7 +161,9 @@ def _fixed_clocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
 
 
-def _run(root: str, monkeypatch: pytest.MonkeyPatch, *, pure: bool, traced: bool, fault: Any) -> dict[str, Any]:
+def _run(
+    root: str, monkeypatch: pytest.MonkeyPatch, *, pure: bool, traced: bool, fault: Any, batch: bool = False
+) -> dict[str, Any]:
     """One claim scan of the copy at ``root``; everything observable about it."""
     with monkeypatch.context() as m:
         if pure:
@@ -176,6 +178,9 @@ def _run(root: str, monkeypatch: pytest.MonkeyPatch, *, pure: bool, traced: bool
             with _fixed_clocks(monkeypatch), contextlib.ExitStack() as stack:
                 if traced:
                     events = stack.enter_context(linux.trace())
+                if batch:  # barriers postponed (Queue.batch): the core leaves the barrier to the Python
+                    q._ctx.tree.batching += 1
+                    stack.callback(lambda: setattr(q._ctx.tree, "batching", q._ctx.tree.batching - 1))
                 if fault is not None:
                     op, nth, err, after = fault
                     stack.enter_context(linux.inject(nth=nth, errno=err, op=op, after=after))
@@ -228,16 +233,16 @@ faults = st.none() | st.tuples(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=4), fault=faults)
+@given(kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=4), fault=faults, batch=st.booleans())
 def test_core_and_python_agree(
-    base: tuple[str, bytes, int], monkeypatch: pytest.MonkeyPatch, kinds: list[str], fault: Any
+    base: tuple[str, bytes, int], monkeypatch: pytest.MonkeyPatch, kinds: list[str], fault: Any, batch: bool
 ) -> None:
     root, qid, width = base
     runs = {}
     for tag, pure, traced in (("py", True, True), ("c", False, True), ("py0", True, False), ("c0", False, False)):
         copy = _copy(root, tag)
         _plant(copy, qid, width, kinds)
-        runs[tag] = _run(copy, monkeypatch, pure=pure, traced=traced, fault=fault if traced else None)
+        runs[tag] = _run(copy, monkeypatch, pure=pure, traced=traced, fault=fault if traced else None, batch=batch)
     py, c, py0, c0 = runs["py"], runs["c"], runs["py0"], runs["c0"]
     assert c["trace"] == py["trace"]
     assert c["result"] == py["result"]
