@@ -425,7 +425,10 @@ int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_
     uint64_t end = payload_offset + c->payload_length;
     if (end > (uint64_t)c->head2_len) return c->stage;
     unsigned char d[32];
-    SHA256(c->head2 + payload_offset, (size_t)c->payload_length, d);
+    SHA256_CTX h; /* the low-level calls: OpenSSL 3's one-shot SHA256() fetches an EVP method each time */
+    SHA256_Init(&h);
+    SHA256_Update(&h, c->head2 + payload_offset, (size_t)c->payload_length);
+    SHA256_Final(d, &h);
     if (memcmp(d, c->payload_digest, 32) != 0) return c->stage;
     c->payload_in_head = 1;
     c->stage = SQ_MOVED;
