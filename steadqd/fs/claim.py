@@ -255,6 +255,14 @@ class _Scan:
             if opened is None:
                 return self._try_name_python(shard, dir_fd, rel, name)
             return self._leftover_opened(shard, dir_fd, rel, name, opened)
+        if stage == claim_fast.STOP_SYSCALL and opened is None and c.nrec == 1:
+            # The open failed (another consumer won it, most often): consider's continuation, as it
+            # calls it (the checks before the open passed in C: nothing of them to replay).
+            e = claim_fast.failed_open(c)
+            if not isinstance(e, OSError):
+                raise e
+            self.open_failed(dir_fd, rel, name, e)
+            return None
         if stage != claim_fast.VERIFIED:
             job = parse_name(_READY, name)  # the core opened, so the name parsed
             with claim_fast.replaying(c, skip_open=False):

@@ -45,6 +45,7 @@ SWITCH = "STEADQ_PURE_PYTHON"  # "1": the pure path even where the module is bui
 
 # Stages (claim_core.h); only meaningful with the module.
 STOP_PURE = 1
+STOP_SYSCALL = 2
 VERIFIED = 5
 MOVED = 6
 _OP_NAMES = {1: "open", 2: "fstat", 3: "read", 4: "stat", 5: "rename_noreplace", 6: "fsync"}
@@ -223,6 +224,17 @@ def _records(c: Any, skip: int) -> list[tuple[str, Any]]:
         else:
             out.append((op, None))
     return out
+
+
+def failed_open(c: Any) -> BaseException:
+    """What the core's failed open raised: the hook's exception, or the libc errno as os.open gives it."""
+    log = _local.log
+    _local.log = None
+    if log is None:
+        log = _records(c, 0)
+    result = log[0][1]
+    assert isinstance(result, BaseException)
+    return result
 
 
 @contextlib.contextmanager

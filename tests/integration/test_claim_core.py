@@ -275,9 +275,11 @@ def test_each_kind_alone(base: tuple[str, bytes, int], monkeypatch: pytest.Monke
 def test_the_fast_path_takes_a_valid_job_in_two_calls(
     base: tuple[str, bytes, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A valid job is claimed by the core (verified, then moved), not handed back to the Python."""
+    """A valid job is claimed by the core (verified, then moved), not handed back to the Python, and its
+    libc table makes the claim's syscalls of the pinned lease sequence (tests/integration/test_faults.py)."""
     root, qid, width = base
     stages: list[int] = []
+    made: list[str] = []  # the syscalls the libc table made (untraced): the pinned lease's, in order
     real_verify, real_move = claim_fast.Core.verify, claim_fast.Core.move
 
     def verify(self: claim_fast.Core, *a: Any) -> Any:
@@ -285,9 +287,10 @@ def test_the_fast_path_takes_a_valid_job_in_two_calls(
         stages.append(stage)
         return stage, c
 
-    def move(self: claim_fast.Core, *a: Any) -> Any:
-        stage = real_move(self, *a)
+    def move(self: claim_fast.Core, c: Any, *a: Any) -> Any:
+        stage = real_move(self, c, *a)
         stages.append(stage)
+        made.extend(claim_fast._OP_NAMES[r.op] for r in c.recs[0 : c.nrec])
         return stage
 
     monkeypatch.setattr(claim_fast.Core, "verify", verify)
@@ -297,3 +300,4 @@ def test_the_fast_path_takes_a_valid_job_in_two_calls(
     out = _run(copy, monkeypatch, pure=False, traced=False, fault=None)
     assert out["result"] is not None
     assert stages == [claim_fast.VERIFIED, claim_fast.MOVED]
+    assert made == ["open", "fstat", "read", "stat", "rename_noreplace", "stat", "fstat", "read", "fsync"]
