@@ -104,34 +104,34 @@ if lib is not None:
     def sq_py_fstat(fd: int, out: Any) -> int:
         try:
             st = linux.fstat(fd)
+            _fill_stat(out, st)
         except BaseException as e:
             _log().append(("fstat", e))
             return _errno_of(e)
         _log().append(("fstat", st))
-        _fill_stat(out, st)
         return 0
 
     @ffi.def_extern()
     def sq_py_pread(fd: int, buf: Any, n: int, off: int) -> int:
         try:
             data = linux.pread(fd, n, off)
+            got = min(len(data), n)  # never more than the buffer C gave
+            ffi.memmove(buf, data, got)
         except BaseException as e:
             _log().append(("read", e))
             return _errno_of(e)
         _log().append(("read", data))
-        got = min(len(data), n)
-        ffi.memmove(buf, data, got)
         return got
 
     @ffi.def_extern()
     def sq_py_lstatat(dirfd: int, name: Any, out: Any) -> int:
         try:
             st = linux.stat_at(dirfd, ffi.string(name).decode("ascii"))
+            _fill_stat(out, st)
         except BaseException as e:
             _log().append(("stat", e))
             return _errno_of(e)
         _log().append(("stat", st))
-        _fill_stat(out, st)
         return 0
 
     @ffi.def_extern()

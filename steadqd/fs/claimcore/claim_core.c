@@ -51,8 +51,8 @@ static const char HEXDIGITS[] = "0123456789abcdef";
 /* ------------------------------------------------------------------ the direct table (libc) */
 
 static void fill_stat(struct sq_stat *out, const struct stat *st) {
-    out->dev = (int64_t)st->st_dev;
-    out->ino = (int64_t)st->st_ino;
+    out->dev = (uint64_t)st->st_dev;
+    out->ino = (uint64_t)st->st_ino;
     out->nlink = (int64_t)st->st_nlink;
     out->size = (int64_t)st->st_size;
     out->uid = (int64_t)st->st_uid;

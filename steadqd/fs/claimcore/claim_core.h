@@ -26,7 +26,8 @@
 #define SQ_OP_FSYNC 6
 
 struct sq_stat {
-    int64_t dev, ino, nlink, size, uid, gid;
+    uint64_t dev, ino; /* dev_t and ino_t are unsigned 64-bit on Linux */
+    int64_t nlink, size, uid, gid;
     uint32_t mode;
     int64_t atime, mtime, ctime; /* seconds (only carried for the replayed os.stat_result) */
 };
