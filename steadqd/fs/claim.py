@@ -21,6 +21,7 @@ from typing import Any
 
 from steadqd.constants import (
     CLAIM_SCAN_CHUNK_BYTES,
+    HEADER_SIZE,
     U32_MAX,
     U64_MAX,
     DeadReason,
@@ -279,7 +280,9 @@ class _Scan:
         extension = None
         if c.extension_length:
             try:
-                extension = decode_extension(claim_fast.ffi.buffer(c.head)[128 : 128 + c.extension_length])
+                extension = decode_extension(
+                    claim_fast.ffi.buffer(c.head)[HEADER_SIZE : HEADER_SIZE + c.extension_length]
+                )
             except CorruptObject:  # the Python from the start: its claim_open quarantines it
                 job = parse_name(_READY, name)
                 with claim_fast.replaying(c, skip_open=True):
@@ -300,13 +303,13 @@ class _Scan:
             job = parse_name(_READY, name)
             with claim_fast.replaying(c, skip_open=True):
                 return self.claim_open(shard, dir_fd, rel, name, job, fd, (wall, bt, token))
-        target_file = claim_fast.ffi.string(c.target).decode("ascii")
-        target_rel = f"{rel}/{target_file}"
-        st = c.stats[0]
+        ffi = claim_fast.ffi
+        target_rel = f"{rel}/{ffi.string(c.target).decode('ascii')}"
+        st = c.stats[0]  # the verified file's fstat: the witness
         lease = lease_of_claimed(
-            ctx, target_rel, name[:32], c.max_attempts, st.dev, st.ino, claim_fast.ffi.buffer(c.envelope_digest)[:],
-            c.payload_length, claim_fast.ffi.buffer(c.payload_digest)[:], extension, generation, attempt, token, bt_deadline, wall_deadline,
-            self.reader,
+            ctx, target_rel, name[:32], c.max_attempts, st.dev, st.ino, ffi.buffer(c.envelope_digest)[:],
+            c.payload_length, ffi.buffer(c.payload_digest)[:], extension, generation, attempt, token,
+            bt_deadline, wall_deadline, self.reader,
         )  # fmt: skip
         target = leased_identity(
             bytes.fromhex(name[:32]),
