@@ -51,7 +51,7 @@ from steadqd.fs.names import (
 )
 from steadqd.fs.owner import unreadable_job_text
 from steadqd.fs.quarantine import quarantine, quarantine_special
-from steadqd.fs.records import decode_extension
+from steadqd.fs.records import JobHeader, decode_extension
 from steadqd.fs.scan_order import next_scan_round, scan_order
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, SourceMissing, Witness
 from steadqd.fs.verify import Envelope, check_name_matches, read_envelope, reread_envelope, verify_payload
@@ -299,7 +299,8 @@ class _Scan:
         attempt = a + 1 if a < U32_MAX else next_attempt(a)
         core = self.core
         assert core is not None
-        if core.move(c, ctx.boot_raw, bt_deadline, wall_deadline, token, not ctx.tree.batching) != claim_fast.MOVED:
+        stage = core.move(c, ctx.boot_raw, bt_deadline, wall_deadline, token, not ctx.tree.batching)
+        if stage != claim_fast.MOVED and stage != claim_fast.MOVED_PAYLOAD_LEFT:
             job = parse_name(_READY, name)
             with claim_fast.replaying(c, skip_open=True):
                 return self.claim_open(shard, dir_fd, rel, name, job, fd, (wall, bt, token))
@@ -322,6 +323,16 @@ class _Scan:
             token,
         )
         remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard, target)
+        if stage == claim_fast.MOVED_PAYLOAD_LEFT:
+            # Moved and synced; the payload's check is claim_open's own end, on the re-read's envelope
+            # (reread_envelope's: the verified header and extension, the new first read).
+            ext_end = HEADER_SIZE + c.extension_length
+            head = ffi.buffer(c.head)[:ext_end]
+            env = Envelope(
+                JobHeader.decode(head[:HEADER_SIZE]), head[HEADER_SIZE:], st.size, Witness(st.dev, st.ino),
+                ffi.buffer(c.head2, c.head2_len)[:],
+            )  # fmt: skip
+            return self.check_claimed_payload(lease, (g, a), fd, env, dir_fd, rel, target_rel.rsplit("/", 1)[1])
         return lease
 
     def isolate(self, dir_fd: int, rel: str, name: str, reason: int, witness: Any = None) -> None:
@@ -492,16 +503,33 @@ class _Scan:
         except Indeterminate as e:
             raise unknown(e) from e
         remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard, target)
+        return self.check_claimed_payload(lease, job, fd, after_rename[-1], dir_fd, rel, target_file)
+
+    def check_claimed_payload(
+        self,
+        lease: Lease,
+        job: JobName | tuple[int, int],
+        fd: int,
+        env: Envelope,
+        dir_fd: int,
+        rel: str,
+        target_file: str,
+    ) -> Lease | None:
+        """The end of claim_open, once moved: the payload as read after the rename (the recheck's
+        read, ``env``) must match its digest. ``job``: the ready name, or its (generation, attempt)."""
         try:
-            # The payload is verified as read after the rename (the recheck's read;
-            # move_witnessed runs it whenever the rename succeeded).
-            verify_payload(fd, after_rename[-1])
+            verify_payload(fd, env)
         except CorruptObject:
             self.isolate(dir_fd, rel, target_file, QuarantineReason.PAYLOAD_CORRUPT, env.witness)
             return None
         except OSError as e:
             phase = "source_directory_durable"
-            raise unknown(Indeterminate(phase, f"read payload: {e.strerror}")) from e
+            generation, attempt = (job.generation, job.attempt) if isinstance(job, JobName) else job
+            # For the ticket the source identity is the ready object's.
+            source_view = replace(lease, generation=generation, attempt=attempt)
+            destination = LeasedLocation(self.ctx.boot_id, lease.boottime_deadline_ns, lease.wall_deadline_ns)
+            cause = Indeterminate(phase, f"read payload: {e.strerror}")
+            raise _claim_unknown(self.ctx, source_view, cause, destination) from e
         return lease
 
     def exhausted_to_dead(self, shard: int, dir_fd: int, name: str, job: JobName) -> None:

@@ -48,6 +48,7 @@ STOP_PURE = 1
 STOP_SYSCALL = 2
 VERIFIED = 5
 MOVED = 6
+MOVED_PAYLOAD_LEFT = 7
 _OP_NAMES = {1: "open", 2: "fstat", 3: "read", 4: "stat", 5: "rename_noreplace", 6: "fsync"}
 _NAMED_OPS = (1, 4, 5)  # their OSError carries the name, as os.open, os.stat and libc.renameat2 give it
 

@@ -272,8 +272,16 @@ def test_each_kind_alone(base: tuple[str, bytes, int], monkeypatch: pytest.Monke
         assert repr(QuarantineReason.PAYLOAD_CORRUPT) in runs["c0"]["report"]
 
 
+@pytest.mark.parametrize(
+    ("kind", "last_stage", "claimed"),
+    [
+        ("valid_ext", claim_fast.MOVED, True),
+        ("large", claim_fast.MOVED_PAYLOAD_LEFT, True),  # the payload past the first read: claim_open's end
+        ("payload_mismatch", claim_fast.MOVED_PAYLOAD_LEFT, False),  # the same end quarantines it
+    ],
+)
 def test_the_fast_path_takes_a_valid_job_in_two_calls(
-    base: tuple[str, bytes, int], monkeypatch: pytest.MonkeyPatch
+    base: tuple[str, bytes, int], monkeypatch: pytest.MonkeyPatch, kind: str, last_stage: int, claimed: bool
 ) -> None:
     """A valid job is claimed by the core (verified, then moved), not handed back to the Python, and its
     libc table makes the claim's syscalls of the pinned lease sequence (tests/integration/test_faults.py)."""
@@ -296,8 +304,8 @@ def test_the_fast_path_takes_a_valid_job_in_two_calls(
     monkeypatch.setattr(claim_fast.Core, "verify", verify)
     monkeypatch.setattr(claim_fast.Core, "move", move)
     copy = _copy(root, "fast")
-    _plant(copy, qid, width, ["valid_ext"])
+    _plant(copy, qid, width, [kind])
     out = _run(copy, monkeypatch, pure=False, traced=False, fault=None)
-    assert out["result"] is not None
-    assert stages == [claim_fast.VERIFIED, claim_fast.MOVED]
+    assert (out["result"] is not None) == claimed
+    assert stages == [claim_fast.VERIFIED, last_stage]
     assert made == ["open", "fstat", "read", "stat", "rename_noreplace", "stat", "fstat", "read", "fsync"]

@@ -420,8 +420,9 @@ int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_
     if (!c->may_fsync) return c->stage;
     c->stage = SQ_STOP_SYSCALL;
     if (rec(c, SQ_OP_FSYNC, sys->fsync(c->dir_fd), 0) < 0) return c->stage;
-    /* verify_payload on the re-read, when it holds the whole payload (_head_payload) */
-    c->stage = SQ_STOP_HANDOFF;
+    /* verify_payload on the re-read, when it holds the whole payload (_head_payload); else, or
+     * when it does not match, claim_open's end (check_claimed_payload) takes it from here */
+    c->stage = SQ_MOVED_PAYLOAD_LEFT;
     uint64_t end = payload_offset + c->payload_length;
     if (end > (uint64_t)c->head2_len) return c->stage;
     unsigned char d[32];

@@ -16,6 +16,8 @@
 #define SQ_STOP_HANDOFF 4  /* a step C leaves to Python (a long extension, batching, payload beyond the first read) */
 #define SQ_VERIFIED 5      /* sq_claim_verify: name, tag, shard, attempts, envelope all good */
 #define SQ_MOVED 6         /* sq_claim_move: renamed, re-read, directory synced, payload verified */
+#define SQ_MOVED_PAYLOAD_LEFT 7 /* renamed, re-read, synced; the payload check is Python's (past the first
+                                 * read, or not matching: claim_open's end judges it) */
 
 /* Syscall ops recorded (sq_rec.op): the replay maps them to syscall_hook's op names. */
 #define SQ_OP_OPEN 1

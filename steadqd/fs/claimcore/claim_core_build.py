@@ -24,6 +24,7 @@ CDEF = """
 #define SQ_STOP_HANDOFF 4
 #define SQ_VERIFIED 5
 #define SQ_MOVED 6
+#define SQ_MOVED_PAYLOAD_LEFT 7
 #define SQ_OP_OPEN 1
 #define SQ_OP_FSTAT 2
 #define SQ_OP_PREAD 3
