@@ -1,5 +1,6 @@
 """Builds ``steadq-exec``, the job commands' exec helper (steadqd/daemon/worker/run/exec_helper.c), and
-``_fastspawn``, the one-exec spawn that replaces it where built (steadqd/daemon/worker/run/spawn.c, cffi).
+``_fastspawn``, the one-exec spawn that replaces it where built (steadqd/daemon/worker/run/spawn.c, cffi),
+and ``_claim_core``, the claim's happy path in C (steadqd/fs/claimcore/claim_core.c, cffi).
 
 Everything else is in pyproject.toml. The helper is an executable, not an
 extension module, so it is linked by hand after ``build_ext``; the
@@ -48,9 +49,40 @@ class BuildExecHelper(build_ext):
         return [*super().get_outputs(), os.path.join(self._helper_dir(), HELPER_NAME)]
 
 
-# The one-exec job spawn (steadqd/daemon/worker/run/spawn.c), a cffi extension in API mode.
+def have_libcrypto() -> bool:
+    """Can this machine build against OpenSSL's libcrypto (libssl-dev)? Without it the C claim core is
+    left out and claims run in pure Python (``steadq doctor`` says so), rather than the install failing."""
+    import tempfile
+
+    from setuptools._distutils.ccompiler import new_compiler
+    from setuptools._distutils.sysconfig import customize_compiler
+
+    compiler: Any = new_compiler()
+    customize_compiler(compiler)
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "probe.c")
+        with open(source, "w") as f:
+            f.write(
+                '#include <openssl/sha.h>\nint main(void) { unsigned char d[32]; SHA256((const unsigned char *)"", 0, d); return 0; }\n'
+            )
+        try:
+            objects = compiler.compile([source], output_dir=tmp)
+            compiler.link_executable(objects, "probe", output_dir=tmp, libraries=["crypto"])
+        except Exception:  # noqa: BLE001 - any compile or link error means: not here
+            return False
+    return True
+
+
+# The one-exec job spawn (steadqd/daemon/worker/run/spawn.c) and, where libcrypto can be linked, the C
+# claim core (steadqd/fs/claimcore/claim_core.c): cffi extensions in API mode.
+CFFI_MODULES = ["steadqd/daemon/worker/run/fastspawn_build.py:ffibuilder"]
+if have_libcrypto():
+    CFFI_MODULES.append("steadqd/fs/claimcore/claim_core_build.py:ffibuilder")
+else:
+    print("setup.py: OpenSSL's libcrypto headers not found (libssl-dev): the C claim core is not built")
+
 setup(
     distclass=BinaryDistribution,
     cmdclass={"build_ext": BuildExecHelper},
-    cffi_modules=["steadqd/daemon/worker/run/fastspawn_build.py:ffibuilder"],
+    cffi_modules=CFFI_MODULES,
 )

@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-BUILD_DEPS=(python3 python3-venv python3-dev libsystemd-dev pkg-config gcc)
+BUILD_DEPS=(python3 python3-venv python3-dev libsystemd-dev pkg-config gcc libssl-dev)
 
 install_build_deps() {
     # shellcheck source=apt-ensure.sh

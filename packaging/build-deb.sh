@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
 done
 
 BUILD_DEPS=(build-essential debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools
-            python3-systemd python3-cffi python3-yaml lintian)
+            python3-systemd python3-cffi python3-yaml libssl-dev lintian)
 
 install_build_deps() {
     # shellcheck source=apt-ensure.sh

@@ -27,6 +27,7 @@ from steadqd.backoff import RetryPolicy
 from steadqd.constants import Cancellation
 from steadqd.errors import InvalidInput
 from steadqd.fs.admin import list_dead_files as fs_list_dead_files
+from steadqd.fs.claim_fast import path as fs_claim_path
 from steadqd.fs.doctor import doctor_checks
 from steadqd.fs.handle import Queue as FsQueue
 from steadqd.fs.json_records import TransitionTicket
@@ -532,6 +533,11 @@ def doctor(target: str) -> list[tuple[str, bool, str | BaseException]]:
     """The machine and filesystem checks for a queue at ``target`` (which need not exist yet):
     (name, passed, what was found or the error that made the probe fail)."""
     return list(doctor_checks(target))
+
+
+def claim_path() -> str:
+    """Which claim path a lease takes in this process: the C claim core or pure Python, and why (issue 35)."""
+    return fs_claim_path()
 
 
 def verify_file(path: str, *, deep: bool = False) -> Iterator[tuple[str, object]]:

@@ -98,7 +98,11 @@ def build_parser() -> Parser:
         formatter_class=HelpFormatter,
     )
     p.add_argument(
-        "--version", action=VersionAction, spawn_path=_spawn_path, help="print the version and the job spawn path"
+        "--version",
+        action=VersionAction,
+        spawn_path=_spawn_path,
+        claim_path=_claim_path,
+        help="print the version, the job spawn and the claim path",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output (stats, doctor, listings)")
     p.add_argument("--config-dir", metavar="DIR", help=CONFIG_DIR_HELP)
@@ -124,6 +128,12 @@ def _spawn_path() -> str:
     from steadqd.daemon.worker.run import fastspawn  # loads the compiled module: only when asked
 
     return fastspawn.path()
+
+
+def _claim_path() -> str:
+    from steadqd.backend import claim_path  # loads the C claim core: only when asked
+
+    return claim_path()
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str] | None, bool]:

@@ -155,6 +155,12 @@ def _spawn_path() -> str:
     return fastspawn.path()
 
 
+def _claim_path() -> str:
+    from steadqd.backend import claim_path  # loads the C claim core: only when asked
+
+    return claim_path()
+
+
 def daemon_main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["demo"]:
@@ -164,7 +170,11 @@ def daemon_main(argv: list[str] | None = None) -> int:
         return demo_main(args[1:])
     ap = argparse.ArgumentParser(prog="steadqd", description="SteadQ/1 queue daemons.", allow_abbrev=False)
     ap.add_argument(
-        "--version", action=VersionAction, spawn_path=_spawn_path, help="print the version and the job spawn path"
+        "--version",
+        action=VersionAction,
+        spawn_path=_spawn_path,
+        claim_path=_claim_path,
+        help="print the version, the job spawn and the claim path",
     )
     config_help = "directory of <queue>.yaml files (default $STEADQ_CONFIG_DIR or /etc/steadq/queues)"
     ap.add_argument("--config-dir", help=config_help)

@@ -21,21 +21,24 @@ from typing import Any
 
 from steadqd.constants import (
     CLAIM_SCAN_CHUNK_BYTES,
+    HEADER_SIZE,
+    U32_MAX,
     U64_MAX,
     DeadReason,
     QuarantineReason,
     State,
 )
 from steadqd.errors import CorruptObject, ErrorKind, MaintenanceBusy, NotCommitted, OutcomeUnknown, SteadQError
-from steadqd.fs import linux
+from steadqd.fs import claim_fast, linux
 from steadqd.fs.clock import refuse_boottime
 from steadqd.fs.context import Context
 from steadqd.fs.json_records import LeasedLocation, ReadyLocation
-from steadqd.fs.lease import Lease, lease_from_claim, make_ticket, remember_own_lease_path
+from steadqd.fs.lease import Lease, lease_from_claim, lease_of_claimed, make_ticket, remember_own_lease_path
 from steadqd.fs.names import (
     JobName,
     authenticate,
     dead_name,
+    leased_identity,
     looks_ready,
     make_filename,
     next_attempt,
@@ -48,7 +51,7 @@ from steadqd.fs.names import (
 )
 from steadqd.fs.owner import unreadable_job_text
 from steadqd.fs.quarantine import quarantine, quarantine_special
-from steadqd.fs.records import decode_extension
+from steadqd.fs.records import JobHeader, decode_extension
 from steadqd.fs.scan_order import next_scan_round, scan_order
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, SourceMissing, Witness
 from steadqd.fs.verify import Envelope, check_name_matches, read_envelope, reread_envelope, verify_payload
@@ -77,6 +80,7 @@ class _Scan:
         self.reader = reader
         self.wall: int | None = None
         self.report = ScanReport([], [], [], [])
+        self.core = ctx.claim_core  # the C claim core (claim_fast), or None: the pure Python path
 
     def wall_floor(self) -> int:
         if self.wall is None:
@@ -195,6 +199,11 @@ class _Scan:
         return names
 
     def _try_name(self, shard: int, dir_fd: int, rel: str, name: str) -> Lease | None:
+        if self.core is not None:
+            return self._fast(shard, dir_fd, rel, name, None)
+        return self._try_name_python(shard, dir_fd, rel, name)
+
+    def _try_name_python(self, shard: int, dir_fd: int, rel: str, name: str) -> Lease | None:
         try:
             job = parse_name(_READY, name)
         except CorruptObject:
@@ -220,12 +229,111 @@ class _Scan:
             if e.errno == errno.ENOENT:
                 return None
             return self._try_name(shard, dir_fd, rel, name)
+        if self.core is not None:
+            return self._fast(shard, dir_fd, rel, name, fd)
+        return self._leftover_opened(shard, dir_fd, rel, name, fd)
+
+    def _leftover_opened(self, shard: int, dir_fd: int, rel: str, name: str, fd: int) -> Lease | None:
         try:
             job = parse_name(_READY, name)
         except CorruptObject:
             linux.close_quietly(fd)
             return None
         return self.consider(shard, dir_fd, rel, name, job, fd)
+
+    def _fast(self, shard: int, dir_fd: int, rel: str, name: str, opened: int | None) -> Lease | None:
+        """_try_name (``opened`` None) or the rest of _try_leftover (its fd) through the C claim core.
+
+        The core takes the happy path; wherever it stops, the Python above and below runs from
+        the start of this candidate with the syscalls the core made replayed (claim_fast.replaying),
+        so the outcome, report and syscall sequence are the pure path's. Between the core's two
+        calls the Python reads the wall floor, the clock and the token, where claim_open does.
+        """
+        core = self.core
+        assert core is not None
+        stage, c = core.verify(dir_fd, name, shard, -1 if opened is None else opened)
+        if stage == claim_fast.STOP_PURE:  # no syscall made: the pure path
+            if opened is None:
+                return self._try_name_python(shard, dir_fd, rel, name)
+            return self._leftover_opened(shard, dir_fd, rel, name, opened)
+        if stage == claim_fast.STOP_SYSCALL and opened is None and c.nrec == 1:
+            # The open failed (another consumer won it, most often): consider's continuation, as it
+            # calls it (the checks before the open passed in C: nothing of them to replay).
+            e = claim_fast.failed_open(c)
+            if not isinstance(e, OSError):
+                raise e
+            self.open_failed(dir_fd, rel, name, e)
+            return None
+        if stage != claim_fast.VERIFIED:
+            job = parse_name(_READY, name)  # the core opened, so the name parsed
+            with claim_fast.replaying(c, skip_open=False):
+                return self.consider(shard, dir_fd, rel, name, job, opened)
+        fd = c.fd
+        try:
+            return self._fast_move(shard, dir_fd, rel, name, c, fd)
+        finally:
+            linux.close_quietly(fd)  # consider's close, on both its paths
+
+    def _fast_move(self, shard: int, dir_fd: int, rel: str, name: str, c: Any, fd: int) -> Lease | None:
+        """claim_open after a verified envelope: the extension's CBOR, the clocks and token here, the move in C."""
+        ctx, fmt = self.ctx, self.ctx.fmt
+        extension = None
+        if c.extension_length:
+            try:
+                extension = decode_extension(
+                    claim_fast.ffi.buffer(c.head)[HEADER_SIZE : HEADER_SIZE + c.extension_length]
+                )
+            except CorruptObject:  # the Python from the start: its claim_open quarantines it
+                job = parse_name(_READY, name)
+                with claim_fast.replaying(c, skip_open=True):
+                    return self.claim_open(shard, dir_fd, rel, name, job, fd)
+        wall = self.wall_floor()
+        bt = linux.boottime_ns()
+        bt_deadline, wall_deadline = bt + self.duration_ns, wall + self.duration_ns
+        if bt_deadline > U64_MAX or wall_deadline > U64_MAX:
+            return None
+        token = ctx.random(16)
+        g, a = c.generation, c.attempt
+        # next_generation / next_attempt, which raise at the limits (pure: before the move)
+        generation = g + 1 if g < U64_MAX else next_generation(g)
+        attempt = a + 1 if a < U32_MAX else next_attempt(a)
+        core = self.core
+        assert core is not None
+        stage = core.move(c, ctx.boot_raw, bt_deadline, wall_deadline, token, not ctx.tree.batching)
+        if stage != claim_fast.MOVED and stage != claim_fast.MOVED_PAYLOAD_LEFT:
+            job = parse_name(_READY, name)
+            with claim_fast.replaying(c, skip_open=True):
+                return self.claim_open(shard, dir_fd, rel, name, job, fd, (wall, bt, token))
+        ffi = claim_fast.ffi
+        target_rel = f"{rel}/{ffi.string(c.target).decode('ascii')}"
+        st = c.stats[0]  # the verified file's fstat: the witness
+        lease = lease_of_claimed(
+            ctx, target_rel, name[:32], c.max_attempts, st.dev, st.ino, ffi.buffer(c.envelope_digest)[:],
+            c.payload_length, ffi.buffer(c.payload_digest)[:], extension, generation, attempt, token,
+            bt_deadline, wall_deadline, self.reader,
+        )  # fmt: skip
+        target = leased_identity(
+            bytes.fromhex(name[:32]),
+            generation,
+            attempt,
+            c.max_attempts,
+            ctx.boot_raw,
+            bt_deadline,
+            wall_deadline,
+            token,
+        )
+        remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard, target)
+        if stage == claim_fast.MOVED_PAYLOAD_LEFT:
+            # Moved and synced; the payload's check is claim_open's own end, on the re-read's envelope
+            # (reread_envelope's: the verified header and extension, the new first read).
+            ext_end = HEADER_SIZE + c.extension_length
+            head = ffi.buffer(c.head)[:ext_end]
+            env = Envelope(
+                JobHeader.decode(head[:HEADER_SIZE]), head[HEADER_SIZE:], st.size, Witness(st.dev, st.ino),
+                ffi.buffer(c.head2, c.head2_len)[:],
+            )  # fmt: skip
+            return self.check_claimed_payload(lease, (g, a), fd, env, dir_fd, rel, target_rel.rsplit("/", 1)[1])
+        return lease
 
     def isolate(self, dir_fd: int, rel: str, name: str, reason: int, witness: Any = None) -> None:
         try:
@@ -319,7 +427,18 @@ class _Scan:
             return
         self.report.errors.append(f"open {rel}/{name}: {e.strerror}{self.unreadable(dir_fd, rel, name, e)}")
 
-    def claim_open(self, shard: int, dir_fd: int, rel: str, name: str, job: JobName, fd: int) -> Lease | None:
+    def claim_open(
+        self,
+        shard: int,
+        dir_fd: int,
+        rel: str,
+        name: str,
+        job: JobName,
+        fd: int,
+        drawn: tuple[int, int, bytes] | None = None,
+    ) -> Lease | None:
+        """Verify, move and check the opened candidate; ``drawn``: the (wall floor, boottime,
+        token) the C claim core's caller read already at this point (claim_fast), else read here."""
         ctx, fmt = self.ctx, self.ctx.fmt
         try:
             st = linux.fstat(fd)
@@ -335,12 +454,12 @@ class _Scan:
         # The spec's re-stat of the path after verifying is the witnessed move's
         # own stat (tree.move_witnessed, right before the rename): between the two
         # only clocks are read, so one stat proves it, and the later one proves more.
-        wall = self.wall_floor()
-        bt = linux.boottime_ns()
+        wall, bt, token = drawn if drawn is not None else (self.wall_floor(), linux.boottime_ns(), b"")
         bt_deadline, wall_deadline = bt + self.duration_ns, wall + self.duration_ns
         if bt_deadline > U64_MAX or wall_deadline > U64_MAX:
             return None
-        token = ctx.random(16)
+        if drawn is None:
+            token = ctx.random(16)
         generation, attempt = next_generation(job.generation), next_attempt(job.attempt)
         # Every part was parsed by the grammar or computed and checked just above.
         target = trusted_leased_name(job, generation, attempt, ctx.boot_raw, bt_deadline, wall_deadline, token)
@@ -384,16 +503,33 @@ class _Scan:
         except Indeterminate as e:
             raise unknown(e) from e
         remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard, target)
+        return self.check_claimed_payload(lease, job, fd, after_rename[-1], dir_fd, rel, target_file)
+
+    def check_claimed_payload(
+        self,
+        lease: Lease,
+        job: JobName | tuple[int, int],
+        fd: int,
+        env: Envelope,
+        dir_fd: int,
+        rel: str,
+        target_file: str,
+    ) -> Lease | None:
+        """The end of claim_open, once moved: the payload as read after the rename (the recheck's
+        read, ``env``) must match its digest. ``job``: the ready name, or its (generation, attempt)."""
         try:
-            # The payload is verified as read after the rename (the recheck's read;
-            # move_witnessed runs it whenever the rename succeeded).
-            verify_payload(fd, after_rename[-1])
+            verify_payload(fd, env)
         except CorruptObject:
             self.isolate(dir_fd, rel, target_file, QuarantineReason.PAYLOAD_CORRUPT, env.witness)
             return None
         except OSError as e:
             phase = "source_directory_durable"
-            raise unknown(Indeterminate(phase, f"read payload: {e.strerror}")) from e
+            generation, attempt = (job.generation, job.attempt) if isinstance(job, JobName) else job
+            # For the ticket the source identity is the ready object's.
+            source_view = replace(lease, generation=generation, attempt=attempt)
+            destination = LeasedLocation(self.ctx.boot_id, lease.boottime_deadline_ns, lease.wall_deadline_ns)
+            cause = Indeterminate(phase, f"read payload: {e.strerror}")
+            raise _claim_unknown(self.ctx, source_view, cause, destination) from e
         return lease
 
     def exhausted_to_dead(self, shard: int, dir_fd: int, name: str, job: JobName) -> None:

@@ -520,22 +520,47 @@ def lease_from_claim(
     reader: Any,
 ) -> Lease:
     h = env.header
+    return lease_of_claimed(
+        ctx, name_rel, h.job_id.hex(), h.max_attempts, env.witness.dev, env.witness.ino, h.envelope_digest,
+        h.payload_length, h.payload_digest, extension, generation, attempt, token, bt_deadline, wall_deadline, reader,
+    )  # fmt: skip
+
+
+def lease_of_claimed(
+    ctx: Context,
+    name_rel: str,
+    job_hex: str,
+    max_attempts: int,
+    dev: int,
+    ino: int,
+    envelope_digest: bytes,
+    payload_length: int,
+    payload_digest: bytes,
+    extension: Extension | None,
+    generation: int,
+    attempt: int,
+    token: bytes,
+    bt_deadline: int,
+    wall_deadline: int,
+    reader: Any,
+) -> Lease:
+    """The Lease a claim made, from its fields: claim_open's envelope, or the C claim core's record."""
     return Lease(
         queue_id=ctx.fmt.queue_id,
-        job_id=h.job_id.hex(),
+        job_id=job_hex,
         generation=generation,
         attempt=attempt,
-        max_attempts=h.max_attempts,
+        max_attempts=max_attempts,
         token=token,
         boot_id=ctx.boot_id,
         boottime_deadline_ns=bt_deadline,
         wall_deadline_ns=wall_deadline,
-        dev=env.witness.dev,
-        ino=env.witness.ino,
+        dev=dev,
+        ino=ino,
         path=name_rel,
-        envelope_digest=h.envelope_digest,
-        payload_length=h.payload_length,
-        payload_digest=h.payload_digest,
+        envelope_digest=envelope_digest,
+        payload_length=payload_length,
+        payload_digest=payload_digest,
         content_type=extension.content_type if extension else "",
         extension=extension,
         _reader=reader,

@@ -67,6 +67,7 @@ __all__ = [
     "lease_bucket",
     "leased_name",
     "trusted_leased_name",
+    "leased_identity",
     "make_compact_temp_name",
     "make_filename",
     "make_quarantine_name",
@@ -548,10 +549,27 @@ def trusted_leased_name(
     and next_attempt, the handle's boot id, deadlines checked against u64, a
     fresh 16-byte token. Anything from a caller goes through :func:`leased_name`.
     """
+    return leased_identity(
+        ready.job_id, generation, attempt, ready.max_attempts, boot_id, boottime_deadline, wall_deadline, token
+    )
+
+
+def leased_identity(
+    job_id: bytes,
+    generation: int,
+    attempt: int,
+    max_attempts: int,
+    boot_id: bytes,
+    boottime_deadline: int,
+    wall_deadline: int,
+    token: bytes,
+) -> JobName:
+    """:func:`trusted_leased_name` from the fields themselves (the C claim core's caller has no parsed
+    ready name): the same unchecked construction, for the same values known to fit."""
     name = object.__new__(JobName)
     name.__dict__.update({
-        "state": _LEASED, "job_id": ready.job_id, "generation": generation, "attempt": attempt,
-        "max_attempts": ready.max_attempts, "boot_id": boot_id, "boottime_deadline": boottime_deadline,
+        "state": _LEASED, "job_id": job_id, "generation": generation, "attempt": attempt,
+        "max_attempts": max_attempts, "boot_id": boot_id, "boottime_deadline": boottime_deadline,
         "wall_deadline": wall_deadline, "lease_token": token, "not_before": None, "reason": None, "tag": None,
     })  # fmt: skip
     return name

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
-__all__ = ["OPS", "Fault", "TraceEvent", "call", "inject", "trace"]
+__all__ = ["OPS", "Fault", "TraceEvent", "ReplayMismatch", "call", "inject", "replay", "trace"]
 
 T = TypeVar("T")
 
@@ -90,6 +90,10 @@ def call(
         # unlocked read cannot miss one of those. The hottest wrappers make this
         # same test themselves and call ``fn`` directly: a frame less per syscall.
         return fn(*args)
+    if _replays:  # this thread's calls may have been made already (the C claim core: :func:`replay`)
+        pending = _replays.get(threading.get_ident())
+        if pending:
+            return _replayed(op, pending)
     fire = False
     after = False
     code = 0
@@ -168,6 +172,58 @@ def trace() -> Iterator[list[TraceEvent]]:
         with _lock:
             for i, active in enumerate(_traces):
                 if active is events:
+                    del _traces[i]
+                    break
+
+
+class ReplayMismatch(AssertionError):
+    """The Python asked for another syscall than the one replayed: the C claim core and its Python specification disagree."""
+
+
+class _ReplayMarker:
+    """Kept in ``_traces`` while a replay runs, so that every wrapper takes :func:`call`'s slow path; records nothing."""
+
+    def append(self, event: TraceEvent) -> None:
+        pass
+
+
+_replays: dict[int, list[tuple[str, Any]]] = {}  # thread -> its pending (op, result or exception), reversed
+_REPLAY_MARKER = _ReplayMarker()
+
+
+def _replayed(op: str, pending: list[tuple[str, Any]]) -> Any:
+    want, result = pending.pop()
+    if want != op:
+        raise ReplayMismatch(f"replayed syscall is {want!r}, the Python made {op!r}")
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+@contextlib.contextmanager
+def replay(results: list[tuple[str, Any]]) -> Iterator[list[tuple[str, Any]]]:
+    """Serve this thread's next syscalls from ``results`` ((op, value or exception) in order), then go live.
+
+    Why: the C claim core (steadqd.fs.claim_fast) makes the claim's syscalls itself and stops at
+    the first deviation; the Python then runs its own code for that candidate from the start,
+    and the syscalls C already made return what they returned to C (or raise what they raised)
+    instead of being made twice. Replayed calls are neither traced nor faulted again: they were,
+    when C made them. Yields the pending list (empty once all were consumed).
+    """
+    pending = list(reversed(results))
+    ident = threading.get_ident()
+    with _lock:
+        if ident in _replays:
+            raise RuntimeError("a replay is already running in this thread")
+        _replays[ident] = pending
+        _traces.append(_REPLAY_MARKER)  # type: ignore[arg-type]
+    try:
+        yield pending
+    finally:
+        with _lock:
+            del _replays[ident]
+            for i, active in enumerate(_traces):
+                if active is _REPLAY_MARKER:  # type: ignore[comparison-overlap]
                     del _traces[i]
                     break
 

@@ -598,7 +598,7 @@ def test_doctor(qpath: str, tmp_path: Path) -> None:
     names = [line.strip().split(":")[0] for line in r.err_lines[1:]]
     assert names == [
         "boot_id", "clock_boottime", "clock_realtime", "getrandom", "filesystem", "job_access",
-        "publication_mode", "rename_noreplace", "dir_fsync", "job_spawn",
+        "publication_mode", "rename_noreplace", "dir_fsync", "job_spawn", "claim_path",
     ]  # fmt: skip
     assert "  filesystem: ext4 (magic 0xef53)" in r.err_lines and "  rename_noreplace: supported" in r.err_lines
     doc = json.loads(steadq("doctor", qpath, "--json").out)
@@ -607,8 +607,11 @@ def test_doctor(qpath: str, tmp_path: Path) -> None:
     from steadqd.daemon.worker.run import fastspawn
 
     assert f"  job_spawn: {fastspawn.path()}" in r.err_lines  # the spawn path this installation's worker uses
+    from steadqd.fs import claim_fast
+
+    assert f"  claim_path: {claim_fast.path()}" in r.err_lines  # the claim path a lease takes here
     r = steadq("doctor", tmp_path / "nowhere")
-    assert r.code == 0 and len(r.err_lines) == 6
+    assert r.code == 0 and len(r.err_lines) == 7  # the path-free checks, the spawn and the claim path
     shm = Path("/dev/shm") / f"steadq-doctor-{os.getpid()}"
     shm.mkdir()
     try:

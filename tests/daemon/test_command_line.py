@@ -26,9 +26,11 @@ def steadqd(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
 
 def test_version_names_the_job_spawn_path() -> None:
     from steadqd.daemon.worker.run import fastspawn
+    from steadqd.fs import claim_fast
 
     d = steadqd("--version")
-    assert (d.returncode, d.stdout) == (0, f"steadqd {version('steadqd')}\njob spawn: {fastspawn.path()}\n")
+    want = f"steadqd {version('steadqd')}\njob spawn: {fastspawn.path()}\nclaim: {claim_fast.path()}\n"
+    assert (d.returncode, d.stdout) == (0, want)
 
 
 def test_config_dir_before_or_after_the_subcommand(

@@ -69,7 +69,7 @@ from steadqd import (  # noqa: E402
 )
 from steadqd.constants import WATERMARK_ADVANCE_TMP_PREFIX  # noqa: E402
 from steadqd.errors import EnqueueIncomplete  # noqa: E402
-from steadqd.fs import linux  # noqa: E402
+from steadqd.fs import claim_fast, linux  # noqa: E402
 from steadqd.fs.json_records import EnqueueTicket, TransitionTicket  # noqa: E402
 from steadqd.fs.names import delayed_bucket, shard_of  # noqa: E402
 from steadqd.fs.records import Watermark  # noqa: E402
@@ -707,6 +707,40 @@ def test_fault_at_position(scenario: str, pos: int, err: int, after: bool, cases
     base = tempfile.mkdtemp(prefix=f"{scenario}-{pos}-", dir=cases_dir)
     OUTCOMES[_run_case(BY_NAME[scenario], base, pos, err, after)] += 1
     shutil.rmtree(base)  # only passing cases are removed: a failing tree stays for inspection
+
+
+# The claim's cases once more with claims in pure Python: where the C claim core is built
+# (steadqd.fs.claimcore), the matrix above runs it, and its fallback must hold the same cases.
+LEASE_CASES = [case for case in CASES if case.values[0] == "lease"]
+
+
+@pytest.mark.parametrize(("scenario", "pos", "err", "after"), LEASE_CASES)
+def test_lease_fault_on_the_pure_python_claim(
+    scenario: str, pos: int, err: int, after: bool, cases_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(claim_fast.SWITCH, "1")  # read when the scenario opens its queue
+    base = tempfile.mkdtemp(prefix=f"pure-{scenario}-{pos}-", dir=cases_dir)
+    _run_case(BY_NAME[scenario], base, pos, err, after)
+    shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["claim-core", "pure-python"])
+def test_lease_sequence_is_pinned_on_both_claim_paths(
+    pure: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both claim paths make the pinned syscalls of a lease, in order (the C core's through its hook table)."""
+    if pure:
+        monkeypatch.setenv(claim_fast.SWITCH, "1")
+    else:
+        monkeypatch.delenv(claim_fast.SWITCH, raising=False)
+    assert claim_fast.available() == (not pure) or claim_fast.lib is None
+    prep = BY_NAME["lease"].prepare(str(tmp_path))
+    try:
+        with linux.trace() as events:
+            BY_NAME["lease"].act(prep)
+    finally:
+        prep.close()
+    assert " ".join(e.op for e in events) == PINNED_OPS["lease"]
 
 
 def test_fault_matrix_summary(request: pytest.FixtureRequest) -> None:

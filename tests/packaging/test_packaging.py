@@ -271,6 +271,11 @@ def test_deb_contents(deb_build: DebBuild) -> None:
     assert any(p.startswith(run_dir + "_fastspawn.") and p.endswith(".so") for p in paths), sorted(
         p for p in paths if p.startswith(run_dir)
     )
+    # The C claim core (cffi, steadqd/fs/claimcore/claim_core.c, libcrypto): without it claims run in pure Python.
+    core_dir = "/usr/lib/python3/dist-packages/steadqd/fs/claimcore/"
+    assert any(p.startswith(core_dir + "_claim_core.") and p.endswith(".so") for p in paths), sorted(
+        p for p in paths if p.startswith(core_dir)
+    )
     # The spool is created by tmpfiles.d, never shipped: dpkg would otherwise own (and on removal
     # try to delete) the directory that holds the queues.
     assert not any(p.startswith("/var/lib/steadq") for p in paths)
@@ -308,6 +313,8 @@ def test_deb_conffile_and_dependencies(deb_build: DebBuild) -> None:
     assert depends, control
     names = {d.strip().split()[0] for d in depends.group(1).split(",")}
     assert {"python3-systemd", "python3-cffi", "python3-yaml"} <= names
+    # The C claim core links OpenSSL's libcrypto: dh_shlibdeps names the runtime library (libssl3 on Debian 12).
+    assert any(n.startswith("libssl") for n in names), names
     assert not any("inotify" in n for n in names), "Debian 12 has no python3-inotify-simple: it is vendored"
     # any, not all: steadq-exec, the job commands' exec helper (steadqd/daemon/worker/run/exec_helper.c), is compiled
     assert re.search(rf"^Architecture: {_deb_arch()}$", control, re.M)
@@ -487,6 +494,8 @@ def test_bundle_name_and_manifest(bundle: Bundle) -> None:
     # The compiled job spawn (cffi): built into the bundle's steadqd like the deb's.
     spawn = list((bundle.unpacked / "venv").glob("lib/python3*/site-packages/steadqd/daemon/worker/run/_fastspawn*.so"))
     assert len(spawn) == 1, spawn
+    core = list((bundle.unpacked / "venv").glob("lib/python3*/site-packages/steadqd/fs/claimcore/_claim_core*.so"))
+    assert len(core) == 1, core
 
 
 COCKPIT_PAGE = "usr/share/cockpit/steadq"

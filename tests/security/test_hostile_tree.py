@@ -19,6 +19,7 @@ comparison even when the operation "only looked".
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -37,7 +38,7 @@ from steadqd import (
     SteadQError,
 )
 from steadqd.constants import ENVELOPE_READ_BYTES, QuarantineReason
-from steadqd.fs import linux, names
+from steadqd.fs import claim_fast, linux, names
 from steadqd.fs.records import build_header
 
 OLD_ATIME_NS = 1_000_000_000 * 10**9  # 2001: before any mtime we set, so relatime updates it on access
@@ -546,6 +547,7 @@ def _corrupt_copy(path: Path) -> Path:
     return twin
 
 
+@pytest.mark.parametrize("claim_path", ["pure-python", "claim-core"])
 @pytest.mark.parametrize(
     "op,nth",
     [
@@ -554,9 +556,16 @@ def _corrupt_copy(path: Path) -> Path:
     ],
 )
 def test_claim_never_delivers_a_file_swapped_in_after_verification(
-    one_shard: tuple[Queue, str], monkeypatch: pytest.MonkeyPatch, op: str, nth: int
+    one_shard: tuple[Queue, str], monkeypatch: pytest.MonkeyPatch, op: str, nth: int, claim_path: str
 ) -> None:
+    """On both claim paths. The C claim core (steadqd.fs.claim_fast) calls libc itself unless the
+    syscall hook traces, when its syscalls go through the steadqd.fs.linux functions the swap wraps:
+    traced, the swap lands between the core's own syscalls."""
     q, qpath = one_shard
+    if claim_path == "pure-python":
+        q._ctx.claim_core = None
+    elif q._ctx.claim_core is None:
+        pytest.skip(claim_fast.path())
     job, rel = q.enqueue_detailed(b"the verified payload")
     path = Path(qpath, rel)
     original_ino = path.stat().st_ino
@@ -570,7 +579,8 @@ def test_claim_never_delivers_a_file_swapped_in_after_verification(
 
     swapper = Swapper(monkeypatch, op, path.name, nth, swap)
     try:
-        got = q.lease()
+        with linux.trace() if claim_path == "claim-core" else contextlib.nullcontext():
+            got = q.lease()
     except (NotCommitted, OutcomeUnknown):
         got = None
     monkeypatch.undo()

@@ -1,0 +1,272 @@
+"""The C claim core's Python side: the syscall tables, the calls, and the replay of a deviation.
+
+claim.py is the specification of a claim; ``claimcore/claim_core.c`` does its happy path for one
+candidate name in two calls (:meth:`Core.verify`: name, tag, shard, attempts, open, fstat,
+envelope; :meth:`Core.move`: the leased name and tag, the witnessed no-replace rename, the
+after-rename re-read, the directory fsync, the payload digest), with the clock, wall floor and
+token read by the Python between them, where claim_open reads them. At its first deviation C
+stops; :func:`replaying` then runs the Python's own code for that candidate from the start,
+serving the syscalls C made from their recorded results (syscall_hook.replay), so every error,
+quarantine reason, message and later syscall is the Python's.
+
+Every syscall of the core goes through a table: libc directly, or, when syscall_hook is armed or
+tracing (the test steadqd.fs.linux makes), callbacks that make each call through the wrapper of
+steadqd.fs.linux the Python would use, so traces, injected faults and the crash lab see one
+sequence on both paths. A callback's exception (an injected fault, or anything else) is kept and
+raised again by the replay at the very point the Python makes that call.
+
+Without the built module, or with ``STEADQ_PURE_PYTHON=1``, claims run in pure Python;
+:func:`path` says which path runs and why (``steadq --version``, ``steadq doctor``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from steadqd.fs import linux
+from steadqd.fs.syscall_hook import _armed, _traces, replay
+
+try:
+    from steadqd.fs.claimcore._claim_core import ffi, lib  # type: ignore[import-not-found,unused-ignore]
+except ImportError as e:  # not built: pure Python
+    ffi = lib = None
+    _MISSING = f"the C claim core is not built ({e})"
+else:
+    _MISSING = ""
+
+__all__ = ["Core", "available", "core_for", "path", "replaying"]
+
+SWITCH = "STEADQ_PURE_PYTHON"  # "1": the pure path even where the module is built
+
+# Stages (claim_core.h); only meaningful with the module.
+STOP_PURE = 1
+STOP_SYSCALL = 2
+VERIFIED = 5
+MOVED = 6
+MOVED_PAYLOAD_LEFT = 7
+_OP_NAMES = {1: "open", 2: "fstat", 3: "read", 4: "stat", 5: "rename_noreplace", 6: "fsync"}
+_NAMED_OPS = (1, 4, 5)  # their OSError carries the name, as os.open, os.stat and libc.renameat2 give it
+
+
+def available() -> bool:
+    """Do claims run through the C core?"""
+    return lib is not None and os.environ.get(SWITCH, "") != "1"
+
+
+def path() -> str:
+    """Which claim path runs and why, one line (``steadq doctor`` and ``--version``)."""
+    if available():
+        return "C claim core (one candidate's checks, open, reads, rename and fsync in two calls: steadqd/fs/claimcore)"
+    why = f"{SWITCH}=1 is set" if lib is not None else _MISSING
+    return f"pure Python: {why}"
+
+
+_local = threading.local()
+
+
+def _log() -> list[tuple[str, Any]]:
+    """The running call's (op, result or exception) list, filled by the hook callbacks."""
+    log: list[tuple[str, Any]] = _local.log
+    return log
+
+
+def _errno_of(e: BaseException) -> int:
+    if isinstance(e, OSError) and e.errno:
+        return -e.errno
+    return -errno.EIO  # not an OSError: C stops, the replay raises it where the Python makes the call
+
+
+def _fill_stat(out: Any, st: os.stat_result) -> None:
+    out.dev, out.ino, out.nlink, out.size = st.st_dev, st.st_ino, st.st_nlink, st.st_size
+    out.uid, out.gid, out.mode = st.st_uid, st.st_gid, st.st_mode
+    out.atime, out.mtime, out.ctime = int(st.st_atime), int(st.st_mtime), int(st.st_ctime)
+
+
+if lib is not None:
+    # The hooked table: each entry makes its call through steadqd.fs.linux, which (armed or
+    # tracing) passes syscall_hook.call with the op name and detail the Python path gives it.
+
+    @ffi.def_extern()
+    def sq_py_openat(dirfd: int, name: Any, flags: int) -> int:
+        try:
+            fd = linux.open_at(dirfd, ffi.string(name).decode("ascii"), flags)
+        except BaseException as e:
+            _log().append(("open", e))
+            return _errno_of(e)
+        _log().append(("open", fd))
+        return fd
+
+    @ffi.def_extern()
+    def sq_py_fstat(fd: int, out: Any) -> int:
+        try:
+            st = linux.fstat(fd)
+            _fill_stat(out, st)
+        except BaseException as e:
+            _log().append(("fstat", e))
+            return _errno_of(e)
+        _log().append(("fstat", st))
+        return 0
+
+    @ffi.def_extern()
+    def sq_py_pread(fd: int, buf: Any, n: int, off: int) -> int:
+        try:
+            data = linux.pread(fd, n, off)
+            got = min(len(data), n)  # never more than the buffer C gave
+            ffi.memmove(buf, data, got)
+        except BaseException as e:
+            _log().append(("read", e))
+            return _errno_of(e)
+        _log().append(("read", data))
+        return got
+
+    @ffi.def_extern()
+    def sq_py_lstatat(dirfd: int, name: Any, out: Any) -> int:
+        try:
+            st = linux.stat_at(dirfd, ffi.string(name).decode("ascii"))
+            _fill_stat(out, st)
+        except BaseException as e:
+            _log().append(("stat", e))
+            return _errno_of(e)
+        _log().append(("stat", st))
+        return 0
+
+    @ffi.def_extern()
+    def sq_py_rename_noreplace(olddirfd: int, old: Any, newdirfd: int, new: Any) -> int:
+        try:
+            linux.rename_noreplace(olddirfd, ffi.string(old).decode("ascii"), newdirfd, ffi.string(new).decode("ascii"))
+        except BaseException as e:
+            _log().append(("rename_noreplace", e))
+            return _errno_of(e)
+        _log().append(("rename_noreplace", None))
+        return 0
+
+    @ffi.def_extern()
+    def sq_py_fsync(fd: int) -> int:
+        try:
+            linux.fsync(fd)
+        except BaseException as e:
+            _log().append(("fsync", e))
+            return _errno_of(e)
+        _log().append(("fsync", None))
+        return 0
+
+    _HOOKED = ffi.new(
+        "struct sq_sys *",
+        {
+            "openat": lib.sq_py_openat,
+            "fstat": lib.sq_py_fstat,
+            "pread": lib.sq_py_pread,
+            "lstatat": lib.sq_py_lstatat,
+            "rename_noreplace": lib.sq_py_rename_noreplace,
+            "fsync": lib.sq_py_fsync,
+        },
+    )
+    _DIRECT = lib.sq_direct_table()
+
+
+def _stat_result(st: Any) -> os.stat_result:
+    return os.stat_result((st.mode, st.ino, st.dev, st.nlink, st.uid, st.gid, st.size, st.atime, st.mtime, st.ctime))
+
+
+class Core:
+    """One queue's C claim core: its FORMAT values and hash prefixes, and this thread's claim record."""
+
+    def __init__(self, queue_id: bytes, shard_count: int, lease_width_ns: int, max_payload: int) -> None:
+        q = ffi.new("struct sq_queue *")
+        q.queue_id = queue_id
+        q.shard_count, q.lease_width_ns, q.max_payload = shard_count, lease_width_ns, max_payload
+        lib.sq_queue_init(q)
+        self.q = q
+
+    def verify(self, dir_fd: int, name: str, shard: int, opened: int) -> tuple[int, Any]:
+        """sq_claim_verify for ``name`` in ready shard ``shard`` (``opened``: its fd, or -1): (stage, record).
+
+        The record is this thread's, reused by its next candidate: read it before the next verify.
+        """
+        c = _local.__dict__.get("claim")
+        if c is None:
+            c = _local.claim = ffi.new("struct sq_claim *")
+        if not _armed and not _traces:
+            _local.log = None
+            return lib.sq_claim_verify(self.q, _DIRECT, c, dir_fd, name.encode("ascii"), shard, opened), c
+        _local.log = []
+        return lib.sq_claim_verify(self.q, _HOOKED, c, dir_fd, name.encode("ascii"), shard, opened), c
+
+    def move(self, c: Any, boot_id: bytes, bt_deadline: int, wall_deadline: int, token: bytes, may_fsync: bool) -> int:
+        """sq_claim_move after a verify that returned VERIFIED (the syscalls' record goes on from verify's): the stage."""
+        if _local.log is None and not _armed and not _traces:
+            return int(lib.sq_claim_move(self.q, _DIRECT, c, boot_id, bt_deadline, wall_deadline, token, may_fsync))
+        if _local.log is None:  # tracing began between the calls: the hooked table from here on
+            _local.log = _records(c, 0)
+        return int(lib.sq_claim_move(self.q, _HOOKED, c, boot_id, bt_deadline, wall_deadline, token, may_fsync))
+
+
+def _records(c: Any, skip: int) -> list[tuple[str, Any]]:
+    """The direct table's syscalls as (op, result or OSError), from the ``skip``th on."""
+    out: list[tuple[str, Any]] = []
+    for i in range(skip, c.nrec):
+        r = c.recs[i]
+        op = _OP_NAMES[r.op]
+        if r.err:
+            filename = (ffi.string(c.target if r.op == 4 and r.slot == 2 else c.name).decode("ascii"),)
+            out.append((op, OSError(r.err, os.strerror(r.err), *(filename if r.op in _NAMED_OPS else ()))))
+        elif r.op == 1:
+            out.append((op, int(r.ret)))
+        elif r.op in (2, 4):
+            out.append((op, _stat_result(c.stats[r.slot])))
+        elif r.op == 3:
+            buf = c.head if r.slot == 0 else c.head2
+            out.append((op, bytes(ffi.buffer(buf, r.ret))))
+        else:
+            out.append((op, None))
+    return out
+
+
+def failed_open(c: Any) -> BaseException:
+    """What the core's failed open raised: the hook's exception, or the libc errno as os.open gives it."""
+    log = _local.log
+    _local.log = None
+    if log is None:
+        log = _records(c, 0)
+    result = log[0][1]
+    assert isinstance(result, BaseException)
+    return result
+
+
+@contextlib.contextmanager
+def replaying(c: Any, *, skip_open: bool) -> Iterator[None]:
+    """Run the Python with the syscalls the core made (for this candidate) served from their results.
+
+    ``skip_open``: the Python continuation starts after the open C made (claim_open, which takes the fd).
+    """
+    log = _local.log
+    if log is None:
+        log = _records(c, 0)
+    _local.log = None
+    if skip_open and log and log[0][0] == "open":
+        log = log[1:]
+    with replay(log) as pending:
+        yield
+    if pending:  # the Python stopped before C did: the two definitions disagree
+        raise AssertionError(f"the Python made fewer syscalls than the C claim core ({len(pending)} left)")
+
+
+_CORES: dict[tuple[bytes, int, int, int], Core] = {}
+
+
+def core_for(queue_id: bytes, shard_count: int, lease_width_ns: int, max_payload: int) -> Core | None:
+    """The queue's core when the C path runs, else None (asked once per open handle: Context.claim_core)."""
+    if not available():
+        return None
+    key = (queue_id, shard_count, lease_width_ns, max_payload)
+    core = _CORES.get(key)
+    if core is None:
+        if len(_CORES) >= 64:
+            _CORES.clear()
+        core = _CORES[key] = Core(*key)
+    return core

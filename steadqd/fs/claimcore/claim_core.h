@@ -1,0 +1,107 @@
+/* The claim core: the happy path of one claim transition in C (issue 35, constraint 1(b)).
+ * Declarations shared by claim_core.c and the cffi build (claim_core_build.py); see claim_core.c. */
+#ifndef STEADQ_CLAIM_CORE_H
+#define STEADQ_CLAIM_CORE_H
+
+#include <stdint.h>
+
+#define SQ_HEAD_BYTES 4096 /* constants.ENVELOPE_READ_BYTES */
+#define SQ_MAX_RECS 16
+#define SQ_NAME_MAX 256
+
+/* Where a call stopped (sq_claim.stage). */
+#define SQ_STOP_PURE 1     /* a check without a syscall failed (or was not taken): nothing to replay */
+#define SQ_STOP_SYSCALL 2  /* a syscall failed; its record holds the errno */
+#define SQ_STOP_CHECK 3    /* a check on what a syscall returned failed */
+#define SQ_STOP_HANDOFF 4  /* a step C leaves to Python (a long extension, batching, payload beyond the first read) */
+#define SQ_VERIFIED 5      /* sq_claim_verify: name, tag, shard, attempts, envelope all good */
+#define SQ_MOVED 6         /* sq_claim_move: renamed, re-read, directory synced, payload verified */
+#define SQ_MOVED_PAYLOAD_LEFT 7 /* renamed, re-read, synced; the payload check is Python's (past the first
+                                 * read, or not matching: claim_open's end judges it) */
+
+/* Syscall ops recorded (sq_rec.op): the replay maps them to syscall_hook's op names. */
+#define SQ_OP_OPEN 1
+#define SQ_OP_FSTAT 2
+#define SQ_OP_PREAD 3
+#define SQ_OP_STAT 4
+#define SQ_OP_RENAME 5
+#define SQ_OP_FSYNC 6
+
+struct sq_stat {
+    uint64_t dev, ino; /* dev_t and ino_t are unsigned 64-bit on Linux */
+    int64_t nlink, size, uid, gid;
+    uint32_t mode;
+    int64_t atime, mtime, ctime; /* seconds (only carried for the replayed os.stat_result) */
+};
+
+/* The table every syscall of the core goes through: libc directly (sq_direct_table) or, when
+ * syscall_hook is armed or tracing, cffi callbacks into steadqd.fs.linux (claim_fast.py).
+ * Each returns >= 0 on success and -errno on failure. */
+struct sq_sys {
+    int (*openat)(int dirfd, const char *name, int flags);
+    int (*fstat)(int fd, struct sq_stat *st);
+    int64_t (*pread)(int fd, unsigned char *buf, int64_t n, int64_t off);
+    int (*lstatat)(int dirfd, const char *name, struct sq_stat *st);
+    int (*rename_noreplace)(int olddirfd, const char *oldname, int newdirfd, const char *newname);
+    int (*fsync)(int fd);
+};
+
+/* One syscall made: op, its result (fd / byte count / 0) or errno, and where its data is. */
+struct sq_rec {
+    int op;
+    int err;
+    int64_t ret;
+    int slot; /* FSTAT/STAT: index into sq_claim.stats; PREAD: 0 = head, 1 = head2 */
+};
+
+/* Per queue: the FORMAT values a claim needs, and the SHA-256 prefixes every name of the queue shares. */
+struct sq_queue {
+    unsigned char queue_id[16];
+    uint32_t shard_count;
+    uint64_t lease_width_ns;
+    uint64_t max_payload;
+    unsigned char prefix_state[3][112]; /* opaque SHA256_CTX copies: name, shard, envelope domains */
+};
+
+struct sq_claim {
+    /* the arguments of sq_claim_verify */
+    int dir_fd;
+    char name[SQ_NAME_MAX];
+    int shard;
+    int opened_fd; /* -1, or the fd _try_leftover opened */
+    /* outputs of sq_claim_verify */
+    int stage;
+    int fd;
+    unsigned char job_id[16];
+    uint64_t generation;
+    uint32_t attempt, max_attempts;
+    uint64_t payload_length;
+    uint32_t extension_length;
+    unsigned char payload_digest[32];
+    unsigned char envelope_digest[32];
+    struct sq_stat stats[5]; /* 0 fstat, 1 stat source, 2 stat destination, 3 re-read fstat */
+    unsigned char head[SQ_HEAD_BYTES];
+    int64_t head_len;
+    /* the arguments of sq_claim_move */
+    unsigned char boot_id[16];
+    uint64_t bt_deadline, wall_deadline;
+    unsigned char token[16];
+    int may_fsync; /* 0 when the tree batches barriers (tree.barrier's other branch: Python's) */
+    /* outputs of sq_claim_move */
+    char target[SQ_NAME_MAX];
+    unsigned char head2[SQ_HEAD_BYTES];
+    int64_t head2_len;
+    int payload_in_head; /* 1: the payload digest was checked on head2 */
+    /* every syscall made, in order */
+    struct sq_rec recs[SQ_MAX_RECS];
+    int nrec;
+};
+
+void sq_queue_init(struct sq_queue *q);
+int sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, int dir_fd,
+                    const char *name, int shard, int opened_fd);
+int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, const unsigned char *boot_id,
+                  uint64_t bt_deadline, uint64_t wall_deadline, const unsigned char *token, int may_fsync);
+const struct sq_sys *sq_direct_table(void); /* the libc table */
+
+#endif

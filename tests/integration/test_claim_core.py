@@ -1,0 +1,311 @@
+"""The C claim core against the Python it mirrors, on generated and hostile candidates (issue 35).
+
+steadqd.fs.claim is the specification; steadqd.fs.claimcore/claim_core.c takes its happy path and
+hands every deviation back to it (steadqd.fs.claim_fast). Each example plants one to four
+candidates in ``ready/0000/`` of identical copies of one queue (valid jobs, with or without an
+extension, large or small, and hostile ones: a bad tag, the wrong shard, no attempts left, a
+truncated, oversized or corrupt envelope, a payload that does not match its digest, a corrupt
+extension, a header naming another job, a symlink, a FIFO, a hard link), optionally arms one
+injected syscall fault, and runs one claim scan on each path. Both must give the same lease (or
+None, or the same error), the same report, the same tree afterwards and, traced, the same
+syscall sequence; the untraced run checks the core's libc table the same way (outcome, report, tree).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import itertools
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from steadqd import Queue
+from steadqd.constants import QuarantineReason
+from steadqd.fs import claim as claim_mod
+from steadqd.fs import claim_fast, linux, names
+from steadqd.fs.context import Context
+from steadqd.fs.records import Extension, build_header, encode_extension
+
+pytestmark = pytest.mark.skipif(not claim_fast.available(), reason=claim_fast.path())
+
+SHARDS = 2
+MAX_PAYLOAD = 6000
+KINDS = (
+    "valid", "valid_ext", "large", "bad_tag", "wrong_shard", "exhausted", "truncated", "short_header",
+    "oversized", "corrupt_header", "payload_mismatch", "bad_extension", "name_mismatch", "symlink",
+    "fifo", "hardlink", "leased_name", "long_extension",
+)  # fmt: skip
+FAULT_OPS = ("open", "fstat", "read", "stat", "rename_noreplace", "fsync", "close", "unlink", "link", "mkdir")
+WALL = 1_800_000_000_000_000_000
+BOOTTIME = 5_000_000_000_000
+NONCE = bytes(range(16))
+
+
+def _job_bytes(payload: bytes, job: bytes, max_attempts: int, extension: bytes) -> bytes:
+    header = build_header(
+        job_id=job,
+        max_attempts=max_attempts,
+        created_at_ns=1,
+        extension=extension,
+        payload_length=len(payload),
+        payload_digest=hashlib.sha256(payload).digest(),
+    )
+    return header.encode() + extension + payload
+
+
+def _job_for_shard(qid: bytes, seed: int, shard: int) -> bytes:
+    """A job id (from ``seed``) whose shard is ``shard``."""
+    for i in range(1000):
+        job = hashlib.sha256(b"%d/%d" % (seed, i)).digest()[:16]
+        if names.shard_of(qid, job, SHARDS) == shard:
+            return job
+    raise AssertionError("no job id for the shard")
+
+
+def _plant(root: str, qid: bytes, lease_width: int, kinds: list[str]) -> None:
+    """Write the candidates of ``kinds`` into ready/0000/ (deterministic: every copy gets the same bytes)."""
+    d = os.path.join(root, "ready", "0000")
+    for seed, kind in enumerate(kinds):
+        job = _job_for_shard(qid, seed, 1 if kind == "wrong_shard" else 0)
+        generation, attempt, max_attempts = seed, 0, 3
+        if kind == "exhausted":
+            attempt = 3
+        name = names.make_filename(
+            qid, names.ready_name(job, generation, attempt, max_attempts), shard=0, lease_width_ns=lease_width
+        )
+        if kind == "bad_tag":
+            name = name[:72] + ("0" if name[72] != "0" else "1") + name[73:]
+        if kind == "leased_name":
+            name = name[:-4] + ".o00.sqj"
+        payload = bytes([seed]) * (5000 if kind == "large" else 20 + seed)
+        ext = b""
+        if kind in ("valid_ext", "bad_extension", "payload_mismatch"):
+            ext = encode_extension(Extension(content_type="text/plain", metadata={"k": "v"}))
+        if kind == "long_extension":
+            ext = encode_extension(Extension(content_type="text/plain", metadata={"k": "v" * 4000, "l": "w" * 1000}))
+        if kind == "bad_extension":
+            ext = b"\xff" + ext[1:]
+        data = _job_bytes(payload, _job_for_shard(qid, seed + 100, 0) if kind == "name_mismatch" else job,
+                          max_attempts, ext)  # fmt: skip
+        if kind == "truncated":
+            data = data[:-3]
+        elif kind == "short_header":
+            data = data[:100]
+        elif kind == "oversized":
+            payload = b"z" * (MAX_PAYLOAD + 1)
+            data = _job_bytes(payload, job, max_attempts, ext)
+        elif kind == "corrupt_header":
+            data = data[:40] + bytes([data[40] ^ 1]) + data[41:]
+        elif kind == "payload_mismatch":
+            data = data[:-1] + bytes([data[-1] ^ 0xFF])
+        path = os.path.join(d, name)
+        if kind == "symlink":
+            os.symlink("/etc/hostname", path)
+        elif kind == "fifo":
+            os.mkfifo(path)
+        else:
+            with open(path, "wb") as f:
+                f.write(data)
+            if kind == "hardlink":
+                os.link(path, os.path.join(root, f"tmp-hardlink-{seed}"))
+
+
+def _tree(root: str) -> list[tuple[str, str, str]]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in sorted(dirnames + filenames):
+            p = os.path.join(dirpath, n)
+            mode = os.lstat(p).st_mode
+            digest = ""
+            if stat.S_ISREG(mode):
+                with open(p, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+            out.append((os.path.relpath(p, root), stat.filemode(mode)[0], digest))
+    return sorted(out)
+
+
+def _normal_trace(events: list[linux.TraceEvent]) -> list[tuple[Any, ...]]:
+    """Descriptors renumbered by first appearance: each run opens its own handle."""
+    fds: dict[int, int] = {}
+
+    def fd(x: Any) -> Any:
+        return fds.setdefault(x, len(fds)) if type(x) is int else x
+
+    out = []
+    for e in events:
+        d = list(e.detail)
+        if d:
+            d[0] = fd(d[0])
+        if e.op in ("rename_noreplace", "rename") and len(d) > 2:
+            d[2] = fd(d[2])
+        out.append((e.op, tuple(d), e.failed))
+    return out
+
+
+@contextlib.contextmanager
+def _fixed_clocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    counter = itertools.count(1)
+    with monkeypatch.context() as m:
+        m.setattr(linux, "boottime_ns", lambda: BOOTTIME)
+        m.setattr(claim_mod._Scan, "wall_floor", lambda self: WALL)
+        m.setattr(Context, "random", lambda self, n=16: next(counter).to_bytes(n, "big"))
+        yield
+
+
+def _run(
+    root: str, monkeypatch: pytest.MonkeyPatch, *, pure: bool, traced: bool, fault: Any, batch: bool = False
+) -> dict[str, Any]:
+    """One claim scan of the copy at ``root``; everything observable about it."""
+    with monkeypatch.context() as m:
+        if pure:
+            m.setenv(claim_fast.SWITCH, "1")
+        else:
+            m.delenv(claim_fast.SWITCH, raising=False)
+        q = Queue.open(root, allow_unsupported_fs=True)
+        q._ctx.nonce, q._ctx.scan_round = NONCE, 0  # one scan order for every run
+        try:
+            events: list[linux.TraceEvent] = []
+            result: Any
+            with _fixed_clocks(monkeypatch), contextlib.ExitStack() as stack:
+                if traced:
+                    events = stack.enter_context(linux.trace())
+                if batch:  # barriers postponed (Queue.batch): the core leaves the barrier to the Python
+                    q._ctx.tree.batching += 1
+                    stack.callback(lambda: setattr(q._ctx.tree, "batching", q._ctx.tree.batching - 1))
+                if fault is not None:
+                    op, nth, err, after = fault
+                    stack.enter_context(linux.inject(nth=nth, errno=err, op=op, after=after))
+                scan = claim_mod._Scan(q._ctx, 30 * 10**9, q)
+                assert (scan.core is None) == pure
+                try:
+                    lease = scan.run()
+                    result = None if lease is None else {
+                        k: v for k, v in vars(lease).items() if k not in ("dev", "ino", "_reader")
+                    }  # fmt: skip
+                except Exception as e:  # the same error on both paths is the claim
+                    result = (type(e).__name__, str(e).replace(root, "<root>"))
+            report = scan.report
+            rep = (report.errors, report.quarantined, report.dead_lettered, report.ignored)
+        finally:
+            with contextlib.suppress(Exception):
+                q.close()
+    return {
+        "result": result,
+        "report": repr(rep).replace(root, "<root>"),
+        "tree": _tree(root),
+        "trace": _normal_trace(events),
+    }
+
+
+@pytest.fixture(scope="module")
+def base() -> Iterator[tuple[str, bytes, int]]:
+    top = tempfile.mkdtemp(prefix="claimcore-")
+    root = os.path.join(top, "base")
+    q = Queue.init(root, shards=SHARDS, max_payload_length=MAX_PAYLOAD, allow_unsupported_fs=True)
+    fmt = q.format
+    q.close()
+    yield root, fmt.queue_id, fmt.lease_width_ns
+    shutil.rmtree(top)
+
+
+def _copy(base: str, tag: str) -> str:
+    dst = os.path.join(os.path.dirname(base), tag)
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(base, dst, symlinks=True)
+    return dst
+
+
+faults = st.none() | st.tuples(
+    st.sampled_from(FAULT_OPS),
+    st.integers(1, 8),
+    st.sampled_from([errno.EIO, errno.ENOENT, errno.EACCES, errno.ENOSPC]),
+    st.booleans(),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=4), fault=faults, batch=st.booleans())
+def test_core_and_python_agree(
+    base: tuple[str, bytes, int], monkeypatch: pytest.MonkeyPatch, kinds: list[str], fault: Any, batch: bool
+) -> None:
+    root, qid, width = base
+    runs = {}
+    for tag, pure, traced in (("py", True, True), ("c", False, True), ("py0", True, False), ("c0", False, False)):
+        copy = _copy(root, tag)
+        _plant(copy, qid, width, kinds)
+        runs[tag] = _run(copy, monkeypatch, pure=pure, traced=traced, fault=fault if traced else None, batch=batch)
+    py, c, py0, c0 = runs["py"], runs["c"], runs["py0"], runs["c0"]
+    assert c["trace"] == py["trace"]
+    assert c["result"] == py["result"]
+    assert c["report"] == py["report"]
+    assert c["tree"] == py["tree"]
+    assert c0["result"] == py0["result"]
+    assert c0["report"] == py0["report"]
+    assert c0["tree"] == py0["tree"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_alone(base: tuple[str, bytes, int], monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Every hostile kind on its own, untraced (the libc table) and traced, with the outcome the Python gives."""
+    root, qid, width = base
+    runs = {}
+    for tag, pure, traced in (("py", True, True), ("c", False, True), ("py0", True, False), ("c0", False, False)):
+        copy = _copy(root, tag)
+        _plant(copy, qid, width, [kind])
+        runs[tag] = _run(copy, monkeypatch, pure=pure, traced=traced, fault=None)
+    for key in ("result", "report", "tree"):
+        assert runs["c"][key] == runs["py"][key], key
+        assert runs["c0"][key] == runs["py0"][key], key
+    assert runs["c"]["trace"] == runs["py"]["trace"]
+    claimed = runs["c0"]["result"] is not None
+    assert claimed == (kind in ("valid", "valid_ext", "large", "long_extension"))
+    if kind == "payload_mismatch":
+        assert repr(QuarantineReason.PAYLOAD_CORRUPT) in runs["c0"]["report"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "last_stage", "claimed"),
+    [
+        ("valid_ext", claim_fast.MOVED, True),
+        ("large", claim_fast.MOVED_PAYLOAD_LEFT, True),  # the payload past the first read: claim_open's end
+        ("payload_mismatch", claim_fast.MOVED_PAYLOAD_LEFT, False),  # the same end quarantines it
+    ],
+)
+def test_the_fast_path_takes_a_valid_job_in_two_calls(
+    base: tuple[str, bytes, int], monkeypatch: pytest.MonkeyPatch, kind: str, last_stage: int, claimed: bool
+) -> None:
+    """A valid job is claimed by the core (verified, then moved), not handed back to the Python, and its
+    libc table makes the claim's syscalls of the pinned lease sequence (tests/integration/test_faults.py)."""
+    root, qid, width = base
+    stages: list[int] = []
+    made: list[str] = []  # the syscalls the libc table made (untraced): the pinned lease's, in order
+    real_verify, real_move = claim_fast.Core.verify, claim_fast.Core.move
+
+    def verify(self: claim_fast.Core, *a: Any) -> Any:
+        stage, c = real_verify(self, *a)
+        stages.append(stage)
+        return stage, c
+
+    def move(self: claim_fast.Core, c: Any, *a: Any) -> Any:
+        stage = real_move(self, c, *a)
+        stages.append(stage)
+        made.extend(claim_fast._OP_NAMES[r.op] for r in c.recs[0 : c.nrec])
+        return stage
+
+    monkeypatch.setattr(claim_fast.Core, "verify", verify)
+    monkeypatch.setattr(claim_fast.Core, "move", move)
+    copy = _copy(root, "fast")
+    _plant(copy, qid, width, [kind])
+    out = _run(copy, monkeypatch, pure=False, traced=False, fault=None)
+    assert (out["result"] is not None) == claimed
+    assert stages == [claim_fast.VERIFIED, last_stage]
+    assert made == ["open", "fstat", "read", "stat", "rename_noreplace", "stat", "fstat", "read", "fsync"]
