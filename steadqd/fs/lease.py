@@ -229,19 +229,25 @@ def indeterminate(
     return OutcomeUnknown(f"{operation} outcome unknown: {e.cause}", ticket)
 
 
-@dataclass
 class Source:
-    """A validated lease source: the open file and where it is."""
+    """A validated lease source: the open file and where it is.
 
-    dir_fd: int
-    dir_rel: str
-    name: str
-    fd: int
-    envelope: Envelope
+    A plain slotted class (every payload() and ack makes one); ``witness`` is
+    the envelope's, stored rather than a property because each settlement reads it.
+    """
 
-    @property
-    def witness(self) -> Witness:
-        return self.envelope.witness
+    __slots__ = ("dir_fd", "dir_rel", "name", "fd", "envelope", "witness")
+
+    def __init__(self, dir_fd: int, dir_rel: str, name: str, fd: int, envelope: Envelope) -> None:
+        self.dir_fd = dir_fd
+        self.dir_rel = dir_rel
+        self.name = name
+        self.fd = fd
+        self.envelope = envelope
+        self.witness: Witness = envelope.witness
+
+    def __repr__(self) -> str:
+        return f"Source(dir_fd={self.dir_fd}, dir_rel={self.dir_rel!r}, name={self.name!r}, fd={self.fd})"
 
     def close(self) -> None:
         # Read-only fd: a close error cannot undo or redo the move that may

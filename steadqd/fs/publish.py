@@ -79,11 +79,23 @@ _WRITEBACK_UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ES
 Payload = bytes | bytearray | memoryview | BinaryIO
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Published:
+    """A committed job: its id, its path and its state ("ready" or "delayed").
+
+    The constructor fills the frozen fields directly (every enqueue makes one):
+    the generated one would set each through ``object.__setattr__``.
+    """
+
     job_id: str
     path: str
     state: str
+
+    def __init__(self, job_id: str, path: str, state: str) -> None:
+        f = self.__dict__
+        f["job_id"] = job_id
+        f["path"] = path
+        f["state"] = state
 
 
 @dataclass(slots=True)
