@@ -60,7 +60,7 @@ from steadqd.fs.context import Context, not_committed
 from steadqd.fs.control import clear_pause, read_pause, write_pause
 from steadqd.fs.delayed_watch import DelayedWatch
 from steadqd.fs.fsck import FsckResult, fsck
-from steadqd.fs.guards import Validated, mutation
+from steadqd.fs.guards import Validated, guarded, mutation, validated_source
 from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
 from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew
@@ -265,9 +265,10 @@ class Queue:
             raise InvalidInput("give either job_id or unique, not both: a unique job's id is derived from its key")
         chosen = None if job_id is None else parse_job_id(str(job_id))
         if unique is None:  # most enqueues: no closure to make, the same call as publish(None) below
-            with mutation("enqueue", self._ctx):
-                published = enqueue(self._ctx, payload, delay=delay or None, job_id=chosen, **kwargs)
-                return published.job_id, published.path
+            published = guarded(
+                "enqueue", self._ctx, enqueue, self._ctx, payload, delay=delay or None, job_id=chosen, **kwargs
+            )
+            return published.job_id, published.path
 
         def publish(jid: str | None) -> tuple[str, str]:
             raw = chosen if jid is None else parse_job_id(jid)
@@ -336,8 +337,7 @@ class Queue:
 
     def ack(self, lease: Lease) -> AckResult:
         """Acknowledge; idempotent for a lease that was already acknowledged."""
-        with mutation("ack", self._ctx):
-            return ack(self._ctx, lease)
+        return guarded("ack", self._ctx, ack, self._ctx, lease)
 
     def retry(self, lease: Lease, delay: float | None = None, *, policy: RetryPolicy | None = None) -> str:
         """Give the job back (after ``delay`` s or a backoff ``policy``); returns
@@ -383,12 +383,20 @@ class Queue:
         # _validated and _guard_payload written out: every payload() comes here (no closure, two frames fewer)
         if self._closed:
             self._check_open()
-        with Validated(self._ctx, lease) as src:
+        ctx = self._ctx
+        tree = ctx.tree
+        tree.pin()  # Validated's steps, in its order: pin, validate; close, unpin
+        try:
+            src = validated_source(ctx, lease)
             try:
                 return read_payload(src.fd, src.envelope)
             except (SteadQError, OSError) as e:
                 self._payload_failed(lease, src, e)
                 raise
+            finally:
+                src.close()
+        finally:
+            tree.unpin()
 
     def copy_payload(self, lease: Lease, out: BinaryIO) -> int:
         with self._validated(lease) as src:

@@ -284,37 +284,9 @@ class JobHeader:
         cached = self.__dict__.get("_encoded")
         if cached is not None:  # set by build_header, which checked the fields encoding the draft
             return cached
-        if not (  # the common case in one test (every enqueue encodes a draft); the checks below name the fault
-            type(self.job_id) is bytes
-            and len(self.job_id) == ID_BYTES
-            and type(self.max_attempts) is int
-            and 0 < self.max_attempts <= U32_MAX
-            and type(self.created_at_ns) is int
-            and 0 <= self.created_at_ns <= U64_MAX
-            and type(self.extension_length) is int
-            and 0 <= self.extension_length <= MAX_EXTENSION_LENGTH
-            and type(self.payload_length) is int
-            and 0 <= self.payload_length <= MAX_PAYLOAD_LENGTH
-            and type(self.payload_digest) is bytes
-            and len(self.payload_digest) == DIGEST_BYTES
-            and type(self.envelope_digest) is bytes
-            and len(self.envelope_digest) == DIGEST_BYTES
-            and type(self.minor) is int
-            and 0 <= self.minor <= U16_MAX
-        ):
-            need_bytes(self.job_id, ID_BYTES, "job_id")
-            if not is_uint(self.max_attempts, U32_MAX) or self.max_attempts == 0:
-                raise InvalidInput(f"maximum_attempts: must be in 1..{U32_MAX}, got {self.max_attempts!r}")
-            _need_uint(self.created_at_ns, U64_MAX, "created_at_ns")
-            _need_uint(self.extension_length, MAX_EXTENSION_LENGTH, "extension_length")
-            _need_uint(self.payload_length, MAX_PAYLOAD_LENGTH, "payload_length")
-            need_bytes(self.payload_digest, DIGEST_BYTES, "payload_digest")
-            need_bytes(self.envelope_digest, DIGEST_BYTES, "envelope_digest")
-            _need_uint(self.minor, U16_MAX, "minor")
-        return _HEADER.pack(
-            JOB_MAGIC, FORMAT_MAJOR, self.minor, self.extension_length, self.payload_length, 0, DIGEST_SHA256,
-            bytes(3), self.job_id, self.max_attempts, bytes(4), self.created_at_ns, self.payload_digest,
-            self.envelope_digest,
+        return _encode_header(
+            self.job_id, self.max_attempts, self.created_at_ns, self.extension_length, self.payload_length,
+            self.payload_digest, self.envelope_digest, self.minor,
         )  # fmt: skip
 
     @classmethod
@@ -363,6 +335,51 @@ class JobHeader:
         return HEADER_SIZE + self.extension_length + self.payload_length
 
 
+def _encode_header(
+    job_id: bytes,
+    max_attempts: int,
+    created_at_ns: int,
+    extension_length: int,
+    payload_length: int,
+    payload_digest: bytes,
+    envelope_digest: bytes,
+    minor: int,
+) -> bytes:
+    """:meth:`JobHeader.encode` of these fields, checked (build_header encodes its draft
+    from the fields, without making a JobHeader for it)."""
+    if not (  # the common case in one test (every enqueue encodes a draft); the checks below name the fault
+        type(job_id) is bytes
+        and len(job_id) == ID_BYTES
+        and type(max_attempts) is int
+        and 0 < max_attempts <= U32_MAX
+        and type(created_at_ns) is int
+        and 0 <= created_at_ns <= U64_MAX
+        and type(extension_length) is int
+        and 0 <= extension_length <= MAX_EXTENSION_LENGTH
+        and type(payload_length) is int
+        and 0 <= payload_length <= MAX_PAYLOAD_LENGTH
+        and type(payload_digest) is bytes
+        and len(payload_digest) == DIGEST_BYTES
+        and type(envelope_digest) is bytes
+        and len(envelope_digest) == DIGEST_BYTES
+        and type(minor) is int
+        and 0 <= minor <= U16_MAX
+    ):
+        need_bytes(job_id, ID_BYTES, "job_id")
+        if not is_uint(max_attempts, U32_MAX) or max_attempts == 0:
+            raise InvalidInput(f"maximum_attempts: must be in 1..{U32_MAX}, got {max_attempts!r}")
+        _need_uint(created_at_ns, U64_MAX, "created_at_ns")
+        _need_uint(extension_length, MAX_EXTENSION_LENGTH, "extension_length")
+        _need_uint(payload_length, MAX_PAYLOAD_LENGTH, "payload_length")
+        need_bytes(payload_digest, DIGEST_BYTES, "payload_digest")
+        need_bytes(envelope_digest, DIGEST_BYTES, "envelope_digest")
+        _need_uint(minor, U16_MAX, "minor")
+    return _HEADER.pack(
+        JOB_MAGIC, FORMAT_MAJOR, minor, extension_length, payload_length, 0, DIGEST_SHA256,
+        bytes(3), job_id, max_attempts, bytes(4), created_at_ns, payload_digest, envelope_digest,
+    )  # fmt: skip
+
+
 def envelope_digest(header128: bytes, extension: bytes) -> bytes:
     """Digest over the header as stored (minor included) with its digest field zeroed.
 
@@ -394,9 +411,9 @@ def build_header(
     """Assemble a header for enqueue, computing the envelope digest over ``extension``."""
     if len(extension) > MAX_EXTENSION_LENGTH:
         raise InvalidInput(f"extension: {len(extension)} bytes, limit {MAX_EXTENSION_LENGTH}")
-    draft = JobHeader(
+    draft = _encode_header(
         job_id, max_attempts, created_at_ns, len(extension), payload_length, payload_digest, _ZERO_DIGEST, minor
-    ).encode()
+    )
     digest = envelope_digest(draft, extension)
     header = JobHeader(
         job_id, max_attempts, created_at_ns, len(extension), payload_length, payload_digest, digest, minor

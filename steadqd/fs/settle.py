@@ -67,10 +67,14 @@ def _move(
     dest_rel: str,
     dest_name: str,
     operation: str,
-    destination: Location,
+    destination: Location | Callable[[], Location],
     on_collision: Callable[[], SteadQError] | None = None,
 ) -> None:
-    """The witnessed move shared by every settlement, with its outcome mapping."""
+    """The witnessed move shared by every settlement, with its outcome mapping.
+
+    ``destination`` (or a function making it: the ack's, so that an ack that
+    commits builds none) is only needed to describe an indeterminate outcome.
+    """
     try:
         dest_fd = ctx.tree.ensure_dir(dest_rel)
     except OSError as e:
@@ -89,7 +93,8 @@ def _move(
     except MoveFailed as e:
         raise NotCommitted(f"{operation}: {e}", kind_for_errno(e.errno)) from e  # ENOSPC -> ResourceExhausted
     except Indeterminate as e:
-        raise indeterminate(ctx, lease, operation, e, destination) from e
+        where = destination() if callable(destination) else destination
+        raise indeterminate(ctx, lease, operation, e, where) from e
 
 
 def _move_into(ctx: Context, src: Source, dest_rel: str, dest_fd: int, dest_name: str) -> None:
@@ -136,7 +141,7 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
                 dest_rel,
                 target_file,
                 "acknowledge",
-                ReceiptLocation(bucket),
+                lambda: ReceiptLocation(bucket),
                 on_collision=lambda: _receipt_collision(ctx, lease, dest_rel, target_file, bucket, shard),
             )
         except LeaseLost:
