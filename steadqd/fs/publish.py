@@ -98,7 +98,7 @@ class Published:
         f["state"] = state
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Options:
     """The caller's options of one enqueue call (their one list here: the
     keyword arguments of :meth:`steadqd.backend.Backend.enqueue`, which says
@@ -118,8 +118,29 @@ class _Options:
     # before the call, so that it can find out after a crash whether the job exists.
     job_id: bytes | None = None
 
-    def __post_init__(self) -> None:
-        m = self.max_attempts
+    def __init__(
+        self,
+        *,
+        max_attempts: int = 3,
+        content_type: str = "application/octet-stream",
+        metadata: Mapping[str, bool | int | str | bytes] | None = None,
+        producer_id: str | None = None,
+        trace_context: bytes | None = None,
+        delay: float | None = None,
+        not_before_ns: int | None = None,
+        job_id: bytes | None = None,
+    ) -> None:
+        # Written out (keyword-only, the fields' defaults) with the checks in it: the
+        # generated constructor would call a __post_init__ besides, on every enqueue.
+        self.max_attempts = max_attempts
+        self.content_type = content_type
+        self.metadata = metadata
+        self.producer_id = producer_id
+        self.trace_context = trace_context
+        self.delay = delay
+        self.not_before_ns = not_before_ns
+        self.job_id = job_id
+        m = max_attempts
         if not isinstance(m, int) or isinstance(m, bool) or not MIN_MAXIMUM_ATTEMPTS <= m <= MAX_MAXIMUM_ATTEMPTS:
             raise InvalidInput(
                 f"max_attempts must be an integer in {MIN_MAXIMUM_ATTEMPTS}..{MAX_MAXIMUM_ATTEMPTS}, got {m!r}"

@@ -578,6 +578,98 @@ def test_written_out_constructors_keep_their_dataclass_behaviour() -> None:
         dataclasses.replace(n, generation=2**64)
 
 
+# Field values around the limits and of the wrong types: what the fast tests in front of the full checks see.
+_ANY_FIELD = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 2),
+    st.integers(2**32 - 2, 2**32 + 1),
+    st.integers(2**64 - 2, 2**64 + 1),
+    st.binary(min_size=15, max_size=17),
+    st.binary(min_size=8, max_size=8),
+    st.just(bytearray(16)),
+    st.just("00" * 16),
+)
+
+
+def _outcome(make: object) -> object:
+    try:
+        return ("ok", make())  # type: ignore[operator]
+    except (InvalidInput, CorruptObject) as e:
+        return (type(e), str(e))
+
+
+_FIELD_NAMES = ("job_id", "generation", "attempt", "max_attempts", "boot_id", "boottime_deadline", "wall_deadline",
+                "lease_token", "not_before", "reason", "tag")  # fmt: skip
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(
+    st.one_of(_job_names().filter(lambda nb: nb[0].state in (State.READY, State.RECEIPT)), _job_names()),
+    st.dictionaries(st.sampled_from(_FIELD_NAMES), _ANY_FIELD, min_size=1, max_size=3),
+)
+def test_jobname_fast_check_passes_only_what_check_passes(nb: tuple[JobName, int | None], changes: dict) -> None:
+    """JobName's one-test path for the ready and receipt names of every enqueue and ack accepts a
+    name only if the full _check does: a valid name of any state with up to three fields changed to
+    values near the limits or of other types ends as the full check says (same error)."""
+    name, _ = nb
+    fields = {f: getattr(name, f) for f in _FIELD_NAMES} | changes
+
+    def by_the_rule() -> dict[str, object]:
+        n = object.__new__(JobName)
+        n.__dict__.update(state=name.state, **fields)
+        n._check()
+        return n.__dict__
+
+    built = _outcome(lambda: JobName(name.state, **fields).__dict__)
+    assert built == _outcome(by_the_rule)
+
+
+_EDGE_VALUES = (None, True, False, -1, 0, 1, 2**32 - 1, 2**32, 2**64 - 1, 2**64, b"", bytes(8), bytes(15),
+                bytes(16), bytes(17), bytearray(16), "00" * 16, 1.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_jobname_fast_check_on_every_field_at_its_edges(state: State) -> None:
+    """Each field of a valid name of ``state``, set in turn to each edge value: JobName ends as the full
+    _check says. (Exhaustive where the property test above samples: a conjunct missing from the fast
+    test shows here whatever the seed.)"""
+    base = {
+        State.READY: names.ready_name(JOB, 1, 2, 3),
+        State.LEASED: names.leased_name(
+            JOB, 1, 2, 3, boot_id=JOB, boottime_deadline=4, wall_deadline=5, lease_token=JOB
+        ),
+        State.DELAYED: names.delayed_name(JOB, 1, 2, 3, not_before=4),
+        State.DEAD: names.dead_name(JOB, 1, 2, 3, reason=4),
+        State.RECEIPT: names.receipt_name(JOB, 1, 2, 3, lease_token=JOB),
+    }[state]
+    for field in _FIELD_NAMES:
+        for value in _EDGE_VALUES:
+            fields = {f: getattr(base, f) for f in _FIELD_NAMES} | {field: value}
+
+            def by_the_rule(fields: dict[str, object] = fields) -> dict[str, object]:
+                n = object.__new__(JobName)
+                n.__dict__.update(state=state, **fields)
+                n._check()
+                return n.__dict__
+
+            built = _outcome(lambda fields=fields: JobName(state, **fields).__dict__)
+            assert built == _outcome(by_the_rule), (field, value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(st.binary(min_size=15, max_size=17), st.just(QID)),
+    st.one_of(st.binary(min_size=15, max_size=17), st.just(JOB)),
+    st.one_of(st.integers(-1, 70000), st.sampled_from([1 << i for i in range(17)])),
+)
+def test_shard_of_fast_path_matches_the_full_function(queue_id: bytes, job_id: bytes, count: int) -> None:
+    """shard_of's memoised path (one test of its checks) answers as _shard_of does, error included."""
+    assert _outcome(lambda: names._shard_of_bytes(queue_id, job_id, count)) == _outcome(
+        lambda: names._shard_of(queue_id, job_id, count)
+    )
+
+
 _NAME_CHARS = "0123456789abcdefABCDEFgkmotwbdx.-_ qrsj\x00\u00e9"
 
 
