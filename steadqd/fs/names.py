@@ -427,6 +427,8 @@ _U64_FORMAT = "%016x"
 
 def next_generation(generation: int) -> int:
     """Every transition bumps the generation; at u64 max the operation fails instead of wrapping."""
+    if type(generation) is int and 0 <= generation < U64_MAX:  # the checks below, in one test (every ack)
+        return generation + 1
     _check_int("generation", generation, U64_MAX)
     if generation == U64_MAX:
         raise StateExhausted(f"generation {generation} cannot be incremented (u64 overflow)")
@@ -687,9 +689,22 @@ _NAME_HASHERS_MAX = 64  # a process opens a few queues; a full cache just starts
 
 def make_filename(queue_id: bytes, name: JobName, *, shard: int, bucket: int | None = None, lease_width_ns: int) -> str:
     """Tag and format ``name`` for the directory identified by ``shard``/``bucket``."""
-    ctx = tag_context(name, shard=shard, bucket=bucket, lease_width_ns=lease_width_ns)
+    st = name.state
+    base = name.base()
+    plain_shard = type(shard) is int and 0 <= shard < MAX_SHARDS  # shard_dir's fast case
+    if plain_shard and st is _READY:  # every enqueue: tag_context's string
+        ctx = _READY_CONTEXT % (_SHARD_DIRS[shard], base)
+    elif plain_shard and st is _RECEIPT and type(bucket) is int and 0 <= bucket <= U64_MAX:
+        ctx = _RECEIPT_CONTEXT % (bucket, _SHARD_DIRS[shard], base)  # every ack
+    else:
+        ctx = tag_context(name, shard=shard, bucket=bucket, lease_width_ns=lease_width_ns)
     # format_name without its check of the tag, which compute_tag has just made 8 bytes long
-    return f"{name.base()}.k{compute_tag(queue_id, ctx).hex()}{_GRAMMAR[name.state][0]}"
+    return f"{base}.k{compute_tag(queue_id, ctx).hex()}{_GRAMMAR[st][0]}"
+
+
+# tag_context's strings for a ready and a receipt name, for make_filename's checked arguments
+_READY_CONTEXT = TAG_STATE_WORD[_READY] + "/-/-/%s/%s"
+_RECEIPT_CONTEXT = TAG_STATE_WORD[_RECEIPT] + "/-/%016x/%s/%s"
 
 
 def authenticate(queue_id: bytes, name: JobName, *, shard: int, bucket: int | None = None, lease_width_ns: int) -> bool:
@@ -803,9 +818,18 @@ def state_dir(state: State, shard: int, bucket: int | None = None) -> str:
     top = _BUCKETED_DIRS.get(state)
     if top is None:
         return f"{READY_DIR}/{shard_dir(shard)}"
+    if type(bucket) is int and 0 <= bucket <= U64_MAX and type(shard) is int and 0 <= shard < MAX_SHARDS:
+        return _BUCKETED_DIR_FORMAT % (
+            top,
+            bucket,
+            _SHARD_DIRS[shard],
+        )  # every ack: bucket_dir's and shard_dir's checks
     if bucket is None:
         raise InvalidInput(f"a {state.value} directory needs its bucket")
     return f"{top}/{bucket_dir(bucket)}/{shard_dir(shard)}"
+
+
+_BUCKETED_DIR_FORMAT = "%s/" + _U64_FORMAT + "/%s"
 
 
 def parse_shard_dir(name: str | bytes, shard_count: int) -> int | None:
@@ -838,6 +862,8 @@ def delayed_bucket(not_before: int, width: int) -> int:
 
 def terminal_bucket(wall_ns: int, width: int) -> int:
     """floor(wall floor / terminal width): dead and receipt directories."""
+    if type(wall_ns) is int and 0 <= wall_ns <= U64_MAX and type(width) is int and 0 < width <= U64_MAX:
+        return wall_ns // width  # the checks below, in one test (every ack)
     return _check_int("wall_ns", wall_ns, U64_MAX) // _check_width("terminal width", width)
 
 

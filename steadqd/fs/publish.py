@@ -301,9 +301,6 @@ def _as_outcome(e: SteadQError | OSError) -> NotCommitted | OutcomeUnknown:
     return not_committed(e, "enqueue")
 
 
-_READY = State.READY  # a global: an enum member read through its class is slow on 3.11 (names._READY)
-
-
 def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
     """Protocol.md "Enqueue", preparation: id, wall floor, extension, name,
     destination directory and the writer of one job (NotCommitted on failure)."""
@@ -352,7 +349,7 @@ def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
             shard=shard,
             lease_width_ns=fmt.lease_width_ns,
         )
-        dest_rel, state = state_dir(_READY, shard), "ready"
+        dest_rel, state = ctx.ready_rels[shard], "ready"  # state_dir(READY, shard), made once per handle
     max_payload = min(fmt.max_payload_length, MAX_PAYLOAD_LENGTH)
     writer = _writer(payload, job_id, max_attempts, wall, extension, max_payload)
     job_hex = job_id.hex()

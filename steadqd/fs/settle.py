@@ -116,9 +116,10 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     fmt = ctx.fmt
     wall = ctx.wall_floor()
     bucket = terminal_bucket(wall, fmt.terminal_width_ns)
-    shard = _shard(ctx, lease)
+    job = lease.job_id_bytes  # once (a property): the shard and the receipt's name
+    shard = shard_of(fmt.queue_id, job, fmt.shard_count)
     target_file = make_filename(
-        fmt.queue_id, _receipt_of(lease), shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns
+        fmt.queue_id, _receipt_of(lease, job), shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns
     )
     dest_rel = state_dir(_RECEIPT, shard, bucket)
     try:
@@ -151,10 +152,11 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     return _ACKED
 
 
-def _receipt_of(lease: Lease) -> JobName:
-    """The receipt name acknowledging ``lease`` (the name ack writes and the duplicate-ack probe looks for)."""
+def _receipt_of(lease: Lease, job: bytes | None = None) -> JobName:
+    """The receipt name acknowledging ``lease`` (the name ack writes and the duplicate-ack probe looks for);
+    ``job``: the lease's job id as bytes, when the caller has it already."""
     return receipt_name(
-        lease.job_id_bytes,
+        job if job is not None else lease.job_id_bytes,
         next_generation(lease.generation),
         lease.attempt,
         lease.max_attempts,
