@@ -25,12 +25,13 @@ from steadqd.fs.tree import Witness
 CHUNK = 1 << 20
 
 # Small job files (whole in their first read) whose envelope and payload both verified, by
-# (st_dev, st_ino): the bytes that verified. Both digests are pure functions of the bytes, so a
-# later read of the file that returns exactly these bytes (payload(), then ack, re-read the file
-# the claim verified) would verify again: it skips the two hashes (the argument of
-# reread_envelope). Any other bytes (the file changed, or another file has the inode now) are
-# checked in full; every other check of a read still runs.
-_VERIFIED: dict[tuple[int, int], bytes] = {}
+# (st_dev, st_ino): their Envelope. Decoding and both digests are pure functions of the bytes, so
+# a later read of the file that returns exactly the bytes of that envelope's read (payload(),
+# then ack, re-read the file the claim verified) would give the same envelope and verify again:
+# it is returned without decoding or hashing again (the argument of reread_envelope). Any other
+# bytes (the file changed, or another file has the inode now) are checked in full; the checks of
+# the read against its own stat and the queue maximum still run.
+_VERIFIED: dict[tuple[int, int], Envelope] = {}
 _VERIFIED_MAX = 512  # a few hundred jobs in flight per process (at most 2 MiB); a full memo just starts over
 
 
@@ -86,8 +87,12 @@ def read_envelope(fd: int, max_payload: int, st: os.stat_result | None = None) -
     head = linux.pread(fd, min(st.st_size, ENVELOPE_READ_BYTES), 0)
     if len(head) < HEADER_SIZE:
         raise CorruptObject("short read of the header", QuarantineReason.ENVELOPE_CORRUPT)
-    raw = head[:HEADER_SIZE]
-    header = JobHeader.decode(raw)
+    known = _VERIFIED.get((st.st_dev, st.st_ino))
+    if known is not None and known.head == head:
+        header = known.header  # these bytes decoded to it
+    else:
+        known = None
+        header = JobHeader.decode(head[:HEADER_SIZE])
     if header.payload_length > max_payload:
         raise CorruptObject(
             f"payload length {header.payload_length} exceeds the queue maximum {max_payload}",
@@ -96,14 +101,15 @@ def read_envelope(fd: int, max_payload: int, st: os.stat_result | None = None) -
     expected = HEADER_SIZE + header.extension_length + header.payload_length
     if st.st_size != expected:
         raise CorruptObject(f"file is {st.st_size} bytes, header says {expected}", QuarantineReason.ENVELOPE_CORRUPT)
+    if known is not None:  # the whole file, byte for byte the one that verified: the same envelope
+        return known
     ext_end = HEADER_SIZE + header.extension_length
     extension = head[HEADER_SIZE:ext_end]
     if len(extension) < header.extension_length:
         extension += linux.pread(fd, ext_end - len(head), len(head))
     if len(extension) != header.extension_length:
         raise CorruptObject("short read of the extension", QuarantineReason.ENVELOPE_CORRUPT)
-    if _VERIFIED.get((st.st_dev, st.st_ino)) != head:  # (the same bytes as a verified read authenticate)
-        check_envelope(header, raw, extension)
+    check_envelope(header, head[:HEADER_SIZE], extension)
     return Envelope(header, extension, st.st_size, Witness(st.st_dev, st.st_ino), head)
 
 
@@ -186,12 +192,13 @@ def _check_head_payload(head: bytes, env: Envelope) -> None:
     skipped for bytes that verified before, remembered when it passes."""
     w = env.witness
     key = (w.dev, w.ino)
-    if _VERIFIED.get(key) == env.head:
+    known = _VERIFIED.get(key)
+    if known is env or (known is not None and known.head == env.head):
         return
     _check_payload_digest(hashlib.sha256(head).digest(), env)
     if len(_VERIFIED) >= _VERIFIED_MAX:
         _VERIFIED.clear()
-    _VERIFIED[key] = env.head  # an Envelope's header and extension authenticated: the whole file has
+    _VERIFIED[key] = env  # an Envelope's header and extension authenticated: the whole file has now
 
 
 def verify_payload(fd: int, env: Envelope) -> None:

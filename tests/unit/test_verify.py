@@ -360,9 +360,27 @@ def test_a_reread_of_bytes_that_verified_skips_both_digests(open_job, monkeypatc
 
     monkeypatch.setattr(verify, "check_envelope", fail)
     monkeypatch.setattr(verify, "_check_payload_digest", fail)
+    monkeypatch.setattr(verify.JobHeader, "decode", fail)
     env = read_envelope(fd, MAX_PAYLOAD)
     assert read_payload(fd, env) == b"payload"
     verify_payload(fd, env)
+
+
+def test_a_reread_of_verified_bytes_still_checks_its_stat_and_the_maximum(open_job, tmp_path: Path) -> None:
+    """A file of exactly the first read's size verifies, then grows by a byte (its first read is
+    unchanged): the size check still refuses it; and a lower queue maximum still refuses its payload."""
+    data = job_bytes(os.urandom(ENVELOPE_READ_BYTES - HEADER_SIZE - len(EXTENSION)))
+    assert len(data) == ENVELOPE_READ_BYTES
+    fd = open_job(data)
+    verify_payload(fd, read_envelope(fd, MAX_PAYLOAD))
+    with pytest.raises(CorruptObject) as info:
+        read_envelope(fd, 10)
+    n = ENVELOPE_READ_BYTES - HEADER_SIZE - len(EXTENSION)
+    corrupt(info, QuarantineReason.ENVELOPE_CORRUPT, f"payload length {n} exceeds the queue maximum 10")
+    (tmp_path / "job").write_bytes(data + b"!")
+    with pytest.raises(CorruptObject) as info:
+        read_envelope(fd, MAX_PAYLOAD)
+    corrupt(info, QuarantineReason.ENVELOPE_CORRUPT, f"file is {len(data) + 1} bytes, header says {len(data)}")
 
 
 @pytest.mark.parametrize(
