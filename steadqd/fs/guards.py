@@ -95,15 +95,15 @@ def raise_outcome(what: str, e: BaseException) -> None:
         raise not_committed(e, what) from e
 
 
-def guarded(what: str, ctx: Context, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``with mutation(what, ctx): return fn(*args, **kwargs)`` in one frame, the same
+def guarded(what: str, ctx: Context, fn: Callable[..., T], *args: Any) -> T:
+    """``with mutation(what, ctx): return fn(*args)`` in one frame, the same
     steps in the same order (pin; the call; unpin; the failure's outcome): the
     enqueue and ack of every job come here, and the context manager is an
     object and two method calls more."""
     tree = ctx.tree
     tree.pin()
     try:
-        result = fn(*args, **kwargs)
+        result = fn(*args)
     except BaseException as e:
         tree.unpin()
         raise_outcome(what, e)

@@ -268,7 +268,7 @@ class Queue:
         chosen = None if job_id is None else parse_job_id(str(job_id))
         if unique is None:  # most enqueues: no closure to make, the same call as publish(None) below
             published = guarded(
-                "enqueue", self._ctx, enqueue, self._ctx, payload, delay=delay or None, job_id=chosen, **kwargs
+                "enqueue", self._ctx, lambda: enqueue(self._ctx, payload, delay=delay or None, job_id=chosen, **kwargs)
             )
             return published.job_id, published.path
 

@@ -155,7 +155,7 @@ def enqueue(ctx: Context, payload: Payload, **options: Any) -> Published:
     """Publish one job; ``options``: the fields of :class:`_Options` (an unknown one is a TypeError)."""
     if ctx.poisoned is not None:  # check_usable's test, without its call
         ctx.check_usable()
-    opts = _Options(**options)
+    opts = _Options(**options) if options else _Options()
     publication = _prepare(ctx, payload, opts)
     publication.run()
     return publication.result()
