@@ -715,6 +715,71 @@ def make_filename(queue_id: bytes, name: JobName, *, shard: int, bucket: int | N
     return f"{base}.k{compute_tag(queue_id, ctx).hex()}{_GRAMMAR[st][0]}"
 
 
+def ready_filename(
+    queue_id: bytes, job_id: bytes, generation: int, attempt: int, max_attempts: int, *, shard: int, lease_width_ns: int
+) -> str:
+    """``make_filename(queue_id, ready_name(...), shard=shard, lease_width_ns=...)``: the name every
+    enqueue publishes, formatted without building its JobName when the checks of the two pass in
+    one test; anything else goes through them (the same name, the same error)."""
+    if (
+        type(job_id) is bytes
+        and len(job_id) == ID_BYTES
+        and type(generation) is int
+        and 0 <= generation <= U64_MAX
+        and type(attempt) is int
+        and 0 <= attempt <= U32_MAX
+        and type(max_attempts) is int
+        and 0 <= max_attempts <= U32_MAX
+        and type(shard) is int
+        and 0 <= shard < MAX_SHARDS
+    ):
+        base = _COMMON_FORMAT % (job_id.hex(), generation, attempt, max_attempts)
+        return f"{base}.k{compute_tag(queue_id, _READY_CONTEXT % (_SHARD_DIRS[shard], base)).hex()}{JOB_EXT}"
+    name = ready_name(job_id, generation, attempt, max_attempts)
+    return make_filename(queue_id, name, shard=shard, lease_width_ns=lease_width_ns)
+
+
+def receipt_filename(
+    queue_id: bytes,
+    job_id: bytes,
+    generation: int,
+    attempt: int,
+    max_attempts: int,
+    *,
+    lease_token: bytes,
+    shard: int,
+    bucket: int,
+    lease_width_ns: int,
+) -> str:
+    """``make_filename(queue_id, receipt_name(...), shard=..., bucket=..., lease_width_ns=...)``: the
+    name every ack writes, formatted without building its JobName when the checks of the two pass in
+    one test; anything else goes through them (the same name, the same error)."""
+    if (
+        type(job_id) is bytes
+        and len(job_id) == ID_BYTES
+        and type(generation) is int
+        and 0 <= generation <= U64_MAX
+        and type(attempt) is int
+        and 0 <= attempt <= U32_MAX
+        and type(max_attempts) is int
+        and 0 <= max_attempts <= U32_MAX
+        and type(lease_token) is bytes
+        and len(lease_token) == ID_BYTES
+        and type(shard) is int
+        and 0 <= shard < MAX_SHARDS
+        and type(bucket) is int
+        and 0 <= bucket <= U64_MAX
+    ):
+        base = _RECEIPT_BASE_FORMAT % (job_id.hex(), generation, attempt, max_attempts, lease_token.hex())
+        ctx = _RECEIPT_CONTEXT % (bucket, _SHARD_DIRS[shard], base)
+        return f"{base}.k{compute_tag(queue_id, ctx).hex()}{RECEIPT_EXT}"
+    name = receipt_name(job_id, generation, attempt, max_attempts, lease_token=lease_token)
+    return make_filename(queue_id, name, shard=shard, bucket=bucket, lease_width_ns=lease_width_ns)
+
+
+_RECEIPT_BASE_FORMAT = _COMMON_FORMAT + ".t%s"  # JobName._format_base of a receipt
+
+
 # tag_context's strings for a ready and a receipt name, for make_filename's checked arguments
 _READY_CONTEXT = TAG_STATE_WORD[_READY] + "/-/-/%s/%s"
 _RECEIPT_CONTEXT = TAG_STATE_WORD[_RECEIPT] + "/-/%016x/%s/%s"

@@ -49,7 +49,7 @@ from steadqd.fs.names import (
     delayed_name,
     make_filename,
     make_temp_name,
-    ready_name,
+    ready_filename,
     shard_dir,
     shard_of,
     state_dir,
@@ -151,11 +151,14 @@ class _Options:
             checked_seconds_ns("delay", self.delay)  # refused before any file is written
 
 
+_NO_OPTIONS = _Options()  # the options of an enqueue given none (never changed, as no _Options is)
+
+
 def enqueue(ctx: Context, payload: Payload, **options: Any) -> Published:
     """Publish one job; ``options``: the fields of :class:`_Options` (an unknown one is a TypeError)."""
     if ctx.poisoned is not None:  # check_usable's test, without its call
         ctx.check_usable()
-    opts = _Options(**options) if options else _Options()
+    opts = _Options(**options) if options else _NO_OPTIONS
     publication = _prepare(ctx, payload, opts)
     publication.run()
     return publication.result()
@@ -344,12 +347,7 @@ def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
         )
         dest_rel, state = state_dir(State.DELAYED, shard, bucket), "delayed"
     else:
-        name = make_filename(
-            fmt.queue_id,
-            ready_name(job_id=job_id, generation=0, attempt=0, max_attempts=max_attempts),
-            shard=shard,
-            lease_width_ns=fmt.lease_width_ns,
-        )
+        name = ready_filename(fmt.queue_id, job_id, 0, 0, max_attempts, shard=shard, lease_width_ns=fmt.lease_width_ns)
         dest_rel, state = ctx.ready_rels[shard], "ready"  # state_dir(READY, shard), made once per handle
     max_payload = min(fmt.max_payload_length, MAX_PAYLOAD_LENGTH)
     writer = _writer(payload, job_id, max_attempts, wall, extension, max_payload)

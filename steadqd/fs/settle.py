@@ -43,6 +43,7 @@ from steadqd.fs.names import (
     make_filename,
     next_generation,
     ready_name,
+    receipt_filename,
     receipt_name,
     shard_of,
     state_dir,
@@ -119,8 +120,16 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     bucket = terminal_bucket(wall, fmt.terminal_width_ns)
     job = lease.job_id_bytes  # once (a property): the shard and the receipt's name
     shard = shard_of(fmt.queue_id, job, fmt.shard_count)
-    target_file = make_filename(
-        fmt.queue_id, _receipt_of(lease, job), shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns
+    target_file = receipt_filename(  # make_filename of _receipt_of(lease), without building the JobName
+        fmt.queue_id,
+        job,
+        next_generation(lease.generation),
+        lease.attempt,
+        lease.max_attempts,
+        lease_token=lease.token,
+        shard=shard,
+        bucket=bucket,
+        lease_width_ns=fmt.lease_width_ns,
     )
     dest_rel = state_dir(_RECEIPT, shard, bucket)
     try:
@@ -153,11 +162,10 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     return _ACKED
 
 
-def _receipt_of(lease: Lease, job: bytes | None = None) -> JobName:
-    """The receipt name acknowledging ``lease`` (the name ack writes and the duplicate-ack probe looks for);
-    ``job``: the lease's job id as bytes, when the caller has it already."""
+def _receipt_of(lease: Lease) -> JobName:
+    """The receipt name acknowledging ``lease`` (the name ack writes and the duplicate-ack probe looks for)."""
     return receipt_name(
-        job if job is not None else lease.job_id_bytes,
+        lease.job_id_bytes,
         next_generation(lease.generation),
         lease.attempt,
         lease.max_attempts,

@@ -767,6 +767,65 @@ def test_generation_and_terminal_bucket_fast_paths_are_the_checked_ones(value: i
     assert outcome(lambda: names.terminal_bucket(value, width)) == outcome(bucket_by_definition)
 
 
+_FILENAME_ARGS = ("job_id", "generation", "attempt", "max_attempts", "lease_token", "shard", "bucket")
+
+
+def _filenames_both_ways(args: dict[str, object]) -> tuple[object, object, object, object]:
+    """(ready_filename, its definition, receipt_filename, its definition) of ``args``, each a value or its error."""
+    a = args
+    common = (a["job_id"], a["generation"], a["attempt"], a["max_attempts"])
+    ready = _outcome(lambda: names.ready_filename(QID, *common, shard=a["shard"], lease_width_ns=LEASE_W))  # type: ignore[arg-type]
+    ready_def = _outcome(
+        lambda: names.make_filename(QID, names.ready_name(*common), shard=a["shard"], lease_width_ns=LEASE_W)  # type: ignore[arg-type]
+    )
+    receipt = _outcome(
+        lambda: names.receipt_filename(
+            QID,
+            *common,
+            lease_token=a["lease_token"],
+            shard=a["shard"],
+            bucket=a["bucket"],
+            lease_width_ns=LEASE_W,  # type: ignore[arg-type]
+        )
+    )
+    receipt_def = _outcome(
+        lambda: names.make_filename(
+            QID,
+            names.receipt_name(*common, lease_token=a["lease_token"]),  # type: ignore[arg-type]
+            shard=a["shard"],  # type: ignore[arg-type]
+            bucket=a["bucket"],  # type: ignore[arg-type]
+            lease_width_ns=LEASE_W,
+        )
+    )
+    return ready, ready_def, receipt, receipt_def
+
+
+def test_ready_and_receipt_filenames_at_every_edge() -> None:
+    """ready_filename and receipt_filename (the names of every enqueue and ack, formatted without a
+    JobName) give make_filename's name of the checked JobName, or its error, with any one argument at
+    any edge value (exhaustive)."""
+    valid: dict[str, object] = dict(
+        job_id=JOB, generation=1, attempt=2, max_attempts=3, lease_token=bytes(range(16, 32)), shard=7, bucket=9
+    )
+    for arg in _FILENAME_ARGS:
+        for value in (*_EDGE_VALUES, 4095, 4096, 65535):
+            ready, ready_def, receipt, receipt_def = _filenames_both_ways(valid | {arg: value})
+            assert ready == ready_def, (arg, value)
+            assert receipt == receipt_def, (arg, value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_id, _u64, _u32, _u32, _id, st.integers(0, 4095), _u64)
+def test_ready_and_receipt_filenames_are_make_filenames(
+    job: bytes, gen: int, att: int, mx: int, token: bytes, shard: int, bucket: int
+) -> None:
+    ready, ready_def, receipt, receipt_def = _filenames_both_ways(
+        dict(job_id=job, generation=gen, attempt=att, max_attempts=mx, lease_token=token, shard=shard, bucket=bucket)
+    )
+    assert ready == ready_def and ready[0] == "ok"
+    assert receipt == receipt_def and receipt[0] == "ok"
+
+
 _NAME_CHARS = "0123456789abcdefABCDEFgkmotwbdx.-_ qrsj\x00\u00e9"
 
 
