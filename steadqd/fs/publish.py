@@ -380,8 +380,9 @@ def _writer(
     payload: Payload, job_id: bytes, max_attempts: int, created_at: int, extension: bytes, max_payload: int
 ) -> Writer:
     """Return a function that writes the whole job file into an fd."""
-    if isinstance(payload, bytes | bytearray | memoryview):
-        data = memoryview(payload).cast("B")
+    if type(payload) is bytes or isinstance(payload, bytes | bytearray | memoryview):
+        # bytes are already one immutable run of bytes: the view is only for the other two
+        data = payload if type(payload) is bytes else memoryview(payload).cast("B")
         if len(data) > max_payload:
             raise InvalidInput(f"payload of {len(data)} bytes exceeds the queue maximum of {max_payload}")
         header = build_header(
