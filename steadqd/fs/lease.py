@@ -229,19 +229,25 @@ def indeterminate(
     return OutcomeUnknown(f"{operation} outcome unknown: {e.cause}", ticket)
 
 
-@dataclass
 class Source:
-    """A validated lease source: the open file and where it is."""
+    """A validated lease source: the open file and where it is.
 
-    dir_fd: int
-    dir_rel: str
-    name: str
-    fd: int
-    envelope: Envelope
+    A plain slotted class (every payload() and ack makes one); ``witness`` is
+    the envelope's, stored rather than a property because each settlement reads it.
+    """
 
-    @property
-    def witness(self) -> Witness:
-        return self.envelope.witness
+    __slots__ = ("dir_fd", "dir_rel", "name", "fd", "envelope", "witness")
+
+    def __init__(self, dir_fd: int, dir_rel: str, name: str, fd: int, envelope: Envelope) -> None:
+        self.dir_fd = dir_fd
+        self.dir_rel = dir_rel
+        self.name = name
+        self.fd = fd
+        self.envelope = envelope
+        self.witness: Witness = envelope.witness
+
+    def __repr__(self) -> str:
+        return f"Source(dir_fd={self.dir_fd}, dir_rel={self.dir_rel!r}, name={self.name!r}, fd={self.fd})"
 
     def close(self) -> None:
         # Read-only fd: a close error cannot undo or redo the move that may
@@ -351,7 +357,9 @@ def _compute_path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, 
     return _PathFacts(parts, shard, name, path_boot, late_error=late_error, dir_rel="/".join(parts[:-1]))
 
 
-def validate_source(ctx: Context, lease: Lease, *, poison: bool = True, moving: bool = False) -> Source:
+def validate_source(
+    ctx: Context, lease: Lease, *, poison: bool = True, moving: bool = False, job: bytes | None = None
+) -> Source:
     """Prove the lease's exact file is still in place and unchanged.
 
     Raises LeaseLost when it is gone, QueueCorrupt (poisoning the handle for
@@ -360,6 +368,7 @@ def validate_source(ctx: Context, lease: Lease, *, poison: bool = True, moving: 
     witnessed move of it, whose stat right before the rename proves that the
     path still names the opened file (with the same outcomes: gone is
     LeaseLost, another file poisons); a second stat here would ask the same.
+    ``job``: ``lease.job_id_bytes``, when the caller has it already (ack).
     """
     fmt = ctx.fmt
     if lease.dev == 0 or lease.ino == 0:
@@ -377,7 +386,8 @@ def validate_source(ctx: Context, lease: Lease, *, poison: bool = True, moving: 
         raise InvalidInput(f"lease was taken in boot {path_boot}, this is boot {ctx.boot_id}; recovery will reap it")
     if path_boot != lease.boot_id:
         raise _corrupt(ctx, poison, "lease boot id differs from its path")
-    job = lease.job_id_bytes
+    if job is None:
+        job = lease.job_id_bytes
     if shard_of(fmt.queue_id, job, fmt.shard_count) != shard:
         raise _corrupt(ctx, poison, "lease path is in the wrong shard for its job")
     if (

@@ -265,6 +265,13 @@ _FIELD_CHECKS = {state: _checks_for(state) for state in State}
 _READY, _LEASED, _DELAYED, _DEAD, _RECEIPT = State.READY, State.LEASED, State.DELAYED, State.DEAD, State.RECEIPT
 
 
+# Frozen dataclasses here get their fields as one new dict, set through object.__setattr__:
+# a dict made from an instance's inline values (``self.__dict__`` then item stores) keeps
+# them outside its entries, where CPython 3.11's cached attribute read cannot find them, so
+# every later read of a field took the slow path (~350 instructions instead of ~100).
+_SET_FIELDS = object.__setattr__
+
+
 # --------------------------------------------------------------------------- JobName
 
 
@@ -275,8 +282,9 @@ class JobName:
     Only the fields of ``state``'s grammar may be set; the rest must be None.
     Construction validates widths so that :meth:`base` can never produce a
     non-canonical (and therefore unauthenticatable) name. The constructor is
-    written out because the generated one of a frozen dataclass sets each
-    field through ``object.__setattr__``, and every claim, ack and enqueue builds one.
+    written out (the fields set as one dict, ``_SET_FIELDS``) because the generated
+    one of a frozen dataclass sets each field through ``object.__setattr__``, and
+    every claim, ack and enqueue builds one.
     """
 
     state: State
@@ -307,19 +315,46 @@ class JobName:
         reason: int | None = None,
         tag: bytes | None = None,
     ) -> None:
-        f = self.__dict__
-        f["state"] = state
-        f["job_id"] = job_id
-        f["generation"] = generation
-        f["attempt"] = attempt
-        f["max_attempts"] = max_attempts
-        f["boot_id"] = boot_id
-        f["boottime_deadline"] = boottime_deadline
-        f["wall_deadline"] = wall_deadline
-        f["lease_token"] = lease_token
-        f["not_before"] = not_before
-        f["reason"] = reason
-        f["tag"] = tag
+        _SET_FIELDS(
+            self,
+            "__dict__",
+            {
+                "state": state,
+                "job_id": job_id,
+                "generation": generation,
+                "attempt": attempt,
+                "max_attempts": max_attempts,
+                "boot_id": boot_id,
+                "boottime_deadline": boottime_deadline,
+                "wall_deadline": wall_deadline,
+                "lease_token": lease_token,
+                "not_before": not_before,
+                "reason": reason,
+                "tag": tag,
+            },
+        )
+        if (  # the untagged ready or receipt name of every enqueue and ack, in one test _check would pass
+            tag is None
+            and boot_id is None
+            and boottime_deadline is None
+            and wall_deadline is None
+            and not_before is None
+            and reason is None
+            and (
+                lease_token is None
+                if state is _READY
+                else state is _RECEIPT and type(lease_token) is bytes and len(lease_token) == ID_BYTES
+            )
+            and type(job_id) is bytes
+            and len(job_id) == ID_BYTES
+            and type(generation) is int
+            and 0 <= generation <= U64_MAX
+            and type(attempt) is int
+            and 0 <= attempt <= U32_MAX
+            and type(max_attempts) is int
+            and 0 <= max_attempts <= U32_MAX
+        ):
+            return
         self._check()
 
     def _check(self) -> None:
@@ -406,6 +441,8 @@ _U64_FORMAT = "%016x"
 
 def next_generation(generation: int) -> int:
     """Every transition bumps the generation; at u64 max the operation fails instead of wrapping."""
+    if type(generation) is int and 0 <= generation < U64_MAX:  # the checks below, in one test (every ack)
+        return generation + 1
     _check_int("generation", generation, U64_MAX)
     if generation == U64_MAX:
         raise StateExhausted(f"generation {generation} cannot be incremented (u64 overflow)")
@@ -683,9 +720,87 @@ _NAME_HASHERS_MAX = 64  # a process opens a few queues; a full cache just starts
 
 def make_filename(queue_id: bytes, name: JobName, *, shard: int, bucket: int | None = None, lease_width_ns: int) -> str:
     """Tag and format ``name`` for the directory identified by ``shard``/``bucket``."""
-    ctx = tag_context(name, shard=shard, bucket=bucket, lease_width_ns=lease_width_ns)
+    st = name.state
+    base = name.base()
+    plain_shard = type(shard) is int and 0 <= shard < MAX_SHARDS  # shard_dir's fast case
+    if plain_shard and st is _READY:  # every enqueue: tag_context's string
+        ctx = _READY_CONTEXT % (_SHARD_DIRS[shard], base)
+    elif plain_shard and st is _RECEIPT and type(bucket) is int and 0 <= bucket <= U64_MAX:
+        ctx = _RECEIPT_CONTEXT % (bucket, _SHARD_DIRS[shard], base)  # every ack
+    else:
+        ctx = tag_context(name, shard=shard, bucket=bucket, lease_width_ns=lease_width_ns)
     # format_name without its check of the tag, which compute_tag has just made 8 bytes long
-    return f"{name.base()}.k{compute_tag(queue_id, ctx).hex()}{_GRAMMAR[name.state][0]}"
+    return f"{base}.k{compute_tag(queue_id, ctx).hex()}{_GRAMMAR[st][0]}"
+
+
+def ready_filename(
+    queue_id: bytes, job_id: bytes, generation: int, attempt: int, max_attempts: int, *, shard: int, lease_width_ns: int
+) -> str:
+    """``make_filename(queue_id, ready_name(...), shard=shard, lease_width_ns=...)``: the name every
+    enqueue publishes, formatted without building its JobName when the checks of the two pass in
+    one test; anything else goes through them (the same name, the same error)."""
+    if (
+        type(job_id) is bytes
+        and len(job_id) == ID_BYTES
+        and type(generation) is int
+        and 0 <= generation <= U64_MAX
+        and type(attempt) is int
+        and 0 <= attempt <= U32_MAX
+        and type(max_attempts) is int
+        and 0 <= max_attempts <= U32_MAX
+        and type(shard) is int
+        and 0 <= shard < MAX_SHARDS
+    ):
+        base = _COMMON_FORMAT % (job_id.hex(), generation, attempt, max_attempts)
+        return f"{base}.k{compute_tag(queue_id, _READY_CONTEXT % (_SHARD_DIRS[shard], base)).hex()}{JOB_EXT}"
+    name = ready_name(job_id, generation, attempt, max_attempts)
+    return make_filename(queue_id, name, shard=shard, lease_width_ns=lease_width_ns)
+
+
+def receipt_filename(
+    queue_id: bytes,
+    job_id: bytes,
+    generation: int,
+    attempt: int,
+    max_attempts: int,
+    *,
+    lease_token: bytes,
+    shard: int,
+    bucket: int,
+    lease_width_ns: int,
+) -> str:
+    """``make_filename(queue_id, receipt_name(...), shard=..., bucket=..., lease_width_ns=...)``: the
+    name every ack writes, formatted without building its JobName when the checks of the two pass in
+    one test; anything else goes through them (the same name, the same error)."""
+    if (
+        type(job_id) is bytes
+        and len(job_id) == ID_BYTES
+        and type(generation) is int
+        and 0 <= generation <= U64_MAX
+        and type(attempt) is int
+        and 0 <= attempt <= U32_MAX
+        and type(max_attempts) is int
+        and 0 <= max_attempts <= U32_MAX
+        and type(lease_token) is bytes
+        and len(lease_token) == ID_BYTES
+        and type(shard) is int
+        and 0 <= shard < MAX_SHARDS
+        and type(bucket) is int
+        and 0 <= bucket <= U64_MAX
+    ):
+        base = _RECEIPT_BASE_FORMAT % (job_id.hex(), generation, attempt, max_attempts, lease_token.hex())
+        ctx = _RECEIPT_CONTEXT % (bucket, _SHARD_DIRS[shard], base)
+        return f"{base}.k{compute_tag(queue_id, ctx).hex()}{RECEIPT_EXT}"
+    name = receipt_name(job_id, generation, attempt, max_attempts, lease_token=lease_token)
+    return make_filename(queue_id, name, shard=shard, bucket=bucket, lease_width_ns=lease_width_ns)
+
+
+_RECEIPT_BASE_FORMAT = _COMMON_FORMAT + ".t%s"  # JobName._format_base of a receipt
+
+
+# tag_context's strings for a ready and a receipt name, for make_filename's checked arguments
+_READY_CONTEXT = TAG_STATE_WORD[_READY] + "/-/-/%s/%s"
+_RECEIPT_CONTEXT = TAG_STATE_WORD[_RECEIPT] + "/-/%016x/%s/%s"
 
 
 def authenticate(queue_id: bytes, name: JobName, *, shard: int, bucket: int | None = None, lease_width_ns: int) -> bool:
@@ -755,9 +870,21 @@ def _shard_of(queue_id: bytes, job_id: bytes, shard_count: int) -> int:
     return int.from_bytes(h[:4], "big") & (shard_count - 1)
 
 
+def _shard_of_bytes(queue_id: bytes, job_id: bytes, shard_count: int) -> int:
+    """:func:`_shard_of` of bytes ids and an int count: its checks in one test first (every
+    enqueue computes a new job's shard), the full function for anything they would refuse."""
+    if len(queue_id) == ID_BYTES and len(job_id) == ID_BYTES and shard_count in _SHARD_COUNTS:
+        h = hashlib.sha256(DOMAIN_SHARD + queue_id + job_id).digest()
+        return int.from_bytes(h[:4], "big") & (shard_count - 1)
+    return _shard_of(queue_id, job_id, shard_count)
+
+
+# The counts _check_shard_count accepts (looked up with an int only: True == 1).
+_SHARD_COUNTS = frozenset(1 << i for i in range(MAX_SHARDS.bit_length()) if 1 << i <= MAX_SHARDS)
+
 # Every step of a job's life (enqueue, claim, payload(), ack) asks for its
 # shard; a pure function of hashable immutable arguments, so memoised.
-_shard_of_memo = functools.lru_cache(maxsize=4096)(_shard_of)
+_shard_of_memo = functools.lru_cache(maxsize=4096)(_shard_of_bytes)
 
 
 def shard_dir(shard: int) -> str:
@@ -787,9 +914,18 @@ def state_dir(state: State, shard: int, bucket: int | None = None) -> str:
     top = _BUCKETED_DIRS.get(state)
     if top is None:
         return f"{READY_DIR}/{shard_dir(shard)}"
+    if type(bucket) is int and 0 <= bucket <= U64_MAX and type(shard) is int and 0 <= shard < MAX_SHARDS:
+        return _BUCKETED_DIR_FORMAT % (
+            top,
+            bucket,
+            _SHARD_DIRS[shard],
+        )  # every ack: bucket_dir's and shard_dir's checks
     if bucket is None:
         raise InvalidInput(f"a {state.value} directory needs its bucket")
     return f"{top}/{bucket_dir(bucket)}/{shard_dir(shard)}"
+
+
+_BUCKETED_DIR_FORMAT = "%s/" + _U64_FORMAT + "/%s"
 
 
 def parse_shard_dir(name: str | bytes, shard_count: int) -> int | None:
@@ -822,6 +958,8 @@ def delayed_bucket(not_before: int, width: int) -> int:
 
 def terminal_bucket(wall_ns: int, width: int) -> int:
     """floor(wall floor / terminal width): dead and receipt directories."""
+    if type(wall_ns) is int and 0 <= wall_ns <= U64_MAX and type(width) is int and 0 < width <= U64_MAX:
+        return wall_ns // width  # the checks below, in one test (every ack)
     return _check_int("wall_ns", wall_ns, U64_MAX) // _check_width("terminal width", width)
 
 

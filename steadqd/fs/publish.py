@@ -49,7 +49,7 @@ from steadqd.fs.names import (
     delayed_name,
     make_filename,
     make_temp_name,
-    ready_name,
+    ready_filename,
     shard_dir,
     shard_of,
     state_dir,
@@ -79,14 +79,26 @@ _WRITEBACK_UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ES
 Payload = bytes | bytearray | memoryview | BinaryIO
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Published:
+    """A committed job: its id, its path and its state ("ready" or "delayed").
+
+    The constructor fills the frozen fields directly (every enqueue makes one):
+    the generated one would set each through ``object.__setattr__``.
+    """
+
     job_id: str
     path: str
     state: str
 
+    def __init__(self, job_id: str, path: str, state: str) -> None:
+        f = self.__dict__
+        f["job_id"] = job_id
+        f["path"] = path
+        f["state"] = state
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class _Options:
     """The caller's options of one enqueue call (their one list here: the
     keyword arguments of :meth:`steadqd.backend.Backend.enqueue`, which says
@@ -106,8 +118,29 @@ class _Options:
     # before the call, so that it can find out after a crash whether the job exists.
     job_id: bytes | None = None
 
-    def __post_init__(self) -> None:
-        m = self.max_attempts
+    def __init__(
+        self,
+        *,
+        max_attempts: int = 3,
+        content_type: str = "application/octet-stream",
+        metadata: Mapping[str, bool | int | str | bytes] | None = None,
+        producer_id: str | None = None,
+        trace_context: bytes | None = None,
+        delay: float | None = None,
+        not_before_ns: int | None = None,
+        job_id: bytes | None = None,
+    ) -> None:
+        # Written out (keyword-only, the fields' defaults) with the checks in it: the
+        # generated constructor would call a __post_init__ besides, on every enqueue.
+        self.max_attempts = max_attempts
+        self.content_type = content_type
+        self.metadata = metadata
+        self.producer_id = producer_id
+        self.trace_context = trace_context
+        self.delay = delay
+        self.not_before_ns = not_before_ns
+        self.job_id = job_id
+        m = max_attempts
         if not isinstance(m, int) or isinstance(m, bool) or not MIN_MAXIMUM_ATTEMPTS <= m <= MAX_MAXIMUM_ATTEMPTS:
             raise InvalidInput(
                 f"max_attempts must be an integer in {MIN_MAXIMUM_ATTEMPTS}..{MAX_MAXIMUM_ATTEMPTS}, got {m!r}"
@@ -118,10 +151,14 @@ class _Options:
             checked_seconds_ns("delay", self.delay)  # refused before any file is written
 
 
+_NO_OPTIONS = _Options()  # the options of an enqueue given none (never changed, as no _Options is)
+
+
 def enqueue(ctx: Context, payload: Payload, **options: Any) -> Published:
     """Publish one job; ``options``: the fields of :class:`_Options` (an unknown one is a TypeError)."""
-    ctx.check_usable()
-    opts = _Options(**options)
+    if ctx.poisoned is not None:  # check_usable's test, without its call
+        ctx.check_usable()
+    opts = _Options(**options) if options else _NO_OPTIONS
     publication = _prepare(ctx, payload, opts)
     publication.run()
     return publication.result()
@@ -268,9 +305,6 @@ def _as_outcome(e: SteadQError | OSError) -> NotCommitted | OutcomeUnknown:
     return not_committed(e, "enqueue")
 
 
-_READY = State.READY  # a global: an enum member read through its class is slow on 3.11 (names._READY)
-
-
 def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
     """Protocol.md "Enqueue", preparation: id, wall floor, extension, name,
     destination directory and the writer of one job (NotCommitted on failure)."""
@@ -313,13 +347,8 @@ def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
         )
         dest_rel, state = state_dir(State.DELAYED, shard, bucket), "delayed"
     else:
-        name = make_filename(
-            fmt.queue_id,
-            ready_name(job_id=job_id, generation=0, attempt=0, max_attempts=max_attempts),
-            shard=shard,
-            lease_width_ns=fmt.lease_width_ns,
-        )
-        dest_rel, state = state_dir(_READY, shard), "ready"
+        name = ready_filename(fmt.queue_id, job_id, 0, 0, max_attempts, shard=shard, lease_width_ns=fmt.lease_width_ns)
+        dest_rel, state = ctx.ready_rels[shard], "ready"  # state_dir(READY, shard), made once per handle
     max_payload = min(fmt.max_payload_length, MAX_PAYLOAD_LENGTH)
     writer = _writer(payload, job_id, max_attempts, wall, extension, max_payload)
     job_hex = job_id.hex()
@@ -351,8 +380,9 @@ def _writer(
     payload: Payload, job_id: bytes, max_attempts: int, created_at: int, extension: bytes, max_payload: int
 ) -> Writer:
     """Return a function that writes the whole job file into an fd."""
-    if isinstance(payload, bytes | bytearray | memoryview):
-        data = memoryview(payload).cast("B")
+    if type(payload) is bytes or isinstance(payload, bytes | bytearray | memoryview):
+        # bytes are already one immutable run of bytes: the view is only for the other two
+        data = payload if type(payload) is bytes else memoryview(payload).cast("B")
         if len(data) > max_payload:
             raise InvalidInput(f"payload of {len(data)} bytes exceeds the queue maximum of {max_payload}")
         header = build_header(

@@ -237,6 +237,13 @@ assert _HEADER.size == HEADER_SIZE
 _ENVELOPE_DIGEST_OFFSET = 96
 
 
+# Frozen dataclasses here get their fields as one new dict, set through object.__setattr__:
+# a dict made from an instance's inline values (``self.__dict__`` then item stores) keeps
+# them outside its entries, where CPython 3.11's cached attribute read cannot find them, so
+# every later read of a field took the slow path (~350 instructions instead of ~100).
+_SET_FIELDS = object.__setattr__
+
+
 def _header_corrupt(message: str) -> CorruptObject:
     return CorruptObject(f"job header: {message}", QuarantineReason.ENVELOPE_CORRUPT)
 
@@ -245,8 +252,8 @@ def _header_corrupt(message: str) -> CorruptObject:
 class JobHeader:
     """The 128-byte header of a job file; never rewritten after publication.
 
-    The constructor fills the frozen fields directly (every enqueue builds two):
-    the generated one would set each through ``object.__setattr__``.
+    The constructor sets the frozen fields as one dict (``_SET_FIELDS``, every enqueue
+    builds one): the generated one would set each through ``object.__setattr__``.
     """
 
     job_id: bytes
@@ -269,52 +276,29 @@ class JobHeader:
         envelope_digest: bytes,
         minor: int = FORMAT_MINOR,
     ) -> None:
-        f = self.__dict__
-        f["job_id"] = job_id
-        f["max_attempts"] = max_attempts
-        f["created_at_ns"] = created_at_ns
-        f["extension_length"] = extension_length
-        f["payload_length"] = payload_length
-        f["payload_digest"] = payload_digest
-        f["envelope_digest"] = envelope_digest
-        f["minor"] = minor
+        _SET_FIELDS(
+            self,
+            "__dict__",
+            {
+                "job_id": job_id,
+                "max_attempts": max_attempts,
+                "created_at_ns": created_at_ns,
+                "extension_length": extension_length,
+                "payload_length": payload_length,
+                "payload_digest": payload_digest,
+                "envelope_digest": envelope_digest,
+                "minor": minor,
+            },
+        )
 
     def encode(self) -> bytes:
         """128 bytes including the stored envelope digest (use build_header to compute it)."""
         cached = self.__dict__.get("_encoded")
         if cached is not None:  # set by build_header, which checked the fields encoding the draft
             return cached
-        if not (  # the common case in one test (every enqueue encodes a draft); the checks below name the fault
-            type(self.job_id) is bytes
-            and len(self.job_id) == ID_BYTES
-            and type(self.max_attempts) is int
-            and 0 < self.max_attempts <= U32_MAX
-            and type(self.created_at_ns) is int
-            and 0 <= self.created_at_ns <= U64_MAX
-            and type(self.extension_length) is int
-            and 0 <= self.extension_length <= MAX_EXTENSION_LENGTH
-            and type(self.payload_length) is int
-            and 0 <= self.payload_length <= MAX_PAYLOAD_LENGTH
-            and type(self.payload_digest) is bytes
-            and len(self.payload_digest) == DIGEST_BYTES
-            and type(self.envelope_digest) is bytes
-            and len(self.envelope_digest) == DIGEST_BYTES
-            and type(self.minor) is int
-            and 0 <= self.minor <= U16_MAX
-        ):
-            need_bytes(self.job_id, ID_BYTES, "job_id")
-            if not is_uint(self.max_attempts, U32_MAX) or self.max_attempts == 0:
-                raise InvalidInput(f"maximum_attempts: must be in 1..{U32_MAX}, got {self.max_attempts!r}")
-            _need_uint(self.created_at_ns, U64_MAX, "created_at_ns")
-            _need_uint(self.extension_length, MAX_EXTENSION_LENGTH, "extension_length")
-            _need_uint(self.payload_length, MAX_PAYLOAD_LENGTH, "payload_length")
-            need_bytes(self.payload_digest, DIGEST_BYTES, "payload_digest")
-            need_bytes(self.envelope_digest, DIGEST_BYTES, "envelope_digest")
-            _need_uint(self.minor, U16_MAX, "minor")
-        return _HEADER.pack(
-            JOB_MAGIC, FORMAT_MAJOR, self.minor, self.extension_length, self.payload_length, 0, DIGEST_SHA256,
-            bytes(3), self.job_id, self.max_attempts, bytes(4), self.created_at_ns, self.payload_digest,
-            self.envelope_digest,
+        return _encode_header(
+            self.job_id, self.max_attempts, self.created_at_ns, self.extension_length, self.payload_length,
+            self.payload_digest, self.envelope_digest, self.minor,
         )  # fmt: skip
 
     @classmethod
@@ -343,24 +327,74 @@ class JobHeader:
             raise _header_corrupt(f"payload_length {payload_len} exceeds {MAX_PAYLOAD_LENGTH}")
         if ext_len > MAX_EXTENSION_LENGTH:
             raise _header_corrupt(f"extension_header_length {ext_len} exceeds {MAX_EXTENSION_LENGTH}")
-        # Three reads of every job (claim, payload(), ack) decode a header: fill the
-        # frozen instance's fields directly, as the generated __init__ would one by one.
+        # Reads of a job decode a header: the frozen instance's fields as one dict
+        # (_SET_FIELDS), where the generated __init__ would set them one by one.
         header = object.__new__(cls)
-        fields = header.__dict__
-        fields["job_id"] = job_id
-        fields["max_attempts"] = max_attempts
-        fields["created_at_ns"] = created
-        fields["extension_length"] = ext_len
-        fields["payload_length"] = payload_len
-        fields["payload_digest"] = payload_digest
-        fields["envelope_digest"] = env_digest
-        fields["minor"] = minor
+        _SET_FIELDS(
+            header,
+            "__dict__",
+            {
+                "job_id": job_id,
+                "max_attempts": max_attempts,
+                "created_at_ns": created,
+                "extension_length": ext_len,
+                "payload_length": payload_len,
+                "payload_digest": payload_digest,
+                "envelope_digest": env_digest,
+                "minor": minor,
+            },
+        )
         return header
 
     @property
     def file_size(self) -> int:
         """The only valid size of the whole job file; anything else is corruption."""
         return HEADER_SIZE + self.extension_length + self.payload_length
+
+
+def _encode_header(
+    job_id: bytes,
+    max_attempts: int,
+    created_at_ns: int,
+    extension_length: int,
+    payload_length: int,
+    payload_digest: bytes,
+    envelope_digest: bytes,
+    minor: int,
+) -> bytes:
+    """:meth:`JobHeader.encode` of these fields, checked (build_header encodes its draft
+    from the fields, without making a JobHeader for it)."""
+    if not (  # the common case in one test (every enqueue encodes a draft); the checks below name the fault
+        type(job_id) is bytes
+        and len(job_id) == ID_BYTES
+        and type(max_attempts) is int
+        and 0 < max_attempts <= U32_MAX
+        and type(created_at_ns) is int
+        and 0 <= created_at_ns <= U64_MAX
+        and type(extension_length) is int
+        and 0 <= extension_length <= MAX_EXTENSION_LENGTH
+        and type(payload_length) is int
+        and 0 <= payload_length <= MAX_PAYLOAD_LENGTH
+        and type(payload_digest) is bytes
+        and len(payload_digest) == DIGEST_BYTES
+        and type(envelope_digest) is bytes
+        and len(envelope_digest) == DIGEST_BYTES
+        and type(minor) is int
+        and 0 <= minor <= U16_MAX
+    ):
+        need_bytes(job_id, ID_BYTES, "job_id")
+        if not is_uint(max_attempts, U32_MAX) or max_attempts == 0:
+            raise InvalidInput(f"maximum_attempts: must be in 1..{U32_MAX}, got {max_attempts!r}")
+        _need_uint(created_at_ns, U64_MAX, "created_at_ns")
+        _need_uint(extension_length, MAX_EXTENSION_LENGTH, "extension_length")
+        _need_uint(payload_length, MAX_PAYLOAD_LENGTH, "payload_length")
+        need_bytes(payload_digest, DIGEST_BYTES, "payload_digest")
+        need_bytes(envelope_digest, DIGEST_BYTES, "envelope_digest")
+        _need_uint(minor, U16_MAX, "minor")
+    return _HEADER.pack(
+        JOB_MAGIC, FORMAT_MAJOR, minor, extension_length, payload_length, 0, DIGEST_SHA256,
+        bytes(3), job_id, max_attempts, bytes(4), created_at_ns, payload_digest, envelope_digest,
+    )  # fmt: skip
 
 
 def envelope_digest(header128: bytes, extension: bytes) -> bytes:
@@ -394,9 +428,9 @@ def build_header(
     """Assemble a header for enqueue, computing the envelope digest over ``extension``."""
     if len(extension) > MAX_EXTENSION_LENGTH:
         raise InvalidInput(f"extension: {len(extension)} bytes, limit {MAX_EXTENSION_LENGTH}")
-    draft = JobHeader(
+    draft = _encode_header(
         job_id, max_attempts, created_at_ns, len(extension), payload_length, payload_digest, _ZERO_DIGEST, minor
-    ).encode()
+    )
     digest = envelope_digest(draft, extension)
     header = JobHeader(
         job_id, max_attempts, created_at_ns, len(extension), payload_length, payload_digest, digest, minor

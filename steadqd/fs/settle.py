@@ -43,6 +43,7 @@ from steadqd.fs.names import (
     make_filename,
     next_generation,
     ready_name,
+    receipt_filename,
     receipt_name,
     shard_of,
     state_dir,
@@ -67,10 +68,14 @@ def _move(
     dest_rel: str,
     dest_name: str,
     operation: str,
-    destination: Location,
+    destination: Location | Callable[[], Location],
     on_collision: Callable[[], SteadQError] | None = None,
 ) -> None:
-    """The witnessed move shared by every settlement, with its outcome mapping."""
+    """The witnessed move shared by every settlement, with its outcome mapping.
+
+    ``destination`` (or a function making it: the ack's, so that an ack that
+    commits builds none) is only needed to describe an indeterminate outcome.
+    """
     try:
         dest_fd = ctx.tree.ensure_dir(dest_rel)
     except OSError as e:
@@ -89,7 +94,8 @@ def _move(
     except MoveFailed as e:
         raise NotCommitted(f"{operation}: {e}", kind_for_errno(e.errno)) from e  # ENOSPC -> ResourceExhausted
     except Indeterminate as e:
-        raise indeterminate(ctx, lease, operation, e, destination) from e
+        where = destination() if callable(destination) else destination
+        raise indeterminate(ctx, lease, operation, e, where) from e
 
 
 def _move_into(ctx: Context, src: Source, dest_rel: str, dest_fd: int, dest_name: str) -> None:
@@ -107,17 +113,27 @@ def _move_into(ctx: Context, src: Source, dest_rel: str, dest_fd: int, dest_name
 
 def ack(ctx: Context, lease: Lease) -> AckResult:
     """Acknowledge: the leased file becomes this lease's receipt."""
-    ctx.check_usable()
+    if ctx.poisoned is not None:  # check_usable's test, without its call
+        ctx.check_usable()
     fmt = ctx.fmt
     wall = ctx.wall_floor()
     bucket = terminal_bucket(wall, fmt.terminal_width_ns)
-    shard = _shard(ctx, lease)
-    target_file = make_filename(
-        fmt.queue_id, _receipt_of(lease), shard=shard, bucket=bucket, lease_width_ns=fmt.lease_width_ns
+    job = lease.job_id_bytes  # once (a property): the shard and the receipt's name
+    shard = shard_of(fmt.queue_id, job, fmt.shard_count)
+    target_file = receipt_filename(  # make_filename of _receipt_of(lease), without building the JobName
+        fmt.queue_id,
+        job,
+        next_generation(lease.generation),
+        lease.attempt,
+        lease.max_attempts,
+        lease_token=lease.token,
+        shard=shard,
+        bucket=bucket,
+        lease_width_ns=fmt.lease_width_ns,
     )
     dest_rel = state_dir(_RECEIPT, shard, bucket)
     try:
-        src = validate_source(ctx, lease, moving=True)
+        src = validate_source(ctx, lease, moving=True, job=job)
     except LeaseLost:
         return _probe_or_lost(ctx, lease, wall, shard)
     try:
@@ -136,7 +152,7 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
                 dest_rel,
                 target_file,
                 "acknowledge",
-                ReceiptLocation(bucket),
+                lambda: ReceiptLocation(bucket),
                 on_collision=lambda: _receipt_collision(ctx, lease, dest_rel, target_file, bucket, shard),
             )
         except LeaseLost:

@@ -182,8 +182,16 @@ class WallFloor:
             bucket = self._bucket
             if bucket is None or now - self._read_at > _CACHE_NS:
                 bucket = self._stored_bucket(fresh=True, now=now)
-            floor = self._raw_floor(bucket)
-            wanted = floor // self._width
+            # _raw_floor inlined too, with its checks in the same order
+            realtime = linux.realtime_ns()
+            if realtime < 0:
+                raise InvalidInput("CLOCK_REALTIME reads before the Unix epoch")
+            width = self._width
+            start = bucket * width
+            if start > (1 << 64) - 1:
+                raise StateExhausted("watermark bucket start overflows u64")
+            floor = max(realtime, start, self._last)
+            wanted = floor // width
             if wanted > bucket:
                 self._advance(wanted)
             self._last = floor

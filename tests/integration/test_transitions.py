@@ -113,6 +113,22 @@ def test_enqueue_ready_name_bytes_and_created_at_is_wall_floor(queue: Queue, que
     assert decoded.initial_not_before is None  # no not_before given: key 1 absent
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [b"bytes", bytearray(b"a bytearray"), memoryview(b"a memoryview"), memoryview(b"\x01\x02" * 3).cast("H")],
+    ids=["bytes", "bytearray", "memoryview", "memoryview of u16"],
+)
+def test_enqueue_of_every_buffer_kind_stores_its_bytes(queue: Queue, queue_path: str, payload: object) -> None:
+    """bytes are written as they are, other buffers through a byte view: the file holds the same bytes either way."""
+    raw = bytes(payload)  # type: ignore[call-overload]
+    job, rel = queue.enqueue_detailed(payload)
+    _, header, _, stored = read_job(queue_path, rel)
+    assert stored == raw and header.payload_length == len(raw)
+    assert header.payload_digest == hashlib.sha256(raw).digest()
+    lease = queue.lease(wait=0)
+    assert lease is not None and lease.job_id == job and lease.payload() == raw
+
+
 def test_enqueue_delayed_uses_exact_not_before_and_ceil_bucket(queue: Queue, queue_path: str) -> None:
     job, rel = queue.enqueue_detailed(b"later", delay=100.0)
     shard = shard_of_job(queue, job)

@@ -578,6 +578,254 @@ def test_written_out_constructors_keep_their_dataclass_behaviour() -> None:
         dataclasses.replace(n, generation=2**64)
 
 
+# Field values around the limits and of the wrong types: what the fast tests in front of the full checks see.
+_ANY_FIELD = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 2),
+    st.integers(2**32 - 2, 2**32 + 1),
+    st.integers(2**64 - 2, 2**64 + 1),
+    st.binary(min_size=15, max_size=17),
+    st.binary(min_size=8, max_size=8),
+    st.just(bytearray(16)),
+    st.just("00" * 16),
+)
+
+
+def _outcome(make: object) -> object:
+    try:
+        return ("ok", make())  # type: ignore[operator]
+    except (InvalidInput, CorruptObject) as e:
+        return (type(e), str(e))
+
+
+_FIELD_NAMES = ("job_id", "generation", "attempt", "max_attempts", "boot_id", "boottime_deadline", "wall_deadline",
+                "lease_token", "not_before", "reason", "tag")  # fmt: skip
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(
+    st.one_of(_job_names().filter(lambda nb: nb[0].state in (State.READY, State.RECEIPT)), _job_names()),
+    st.dictionaries(st.sampled_from(_FIELD_NAMES), _ANY_FIELD, min_size=1, max_size=3),
+)
+def test_jobname_fast_check_passes_only_what_check_passes(nb: tuple[JobName, int | None], changes: dict) -> None:
+    """JobName's one-test path for the ready and receipt names of every enqueue and ack accepts a
+    name only if the full _check does: a valid name of any state with up to three fields changed to
+    values near the limits or of other types ends as the full check says (same error)."""
+    name, _ = nb
+    fields = {f: getattr(name, f) for f in _FIELD_NAMES} | changes
+
+    def by_the_rule() -> dict[str, object]:
+        n = object.__new__(JobName)
+        n.__dict__.update(state=name.state, **fields)
+        n._check()
+        return n.__dict__
+
+    built = _outcome(lambda: JobName(name.state, **fields).__dict__)
+    assert built == _outcome(by_the_rule)
+
+
+def _one_name_of(state: State) -> JobName:
+    return {
+        State.READY: names.ready_name(JOB, 1, 2, 3),
+        State.LEASED: names.leased_name(
+            JOB, 1, 2, 3, boot_id=JOB, boottime_deadline=4, wall_deadline=5, lease_token=JOB
+        ),
+        State.DELAYED: names.delayed_name(JOB, 1, 2, 3, not_before=4),
+        State.DEAD: names.dead_name(JOB, 1, 2, 3, reason=4),
+        State.RECEIPT: names.receipt_name(JOB, 1, 2, 3, lease_token=JOB),
+    }[state]
+
+
+_EDGE_VALUES = (None, True, False, -1, 0, 1, 2**32 - 1, 2**32, 2**64 - 1, 2**64, b"", bytes(8), bytes(15),
+                bytes(16), bytes(17), bytearray(16), "00" * 16, 1.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_jobname_fast_check_on_every_field_at_its_edges(state: State) -> None:
+    """Each field of a valid name of ``state``, set in turn to each edge value: JobName ends as the full
+    _check says. (Exhaustive where the property test above samples: a conjunct missing from the fast
+    test shows here whatever the seed.)"""
+    base = _one_name_of(state)
+    for field in _FIELD_NAMES:
+        for value in _EDGE_VALUES:
+            fields = {f: getattr(base, f) for f in _FIELD_NAMES} | {field: value}
+
+            def by_the_rule(fields: dict[str, object] = fields) -> dict[str, object]:
+                n = object.__new__(JobName)
+                n.__dict__.update(state=state, **fields)
+                n._check()
+                return n.__dict__
+
+            built = _outcome(lambda fields=fields: JobName(state, **fields).__dict__)
+            assert built == _outcome(by_the_rule), (field, value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(st.binary(min_size=15, max_size=17), st.just(QID)),
+    st.one_of(st.binary(min_size=15, max_size=17), st.just(JOB)),
+    st.one_of(st.integers(-1, 70000), st.sampled_from([1 << i for i in range(17)])),
+)
+def test_shard_of_fast_path_matches_the_full_function(queue_id: bytes, job_id: bytes, count: int) -> None:
+    """shard_of's memoised path (one test of its checks) answers as _shard_of does, error included."""
+    assert _outcome(lambda: names._shard_of_bytes(queue_id, job_id, count)) == _outcome(
+        lambda: names._shard_of(queue_id, job_id, count)
+    )
+
+
+_EDGE_INTS = st.one_of(
+    st.integers(-2, 5),
+    st.integers(4094, 4097),
+    st.integers(65534, 65537),
+    st.integers(2**64 - 2, 2**64 + 1),
+    st.integers(0, 2**64 - 1),
+    st.booleans(),
+    st.none(),
+    st.just(1.0),
+)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_job_names(), _EDGE_INTS, _EDGE_INTS, st.integers(1, 2**64 - 1))
+def test_make_filename_fast_contexts_are_tag_contexts(
+    nb: tuple[JobName, int | None], shard: int, bucket: int | None, width: int
+) -> None:
+    """make_filename's written-out contexts (the ready name of every enqueue, the receipt of every ack)
+    give the name the definition gives: tag_context, compute_tag, format (same error when refused)."""
+    name, _ = nb
+
+    def by_definition() -> str:
+        ctx = names.tag_context(name, shard=shard, bucket=bucket, lease_width_ns=width)
+        return names.format_name(name, names.compute_tag(QID, ctx))
+
+    made = _outcome(lambda: names.make_filename(QID, name, shard=shard, bucket=bucket, lease_width_ns=width))
+    assert made == _outcome(by_definition)
+
+
+_EDGE_LIST = (None, True, -1, 0, 1, 4095, 4096, 65535, 65536, 2**64 - 1, 2**64, 1.0)
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_make_filename_and_state_dir_at_every_edge(state: State) -> None:
+    """The fast paths above, for every pair of edge values of shard and bucket (exhaustive, whatever the seed)."""
+    name = _one_name_of(state)
+    top = names._BUCKETED_DIRS.get(state)
+    for shard in _EDGE_LIST:
+        for bucket in _EDGE_LIST:
+
+            def by_definition(shard: object = shard, bucket: object = bucket) -> str:
+                ctx = names.tag_context(name, shard=shard, bucket=bucket, lease_width_ns=LEASE_W)  # type: ignore[arg-type]
+                return names.format_name(name, names.compute_tag(QID, ctx))
+
+            made = _outcome(
+                lambda shard=shard, bucket=bucket: names.make_filename(
+                    QID, name, shard=shard, bucket=bucket, lease_width_ns=LEASE_W
+                )
+            )
+            assert made == _outcome(by_definition), (shard, bucket)
+            if top is not None and bucket is not None:
+                expected = _outcome(
+                    lambda shard=shard, bucket=bucket: f"{top}/{names.bucket_dir(bucket)}/{names.shard_dir(shard)}"
+                )
+                assert _outcome(lambda shard=shard, bucket=bucket: names.state_dir(state, shard, bucket)) == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(list(State)), _EDGE_INTS, _EDGE_INTS)
+def test_state_dir_fast_path_is_the_checked_one(state: State, shard: int, bucket: int | None) -> None:
+    def by_definition() -> str:
+        top = names._BUCKETED_DIRS.get(state)
+        if top is None:
+            return f"ready/{names.shard_dir(shard)}"
+        if bucket is None:
+            raise InvalidInput(f"a {state.value} directory needs its bucket")
+        return f"{top}/{names.bucket_dir(bucket)}/{names.shard_dir(shard)}"
+
+    assert _outcome(lambda: names.state_dir(state, shard, bucket)) == _outcome(by_definition)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_EDGE_INTS, st.one_of(_EDGE_INTS, st.integers(1, 2**64 - 1)))
+def test_generation_and_terminal_bucket_fast_paths_are_the_checked_ones(value: int, width: int) -> None:
+    def next_by_definition() -> int:
+        names._check_int("generation", value, names.U64_MAX)
+        if value == names.U64_MAX:
+            raise StateExhausted(f"generation {value} cannot be incremented (u64 overflow)")
+        return value + 1
+
+    def bucket_by_definition() -> int:
+        return names._check_int("wall_ns", value, names.U64_MAX) // names._check_width("terminal width", width)
+
+    def outcome(make: object) -> object:
+        try:
+            return ("ok", make())  # type: ignore[operator]
+        except (InvalidInput, StateExhausted) as e:
+            return (type(e), str(e))
+
+    assert outcome(lambda: names.next_generation(value)) == outcome(next_by_definition)
+    assert outcome(lambda: names.terminal_bucket(value, width)) == outcome(bucket_by_definition)
+
+
+_FILENAME_ARGS = ("job_id", "generation", "attempt", "max_attempts", "lease_token", "shard", "bucket")
+
+
+def _filenames_both_ways(args: dict[str, object]) -> tuple[object, object, object, object]:
+    """(ready_filename, its definition, receipt_filename, its definition) of ``args``, each a value or its error."""
+    a = args
+    common = (a["job_id"], a["generation"], a["attempt"], a["max_attempts"])
+    ready = _outcome(lambda: names.ready_filename(QID, *common, shard=a["shard"], lease_width_ns=LEASE_W))  # type: ignore[arg-type]
+    ready_def = _outcome(
+        lambda: names.make_filename(QID, names.ready_name(*common), shard=a["shard"], lease_width_ns=LEASE_W)  # type: ignore[arg-type]
+    )
+    receipt = _outcome(
+        lambda: names.receipt_filename(
+            QID,
+            *common,
+            lease_token=a["lease_token"],
+            shard=a["shard"],
+            bucket=a["bucket"],
+            lease_width_ns=LEASE_W,  # type: ignore[arg-type]
+        )
+    )
+    receipt_def = _outcome(
+        lambda: names.make_filename(
+            QID,
+            names.receipt_name(*common, lease_token=a["lease_token"]),  # type: ignore[arg-type]
+            shard=a["shard"],  # type: ignore[arg-type]
+            bucket=a["bucket"],  # type: ignore[arg-type]
+            lease_width_ns=LEASE_W,
+        )
+    )
+    return ready, ready_def, receipt, receipt_def
+
+
+def test_ready_and_receipt_filenames_at_every_edge() -> None:
+    """ready_filename and receipt_filename (the names of every enqueue and ack, formatted without a
+    JobName) give make_filename's name of the checked JobName, or its error, with any one argument at
+    any edge value (exhaustive)."""
+    valid: dict[str, object] = dict(
+        job_id=JOB, generation=1, attempt=2, max_attempts=3, lease_token=bytes(range(16, 32)), shard=7, bucket=9
+    )
+    for arg in _FILENAME_ARGS:
+        for value in (*_EDGE_VALUES, 4095, 4096, 65535):
+            ready, ready_def, receipt, receipt_def = _filenames_both_ways(valid | {arg: value})
+            assert ready == ready_def, (arg, value)
+            assert receipt == receipt_def, (arg, value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_id, _u64, _u32, _u32, _id, st.integers(0, 4095), _u64)
+def test_ready_and_receipt_filenames_are_make_filenames(
+    job: bytes, gen: int, att: int, mx: int, token: bytes, shard: int, bucket: int
+) -> None:
+    ready, ready_def, receipt, receipt_def = _filenames_both_ways(
+        dict(job_id=job, generation=gen, attempt=att, max_attempts=mx, lease_token=token, shard=shard, bucket=bucket)
+    )
+    assert ready == ready_def and ready[0] == "ok"
+    assert receipt == receipt_def and receipt[0] == "ok"
+
+
 _NAME_CHARS = "0123456789abcdefABCDEFgkmotwbdx.-_ qrsj\x00\u00e9"
 
 

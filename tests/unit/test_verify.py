@@ -19,7 +19,7 @@ import pytest
 
 from steadqd.constants import ENVELOPE_READ_BYTES, HEADER_SIZE, QuarantineReason
 from steadqd.errors import CorruptObject, ErrorKind
-from steadqd.fs import names
+from steadqd.fs import names, verify
 from steadqd.fs.records import build_header
 from steadqd.fs.verify import (
     CHUNK,
@@ -344,3 +344,63 @@ def test_a_reread_of_a_file_that_grew_is_a_changed_file(open_job, tmp_path: Path
     with pytest.raises(CorruptObject) as info:
         reread_envelope(fd, env, MAX_PAYLOAD)
     corrupt(info, QuarantineReason.ENVELOPE_CORRUPT, "claimed file changed")
+
+
+# --------------------------------------------------------------------------- reads of bytes that verified before
+
+
+def test_a_reread_of_bytes_that_verified_skips_both_digests(open_job, monkeypatch: pytest.MonkeyPatch) -> None:
+    """payload() and ack read again the small file the claim verified: the same bytes of the same
+    inode need neither digest again (with both checks made to fail, the reads still succeed)."""
+    fd = open_job(job_bytes(b"payload"))
+    verify_payload(fd, read_envelope(fd, MAX_PAYLOAD))  # the claim: both digests checked, the bytes remembered
+
+    def fail(*_: object) -> None:
+        raise AssertionError("hashed again")
+
+    monkeypatch.setattr(verify, "check_envelope", fail)
+    monkeypatch.setattr(verify, "_check_payload_digest", fail)
+    monkeypatch.setattr(verify.JobHeader, "decode", fail)
+    env = read_envelope(fd, MAX_PAYLOAD)
+    assert read_payload(fd, env) == b"payload"
+    verify_payload(fd, env)
+
+
+def test_a_reread_of_verified_bytes_still_checks_its_stat_and_the_maximum(open_job, tmp_path: Path) -> None:
+    """A file of exactly the first read's size verifies, then grows by a byte (its first read is
+    unchanged): the size check still refuses it; and a lower queue maximum still refuses its payload."""
+    data = job_bytes(os.urandom(ENVELOPE_READ_BYTES - HEADER_SIZE - len(EXTENSION)))
+    assert len(data) == ENVELOPE_READ_BYTES
+    fd = open_job(data)
+    verify_payload(fd, read_envelope(fd, MAX_PAYLOAD))
+    with pytest.raises(CorruptObject) as info:
+        read_envelope(fd, 10)
+    n = ENVELOPE_READ_BYTES - HEADER_SIZE - len(EXTENSION)
+    corrupt(info, QuarantineReason.ENVELOPE_CORRUPT, f"payload length {n} exceeds the queue maximum 10")
+    (tmp_path / "job").write_bytes(data + b"!")
+    with pytest.raises(CorruptObject) as info:
+        read_envelope(fd, MAX_PAYLOAD)
+    corrupt(info, QuarantineReason.ENVELOPE_CORRUPT, f"file is {len(data) + 1} bytes, header says {len(data)}")
+
+
+@pytest.mark.parametrize(
+    ("index", "reason", "message"),
+    [
+        (0, QuarantineReason.ENVELOPE_CORRUPT, "job header: bad magic"),
+        (100, QuarantineReason.ENVELOPE_CORRUPT, "job header: envelope digest mismatch"),
+        (HEADER_SIZE + 1, QuarantineReason.ENVELOPE_CORRUPT, "job header: envelope digest mismatch"),
+        (HEADER_SIZE + len(EXTENSION) + 2, QuarantineReason.PAYLOAD_CORRUPT, "payload digest mismatch"),
+    ],
+)
+def test_a_verified_file_changed_in_place_is_checked_in_full(
+    open_job, tmp_path: Path, index: int, reason: QuarantineReason, message: str
+) -> None:
+    """The same inode rewritten after it verified (same size, one byte flipped): its new bytes are
+    not the remembered ones, so the digests are computed again and the change is caught."""
+    data = job_bytes(b"payload")
+    fd = open_job(data)
+    verify_payload(fd, read_envelope(fd, MAX_PAYLOAD))
+    (tmp_path / "job").write_bytes(flip(data, index))  # same inode, same size
+    with pytest.raises(CorruptObject) as info:
+        read_payload(fd, read_envelope(fd, MAX_PAYLOAD))
+    corrupt(info, reason, message)
