@@ -54,7 +54,14 @@ from steadqd.fs.quarantine import quarantine, quarantine_special
 from steadqd.fs.records import JobHeader, decode_extension
 from steadqd.fs.scan_order import next_scan_round, scan_order
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, SourceMissing, Witness
-from steadqd.fs.verify import Envelope, check_name_matches, read_envelope, reread_envelope, verify_payload
+from steadqd.fs.verify import (
+    Envelope,
+    check_name_matches,
+    read_envelope,
+    remember_verified,
+    reread_envelope,
+    verify_payload,
+)
 
 
 @dataclass
@@ -333,7 +340,21 @@ class _Scan:
                 ffi.buffer(c.head2, c.head2_len)[:],
             )  # fmt: skip
             return self.check_claimed_payload(lease, (g, a), fd, env, dir_fd, rel, target_rel.rsplit("/", 1)[1])
+        if c.payload_in_head:
+            # The core's re-read holds the whole file and it all verified (envelope and payload
+            # digests): payload() and the ack re-read these bytes, which verify.py's memo then
+            # recognises instead of decoding and hashing them again, as after claim_open's check.
+            self.remember_claimed(ffi.buffer(c.head2, c.head2_len)[:], c.extension_length, st)
         return lease
+
+    @staticmethod
+    def remember_claimed(head: bytes, extension_length: int, st: Any) -> None:
+        try:
+            header = JobHeader.decode(head[:HEADER_SIZE])
+        except CorruptObject:  # cannot be, the core verified it; then payload() checks it in full
+            return
+        ext_end = HEADER_SIZE + extension_length
+        remember_verified(Envelope(header, head[HEADER_SIZE:ext_end], st.size, Witness(st.dev, st.ino), head))
 
     def isolate(self, dir_fd: int, rel: str, name: str, reason: int, witness: Any = None) -> None:
         try:

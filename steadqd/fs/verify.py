@@ -208,9 +208,15 @@ def _check_head_payload(head: bytes, env: Envelope) -> None:
     if known is env or (known is not None and known.head == env.head):
         return
     _check_payload_digest(hashlib.sha256(head).digest(), env)
+    remember_verified(env)
+
+
+def remember_verified(env: Envelope) -> None:
+    """Note ``env`` (a small file whose header, extension and payload all verified, whole in
+    ``env.head``) so that a read of exactly its bytes is not decoded and hashed again."""
     if len(_VERIFIED) >= _VERIFIED_MAX:
         _VERIFIED.clear()
-    _VERIFIED[key] = env  # an Envelope's header and extension authenticated: the whole file has now
+    _VERIFIED[(env.witness.dev, env.witness.ino)] = env
 
 
 def verify_payload(fd: int, env: Envelope) -> None:

@@ -309,3 +309,40 @@ def test_the_fast_path_takes_a_valid_job_in_two_calls(
     assert (out["result"] is not None) == claimed
     assert stages == [claim_fast.VERIFIED, last_stage]
     assert made == ["open", "fstat", "read", "stat", "rename_noreplace", "stat", "fstat", "read", "fsync"]
+
+
+def test_a_fast_claim_leaves_its_verified_bytes_to_payload_and_ack(tmp_path: Any) -> None:
+    """The core's whole-file re-read verified every byte: payload() and the ack find them in verify.py's
+    memo (as after the Python claim's payload check) and do not decode and hash them again; a file
+    changed in place after the claim is still checked in full and refused."""
+    from steadqd.errors import CorruptObject
+    from steadqd.fs import verify
+
+    path = str(tmp_path / "q")
+    Queue.init(path, allow_unsupported_fs=True).close()
+    with Queue.open(path, allow_unsupported_fs=True) as q:
+        q.enqueue(b"remembered")
+        lease = q.lease(wait=0)
+        assert lease is not None
+        known = verify._VERIFIED.get((lease.dev, lease.ino))
+        assert known is not None, "the fast claim did not remember the file it verified"
+        decodes: list[bytes] = []
+        real_decode = verify.JobHeader.decode
+
+        def counting(raw: bytes) -> Any:
+            decodes.append(raw)
+            return real_decode(raw)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(verify.JobHeader, "decode", staticmethod(counting))
+            assert lease.payload() == b"remembered"
+        assert decodes == []
+        q.enqueue(b"changed after the claim")
+        other = q.lease(wait=0)
+        assert other is not None
+        leased = os.path.join(path, other.path)
+        with open(leased, "r+b") as f:  # same inode, same size, last payload byte changed
+            f.seek(-1, os.SEEK_END)
+            f.write(b"!")
+        with pytest.raises(CorruptObject):
+            other.payload()
