@@ -333,28 +333,17 @@ class _Scan:
         if stage == claim_fast.MOVED_PAYLOAD_LEFT:
             # Moved and synced; the payload's check is claim_open's own end, on the re-read's envelope
             # (reread_envelope's: the verified header and extension, the new first read).
-            ext_end = HEADER_SIZE + c.extension_length
-            head = ffi.buffer(c.head)[:ext_end]
-            env = Envelope(
-                JobHeader.decode(head[:HEADER_SIZE]), head[HEADER_SIZE:], st.size, Witness(st.dev, st.ino),
-                ffi.buffer(c.head2, c.head2_len)[:],
-            )  # fmt: skip
+            env = _core_envelope(c, st)
             return self.check_claimed_payload(lease, (g, a), fd, env, dir_fd, rel, target_rel.rsplit("/", 1)[1])
         if c.payload_in_head:
             # The core's re-read holds the whole file and it all verified (envelope and payload
             # digests): payload() and the ack re-read these bytes, which verify.py's memo then
             # recognises instead of decoding and hashing them again, as after claim_open's check.
-            self.remember_claimed(ffi.buffer(c.head2, c.head2_len)[:], c.extension_length, st)
+            try:
+                remember_verified(_core_envelope(c, st))
+            except CorruptObject:  # cannot be, the core verified it; then payload() checks it in full
+                pass
         return lease
-
-    @staticmethod
-    def remember_claimed(head: bytes, extension_length: int, st: Any) -> None:
-        try:
-            header = JobHeader.decode(head[:HEADER_SIZE])
-        except CorruptObject:  # cannot be, the core verified it; then payload() checks it in full
-            return
-        ext_end = HEADER_SIZE + extension_length
-        remember_verified(Envelope(header, head[HEADER_SIZE:ext_end], st.size, Witness(st.dev, st.ino), head))
 
     def isolate(self, dir_fd: int, rel: str, name: str, reason: int, witness: Any = None) -> None:
         try:
@@ -575,6 +564,18 @@ class _Scan:
         except (MoveError, Indeterminate, OSError) as e:
             ctx.poison(f"exhausted ready cleanup of {job.job_hex}: {e}")
             raise NotCommitted(f"moving exhausted job {job.job_hex} to dead failed: {e}", ErrorKind.IO_FAILURE) from e
+
+
+def _core_envelope(c: Any, st: Any) -> Envelope:
+    """The Envelope of a file the C claim core verified, moved and re-read (reread_envelope's result):
+    the header and extension of its first read, which the core compared with the re-read, and the
+    re-read's bytes as ``head``."""
+    ffi = claim_fast.ffi
+    head = ffi.buffer(c.head)[: HEADER_SIZE + c.extension_length]
+    return Envelope(
+        JobHeader.decode(head[:HEADER_SIZE]), head[HEADER_SIZE:], st.size, Witness(st.dev, st.ino),
+        ffi.buffer(c.head2, c.head2_len)[:],
+    )  # fmt: skip
 
 
 def _witness_of(fd: int) -> Witness | None:
