@@ -105,13 +105,38 @@ def test_a_pooled_command_has_the_parent_death_signal_and_no_signal_blocked() ->
     assert out.split() == [b"9", b"0000000000000000"]
 
 
-def test_a_failed_pooled_start_is_the_error_popen_raises_and_leaves_no_descriptor() -> None:
+def test_a_failed_pooled_start_is_the_error_popen_raises_and_leaves_no_descriptor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every pipe end the submit made is closed. Checked by identity, not by comparing /proc/self/fd before
+    and after: in a CI worker an earlier test's objects are finalized (their descriptors closed) and its
+    spawns settle meanwhile, so the process's listing moves on its own (it failed so under load)."""
     pool = fastspawn.pool()
-    before = sorted(os.listdir("/proc/self/fd"))
+    made: list[tuple[int, tuple[int, int]]] = []
+    real = os.pipe2
+
+    def recording(flags: int) -> tuple[int, int]:
+        ends = real(flags)
+        made.extend((fd, _identity(fd)) for fd in ends)
+        return ends
+
+    monkeypatch.setattr(os, "pipe2", recording)
     token = pool.submit(["/nonexistent/command"], env=ENV, cwd=None, stdin_fd=None, credentials={})
+    monkeypatch.undo()
     result = _results(pool, [token])[token]
     assert isinstance(result, FileNotFoundError) and result.filename == "/nonexistent/command"
-    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert len(made) == 4  # the command's stdout and stderr pipes
+    still_open = [fd for fd, identity in made if _identity(fd) == identity]
+    assert still_open == []
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    """The open file behind ``fd`` (a closed number reused for another file has another), or (0, 0)."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return (0, 0)
+    return (st.st_dev, st.st_ino)
 
 
 def test_a_started_command_the_loop_has_not_collected_is_known_to_the_sweep() -> None:
