@@ -33,6 +33,7 @@ from steadqd.fs.handle import Queue as FsQueue
 from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.objects import dump_file as fs_dump_file
 from steadqd.fs.objects import verify_file as fs_verify_file
+from steadqd.fs.recovery.cursor import remove_bad_cursor as fs_remove_bad_cursor
 from steadqd.queue_control import PauseState
 from steadqd.view_records import RecoveryReport
 
@@ -533,6 +534,14 @@ def doctor(target: str) -> list[tuple[str, bool, str | BaseException]]:
     """The machine and filesystem checks for a queue at ``target`` (which need not exist yet):
     (name, passed, what was found or the error that made the probe fail)."""
     return list(doctor_checks(target))
+
+
+def remove_bad_recovery_cursor(target: str) -> str | None:
+    """Remove a filesystem queue's recovery cursor if it is what stops the queue's open (BadRecoveryCursor):
+    what was wrong with it, or None when it is sound or absent. The queue is not opened otherwise."""
+    if _is_bucket(target):
+        raise InvalidInput(f"{target}: a bucket queue has no recovery cursor file")
+    return fs_remove_bad_cursor(target)
 
 
 def claim_path() -> str:

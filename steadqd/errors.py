@@ -77,6 +77,18 @@ class QueueCorrupt(SteadQError):
     default_kind = ErrorKind.QUEUE_CORRUPT
 
 
+class BadRecoveryCursor(QueueCorrupt):
+    """``control/recovery-cursor.json`` is unreadable or malformed, so the open refuses the queue.
+
+    The reference refuses such a queue too (open-questions 22), so steadqd
+    does as well; but the file only records where maintenance stands, and
+    removing it is always safe (records.md: recovery then starts over). A
+    type of its own lets ``steadq fsck --repair`` take that step and nothing
+    else, and lets the message name the fix (a lying fsync and a power cut
+    can leave it empty).
+    """
+
+
 class UnsupportedFilesystem(SteadQError):
     default_kind = ErrorKind.UNSUPPORTED_FILESYSTEM
 

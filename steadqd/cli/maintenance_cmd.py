@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from steadqd.backend import Backend, RecoveryReport, dump_file, parse_ticket, verify_file
+from steadqd.backend import Backend, RecoveryReport, dump_file, parse_ticket, remove_bad_recovery_cursor, verify_file
 from steadqd.cli.common import (
     CliError,
     Subcommands,
@@ -31,8 +31,9 @@ from steadqd.cli.common import (
     out_json,
     read_user_file,
 )
-from steadqd.constants import U64_MAX, Resolution
-from steadqd.errors import QueueCorrupt, SteadQError, UnsupportedFormat
+from steadqd.constants import CONTROL_DIR, RECOVERY_CURSOR_FILE, U64_MAX, Resolution
+from steadqd.errors import BadRecoveryCursor, QueueCorrupt, SteadQError, UnsupportedFormat
+from steadqd.fsck_report import Finding
 
 
 def add_fsck(sub: Subcommands) -> None:
@@ -100,6 +101,8 @@ def add_resolve(sub: Subcommands) -> None:
 
 # =========================================================================== fsck
 
+CURSOR_PATH = f"{CONTROL_DIR}/{RECOVERY_CURSOR_FILE}"
+
 
 def format_fsck_summary(r: Any) -> str:
     """The stderr first line of ``steadq fsck`` (no newline)."""
@@ -115,7 +118,14 @@ def format_fsck_lines(r: Any) -> list[str]:
 
 
 def cmd_fsck(a: argparse.Namespace) -> int:
-    q = open_queue(a.path)
+    cursor = None
+    try:
+        q = open_queue(a.path)
+    except CliError as e:
+        if not (a.repair and isinstance(e.__cause__, BadRecoveryCursor)):
+            raise
+        cursor = _remove_bad_cursor(a.path)
+        q = open_queue(a.path)
     try:
         try:
             r = q.fsck(deep=a.deep, repair=a.repair)
@@ -124,6 +134,8 @@ def cmd_fsck(a: argparse.Namespace) -> int:
     finally:
         with contextlib.suppress(Exception):
             q.close()
+    if cursor is not None:
+        r.findings.insert(0, Finding("ERROR", CURSOR_PATH, "recovery_cursor_invalid", f"{cursor}; removed"))
     err(format_fsck_summary(r))
     if a.json:
         out_json(
@@ -143,6 +155,15 @@ def cmd_fsck(a: argparse.Namespace) -> int:
     if r.quarantined:
         err(f"quarantined: {r.quarantined}")
     return int(r.exit_code)
+
+
+def _remove_bad_cursor(path: str) -> str | None:
+    """Remove the recovery cursor that stopped the open (BadRecoveryCursor says why that is safe):
+    what was wrong with it, or None if a sound one replaced it meanwhile."""
+    try:
+        return remove_bad_recovery_cursor(path)
+    except Exception as e:  # noqa: BLE001
+        raise failure(f"cannot remove {CURSOR_PATH}", e) from e
 
 
 # =========================================================================== verify / format-dump

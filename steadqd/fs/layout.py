@@ -48,6 +48,7 @@ from steadqd.constants import (
 )
 from steadqd.errors import (
     AlreadyExists,
+    BadRecoveryCursor,
     InvalidInput,
     MaintenanceBusy,
     QueueCorrupt,
@@ -88,6 +89,9 @@ class OpenOptions:
     dead_retention_ns: int | None = None
     deferred: bool = False
     allow_unsupported_fs: bool = False
+    # False only for the one tool that removes a bad cursor (recovery.cursor.remove_bad_cursor):
+    # every other open refuses the queue, as the reference's does.
+    check_cursor: bool = True
 
 
 def filesystem_name(magic: int) -> str:
@@ -370,7 +374,8 @@ def open_queue_root(path: str, options: OpenOptions) -> OpenedRoot:
                 raise QueueCorrupt(f"cannot open control/{MAINTENANCE_LOCK}: {e.strerror}") from e
             if not linux.ofd_lock(maintenance, exclusive=False):
                 raise MaintenanceBusy("queue is being initialised or maintained (maintenance lock held)")
-            _check_cursor(control, fmt.queue_id)
+            if options.check_cursor:
+                check_cursor(control, fmt.queue_id)
             try:
                 watermark = linux.stat_at(control, WATERMARK_FILE)
             except OSError as e:
@@ -396,16 +401,25 @@ def _refuse_special(name: str, st: os.stat_result | None) -> None:
         raise QueueCorrupt(str(e)) from e
 
 
-def _check_cursor(control: int, queue_id: bytes) -> None:
-    """A malformed cursor makes the reference refuse the queue; say so early."""
+CURSOR_FIX = "it only records where maintenance stands: `steadq fsck --repair` removes it and recovery starts over"
+
+
+def check_cursor(control: int, queue_id: bytes) -> None:
+    """A malformed cursor makes the reference refuse the queue; say so early, and name the fix."""
     try:
-        fd = _open_fixed(control, RECOVERY_CURSOR_FILE, os.O_RDONLY, f"{CONTROL_DIR}/{RECOVERY_CURSOR_FILE}")
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            return
-        raise QueueCorrupt(f"cannot open control/{RECOVERY_CURSOR_FILE}: {e.strerror}") from e
-    try:
-        data = linux.pread(fd, 16_385, 0)
-    finally:
-        linux.close(fd)
-    validate_cursor(data, queue_id)
+        try:
+            fd = _open_fixed(control, RECOVERY_CURSOR_FILE, os.O_RDONLY, f"{CONTROL_DIR}/{RECOVERY_CURSOR_FILE}")
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return
+            raise QueueCorrupt(f"cannot open control/{RECOVERY_CURSOR_FILE}: {e.strerror}") from e
+        try:
+            data = linux.pread(fd, 16_385, 0)
+        finally:
+            linux.close(fd)
+        validate_cursor(data, queue_id)
+    except QueueCorrupt as e:
+        where = f"{CONTROL_DIR}/{RECOVERY_CURSOR_FILE}"
+        raise BadRecoveryCursor(
+            f"{e.message} ({CURSOR_FIX})" if where in e.message else f"{e.message} ({where}; {CURSOR_FIX})"
+        ) from e

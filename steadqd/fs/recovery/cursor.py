@@ -28,10 +28,11 @@ import errno
 import os
 import threading
 
-from steadqd.constants import RECOVERY_CURSOR_FILE, TEMP_EXT
-from steadqd.errors import QueueCorrupt
+from steadqd.constants import CONTROL_DIR, RECOVERY_CURSOR_FILE, TEMP_EXT
+from steadqd.errors import BadRecoveryCursor, QueueCorrupt
 from steadqd.fs import linux
 from steadqd.fs.json_records import cursor_json, validate_cursor
+from steadqd.fs.layout import OpenOptions, check_cursor, open_queue_root
 from steadqd.fs.recovery.objects import write_temp
 from steadqd.fs.recovery.state import PHASES, Key, Pass
 from steadqd.fs.tree import is_single_regular
@@ -170,3 +171,38 @@ def _replace(p: Pass, data: bytes) -> bool:
             with contextlib.suppress(OSError):
                 linux.unlink_at(control, tmp)
     return True
+
+
+def remove_bad_cursor(path: str) -> str | None:
+    """Remove ``control/recovery-cursor.json`` if the open would refuse it: what was wrong, or None.
+
+    ``steadq fsck --repair``'s way out of a cursor that stops every open
+    (:class:`BadRecoveryCursor`). The queue is opened as usual but for the
+    cursor check, so everything else about it must be sound. The entry goes by
+    ``unlinkat`` without following it: a symlink's target and a hard link's
+    other name stay as they are, a FIFO is never opened for writing. A
+    directory there is refused (its contents are not ours to delete).
+    """
+    # The caller's open refused only the cursor, so the filesystem passed its check already.
+    opened = open_queue_root(path, OpenOptions(allow_unsupported_fs=True, check_cursor=False))
+    try:
+        control = linux.open_dir(opened.root_fd, CONTROL_DIR)
+        try:
+            try:
+                check_cursor(control, opened.format.queue_id)
+            except BadRecoveryCursor as e:
+                what = e.__cause__.message if isinstance(e.__cause__, QueueCorrupt) else e.message
+                try:
+                    linux.unlink_at(control, RECOVERY_CURSOR_FILE)
+                except IsADirectoryError:
+                    raise QueueCorrupt(
+                        f"{CONTROL_DIR}/{RECOVERY_CURSOR_FILE} is a directory: move it out of the queue by hand"
+                    ) from None
+                linux.fsync(control)
+                return what
+            return None
+        finally:
+            linux.close(control)
+    finally:
+        linux.close(opened.maintenance_fd)
+        linux.close(opened.root_fd)
