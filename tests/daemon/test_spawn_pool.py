@@ -19,13 +19,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from steadqd import Queue
+from steadqd import Lease, Queue
 from steadqd.daemon.worker import claim, payload
 from steadqd.daemon.worker.run import child, escaped, fastspawn, guard
 from tests.procs import running
@@ -222,141 +222,125 @@ def _drain_later(r: int, after: float) -> threading.Thread:
     return t
 
 
+@dataclasses.dataclass
+class Held:
+    """Spawns held in flight: the guard lends a full pipe, so each child's guard line waits in its write
+    until :meth:`drain`; the pids of the commands the role took as started, in order."""
+
+    r: int
+    started: list[int]
+
+    def drain(self, after: float) -> None:
+        _drain_later(self.r, after)
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[Held]:
+    r, w = _full_pipe()
+    g = guard.process_guard()
+    monkeypatch.setattr(g, "lend", lambda: (w, g.generation))
+    monkeypatch.setattr(g, "give_back", lambda fd: None)
+    started: list[int] = []
+
+    def recording(starting: child.Starting, result: Any) -> Any:
+        proc = child.spawned(starting, result)
+        started.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr("steadqd.daemon.worker.role.spawned", recording)
+    try:
+        yield Held(r, started)
+    finally:
+        os.close(w)
+        os.close(r)
+        guard.process_guard().close()
+        for pid in started:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _start_sleeping_job(role: Any, lp: Any, tmp_path: Path, **cfg: Any) -> tuple[Lease, str]:
+    """Lease the queue's one job and hand ``sleep 1000`` for it to the spawn pool: (lease, its tmpdir)."""
+    assert role.q is not None and role.settings.worker is not None and role._spawner is not None
+    lease = role.q.lease()
+    assert lease is not None
+    tmpdir = tempfile.mkdtemp(dir=tmp_path)
+    path = payload.write_copy(tmpdir, lambda f: f.write(b"job"))
+    config = dataclasses.replace(role.settings.worker, command=("sleep", "1000"), **cfg)
+    role._start_job(claim.Prepared(config, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
+    return lease, tmpdir
+
+
 def test_a_stop_during_a_spawn_leaves_no_child_and_no_job(
-    make_queue: Callable[..., Queue], queue_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_queue: Callable[..., Queue], queue_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: Held
 ) -> None:
     """A spawn is held in flight (its child's guard line waits on a full pipe): its slot is taken and the
     escaped-process sweep waits for it; the forced stop then waits for it, stops the command and hands the
     job back."""
-    r, w = _full_pipe()
-    g = guard.process_guard()
-    monkeypatch.setattr(g, "lend", lambda: (w, g.generation))
-    monkeypatch.setattr(g, "give_back", lambda fd: None)
     swept: list[Any] = []
     monkeypatch.setattr("steadqd.daemon.process.kill_escaped", lambda *a: swept.append(a) or (0, 0))
-    started: list[int] = []
-
-    def recording(starting: child.Starting, result: Any) -> Any:
-        proc = child.spawned(starting, result)
-        started.append(proc.pid)
-        return proc
-
-    monkeypatch.setattr("steadqd.daemon.worker.role.spawned", recording)
-    pid = 0
-    try:
-        with worker_in_process(make_queue(shards=1), queue_path, jobs=1, concurrency=2) as (role, lp, out):
-            assert role.q is not None and role.settings.worker is not None and role._spawner is not None
-            lease = role.q.lease()
-            assert lease is not None
-            tmpdir = tempfile.mkdtemp(dir=tmp_path)
-            path = payload.write_copy(tmpdir, lambda f: f.write(b"job"))
-            cfg = dataclasses.replace(role.settings.worker, command=("sleep", "1000"))
-            role._start_job(claim.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
-            lp.run_once(0.2)
-            assert role._spawning and not role.jobs  # still in flight: the child waits on its guard line
-            assert role._slots_taken() == 1 and role.running_jobs() == 1 and not role.drained()
-            role._sweep_escaped()
-            assert not swept  # put off: the child is not a job's leader yet
-            _drain_later(r, 0.3)
-            role.close()
-            text = out.getvalue()
-            assert not role._spawning and not role.jobs
-            assert "job handed back on stop" in text, text
-            (pid,) = started
-        assert not running(pid)
-        with Queue.open(queue_path) as q:
-            stats = q.stats()
-            assert stats["ready"].objects == 1 and stats["leased"].objects == 0
-        assert not os.path.exists(tmpdir)
-    finally:
-        os.close(w)
-        os.close(r)
-        guard.process_guard().close()
-        if pid and running(pid):
-            os.kill(pid, signal.SIGKILL)
+    with worker_in_process(make_queue(shards=1), queue_path, jobs=1, concurrency=2) as (role, lp, out):
+        _lease, tmpdir = _start_sleeping_job(role, lp, tmp_path)
+        lp.run_once(0.2)
+        assert role._spawning and not role.jobs  # still in flight: the child waits on its guard line
+        assert role._slots_taken() == 1 and role.running_jobs() == 1 and not role.drained()
+        role._sweep_escaped()
+        assert not swept  # put off: the child is not a job's leader yet
+        held.drain(0.3)
+        role.close()
+        text = out.getvalue()
+        assert not role._spawning and not role.jobs
+        assert "job handed back on stop" in text, text
+        (pid,) = held.started
+    assert not running(pid)
+    with Queue.open(queue_path) as q:
+        stats = q.stats()
+        assert stats["ready"].objects == 1 and stats["leased"].objects == 0
+    assert not os.path.exists(tmpdir)
 
 
 def test_a_cancel_heard_during_a_spawn_stops_the_command_once_it_is_a_job(
-    make_queue: Callable[..., Queue], queue_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_queue: Callable[..., Queue], queue_path: str, tmp_path: Path, held: Held
 ) -> None:
     """The cancel's news (the leased object left the store) comes while the command is still being spawned,
     when it is no job to stop yet: it is asked about once it is one, and its command stopped then."""
-    r, w = _full_pipe()
-    g = guard.process_guard()
-    monkeypatch.setattr(g, "lend", lambda: (w, g.generation))
-    monkeypatch.setattr(g, "give_back", lambda fd: None)
-    try:
-        with worker_in_process(make_queue(shards=1), queue_path, jobs=1, concurrency=2) as (role, lp, out):
-            assert role.q is not None and role.settings.worker is not None
-            lease = role.q.lease()
-            assert lease is not None
-            tmpdir = tempfile.mkdtemp(dir=tmp_path)
-            path = payload.write_copy(tmpdir, lambda f: f.write(b"job"))
-            # A first renewal (which would find the cancel too) far past the test's deadline.
-            cfg = dataclasses.replace(role.settings.worker, command=("sleep", "1000"), lease=600.0)
-            role._start_job(claim.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
-            with Queue.open(queue_path) as q:
-                q.cancel(lease.job_id)
-            deadline = time.monotonic() + DEADLINE
-            while not any(s.cancel_heard for s in role._spawning.values()):
-                assert time.monotonic() < deadline and role._spawning, out.getvalue()
-                lp.run_once(0.05)
-            assert not role.jobs
-            _drain_later(r, 0.0)
-            short = lease.job_id[:8]
-            while f"job {short} cancelled (" not in out.getvalue() or role.jobs:
-                assert time.monotonic() < deadline, out.getvalue()
-                lp.run_once(0.05)
-            assert f"job {short} cancelled: stopping its command" in out.getvalue()
+    with worker_in_process(make_queue(shards=1), queue_path, jobs=1, concurrency=2) as (role, lp, out):
+        # A first renewal (which would find the cancel too) far past the test's deadline.
+        lease, _tmpdir = _start_sleeping_job(role, lp, tmp_path, lease=600.0)
         with Queue.open(queue_path) as q:
-            stats = q.stats()
-            assert stats["dead"].objects == 1 and stats["ready"].objects == 0 and stats["leased"].objects == 0
-    finally:
-        os.close(w)
-        os.close(r)
-        guard.process_guard().close()
+            q.cancel(lease.job_id)
+        deadline = time.monotonic() + DEADLINE
+        while not any(s.cancel_heard for s in role._spawning.values()):
+            assert time.monotonic() < deadline and role._spawning, out.getvalue()
+            lp.run_once(0.05)
+        assert not role.jobs
+        held.drain(0.0)
+        short = lease.job_id[:8]
+        while f"job {short} cancelled (" not in out.getvalue() or role.jobs:
+            assert time.monotonic() < deadline, out.getvalue()
+            lp.run_once(0.05)
+        assert f"job {short} cancelled: stopping its command" in out.getvalue()
+    with Queue.open(queue_path) as q:
+        stats = q.stats()
+        assert stats["dead"].objects == 1 and stats["ready"].objects == 0 and stats["leased"].objects == 0
 
 
 def test_a_sweep_is_put_off_while_a_spawn_is_in_flight_and_waits_for_it_once_put_off_long(
-    make_queue: Callable[..., Queue], queue_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_queue: Callable[..., Queue], queue_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: Held
 ) -> None:
     """The loop does not wait for a spawn at each sweep (put off, no wait); a stream of spawns cannot keep the
     sweep off for good: once put off for SPAWN_PUT_OFF it waits for them, and their commands are leaders."""
-    r, w = _full_pipe()
-    g = guard.process_guard()
-    monkeypatch.setattr(g, "lend", lambda: (w, g.generation))
-    monkeypatch.setattr(g, "give_back", lambda fd: None)
     monkeypatch.setattr("steadqd.daemon.worker.role.SPAWN_WAIT", DEADLINE)
-    started: list[int] = []
-
-    def recording(starting: child.Starting, result: Any) -> Any:
-        proc = child.spawned(starting, result)
-        started.append(proc.pid)
-        return proc
-
-    monkeypatch.setattr("steadqd.daemon.worker.role.spawned", recording)
-    try:
-        with worker_in_process(make_queue(shards=1), queue_path, jobs=1, concurrency=2) as (role, lp, out):
-            assert role.q is not None and role.settings.worker is not None
-            lease = role.q.lease()
-            assert lease is not None
-            tmpdir = tempfile.mkdtemp(dir=tmp_path)
-            path = payload.write_copy(tmpdir, lambda f: f.write(b"job"))
-            cfg = dataclasses.replace(role.settings.worker, command=("sleep", "1000"))
-            role._start_job(claim.Prepared(cfg, {}, lease=lease, renewed=lp.now(), tmpdir=tmpdir, payload_path=path))
-            t0 = time.monotonic()
-            assert role._starting_pids() is None and time.monotonic() - t0 < 1.0  # put off at once, not waited for
-            assert role._sweep_put_off is not None
-            role._sweep_put_off -= escaped.SPAWN_PUT_OFF
-            _drain_later(r, 0.1)
-            pids = role._starting_pids()  # put off long enough: waits for the spawn
-            assert pids is not None and len(pids) == 1 and role._sweep_put_off is None
-            deadline = time.monotonic() + DEADLINE
-            while not role.jobs:  # the loop collects what the sweep read
-                assert time.monotonic() < deadline, out.getvalue()
-                lp.run_once(0.05)
-            assert started == pids and list(role.jobs) == pids
-    finally:
-        os.close(w)
-        os.close(r)
-        guard.process_guard().close()
+    with worker_in_process(make_queue(shards=1), queue_path, jobs=1, concurrency=2) as (role, lp, out):
+        _start_sleeping_job(role, lp, tmp_path)
+        assert role._starting_pids() is None  # put off at once: the spawn is still held, so not waited for
+        assert role._sweep_put_off is not None
+        role._sweep_put_off -= escaped.SPAWN_PUT_OFF
+        held.drain(0.1)
+        pids = role._starting_pids()  # put off long enough: waits for the spawn
+        assert pids is not None and len(pids) == 1 and role._sweep_put_off is None
+        deadline = time.monotonic() + DEADLINE
+        while not role.jobs:  # the loop collects what the sweep read
+            assert time.monotonic() < deadline, out.getvalue()
+            lp.run_once(0.05)
+        assert held.started == pids and list(role.jobs) == pids
