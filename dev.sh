@@ -28,10 +28,13 @@ MONITORING_PACKAGES=(prometheus)
 # installed) must be on the host. cockpit-ws's postinst enables cockpit.socket; the test root starts it itself.
 # dbus: that root runs its own system bus (as every machine with Cockpit does), for a user's `systemctl is-active`.
 COCKPIT_PACKAGES=(cockpit-ws cockpit-bridge cockpit-system dbus chromium chromium-driver)
+# tests/system install the .deb into an offline root that sees the host's packages, so its Depends must be on the
+# host (tests/system/test_packages_e2e.py, HOST_DEPENDENCIES); a fresh Debian 12 lacks python3-systemd.
+PACKAGE_DEPENDS=(python3-systemd python3-cffi python3-yaml)
 
 install_system_packages() {
     command -v dpkg-query >/dev/null 2>&1 || return 0
-    local wanted=("${DEB_PACKAGES[@]}")
+    local wanted=("${DEB_PACKAGES[@]}" "${PACKAGE_DEPENDS[@]}")
     python3 -c 'import venv, ensurepip' 2>/dev/null || wanted+=(python3-venv)
     # shellcheck source=packaging/apt-ensure.sh
     . packaging/apt-ensure.sh

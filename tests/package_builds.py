@@ -75,3 +75,14 @@ def _build_once(base: Path, script: str, options: tuple[str, ...]) -> Build:
         (base / _DONE).touch()
     failure = base / _FAILURE
     return Build(out, failure.read_text() if failure.exists() else None)
+
+
+def package_depends() -> list[str]:
+    """The steadqd package's literal Depends in packaging/debian/control (the ${...} substitutions left out):
+    what an offline root that sees the host's packages needs on the host, and so what dev.sh installs."""
+    text = (PKG / "debian" / "control").read_text()
+    stanza = text[text.index("Package: steadqd\n") :].split("\n\n", 1)[0]
+    field = re.search(r"^Depends:(.*?)(?=^\S)", stanza + "\nEnd:", re.S | re.M)
+    assert field is not None, "packaging/debian/control: the steadqd package has no Depends"
+    names = [d.strip().split()[0] for d in field.group(1).split(",") if d.strip()]
+    return [n for n in names if not n.startswith("${")]

@@ -136,6 +136,17 @@ def test_vendored_inotify_simple_is_pristine() -> None:
     assert "2016 Chris Billington" in copyright_text and "License: BSD-2-Clause" in copyright_text
 
 
+def test_dev_sh_installs_what_the_package_depends_on() -> None:
+    """tests/system install the .deb into an offline root that sees the host's packages: on a fresh Debian
+    the README's test command must bring its Depends (CI on a fresh machine lacked python3-systemd)."""
+    script = (package_builds.REPO / "dev.sh").read_text()
+    listed = re.search(r"^PACKAGE_DEPENDS=\(([^)]*)\)", script, re.M)
+    assert listed is not None, "dev.sh: no PACKAGE_DEPENDS=(...) list"
+    depends = package_builds.package_depends()
+    assert {"python3-cffi", "python3-systemd", "python3-yaml"} <= set(depends)
+    assert set(depends) <= set(listed.group(1).split())
+
+
 def test_changelog_version_matches_pyproject() -> None:
     """build-deb.sh refuses a mismatch; catch it before anyone runs `make deb`."""
     first = (PKG / "debian" / "changelog").read_text().splitlines()[0]

@@ -52,7 +52,7 @@ from .sysroot import SystemdRoot
 pytestmark = [pytest.mark.system, pytest.mark.packaging]
 
 UPGRADE_VERSION = "0.1.0+1"
-HOST_DEPENDENCIES = ("python3", "python3-systemd", "python3-cffi", "python3-yaml")
+HOST_DEPENDENCIES = ("python3", *package_builds.package_depends())
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
 QUEUE = "/var/lib/steadq/demo"
 RESULTS = "/var/lib/steadq/results"
@@ -121,7 +121,7 @@ def package_prerequisites() -> None:
     for dep in HOST_DEPENDENCIES:
         if not _host_has(dep):
             _build_unavailable(
-                f"{dep} is not installed on the host (the offline test root needs it: apt-get install {dep})"
+                f"{dep} is not installed on the host (the offline test root needs it; ./dev.sh setup installs it)"
             )
 
 
