@@ -147,14 +147,18 @@ def _executables(program: str, env: Mapping[str, str]) -> list[bytes]:
     return [os.path.join(os.fsencode(d), prog) for d in os.get_exec_path(env)]
 
 
+@functools.lru_cache(maxsize=256)
+def _entry(name: str, value: str) -> bytes:
+    """One ``NAME=value`` entry (ValueError as Popen's). Cached: most of a job's entries are its
+    configuration's and the queue's, the same for every job (a job's own few push out the oldest)."""
+    key = _cstr(name, "environment")
+    if not key or b"=" in key:
+        raise ValueError(f"illegal environment variable name {name!r}")
+    return key + b"=" + _cstr(value, "environment")
+
+
 def _environment(env: Mapping[str, str]) -> list[bytes]:
-    out = []
-    for k, v in env.items():
-        key = _cstr(k, "environment")
-        if not key or b"=" in key:
-            raise ValueError(f"illegal environment variable name {k!r}")
-        out.append(key + b"=" + _cstr(v, "environment"))
-    return out
+    return [_entry(k, v) for k, v in env.items()]
 
 
 @functools.lru_cache(maxsize=32)
