@@ -316,6 +316,7 @@ class Child:
         on_report: Callable[[bytes], None] | None = None,
     ) -> None:
         self.proc = proc
+        self.pid: int = proc.pid  # the leader's, for its life (the group id): read many times a job
         self.cfg = cfg
         self.loop = loop
         self.log = log
@@ -343,10 +344,6 @@ class Child:
             if pipe is not None:
                 os.set_blocking(pipe.fileno(), False)
                 self.streams[pipe.fileno()] = Stream(name, pipe.fileno())
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
 
     @property
     def signal_name(self) -> str | None:

@@ -88,25 +88,21 @@ class Spawned:
 
     def __init__(self, args: Sequence[str], pid: int, stdout: IO[bytes] | None, stderr: IO[bytes] | None) -> None:
         self.args = list(args)
-        self._pid = pid
+        self.pid = pid  # an attribute, as Popen's: the loop reads it a dozen times a job
         self.stdin: IO[bytes] | None = None
         self.stdout = stdout
         self.stderr = stderr
         self.returncode: int | None = None
 
-    @property
-    def pid(self) -> int:
-        return self._pid
-
     def poll(self) -> int | None:
         """Reap it if it has exited (Popen's poll: a child someone else reaped counts as exit 0)."""
         if self.returncode is None:
             try:
-                pid, status = os.waitpid(self._pid, os.WNOHANG)
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
                 self.returncode = 0
             else:
-                if pid == self._pid:
+                if pid == self.pid:
                     self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
@@ -115,7 +111,7 @@ class Spawned:
         if timeout is None:
             while self.returncode is None:
                 try:
-                    _, status = os.waitpid(self._pid, 0)
+                    _, status = os.waitpid(self.pid, 0)
                 except ChildProcessError:
                     self.returncode = 0
                 else:
