@@ -199,6 +199,27 @@ def _stdin_null() -> int:
     return _devnull
 
 
+# This process's pid and descriptor limit, read at the first spawn instead of one getpid and one prlimit64 a
+# job; a forked child reads its own again. (The limit only bounds the descriptor-closing loop of a kernel
+# without close_range; steadqd never changes it.)
+_process: tuple[int, int] | None = None
+
+
+def _forget_process() -> None:
+    global _process
+    _process = None
+
+
+os.register_at_fork(after_in_child=_forget_process)
+
+
+def _pid_and_max_fd() -> tuple[int, int]:
+    global _process
+    if _process is None:
+        _process = (os.getpid(), os.sysconf("SC_OPEN_MAX"))
+    return _process
+
+
 def _error(stage: int, err: int, program: str, cwd: str | None) -> OSError:
     """The ``OSError`` Popen raises for the same failed step."""
     lib = _fastspawn.lib
@@ -237,8 +258,9 @@ def _build(
     a.groups, a.ngroups = c_groups, (len(groups) if groups is not None else -1)
     a.gid = credentials.get("group", -1)
     a.uid = credentials.get("user", -1)
-    a.parent = os.getpid() if parent is None else parent
-    a.max_fd = os.sysconf("SC_OPEN_MAX")
+    pid, max_fd = _pid_and_max_fd()
+    a.parent = pid if parent is None else parent
+    a.max_fd = max_fd
     a.guard_fd, a.guard_tail = guard_fd, c_tail
     return a, (c_execs, c_argv, strings, block, c_envp, c_cwd, c_groups, c_tail)
 
