@@ -376,6 +376,7 @@ class RoleSettling:
         def _renew(self, job: _Job) -> None: ...
         def _reopen(self, why: str) -> None: ...
         def _sweep_after_job(self) -> None: ...
+        def _guarded(self, fn: Callable[[], None], job: _Job | None = None) -> Callable[[], None]: ...
 
     def _finish(self, job: _Job) -> None:
         """The command has ended: judge the run, then settle it with this loop pass's others."""
@@ -398,7 +399,7 @@ class RoleSettling:
         if outcome is Verdict.ABANDON:
             if self._settler is not None:
                 if self._settler.discard(job.tmpdir):
-                    self.loop.call_later(0.0, self._hand_over)
+                    self.loop.call_later(0.0, self._guarded(self._hand_over))
             else:
                 payload.remove(job.tmpdir)
             self._report_finished(job, None)
@@ -500,7 +501,7 @@ class RoleSettling:
         verdict_ = job.verdict or Verdict.RETRY
         if self._settler.submit(Settlement(job, job.lease, job.cfg, verdict_, job.child.ended, job.tmpdir)):
             assert self.loop is not None
-            self.loop.call_later(0.0, self._hand_over)  # after this pass's other callbacks (Settler)
+            self.loop.call_later(0.0, self._guarded(self._hand_over))  # after this pass's other callbacks
         job.tmpdir = ""  # the thread removes it
         self._schedule_fill(0.0)  # its slot is free: _slots_taken
 
