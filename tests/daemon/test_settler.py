@@ -376,3 +376,16 @@ def test_a_forced_stop_before_the_pass_ends_settles_the_runs_not_handed_over(wor
     for job in jobs:
         assert text.count(f"job {job.lease.job_id[:8]} finished: ack") == 1
     assert all(dirs) and not any(os.path.exists(d) for d in dirs)  # their payload copies went too
+
+
+def test_the_claiming_and_settling_threads_are_named_in_the_kernel(worker_role: Worker) -> None:
+    """``top -H`` and ``/proc/PID/task/TID/stat`` tell the worker's threads apart (what each costs)."""
+    role, _, _, _ = worker_role
+    assert role._prep is not None and role._settler is not None
+    threads = {"steadqd-prepare": role._prep._thread, "steadqd-settle": role._settler._thread}
+    deadline = time.monotonic() + DEADLINE
+    for name, thread in threads.items():
+        path = f"/proc/self/task/{thread.native_id}/comm"
+        while Path(path).read_text().strip() != name:  # named as the thread starts
+            assert time.monotonic() < deadline, Path(path).read_text()
+            time.sleep(0.01)

@@ -268,6 +268,7 @@ class Settler:
     # -- the thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        claim.name_thread(self._thread.name)
         while not self._stopping:
             request = self._requests.get()
             items, directories = self._take(request)
