@@ -244,6 +244,25 @@ def tree_cpu_s(pid: int) -> float:
     return total / ticks
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of each of ``pid``'s threads, summed by name (``comm``): a worker's ``steadqd`` (its loop,
+    and the spawn pool's C threads, which spend ~0.01 ms a job), ``steadqd-prepare`` (claims, payload copies)
+    and ``steadqd-settle``."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    raw = f.read()
+            except OSError:  # a thread that ended since the listing
+                continue
+            name = raw[raw.index("(") + 1 : raw.rindex(")")]
+            fields = raw.rsplit(")", 1)[1].split()
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
 def spawner_throughput(
     workdir: str, jobs: int, concurrency: int, name: str = "", env_extra: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -258,24 +277,26 @@ def spawner_throughput(
     _enqueue_jobs(qpath, jobs)
     d = Daemon(workdir, cfg, "worker", name, env_extra)
     t_start = time.monotonic()
-    first: tuple[int, float] | None = None
-    last: tuple[int, float] | None = None
+    first: tuple[int, float, dict[str, float]] | None = None
+    last: tuple[int, float, dict[str, float]] | None = None
     try:
         d.wait_started()
         deadline = time.monotonic() + max(60.0, jobs / 20)
         while (acked := len(receipt_ctimes(qpath))) < jobs:
             if first is None and acked > 0:
-                first = (acked, tree_cpu_s(d.proc.pid))
+                first = (acked, tree_cpu_s(d.proc.pid), thread_cpu_s(d.proc.pid))
             if time.monotonic() > deadline or d.proc.poll() is not None:
                 break
             time.sleep(0.05)
         t_seen = time.monotonic()
-        last = (len(receipt_ctimes(qpath)), tree_cpu_s(d.proc.pid))
+        last = (len(receipt_ctimes(qpath)), tree_cpu_s(d.proc.pid), thread_cpu_s(d.proc.pid))
     finally:
         rc = d.stop()
     row = {**drain_result(qpath, jobs, concurrency, t_seen - t_start, objects_left(qpath)), "worker_exit": rc}
     if first is not None and last is not None and last[0] > first[0]:
-        row["cpu_ms_per_job"] = round((last[1] - first[1]) * 1000 / (last[0] - first[0]), 3)
+        n = last[0] - first[0]
+        row["cpu_ms_per_job"] = round((last[1] - first[1]) * 1000 / n, 3)
+        row["thread_cpu_ms_per_job"] = {k: round((v - first[2].get(k, 0.0)) * 1000 / n, 3) for k, v in last[2].items()}
     return row
 
 
@@ -356,11 +377,17 @@ def spawner_vs_floor(
     for side, runs in per.items():
         ok = [x for x in rates[side] if x]
         cpu = [x["cpu_ms_per_job"] for x in runs if x.get("cpu_ms_per_job")]
+        threads: dict[str, list[float]] = {}
+        for x in runs:
+            for name, ms in x.get("thread_cpu_ms_per_job", {}).items():
+                threads.setdefault(name, []).append(ms)
         out[side] = {
             "median_jobs_per_s": round(statistics.median(ok), 1) if ok else None,
             "rounds_jobs_per_s": rates[side],
             "median_cpu_ms_per_job": round(statistics.median(cpu), 3) if cpu else None,
             "rounds_cpu_ms_per_job": [x.get("cpu_ms_per_job") for x in runs],
+            # by thread name (the worker's; a tree before its threads were named shows one name)
+            "median_thread_cpu_ms_per_job": {k: round(statistics.median(v), 3) for k, v in sorted(threads.items())},
             "acked": [x["acked"] for x in runs],
             "stranded": [x["left_ready"] + x["left_leased"] for x in runs],
             "runs": runs,

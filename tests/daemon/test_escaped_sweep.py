@@ -1,6 +1,7 @@
 """The sweep for escaped job processes runs once when a job ends and once more a moment later, not twice a job.
 
-``RoleSweep._sweep_after_job`` sweeps now and schedules a look ``ESCAPED_SWEEP`` later. Every job's
+``RoleSweep._sweep_after_job`` sweeps at the end of the loop pass (once for the jobs that ended in it)
+and schedules a look ``ESCAPED_SWEEP`` later. Every job's
 end used to drop the pending look without cancelling it and schedule a new one, so each job's look still
 ran: two full sweeps of ``/proc`` a job instead of one a job and one per quiet spell. The look is still
 never less than ``ESCAPED_SWEEP`` after a job's end: its group kill's orphans come to us as their
@@ -75,9 +76,11 @@ def test_jobs_ending_in_a_row_share_the_later_look(sweeps: _Sweeps) -> None:
         role = _Role(loop)
         for _ in range(5):
             role._sweep_after_job()
-        assert sweeps.calls == 5  # one sweep now for each job's end
+        assert sweeps.calls == 0  # the look "now" is made when the loop pass in which they ended is done
+        loop.run_once(0)
+        assert sweeps.calls == 1, "one look now for the five ends of one pass, not one per end"
         _run_for(loop, 0.25)
-        assert sweeps.calls == 6, "the later look runs once for the five ends, not once per end"
+        assert sweeps.calls == 2, "the later look runs once for the five ends, not once per end"
     finally:
         loop.close()
 
@@ -88,8 +91,10 @@ def test_the_later_look_comes_a_full_delay_after_the_last_end(monkeypatch: pytes
     try:
         role = _Role(loop)
         role._sweep_after_job()
+        loop.run_once(0)
         time.sleep(0.5)
         role._sweep_after_job()  # its look is 1.0 s from now, not the first end's, 0.5 s from now
+        loop.run_once(0)
         _run_for(loop, 0.7)
         assert sweeps.calls == 2, "no look before 1.0 s after the second end"
         _run_for(loop, 0.6)
@@ -107,6 +112,7 @@ def test_something_found_is_looked_for_again_sooner_than_the_pending_look(
     try:
         role = _Role(loop)
         role._sweep_after_job()
+        loop.run_once(0)
         assert sweeps.calls == 1
         _run_for(loop, 0.4)
         assert sweeps.calls == 2, "a sweep that killed something looks again after 0.1 s, whatever is pending"

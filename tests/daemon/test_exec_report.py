@@ -262,6 +262,30 @@ def test_an_exit_after_the_output_closed_is_seen_by_its_pidfd_not_by_polling(
         guard.process_guard().close()
 
 
+def test_a_command_whose_output_outlives_it_needs_no_pidfd(
+    loop: Loop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pidfd is opened only for a leader still running once its output is closed: here the output (held
+    by a background process) closes well after the leader's exit, so EOF's check finds the end itself."""
+    opened: list[int] = []
+    real_open = os.pidfd_open
+
+    def counting(pid: int, flags: int = 0) -> int:
+        opened.append(pid)
+        return real_open(pid, flags)
+
+    monkeypatch.setattr(os, "pidfd_open", counting)
+    seen: list[str] = []
+    c = _child(loop, WorkerConfig(command=("/bin/sh", "-c", "sleep 0.3 & exit 0")), tmp_path, seen)
+    try:
+        c.start()
+        _pump_until(loop, lambda: "exit" in seen, lambda: seen)
+        assert c.returncode == 0 and opened == []
+    finally:
+        c.kill()
+        guard.process_guard().close()
+
+
 def test_the_end_is_told_once_though_eof_and_the_pidfd_both_report_it(loop: Loop, tmp_path: Path) -> None:
     """The owner may hold the child a while after on_exit (the settler): later wake-ups must not tell it again."""
     seen: list[str] = []

@@ -251,6 +251,20 @@ def test_a_child_whose_parent_is_not_the_worker_runs_nothing(tmp_path: Path) -> 
     assert code == 255 and not marker.exists()
 
 
+def test_a_forked_process_spawns_as_itself_not_as_the_process_it_was_forked_from() -> None:
+    """The pid the parent check compares with is read once per process: a forked child reads its own
+    (else every command it spawned would find an unexpected parent and run nothing: exit 255)."""
+    assert run(["true"])[0] == 0  # this process's pid is known now
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the forked child reports through its exit status
+        try:
+            os._exit(run(["true"])[0])
+        finally:
+            os._exit(99)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_wait_with_a_timeout_and_poll_behave_as_popens() -> None:
     p = fastspawn.spawn(["/bin/sleep", "5"], env=ENV, cwd=None, stdin_fd=None, credentials={})
     try:

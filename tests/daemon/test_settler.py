@@ -72,6 +72,13 @@ def _finished_job(role: WorkerRole, tmp: Path) -> _Job:
     return job
 
 
+def _finish(role: WorkerRole, loop: Loop, *jobs: _Job) -> None:
+    """The runs end in one loop pass, whose end hands them to the settling thread together (Settler)."""
+    for job in jobs:
+        role._finish(job)
+    loop.run_once(0)
+
+
 def _pump(loop: Loop, until: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + DEADLINE
     while not until():
@@ -86,7 +93,7 @@ def _receipts(qpath: str) -> int:
 def _settle_one(role: WorkerRole, loop: Loop, tmp: Path) -> None:
     """One job settled alone, start to end (the first ack also creates the receipts bucket)."""
     done = role.tally.done
-    role._finish(_finished_job(role, tmp))
+    _finish(role, loop, _finished_job(role, tmp))
     _pump(loop, lambda: role.tally.done == done + 1, "a lone ack")
 
 
@@ -95,10 +102,9 @@ def test_runs_handed_over_together_share_their_directory_fsyncs(worker_role: Wor
     _settle_one(role, loop, tmp_path)
     gate = Gate(monkeypatch)
     jobs = [_finished_job(role, tmp_path) for _ in range(3)]
-    role._finish(jobs[0])
+    _finish(role, loop, jobs[0])
     assert gate.held.wait(DEADLINE)
-    for job in jobs[1:]:
-        role._finish(job)
+    _finish(role, loop, *jobs[1:])
     assert role.tally.done == 1 and len(role.jobs) == 3  # nothing is reported before the thread answers
     with linux.trace() as events:
         gate.open()
@@ -132,7 +138,7 @@ def test_a_handed_over_lease_is_not_renewed_until_the_settle_comes_back(worker_r
     job = _finished_job(role, tmp_path)
     job.timers.set("renew", 0.0, lambda: role._renew(job))
     renewed = _record_renewals(role, monkeypatch)
-    role._finish(job)
+    _finish(role, loop, job)
     assert gate.held.wait(DEADLINE)
     assert job.settling and not job.timers  # its renew timer went with the hand-over
     role._renew(job)  # a renewal already on its way when the run ended
@@ -147,7 +153,7 @@ def test_not_committed_comes_back_to_the_loop_which_renews_and_retries(worker_ro
     job = _finished_job(role, tmp_path)
     renewals = _record_renewals(role, monkeypatch)
     with linux.inject(op="rename_noreplace", nth=1, errno=errno.ENOSPC) as fault:
-        role._finish(job)
+        _finish(role, loop, job)
         _pump(loop, lambda: "settling not committed" in out.getvalue(), "the NotCommitted report")
     assert fault.fired
     assert "settling not committed, retrying in 1s (try 1)" in out.getvalue()
@@ -164,7 +170,7 @@ def test_an_outcome_unknown_poisons_only_the_settlers_handle(worker_role: Worker
     loop_handle = role.q
     job = _finished_job(role, tmp_path)
     with linux.inject(op="fsync", nth=1, errno=errno.EIO) as fault:  # the ack's barrier, after its rename
-        role._finish(job)
+        _finish(role, loop, job)
         _pump(loop, lambda: not role.jobs, "the unknown outcome")
     assert fault.fired
     text = out.getvalue()
@@ -181,8 +187,7 @@ def test_a_failed_group_barrier_makes_every_outcome_unknown(worker_role: Worker,
     _settle_one(role, loop, tmp_path)
     gate = Gate(monkeypatch)
     jobs = [_finished_job(role, tmp_path) for _ in range(2)]
-    for job in jobs:
-        role._finish(job)
+    _finish(role, loop, *jobs)
     assert gate.held.wait(DEADLINE)
     with linux.inject(op="fsync", nth=1, errno=errno.EIO) as fault:
         gate.open()
@@ -211,7 +216,7 @@ def test_a_settler_error_is_reported_and_the_thread_goes_on(worker_role: Worker,
 
     monkeypatch.setattr(settle, "apply_verdict", failing_once)
     job = _finished_job(role, tmp_path)
-    role._finish(job)
+    _finish(role, loop, job)
     _pump(loop, lambda: not role.jobs, "the failed settle")
     assert "internal error settling a job: Boom('settler bug')" in out.getvalue()
     _settle_one(role, loop, tmp_path)
@@ -221,8 +226,7 @@ def test_a_settler_error_is_reported_and_the_thread_goes_on(worker_role: Worker,
 def test_a_drain_waits_for_the_runs_in_the_settler(worker_role: Worker, tmp_path: Path, monkeypatch):
     role, loop, qpath, _ = worker_role
     gate = Gate(monkeypatch)
-    for _ in range(2):
-        role._finish(_finished_job(role, tmp_path))
+    _finish(role, loop, *(_finished_job(role, tmp_path) for _ in range(2)))
     assert gate.held.wait(DEADLINE)
     assert not role.drained()
     gate.open()
@@ -234,8 +238,7 @@ def test_a_forced_stop_settles_what_the_settler_holds_or_never_took(worker_role:
     role, loop, qpath, out = worker_role
     gate = Gate(monkeypatch)
     jobs = [_finished_job(role, tmp_path) for _ in range(2)]
-    for job in jobs:
-        role._finish(job)
+    _finish(role, loop, *jobs)
     assert gate.held.wait(DEADLINE)
     threading.Timer(0.2, gate.open).start()  # the held group goes on while close() waits
     role.close()
@@ -252,7 +255,7 @@ def test_a_forced_stop_gives_up_on_a_stuck_settler_and_says_so(worker_role: Work
     monkeypatch.setattr(worker, "PREPARE_GRACE", 0.2)
     gate = Gate(monkeypatch)
     job = _finished_job(role, tmp_path)
-    role._finish(job)
+    _finish(role, loop, job)
     assert gate.held.wait(DEADLINE)
     try:
         role.close()
@@ -290,7 +293,7 @@ def test_a_run_that_comes_back_unsettled_takes_its_slot_again(worker_role: Worke
     job = _finished_job(role, tmp_path)
     assert role._slots_taken() == 1
     with linux.inject(op="rename_noreplace", nth=1, errno=errno.ENOSPC):
-        role._finish(job)
+        _finish(role, loop, job)
         assert job.settling and role._slots_taken() == 0
         _pump(loop, lambda: "settling not committed" in out.getvalue(), "the NotCommitted report")
     assert not job.settling and role._slots_taken() == 1
@@ -331,3 +334,58 @@ def test_a_wakeup_pipe_is_left_empty_in_as_few_reads_as_its_bytes_need(
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_runs_ending_in_one_pass_reach_the_thread_in_one_piece_in_order(
+    worker_role: Worker, tmp_path: Path, monkeypatch
+):
+    """The loop hands a pass's finished runs over once, at the pass's end (one wake-up of the thread, not
+    one per run): every run is settled once, in the order the runs ended."""
+    role, loop, qpath, out = worker_role
+    _settle_one(role, loop, tmp_path)
+    taken: list[Any] = []
+    real = settle.Settler._take
+
+    def take(s: settle.Settler, first: Any) -> Any:
+        taken.append(first)
+        return real(s, first)
+
+    monkeypatch.setattr(settle.Settler, "_take", take)
+    jobs = [_finished_job(role, tmp_path) for _ in range(3)]
+    ended = [jobs[2], jobs[0], jobs[1]]
+    for job in ended:
+        role._finish(job)
+    assert taken == [] and all(j.settling for j in jobs)  # held until the pass ends
+    loop.run_once(0)
+    _pump(loop, lambda: not role.jobs, "the group")
+    assert len(taken) == 1 and [it.owner for it in taken[0]] == ended
+    assert role.tally.done == 4 and _receipts(qpath) == 4
+    finished = [line.split()[2] for line in out.getvalue().splitlines() if " finished: ack " in line]
+    assert finished[1:] == [j.lease.job_id[:8] for j in ended]
+
+
+def test_a_forced_stop_before_the_pass_ends_settles_the_runs_not_handed_over(worker_role: Worker, tmp_path: Path):
+    role, _, qpath, out = worker_role
+    jobs = [_finished_job(role, tmp_path) for _ in range(2)]
+    dirs = [j.tmpdir for j in jobs]
+    for job in jobs:
+        role._finish(job)
+    role.close()  # the pass that would have handed them over never ends
+    assert _receipts(qpath) == 2 and role.tally.done == 2
+    text = out.getvalue()
+    for job in jobs:
+        assert text.count(f"job {job.lease.job_id[:8]} finished: ack") == 1
+    assert all(dirs) and not any(os.path.exists(d) for d in dirs)  # their payload copies went too
+
+
+def test_the_claiming_and_settling_threads_are_named_in_the_kernel(worker_role: Worker) -> None:
+    """``top -H`` and ``/proc/PID/task/TID/stat`` tell the worker's threads apart (what each costs)."""
+    role, _, _, _ = worker_role
+    assert role._prep is not None and role._settler is not None
+    threads = {"steadqd-prepare": role._prep._thread, "steadqd-settle": role._settler._thread}
+    deadline = time.monotonic() + DEADLINE
+    for name, thread in threads.items():
+        path = f"/proc/self/task/{thread.native_id}/comm"
+        while Path(path).read_text().strip() != name:  # named as the thread starts
+            assert time.monotonic() < deadline, Path(path).read_text()
+            time.sleep(0.01)

@@ -178,16 +178,27 @@ class Group:
     poisoned: str | None = None  # the thread's handle was poisoned and closed; its next group opens a new one
 
 
-_Request = Settlement | str | None  # a run to settle, a payload directory to remove, or "stop"
+# What the loop hands over at once: runs to settle and payload directories to remove (an abandoned
+# run's), in the order they came; or None: "stop".
+_Request = list[Settlement | str] | None
 
 
 class Settler:
-    """The settling thread. The loop calls :meth:`submit`, watches :meth:`fileno`, calls :meth:`collect`."""
+    """The settling thread. The loop calls :meth:`submit` (and :meth:`discard`) for each run as it ends,
+    :meth:`hand_over` once its pass is done, watches :meth:`fileno` and calls :meth:`collect`.
+
+    Runs are handed over in one piece per loop pass, not one by one: a
+    thread woken for each would take the GIL at the loop's next syscall in
+    the middle of its pass and make it wait for it back (a contended GIL
+    hand-off, several ``futex`` calls), and would settle the pass's runs in
+    more groups than one. Woken once, after the pass, it finds the GIL free.
+    """
 
     def __init__(self, q: Backend, reopen: Callable[[], Backend]) -> None:
         self._q: Backend | None = q
         self._reopen = reopen
         self._requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self._held: list[Settlement | str] = []  # submitted this loop pass, not handed over yet (loop side)
         self._results: list[Group] = []
         self._lock = threading.Lock()  # guards _results
         self._stopping = False
@@ -198,13 +209,24 @@ class Settler:
     def fileno(self) -> int:
         return self._r
 
-    def submit(self, item: Settlement) -> None:
-        self._requests.put(item)
+    def submit(self, item: Settlement) -> bool:
+        """Settle ``item`` once handed over; True if it is the first since the last :meth:`hand_over`
+        (the caller arranges one hand-over at the end of its pass)."""
+        self._held.append(item)
+        return len(self._held) == 1
 
-    def discard(self, directory: str) -> None:
-        """Remove a payload directory on the thread (an abandoned run's: nothing to settle)."""
-        if directory:
-            self._requests.put(directory)
+    def discard(self, directory: str) -> bool:
+        """Remove a payload directory on the thread (an abandoned run's: nothing to settle); as :meth:`submit`."""
+        if not directory:
+            return False
+        self._held.append(directory)
+        return len(self._held) == 1
+
+    def hand_over(self) -> None:
+        """Give the thread what :meth:`submit` and :meth:`discard` took since the last call, in one piece."""
+        if self._held:
+            held, self._held = self._held, []
+            self._requests.put(held)
 
     def collect(self) -> list[Group]:
         claim.drain_wakeups(self._r)
@@ -223,15 +245,20 @@ class Settler:
         self._requests.put(None)
         self._thread.join(wait)
         unstarted: list[Settlement] = []
+        requests: list[Settlement | str] = []
         while True:  # the thread takes nothing more once it is stopping: the rest is the caller's
             try:
                 request = self._requests.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(request, Settlement):
-                unstarted.append(request)
-            elif isinstance(request, str):
-                payload.remove(request)
+            requests += request or ()
+        requests += self._held  # never handed over: the caller's too
+        self._held = []
+        for r in requests:
+            if isinstance(r, Settlement):
+                unstarted.append(r)
+            else:
+                payload.remove(r)
         done = self.collect()
         if not self._thread.is_alive():
             claim.close_owned(self._q, self._r, self._w)
@@ -241,6 +268,7 @@ class Settler:
     # -- the thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        claim.name_thread(self._thread.name)
         while not self._stopping:
             request = self._requests.get()
             items, directories = self._take(request)
@@ -268,12 +296,14 @@ class Settler:
         while True:
             if request is None:
                 self._stopping = True
-            elif isinstance(request, str):
-                directories.append(request)
             else:
-                items.append(request)
-                if request.tmpdir:
-                    directories.append(request.tmpdir)
+                for r in request:
+                    if isinstance(r, str):
+                        directories.append(r)
+                    else:
+                        items.append(r)
+                        if r.tmpdir:
+                            directories.append(r.tmpdir)
             if self._stopping:
                 return items, directories
             try:
@@ -347,6 +377,7 @@ class RoleSettling:
         def _renew(self, job: _Job) -> None: ...
         def _reopen(self, why: str) -> None: ...
         def _sweep_after_job(self) -> None: ...
+        def _guarded(self, fn: Callable[[], None], job: _Job | None = None) -> Callable[[], None]: ...
 
     def _finish(self, job: _Job) -> None:
         """The command has ended: judge the run, then settle it with this loop pass's others."""
@@ -368,7 +399,8 @@ class RoleSettling:
         }
         if outcome is Verdict.ABANDON:
             if self._settler is not None:
-                self._settler.discard(job.tmpdir)
+                if self._settler.discard(job.tmpdir):
+                    self.loop.call_later(0.0, self._guarded(self._hand_over))
             else:
                 payload.remove(job.tmpdir)
             self._report_finished(job, None)
@@ -468,9 +500,16 @@ class RoleSettling:
         job.timers.cancel("renew")  # a renewal and the settle would race on the lease
         job.settling = True
         verdict_ = job.verdict or Verdict.RETRY
-        self._settler.submit(Settlement(job, job.lease, job.cfg, verdict_, job.child.ended, job.tmpdir))
+        if self._settler.submit(Settlement(job, job.lease, job.cfg, verdict_, job.child.ended, job.tmpdir)):
+            assert self.loop is not None
+            self.loop.call_later(0.0, self._guarded(self._hand_over))  # after this pass's other callbacks
         job.tmpdir = ""  # the thread removes it
         self._schedule_fill(0.0)  # its slot is free: _slots_taken
+
+    def _hand_over(self) -> None:
+        """The end of a loop pass in which runs were submitted: the settling thread gets them all at once."""
+        if self._settler is not None:
+            self._settler.hand_over()
 
     def _on_settled(self) -> None:
         assert self._settler is not None

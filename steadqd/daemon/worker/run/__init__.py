@@ -74,7 +74,4 @@ class _Job:
             report_fd=report_fd,
             on_report=lambda report: role._on_report(self, report),
         )
-
-    @property
-    def pid(self) -> int:
-        return self.child.pid
+        self.pid: int = self.child.pid  # the role's key for it in ``jobs``

@@ -316,6 +316,7 @@ class Child:
         on_report: Callable[[bytes], None] | None = None,
     ) -> None:
         self.proc = proc
+        self.pid: int = proc.pid  # the leader's, for its life (the group id): read many times a job
         self.cfg = cfg
         self.loop = loop
         self.log = log
@@ -334,7 +335,8 @@ class Child:
         self._report_fd = report_fd  # steadq-exec's report pipe, until its end is read
         self._on_report = on_report
         self._report = b""
-        self._pidfd: int | None = None  # readable once the leader has exited (Linux 5.3+)
+        self._pidfd: int | None = None  # readable once the leader has exited (Linux 5.3+): _watch_exit
+        self._pidfd_tried = False  # _watch_exit opens it once at most
         self._exit_told = False  # on_exit is called once
         if report_fd is not None:
             os.set_blocking(report_fd, False)
@@ -342,10 +344,6 @@ class Child:
             if pipe is not None:
                 os.set_blocking(pipe.fileno(), False)
                 self.streams[pipe.fileno()] = Stream(name, pipe.fileno())
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
 
     @property
     def signal_name(self) -> str | None:
@@ -372,13 +370,23 @@ class Child:
         self.timers.set("exit", EXIT_CHECK_RUNNING, self.check_exit)
         if self.cfg.timeout is not None:
             self.timers.set("timeout", self.cfg.timeout, self._on_timeout)
+
+    def _watch_exit(self) -> None:
+        """Its output is closed but the leader runs on: its pidfd wakes the loop at its exit (no polling).
+
+        Opened only then, not at the start: the exit of a command whose output is still open is left to
+        the exit checks' timers anyway, and almost every command closes its output by exiting, which EOF
+        reports, so its end needs no pidfd (nor its four system calls and a wake-up of its own).
+        """
+        if self._pidfd is not None or self._pidfd_tried:
+            return
+        self._pidfd_tried = True
         with contextlib.suppress(OSError, AttributeError):  # no pidfds: the exit checks' timers alone
-            self._pidfd = os.pidfd_open(self.pid)
+            self._pidfd = os.pidfd_open(self.pid)  # an unreaped child: its pid is not another's
             self.loop.add_reader(self._pidfd, self._guard(self._on_pidfd))
 
     def _on_pidfd(self) -> None:
-        """The leader exited. Only when its output is closed too is that its end now (as after EOF's check):
-        while something still holds the pipes, the exit checks' timers decide, as without a pidfd."""
+        """The leader exited (its output was closed before: :meth:`_watch_exit`); that is its end now."""
         self._close_pidfd()
         if not self.streams and not self.released:
             self.check_exit()
@@ -568,6 +576,7 @@ class Child:
                 if self.streams:
                     self.timers.set("exit", EXIT_CHECK_RUNNING, self.check_exit)
                 else:  # output closed: the exit is normally a moment away
+                    self._watch_exit()
                     self.timers.set("exit", self.exit_check_delay, self.check_exit)
                     self.exit_check_delay = min(EXIT_CHECK_MAX, self.exit_check_delay * 2)
                 return

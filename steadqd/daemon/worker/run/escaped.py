@@ -32,6 +32,8 @@ SPAWN_WAIT = 0.05  # s; how long it waits for them before it is put off again
 class RoleSweep:
     """The worker role's sweep for escaped job processes, on the loop's thread."""
 
+    _sweep_this_pass = False  # a look is due at the end of this loop pass (_sweep_after_job)
+
     if TYPE_CHECKING:
         loop: Loop | None
         log: Log
@@ -101,7 +103,15 @@ class RoleSweep:
 
         That later look is :data:`ESCAPED_SWEEP` after the last job's end: a look pending for an earlier
         job is postponed to it (this sweep finds what that one would have found so far), so jobs ending
-        in a row share one look instead of each adding a full sweep of ``/proc``.
+        in a row share one look instead of each adding a full sweep of ``/proc``. The look "now" is made
+        at the end of the loop pass in which the job ended, once for all the jobs that ended in it
+        (each look reads every thread's children list).
         """
         self._schedule_sweep(ESCAPED_SWEEP, postpone=True)
+        if not self._sweep_this_pass and self.loop is not None and not self.closed:
+            self._sweep_this_pass = True
+            self.loop.call_later(0.0, self._guarded(self._sweep_at_pass_end))
+
+    def _sweep_at_pass_end(self) -> None:
+        self._sweep_this_pass = False
         self._sweep_escaped()  # something found: the look comes after 0.1 s instead

@@ -88,25 +88,21 @@ class Spawned:
 
     def __init__(self, args: Sequence[str], pid: int, stdout: IO[bytes] | None, stderr: IO[bytes] | None) -> None:
         self.args = list(args)
-        self._pid = pid
+        self.pid = pid  # an attribute, as Popen's: the loop reads it a dozen times a job
         self.stdin: IO[bytes] | None = None
         self.stdout = stdout
         self.stderr = stderr
         self.returncode: int | None = None
 
-    @property
-    def pid(self) -> int:
-        return self._pid
-
     def poll(self) -> int | None:
         """Reap it if it has exited (Popen's poll: a child someone else reaped counts as exit 0)."""
         if self.returncode is None:
             try:
-                pid, status = os.waitpid(self._pid, os.WNOHANG)
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
                 self.returncode = 0
             else:
-                if pid == self._pid:
+                if pid == self.pid:
                     self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
@@ -115,7 +111,7 @@ class Spawned:
         if timeout is None:
             while self.returncode is None:
                 try:
-                    _, status = os.waitpid(self._pid, 0)
+                    _, status = os.waitpid(self.pid, 0)
                 except ChildProcessError:
                     self.returncode = 0
                 else:
@@ -147,14 +143,18 @@ def _executables(program: str, env: Mapping[str, str]) -> list[bytes]:
     return [os.path.join(os.fsencode(d), prog) for d in os.get_exec_path(env)]
 
 
+@functools.lru_cache(maxsize=256)
+def _entry(name: str, value: str) -> bytes:
+    """One ``NAME=value`` entry (ValueError as Popen's). Cached: most of a job's entries are its
+    configuration's and the queue's, the same for every job (a job's own few push out the oldest)."""
+    key = _cstr(name, "environment")
+    if not key or b"=" in key:
+        raise ValueError(f"illegal environment variable name {name!r}")
+    return key + b"=" + _cstr(value, "environment")
+
+
 def _environment(env: Mapping[str, str]) -> list[bytes]:
-    out = []
-    for k, v in env.items():
-        key = _cstr(k, "environment")
-        if not key or b"=" in key:
-            raise ValueError(f"illegal environment variable name {k!r}")
-        out.append(key + b"=" + _cstr(v, "environment"))
-    return out
+    return [_entry(k, v) for k, v in env.items()]
 
 
 @functools.lru_cache(maxsize=32)
@@ -199,6 +199,27 @@ def _stdin_null() -> int:
     return _devnull
 
 
+# This process's pid and descriptor limit, read at the first spawn instead of one getpid and one prlimit64 a
+# job; a forked child reads its own again. (The limit only bounds the descriptor-closing loop of a kernel
+# without close_range; steadqd never changes it.)
+_process: tuple[int, int] | None = None
+
+
+def _forget_process() -> None:
+    global _process
+    _process = None
+
+
+os.register_at_fork(after_in_child=_forget_process)
+
+
+def _pid_and_max_fd() -> tuple[int, int]:
+    global _process
+    if _process is None:
+        _process = (os.getpid(), os.sysconf("SC_OPEN_MAX"))
+    return _process
+
+
 def _error(stage: int, err: int, program: str, cwd: str | None) -> OSError:
     """The ``OSError`` Popen raises for the same failed step."""
     lib = _fastspawn.lib
@@ -237,8 +258,9 @@ def _build(
     a.groups, a.ngroups = c_groups, (len(groups) if groups is not None else -1)
     a.gid = credentials.get("group", -1)
     a.uid = credentials.get("user", -1)
-    a.parent = os.getpid() if parent is None else parent
-    a.max_fd = os.sysconf("SC_OPEN_MAX")
+    pid, max_fd = _pid_and_max_fd()
+    a.parent = pid if parent is None else parent
+    a.max_fd = max_fd
     a.guard_fd, a.guard_tail = guard_fd, c_tail
     return a, (c_execs, c_argv, strings, block, c_envp, c_cwd, c_groups, c_tail)
 
