@@ -209,6 +209,11 @@ def replay(results: list[tuple[str, Any]]) -> Iterator[list[tuple[str, Any]]]:
     and the syscalls C already made return what they returned to C (or raise what they raised)
     instead of being made twice. Replayed calls are neither traced nor faulted again: they were,
     when C made them. Yields the pending list (empty once all were consumed).
+
+    While a replay runs, a marker in ``_traces`` sends every thread's syscall wrappers through
+    :func:`call`'s slow path, not only this thread's: the fast path's test is one global read,
+    and a per-thread test there would cost every syscall of every job. Replays happen only at
+    a deviation (a hostile or changed file, a fault), so the other threads pay rarely.
     """
     pending = list(reversed(results))
     ident = threading.get_ident()
