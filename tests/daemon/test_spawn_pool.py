@@ -278,7 +278,7 @@ def test_a_stop_during_a_spawn_leaves_no_child_and_no_job(
     escaped-process sweep waits for it; the forced stop then waits for it, stops the command and hands the
     job back."""
     swept: list[Any] = []
-    monkeypatch.setattr("steadqd.daemon.process.kill_escaped", lambda *a: swept.append(a) or (0, 0))
+    monkeypatch.setattr("steadqd.daemon.process.kill_escaped", lambda *a, **_k: swept.append(a) or (0, 0))
     with worker_in_process(make_queue(shards=1), queue_path, jobs=1, concurrency=2) as (role, lp, out):
         _lease, tmpdir = _start_sleeping_job(role, lp, tmp_path)
         lp.run_once(0.2)
