@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,45 @@ def test_remove_of_a_directory_swapped_for_a_symlink_touches_nothing_it_points_t
     payload.remove(d)
     assert sorted(p.name for p in elsewhere.iterdir()) == ["other", "payload", "progress"]
     assert oct(elsewhere.stat().st_mode & 0o777) == oct(0o755)
+
+
+_AS_USER = r"""
+import os, sys
+from steadqd.daemon.worker import payload
+os.umask(int(sys.argv[2], 8))
+if sys.argv[3] != "-":
+    os.setgid(int(sys.argv[3])); os.setuid(int(sys.argv[3]))
+d = payload.make("ab" * 16)
+payload.make_progress(d)
+path = payload.write_copy(d, lambda f: f.write(b"x" * 300000))
+mode = os.stat(path).st_mode & 0o777
+with open(path, "rb") as f:
+    size = len(f.read())
+if sys.argv[1] == "readonly":
+    os.chmod(d, 0o500)  # as a command run as the daemon's user may leave it
+payload.remove(d)
+print(oct(mode), size, os.path.lexists(d))
+"""
+
+
+def _as_user(tmp: Path, how: str, umask: str, uid: str = "-") -> list[str]:
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    r = subprocess.run(
+        [sys.executable, "-c", _AS_USER, how, umask, uid], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+@pytest.mark.parametrize("umask", ["022", "007", "477"])
+def test_the_copy_is_0400_whatever_the_umask(tmp: Path, umask: str) -> None:
+    """The copy is created 0400 (no fchmod) unless the umask would cut its owner's read bit, then fchmod'ed."""
+    assert _as_user(tmp, "plain", umask) == ["0o400", "300000", "False"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another user")
+@pytest.mark.parametrize("how", ["plain", "readonly"])
+def test_a_daemon_not_root_removes_its_directory_even_made_unwritable(tmp: Path, how: str) -> None:
+    """Not root, the daemon's unlink in a 0500 directory is refused: it makes the directory writable then."""
+    os.chmod(tmp, 0o1777)
+    assert _as_user(tmp, how, "007", "65534") == ["0o400", "300000", "False"]

@@ -22,7 +22,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 __all__ = ["make", "make_progress", "remove", "remove_stale", "write_copy"]
 
@@ -64,16 +64,52 @@ def write_copy(directory: str, copy: Callable[[BinaryIO], object], owner: tuple[
     user and opens the file itself; the directory stays unwritable to it.
     """
     path = os.path.join(directory, "payload")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        copy(f)
-        os.fchmod(f.fileno(), 0o400)
+    # Made 0400 at its creation (the descriptor writes all the same), unless the umask would cut that.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o400)
+    try:
+        copy(cast(BinaryIO, _Out(fd)))
+        if _umask() & 0o400:
+            os.fchmod(fd, 0o400)
         if owner is not None:
-            os.fchown(f.fileno(), *owner)
+            os.fchown(fd, *owner)
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)  # its error too is the copy's (a file system that reports a failed write at the close)
     if owner is not None:
         os.chown(directory, *owner)
         os.chmod(directory, 0o500)
     return path
+
+
+class _Out:
+    """The copy's file by its descriptor: whole writes, no buffer (the backend writes in large chunks).
+
+    A Python file object would cost an ``fstat``, an ``ioctl`` (isatty) and an ``lseek`` per job besides."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.write(self._fd, view[done:])
+        return done
+
+
+@functools.cache
+def _umask() -> int:
+    """The process's umask (``Umask:`` of /proc/self/status: asking umask(2) would set it, racing the other
+    threads); steadqd never changes it. Unknown: 0o777, which keeps the explicit ``fchmod``."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o777
 
 
 def make_progress(directory: str, owner: tuple[int, int] | None = None, *, traverse: bool = False) -> str:
@@ -101,7 +137,8 @@ _OWN_FILES = ("payload", "progress")  # what make_progress and write_copy put in
 def remove(directory: str) -> None:
     """Remove a job's payload directory, read-only as it may be; never raises.
 
-    Its own two files and the directory go in a few calls; only a directory
+    Its own two files and the directory go in a few calls (the directory made writable first only
+    where an unlink was refused: root is never refused); only a directory
     that holds more (a command run as the daemon's user may write there) is
     walked by ``shutil.rmtree``, which costs several times that for every job.
     The directory is opened without following a symlink and its files are
@@ -115,21 +152,34 @@ def remove(directory: str) -> None:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         fd = -1  # gone, or not a directory: rmdir and rmtree below judge it (rmtree refuses a symlink)
-    if fd >= 0:
-        try:
-            with contextlib.suppress(OSError):
-                os.fchmod(fd, 0o700)
-            for name in _OWN_FILES:
+    try:
+        opened_up = False
+        for name in _OWN_FILES if fd >= 0 else ():
+            try:
+                os.unlink(name, dir_fd=fd)
+            except PermissionError:  # made unwritable (0500: write_copy's owner, or its command): opened up
+                opened_up = opened_up or _open_up(fd)
                 with contextlib.suppress(OSError):
                     os.unlink(name, dir_fd=fd)
-        finally:
+            except OSError:
+                pass
+        try:
+            os.rmdir(directory)
+        except FileNotFoundError:
+            return
+        except OSError:
+            if fd >= 0 and not opened_up:
+                _open_up(fd)
+            shutil.rmtree(directory, ignore_errors=True)
+    finally:
+        if fd >= 0:
             os.close(fd)
-    try:
-        os.rmdir(directory)
-    except FileNotFoundError:
-        return
-    except OSError:
-        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _open_up(fd: int) -> bool:
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o700)
+    return True
 
 
 def remove_stale(directory: str | None = None) -> list[str]:
