@@ -155,3 +155,44 @@ def test_a_daemon_not_root_removes_its_directory_even_made_unwritable(tmp: Path,
     """Not root, the daemon's unlink in a 0500 directory is refused: it makes the directory writable then."""
     os.chmod(tmp, 0o1777)
     assert _as_user(tmp, how, "007", "65534") == ["0o400", "300000", "False"]
+
+
+class _Tails:
+    """A random source that hands out the given tails in order (payload.make draws 32 bits, 8 hex digits)."""
+
+    def __init__(self, *tails: str) -> None:
+        self.tails = list(tails)
+
+    def getrandbits(self, k: int) -> int:
+        assert k == 32
+        return int(self.tails.pop(0), 16)
+
+
+def test_make_takes_another_name_when_one_exists_and_follows_no_symlink(
+    tmp: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    prefix = f"steadqd-{os.stat('/proc/self/ns/pid').st_ino}-{os.getpid()}-"
+    monkeypatch.setattr(payload, "_made", (prefix, _Tails("aaaaaaaa", "bbbbbbbb", "0000000c")))
+    (tmp / f"{prefix}0123456789ab-aaaaaaaa").symlink_to(elsewhere)  # planted: mkdir fails, nothing followed
+    (tmp / f"{prefix}0123456789ab-bbbbbbbb").mkdir()
+    d = payload.make("0123456789abcdef0123456789abcdef")
+    assert d == str(tmp / f"{prefix}0123456789ab-0000000c")
+    assert oct(os.stat(d).st_mode & 0o777) == oct(0o700)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_forked_child_names_its_copies_with_its_own_pid(tmp: Path) -> None:
+    payload.make("ab" * 16)  # this process's prefix is made
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.write(w, os.path.basename(payload.make("cd" * 16)).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    name = os.read(r, 4096).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert name.split("-")[2] == str(pid)
