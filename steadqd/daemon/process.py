@@ -139,6 +139,18 @@ def _task_ids() -> list[str]:
     return _tasks[1]
 
 
+# The main thread's children list (its tid is the pid), named once per process: a getpid fewer a sweep.
+_main_children: str | None = None
+
+
+def _forget_main_children() -> None:
+    global _main_children
+    _main_children = None
+
+
+os.register_at_fork(after_in_child=_forget_main_children)
+
+
 def children(*, every_thread: bool = True) -> set[int]:
     """This process's children: of every thread, or (``every_thread=False``) of the main thread only.
 
@@ -149,9 +161,11 @@ def children(*, every_thread: bool = True) -> set[int]:
     ``ESCAPED_SWEEP``: run/escaped.py). The threads are listed again when their number changed, or at
     the next call when one of them was gone.
     """
-    global _tasks
+    global _tasks, _main_children
     if not every_thread:
-        raw = _read(f"/proc/self/task/{os.getpid()}/children")
+        if _main_children is None:
+            _main_children = f"/proc/self/task/{os.getpid()}/children"
+        raw = _read(_main_children)
         return set() if raw is None else {int(p) for p in raw.split()}
     try:
         tasks = _task_ids()

@@ -10,6 +10,7 @@ parents die.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -254,3 +255,23 @@ def test_an_orphan_of_a_command_started_by_another_thread_is_the_main_threads_ch
     r = subprocess.run([sys.executable, "-c", _ORPHAN], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True", "False"], "the main thread's child, not the starting thread's"
+
+
+def test_a_forked_child_reads_its_own_main_threads_children() -> None:
+    """The main thread's list is named once per process: a forked child names its own, not its parent's."""
+    process.children(every_thread=False)  # named in this process
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            child = subprocess.Popen(["sleep", "30"])
+            os.write(w, b"1" if child.pid in process.children(every_thread=False) else b"0")
+            child.kill()
+            child.wait()
+        finally:
+            os._exit(0)
+    os.close(w)
+    seen = os.read(r, 1)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert seen == b"1"
