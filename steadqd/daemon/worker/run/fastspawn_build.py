@@ -41,6 +41,8 @@ struct steadq_spawn_job {
     const struct steadq_spawn_args *args;
     unsigned long long token;
     int close_fds[3];
+    int nonblock_fds[2];
+    int nonblocking;
     int pid, stage, err;
     struct steadq_spawn_job *next;
 };

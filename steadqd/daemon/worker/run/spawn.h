@@ -34,6 +34,8 @@ struct steadq_spawn_job {
     const struct steadq_spawn_args *args;
     unsigned long long token; /* written to the pool's descriptor once pid/stage/err are set */
     int close_fds[3];         /* closed by the pool's thread after the spawn (-1: none): the caller's ends */
+    int nonblock_fds[2];      /* made non-blocking by the pool's thread after the spawn (-1: none): the read ends */
+    int nonblocking;          /* 1 once every nonblock_fds[] is non-blocking (0: the caller must do it) */
     int pid, stage, err;      /* steadq_spawn's result */
     struct steadq_spawn_job *next;
 };
