@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from steadqd.daemon.worker import payload
+from steadqd.daemon.worker.run import fastspawn
 
 
 def _dead_pid() -> int:
@@ -24,6 +25,19 @@ def tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
     return tmp_path
+
+
+@pytest.fixture(params=["python", "compiled"])
+def remover(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """payload.remove in Python, and through run/spawn.c's steadq_remove_copy (the worker's, where built)."""
+    if request.param == "compiled":
+        compiled = fastspawn.remove_copy()
+        if compiled is None:
+            pytest.skip("the spawn module is not built")
+        monkeypatch.setattr(payload, "_compiled_remove", compiled)
+    else:
+        monkeypatch.setattr(payload, "_compiled_remove", None)
+    return str(request.param)
 
 
 def test_make_names_the_creator_and_is_private(tmp: Path) -> None:
@@ -66,14 +80,16 @@ def _filled(tmp: Path, *, readonly: bool) -> str:
 
 
 @pytest.mark.parametrize("readonly", [False, True])
-def test_remove_takes_the_directory_with_its_own_files(tmp: Path, readonly: bool) -> None:
+def test_remove_takes_the_directory_with_its_own_files(tmp: Path, readonly: bool, remover: str) -> None:
     d = _filled(tmp, readonly=readonly)
     payload.remove(d)
     assert not os.path.lexists(d)
 
 
 @pytest.mark.parametrize("what", ["a file", "a tree", "progress replaced by a directory", "a symlink out"])
-def test_remove_takes_whatever_the_command_left_there_too_and_nothing_outside(tmp: Path, what: str) -> None:
+def test_remove_takes_whatever_the_command_left_there_too_and_nothing_outside(
+    tmp: Path, what: str, remover: str
+) -> None:
     """A command run as the daemon's user may write into its directory: all of it goes, nothing it points to."""
     outside = tmp / "outside"
     outside.mkdir()
@@ -95,13 +111,13 @@ def test_remove_takes_whatever_the_command_left_there_too_and_nothing_outside(tm
     assert (outside / "keep").read_text() == "x"
 
 
-def test_remove_of_a_missing_or_empty_name_does_nothing(tmp: Path) -> None:
+def test_remove_of_a_missing_or_empty_name_does_nothing(tmp: Path, remover: str) -> None:
     payload.remove("")
     payload.remove(str(tmp / "never-made"))
     assert list(tmp.iterdir()) == []
 
 
-def test_remove_of_a_directory_swapped_for_a_symlink_touches_nothing_it_points_to(tmp: Path) -> None:
+def test_remove_of_a_directory_swapped_for_a_symlink_touches_nothing_it_points_to(tmp: Path, remover: str) -> None:
     """A command that owns its directory (user: with input: file) may rename it and plant a symlink."""
     elsewhere = tmp / "elsewhere"
     elsewhere.mkdir(mode=0o755)
@@ -118,6 +134,9 @@ def test_remove_of_a_directory_swapped_for_a_symlink_touches_nothing_it_points_t
 _AS_USER = r"""
 import os, sys
 from steadqd.daemon.worker import payload
+from steadqd.daemon.worker.run import fastspawn
+if sys.argv[4] == "compiled":
+    payload.use_compiled(fastspawn.remove_copy())
 os.umask(int(sys.argv[2], 8))
 if sys.argv[3] != "-":
     os.setgid(int(sys.argv[3])); os.setuid(int(sys.argv[3]))
@@ -134,10 +153,10 @@ print(oct(mode), size, os.path.lexists(d))
 """
 
 
-def _as_user(tmp: Path, how: str, umask: str, uid: str = "-") -> list[str]:
+def _as_user(tmp: Path, how: str, umask: str, uid: str = "-", remover: str = "python") -> list[str]:
     env = {**os.environ, "TMPDIR": str(tmp)}
     r = subprocess.run(
-        [sys.executable, "-c", _AS_USER, how, umask, uid], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, "-c", _AS_USER, how, umask, uid, remover], capture_output=True, text=True, env=env, timeout=60
     )
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
@@ -151,10 +170,10 @@ def test_the_copy_is_0400_whatever_the_umask(tmp: Path, umask: str) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another user")
 @pytest.mark.parametrize("how", ["plain", "readonly"])
-def test_a_daemon_not_root_removes_its_directory_even_made_unwritable(tmp: Path, how: str) -> None:
+def test_a_daemon_not_root_removes_its_directory_even_made_unwritable(tmp: Path, how: str, remover: str) -> None:
     """Not root, the daemon's unlink in a 0500 directory is refused: it makes the directory writable then."""
     os.chmod(tmp, 0o1777)
-    assert _as_user(tmp, how, "007", "65534") == ["0o400", "300000", "False"]
+    assert _as_user(tmp, how, "007", "65534", remover) == ["0o400", "300000", "False"]
 
 
 class _Tails:

@@ -48,6 +48,7 @@ struct steadq_spawn_job {
 };
 int steadq_pool_start(int threads, int notify_fd);
 void steadq_pool_submit(struct steadq_spawn_job *job);
+int steadq_remove_copy(const char *dir);
 """
 
 ffibuilder = cffi.FFI()

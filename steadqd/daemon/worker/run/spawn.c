@@ -46,6 +46,7 @@
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -319,6 +320,34 @@ static void *pool_thread(void *unused)
         }
     }
     return NULL;
+}
+
+/* payload.remove's common case in one call (one GIL release for the settling thread instead of five):
+ * the directory opened without following a symlink, its own two files unlinked through it (the directory
+ * made 0700 first only where an unlink is refused), the directory removed. 0: removed or gone; else
+ * rmdir's errno, and the caller walks what is left (a command may have written more there). */
+int steadq_remove_copy(const char *dir)
+{
+    static const char *const own[] = {"payload", "progress"};
+    int opened_up = 0;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    for (int i = 0; fd >= 0 && i < 2; i++) {
+        if (unlinkat(fd, own[i], 0) == 0 || (errno != EACCES && errno != EPERM))
+            continue;
+        if (!opened_up) {
+            (void)fchmod(fd, 0700);
+            opened_up = 1;
+        }
+        (void)unlinkat(fd, own[i], 0);
+    }
+    int rc = rmdir(dir) == 0 ? 0 : errno;
+    if (rc == ENOENT)
+        rc = 0;
+    if (rc != 0 && fd >= 0 && !opened_up)
+        (void)fchmod(fd, 0700);
+    if (fd >= 0)
+        close(fd);
+    return rc;
 }
 
 int steadq_pool_start(int threads, int notify_fd)

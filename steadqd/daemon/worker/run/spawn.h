@@ -46,4 +46,7 @@ int steadq_pool_start(int threads, int notify_fd);
 /* Hand a spawn to the pool's threads (never blocks on a spawn). */
 void steadq_pool_submit(struct steadq_spawn_job *job);
 
+/* Remove a job's payload copy directory (payload.remove's common case): 0, or rmdir's errno. */
+int steadq_remove_copy(const char *dir);
+
 #endif
