@@ -215,3 +215,84 @@ def test_a_forked_child_names_its_copies_with_its_own_pid(tmp: Path) -> None:
     os.close(r)
     os.waitpid(pid, 0)
     assert name.split("-")[2] == str(pid)
+
+
+@pytest.fixture
+def compiled_make(monkeypatch: pytest.MonkeyPatch) -> None:
+    maker = fastspawn.make_copy()
+    if maker is None:
+        pytest.skip("the spawn module is not built")
+    monkeypatch.setattr(payload, "_compiled_make", maker)
+
+
+def _modes(d: str) -> tuple[str, str, str, bytes, bytes]:
+    def mode(p: str) -> str:
+        return oct(os.stat(p).st_mode & 0o777)
+
+    with open(f"{d}/payload", "rb") as f, open(f"{d}/progress", "rb") as g:
+        return mode(d), mode(f"{d}/progress"), mode(f"{d}/payload"), f.read(), g.read()
+
+
+@pytest.mark.usefixtures("compiled_make")
+def test_the_compiled_copy_is_made_as_the_three_python_steps_make_it(tmp: Path) -> None:
+    """make_with_files (run/spawn.c): the same name pattern, directory, progress file and payload file modes."""
+    by_python = payload.make("ab" * 16)
+    payload.make_progress(by_python)
+    payload.write_copy(by_python, lambda f: f.write(b"x" * 200000))
+    made = payload.make_with_files("ab" * 16)
+    assert made is not None
+    d, progress, fd = made
+    assert progress == f"{d}/progress" and os.path.dirname(d) == str(tmp)
+    assert os.path.basename(d)[:-8] == os.path.basename(by_python)[:-8]
+    assert payload.fill_copy(d, fd, lambda f: f.write(b"x" * 200000)) == f"{d}/payload"
+    assert _modes(d) == _modes(by_python) == ("0o700", "0o600", "0o400", b"x" * 200000, b"")
+
+
+@pytest.mark.usefixtures("compiled_make")
+def test_the_compiled_copy_takes_another_name_when_one_exists_and_follows_no_symlink(
+    tmp: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    prefix = f"steadqd-{os.stat('/proc/self/ns/pid').st_ino}-{os.getpid()}-"
+    monkeypatch.setattr(payload, "_made", (prefix, _Tails("aaaaaaaa", "bbbbbbbb", "0000000c")))
+    (tmp / f"{prefix}0123456789ab-aaaaaaaa").symlink_to(elsewhere)
+    (tmp / f"{prefix}0123456789ab-bbbbbbbb").mkdir()
+    made = payload.make_with_files("0123456789abcdef0123456789abcdef")
+    assert made is not None
+    os.close(made[2])
+    assert made[0] == str(tmp / f"{prefix}0123456789ab-0000000c")
+    assert list(elsewhere.iterdir()) == [] and list((tmp / f"{prefix}0123456789ab-bbbbbbbb").iterdir()) == []
+
+
+_MAKE_FAILS = r"""
+import os, sys
+from steadqd.daemon.worker import payload
+from steadqd.daemon.worker.run import fastspawn
+payload.use_compiled(None, fastspawn.make_copy())
+os.setgid(65534); os.setuid(65534)
+os.umask(0o777)  # the directory is made 0000: its files cannot be created in it
+try:
+    payload.make_with_files("ab" * 16)
+except PermissionError:
+    print("refused", sorted(os.listdir(sys.argv[1])))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another user")
+@pytest.mark.usefixtures("compiled_make")
+def test_a_compiled_copy_that_fails_halfway_leaves_nothing() -> None:
+    """The directory was made but its files cannot be (uid 65534 under umask 777): nothing is left."""
+    import shutil
+    import tempfile
+
+    shared = tempfile.mkdtemp(dir="/tmp")  # reachable by uid 65534 (pytest's own tmp_path is not)
+    try:
+        os.chmod(shared, 0o1777)
+        env = {**os.environ, "TMPDIR": shared}
+        r = subprocess.run(
+            [sys.executable, "-c", _MAKE_FAILS, shared], capture_output=True, text=True, env=env, timeout=60
+        )
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["refused", "[]"]
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

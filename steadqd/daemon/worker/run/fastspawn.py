@@ -49,7 +49,7 @@ except ImportError as e:  # not built: the Popen path
 else:
     _MISSING = ""
 
-__all__ = ["Pool", "Process", "Spawned", "available", "path", "pool", "remove_copy", "spawn"]
+__all__ = ["Pool", "Process", "Spawned", "available", "make_copy", "path", "pool", "remove_copy", "spawn"]
 
 SWITCH = "STEADQ_SPAWN"  # "popen": the fallback even where the module is built
 
@@ -88,6 +88,20 @@ def remove_copy() -> Callable[[str], int] | None:
         return int(lib.steadq_remove_copy(os.fsencode(directory)))
 
     return remove
+
+
+def make_copy() -> Callable[[str], int] | None:
+    """spawn.c's making of a job's payload copy directory with its two files (``payload.use_compiled``):
+    the payload's descriptor or -errno; None where not built."""
+    if _fastspawn is None:
+        return None
+    lib = _fastspawn.lib
+
+    def make(directory: str) -> int:
+        raw = os.fsencode(directory)
+        return int(lib.steadq_make_copy(raw, len(raw)))
+
+    return make
 
 
 def path() -> str:

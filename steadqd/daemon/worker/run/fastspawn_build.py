@@ -49,6 +49,7 @@ struct steadq_spawn_job {
 int steadq_pool_start(int threads, int notify_fd);
 void steadq_pool_submit(struct steadq_spawn_job *job);
 int steadq_remove_copy(const char *dir);
+int steadq_make_copy(const char *dir, int dir_len);
 """
 
 ffibuilder = cffi.FFI()

@@ -350,6 +350,37 @@ int steadq_remove_copy(const char *dir)
     return rc;
 }
 
+/* payload.make, make_progress and write_copy's open in one call (one GIL release for the claiming thread
+ * instead of four), for a command run as the daemon's user: the directory (0700; it must not exist), its
+ * empty "progress" (0600) and its "payload" (0400, open for writing): the payload's descriptor, or
+ * -errno with nothing left behind. Modes as the umask leaves them, as os.mkdir and os.open. */
+int steadq_make_copy(const char *dir, int dir_len)
+{
+    char path[PATH_MAX];
+    if (dir_len < 0 || dir_len + (int)sizeof "/progress" > PATH_MAX)
+        return -ENAMETOOLONG;
+    if (mkdir(dir, 0700) != 0)
+        return -errno;
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
+    memcpy(path, dir, (size_t)dir_len);
+    memcpy(path + dir_len, "/progress", sizeof "/progress");
+    int fd = open(path, flags, 0600);
+    int err = fd < 0 ? errno : 0;
+    if (fd >= 0)
+        close(fd);
+    if (err == 0) {
+        memcpy(path + dir_len, "/payload", sizeof "/payload");
+        fd = open(path, flags, 0400);
+        if (fd >= 0)
+            return fd;
+        err = errno;
+        memcpy(path + dir_len, "/progress", sizeof "/progress");
+        (void)unlink(path);
+    }
+    (void)rmdir(dir);
+    return -err;
+}
+
 int steadq_pool_start(int threads, int notify_fd)
 {
     sigset_t all, old_mask;

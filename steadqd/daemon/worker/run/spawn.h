@@ -48,5 +48,8 @@ void steadq_pool_submit(struct steadq_spawn_job *job);
 
 /* Remove a job's payload copy directory (payload.remove's common case): 0, or rmdir's errno. */
 int steadq_remove_copy(const char *dir);
+/* Make a job's payload copy directory with its progress file and its payload file open for writing
+ * (payload.make, make_progress, write_copy's open): the payload's descriptor, or -errno (nothing made). */
+int steadq_make_copy(const char *dir, int dir_len);
 
 #endif
