@@ -35,6 +35,11 @@
  * Between vfork and exec the child calls only async-signal-safe functions
  * and uses no memory it allocates; all signals are blocked across the vfork
  * so that no handler of the worker runs on the shared memory in the child.
+ *
+ * Besides, the pool (steadq_pool_*: spawns in C threads that never end, the loop's pipe ends made
+ * non-blocking there) and payload.py's steps on a job's payload copy directory in one call each
+ * (steadq_make_copy, steadq_remove_copy): one GIL release for the claiming or settling thread instead of
+ * one per syscall.
  */
 #define _GNU_SOURCE
 #include <errno.h>
