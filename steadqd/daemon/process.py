@@ -139,12 +139,34 @@ def _task_ids() -> list[str]:
     return _tasks[1]
 
 
-def children() -> set[int]:
-    """This process's children (of every thread: an orphan is re-parented to any of them).
+# The main thread's children list (its tid is the pid), named once per process: a getpid fewer a sweep.
+_main_children: str | None = None
 
-    The threads are listed again when their number changed, or at the next call when one of them was gone.
+
+def _forget_main_children() -> None:
+    global _main_children
+    _main_children = None
+
+
+os.register_at_fork(after_in_child=_forget_main_children)
+
+
+def children(*, every_thread: bool = True) -> set[int]:
+    """This process's children: of every thread, or (``every_thread=False``) of the main thread only.
+
+    A child is its forking thread's (the spawn pool's commands are its C threads'). An orphan goes to the
+    subreaper's first live thread, the main one (kernel/exit.c, ``find_new_reaper``), so the main
+    thread's list alone holds the escaped processes as they come, at a sixth of the syscalls of 7
+    threads' (the sweep after every job's end takes it; every thread's still comes at least every
+    ``ESCAPED_SWEEP``: run/escaped.py). The threads are listed again when their number changed, or at
+    the next call when one of them was gone.
     """
-    global _tasks
+    global _tasks, _main_children
+    if not every_thread:
+        if _main_children is None:
+            _main_children = f"/proc/self/task/{os.getpid()}/children"
+        raw = _read(_main_children)
+        return set() if raw is None else {int(p) for p in raw.split()}
     try:
         tasks = _task_ids()
     except OSError:
@@ -159,7 +181,7 @@ def children() -> set[int]:
     return found
 
 
-def kill_escaped(leaders: Collection[int], ours: Collection[int] = ()) -> tuple[int, int]:
+def kill_escaped(leaders: Collection[int], ours: Collection[int] = (), *, every_thread: bool = True) -> tuple[int, int]:
     """SIGKILL and reap the children that escaped from job process groups that have ended.
 
     ``leaders`` are the running jobs' unreaped leaders. Any other child in a
@@ -173,12 +195,13 @@ def kill_escaped(leaders: Collection[int], ours: Collection[int] = ()) -> tuple[
     The leaders' start times are read only when a live escapee is there to judge (the
     sweep runs after every job, and almost always finds only the guard, in our session).
     ``ours`` are children known to be the worker's own and unreaped (its guard): not judged, not read.
+    ``every_thread=False`` looks at the main thread's children only (:func:`children`).
     """
     own_session = os.getsid(0)
     oldest: int | None = None
     oldest_known = False
     killed = reaped = 0
-    for pid in children().difference(leaders, ours):
+    for pid in children(every_thread=every_thread).difference(leaders, ours):
         st = _stat(pid)
         if st is None or st[1] == own_session:
             continue

@@ -34,6 +34,7 @@ from steadqd.fs.names import looks_ready, parse_name, shard_dir
 __all__ = ["READY_COUNT_SHARDS", "ReadyNews", "ReadyWatch", "is_ready_name"]
 
 READY_COUNT_SHARDS = 256  # count ready names by listing only up to this many shards
+READ_BYTES = 65536  # one read's buffer: whole events (each at most 16 + NAME_MAX + 1 bytes), as many as fit
 _F = inotify_simple.flags
 _FLAGS = _F.CREATE | _F.MOVED_TO | _F.MOVED_FROM | _F.DELETE | _F.ONLYDIR | _F.DONT_FOLLOW
 _APPEAR = _F.CREATE | _F.MOVED_TO
@@ -123,7 +124,7 @@ class ReadyWatch:
         """The events waiting (or arriving within ``timeout_ms``), applied to the estimate in order."""
         appeared = overflowed = False
         left: list[str] = []
-        for ev in self._ino.read(timeout=timeout_ms):
+        for ev in self._events(timeout_ms):
             if ev.mask & _F.Q_OVERFLOW:
                 overflowed = True
                 if self._counting:
@@ -151,6 +152,18 @@ class ReadyWatch:
             elif ev.mask & _VANISH and self.ready_estimate is not None:
                 self.ready_estimate = max(0, self.ready_estimate - 1)
         return ReadyNews(appeared, overflowed, tuple(left))
+
+    def _events(self, timeout_ms: int) -> list[inotify_simple.Event]:
+        """The events waiting: without a wait, one read of the non-blocking descriptor (whole events, up to
+        :data:`READ_BYTES`; the rest wakes the loop again), where inotify_simple's asks FIONREAD first: an
+        ``ioctl`` fewer each time a claim or a settle of the worker's own wakes its loop."""
+        if timeout_ms != 0:
+            return self._ino.read(timeout=timeout_ms)
+        try:
+            data = os.read(self._ino.fileno(), READ_BYTES)
+        except BlockingIOError:
+            return []
+        return inotify_simple.parse_events(data)
 
     def wait(self, seconds: float) -> bool:
         """Sleep until a ready name appears or events were lost, at most ``seconds``; True if so."""

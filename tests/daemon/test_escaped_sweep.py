@@ -10,6 +10,7 @@ parents die.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -56,9 +57,11 @@ class _Sweeps:
     def __init__(self) -> None:
         self.calls = 0
         self.answers: list[tuple[int, int]] = []
+        self.every_thread: list[bool] = []  # each look's: every thread's children, or the main thread's
 
-    def __call__(self, leaders: object, ours: object = ()) -> tuple[int, int]:
+    def __call__(self, leaders: object, ours: object = (), *, every_thread: bool = True) -> tuple[int, int]:
         self.calls += 1
+        self.every_thread.append(every_thread)
         return self.answers.pop(0) if self.answers else (0, 0)
 
 
@@ -181,3 +184,94 @@ def test_a_sweep_before_the_first_job_does_not_make_the_guard(monkeypatch: pytes
         loop.close()
     assert sweeps.calls == 1
     assert guard.process_guard("q1").queue == "q1"
+
+
+def test_busy_looks_read_the_main_threads_children_and_every_threads_at_least_each_delay(
+    monkeypatch: pytest.MonkeyPatch, sweeps: _Sweeps
+) -> None:
+    """Jobs ending pass after pass: each pass's look reads the main thread's children only (one file, not 7),
+    but one look each ``ESCAPED_SWEEP`` reads every thread's, and so does the later look."""
+    monkeypatch.setattr(escaped, "ESCAPED_SWEEP", 0.3)
+    loop = Loop()
+    try:
+        role = _Role(loop)
+        for _ in range(3):
+            role._sweep_after_job()
+            loop.run_once(0)
+        assert sweeps.every_thread == [True, False, False]
+        time.sleep(0.35)
+        role._sweep_after_job()
+        loop.run_once(0)
+        assert sweeps.every_thread[3] is True, "the last look at every thread is a full delay old"
+        _run_for(loop, 0.5)
+        assert sweeps.every_thread == [True, False, False, True, True], "the later look reads every thread"
+    finally:
+        loop.close()
+
+
+_ORPHAN = r"""
+import os, subprocess, sys, threading, time
+from steadqd.daemon import process
+assert process.become_subreaper()
+threads_ready = threading.Barrier(4)
+def idle():
+    threads_ready.wait()
+    time.sleep(30)
+for _ in range(3):  # threads besides the main one, like the worker's
+    threading.Thread(target=idle, daemon=True).start()
+threads_ready.wait()
+out = {}
+spawned, checked = threading.Event(), threading.Event()
+def spawn():  # a command started by another thread (alive) leaves a process in a session of its own, and ends
+    sh = subprocess.Popen(["sh", "-c", "setsid sleep 30 >/dev/null & echo $!"], stdout=subprocess.PIPE)
+    out["orphan"] = int(sh.stdout.readline())
+    sh.stdout.close()
+    sh.wait()
+    out["spawner"] = threading.get_native_id()
+    spawned.set()
+    checked.wait(30)
+t = threading.Thread(target=spawn)
+t.start()
+spawned.wait(30)
+orphan = out["orphan"]
+deadline = time.monotonic() + 10
+while orphan not in process.children() and time.monotonic() < deadline:
+    time.sleep(0.01)
+try:
+    spawner = process._read(f"/proc/self/task/{out['spawner']}/children").split()
+    print(orphan in process.children(every_thread=False), orphan in process.children(), str(orphan).encode() in spawner)
+finally:
+    checked.set()
+    os.kill(orphan, 9)
+    os.waitpid(orphan, 0)
+"""
+
+
+def test_an_orphan_of_a_command_started_by_another_thread_is_the_main_threads_child() -> None:
+    """What the sweep after each job reads: the kernel re-parents an escaped process to the subreaper's main
+    thread, whichever thread started the job. In a child process (the subreaper setting stays for life)."""
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _ORPHAN], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True", "False"], "the main thread's child, not the starting thread's"
+
+
+def test_a_forked_child_reads_its_own_main_threads_children() -> None:
+    """The main thread's list is named once per process: a forked child names its own, not its parent's."""
+    process.children(every_thread=False)  # named in this process
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            child = subprocess.Popen(["sleep", "30"])
+            os.write(w, b"1" if child.pid in process.children(every_thread=False) else b"0")
+            child.kill()
+            child.wait()
+        finally:
+            os._exit(0)
+    os.close(w)
+    seen = os.read(r, 1)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert seen == b"1"

@@ -278,7 +278,7 @@ def test_a_stop_during_a_spawn_leaves_no_child_and_no_job(
     escaped-process sweep waits for it; the forced stop then waits for it, stops the command and hands the
     job back."""
     swept: list[Any] = []
-    monkeypatch.setattr("steadqd.daemon.process.kill_escaped", lambda *a: swept.append(a) or (0, 0))
+    monkeypatch.setattr("steadqd.daemon.process.kill_escaped", lambda *a, **_k: swept.append(a) or (0, 0))
     with worker_in_process(make_queue(shards=1), queue_path, jobs=1, concurrency=2) as (role, lp, out):
         _lease, tmpdir = _start_sleeping_job(role, lp, tmp_path)
         lp.run_once(0.2)
@@ -344,3 +344,21 @@ def test_a_sweep_is_put_off_while_a_spawn_is_in_flight_and_waits_for_it_once_put
             assert time.monotonic() < deadline, out.getvalue()
             lp.run_once(0.05)
         assert held.started == pids and list(role.jobs) == pids
+
+
+def test_the_pool_makes_the_loops_ends_non_blocking_and_the_commands_ends_stay_blocking() -> None:
+    """The pool's thread sets the read ends non-blocking (the loop's two ioctls a job, without the GIL); the
+    command's stdout and stderr, the other ends of the same pipes, stay blocking: a fast writer never sees
+    EAGAIN. The loop's ends are no Python file objects (their fstat, two a job)."""
+    pool = fastspawn.pool()
+    probe = "import os\nprint(os.get_blocking(1), os.get_blocking(2))\n"
+    token = pool.submit([sys.executable, "-c", probe], env=ENV, cwd=None, stdin_fd=None, credentials={})
+    proc = _results(pool, [token])[token]
+    assert isinstance(proc, fastspawn.Spawned) and proc.pipes_nonblocking
+    assert proc.stdout is not None and proc.stderr is not None
+    assert isinstance(proc.stdout, fastspawn.PipeEnd)
+    assert not os.get_blocking(proc.stdout.fileno()) and not os.get_blocking(proc.stderr.fileno())
+    out = proc.stdout.read()  # waits for the output although non-blocking
+    _end(proc)
+    assert out.split() == [b"True", b"True"]
+    assert proc.stdout.closed and proc.stderr.closed

@@ -114,6 +114,29 @@ def test_ready_watch_wakes_for_ready_names_only(queue: Queue) -> None:
         watch.close()
 
 
+def test_ready_watch_reads_a_burst_beyond_one_buffer_whole_and_in_order(queue: Queue) -> None:
+    """Without a wait the watch reads the descriptor once (no FIONREAD first), up to READ_BYTES of whole
+    events: a burst bigger than that comes in several reads, none lost, none cut."""
+    watch = queue.ready_watch()
+    try:
+        assert watch.watch_missing() == []
+        shard = f"{queue.path}/ready/{sorted(os.listdir(f'{queue.path}/ready'))[0]}"
+        names = [f"stray-{i:05d}-" + "x" * 180 for i in range(600)]  # 600 events of ~212 bytes: 2 reads at least
+        for n in names:
+            os.close(os.open(f"{shard}/{n}", os.O_CREAT | os.O_WRONLY, 0o600))
+        got: list[str] = []
+        reads = 0
+        while events := watch._events(0):
+            reads += 1
+            got += [e.name for e in events]
+        assert got == names and reads >= 2
+        assert watch._events(0) == [] and not watch.read().appeared
+        queue.enqueue(b"x")
+        assert watch.read().appeared
+    finally:
+        watch.close()
+
+
 # --- the daemon -------------------------------------------------------------------
 
 

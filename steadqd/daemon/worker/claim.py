@@ -291,14 +291,19 @@ class Preparer:
         owner = None
         if "user" in job.credentials and cfg.input == "file":
             owner = (job.credentials["user"], job.credentials["group"])
-        job.tmpdir = payload.make(lease.job_id)
 
         def copy(f: BinaryIO) -> object:
             return q.copy_payload(lease, cast(BinaryIO, _RenewingWriter(f, q, waiting, self._stop)))
 
         other = (job.credentials["user"], job.credentials["group"]) if "user" in job.credentials else None
-        progress = payload.make_progress(job.tmpdir, other, traverse=other is not None and owner is None)
-        job.payload_path = payload.write_copy(job.tmpdir, copy, owner)
+        made = payload.make_with_files(lease.job_id) if other is None else None  # all three in one call
+        if made is not None:
+            job.tmpdir, progress, fd = made
+            job.payload_path = payload.fill_copy(job.tmpdir, fd, copy)
+        else:
+            job.tmpdir = payload.make(lease.job_id)
+            progress = payload.make_progress(job.tmpdir, other, traverse=other is not None and owner is None)
+            job.payload_path = payload.write_copy(job.tmpdir, copy, owner)
         job.env = build_environment(
             cfg,
             lease,

@@ -16,13 +16,15 @@ the settle step (settle.py) removes it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
+import random
 import re
 import shutil
 import tempfile
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 __all__ = ["make", "make_progress", "remove", "remove_stale", "write_copy"]
 
@@ -50,9 +52,72 @@ def _alive(pid: int) -> bool:
     return True
 
 
+# The part of every copy's directory name that names this process, and the random source of their tails:
+# made at the first copy, again in a forked child (its pid differs). tempfile.mkdtemp cost ~45 Python
+# calls and a getpid a job for the same (it draws its 8 characters one call each; here 8 hex digits, one).
+_made: tuple[str, random.Random] | None = None
+
+
+def _forget_made() -> None:
+    global _made
+    _made = None
+
+
+os.register_at_fork(after_in_child=_forget_made)
+
+
+@functools.lru_cache(maxsize=4)
+def _absolute(directory: str) -> str:
+    """The temp directory as ``mkdtemp`` makes a path of it (``abspath``), once per directory."""
+    return os.path.abspath(directory).rstrip("/") or ""
+
+
 def make(job_id: str) -> str:
-    """A fresh private directory (0700) for one job's payload copy."""
-    return tempfile.mkdtemp(prefix=f"steadqd-{_pid_namespace()}-{os.getpid()}-{job_id[:12]}-")
+    """A fresh private directory (0700) for one job's payload copy: ``<tmp>/steadqd-<pidns>-<pid>-<job>-XXXXXXXX``.
+
+    Like ``tempfile.mkdtemp``: a random tail (32 bits from a generator seeded from ``os.urandom``), ``mkdir``
+    0700, which fails on any name that exists (a symlink included), and another tail then.
+    """
+    global _made
+    if _made is None:
+        _made = (f"steadqd-{_pid_namespace()}-{os.getpid()}-", random.Random())
+    prefix, rng = _made
+    base = f"{_absolute(tempfile.gettempdir())}/{prefix}{job_id[:12]}-"
+    for _ in range(tempfile.TMP_MAX):
+        path = f"{base}{rng.getrandbits(32):08x}"
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(errno.EEXIST, "no usable temporary directory name found")
+
+
+# make, make_progress and write_copy's open in one compiled call (run/spawn.c's steadq_make_copy), set with
+# use_compiled: the claiming thread drops the GIL once for the three instead of four times.
+_compiled_make: Callable[[str], int] | None = None
+
+
+def make_with_files(job_id: str) -> tuple[str, str, int] | None:
+    """:func:`make`, :func:`make_progress` (no owner, no traverse) and the payload file's creation in one
+    compiled call: (directory, progress path, the payload's descriptor for :func:`fill_copy`); None where
+    there is no compiled maker (the three steps in Python then). Same names, modes and retries as they."""
+    maker = _compiled_make
+    if maker is None:
+        return None
+    global _made
+    if _made is None:
+        _made = (f"steadqd-{_pid_namespace()}-{os.getpid()}-", random.Random())
+    prefix, rng = _made
+    base = f"{_absolute(tempfile.gettempdir())}/{prefix}{job_id[:12]}-"
+    for _ in range(tempfile.TMP_MAX):
+        path = f"{base}{rng.getrandbits(32):08x}"
+        fd = maker(path)
+        if fd >= 0:
+            return path, f"{path}/progress", fd
+        if -fd != errno.EEXIST:
+            raise OSError(-fd, os.strerror(-fd), path)
+    raise FileExistsError(errno.EEXIST, "no usable temporary directory name found")
 
 
 def write_copy(directory: str, copy: Callable[[BinaryIO], object], owner: tuple[int, int] | None = None) -> str:
@@ -63,17 +128,60 @@ def write_copy(directory: str, copy: Callable[[BinaryIO], object], owner: tuple[
     (uid, gid) hands file and directory to a command that runs as another
     user and opens the file itself; the directory stays unwritable to it.
     """
+    # Made 0400 at its creation (the descriptor writes all the same), unless the umask would cut that.
+    fd = os.open(
+        os.path.join(directory, "payload"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o400
+    )
+    return fill_copy(directory, fd, copy, owner)
+
+
+def fill_copy(directory: str, fd: int, copy: Callable[[BinaryIO], object], owner: tuple[int, int] | None = None) -> str:
+    """:func:`write_copy` once ``<directory>/payload`` is open as ``fd`` (which this closes); returns its path."""
     path = os.path.join(directory, "payload")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        copy(f)
-        os.fchmod(f.fileno(), 0o400)
+    try:
+        copy(cast(BinaryIO, _Out(fd)))
+        if _umask() & 0o400:
+            os.fchmod(fd, 0o400)
         if owner is not None:
-            os.fchown(f.fileno(), *owner)
+            os.fchown(fd, *owner)
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)  # its error too is the copy's (a file system that reports a failed write at the close)
     if owner is not None:
         os.chown(directory, *owner)
         os.chmod(directory, 0o500)
     return path
+
+
+class _Out:
+    """The copy's file by its descriptor: whole writes, no buffer (the backend writes in large chunks).
+
+    A Python file object would cost an ``fstat``, an ``ioctl`` (isatty) and an ``lseek`` per job besides."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.write(self._fd, view[done:])
+        return done
+
+
+@functools.cache
+def _umask() -> int:
+    """The process's umask (``Umask:`` of /proc/self/status: asking umask(2) would set it, racing the other
+    threads); steadqd never changes it. Unknown: 0o777, which keeps the explicit ``fchmod``."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o777
 
 
 def make_progress(directory: str, owner: tuple[int, int] | None = None, *, traverse: bool = False) -> str:
@@ -98,10 +206,24 @@ def make_progress(directory: str, owner: tuple[int, int] | None = None, *, trave
 _OWN_FILES = ("payload", "progress")  # what make_progress and write_copy put in a job's directory
 
 
+# The same removal in one compiled call (run/spawn.c's steadq_remove_copy: 0, or rmdir's errno), set by the
+# worker where the spawn module is built: the settling thread then drops the GIL once for it, not five times.
+_compiled_remove: Callable[[str], int] | None = None
+
+
+def use_compiled(remover: Callable[[str], int] | None, maker: Callable[[str], int] | None = None) -> None:
+    """Remove copies through ``remover`` (``fastspawn.remove_copy()``) and make them through ``maker``
+    (``fastspawn.make_copy()``: :func:`make_with_files`), or in Python again (None)."""
+    global _compiled_remove, _compiled_make
+    _compiled_remove = remover
+    _compiled_make = maker
+
+
 def remove(directory: str) -> None:
     """Remove a job's payload directory, read-only as it may be; never raises.
 
-    Its own two files and the directory go in a few calls; only a directory
+    Its own two files and the directory go in a few calls (the directory made writable first only
+    where an unlink was refused: root is never refused); only a directory
     that holds more (a command run as the daemon's user may write there) is
     walked by ``shutil.rmtree``, which costs several times that for every job.
     The directory is opened without following a symlink and its files are
@@ -111,25 +233,43 @@ def remove(directory: str) -> None:
     """
     if not directory:
         return
+    compiled = _compiled_remove
+    if compiled is not None:  # the same steps in C (run/spawn.c)
+        if compiled(directory) != 0:
+            shutil.rmtree(directory, ignore_errors=True)
+        return
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         fd = -1  # gone, or not a directory: rmdir and rmtree below judge it (rmtree refuses a symlink)
-    if fd >= 0:
-        try:
-            with contextlib.suppress(OSError):
-                os.fchmod(fd, 0o700)
-            for name in _OWN_FILES:
+    try:
+        opened_up = False
+        for name in _OWN_FILES if fd >= 0 else ():
+            try:
+                os.unlink(name, dir_fd=fd)
+            except PermissionError:  # made unwritable (0500: write_copy's owner, or its command): opened up
+                opened_up = opened_up or _open_up(fd)
                 with contextlib.suppress(OSError):
                     os.unlink(name, dir_fd=fd)
-        finally:
+            except OSError:
+                pass
+        try:
+            os.rmdir(directory)
+        except FileNotFoundError:
+            return
+        except OSError:
+            if fd >= 0 and not opened_up:
+                _open_up(fd)
+            shutil.rmtree(directory, ignore_errors=True)
+    finally:
+        if fd >= 0:
             os.close(fd)
-    try:
-        os.rmdir(directory)
-    except FileNotFoundError:
-        return
-    except OSError:
-        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _open_up(fd: int) -> bool:
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o700)
+    return True
 
 
 def remove_stale(directory: str | None = None) -> list[str]:

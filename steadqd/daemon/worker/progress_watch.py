@@ -31,6 +31,7 @@ class ProgressWatch:
         self._log = log
         self._jobs: dict[int, tuple[int, set[int]]] = {}  # by pid: (directory fd, owners the file may have)
         self._last: dict[int, tuple[float, str] | None] = {}
+        self._euid = os.geteuid()  # the owner of a job's file when it runs as the daemon's user (asked once)
 
     def start(self, job: _Job) -> None:
         if not job.tmpdir:
@@ -39,7 +40,7 @@ class ProgressWatch:
             fd = os.open(job.tmpdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return
-        owners = {job.credentials["user"]} if "user" in job.credentials else {os.geteuid()}
+        owners = {job.credentials["user"]} if "user" in job.credentials else {self._euid}
         self._jobs[job.pid] = (fd, owners)
         self._last[job.pid] = None
         job.timers.set("progress", progress.READ_EVERY, lambda: self._read(job))

@@ -206,6 +206,8 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         loop.add_reader(self._prep.fileno(), self._guarded(self._on_prepared))
         self._start_spawner(loop)
         loop.add_reader(self._settler.fileno(), self._guarded(self._on_settled))
+        # One GIL release to make a copy's directory and files, one to remove them (run/spawn.c), where built.
+        payload.use_compiled(fastspawn.remove_copy(), fastspawn.make_copy())
         stale = payload.remove_stale()
         if stale:
             self.log.notice(f"removed {len(stale)} payload copies left by a worker that was killed", count=len(stale))

@@ -340,9 +340,11 @@ class Child:
         self._exit_told = False  # on_exit is called once
         if report_fd is not None:
             os.set_blocking(report_fd, False)
+        set_already = getattr(proc, "pipes_nonblocking", False)  # the spawn pool's thread did it
         for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             if pipe is not None:
-                os.set_blocking(pipe.fileno(), False)
+                if not set_already:
+                    os.set_blocking(pipe.fileno(), False)
                 self.streams[pipe.fileno()] = Stream(name, pipe.fileno())
 
     @property

@@ -33,6 +33,7 @@ class RoleSweep:
     """The worker role's sweep for escaped job processes, on the loop's thread."""
 
     _sweep_this_pass = False  # a look is due at the end of this loop pass (_sweep_after_job)
+    _every_thread_at = float("-inf")  # loop time of the last look at every thread's children (_sweep_escaped)
 
     if TYPE_CHECKING:
         loop: Loop | None
@@ -65,6 +66,11 @@ class RoleSweep:
         :data:`SPAWN_RETRY` (spawns end at the child's exec); put off for :data:`SPAWN_PUT_OFF`, it waits
         for them instead (so a steady stream of spawns cannot keep it off). The commands the pool started
         that are no jobs yet count as leaders.
+
+        The look reads the main thread's children, where the kernel re-parents an orphan
+        (process.children), and every thread's when the last such look is :data:`ESCAPED_SWEEP` old: so
+        even a kernel that re-parented elsewhere has its escaped processes killed that soon after their
+        job, and a busy worker reads one ``/proc`` file per look instead of one per thread (7).
         """
         starting = self._starting_pids()
         if starting is None:
@@ -74,7 +80,11 @@ class RoleSweep:
         if self._hooks is not None:  # a notification command runs in a session of its own, and is ours to reap
             leaders += list(self._hooks.running)
         guard = guard_pid()  # in our session: nothing to judge, its stat not read
-        killed, reaped = process.kill_escaped(leaders, () if guard is None else (guard,))
+        now = time.monotonic()
+        every_thread = now - self._every_thread_at >= ESCAPED_SWEEP
+        if every_thread:
+            self._every_thread_at = now
+        killed, reaped = process.kill_escaped(leaders, () if guard is None else (guard,), every_thread=every_thread)
         if killed:
             what = "1 process" if killed == 1 else f"{killed} processes"
             self.log.warning(f"killed {what} that ended jobs left outside their process groups", count=killed)

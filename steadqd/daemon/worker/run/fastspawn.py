@@ -38,8 +38,8 @@ import select
 import struct
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
-from typing import IO, Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any, Protocol, cast
 
 try:
     from steadqd.daemon.worker.run import _fastspawn  # type: ignore[attr-defined]
@@ -49,7 +49,7 @@ except ImportError as e:  # not built: the Popen path
 else:
     _MISSING = ""
 
-__all__ = ["Pool", "Process", "Spawned", "available", "path", "pool", "spawn"]
+__all__ = ["Pool", "Process", "Spawned", "available", "make_copy", "path", "pool", "remove_copy", "spawn"]
 
 SWITCH = "STEADQ_SPAWN"  # "popen": the fallback even where the module is built
 
@@ -75,6 +75,35 @@ def available() -> bool:
     return _fastspawn is not None and os.environ.get(SWITCH, "") != "popen"
 
 
+def remove_copy() -> Callable[[str], int] | None:
+    """spawn.c's removal of a job's payload copy directory (``payload.use_compiled``), None where not built.
+
+    Not tied to the spawn path: with ``STEADQ_SPAWN=popen`` too, the settling thread drops the GIL once for
+    the five syscalls instead of once each."""
+    if _fastspawn is None:
+        return None
+    lib = _fastspawn.lib
+
+    def remove(directory: str) -> int:
+        return int(lib.steadq_remove_copy(os.fsencode(directory)))
+
+    return remove
+
+
+def make_copy() -> Callable[[str], int] | None:
+    """spawn.c's making of a job's payload copy directory with its two files (``payload.use_compiled``):
+    the payload's descriptor or -errno; None where not built."""
+    if _fastspawn is None:
+        return None
+    lib = _fastspawn.lib
+
+    def make(directory: str) -> int:
+        raw = os.fsencode(directory)
+        return int(lib.steadq_make_copy(raw, len(raw)))
+
+    return make
+
+
 def path() -> str:
     """Which spawn path the worker uses and why, one line (for ``steadq doctor`` and ``--version``)."""
     if available():
@@ -83,16 +112,76 @@ def path() -> str:
     return f"Popen and steadq-exec (two execs per job): {why}"
 
 
-class Spawned:
-    """A command :func:`spawn` started: the part of ``subprocess.Popen`` the worker uses (pid, pipes, reaping)."""
+class PipeEnd:
+    """The worker's end of a command's output pipe: what the worker uses of a file (``fileno``, ``close``,
+    ``read``), without the ``fstat`` a Python file object makes at its creation (two a job)."""
 
-    def __init__(self, args: Sequence[str], pid: int, stdout: IO[bytes] | None, stderr: IO[bytes] | None) -> None:
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def fileno(self) -> int:
+        if self._fd < 0:
+            raise ValueError("I/O operation on closed pipe")
+        return self._fd
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (one read), or everything up to EOF (``size`` < 0), waiting for them when the
+        end is non-blocking (the worker's loop reads its descriptor itself: this is for tools and tests)."""
+        chunks: list[bytes] = []
+        while True:
+            try:
+                chunk = os.read(self.fileno(), 65536 if size < 0 else size)
+            except BlockingIOError:
+                select.select([self._fd], [], [])
+                continue
+            if size >= 0:
+                return chunk
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> PipeEnd:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # as a file object: a pipe end dropped unclosed does not leak its descriptor
+        self.close()
+
+
+class Spawned:
+    """A command :func:`spawn` started: the part of ``subprocess.Popen`` the worker uses (pid, pipes, reaping).
+
+    ``pipes_nonblocking``: the spawn pool's thread made the pipes' read ends non-blocking already."""
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        pid: int,
+        stdout: IO[bytes] | PipeEnd | None,
+        stderr: IO[bytes] | PipeEnd | None,
+        *,
+        pipes_nonblocking: bool = False,
+    ) -> None:
         self.args = list(args)
         self.pid = pid  # an attribute, as Popen's: the loop reads it a dozen times a job
         self.stdin: IO[bytes] | None = None
-        self.stdout = stdout
-        self.stderr = stderr
+        self.stdout = cast("IO[bytes] | None", stdout)
+        self.stderr = cast("IO[bytes] | None", stderr)
         self.returncode: int | None = None
+        self.pipes_nonblocking = pipes_nonblocking
 
     def poll(self) -> int | None:
         """Reap it if it has exited (Popen's poll: a child someone else reaped counts as exit 0)."""
@@ -307,7 +396,7 @@ def spawn(
         os.close(out_r)
         os.close(err_r)
         raise _error(stage[0], err[0], argv[0], cwd)
-    return Spawned(argv, pid, open(out_r, "rb", buffering=0), open(err_r, "rb", buffering=0))  # noqa: SIM115
+    return Spawned(argv, pid, PipeEnd(out_r), PipeEnd(err_r))
 
 
 SPAWN_THREADS = 4  # the pool's threads: at concurrency 4 no spawn waits for another
@@ -337,8 +426,13 @@ class Pending:
             os.close(self.out_r)
             os.close(self.err_r)
             return _error(self.job.stage, self.job.err, self.argv[0], self.cwd)
-        out, err = open(self.out_r, "rb", buffering=0), open(self.err_r, "rb", buffering=0)  # noqa: SIM115
-        return Spawned(self.argv, self.job.pid, out, err)
+        return Spawned(
+            self.argv,
+            self.job.pid,
+            PipeEnd(self.out_r),
+            PipeEnd(self.err_r),
+            pipes_nonblocking=bool(self.job.nonblocking),
+        )
 
 
 class Pool:
@@ -406,6 +500,7 @@ class Pool:
         job = ffi.new("struct steadq_spawn_job *")
         job.args, job.token = a, token
         job.close_fds = [out_w, err_w, -1 if stdin_fd is None else stdin_fd]
+        job.nonblock_fds = [out_r, err_r]
         self._pending[token] = Pending(argv, cwd, job, (a, keep), out_r, err_r)
         lib.steadq_pool_submit(job)
         return token

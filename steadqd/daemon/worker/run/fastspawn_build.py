@@ -41,11 +41,15 @@ struct steadq_spawn_job {
     const struct steadq_spawn_args *args;
     unsigned long long token;
     int close_fds[3];
+    int nonblock_fds[2];
+    int nonblocking;
     int pid, stage, err;
     struct steadq_spawn_job *next;
 };
 int steadq_pool_start(int threads, int notify_fd);
 void steadq_pool_submit(struct steadq_spawn_job *job);
+int steadq_remove_copy(const char *dir);
+int steadq_make_copy(const char *dir, int dir_len);
 """
 
 ffibuilder = cffi.FFI()

@@ -34,6 +34,8 @@ struct steadq_spawn_job {
     const struct steadq_spawn_args *args;
     unsigned long long token; /* written to the pool's descriptor once pid/stage/err are set */
     int close_fds[3];         /* closed by the pool's thread after the spawn (-1: none): the caller's ends */
+    int nonblock_fds[2];      /* made non-blocking by the pool's thread after the spawn (-1: none): the read ends */
+    int nonblocking;          /* 1 once every nonblock_fds[] is non-blocking (0: the caller must do it) */
     int pid, stage, err;      /* steadq_spawn's result */
     struct steadq_spawn_job *next;
 };
@@ -43,5 +45,11 @@ struct steadq_spawn_job {
 int steadq_pool_start(int threads, int notify_fd);
 /* Hand a spawn to the pool's threads (never blocks on a spawn). */
 void steadq_pool_submit(struct steadq_spawn_job *job);
+
+/* Remove a job's payload copy directory (payload.remove's common case): 0, or rmdir's errno. */
+int steadq_remove_copy(const char *dir);
+/* Make a job's payload copy directory with its progress file and its payload file open for writing
+ * (payload.make, make_progress, write_copy's open): the payload's descriptor, or -errno (nothing made). */
+int steadq_make_copy(const char *dir, int dir_len);
 
 #endif
