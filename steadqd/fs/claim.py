@@ -105,9 +105,19 @@ class _Scan:
             ctx.scan_round = next_scan_round(round_)
             hint, ctx.last_enqueued_shard = ctx.last_enqueued_shard, None
             stay, ctx.claim_stay = ctx.claim_stay, None
-        if hint is None:
-            hint = stay
+        run = 1
+        if hint is None and stay is not None:
+            # The stay's shard is the first of the order and holds kept names, so the loop below
+            # would scan it the full way (no probe): scanned here, before the order is made (most
+            # leases of a busy consumer end here); the order then goes on after it.
+            lease = self.scan_shard(stay)
+            if lease is not None:
+                self.stay(stay, stay)
+                return lease
+            hint, run = stay, 2
         order = scan_order(ctx.fmt.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
+        if run == 2:
+            next(order)  # the stay's shard, scanned above
         # A shard this handle found empty last time would be rewound and read
         # once, and the scan would go on if the read listed nothing: the probe
         # (linux.first_listing) makes that same rewind and read for a run of
@@ -115,7 +125,6 @@ class _Scan:
         # anything is scanned the full way, from its own rewind. Runs grow from
         # one shard (a queue with work usually has it in the first) to
         # _PROBE_RUN_MAX; a loop, not a generator, for the lease that stops there.
-        run = 1
         while block := list(islice(order, run)):
             fds = ctx.drained_ready_dirs(block)
             i = 0

@@ -19,6 +19,7 @@ import pytest
 
 from steadqd import Queue, QueueCorrupt
 from steadqd.fs import claim, linux
+from steadqd.fs.lease import Lease
 from tests.fabricate import write_ready_jobs
 
 
@@ -248,8 +249,8 @@ def test_a_kept_candidate_that_fails_its_name_check_is_closed_and_quarantined(qp
         assert not os.path.exists(os.path.join(shard_dir, forged))
 
 
-def _shard_of_lease(q: Queue, lease: object) -> int:
-    return q._ctx.ready_rels.index(str(getattr(lease, "path")).rsplit("/", 1)[0])
+def _shard_of_lease(q: Queue, lease: Lease) -> int:
+    return q._ctx.ready_rels.index(lease.path.rsplit("/", 1)[0])
 
 
 def _spy_start_hints(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
@@ -275,16 +276,41 @@ def test_a_consumer_stays_on_the_shard_whose_names_it_holds_for_at_most_stay_max
         write_ready_jobs(producer, 100)  # ~50 a shard, all in one chunk
         with Queue.open(producer.path) as q:
             hints = _spy_start_hints(monkeypatch)
-            shards = []
+            shards, stays = [], []
             for _ in range(2 * claim.STAY_MAX):
+                stays.append(q._ctx.claim_stay)
                 lease = q.lease()
                 assert lease is not None
                 shards.append(_shard_of_lease(q, lease))
                 q.ack(lease)
     first = shards[0]
     assert shards[: claim.STAY_MAX] == [first] * claim.STAY_MAX
-    assert hints[: claim.STAY_MAX] == [None] + [first] * (claim.STAY_MAX - 1)
-    assert hints[claim.STAY_MAX] is None, "after STAY_MAX claims in a row the scan order starts afresh"
+    assert stays[: claim.STAY_MAX + 1] == [None] + [first] * (claim.STAY_MAX - 1) + [None]
+    assert hints[:2] == [None, None], "a scan that stays makes no order; after STAY_MAX the order starts afresh"
+
+
+def test_a_stay_that_finds_nothing_goes_on_to_the_other_shards_once_each(
+    make_queue: Callable[..., Queue], queue_path: str
+) -> None:
+    with make_queue(shards=2) as producer:
+        write_ready_jobs(producer, 60)
+        with Queue.open(producer.path) as q:
+            lease = q.lease()
+            assert lease is not None
+            stay = q._ctx.claim_stay
+            assert stay is not None
+            shard_dir = os.path.join(queue_path, q._ctx.ready_rels[stay])
+            for name in os.listdir(shard_dir):  # the kept names vanish, and every other job of the shard
+                if name != lease.path.rsplit("/", 1)[1]:
+                    os.unlink(os.path.join(shard_dir, name))
+            stay_fd = q._ctx.ready_dir(stay)
+            with linux.trace() as events:
+                other = q.lease()
+            assert other is not None and _shard_of_lease(q, other) == 1 - stay
+            ops = [e.op for e in events if e.op in ("lseek", "getdents") and e.detail == (stay_fd,)]
+            # From the cursor to the end, rewound, from the first entry to the end: once, not scanned
+            # (or probed) again by the order that goes on after it.
+            assert ops == ["getdents", "lseek", "getdents", "getdents"], ops
 
 
 def test_a_stay_ends_with_the_names_the_handle_holds(qpath: str) -> None:
