@@ -77,6 +77,9 @@ class ScanReport:
 
 
 _PROBE_RUN_MAX = 16  # shards looked up and probed together (_Scan.run)
+# Claims in a row a handle takes from one shard's candidates before its scan order starts at a
+# pseudo-random shard again (_Scan.stay): the bound on how long a busy shard can keep it.
+STAY_MAX = 16
 _READY = State.READY  # a global: an enum member read through its class is slow on 3.11 (names._READY)
 
 
@@ -88,6 +91,7 @@ class _Scan:
         self.wall: int | None = None
         self.report = ScanReport([], [], [], [])
         self.core = ctx.claim_core  # the C claim core (claim_fast), or None: the pure Python path
+        self.lost = 0  # candidates gone when opened: names another consumer claimed first (stay)
 
     def wall_floor(self) -> int:
         if self.wall is None:
@@ -100,7 +104,20 @@ class _Scan:
             round_ = ctx.scan_round
             ctx.scan_round = next_scan_round(round_)
             hint, ctx.last_enqueued_shard = ctx.last_enqueued_shard, None
+            stay, ctx.claim_stay = ctx.claim_stay, None
+        run = 1
+        if hint is None and stay is not None:
+            # The stay's shard is the first of the order and holds kept names, so the loop below
+            # would scan it the full way (no probe): scanned here, before the order is made (most
+            # leases of a busy consumer end here); the order then goes on after it.
+            lease = self.scan_shard(stay)
+            if lease is not None:
+                self.stay(stay, stay)
+                return lease
+            hint, run = stay, 2
         order = scan_order(ctx.fmt.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
+        if run == 2:
+            next(order)  # the stay's shard, scanned above
         # A shard this handle found empty last time would be rewound and read
         # once, and the scan would go on if the read listed nothing: the probe
         # (linux.first_listing) makes that same rewind and read for a run of
@@ -108,7 +125,6 @@ class _Scan:
         # anything is scanned the full way, from its own rewind. Runs grow from
         # one shard (a queue with work usually has it in the first) to
         # _PROBE_RUN_MAX; a loop, not a generator, for the lease that stops there.
-        run = 1
         while block := list(islice(order, run)):
             fds = ctx.drained_ready_dirs(block)
             i = 0
@@ -119,10 +135,37 @@ class _Scan:
                         break
                 lease = self.scan_shard(block[i])
                 if lease is not None:
+                    self.stay(block[i], stay)
                     return lease
                 i += 1
             run = min(2 * run, _PROBE_RUN_MAX)
         return None
+
+    def stay(self, shard: int, stayed: int | None) -> None:
+        """After a claim from ``shard``: start the next scan there while this handle holds names of it.
+
+        Every consumer claims a shard's names in the same directory order, so a handle that
+        comes back to a shard after the others took from it finds its kept names gone, one
+        failed ``open`` each (issue 35: 1-4 a job at 4 consumers). Staying on the shard
+        whose names it holds, each consumer works through its own shard while the others
+        work through theirs, and its names are fresh. A start hint, like the enqueue's
+        (names.md "Claim scan order": the order is not observable on disk and need not be
+        reproduced; open-questions 35: nothing depends on the order within a shard); the
+        stride is unchanged and every shard is still visited when the stay finds nothing.
+        A scan that lost a race (a name gone when opened) does not stay: another consumer
+        works the same shard, and staying would have the two take turns at its names, each
+        losing one a claim. Bounded: after STAY_MAX claims in a row from one shard, the next
+        scan starts at the round's pseudo-random shard again, so a shard that never empties
+        cannot keep a consumer from the others'.
+        """
+        ctx = self.ctx
+        cand = ctx.claim_candidates.get(shard)
+        with ctx.lock:
+            streak = ctx.claim_streak + 1 if stayed == shard else 1
+            if cand is not None and cand.names and not self.lost and streak < STAY_MAX:
+                ctx.claim_stay, ctx.claim_streak = shard, streak
+            else:
+                ctx.claim_streak = 0
 
     def scan_shard(self, shard: int) -> Lease | None:
         rel = self.ctx.ready_rels[shard]
@@ -234,6 +277,7 @@ class _Scan:
             fd = linux.open_at(dir_fd, name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as e:
             if e.errno == errno.ENOENT:
+                self.lost += 1
                 return None
             return self._try_name(shard, dir_fd, rel, name)
         if self.core is not None:
@@ -427,6 +471,7 @@ class _Scan:
     def open_failed(self, dir_fd: int, rel: str, name: str, e: OSError) -> None:
         """The candidate's open failed: skipped (gone), quarantined (not a regular file) or reported."""
         if e.errno == errno.ENOENT:
+            self.lost += 1
             return
         if e.errno == errno.ELOOP:  # a symlink wearing a job name: never followed
             self.isolate(dir_fd, rel, name, QuarantineReason.NON_REGULAR_FILE)

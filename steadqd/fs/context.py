@@ -71,6 +71,10 @@ class Context:
     ready_rels: tuple[str, ...] = field(init=False)
     scan_round: int = 0
     last_enqueued_shard: int | None = None
+    # The shard the last claim came from while this handle still holds candidates of it, and how
+    # many claims in a row came from it (the claim scan's stay: claim._Scan.stay).
+    claim_stay: int | None = None
+    claim_streak: int = 0
     claim_candidates: dict[int, ShardCandidates] = field(default_factory=dict)
     # "direct", "proc" (O_TMPFILE + linkat forms) or "named" (temp + rename).
     publication: str = "direct"

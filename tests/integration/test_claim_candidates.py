@@ -19,6 +19,7 @@ import pytest
 
 from steadqd import Queue, QueueCorrupt
 from steadqd.fs import claim, linux
+from steadqd.fs.lease import Lease
 from tests.fabricate import write_ready_jobs
 
 
@@ -246,3 +247,136 @@ def test_a_kept_candidate_that_fails_its_name_check_is_closed_and_quarantined(qp
         open_files = {os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")}
         assert os.path.realpath(os.path.join(qpath, "quarantine", moved)) not in open_files  # the early open was closed
         assert not os.path.exists(os.path.join(shard_dir, forged))
+
+
+def _shard_of_lease(q: Queue, lease: Lease) -> int:
+    return q._ctx.ready_rels.index(lease.path.rsplit("/", 1)[0])
+
+
+def _spy_start_hints(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    """The start hint of every scan the claim makes from now on."""
+    hints: list[int | None] = []
+    real = claim.scan_order
+
+    def spy(*args: object, start_hint: int | None = None) -> object:
+        hints.append(start_hint)
+        return real(*args, start_hint=start_hint)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(claim, "scan_order", spy)
+    return hints
+
+
+def test_a_consumer_stays_on_the_shard_whose_names_it_holds_for_at_most_stay_max_claims(
+    make_queue: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35: consumers that each came back to a shard after the others took its first names lost
+    1-4 races a job; a handle now starts its next scan at the shard it holds names of, a bounded
+    number of times in a row, then at its round's pseudo-random shard again."""
+    with make_queue(shards=2) as producer:
+        write_ready_jobs(producer, 100)  # ~50 a shard, all in one chunk
+        with Queue.open(producer.path) as q:
+            hints = _spy_start_hints(monkeypatch)
+            shards, stays = [], []
+            for _ in range(2 * claim.STAY_MAX):
+                stays.append(q._ctx.claim_stay)
+                lease = q.lease()
+                assert lease is not None
+                shards.append(_shard_of_lease(q, lease))
+                q.ack(lease)
+    first = shards[0]
+    assert shards[: claim.STAY_MAX] == [first] * claim.STAY_MAX
+    assert stays[: claim.STAY_MAX + 1] == [None] + [first] * (claim.STAY_MAX - 1) + [None]
+    assert hints[:2] == [None, None], "a scan that stays makes no order; after STAY_MAX the order starts afresh"
+
+
+def test_a_stay_that_finds_nothing_goes_on_to_the_other_shards_once_each(
+    make_queue: Callable[..., Queue], queue_path: str
+) -> None:
+    with make_queue(shards=2) as producer:
+        write_ready_jobs(producer, 60)
+        with Queue.open(producer.path) as q:
+            lease = q.lease()
+            assert lease is not None
+            stay = q._ctx.claim_stay
+            assert stay is not None
+            shard_dir = os.path.join(queue_path, q._ctx.ready_rels[stay])
+            for name in os.listdir(shard_dir):  # the kept names vanish, and every other job of the shard
+                if name != lease.path.rsplit("/", 1)[1]:
+                    os.unlink(os.path.join(shard_dir, name))
+            stay_fd = q._ctx.ready_dir(stay)
+            with linux.trace() as events:
+                other = q.lease()
+            assert other is not None and _shard_of_lease(q, other) == 1 - stay
+            ops = [e.op for e in events if e.op in ("lseek", "getdents") and e.detail == (stay_fd,)]
+            # From the cursor to the end, rewound, from the first entry to the end: once, not scanned
+            # (or probed) again by the order that goes on after it.
+            assert ops == ["getdents", "lseek", "getdents", "getdents"], ops
+
+
+def test_a_stay_ends_with_the_names_the_handle_holds(qpath: str) -> None:
+    with Queue.open(qpath) as b, Queue.open(qpath) as a:
+        for i in range(3):
+            b.enqueue(f"job {i}".encode())
+        assert a.lease() is not None
+        assert a._ctx.claim_stay == 0  # two names kept
+        assert a.lease() is not None
+        assert a._ctx.claim_stay == 0  # one
+        assert a.lease() is not None
+        assert a._ctx.claim_stay is None  # none left: no stay
+        assert a.lease() is None
+        assert a._ctx.claim_stay is None
+
+
+def test_the_handles_own_enqueue_comes_before_its_stay(
+    make_queue: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with make_queue(shards=64) as producer:
+        write_ready_jobs(producer, 400)
+        with Queue.open(producer.path) as q:
+            lease = q.lease()
+            assert lease is not None and q._ctx.claim_stay == _shard_of_lease(q, lease)
+            hints = _spy_start_hints(monkeypatch)
+            for _ in range(100):  # a job of our own in another shard than the stay
+                q.enqueue(b"own")
+                if q._ctx.last_enqueued_shard != q._ctx.claim_stay:
+                    break
+            own_shard = q._ctx.last_enqueued_shard
+            assert own_shard is not None and own_shard != q._ctx.claim_stay
+            lease = q.lease()
+            assert lease is not None and hints == [own_shard]
+            assert _shard_of_lease(q, lease) == own_shard
+
+
+def test_a_lost_race_ends_the_stay(qpath: str) -> None:
+    """Two handles on one shard would take turns at its names, each losing one a claim: the loser moves on."""
+    with Queue.open(qpath) as b, Queue.open(qpath) as a:
+        for i in range(6):
+            b.enqueue(f"job {i}".encode())
+        assert a.lease() is not None and a._ctx.claim_stay == 0  # a keeps five names
+        assert b.lease() is not None and b.lease() is not None  # b takes the first two of them
+        with linux.trace() as events:
+            assert a.lease() is not None
+        assert sum(1 for e in events if e.op == "open" and e.failed) == 2
+        assert a._ctx.claim_stay is None
+        assert a.lease() is not None and a._ctx.claim_stay == 0  # no race lost: it stays again
+
+
+def test_consumers_taking_turns_rarely_lose_a_race(make_queue: Callable[..., Queue]) -> None:
+    """Four handles leasing in turn from a 64-shard backlog: with the stay each mostly works
+    through a shard of its own (0-4 lost races in 160 leases, 8 runs); before it each came back
+    to shards whose first names the others had taken (24-32)."""
+    with make_queue(shards=64) as producer:
+        write_ready_jobs(producer, 1200)
+        handles = [Queue.open(producer.path) for _ in range(4)]
+        try:
+            with linux.trace() as events:
+                for _ in range(40):
+                    for q in handles:
+                        lease = q.lease()
+                        assert lease is not None
+                        q.ack(lease)
+        finally:
+            for q in handles:
+                q.close()
+    lost = [e for e in events if e.op == "open" and e.failed]
+    assert len(lost) <= 12, f"{len(lost)} lost races in 160 leases"
