@@ -187,20 +187,6 @@ class _Tails:
         return int(self.tails.pop(0), 16)
 
 
-def test_make_takes_another_name_when_one_exists_and_follows_no_symlink(
-    tmp: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    elsewhere = tmp_path_factory.mktemp("elsewhere")
-    prefix = f"steadqd-{os.stat('/proc/self/ns/pid').st_ino}-{os.getpid()}-"
-    monkeypatch.setattr(payload, "_made", (prefix, _Tails("aaaaaaaa", "bbbbbbbb", "0000000c")))
-    (tmp / f"{prefix}0123456789ab-aaaaaaaa").symlink_to(elsewhere)  # planted: mkdir fails, nothing followed
-    (tmp / f"{prefix}0123456789ab-bbbbbbbb").mkdir()
-    d = payload.make("0123456789abcdef0123456789abcdef")
-    assert d == str(tmp / f"{prefix}0123456789ab-0000000c")
-    assert oct(os.stat(d).st_mode & 0o777) == oct(0o700)
-    assert list(elsewhere.iterdir()) == []
-
-
 def test_a_forked_child_names_its_copies_with_its_own_pid(tmp: Path) -> None:
     payload.make("ab" * 16)  # this process's prefix is made
     r, w = os.pipe()
@@ -248,19 +234,34 @@ def test_the_compiled_copy_is_made_as_the_three_python_steps_make_it(tmp: Path) 
     assert _modes(d) == _modes(by_python) == ("0o700", "0o600", "0o400", b"x" * 200000, b"")
 
 
-@pytest.mark.usefixtures("compiled_make")
-def test_the_compiled_copy_takes_another_name_when_one_exists_and_follows_no_symlink(
-    tmp: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    elsewhere = tmp_path_factory.mktemp("elsewhere")
-    prefix = f"steadqd-{os.stat('/proc/self/ns/pid').st_ino}-{os.getpid()}-"
-    monkeypatch.setattr(payload, "_made", (prefix, _Tails("aaaaaaaa", "bbbbbbbb", "0000000c")))
-    (tmp / f"{prefix}0123456789ab-aaaaaaaa").symlink_to(elsewhere)
-    (tmp / f"{prefix}0123456789ab-bbbbbbbb").mkdir()
+def _made_by_python() -> str:
+    return payload.make("0123456789abcdef0123456789abcdef")
+
+
+def _made_compiled() -> str:
     made = payload.make_with_files("0123456789abcdef0123456789abcdef")
     assert made is not None
     os.close(made[2])
-    assert made[0] == str(tmp / f"{prefix}0123456789ab-0000000c")
+    return made[0]
+
+
+@pytest.mark.parametrize("how", ["python", "compiled"])
+def test_make_takes_another_name_when_one_exists_and_follows_no_symlink(
+    how: str, tmp: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> None:
+    """payload.make and its compiled twin (run/spawn.c): a planted symlink or directory is skipped, not used."""
+    if how == "compiled":
+        request.getfixturevalue("compiled_make")
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    prefix = f"steadqd-{os.stat('/proc/self/ns/pid').st_ino}-{os.getpid()}-"
+    request.getfixturevalue("monkeypatch").setattr(
+        payload, "_made", (prefix, _Tails("aaaaaaaa", "bbbbbbbb", "0000000c"))
+    )
+    (tmp / f"{prefix}0123456789ab-aaaaaaaa").symlink_to(elsewhere)  # planted: mkdir fails, nothing followed
+    (tmp / f"{prefix}0123456789ab-bbbbbbbb").mkdir()
+    d = _made_compiled() if how == "compiled" else _made_by_python()
+    assert d == str(tmp / f"{prefix}0123456789ab-0000000c")
+    assert oct(os.stat(d).st_mode & 0o777) == oct(0o700)
     assert list(elsewhere.iterdir()) == [] and list((tmp / f"{prefix}0123456789ab-bbbbbbbb").iterdir()) == []
 
 

@@ -23,7 +23,7 @@ import random
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import BinaryIO, cast
 
 __all__ = ["make", "make_progress", "remove", "remove_stale", "write_copy"]
@@ -78,19 +78,24 @@ def make(job_id: str) -> str:
     Like ``tempfile.mkdtemp``: a random tail (32 bits from a generator seeded from ``os.urandom``), ``mkdir``
     0700, which fails on any name that exists (a symlink included), and another tail then.
     """
-    global _made
-    if _made is None:
-        _made = (f"steadqd-{_pid_namespace()}-{os.getpid()}-", random.Random())
-    prefix, rng = _made
-    base = f"{_absolute(tempfile.gettempdir())}/{prefix}{job_id[:12]}-"
-    for _ in range(tempfile.TMP_MAX):
-        path = f"{base}{rng.getrandbits(32):08x}"
+    for path in _candidate_paths(job_id):
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
             continue
         return path
     raise FileExistsError(errno.EEXIST, "no usable temporary directory name found")
+
+
+def _candidate_paths(job_id: str) -> Iterator[str]:
+    """The names :func:`make` and :func:`make_with_files` try in turn (``TMP_MAX`` of them, as ``mkdtemp``)."""
+    global _made
+    if _made is None:
+        _made = (f"steadqd-{_pid_namespace()}-{os.getpid()}-", random.Random())
+    prefix, rng = _made
+    base = f"{_absolute(tempfile.gettempdir())}/{prefix}{job_id[:12]}-"
+    for _ in range(tempfile.TMP_MAX):
+        yield f"{base}{rng.getrandbits(32):08x}"
 
 
 # make, make_progress and write_copy's open in one compiled call (run/spawn.c's steadq_make_copy), set with
@@ -105,13 +110,7 @@ def make_with_files(job_id: str) -> tuple[str, str, int] | None:
     maker = _compiled_make
     if maker is None:
         return None
-    global _made
-    if _made is None:
-        _made = (f"steadqd-{_pid_namespace()}-{os.getpid()}-", random.Random())
-    prefix, rng = _made
-    base = f"{_absolute(tempfile.gettempdir())}/{prefix}{job_id[:12]}-"
-    for _ in range(tempfile.TMP_MAX):
-        path = f"{base}{rng.getrandbits(32):08x}"
+    for path in _candidate_paths(job_id):
         fd = maker(path)
         if fd >= 0:
             return path, f"{path}/progress", fd
