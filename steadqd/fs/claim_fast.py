@@ -43,14 +43,27 @@ __all__ = ["Core", "available", "core_for", "path", "replaying"]
 
 SWITCH = "STEADQ_PURE_PYTHON"  # "1": the pure path even where the module is built
 
-# Stages (claim_core.h); only meaningful with the module.
-STOP_PURE = 1
-STOP_SYSCALL = 2
-VERIFIED = 5
-MOVED = 6
-MOVED_PAYLOAD_LEFT = 7
-_OP_NAMES = {1: "open", 2: "fstat", 3: "read", 4: "stat", 5: "rename_noreplace", 6: "fsync"}
-_NAMED_OPS = (1, 4, 5)  # their OSError carries the name, as os.open, os.stat and libc.renameat2 give it
+# Stages and ops: claim_core.h's #defines, read from the module (0 without it: never compared then).
+STOP_PURE = getattr(lib, "SQ_STOP_PURE", 0)
+STOP_SYSCALL = getattr(lib, "SQ_STOP_SYSCALL", 0)
+VERIFIED = getattr(lib, "SQ_VERIFIED", 0)
+MOVED = getattr(lib, "SQ_MOVED", 0)
+MOVED_PAYLOAD_LEFT = getattr(lib, "SQ_MOVED_PAYLOAD_LEFT", 0)
+_OP_STAT = getattr(lib, "SQ_OP_STAT", 0)
+# Each recorded op (SQ_OP_<NAME>) as syscall_hook names it.
+_HOOK_OP = {
+    "OPEN": "open",
+    "FSTAT": "fstat",
+    "PREAD": "read",
+    "STAT": "stat",
+    "RENAME": "rename_noreplace",
+    "FSYNC": "fsync",
+}
+_OP_NAMES = {getattr(lib, f"SQ_OP_{k}"): v for k, v in _HOOK_OP.items()} if lib is not None else {}
+# Their OSError carries the name, as os.open, os.stat and libc.renameat2 give it.
+_NAMED_OPS = (
+    frozenset(getattr(lib, f"SQ_OP_{k}") for k in ("OPEN", "STAT", "RENAME")) if lib is not None else frozenset()
+)
 
 
 def available() -> bool:
@@ -213,13 +226,13 @@ def _records(c: Any, skip: int) -> list[tuple[str, Any]]:
         r = c.recs[i]
         op = _OP_NAMES[r.op]
         if r.err:
-            filename = (ffi.string(c.target if r.op == 4 and r.slot == 2 else c.name).decode("ascii"),)
+            filename = (ffi.string(c.target if r.op == _OP_STAT and r.slot == 2 else c.name).decode("ascii"),)
             out.append((op, OSError(r.err, os.strerror(r.err), *(filename if r.op in _NAMED_OPS else ()))))
-        elif r.op == 1:
+        elif op == "open":
             out.append((op, int(r.ret)))
-        elif r.op in (2, 4):
+        elif op == "fstat" or op == "stat":
             out.append((op, _stat_result(c.stats[r.slot])))
-        elif r.op == 3:
+        elif op == "read":
             buf = c.head if r.slot == 0 else c.head2
             out.append((op, bytes(ffi.buffer(buf, r.ret))))
         else:

@@ -5,6 +5,9 @@
 
 #include <stdint.h>
 
+/* Between the cdef markers: the text claim_core_build.py hands to cffi as it is, its one source for
+ * the constants, structs and prototypes (plain declarations and integer #defines only). */
+/* cdef-begin */
 #define SQ_HEAD_BYTES 4096 /* constants.ENVELOPE_READ_BYTES */
 #define SQ_MAX_RECS 16
 #define SQ_NAME_MAX 256
@@ -103,5 +106,6 @@ int sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct s
 int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, const unsigned char *boot_id,
                   uint64_t bt_deadline, uint64_t wall_deadline, const unsigned char *token, int may_fsync);
 const struct sq_sys *sq_direct_table(void); /* the libc table */
+/* cdef-end */
 
 #endif
