@@ -49,6 +49,7 @@ STOP_SYSCALL = getattr(lib, "SQ_STOP_SYSCALL", 0)
 VERIFIED = getattr(lib, "SQ_VERIFIED", 0)
 MOVED = getattr(lib, "SQ_MOVED", 0)
 MOVED_PAYLOAD_LEFT = getattr(lib, "SQ_MOVED_PAYLOAD_LEFT", 0)
+ACKED = getattr(lib, "SQ_ACKED", 0)
 _OP_STAT = getattr(lib, "SQ_OP_STAT", 0)
 # Each recorded op (SQ_OP_<NAME>) as syscall_hook names it.
 _HOOK_OP = {
@@ -217,6 +218,39 @@ class Core:
         if _local.log is None:  # tracing began between the calls: the hooked table from here on
             _local.log = _records(c, 0)
         return int(lib.sq_claim_move(self.q, _HOOKED, c, boot_id, bt_deadline, wall_deadline, token, may_fsync))
+
+    def ack(
+        self, lease: Any, job: bytes, dir_fd: int, name: str, dst_fd: int, target: str, ids: tuple[Any, Any]
+    ) -> tuple[int, Any]:
+        """sq_ack for ``lease`` (``job``: its job id) in ``dir_fd``/``name`` into ``dst_fd``/``target``: (stage, record).
+
+        ``ids``: the two directories' (dev, ino) when the tree knows them, else None. The record is
+        this thread's (its ``fd``: the caller closes it). OverflowError: a lease field that cannot be
+        the file's (a Lease made by hand); nothing was done, the Python judges it.
+        """
+        d = _local.__dict__
+        a = d.get("ack")
+        if a is None:
+            a = d["ack"] = ffi.new("struct sq_ack *")
+            d["lease"] = ffi.new("struct sq_lease *")
+        lc = d["lease"]
+        lc.dev, lc.ino, lc.max_attempts, lc.payload_length = (
+            lease.dev,
+            lease.ino,
+            lease.max_attempts,
+            lease.payload_length,
+        )
+        lc.job_id, lc.envelope_digest, lc.payload_digest = job, lease.envelope_digest, lease.payload_digest
+        src_id, dst_id = ids
+        args = (
+            self.q, lc, dir_fd, name.encode("ascii"), dst_fd, target.encode("ascii"),
+            ffi.NULL if src_id is None else src_id, ffi.NULL if dst_id is None else dst_id,
+        )  # fmt: skip
+        if not _armed and not _traces:
+            _local.log = None
+            return lib.sq_ack(args[0], _DIRECT, a, *args[1:]), a
+        _local.log = []
+        return lib.sq_ack(args[0], _HOOKED, a, *args[1:]), a
 
 
 def _records(c: Any, skip: int) -> list[tuple[str, Any]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
+from typing import Any
 
 from steadqd.backoff import RetryPolicy, retry_delay_ms
 from steadqd.constants import (
@@ -30,11 +31,11 @@ from steadqd.errors import (
     SteadQError,
     kind_for_errno,
 )
-from steadqd.fs import linux
+from steadqd.fs import claim_fast, linux
 from steadqd.fs.clock import checked_seconds_ns
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import DeadLocation, DelayedLocation, Location, ReadyLocation, ReceiptLocation
-from steadqd.fs.lease import Lease, Source, indeterminate, validate_source
+from steadqd.fs.lease import Lease, Source, checked_path, indeterminate, validate_source
 from steadqd.fs.names import (
     JobName,
     dead_name,
@@ -132,6 +133,57 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
         lease_width_ns=fmt.lease_width_ns,
     )
     dest_rel = state_dir(_RECEIPT, shard, bucket)
+    core = ctx.claim_core
+    if core is not None and not ctx.tree.batching:
+        return _ack_fast(ctx, lease, core, job, wall, shard, bucket, dest_rel, target_file)
+    return _ack_from_source(ctx, lease, job, wall, shard, bucket, dest_rel, target_file)
+
+
+def _ack_fast(
+    ctx: Context,
+    lease: Lease,
+    core: Any,
+    job: bytes,
+    wall: int,
+    shard: int,
+    bucket: int,
+    dest_rel: str,
+    target_file: str,
+) -> AckResult:
+    """The ack through the C core (claim_fast.Core.ack), the Python's pure checks first.
+
+    The core opens, checks, hashes, moves and syncs; at its first deviation (a check fails, a
+    syscall fails, a payload past the first read) _ack_from_source runs from the start with the
+    core's syscalls replayed, so every outcome, error and later syscall is the Python's. The lease
+    directory and the receipt directory must be open in the tree already (every ack after the
+    first into a bucket): otherwise, and for a Lease made by hand with fields no file can match,
+    the Python does it all.
+    """
+    facts, _ = checked_path(ctx, lease, True, job)
+    tree = ctx.tree
+    src_fd, dst_fd = tree.cached_fds((facts.dir_rel, dest_rel))
+    if src_fd is None or dst_fd is None or len(lease.envelope_digest) != 32 or len(lease.payload_digest) != 32:
+        return _ack_from_source(ctx, lease, job, wall, shard, bucket, dest_rel, target_file)
+    ids = tree.known_ids(src_fd, dst_fd)
+    try:
+        stage, a = core.ack(lease, job, src_fd, facts.parts[-1], dst_fd, target_file, ids)
+    except (OverflowError, TypeError):  # a lease field no file has (before any syscall)
+        return _ack_from_source(ctx, lease, job, wall, shard, bucket, dest_rel, target_file)
+    if stage != claim_fast.ACKED:
+        with claim_fast.replaying(a, skip_open=False):
+            return _ack_from_source(ctx, lease, job, wall, shard, bucket, dest_rel, target_file)
+    tree.learn_ids(src_fd, dst_fd, a.stats, ids)
+    try:  # Source.close: a close error cannot undo the move that committed
+        linux.close(a.fd)
+    except OSError:
+        pass
+    return _ACKED
+
+
+def _ack_from_source(
+    ctx: Context, lease: Lease, job: bytes, wall: int, shard: int, bucket: int, dest_rel: str, target_file: str
+) -> AckResult:
+    """The ack from validate_source on: the specification the C core mirrors (and replays into)."""
     try:
         src = validate_source(ctx, lease, moving=True, job=job)
     except LeaseLost:

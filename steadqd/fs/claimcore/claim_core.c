@@ -115,10 +115,10 @@ const struct sq_sys *sq_direct_table(void) { return &direct_table; }
 
 /* ------------------------------------------------------------------ helpers */
 
-/* Note one syscall; returns its result. The record array is larger than any path's count. */
-static int64_t rec(struct sq_claim *c, int op, int64_t ret, int slot) {
-    if (c->nrec < SQ_MAX_RECS) {
-        struct sq_rec *r = &c->recs[c->nrec++];
+/* Note one syscall in recs[*nrec]; returns its result. The record array is larger than any path's count. */
+static int64_t rec_in(struct sq_rec *recs, int *nrec, int op, int64_t ret, int slot) {
+    if (*nrec < SQ_MAX_RECS) {
+        struct sq_rec *r = &recs[(*nrec)++];
         r->op = op;
         r->err = ret < 0 ? (int)-ret : 0;
         r->ret = ret < 0 ? -1 : ret;
@@ -126,6 +126,8 @@ static int64_t rec(struct sq_claim *c, int op, int64_t ret, int slot) {
     }
     return ret;
 }
+
+static int64_t rec(struct sq_claim *c, int op, int64_t ret, int slot) { return rec_in(c->recs, &c->nrec, op, ret, slot); }
 
 static int hexval(char ch) { /* lowercase hex only: names.md's grammar */
     if (ch >= '0' && ch <= '9') return ch - '0';
@@ -246,12 +248,12 @@ static int check_ready_name(const struct sq_queue *q, struct sq_claim *c, unsign
     return 0;
 }
 
-/* JobHeader.decode, the size checks of read_envelope, check_envelope and check_name_matches
- * on c->head (head_len bytes, the file st_size long): 0 if all pass, -1 a check failed, 1 the
- * extension is longer than the first read holds (left to Python). */
-static int check_envelope(const struct sq_queue *q, struct sq_claim *c, int64_t size) {
-    const unsigned char *h = c->head;
-    if (c->head_len < HEADER_SIZE) return -1;
+/* JobHeader.decode, the size checks of read_envelope and check_envelope on ``h`` (head_len bytes of
+ * a file st_size long): 0 if all pass (the lengths filled in), -1 a check failed, 1 the extension is
+ * longer than the first read holds (read_envelope's second read is Python's). */
+static int check_envelope_bytes(const struct sq_queue *q, const unsigned char *h, int64_t head_len, int64_t size,
+                                uint32_t *ext_len_out, uint64_t *payload_len_out) {
+    if (head_len < HEADER_SIZE) return -1;
     if (memcmp(h, JOB_MAGIC, 8) != 0) return -1;
     if (be32(h + 8) >> 16 != 1) return -1;          /* major (u16 at 8) */
     uint32_t ext_len = be32(h + 12);                /* extension length (u32 at 12) */
@@ -267,7 +269,7 @@ static int check_envelope(const struct sq_queue *q, struct sq_claim *c, int64_t 
     if (payload_len > q->max_payload) return -1;    /* read_envelope: the queue's maximum */
     if ((uint64_t)size != HEADER_SIZE + (uint64_t)ext_len + payload_len) return -1;
     /* An extension beyond the first read: read_envelope's second pread is Python's. */
-    if ((int64_t)(HEADER_SIZE + ext_len) > c->head_len) return 1;
+    if ((int64_t)(HEADER_SIZE + ext_len) > head_len) return 1;
     /* check_envelope: SHA256(envelope domain || header[:96] || 32 zero bytes || extension) */
     static const unsigned char zero[32];
     SHA256_CTX s;
@@ -278,8 +280,20 @@ static int check_envelope(const struct sq_queue *q, struct sq_claim *c, int64_t 
     SHA256_Update(&s, h + HEADER_SIZE, ext_len);
     SHA256_Final(d, &s);
     if (memcmp(d, h + ENVELOPE_DIGEST_OFFSET, 32) != 0) return -1;
+    *ext_len_out = ext_len;
+    *payload_len_out = payload_len;
+    return 0;
+}
+
+/* check_envelope_bytes on c->head, then check_name_matches: 0, -1 or 1 as check_envelope_bytes. */
+static int check_envelope(const struct sq_queue *q, struct sq_claim *c, int64_t size) {
+    const unsigned char *h = c->head;
+    uint32_t ext_len;
+    uint64_t payload_len;
+    int r = check_envelope_bytes(q, h, c->head_len, size, &ext_len, &payload_len);
+    if (r != 0) return r;
     /* check_name_matches */
-    if (memcmp(h + 32, c->job_id, 16) != 0 || max_attempts != c->max_attempts) return -1;
+    if (memcmp(h + 32, c->job_id, 16) != 0 || be32(h + 48) != c->max_attempts) return -1;
     c->extension_length = ext_len;
     c->payload_length = payload_len;
     memcpy(c->payload_digest, h + 64, 32);
@@ -434,4 +448,103 @@ int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_
     c->payload_in_head = 1;
     c->stage = SQ_MOVED;
     return c->stage;
+}
+
+/* ------------------------------------------------------------------ the ack */
+
+#define ACK_REC(op, call, slot) rec_in(a->recs, &a->nrec, (op), (call), (slot))
+
+/* settle.ack from lease.validate_source's open on (its pure checks are the caller's, before this
+ * call): the open, fstat and identity check, read_envelope, the header against the lease,
+ * verify_payload of a payload the first read holds, then Tree.move_witnessed(force=True) into the
+ * receipt directory: stat witness, no-replace rename, stat of the destination, the destination's
+ * fsync, _same_dir (an fstat of each directory whose id the tree has not learnt yet) and the
+ * source's fsync. The caller has the receipt directory's fd already (Tree.ensure_dir, cached) and
+ * does not batch barriers. Any deviation stops it (a.stage); the caller replays a.recs. */
+int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
+           int dir_fd, const char *name, int dst_fd, const char *target, const uint64_t *src_dir_id,
+           const uint64_t *dst_dir_id) {
+    a->nrec = 0;
+    a->fd = -1;
+    a->head_len = 0;
+    a->stage = SQ_STOP_PURE;
+    size_t len = strnlen(name, SQ_NAME_MAX), tlen = strnlen(target, SQ_NAME_MAX);
+    if (len >= SQ_NAME_MAX || tlen >= SQ_NAME_MAX) return a->stage;
+    memcpy(a->name, name, len + 1);
+    memcpy(a->target, target, tlen + 1);
+    /* validate_source */
+    a->stage = SQ_STOP_SYSCALL;
+    int fd = (int)ACK_REC(SQ_OP_OPEN, sys->openat(dir_fd, a->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK), 0);
+    if (fd < 0) return a->stage;
+    a->fd = fd;
+    if (ACK_REC(SQ_OP_FSTAT, sys->fstat(fd, &a->stats[0]), 0) < 0) return a->stage;
+    const struct sq_stat *st = &a->stats[0];
+    a->stage = SQ_STOP_CHECK;
+    if (st->dev != lease->dev || st->ino != lease->ino) return a->stage;
+    /* read_envelope */
+    if (!single_regular(st) || st->size < HEADER_SIZE) return a->stage;
+    int64_t n = st->size < SQ_HEAD_BYTES ? st->size : SQ_HEAD_BYTES;
+    int64_t got = ACK_REC(SQ_OP_PREAD, sys->pread(fd, a->head, n, 0), 0);
+    if (got < 0) {
+        a->stage = SQ_STOP_SYSCALL;
+        return a->stage;
+    }
+    a->head_len = got > n ? n : got;
+    uint32_t ext_len;
+    uint64_t payload_len;
+    int r = check_envelope_bytes(q, a->head, a->head_len, st->size, &ext_len, &payload_len);
+    if (r != 0) {
+        a->stage = r > 0 ? SQ_STOP_HANDOFF : SQ_STOP_CHECK;
+        return a->stage;
+    }
+    /* the header against the lease */
+    const unsigned char *h = a->head;
+    if (memcmp(h + 32, lease->job_id, 16) != 0 || be32(h + 48) != lease->max_attempts ||
+        memcmp(h + ENVELOPE_DIGEST_OFFSET, lease->envelope_digest, 32) != 0 || payload_len != lease->payload_length ||
+        memcmp(h + 64, lease->payload_digest, 32) != 0)
+        return a->stage;
+    /* verify_payload, on the first read (_head_payload); a longer payload is iter_payload's */
+    uint64_t payload_offset = HEADER_SIZE + (uint64_t)ext_len;
+    if (payload_offset + payload_len > (uint64_t)a->head_len) {
+        a->stage = SQ_STOP_HANDOFF;
+        return a->stage;
+    }
+    unsigned char d[32];
+    SHA256_CTX sh;
+    SHA256_Init(&sh);
+    SHA256_Update(&sh, h + payload_offset, (size_t)payload_len);
+    SHA256_Final(d, &sh);
+    if (memcmp(d, lease->payload_digest, 32) != 0) return a->stage;
+    /* Tree.move_witnessed */
+    a->stage = SQ_STOP_SYSCALL;
+    if (ACK_REC(SQ_OP_STAT, sys->lstatat(dir_fd, a->name, &a->stats[1]), 1) < 0) return a->stage;
+    a->stage = SQ_STOP_CHECK;
+    if (!names_single_file(st, &a->stats[1])) return a->stage;
+    a->stage = SQ_STOP_SYSCALL;
+    if (ACK_REC(SQ_OP_RENAME, sys->rename_noreplace(dir_fd, a->name, dst_fd, a->target), 0) < 0) return a->stage;
+    if (ACK_REC(SQ_OP_STAT, sys->lstatat(dst_fd, a->target, &a->stats[2]), 2) < 0) return a->stage;
+    a->stage = SQ_STOP_CHECK;
+    if (!names_single_file(st, &a->stats[2])) return a->stage;
+    /* _barrier_pair(always_both=False, force=True): the destination, then the source unless the same directory */
+    a->stage = SQ_STOP_SYSCALL;
+    if (ACK_REC(SQ_OP_FSYNC, sys->fsync(dst_fd), 0) < 0) return a->stage;
+    if (dir_fd != dst_fd) {
+        uint64_t src_dev, src_ino, dst_dev, dst_ino;
+        if (src_dir_id) {
+            src_dev = src_dir_id[0], src_ino = src_dir_id[1];
+        } else {
+            if (ACK_REC(SQ_OP_FSTAT, sys->fstat(dir_fd, &a->stats[3]), 3) < 0) return a->stage;
+            src_dev = a->stats[3].dev, src_ino = a->stats[3].ino;
+        }
+        if (dst_dir_id) {
+            dst_dev = dst_dir_id[0], dst_ino = dst_dir_id[1];
+        } else {
+            if (ACK_REC(SQ_OP_FSTAT, sys->fstat(dst_fd, &a->stats[4]), 4) < 0) return a->stage;
+            dst_dev = a->stats[4].dev, dst_ino = a->stats[4].ino;
+        }
+        if ((src_dev != dst_dev || src_ino != dst_ino) && ACK_REC(SQ_OP_FSYNC, sys->fsync(dir_fd), 0) < 0)
+            return a->stage;
+    }
+    a->stage = SQ_ACKED;
+    return a->stage;
 }

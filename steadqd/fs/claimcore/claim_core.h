@@ -21,6 +21,7 @@
 #define SQ_MOVED 6         /* sq_claim_move: renamed, re-read, directory synced, payload verified */
 #define SQ_MOVED_PAYLOAD_LEFT 7 /* renamed, re-read, synced; the payload check is Python's (past the first
                                  * read, or not matching: claim_open's end judges it) */
+#define SQ_ACKED 8 /* sq_ack: validated, payload verified, renamed into receipts, directories synced */
 
 /* Syscall ops recorded (sq_rec.op): the replay maps them to syscall_hook's op names. */
 #define SQ_OP_OPEN 1
@@ -100,11 +101,36 @@ struct sq_claim {
     int nrec;
 };
 
+/* One ack (settle.ack after the pure checks of lease.validate_source): the leased file's checks
+ * and its witnessed move into receipts/. The caller closes ``fd`` (>= 0 once the open succeeded). */
+struct sq_ack {
+    char name[SQ_NAME_MAX];   /* the leased file, in the lease's directory */
+    char target[SQ_NAME_MAX]; /* the receipt, in its bucket's shard directory */
+    int stage;
+    int fd;
+    struct sq_stat stats[5]; /* 0 fstat, 1 stat source, 2 stat destination, 3/4 fstat source/destination dir */
+    unsigned char head[SQ_HEAD_BYTES];
+    int64_t head_len;
+    struct sq_rec recs[SQ_MAX_RECS];
+    int nrec;
+};
+
+/* What a lease says about its file (the Lease fields validate_source compares). */
+struct sq_lease {
+    uint64_t dev, ino, max_attempts, payload_length;
+    unsigned char job_id[16];
+    unsigned char envelope_digest[32];
+    unsigned char payload_digest[32];
+};
+
 void sq_queue_init(struct sq_queue *q);
 int sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, int dir_fd,
                     const char *name, int shard, int opened_fd);
 int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, const unsigned char *boot_id,
                   uint64_t bt_deadline, uint64_t wall_deadline, const unsigned char *token, int may_fsync);
+int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
+           int dir_fd, const char *name, int dst_fd, const char *target, const uint64_t *src_dir_id,
+           const uint64_t *dst_dir_id); /* the directories' {dev, ino} when the tree knows them, else NULL */
 const struct sq_sys *sq_direct_table(void); /* the libc table */
 /* cdef-end */
 
