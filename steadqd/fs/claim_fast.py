@@ -7,7 +7,8 @@ after-rename re-read, the directory fsync, the payload digest), with the clock, 
 token read by the Python between them, where claim_open reads them. At its first deviation C
 stops; :func:`replaying` then runs the Python's own code for that candidate from the start,
 serving the syscalls C made from their recorded results (syscall_hook.replay), so every error,
-quarantine reason, message and later syscall is the Python's.
+quarantine reason, message and later syscall is the Python's. The ack (settle.py the
+specification) is one call, :meth:`Core.ack`, replayed the same way (settle._ack_fast).
 
 Every syscall of the core goes through a table: libc directly, or, when syscall_hook is armed or
 tracing (the test steadqd.fs.linux makes), callbacks that make each call through the wrapper of
@@ -15,7 +16,7 @@ steadqd.fs.linux the Python would use, so traces, injected faults and the crash 
 sequence on both paths. A callback's exception (an injected fault, or anything else) is kept and
 raised again by the replay at the very point the Python makes that call.
 
-Without the built module, or with ``STEADQ_PURE_PYTHON=1``, claims run in pure Python;
+Without the built module, or with ``STEADQ_PURE_PYTHON=1``, claims and acks run in pure Python;
 :func:`path` says which path runs and why (``steadq --version``, ``steadq doctor``).
 """
 
@@ -75,7 +76,7 @@ def available() -> bool:
 def path() -> str:
     """Which claim path runs and why, one line (``steadq doctor`` and ``--version``)."""
     if available():
-        return "C claim core (one candidate's checks, open, reads, rename and fsync in two calls: steadqd/fs/claimcore)"
+        return "C claim core (a claim's checks, open, reads, rename and fsync in two calls, an ack's in one: steadqd/fs/claimcore)"
     why = f"{SWITCH}=1 is set" if lib is not None else _MISSING
     return f"pure Python: {why}"
 
