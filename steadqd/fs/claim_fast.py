@@ -1,6 +1,6 @@
 """The C claim core's Python side: the syscall tables, the calls, and the replay of a deviation.
 
-claim.py is the specification of a claim; ``claimcore/claim_core.c`` does its happy path for one
+claim.py is the specification of a claim; ``claimcore/claim.c`` does its happy path for one
 candidate name in two calls (:meth:`Core.verify`: name, tag, shard, attempts, open, fstat,
 envelope; :meth:`Core.move`: the leased name and tag, the witnessed no-replace rename, the
 after-rename re-read, the directory fsync, the payload digest), with the clock, wall floor and

@@ -1,6 +1,6 @@
 """The C ack against the Python it mirrors, on generated and hostile lease files (issue 35).
 
-steadqd.fs.settle.ack is the specification; sq_ack (steadqd/fs/claimcore/claim_core.c) takes its
+steadqd.fs.settle.ack is the specification; sq_ack (steadqd/fs/claimcore/settle.c) takes its
 happy path (validate_source's open, fstat and envelope checks, the header against the lease, the
 payload digest, the witnessed no-replace rename into receipts/ and the directory fsyncs) and hands
 every deviation back to it (settle._ack_fast). Each example takes one leased job of a prepared

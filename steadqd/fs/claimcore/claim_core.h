@@ -1,5 +1,5 @@
-/* The claim core: the happy path of one claim transition in C (issue 35, constraint 1(b)).
- * Declarations shared by claim_core.c and the cffi build (claim_core_build.py); see claim_core.c. */
+/* The C core (issue 35): the happy paths of the claim (claim.c) and the ack (settle.c) in C.
+ * Declarations shared by its files (core.h includes this) and the cffi build (claim_core_build.py). */
 #ifndef STEADQ_CLAIM_CORE_H
 #define STEADQ_CLAIM_CORE_H
 

@@ -1,4 +1,4 @@
-"""cffi (API, out-of-line) build of ``steadqd.fs.claimcore._claim_core`` from claim_core.c (``setup.py`` runs it).
+"""cffi (API, out-of-line) build of ``steadqd.fs.claimcore._claim_core`` from SOURCES (``setup.py`` runs it).
 
 ``python steadqd/fs/claimcore/claim_core_build.py`` builds it in place by hand; ``pip install -e .``
 does it through setup.py's ``cffi_modules``. SHA-256 comes from the system's OpenSSL libcrypto
@@ -13,6 +13,9 @@ import os
 import cffi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# One file per Python module it mirrors (core.h: what they share), the syscall table in its own.
+SOURCES = ("claim.c", "settle.c", "verify.c", "names.c", "syscall_table.c")
 
 BEGIN, END = "/* cdef-begin */", "/* cdef-end */"
 
@@ -46,9 +49,9 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "steadqd.fs.claimcore._claim_core",
     '#include "claim_core.h"',
-    sources=[os.path.relpath(os.path.join(HERE, "claim_core.c"))],
+    sources=[os.path.relpath(os.path.join(HERE, f)) for f in SOURCES],
     include_dirs=[os.path.relpath(HERE)],
-    depends=[os.path.relpath(os.path.join(HERE, "claim_core.h"))],
+    depends=[os.path.relpath(os.path.join(HERE, f)) for f in ("claim_core.h", "core.h")],
     libraries=["crypto"],
     extra_compile_args=["-O2", "-Wall", "-Wextra"],
 )
