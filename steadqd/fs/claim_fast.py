@@ -221,9 +221,10 @@ class Core:
         return int(lib.sq_claim_move(self.q, _HOOKED, c, boot_id, bt_deadline, wall_deadline, token, may_fsync))
 
     def ack(
-        self, lease: Any, job: bytes, dir_fd: int, name: str, dst_fd: int, target: str, ids: tuple[Any, Any]
+        self, lease: Any, job: bytes, dir_fd: int, name: str, dst_fd: int, shard: int, bucket: int, ids: tuple[Any, Any]
     ) -> tuple[int, Any]:
-        """sq_ack for ``lease`` (``job``: its job id) in ``dir_fd``/``name`` into ``dst_fd``/``target``: (stage, record).
+        """sq_ack for ``lease`` (``job``: its job id) in ``dir_fd``/``name`` into ``dst_fd``, the receipt
+        directory of ``shard`` and ``bucket`` (the core makes the receipt's name): (stage, record).
 
         ``ids``: the two directories' (dev, ino) when the tree knows them, else None. The record is
         this thread's (its ``fd``: the caller closes it). OverflowError: a lease field that cannot be
@@ -242,9 +243,10 @@ class Core:
             lease.payload_length,
         )
         lc.job_id, lc.envelope_digest, lc.payload_digest = job, lease.envelope_digest, lease.payload_digest
+        lc.generation, lc.attempt, lc.token = lease.generation, lease.attempt, lease.token
         src_id, dst_id = ids
         args = (
-            self.q, lc, dir_fd, name.encode("ascii"), dst_fd, target.encode("ascii"),
+            self.q, lc, dir_fd, name.encode("ascii"), dst_fd, shard, bucket,
             ffi.NULL if src_id is None else src_id, ffi.NULL if dst_id is None else dst_id,
         )  # fmt: skip
         if not _armed and not _traces:

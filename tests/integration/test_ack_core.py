@@ -38,7 +38,8 @@ WALL = 1_800_000_000_000_000_000
 JOBS = ("small", "ext", "large", "long_ext")
 KINDS = (
     "valid", "payload_flip", "header_flip", "truncated", "replaced", "symlink", "fifo", "hardlink", "gone",
-    "acked_before", "receipt_taken", "receipt_dir_removed", "lease_digest", "lease_length",
+    "acked_before", "receipt_taken", "receipt_dir_removed", "lease_digest", "lease_length", "generation_max",
+    "attempt_bool",
 )  # fmt: skip
 FAULT_OPS = ("open", "fstat", "read", "stat", "rename_noreplace", "fsync", "close", "openat2", "mkdir", "dup")
 
@@ -119,6 +120,10 @@ def _spoil(root: str, q: Queue, lease: Lease, kind: str) -> None:
         lease.payload_digest = bytes(32)
     elif kind == "lease_length":
         lease.payload_length += 1
+    elif kind == "generation_max":  # next_generation refuses it before any syscall
+        lease.generation = (1 << 64) - 1
+    elif kind == "attempt_bool":  # equal to 1 but not an int: the Python's name checks judge it
+        lease.attempt = True
 
 
 def _run(

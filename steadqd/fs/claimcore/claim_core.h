@@ -115,12 +115,15 @@ struct sq_ack {
     int nrec;
 };
 
-/* What a lease says about its file (the Lease fields validate_source compares). */
+/* What a lease says about its file (the Lease fields validate_source compares) and names its receipt by. */
 struct sq_lease {
     uint64_t dev, ino, max_attempts, payload_length;
     unsigned char job_id[16];
     unsigned char envelope_digest[32];
     unsigned char payload_digest[32];
+    uint64_t generation;
+    uint32_t attempt;
+    unsigned char token[16];
 };
 
 void sq_queue_init(struct sq_queue *q);
@@ -129,7 +132,7 @@ int sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct s
 int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, const unsigned char *boot_id,
                   uint64_t bt_deadline, uint64_t wall_deadline, const unsigned char *token, int may_fsync);
 int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
-           int dir_fd, const char *name, int dst_fd, const char *target, const uint64_t *src_dir_id,
+           int dir_fd, const char *name, int dst_fd, uint32_t shard, uint64_t bucket, const uint64_t *src_dir_id,
            const uint64_t *dst_dir_id); /* the directories' {dev, ino} when the tree knows them, else NULL */
 const struct sq_sys *sq_direct_table(void); /* the libc table */
 /* cdef-end */

@@ -6,6 +6,38 @@
 #include <fcntl.h>
 #include <string.h>
 
+#define MAX_SHARDS 4096u /* constants.MAX_SHARDS */
+
+/* names.receipt_filename of the lease's receipt: "<job>.g<generation + 1>.a<attempt>.m<max>.t<token>",
+ * tagged over "receipts/-/<bucket:016x>/<shard:04x>/<base>" (names._RECEIPT_CONTEXT), then ".rct". */
+static void receipt_target(const struct sq_queue *q, const struct sq_lease *l, uint32_t shard, uint64_t bucket,
+                           char out[SQ_NAME_MAX]) {
+    char base[128], ctx[192];
+    char *p = base;
+    p = put_hex(p, l->job_id, 16);
+    *p++ = '.', *p++ = 'g';
+    p = put_hex_u64(p, l->generation + 1, 16);
+    *p++ = '.', *p++ = 'a';
+    p = put_hex_u64(p, l->attempt, 8);
+    *p++ = '.', *p++ = 'm';
+    p = put_hex_u64(p, l->max_attempts, 8);
+    *p++ = '.', *p++ = 't';
+    p = put_hex(p, l->token, 16);
+    size_t base_len = (size_t)(p - base);
+    char *x = ctx;
+    memcpy(x, "receipts/-/", 11), x += 11;
+    x = put_hex_u64(x, bucket, 16), *x++ = '/';
+    x = put_hex_u64(x, shard, 4), *x++ = '/';
+    memcpy(x, base, base_len), x += base_len;
+    unsigned char tag[NAME_TAG_BYTES];
+    name_tag(q, ctx, (size_t)(x - ctx), tag);
+    char *t = out;
+    memcpy(t, base, base_len), t += base_len;
+    *t++ = '.', *t++ = 'k';
+    t = put_hex(t, tag, NAME_TAG_BYTES);
+    memcpy(t, ".rct", 5);
+}
+
 #define ACK_REC(op, call, slot) rec_in(a->recs, &a->nrec, (op), (call), (slot))
 
 /* settle.ack from lease.validate_source's open on (its pure checks are the caller's, before this
@@ -16,16 +48,18 @@
  * source's fsync. The caller has the receipt directory's fd already (Tree.ensure_dir, cached) and
  * does not batch barriers. Any deviation stops it (a.stage); the caller replays a.recs. */
 int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
-           int dir_fd, const char *name, int dst_fd, const char *target, const uint64_t *src_dir_id,
+           int dir_fd, const char *name, int dst_fd, uint32_t shard, uint64_t bucket, const uint64_t *src_dir_id,
            const uint64_t *dst_dir_id) {
     a->nrec = 0;
     a->fd = -1;
     a->head_len = 0;
     a->stage = SQ_STOP_PURE;
-    size_t len = strnlen(name, SQ_NAME_MAX), tlen = strnlen(target, SQ_NAME_MAX);
-    if (len >= SQ_NAME_MAX || tlen >= SQ_NAME_MAX) return a->stage;
+    size_t len = strnlen(name, SQ_NAME_MAX);
+    /* next_generation raises at the limit; shard_dir refuses a shard past the maximum: the Python's */
+    if (len >= SQ_NAME_MAX || lease->generation == U64_MAX || lease->max_attempts > U32_MAX || shard >= MAX_SHARDS)
+        return a->stage;
     memcpy(a->name, name, len + 1);
-    memcpy(a->target, target, tlen + 1);
+    receipt_target(q, lease, shard, bucket, a->target);
     /* validate_source */
     a->stage = SQ_STOP_SYSCALL;
     int fd = (int)ACK_REC(SQ_OP_OPEN, sys->openat(dir_fd, a->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK), 0);
