@@ -94,6 +94,23 @@ def test_the_ack_lane_records_the_c_core(tmp_path: Path, monkeypatch: pytest.Mon
     assert stages == [claim_fast.ACKED, claim_fast.ACKED]
 
 
+@pytest.mark.skipif(not claim_fast.available(), reason=claim_fast.path())
+def test_the_enqueue_lane_records_the_c_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The enqueue workload's second job (same shard as the first, whose directory is then open) is the
+    C enqueue's, so lane 1 cuts its syscalls too; the others (first into the shard, streamed) are the Python's."""
+    stages: list[int] = []
+    real = claim_fast.Core.enqueue
+
+    def enqueue(self: claim_fast.Core, *a: object) -> tuple[int, object]:
+        stage, rec = real(self, *a)  # type: ignore[arg-type]
+        stages.append(stage)
+        return stage, rec
+
+    monkeypatch.setattr(claim_fast.Core, "enqueue", enqueue)
+    record_workload(WORKLOADS["enqueue"], str(tmp_path))
+    assert claim_fast.PUBLISHED in stages
+
+
 def test_lab_catches_a_settle_without_its_source_barrier() -> None:
     """An ack that returns before the source directory is durable can come back to life."""
     msgs = "\n".join(_collect_all(WORKLOADS["ack"], bugs.settle_without_source_barrier))

@@ -175,9 +175,20 @@ def _leased(n: int, max_attempts: int = 3, duration: float = 30.0) -> Setup:
 # -- recorded runs ------------------------------------------------------------------------
 
 
+def _one_shard_ids(d: Driver, n: int) -> list[str]:
+    """``n`` job ids of shard 0: after the first job into the shard (the Python's path, which opens its
+    directory), the next ones go through the C core where it is built (publish._enqueue_fast, settle._ack_fast)."""
+    from steadqd.fs.names import shard_of
+
+    fmt = d.q._ctx.fmt
+    ids = (i.to_bytes(16, "big") for i in range(1, 1000))
+    return [j.hex() for j in ids if shard_of(fmt.queue_id, j, fmt.shard_count) == 0][:n]
+
+
 def run_enqueue(d: Driver, _: dict[str, Any]) -> None:
-    d.enqueue(b"first job")
-    d.enqueue(bytes(range(256)) * 12)
+    first, second = _one_shard_ids(d, 2)
+    d.enqueue(b"first job", job_id=first)
+    d.enqueue(bytes(range(256)) * 12, job_id=second)
     d.enqueue(b"streamed " * 500, stream=True)  # placeholder header, payload, pwrite of the real header
     d.enqueue(b"", max_attempts=1)
 
@@ -297,13 +308,9 @@ def setup_ack(d: Driver) -> dict[str, Any]:
     """Three leases of one shard: the first ack makes the receipt bucket (the Python's path), the
     next two find its shard directory open and go through the C core where it is built (settle._ack_fast),
     the second learning the directories' ids with fstat, the third knowing them."""
-    from steadqd.fs.names import shard_of
-
-    fmt = d.q._ctx.fmt
-    ids = [i.to_bytes(16, "big") for i in range(1, 200)]
-    same = [j for j in ids if shard_of(fmt.queue_id, j, fmt.shard_count) == 0][:3]
+    same = _one_shard_ids(d, 3)
     for i, job in enumerate(same):
-        d.enqueue(f"leased job {i}".encode(), job_id=job.hex())
+        d.enqueue(f"leased job {i}".encode(), job_id=job)
     return {"leases": [d.lease() for _ in same]}
 
 

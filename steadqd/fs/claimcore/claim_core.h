@@ -1,4 +1,4 @@
-/* The C core (issue 35): the happy paths of the claim (claim.c) and the ack (settle.c) in C.
+/* The C core (issue 35): the happy paths of the claim (claim.c), ack (settle.c) and enqueue (publish.c).
  * Declarations shared by its files (core.h includes this) and the cffi build (claim_core_build.py). */
 #ifndef STEADQ_CLAIM_CORE_H
 #define STEADQ_CLAIM_CORE_H
@@ -22,6 +22,7 @@
 #define SQ_MOVED_PAYLOAD_LEFT 7 /* renamed, re-read, synced; the payload check is Python's (past the first
                                  * read, or not matching: claim_open's end judges it) */
 #define SQ_ACKED 8 /* sq_ack: validated, payload verified, renamed into receipts, directories synced */
+#define SQ_PUBLISHED 9 /* sq_enqueue: written, synced, linked, its directory synced */
 
 /* Syscall ops recorded (sq_rec.op): the replay maps them to syscall_hook's op names. */
 #define SQ_OP_OPEN 1
@@ -30,6 +31,9 @@
 #define SQ_OP_STAT 4
 #define SQ_OP_RENAME 5
 #define SQ_OP_FSYNC 6
+#define SQ_OP_TMPFILE 7
+#define SQ_OP_WRITE 8
+#define SQ_OP_LINK 9
 
 struct sq_stat {
     uint64_t dev, ino; /* dev_t and ino_t are unsigned 64-bit on Linux */
@@ -48,6 +52,9 @@ struct sq_sys {
     int (*lstatat)(int dirfd, const char *name, struct sq_stat *st);
     int (*rename_noreplace)(int olddirfd, const char *oldname, int newdirfd, const char *newname);
     int (*fsync)(int fd);
+    int (*tmpfile)(int dirfd, int mode);
+    int64_t (*write)(int fd, const unsigned char *buf, int64_t n);
+    int (*link)(int fd, int dirfd, const char *name, int proc); /* proc: the /proc/self/fd form */
 };
 
 /* One syscall made: op, its result (fd / byte count / 0) or errno, and where its data is. */
@@ -126,6 +133,19 @@ struct sq_lease {
     unsigned char token[16];
 };
 
+/* One enqueue of a small bytes payload to ready/ (publish.py's _prepare after its id and wall floor,
+ * and _Publication._via_tmpfile): the name and header, then O_TMPFILE, one write, the nlink check,
+ * fsync, the link, the directory fsync. The caller closes ``fd`` (>= 0 once the open succeeded). */
+struct sq_enqueue {
+    char name[SQ_NAME_MAX];
+    int stage;
+    int fd;
+    struct sq_stat stats[1];
+    unsigned char envelope_digest[32];
+    struct sq_rec recs[SQ_MAX_RECS];
+    int nrec;
+};
+
 void sq_queue_init(struct sq_queue *q);
 int sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, int dir_fd,
                     const char *name, int shard, int opened_fd);
@@ -134,6 +154,9 @@ int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_
 int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
            int dir_fd, const char *name, int dst_fd, uint32_t shard, uint64_t bucket, const uint64_t *src_dir_id,
            const uint64_t *dst_dir_id); /* the directories' {dev, ino} when the tree knows them, else NULL */
+int sq_enqueue(const struct sq_queue *q, const struct sq_sys *sys, struct sq_enqueue *e, const unsigned char *job_id,
+               uint32_t max_attempts, uint64_t created_at, const unsigned char *extension, uint32_t extension_length,
+               const unsigned char *payload, uint64_t payload_length, int dir_fd, uint32_t shard, int mode, int proc);
 const struct sq_sys *sq_direct_table(void); /* the libc table */
 /* cdef-end */
 

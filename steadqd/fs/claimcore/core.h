@@ -2,7 +2,8 @@
  *
  * The files mirror the Python modules that are their specification: names.c (names.py: the tag and
  * the hash prefixes), verify.c (verify.py and records.py: the envelope), claim.c (claim.py, tree.py's
- * witnessed move), settle.c (settle.py and lease.validate_source: the ack) and syscall_table.c (the
+ * witnessed move), settle.c (settle.py and lease.validate_source: the ack), publish.c (publish.py: the
+ * enqueue) and syscall_table.c (the
  * libc table every syscall goes through unless syscall_hook traces or injects). Input is hostile:
  * every read is bounded by the buffer it lands in, every loop by a constant or a length checked first.
  */

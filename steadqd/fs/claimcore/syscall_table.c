@@ -2,10 +2,12 @@
  * the cffi callbacks into steadqd.fs.linux (claim_fast.py) when syscall_hook traces or injects, so
  * traces, faults and the crash lab see the same sequence on both paths. Each entry mirrors the
  * steadqd.fs.linux wrapper the Python uses and returns >= 0 on success, -errno on failure. */
+#define _GNU_SOURCE 1 /* O_TMPFILE, AT_EMPTY_PATH */
 #include "core.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -70,6 +72,37 @@ static int d_fsync(int fd) {
     return -EINTR;
 }
 
-static const struct sq_sys direct_table = {d_openat, d_fstat, d_pread, d_lstatat, d_rename_noreplace, d_fsync};
+static int d_tmpfile(int dirfd, int mode) { /* linux.open_tmpfile */
+    for (int i = 0; i < EINTR_RETRIES; i++) {
+        int fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, mode);
+        if (fd >= 0) return fd;
+        if (errno != EINTR) return -errno;
+    }
+    return -EINTR;
+}
+
+static int64_t d_write(int fd, const unsigned char *buf, int64_t n) { /* one os.write (write_all loops) */
+    for (int i = 0; i < EINTR_RETRIES; i++) {
+        ssize_t got = write(fd, buf, (size_t)n);
+        if (got >= 0) return (int64_t)got;
+        if (errno != EINTR) return -errno;
+    }
+    return -EINTR;
+}
+
+static int d_link(int fd, int dirfd, const char *name, int proc) { /* linux._link_direct / _link_proc */
+    int r;
+    if (proc) {
+        char src[64];
+        snprintf(src, sizeof src, "/proc/self/fd/%d", fd);
+        r = linkat(AT_FDCWD, src, dirfd, name, AT_SYMLINK_FOLLOW);
+    } else {
+        r = linkat(fd, "", dirfd, name, AT_EMPTY_PATH);
+    }
+    return r == 0 ? 0 : -errno;
+}
+
+static const struct sq_sys direct_table = {d_openat, d_fstat,   d_pread, d_lstatat, d_rename_noreplace,
+                                           d_fsync,  d_tmpfile, d_write, d_link};
 
 const struct sq_sys *sq_direct_table(void) { return &direct_table; }
