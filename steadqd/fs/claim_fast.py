@@ -53,6 +53,7 @@ MOVED = getattr(lib, "SQ_MOVED", 0)
 MOVED_PAYLOAD_LEFT = getattr(lib, "SQ_MOVED_PAYLOAD_LEFT", 0)
 ACKED = getattr(lib, "SQ_ACKED", 0)
 PUBLISHED = getattr(lib, "SQ_PUBLISHED", 0)
+MOVED_BARRIER_LEFT = getattr(lib, "SQ_MOVED_BARRIER_LEFT", 0)
 _OP_STAT = getattr(lib, "SQ_OP_STAT", 0)
 # Each recorded op (SQ_OP_<NAME>) as syscall_hook names it.
 _HOOK_OP = {
@@ -257,7 +258,16 @@ class Core:
         return int(lib.sq_claim_move(self.q, _HOOKED, c, boot_id, bt_deadline, wall_deadline, token, may_fsync))
 
     def ack(
-        self, lease: Any, job: bytes, dir_fd: int, name: str, dst_fd: int, shard: int, bucket: int, ids: tuple[Any, Any]
+        self,
+        lease: Any,
+        job: bytes,
+        dir_fd: int,
+        name: str,
+        dst_fd: int,
+        shard: int,
+        bucket: int,
+        ids: tuple[Any, Any],
+        may_fsync: bool = True,
     ) -> tuple[int, Any]:
         """sq_ack for ``lease`` (``job``: its job id) in ``dir_fd``/``name`` into ``dst_fd``, the receipt
         directory of ``shard`` and ``bucket`` (the core makes the receipt's name): (stage, record).
@@ -283,7 +293,7 @@ class Core:
         src_id, dst_id = ids
         args = (
             self.q, lc, dir_fd, name.encode("ascii"), dst_fd, shard, bucket,
-            ffi.NULL if src_id is None else src_id, ffi.NULL if dst_id is None else dst_id,
+            ffi.NULL if src_id is None else src_id, ffi.NULL if dst_id is None else dst_id, may_fsync,
         )  # fmt: skip
         if not _armed and not _traces:
             _local.log = None

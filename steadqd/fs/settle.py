@@ -124,7 +124,7 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     job = lease.job_id_bytes  # once (a property): the shard and the receipt's name
     shard = shard_of(fmt.queue_id, job, fmt.shard_count)
     core = ctx.claim_core
-    if core is not None and not ctx.tree.batching:
+    if core is not None:
         g, a, m, t = lease.generation, lease.attempt, lease.max_attempts, lease.token
         # receipt_filename's fast test (and next_generation's): names that cannot fail, so the C core,
         # which makes the receipt's name itself, raises nothing the Python would have raised first.
@@ -180,9 +180,10 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
     The core makes the receipt's name, opens, checks, hashes, moves and syncs; at its first
     deviation (a check fails, a syscall fails, a payload past the first read) _ack_named runs from
     the start with the core's syscalls replayed, so every outcome, error and later syscall is the
-    Python's. The lease directory and the receipt directory must be open in the tree already (every
-    ack after the first into a bucket shard): otherwise, and for a Lease made by hand with fields
-    no file can match, the Python does it all.
+    Python's. In Queue.batch() the core stops after the rename and its checks, and the tree makes
+    (postpones) the barriers as move_witnessed does (Tree.finish_move). The lease directory and the
+    receipt directory must be open in the tree already (every ack after the first into a bucket
+    shard): otherwise, and for a Lease made by hand with fields no file can match, the Python does it all.
     """
     facts, _ = checked_path(ctx, lease, True, job)
     tree = ctx.tree
@@ -191,18 +192,33 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
         return _ack_named(ctx, lease, job, wall, shard, bucket)
     ids = tree.known_ids(src_fd, dst_fd)
     try:
-        stage, a = core.ack(lease, job, src_fd, facts.parts[-1], dst_fd, shard, bucket, ids)
+        stage, a = core.ack(lease, job, src_fd, facts.parts[-1], dst_fd, shard, bucket, ids, not tree.batching)
     except (OverflowError, TypeError):  # a lease field no file has (before any syscall)
         return _ack_named(ctx, lease, job, wall, shard, bucket)
+    if stage == claim_fast.MOVED_BARRIER_LEFT:
+        # In Queue.batch(): renamed and checked; the rest of move_witnessed (the postponed barriers)
+        # and its outcome are _move's, then Source.close.
+        try:
+            tree.finish_move(src_fd, dst_fd, force=True)
+        except Indeterminate as e:
+            raise indeterminate(ctx, lease, "acknowledge", e, ReceiptLocation(bucket)) from e
+        finally:
+            _close_source(a.fd)
+        return _ACKED
     if stage != claim_fast.ACKED:
         with claim_fast.replaying(a, skip_open=False):
             return _ack_named(ctx, lease, job, wall, shard, bucket)
     tree.learn_ids(src_fd, dst_fd, a.stats, ids)
-    try:  # Source.close: a close error cannot undo the move that committed
-        linux.close(a.fd)
+    _close_source(a.fd)
+    return _ACKED
+
+
+def _close_source(fd: int) -> None:
+    """Source.close: a close error cannot undo the move that committed."""
+    try:
+        linux.close(fd)
     except OSError:
         pass
-    return _ACKED
 
 
 def _ack_from_source(

@@ -210,12 +210,17 @@ def test_core_and_python_agree(
     _compare(base, job, kind, fault, batch, warm_ids)
 
 
+@pytest.mark.parametrize("batch", [False, True])
 @pytest.mark.parametrize("after", [False, True])
 @pytest.mark.parametrize("nth", range(1, 13))
 @pytest.mark.parametrize("job", ["ext", "large"])
-def test_a_fault_at_each_syscall_of_an_ack(base: tuple[str, dict[str, str]], job: str, nth: int, after: bool) -> None:
-    """Every position of a valid ack's syscall sequence failing (EIO, before or after its effect)."""
-    _compare(base, job, "valid", (None, nth, errno.EIO, after), False, nth % 2 == 0)
+def test_a_fault_at_each_syscall_of_an_ack(
+    base: tuple[str, dict[str, str]], job: str, nth: int, after: bool, batch: bool
+) -> None:
+    """Every position of a valid ack's syscall sequence failing (EIO, before or after its effect), in
+    Queue.batch() too (the core stops before the barriers, which the tree postpones and the batch's
+    end makes: its fstat, dup and fsyncs are in the sequence)."""
+    _compare(base, job, "valid", (None, nth, errno.EIO, after), batch, nth % 2 == 0)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -225,7 +230,8 @@ def test_each_kind_alone(base: tuple[str, dict[str, str]], job: str, kind: str) 
 
 
 def test_a_valid_ack_is_the_cores(base: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A small valid job is acked by the core in one call (no replay), with the pinned ack's syscalls."""
+    """A small valid job is acked by the core in one call (no replay), with the pinned ack's syscalls;
+    in a batch, up to the barriers."""
     stages: list[int] = []
     made: list[str] = []
     real = claim_fast.Core.ack
@@ -238,6 +244,13 @@ def test_a_valid_ack_is_the_cores(base: tuple[str, dict[str, str]], monkeypatch:
 
     monkeypatch.setattr(claim_fast.Core, "ack", ack)
     root, handles = base
+    stages.clear()
+    made.clear()
+    out = _run(root, handles["ext"], "fast", "valid", pure=False, traced=False, fault=None, batch=True,
+               warm_ids=False)  # fmt: skip
+    assert "ACKED" in out["result"]
+    assert stages == [claim_fast.MOVED_BARRIER_LEFT]  # in a batch: the barriers are the tree's
+    assert made == ["open", "fstat", "read", "stat", "rename_noreplace", "stat"]
     for warm, fstats in ((False, ["fstat", "fstat"]), (True, [])):
         stages.clear()
         made.clear()

@@ -23,6 +23,7 @@
                                  * read, or not matching: claim_open's end judges it) */
 #define SQ_ACKED 8 /* sq_ack: validated, payload verified, renamed into receipts, directories synced */
 #define SQ_PUBLISHED 9 /* sq_enqueue: written, synced, linked, its directory synced */
+#define SQ_MOVED_BARRIER_LEFT 10 /* sq_ack in a batch: renamed and checked; the barriers are the tree's */
 
 /* Syscall ops recorded (sq_rec.op): the replay maps them to syscall_hook's op names. */
 #define SQ_OP_OPEN 1
@@ -153,7 +154,8 @@ int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_
                   uint64_t bt_deadline, uint64_t wall_deadline, const unsigned char *token, int may_fsync);
 int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
            int dir_fd, const char *name, int dst_fd, uint32_t shard, uint64_t bucket, const uint64_t *src_dir_id,
-           const uint64_t *dst_dir_id); /* the directories' {dev, ino} when the tree knows them, else NULL */
+           const uint64_t *dst_dir_id, /* the directories' {dev, ino} when the tree knows them, else NULL */
+           int may_fsync); /* 0 in a batch: stop before the barriers (SQ_MOVED_BARRIER_LEFT) */
 int sq_enqueue(const struct sq_queue *q, const struct sq_sys *sys, struct sq_enqueue *e, const unsigned char *job_id,
                uint32_t max_attempts, uint64_t created_at, const unsigned char *extension, uint32_t extension_length,
                const unsigned char *payload, uint64_t payload_length, int dir_fd, uint32_t shard, int mode, int proc);

@@ -45,11 +45,11 @@ static void receipt_target(const struct sq_queue *q, const struct sq_lease *l, u
  * verify_payload of a payload the first read holds, then Tree.move_witnessed(force=True) into the
  * receipt directory: stat witness, no-replace rename, stat of the destination, the destination's
  * fsync, _same_dir (an fstat of each directory whose id the tree has not learnt yet) and the
- * source's fsync. The caller has the receipt directory's fd already (Tree.ensure_dir, cached) and
- * does not batch barriers. Any deviation stops it (a.stage); the caller replays a.recs. */
+ * source's fsync (in a batch, the barriers are left to Tree.finish_move). The caller has the receipt
+ * directory's fd already (Tree.ensure_dir, cached). Any deviation stops it (a.stage); the caller replays a.recs. */
 int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
            int dir_fd, const char *name, int dst_fd, uint32_t shard, uint64_t bucket, const uint64_t *src_dir_id,
-           const uint64_t *dst_dir_id) {
+           const uint64_t *dst_dir_id, int may_fsync) {
     a->nrec = 0;
     a->fd = -1;
     a->head_len = 0;
@@ -113,6 +113,9 @@ int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a,
     if (ACK_REC(SQ_OP_STAT, sys->lstatat(dst_fd, a->target, &a->stats[2]), 2) < 0) return a->stage;
     a->stage = SQ_STOP_CHECK;
     if (!names_single_file(st, &a->stats[2])) return a->stage;
+    /* a batch postpones the barriers: Tree.finish_move's (fstat, dup, the batch's list) */
+    a->stage = SQ_MOVED_BARRIER_LEFT;
+    if (!may_fsync) return a->stage;
     /* _barrier_pair(always_both=False, force=True): the destination, then the source unless the same directory */
     a->stage = SQ_STOP_SYSCALL;
     if (ACK_REC(SQ_OP_FSYNC, sys->fsync(dst_fd), 0) < 0) return a->stage;
