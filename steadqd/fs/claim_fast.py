@@ -1,13 +1,15 @@
 """The C claim core's Python side: the syscall tables, the calls, and the replay of a deviation.
 
-claim.py is the specification of a claim; ``claimcore/claim_core.c`` does its happy path for one
+claim.py is the specification of a claim; ``claimcore/claim.c`` does its happy path for one
 candidate name in two calls (:meth:`Core.verify`: name, tag, shard, attempts, open, fstat,
 envelope; :meth:`Core.move`: the leased name and tag, the witnessed no-replace rename, the
 after-rename re-read, the directory fsync, the payload digest), with the clock, wall floor and
 token read by the Python between them, where claim_open reads them. At its first deviation C
 stops; :func:`replaying` then runs the Python's own code for that candidate from the start,
 serving the syscalls C made from their recorded results (syscall_hook.replay), so every error,
-quarantine reason, message and later syscall is the Python's.
+quarantine reason, message and later syscall is the Python's. The ack (settle.py the
+specification) is one call, :meth:`Core.ack`, and so is a small enqueue (publish.py), :meth:`Core.enqueue`,
+replayed the same way (settle._ack_fast, publish._enqueue_fast).
 
 Every syscall of the core goes through a table: libc directly, or, when syscall_hook is armed or
 tracing (the test steadqd.fs.linux makes), callbacks that make each call through the wrapper of
@@ -15,7 +17,7 @@ steadqd.fs.linux the Python would use, so traces, injected faults and the crash 
 sequence on both paths. A callback's exception (an injected fault, or anything else) is kept and
 raised again by the replay at the very point the Python makes that call.
 
-Without the built module, or with ``STEADQ_PURE_PYTHON=1``, claims run in pure Python;
+Without the built module, or with ``STEADQ_PURE_PYTHON=1``, claims, acks and enqueues run in pure Python;
 :func:`path` says which path runs and why (``steadq --version``, ``steadq doctor``).
 """
 
@@ -43,14 +45,31 @@ __all__ = ["Core", "available", "core_for", "path", "replaying"]
 
 SWITCH = "STEADQ_PURE_PYTHON"  # "1": the pure path even where the module is built
 
-# Stages (claim_core.h); only meaningful with the module.
-STOP_PURE = 1
-STOP_SYSCALL = 2
-VERIFIED = 5
-MOVED = 6
-MOVED_PAYLOAD_LEFT = 7
-_OP_NAMES = {1: "open", 2: "fstat", 3: "read", 4: "stat", 5: "rename_noreplace", 6: "fsync"}
-_NAMED_OPS = (1, 4, 5)  # their OSError carries the name, as os.open, os.stat and libc.renameat2 give it
+# Stages and ops: claim_core.h's #defines, read from the module (0 without it: never compared then).
+STOP_PURE = getattr(lib, "SQ_STOP_PURE", 0)
+STOP_SYSCALL = getattr(lib, "SQ_STOP_SYSCALL", 0)
+VERIFIED = getattr(lib, "SQ_VERIFIED", 0)
+MOVED = getattr(lib, "SQ_MOVED", 0)
+MOVED_PAYLOAD_LEFT = getattr(lib, "SQ_MOVED_PAYLOAD_LEFT", 0)
+ACKED = getattr(lib, "SQ_ACKED", 0)
+PUBLISHED = getattr(lib, "SQ_PUBLISHED", 0)
+MOVED_BARRIER_LEFT = getattr(lib, "SQ_MOVED_BARRIER_LEFT", 0)
+_OP_STAT = getattr(lib, "SQ_OP_STAT", 0)
+# Each recorded op (SQ_OP_<NAME>) as syscall_hook names it.
+_HOOK_OP = {
+    "OPEN": "open",
+    "FSTAT": "fstat",
+    "PREAD": "read",
+    "STAT": "stat",
+    "RENAME": "rename_noreplace",
+    "FSYNC": "fsync",
+    "TMPFILE": "tmpfile",
+    "WRITE": "write",
+    "LINK": "link",
+}
+_OP_NAMES = {getattr(lib, f"SQ_OP_{k}"): v for k, v in _HOOK_OP.items()} if lib is not None else {}
+# Their OSError carries the name, as os.open, os.stat, libc.renameat2 and libc.linkat give it.
+_NAMED_OPS = frozenset(("open", "stat", "rename_noreplace", "link", "tmpfile"))
 
 
 def available() -> bool:
@@ -61,7 +80,7 @@ def available() -> bool:
 def path() -> str:
     """Which claim path runs and why, one line (``steadq doctor`` and ``--version``)."""
     if available():
-        return "C claim core (one candidate's checks, open, reads, rename and fsync in two calls: steadqd/fs/claimcore)"
+        return "C claim core (a claim's checks, open, reads, rename and fsync in two calls, an ack's and a small enqueue's in one: steadqd/fs/claimcore)"
     why = f"{SWITCH}=1 is set" if lib is not None else _MISSING
     return f"pure Python: {why}"
 
@@ -155,6 +174,36 @@ if lib is not None:
         _log().append(("fsync", None))
         return 0
 
+    @ffi.def_extern()
+    def sq_py_tmpfile(dirfd: int, mode: int) -> int:
+        try:
+            fd = linux.open_tmpfile(dirfd, mode)
+        except BaseException as e:
+            _log().append(("tmpfile", e))
+            return _errno_of(e)
+        _log().append(("tmpfile", fd))
+        return fd
+
+    @ffi.def_extern()
+    def sq_py_write(fd: int, buf: Any, n: int) -> int:
+        try:
+            got = linux.write_once(fd, ffi.buffer(buf, n)[:])
+        except BaseException as e:
+            _log().append(("write", e))
+            return _errno_of(e)
+        _log().append(("write", got))
+        return got
+
+    @ffi.def_extern()
+    def sq_py_link(fd: int, dirfd: int, name: Any, proc: int) -> int:
+        try:
+            linux.link_as("proc" if proc else "direct", fd, dirfd, ffi.string(name))
+        except BaseException as e:
+            _log().append(("link", e))
+            return _errno_of(e)
+        _log().append(("link", None))
+        return 0
+
     _HOOKED = ffi.new(
         "struct sq_sys *",
         {
@@ -164,6 +213,9 @@ if lib is not None:
             "lstatat": lib.sq_py_lstatat,
             "rename_noreplace": lib.sq_py_rename_noreplace,
             "fsync": lib.sq_py_fsync,
+            "tmpfile": lib.sq_py_tmpfile,
+            "write": lib.sq_py_write,
+            "link": lib.sq_py_link,
         },
     )
     _DIRECT = lib.sq_direct_table()
@@ -205,6 +257,79 @@ class Core:
             _local.log = _records(c, 0)
         return int(lib.sq_claim_move(self.q, _HOOKED, c, boot_id, bt_deadline, wall_deadline, token, may_fsync))
 
+    def ack(
+        self,
+        lease: Any,
+        job: bytes,
+        dir_fd: int,
+        name: str,
+        dst_fd: int,
+        shard: int,
+        bucket: int,
+        ids: tuple[Any, Any],
+        may_fsync: bool = True,
+    ) -> tuple[int, Any]:
+        """sq_ack for ``lease`` (``job``: its job id) in ``dir_fd``/``name`` into ``dst_fd``, the receipt
+        directory of ``shard`` and ``bucket`` (the core makes the receipt's name): (stage, record).
+
+        ``ids``: the two directories' (dev, ino) when the tree knows them, else None. The record is
+        this thread's (its ``fd``: the caller closes it). OverflowError: a lease field that cannot be
+        the file's (a Lease made by hand); nothing was done, the Python judges it.
+        """
+        d = _local.__dict__
+        a = d.get("ack")
+        if a is None:
+            a = d["ack"] = ffi.new("struct sq_ack *")
+            d["lease"] = ffi.new("struct sq_lease *")
+        lc = d["lease"]
+        lc.dev, lc.ino, lc.max_attempts, lc.payload_length = (
+            lease.dev,
+            lease.ino,
+            lease.max_attempts,
+            lease.payload_length,
+        )
+        lc.job_id, lc.envelope_digest, lc.payload_digest = job, lease.envelope_digest, lease.payload_digest
+        lc.generation, lc.attempt, lc.token = lease.generation, lease.attempt, lease.token
+        src_id, dst_id = ids
+        args = (
+            self.q, lc, dir_fd, name.encode("ascii"), dst_fd, shard, bucket,
+            ffi.NULL if src_id is None else src_id, ffi.NULL if dst_id is None else dst_id, may_fsync,
+        )  # fmt: skip
+        if not _armed and not _traces:
+            _local.log = None
+            return lib.sq_ack(args[0], _DIRECT, a, *args[1:]), a
+        _local.log = []
+        return lib.sq_ack(args[0], _HOOKED, a, *args[1:]), a
+
+    def enqueue(
+        self, job_id: bytes, max_attempts: int, created_at: int, extension: bytes, payload: bytes, dir_fd: int,
+        shard: int, mode: int, proc: bool,
+    ) -> tuple[int, Any]:  # fmt: skip
+        """sq_enqueue of ``payload`` (at most publish._ONE_WRITE bytes) into ``dir_fd``, ``shard``'s ready
+        directory: (stage, record). The record is this thread's (its ``fd``: the caller closes it)."""
+        d = _local.__dict__
+        e = d.get("enqueue")
+        if e is None:
+            e = d["enqueue"] = ffi.new("struct sq_enqueue *")
+        args = (
+            job_id,
+            max_attempts,
+            created_at,
+            extension,
+            len(extension),
+            payload,
+            len(payload),
+            dir_fd,
+            shard,
+            mode,
+            proc,
+        )
+        if not _armed and not _traces:
+            _local.log = None
+            return lib.sq_enqueue(self.q, _DIRECT, e, *args), e
+        _local.log = []
+        return lib.sq_enqueue(self.q, _HOOKED, e, *args), e
+
 
 def _records(c: Any, skip: int) -> list[tuple[str, Any]]:
     """The direct table's syscalls as (op, result or OSError), from the ``skip``th on."""
@@ -213,13 +338,16 @@ def _records(c: Any, skip: int) -> list[tuple[str, Any]]:
         r = c.recs[i]
         op = _OP_NAMES[r.op]
         if r.err:
-            filename = (ffi.string(c.target if r.op == 4 and r.slot == 2 else c.name).decode("ascii"),)
-            out.append((op, OSError(r.err, os.strerror(r.err), *(filename if r.op in _NAMED_OPS else ()))))
-        elif r.op == 1:
+            if op == "tmpfile":  # os.open(".", O_TMPFILE | ..., dir_fd=...)
+                filename: tuple[str, ...] = (".",)
+            else:
+                filename = (ffi.string(c.target if r.op == _OP_STAT and r.slot == 2 else c.name).decode("ascii"),)
+            out.append((op, OSError(r.err, os.strerror(r.err), *(filename if op in _NAMED_OPS else ()))))
+        elif op == "open" or op == "tmpfile" or op == "write":
             out.append((op, int(r.ret)))
-        elif r.op in (2, 4):
+        elif op == "fstat" or op == "stat":
             out.append((op, _stat_result(c.stats[r.slot])))
-        elif r.op == 3:
+        elif op == "read":
             buf = c.head if r.slot == 0 else c.head2
             out.append((op, bytes(ffi.buffer(buf, r.ret))))
         else:

@@ -357,19 +357,10 @@ def _compute_path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, 
     return _PathFacts(parts, shard, name, path_boot, late_error=late_error, dir_rel="/".join(parts[:-1]))
 
 
-def validate_source(
-    ctx: Context, lease: Lease, *, poison: bool = True, moving: bool = False, job: bytes | None = None
-) -> Source:
-    """Prove the lease's exact file is still in place and unchanged.
-
-    Raises LeaseLost when it is gone, QueueCorrupt (poisoning the handle for
-    mutations) when something else is there, InvalidInput for a lease of
-    another boot. ``moving``: the caller's next step on the path is a
-    witnessed move of it, whose stat right before the rename proves that the
-    path still names the opened file (with the same outcomes: gone is
-    LeaseLost, another file poisons); a second stat here would ask the same.
-    ``job``: ``lease.job_id_bytes``, when the caller has it already (ack).
-    """
+def checked_path(ctx: Context, lease: Lease, poison: bool, job: bytes | None) -> tuple[_PathFacts, bytes]:
+    """validate_source's checks that make no syscall, in its order: the handle's fields, the path's
+    grammar, tag, boot and shard against the lease; (the path's facts, the job id). The C ack's caller
+    (settle.ack) makes them before the core's open."""
     fmt = ctx.fmt
     if lease.dev == 0 or lease.ino == 0:
         raise _corrupt(ctx, poison, "lease handle has a zero device or inode (forged handle)")
@@ -380,7 +371,7 @@ def validate_source(
         facts = _path_facts(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path)
     if facts.early_error is not None:
         raise _corrupt(ctx, poison, facts.early_error)
-    name, shard, parts, path_boot = facts.name, facts.shard, facts.parts, facts.path_boot
+    name, shard, path_boot = facts.name, facts.shard, facts.path_boot
     assert name is not None and shard is not None
     if path_boot != ctx.boot_id:
         raise InvalidInput(f"lease was taken in boot {path_boot}, this is boot {ctx.boot_id}; recovery will reap it")
@@ -410,7 +401,26 @@ def validate_source(
         raise _corrupt(ctx, poison, "leased name does not match the lease")
     if facts.late_error is not None:
         raise _corrupt(ctx, poison, facts.late_error)
+    return facts, job
+
+
+def validate_source(
+    ctx: Context, lease: Lease, *, poison: bool = True, moving: bool = False, job: bytes | None = None
+) -> Source:
+    """Prove the lease's exact file is still in place and unchanged.
+
+    Raises LeaseLost when it is gone, QueueCorrupt (poisoning the handle for
+    mutations) when something else is there, InvalidInput for a lease of
+    another boot. ``moving``: the caller's next step on the path is a
+    witnessed move of it, whose stat right before the rename proves that the
+    path still names the opened file (with the same outcomes: gone is
+    LeaseLost, another file poisons); a second stat here would ask the same.
+    ``job``: ``lease.job_id_bytes``, when the caller has it already (ack).
+    """
+    facts, job = checked_path(ctx, lease, poison, job)
+    fmt = ctx.fmt
     dir_rel = facts.dir_rel
+    parts = facts.parts
     try:
         dir_fd = ctx.tree.dir(dir_rel)
     except OSError as e:

@@ -473,6 +473,17 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[n:]
 
 
+def write_once(fd: int, data: bytes) -> int:
+    """One write(2) as :func:`write_all` makes each (op ``write``): the C core's enqueue (claim_fast) when hooked."""
+    n: int = _call("write", os.write, fd, data, detail=(fd, len(data)))
+    return n
+
+
+def link_as(form: str, fd: int, dirfd: int, name: bytes) -> None:
+    """One form of :func:`link_tmpfile`'s linkat ("direct" or "proc"), as it makes it: the C core's enqueue when hooked."""
+    (_link_proc if form == "proc" else _link_direct)(fd, dirfd, name)
+
+
 def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     """Positional write of every byte (the streaming enqueue's header patch), same rules as write_all."""
     view = _byte_view(data)

@@ -40,7 +40,7 @@ from steadqd.errors import (
     SteadQError,
     kind_for_errno,
 )
-from steadqd.fs import linux
+from steadqd.fs import claim_fast, linux
 from steadqd.fs.clock import checked_seconds_ns
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import EnqueueTicket
@@ -159,9 +159,64 @@ def enqueue(ctx: Context, payload: Payload, **options: Any) -> Published:
     if ctx.poisoned is not None:  # check_usable's test, without its call
         ctx.check_usable()
     opts = _Options(**options) if options else _NO_OPTIONS
-    publication = _prepare(ctx, payload, opts)
+    core = ctx.claim_core
+    if (
+        core is not None
+        and type(payload) is bytes
+        and len(payload) <= _ONE_WRITE
+        and opts.delay is None
+        and opts.not_before_ns is None
+        and not opts.metadata
+        and opts.trace_context is None
+        and ctx.publication != "named"
+    ):
+        tree = ctx.tree
+        if not tree.batching and not tree.deferred and not ctx.modes.enforce and ctx.modes.owner is None:
+            return _enqueue_fast(ctx, payload, opts, core)
+    return _enqueue_drawn(ctx, payload, opts, None)
+
+
+def _enqueue_drawn(ctx: Context, payload: Payload, opts: _Options, drawn: tuple[bytes, int] | None) -> Published:
+    """The enqueue from _prepare on (``drawn``: the job id and wall floor, when already read)."""
+    publication = _prepare(ctx, payload, opts, drawn)
     publication.run()
     return publication.result()
+
+
+def _enqueue_fast(ctx: Context, payload: bytes, opts: _Options, core: Any) -> Published:
+    """A small bytes payload to ready/ through the C core (claim_fast.Core.enqueue).
+
+    The Python draws the id and reads the wall floor (_prepare's first steps), encodes the extension
+    (a memo) and finds the shard's ready directory open in the tree; the core makes the name and
+    header, then the O_TMPFILE, write, nlink check, fsync, link and directory fsync. At its first
+    deviation _enqueue_drawn runs from _prepare with the core's syscalls replayed, so every outcome,
+    error and later syscall (a named temp, a recreated directory, OutcomeUnknown) is the Python's.
+    Not here, the Python's alone: streams, delays, metadata, trace context, named temps, batches,
+    deferred barriers, owned or mode-enforced queues, a ready directory not open yet.
+    """
+    job_id = opts.job_id if opts.job_id is not None else ctx.random(16)
+    wall = ctx.wall_floor()
+    drawn = (job_id, wall)
+    fmt = ctx.fmt
+    if type(job_id) is not bytes or len(job_id) != 16 or len(payload) > fmt.max_payload_length:
+        return _enqueue_drawn(ctx, payload, opts, drawn)
+    extension = _plain_extension(opts.content_type, opts.producer_id)
+    shard = shard_of(fmt.queue_id, job_id, fmt.shard_count)
+    rel = ctx.ready_rels[shard]
+    dest_fd = ctx.tree.cached_fds((rel,))[0]
+    if dest_fd is None:
+        return _enqueue_drawn(ctx, payload, opts, drawn)
+    stage, e = core.enqueue(
+        job_id, opts.max_attempts, wall, extension, payload, dest_fd, shard, ctx.modes.file, ctx.publication == "proc"
+    )
+    if stage != claim_fast.PUBLISHED:
+        if stage == claim_fast.STOP_PURE:
+            return _enqueue_drawn(ctx, payload, opts, drawn)
+        with claim_fast.replaying(e, skip_open=False):
+            return _enqueue_drawn(ctx, payload, opts, drawn)
+    linux.close_quietly(e.fd)
+    ctx.last_enqueued_shard = shard
+    return Published(job_id.hex(), f"{rel}/{claim_fast.ffi.string(e.name).decode('ascii')}", "ready")
 
 
 def enqueue_many(ctx: Context, payloads: Iterable[Payload], **options: Any) -> list[Published]:
@@ -305,11 +360,15 @@ def _as_outcome(e: SteadQError | OSError) -> NotCommitted | OutcomeUnknown:
     return not_committed(e, "enqueue")
 
 
-def _prepare(ctx: Context, payload: Payload, opts: _Options) -> _Publication:
+def _prepare(ctx: Context, payload: Payload, opts: _Options, drawn: tuple[bytes, int] | None = None) -> _Publication:
     """Protocol.md "Enqueue", preparation: id, wall floor, extension, name,
-    destination directory and the writer of one job (NotCommitted on failure)."""
-    job_id = opts.job_id if opts.job_id is not None else ctx.random(16)
-    wall = ctx.wall_floor()
+    destination directory and the writer of one job (NotCommitted on failure).
+    ``drawn``: the id and wall floor the C core's caller read already (_enqueue_fast)."""
+    if drawn is None:
+        job_id = opts.job_id if opts.job_id is not None else ctx.random(16)
+        wall = ctx.wall_floor()
+    else:
+        job_id, wall = drawn
     not_before_ns = opts.not_before_ns
     if opts.delay is not None:
         not_before_ns = wall + checked_seconds_ns("delay", opts.delay) if opts.delay > 0 else None

@@ -11,11 +11,14 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
+from typing import Any
 
 from steadqd.backoff import RetryPolicy, retry_delay_ms
 from steadqd.constants import (
     I63_MAX,
     U16_MAX,
+    U32_MAX,
+    U64_MAX,
     AckResult,
     DeadReason,
     State,
@@ -30,11 +33,11 @@ from steadqd.errors import (
     SteadQError,
     kind_for_errno,
 )
-from steadqd.fs import linux
+from steadqd.fs import claim_fast, linux
 from steadqd.fs.clock import checked_seconds_ns
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import DeadLocation, DelayedLocation, Location, ReadyLocation, ReceiptLocation
-from steadqd.fs.lease import Lease, Source, indeterminate, validate_source
+from steadqd.fs.lease import Lease, Source, checked_path, indeterminate, validate_source
 from steadqd.fs.names import (
     JobName,
     dead_name,
@@ -120,6 +123,29 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     bucket = terminal_bucket(wall, fmt.terminal_width_ns)
     job = lease.job_id_bytes  # once (a property): the shard and the receipt's name
     shard = shard_of(fmt.queue_id, job, fmt.shard_count)
+    core = ctx.claim_core
+    if core is not None:
+        g, a, m, t = lease.generation, lease.attempt, lease.max_attempts, lease.token
+        # receipt_filename's fast test (and next_generation's): names that cannot fail, so the C core,
+        # which makes the receipt's name itself, raises nothing the Python would have raised first.
+        if (
+            type(g) is int
+            and 0 <= g < U64_MAX
+            and type(a) is int
+            and 0 <= a <= U32_MAX
+            and type(m) is int
+            and 0 <= m <= U32_MAX
+            and type(t) is bytes
+            and len(t) == 16
+            and len(job) == 16
+        ):
+            return _ack_fast(ctx, lease, core, job, wall, shard, bucket)
+    return _ack_named(ctx, lease, job, wall, shard, bucket)
+
+
+def _ack_named(ctx: Context, lease: Lease, job: bytes, wall: int, shard: int, bucket: int) -> AckResult:
+    """The receipt's name and directory, then the ack from validate_source on."""
+    fmt = ctx.fmt
     target_file = receipt_filename(  # make_filename of _receipt_of(lease), without building the JobName
         fmt.queue_id,
         job,
@@ -131,7 +157,74 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
         bucket=bucket,
         lease_width_ns=fmt.lease_width_ns,
     )
-    dest_rel = state_dir(_RECEIPT, shard, bucket)
+    return _ack_from_source(ctx, lease, job, wall, shard, bucket, _receipt_rel(shard, bucket), target_file)
+
+
+_RECEIPT_RELS: dict[tuple[int, int], str] = {}
+
+
+def _receipt_rel(shard: int, bucket: int) -> str:
+    """state_dir(RECEIPT, shard, bucket), memoised: every ack asks it, a bucket lasts hours."""
+    rel = _RECEIPT_RELS.get((shard, bucket))
+    if rel is None:
+        rel = state_dir(_RECEIPT, shard, bucket)
+        if len(_RECEIPT_RELS) >= 4096:
+            _RECEIPT_RELS.clear()
+        _RECEIPT_RELS[(shard, bucket)] = rel
+    return rel
+
+
+def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shard: int, bucket: int) -> AckResult:
+    """The ack through the C core (claim_fast.Core.ack), the Python's pure checks first.
+
+    The core makes the receipt's name, opens, checks, hashes, moves and syncs; at its first
+    deviation (a check fails, a syscall fails, a payload past the first read) _ack_named runs from
+    the start with the core's syscalls replayed, so every outcome, error and later syscall is the
+    Python's. In Queue.batch() the core stops after the rename and its checks, and the tree makes
+    (postpones) the barriers as move_witnessed does (Tree.finish_move). The lease directory and the
+    receipt directory must be open in the tree already (every ack after the first into a bucket
+    shard): otherwise, and for a Lease made by hand with fields no file can match, the Python does it all.
+    """
+    facts, _ = checked_path(ctx, lease, True, job)
+    tree = ctx.tree
+    src_fd, dst_fd = tree.cached_fds((facts.dir_rel, _receipt_rel(shard, bucket)))
+    if src_fd is None or dst_fd is None or len(lease.envelope_digest) != 32 or len(lease.payload_digest) != 32:
+        return _ack_named(ctx, lease, job, wall, shard, bucket)
+    ids = tree.known_ids(src_fd, dst_fd)
+    try:
+        stage, a = core.ack(lease, job, src_fd, facts.parts[-1], dst_fd, shard, bucket, ids, not tree.batching)
+    except (OverflowError, TypeError):  # a lease field no file has (before any syscall)
+        return _ack_named(ctx, lease, job, wall, shard, bucket)
+    if stage == claim_fast.MOVED_BARRIER_LEFT:
+        # In Queue.batch(): renamed and checked; the rest of move_witnessed (the postponed barriers)
+        # and its outcome are _move's, then Source.close.
+        try:
+            tree.finish_move(src_fd, dst_fd, force=True)
+        except Indeterminate as e:
+            raise indeterminate(ctx, lease, "acknowledge", e, ReceiptLocation(bucket)) from e
+        finally:
+            _close_source(a.fd)
+        return _ACKED
+    if stage != claim_fast.ACKED:
+        with claim_fast.replaying(a, skip_open=False):
+            return _ack_named(ctx, lease, job, wall, shard, bucket)
+    tree.learn_ids(src_fd, dst_fd, a.stats, ids)
+    _close_source(a.fd)
+    return _ACKED
+
+
+def _close_source(fd: int) -> None:
+    """Source.close: a close error cannot undo the move that committed."""
+    try:
+        linux.close(fd)
+    except OSError:
+        pass
+
+
+def _ack_from_source(
+    ctx: Context, lease: Lease, job: bytes, wall: int, shard: int, bucket: int, dest_rel: str, target_file: str
+) -> AckResult:
+    """The ack from validate_source on: the specification the C core mirrors (and replays into)."""
     try:
         src = validate_source(ctx, lease, moving=True, job=job)
     except LeaseLost:

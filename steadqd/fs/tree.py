@@ -27,6 +27,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from steadqd.constants import PRIVATE_MODES, READY_DIR, Modes
 from steadqd.fs import linux
@@ -412,6 +413,11 @@ class Tree:
                 after()
             except Exception as e:  # the hook's failure cannot undo the rename
                 raise Indeterminate("linearized", str(e)) from e
+        self.finish_move(src_fd, dst_fd, force=force)
+
+    def finish_move(self, src_fd: int, dst_fd: int, *, force: bool = False) -> None:
+        """A witnessed move's barriers, once its rename and destination check are done (also the C
+        ack's continuation in a batch, whose barriers only this tree can postpone: settle._ack_fast)."""
         self._barrier_pair(src_fd, dst_fd, always_both=False, force=force)
 
     def move_unwitnessed(self, src_fd: int, src_name: str, dst_fd: int, dst_name: str) -> None:
@@ -491,6 +497,21 @@ class Tree:
             self.barrier(src_fd, force=force)
         except OSError as e:
             raise Indeterminate("destination_directory_durable", f"fsync source directory: {e.strerror}") from e
+
+    def known_ids(self, a: int, b: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+        """What :meth:`_dir_id` knows of ``a`` and ``b`` without a syscall (the C ack's _same_dir)."""
+        ids = self._ids
+        return ids.get(a), ids.get(b)
+
+    def learn_ids(self, a: int, b: int, stats: Any, known: tuple[Any, Any]) -> None:
+        """Keep the ids the C ack read with fstat (``stats[3]``, ``stats[4]``), as :meth:`_dir_id` keeps them."""
+        with self._lock:
+            if a == b:
+                return
+            if known[0] is None and a in self._ids:
+                self._ids[a] = (stats[3].dev, stats[3].ino)
+            if known[1] is None and b in self._ids:
+                self._ids[b] = (stats[4].dev, stats[4].ino)
 
     def _same_dir(self, a: int, b: int) -> bool:
         try:

@@ -1,6 +1,6 @@
 """The C claim core against the Python it mirrors, on generated and hostile candidates (issue 35).
 
-steadqd.fs.claim is the specification; steadqd.fs.claimcore/claim_core.c takes its happy path and
+steadqd.fs.claim is the specification; steadqd/fs/claimcore/claim.c takes its happy path and
 hands every deviation back to it (steadqd.fs.claim_fast). Each example plants one to four
 candidates in ``ready/0000/`` of identical copies of one queue (valid jobs, with or without an
 extension, large or small, and hostile ones: a bad tag, the wrong shard, no attempts left, a

@@ -175,9 +175,20 @@ def _leased(n: int, max_attempts: int = 3, duration: float = 30.0) -> Setup:
 # -- recorded runs ------------------------------------------------------------------------
 
 
+def _one_shard_ids(d: Driver, n: int) -> list[str]:
+    """``n`` job ids of shard 0: after the first job into the shard (the Python's path, which opens its
+    directory), the next ones go through the C core where it is built (publish._enqueue_fast, settle._ack_fast)."""
+    from steadqd.fs.names import shard_of
+
+    fmt = d.q._ctx.fmt
+    ids = (i.to_bytes(16, "big") for i in range(1, 1000))
+    return [j.hex() for j in ids if shard_of(fmt.queue_id, j, fmt.shard_count) == 0][:n]
+
+
 def run_enqueue(d: Driver, _: dict[str, Any]) -> None:
-    d.enqueue(b"first job")
-    d.enqueue(bytes(range(256)) * 12)
+    first, second = _one_shard_ids(d, 2)
+    d.enqueue(b"first job", job_id=first)
+    d.enqueue(bytes(range(256)) * 12, job_id=second)
     d.enqueue(b"streamed " * 500, stream=True)  # placeholder header, payload, pwrite of the real header
     d.enqueue(b"", max_attempts=1)
 
@@ -293,6 +304,16 @@ def run_renew(d: Driver, s: dict[str, Any]) -> None:
     d.call("renew", d.q.renew, lease, 120.0)
 
 
+def setup_ack(d: Driver) -> dict[str, Any]:
+    """Three leases of one shard: the first ack makes the receipt bucket (the Python's path), the
+    next two find its shard directory open and go through the C core where it is built (settle._ack_fast),
+    the second learning the directories' ids with fstat, the third knowing them."""
+    same = _one_shard_ids(d, 3)
+    for i, job in enumerate(same):
+        d.enqueue(f"leased job {i}".encode(), job_id=job)
+    return {"leases": [d.lease() for _ in same]}
+
+
 def run_ack(d: Driver, s: dict[str, Any]) -> None:
     for lease in s["leases"]:
         d.call("ack", d.q.ack, lease)
@@ -399,7 +420,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload("lease", _ready(2), run_lease),
         Workload("renew", _leased(1), run_renew),
         Workload("renew_deferred", _leased(3), run_renew_deferred, deferred=True),
-        Workload("ack", _leased(2), run_ack),
+        Workload("ack", setup_ack, run_ack),
         Workload("settle_batch", setup_settle_batch, run_settle_batch),
         Workload("retry_now", _leased(1), run_retry_now),
         Workload("retry_later", setup_retry_later, run_retry_later),

@@ -282,7 +282,7 @@ def test_deb_contents(deb_build: DebBuild) -> None:
     assert any(p.startswith(run_dir + "_fastspawn.") and p.endswith(".so") for p in paths), sorted(
         p for p in paths if p.startswith(run_dir)
     )
-    # The C claim core (cffi, steadqd/fs/claimcore/claim_core.c, libcrypto): without it claims run in pure Python.
+    # The C core (cffi, steadqd/fs/claimcore/*.c, libcrypto): without it claims and acks run in pure Python.
     core_dir = "/usr/lib/python3/dist-packages/steadqd/fs/claimcore/"
     assert any(p.startswith(core_dir + "_claim_core.") and p.endswith(".so") for p in paths), sorted(
         p for p in paths if p.startswith(core_dir)

@@ -1,10 +1,13 @@
-/* The claim core: the happy path of one claim transition in C (issue 35, constraint 1(b)).
- * Declarations shared by claim_core.c and the cffi build (claim_core_build.py); see claim_core.c. */
+/* The C core (issue 35): the happy paths of the claim (claim.c), ack (settle.c) and enqueue (publish.c).
+ * Declarations shared by its files (core.h includes this) and the cffi build (claim_core_build.py). */
 #ifndef STEADQ_CLAIM_CORE_H
 #define STEADQ_CLAIM_CORE_H
 
 #include <stdint.h>
 
+/* Between the cdef markers: the text claim_core_build.py hands to cffi as it is, its one source for
+ * the constants, structs and prototypes (plain declarations and integer #defines only). */
+/* cdef-begin */
 #define SQ_HEAD_BYTES 4096 /* constants.ENVELOPE_READ_BYTES */
 #define SQ_MAX_RECS 16
 #define SQ_NAME_MAX 256
@@ -18,6 +21,9 @@
 #define SQ_MOVED 6         /* sq_claim_move: renamed, re-read, directory synced, payload verified */
 #define SQ_MOVED_PAYLOAD_LEFT 7 /* renamed, re-read, synced; the payload check is Python's (past the first
                                  * read, or not matching: claim_open's end judges it) */
+#define SQ_ACKED 8 /* sq_ack: validated, payload verified, renamed into receipts, directories synced */
+#define SQ_PUBLISHED 9 /* sq_enqueue: written, synced, linked, its directory synced */
+#define SQ_MOVED_BARRIER_LEFT 10 /* sq_ack in a batch: renamed and checked; the barriers are the tree's */
 
 /* Syscall ops recorded (sq_rec.op): the replay maps them to syscall_hook's op names. */
 #define SQ_OP_OPEN 1
@@ -26,6 +32,9 @@
 #define SQ_OP_STAT 4
 #define SQ_OP_RENAME 5
 #define SQ_OP_FSYNC 6
+#define SQ_OP_TMPFILE 7
+#define SQ_OP_WRITE 8
+#define SQ_OP_LINK 9
 
 struct sq_stat {
     uint64_t dev, ino; /* dev_t and ino_t are unsigned 64-bit on Linux */
@@ -44,6 +53,9 @@ struct sq_sys {
     int (*lstatat)(int dirfd, const char *name, struct sq_stat *st);
     int (*rename_noreplace)(int olddirfd, const char *oldname, int newdirfd, const char *newname);
     int (*fsync)(int fd);
+    int (*tmpfile)(int dirfd, int mode);
+    int64_t (*write)(int fd, const unsigned char *buf, int64_t n);
+    int (*link)(int fd, int dirfd, const char *name, int proc); /* proc: the /proc/self/fd form */
 };
 
 /* One syscall made: op, its result (fd / byte count / 0) or errno, and where its data is. */
@@ -97,11 +109,57 @@ struct sq_claim {
     int nrec;
 };
 
+/* One ack (settle.ack after the pure checks of lease.validate_source): the leased file's checks
+ * and its witnessed move into receipts/. The caller closes ``fd`` (>= 0 once the open succeeded). */
+struct sq_ack {
+    char name[SQ_NAME_MAX];   /* the leased file, in the lease's directory */
+    char target[SQ_NAME_MAX]; /* the receipt, in its bucket's shard directory */
+    int stage;
+    int fd;
+    struct sq_stat stats[5]; /* 0 fstat, 1 stat source, 2 stat destination, 3/4 fstat source/destination dir */
+    unsigned char head[SQ_HEAD_BYTES];
+    int64_t head_len;
+    struct sq_rec recs[SQ_MAX_RECS];
+    int nrec;
+};
+
+/* What a lease says about its file (the Lease fields validate_source compares) and names its receipt by. */
+struct sq_lease {
+    uint64_t dev, ino, max_attempts, payload_length;
+    unsigned char job_id[16];
+    unsigned char envelope_digest[32];
+    unsigned char payload_digest[32];
+    uint64_t generation;
+    uint32_t attempt;
+    unsigned char token[16];
+};
+
+/* One enqueue of a small bytes payload to ready/ (publish.py's _prepare after its id and wall floor,
+ * and _Publication._via_tmpfile): the name and header, then O_TMPFILE, one write, the nlink check,
+ * fsync, the link, the directory fsync. The caller closes ``fd`` (>= 0 once the open succeeded). */
+struct sq_enqueue {
+    char name[SQ_NAME_MAX];
+    int stage;
+    int fd;
+    struct sq_stat stats[1];
+    unsigned char envelope_digest[32];
+    struct sq_rec recs[SQ_MAX_RECS];
+    int nrec;
+};
+
 void sq_queue_init(struct sq_queue *q);
 int sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, int dir_fd,
                     const char *name, int shard, int opened_fd);
 int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, const unsigned char *boot_id,
                   uint64_t bt_deadline, uint64_t wall_deadline, const unsigned char *token, int may_fsync);
+int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
+           int dir_fd, const char *name, int dst_fd, uint32_t shard, uint64_t bucket, const uint64_t *src_dir_id,
+           const uint64_t *dst_dir_id, /* the directories' {dev, ino} when the tree knows them, else NULL */
+           int may_fsync); /* 0 in a batch: stop before the barriers (SQ_MOVED_BARRIER_LEFT) */
+int sq_enqueue(const struct sq_queue *q, const struct sq_sys *sys, struct sq_enqueue *e, const unsigned char *job_id,
+               uint32_t max_attempts, uint64_t created_at, const unsigned char *extension, uint32_t extension_length,
+               const unsigned char *payload, uint64_t payload_length, int dir_fd, uint32_t shard, int mode, int proc);
 const struct sq_sys *sq_direct_table(void); /* the libc table */
+/* cdef-end */
 
 #endif

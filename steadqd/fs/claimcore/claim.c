@@ -1,4 +1,4 @@
-/* The claim core: the happy path of one claim transition in C (issue 35, constraint 1(b)).
+/* The claim: the happy path of one claim transition in C (issue 35, constraint 1(b)).
  *
  * steadqd/fs/claim.py stays the specification. This file mirrors, step by step and in the
  * same syscall order, _Scan.consider / claim_open (claim.py), read_envelope and
@@ -9,205 +9,21 @@
  * syscall it made is in sq_claim.recs, so the Python (claim_fast.py) can run the one Python
  * definition from the start with those results replayed instead of made again.
  *
- * Every syscall goes through a struct sq_sys table: libc (sq_direct_table below), or cffi
+ * Every syscall goes through a struct sq_sys table: libc (syscall_table.c), or cffi
  * callbacks into steadqd.fs.linux when syscall_hook traces or injects, so traces, faults and
  * the crash lab see the same sequence on both paths.
  *
  * Input is hostile (anyone who can write ready/<S>/ chooses names and bytes): every read is
  * bounded by the buffer it lands in, every loop by a constant or by a length checked first.
  */
-#define OPENSSL_SUPPRESS_DEPRECATED 1
-#include "claim_core.h"
+#include "core.h"
 
-#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#include <openssl/sha.h>
+static int64_t rec(struct sq_claim *c, int op, int64_t ret, int slot) { return rec_in(c->recs, &c->nrec, op, ret, slot); }
 
-_Static_assert(sizeof(SHA256_CTX) <= 112, "sq_queue.prefix_state holds a SHA256_CTX");
-
-#define HEADER_SIZE 128
-#define ENVELOPE_DIGEST_OFFSET 96
-#define MAX_EXTENSION_LENGTH 65536u
-#define MAX_PAYLOAD_LENGTH ((1ull << 40) - 1)
-#define U32_MAX 0xffffffffull
-#define U64_MAX 0xffffffffffffffffull
-#define NAME_TAG_BYTES 8
-#define EINTR_RETRIES 64 /* os.* retry EINTR without end (PEP 475); a bound here, then the error */
-
-enum { PREFIX_NAME = 0, PREFIX_SHARD = 1, PREFIX_ENVELOPE = 2 };
-
-static const unsigned char DOMAIN_NAME[] = "SteadQ-1-name"; /* + NUL: sizeof includes it */
-static const unsigned char DOMAIN_SHARD[] = "SteadQ-1-shard";
-static const unsigned char DOMAIN_ENVELOPE[] = "SteadQ-1-envelope";
-static const unsigned char JOB_MAGIC[8] = {'S', 'D', 'Q', 'J', 'O', 'B', '1', 0};
-static const char HEXDIGITS[] = "0123456789abcdef";
-
-/* ------------------------------------------------------------------ the direct table (libc) */
-
-static void fill_stat(struct sq_stat *out, const struct stat *st) {
-    out->dev = (uint64_t)st->st_dev;
-    out->ino = (uint64_t)st->st_ino;
-    out->nlink = (int64_t)st->st_nlink;
-    out->size = (int64_t)st->st_size;
-    out->uid = (int64_t)st->st_uid;
-    out->gid = (int64_t)st->st_gid;
-    out->mode = (uint32_t)st->st_mode;
-    out->atime = (int64_t)st->st_atime;
-    out->mtime = (int64_t)st->st_mtime;
-    out->ctime = (int64_t)st->st_ctime;
-}
-
-static int d_openat(int dirfd, const char *name, int flags) {
-    for (int i = 0; i < EINTR_RETRIES; i++) {
-        int fd = openat(dirfd, name, flags | O_CLOEXEC, 0600); /* linux.open_at adds O_CLOEXEC */
-        if (fd >= 0) return fd;
-        if (errno != EINTR) return -errno;
-    }
-    return -EINTR;
-}
-
-static int d_fstat(int fd, struct sq_stat *out) {
-    struct stat st;
-    if (fstat(fd, &st) != 0) return -errno;
-    fill_stat(out, &st);
-    return 0;
-}
-
-static int64_t d_pread(int fd, unsigned char *buf, int64_t n, int64_t off) {
-    for (int i = 0; i < EINTR_RETRIES; i++) {
-        ssize_t got = pread(fd, buf, (size_t)n, (off_t)off);
-        if (got >= 0) return (int64_t)got;
-        if (errno != EINTR) return -errno;
-    }
-    return -EINTR;
-}
-
-static int d_lstatat(int dirfd, const char *name, struct sq_stat *out) {
-    struct stat st;
-    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return -errno;
-    fill_stat(out, &st);
-    return 0;
-}
-
-static int d_rename_noreplace(int olddirfd, const char *oldname, int newdirfd, const char *newname) {
-    /* renameat2(RENAME_NOREPLACE) as libc.renameat2 makes it: the raw syscall needs no glibc 2.28 */
-    long r = syscall(SYS_renameat2, olddirfd, oldname, newdirfd, newname, 1u /* RENAME_NOREPLACE */);
-    return r == 0 ? 0 : -errno;
-}
-
-static int d_fsync(int fd) {
-    for (int i = 0; i < EINTR_RETRIES; i++) {
-        if (fsync(fd) == 0) return 0;
-        if (errno != EINTR) return -errno;
-    }
-    return -EINTR;
-}
-
-static const struct sq_sys direct_table = {d_openat, d_fstat, d_pread, d_lstatat, d_rename_noreplace, d_fsync};
-
-const struct sq_sys *sq_direct_table(void) { return &direct_table; }
-
-/* ------------------------------------------------------------------ helpers */
-
-/* Note one syscall; returns its result. The record array is larger than any path's count. */
-static int64_t rec(struct sq_claim *c, int op, int64_t ret, int slot) {
-    if (c->nrec < SQ_MAX_RECS) {
-        struct sq_rec *r = &c->recs[c->nrec++];
-        r->op = op;
-        r->err = ret < 0 ? (int)-ret : 0;
-        r->ret = ret < 0 ? -1 : ret;
-        r->slot = slot;
-    }
-    return ret;
-}
-
-static int hexval(char ch) { /* lowercase hex only: names.md's grammar */
-    if (ch >= '0' && ch <= '9') return ch - '0';
-    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-    return -1;
-}
-
-/* ``width`` lowercase hex digits at s into a u64 (width <= 16); -1 if any is not. */
-static int parse_hex_u64(const char *s, int width, uint64_t *out) {
-    uint64_t v = 0;
-    for (int i = 0; i < width; i++) {
-        int d = hexval(s[i]);
-        if (d < 0) return -1;
-        v = (v << 4) | (uint64_t)d;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_hex_bytes(const char *s, int nbytes, unsigned char *out) {
-    for (int i = 0; i < nbytes; i++) {
-        int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
-        if (hi < 0 || lo < 0) return -1;
-        out[i] = (unsigned char)(hi << 4 | lo);
-    }
-    return 0;
-}
-
-static char *put_hex(char *p, const unsigned char *b, int n) {
-    for (int i = 0; i < n; i++) {
-        *p++ = HEXDIGITS[b[i] >> 4];
-        *p++ = HEXDIGITS[b[i] & 15];
-    }
-    return p;
-}
-
-static char *put_hex_u64(char *p, uint64_t v, int width) {
-    for (int i = width - 1; i >= 0; i--) *p++ = HEXDIGITS[(v >> (4 * i)) & 15];
-    return p;
-}
-
-static uint32_t be32(const unsigned char *p) {
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static uint64_t be64(const unsigned char *p) { return (uint64_t)be32(p) << 32 | be32(p + 4); }
-
-static int single_regular(const struct sq_stat *st) { /* tree.is_single_regular */
-    return S_ISREG(st->mode) && st->nlink == 1;
-}
-
-/* Witness.names_single_file */
-static int names_single_file(const struct sq_stat *witness, const struct sq_stat *st) {
-    return st->dev == witness->dev && st->ino == witness->ino && single_regular(st);
-}
-
-/* The tag of ``ctx`` (names.compute_tag): SHA256(domain || queue id || context), first 8 bytes. */
-static void name_tag(const struct sq_queue *q, const char *ctx, size_t len, unsigned char tag[NAME_TAG_BYTES]) {
-    SHA256_CTX h;
-    unsigned char d[32];
-    memcpy(&h, q->prefix_state[PREFIX_NAME], sizeof h);
-    SHA256_Update(&h, ctx, len);
-    SHA256_Final(d, &h);
-    memcpy(tag, d, NAME_TAG_BYTES);
-}
-
-/* ------------------------------------------------------------------ entry points */
-
-void sq_queue_init(struct sq_queue *q) {
-    SHA256_CTX h;
-    SHA256_Init(&h);
-    SHA256_Update(&h, DOMAIN_NAME, sizeof DOMAIN_NAME); /* the NUL is part of the domain */
-    SHA256_Update(&h, q->queue_id, 16);
-    memcpy(q->prefix_state[PREFIX_NAME], &h, sizeof h);
-    SHA256_Init(&h);
-    SHA256_Update(&h, DOMAIN_SHARD, sizeof DOMAIN_SHARD);
-    SHA256_Update(&h, q->queue_id, 16);
-    memcpy(q->prefix_state[PREFIX_SHARD], &h, sizeof h);
-    SHA256_Init(&h);
-    SHA256_Update(&h, DOMAIN_ENVELOPE, sizeof DOMAIN_ENVELOPE);
-    memcpy(q->prefix_state[PREFIX_ENVELOPE], &h, sizeof h);
-}
 
 /* A ready name is "<32 hex>.g<16 hex>.a<8 hex>.m<8 hex>.k<16 hex>.sqj" (names.parse_name, READY). */
 #define READY_BASE_LEN 70 /* up to the ".k" */
@@ -246,40 +62,16 @@ static int check_ready_name(const struct sq_queue *q, struct sq_claim *c, unsign
     return 0;
 }
 
-/* JobHeader.decode, the size checks of read_envelope, check_envelope and check_name_matches
- * on c->head (head_len bytes, the file st_size long): 0 if all pass, -1 a check failed, 1 the
- * extension is longer than the first read holds (left to Python). */
+
+/* check_envelope_bytes on c->head, then check_name_matches: 0, -1 or 1 as check_envelope_bytes. */
 static int check_envelope(const struct sq_queue *q, struct sq_claim *c, int64_t size) {
     const unsigned char *h = c->head;
-    if (c->head_len < HEADER_SIZE) return -1;
-    if (memcmp(h, JOB_MAGIC, 8) != 0) return -1;
-    if (be32(h + 8) >> 16 != 1) return -1;          /* major (u16 at 8) */
-    uint32_t ext_len = be32(h + 12);                /* extension length (u32 at 12) */
-    uint64_t payload_len = be64(h + 16);            /* payload length (u64 at 16) */
-    if (be32(h + 24) != 0) return -1;               /* flags */
-    if (h[28] != 1) return -1;                      /* digest algorithm: SHA-256 */
-    if (h[29] | h[30] | h[31]) return -1;           /* reserved */
-    uint32_t max_attempts = be32(h + 48);           /* after the job id (32..48) */
-    if (h[52] | h[53] | h[54] | h[55]) return -1;   /* reserved */
-    if (max_attempts == 0) return -1;
-    if (payload_len > MAX_PAYLOAD_LENGTH) return -1;
-    if (ext_len > MAX_EXTENSION_LENGTH) return -1;
-    if (payload_len > q->max_payload) return -1;    /* read_envelope: the queue's maximum */
-    if ((uint64_t)size != HEADER_SIZE + (uint64_t)ext_len + payload_len) return -1;
-    /* An extension beyond the first read: read_envelope's second pread is Python's. */
-    if ((int64_t)(HEADER_SIZE + ext_len) > c->head_len) return 1;
-    /* check_envelope: SHA256(envelope domain || header[:96] || 32 zero bytes || extension) */
-    static const unsigned char zero[32];
-    SHA256_CTX s;
-    unsigned char d[32];
-    memcpy(&s, q->prefix_state[PREFIX_ENVELOPE], sizeof s);
-    SHA256_Update(&s, h, ENVELOPE_DIGEST_OFFSET);
-    SHA256_Update(&s, zero, sizeof zero);
-    SHA256_Update(&s, h + HEADER_SIZE, ext_len);
-    SHA256_Final(d, &s);
-    if (memcmp(d, h + ENVELOPE_DIGEST_OFFSET, 32) != 0) return -1;
+    uint32_t ext_len;
+    uint64_t payload_len;
+    int r = check_envelope_bytes(q, h, c->head_len, size, &ext_len, &payload_len);
+    if (r != 0) return r;
     /* check_name_matches */
-    if (memcmp(h + 32, c->job_id, 16) != 0 || max_attempts != c->max_attempts) return -1;
+    if (memcmp(h + 32, c->job_id, 16) != 0 || be32(h + 48) != c->max_attempts) return -1;
     c->extension_length = ext_len;
     c->payload_length = payload_len;
     memcpy(c->payload_digest, h + 64, 32);
@@ -435,3 +227,4 @@ int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_
     c->stage = SQ_MOVED;
     return c->stage;
 }
+

@@ -1,0 +1,112 @@
+/* What the C core's files share (not part of the cffi declarations: claim_core.h is).
+ *
+ * The files mirror the Python modules that are their specification: names.c (names.py: the tag and
+ * the hash prefixes), verify.c (verify.py and records.py: the envelope), claim.c (claim.py, tree.py's
+ * witnessed move), settle.c (settle.py and lease.validate_source: the ack), publish.c (publish.py: the
+ * enqueue) and syscall_table.c (the
+ * libc table every syscall goes through unless syscall_hook traces or injects). Input is hostile:
+ * every read is bounded by the buffer it lands in, every loop by a constant or a length checked first.
+ */
+#ifndef STEADQ_CORE_H
+#define STEADQ_CORE_H
+
+#define OPENSSL_SUPPRESS_DEPRECATED 1
+#include "claim_core.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+#include <openssl/sha.h>
+
+#define HEADER_SIZE 128
+#define ENVELOPE_DIGEST_OFFSET 96
+#define MAX_EXTENSION_LENGTH 65536u
+#define MAX_PAYLOAD_LENGTH ((1ull << 40) - 1)
+#define U32_MAX 0xffffffffull
+#define U64_MAX 0xffffffffffffffffull
+#define NAME_TAG_BYTES 8
+
+enum { PREFIX_NAME = 0, PREFIX_SHARD = 1, PREFIX_ENVELOPE = 2 };
+
+/* names.c */
+void name_tag(const struct sq_queue *q, const char *ctx, size_t len, unsigned char tag[NAME_TAG_BYTES]);
+
+/* verify.c */
+int check_envelope_bytes(const struct sq_queue *q, const unsigned char *h, int64_t head_len, int64_t size,
+                         uint32_t *ext_len_out, uint64_t *payload_len_out);
+
+/* ------------------------------------------------------------------ small helpers */
+
+
+/* Note one syscall in recs[*nrec]; returns its result. The record array is larger than any path's count. */
+static inline int64_t rec_in(struct sq_rec *recs, int *nrec, int op, int64_t ret, int slot) {
+    if (*nrec < SQ_MAX_RECS) {
+        struct sq_rec *r = &recs[(*nrec)++];
+        r->op = op;
+        r->err = ret < 0 ? (int)-ret : 0;
+        r->ret = ret < 0 ? -1 : ret;
+        r->slot = slot;
+    }
+    return ret;
+}
+
+static inline int hexval(char ch) { /* lowercase hex only: names.md's grammar */
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    return -1;
+}
+
+/* ``width`` lowercase hex digits at s into a u64 (width <= 16); -1 if any is not. */
+static inline int parse_hex_u64(const char *s, int width, uint64_t *out) {
+    uint64_t v = 0;
+    for (int i = 0; i < width; i++) {
+        int d = hexval(s[i]);
+        if (d < 0) return -1;
+        v = (v << 4) | (uint64_t)d;
+    }
+    *out = v;
+    return 0;
+}
+
+static inline int parse_hex_bytes(const char *s, int nbytes, unsigned char *out) {
+    for (int i = 0; i < nbytes; i++) {
+        int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
+        if (hi < 0 || lo < 0) return -1;
+        out[i] = (unsigned char)(hi << 4 | lo);
+    }
+    return 0;
+}
+
+static const char HEXDIGITS[] = "0123456789abcdef";
+
+static inline char *put_hex(char *p, const unsigned char *b, int n) {
+    for (int i = 0; i < n; i++) {
+        *p++ = HEXDIGITS[b[i] >> 4];
+        *p++ = HEXDIGITS[b[i] & 15];
+    }
+    return p;
+}
+
+static inline char *put_hex_u64(char *p, uint64_t v, int width) {
+    for (int i = width - 1; i >= 0; i--) *p++ = HEXDIGITS[(v >> (4 * i)) & 15];
+    return p;
+}
+
+static inline uint32_t be32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline uint64_t be64(const unsigned char *p) { return (uint64_t)be32(p) << 32 | be32(p + 4); }
+
+static inline int single_regular(const struct sq_stat *st) { /* tree.is_single_regular */
+    return S_ISREG(st->mode) && st->nlink == 1;
+}
+
+/* Witness.names_single_file */
+static inline int names_single_file(const struct sq_stat *witness, const struct sq_stat *st) {
+    return st->dev == witness->dev && st->ino == witness->ino && single_regular(st);
+}
+
+
+#endif
