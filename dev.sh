@@ -12,7 +12,7 @@ cd "$(dirname "$0")"
 
 # zsh, fish, groff-base and man-db: tests/cli drive the completion scripts and check the man pages.
 # systemd-journal-remote: tests/cli/test_history.py writes real journal files with it (no journald needed).
-# libssl-dev: the editable install builds the C claim core (steadqd/fs/claimcore, OpenSSL SHA-256), and
+# libssl-dev: the editable install builds the C claim core (steadqd/fs/compiled, OpenSSL SHA-256), and
 # tests/test_ccore_bench.py builds benchmarks/ccore (the earlier C envelope core) to run it against the Python.
 DEB_PACKAGES=(gcc pkg-config libsystemd-dev libffi-dev libssl-dev e2fsprogs xfsprogs btrfs-progs util-linux zsh fish groff-base man-db
     systemd-journal-remote)

@@ -1,6 +1,6 @@
 """Builds ``steadq-exec``, the job commands' exec helper (steadqd/daemon/worker/run/exec_helper.c), and
 ``_fastspawn``, the one-exec spawn that replaces it where built (steadqd/daemon/worker/run/spawn.c, cffi),
-and ``_claim_core``, the claim's, ack's and enqueue's happy paths in C (steadqd/fs/claimcore/*.c, cffi).
+and ``_core``, the claim's, ack's and enqueue's happy paths in C (steadqd/fs/compiled/*.c, cffi).
 
 Everything else is in pyproject.toml. The helper is an executable, not an
 extension module, so it is linked by hand after ``build_ext``; the
@@ -74,10 +74,10 @@ def have_libcrypto() -> bool:
 
 
 # The one-exec job spawn (steadqd/daemon/worker/run/spawn.c) and, where libcrypto can be linked, the C
-# core (steadqd/fs/claimcore: claim.c, settle.c, publish.c, verify.c, names.c, syscall_table.c): cffi extensions in API mode.
+# core (steadqd/fs/compiled: claim.c, settle.c, publish.c, verify.c, names.c, syscall_table.c): cffi extensions in API mode.
 CFFI_MODULES = ["steadqd/daemon/worker/run/fastspawn_build.py:ffibuilder"]
 if have_libcrypto():
-    CFFI_MODULES.append("steadqd/fs/claimcore/claim_core_build.py:ffibuilder")
+    CFFI_MODULES.append("steadqd/fs/compiled/build.py:ffibuilder")
 else:
     print("setup.py: OpenSSL's libcrypto headers not found (libssl-dev): the C claim core is not built")
 

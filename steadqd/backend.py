@@ -27,7 +27,7 @@ from steadqd.backoff import RetryPolicy
 from steadqd.constants import Cancellation
 from steadqd.errors import InvalidInput
 from steadqd.fs.admin import list_dead_files as fs_list_dead_files
-from steadqd.fs.claim_fast import path as fs_claim_path
+from steadqd.fs.compiled.bridge import path as fs_claim_path
 from steadqd.fs.doctor import doctor_checks
 from steadqd.fs.handle import Queue as FsQueue
 from steadqd.fs.json_records import TransitionTicket

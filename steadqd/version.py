@@ -3,7 +3,7 @@
 Issue 35's compiled part is the job spawn (``steadqd/daemon/worker/run/spawn.c``); a source tree or a
 machine without a compiler runs the Popen fallback, which works but costs more CPU per job. An operator
 who wonders which one a machine runs asks ``--version`` (or ``steadq doctor``), so both programs print
-the same lines. The claim's happy path is compiled too (``steadqd/fs/claimcore``), with the pure Python as
+the same lines. The claim's happy path is compiled too (``steadqd/fs/compiled``), with the pure Python as
 its fallback, so the third line says which claim path runs. The text is built only when asked: the CLI
 builds its parser on every call.
 

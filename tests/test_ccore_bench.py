@@ -1,7 +1,7 @@
 """Issue 35's prototype (b), the envelope check in C (``benchmarks/ccore``), against the Python that defines it.
 
 The product has no stand-alone C envelope check (it lost the measurement: docs/performance.md,
-"Compiled hot path"; the C claim core, steadqd/fs/claimcore, checks envelopes only inside a
+"Compiled hot path"; the C claim core, steadqd/fs/compiled, checks envelopes only inside a
 whole claim); ``benchmarks.ccore.make_tree`` builds the measured tree, a
 scratch copy of ``steadqd`` with the C hooked into ``verify``, and these tests import
 that copy in place of the checkout's for the module's duration. The C only ever

@@ -2,7 +2,7 @@
 
 Measured, it did not win (docs/performance.md, "Compiled hot path: the
 prototypes"), so the product carries no trace of it: no dormant branch in
-``steadqd/fs/verify.py``. (What won is the C claim core, steadqd/fs/claimcore: a whole
+``steadqd/fs/verify.py``. (What won is the C claim core, steadqd/fs/compiled: a whole
 claim per call; the scratch copy is made without its built module, so it claims in Python.) :func:`make_tree` rebuilds
 the tree that was measured from the checkout, as ``benchmarks/compiled.py``
 does for prototype (a):

@@ -29,8 +29,9 @@ from steadqd.constants import (
     State,
 )
 from steadqd.errors import CorruptObject, ErrorKind, MaintenanceBusy, NotCommitted, OutcomeUnknown, SteadQError
-from steadqd.fs import claim_fast, linux
+from steadqd.fs import linux
 from steadqd.fs.clock import refuse_boottime
+from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
 from steadqd.fs.json_records import LeasedLocation, ReadyLocation
 from steadqd.fs.lease import Lease, lease_from_claim, lease_of_claimed, make_ticket, remember_own_lease_path
@@ -90,7 +91,7 @@ class _Scan:
         self.reader = reader
         self.wall: int | None = None
         self.report = ScanReport([], [], [], [])
-        self.core = ctx.claim_core  # the C claim core (claim_fast), or None: the pure Python path
+        self.core = ctx.c_core  # the C claim core (bridge), or None: the pure Python path
         self.lost = 0  # candidates gone when opened: names another consumer claimed first (stay)
 
     def wall_floor(self) -> int:
@@ -296,28 +297,28 @@ class _Scan:
         """_try_name (``opened`` None) or the rest of _try_leftover (its fd) through the C claim core.
 
         The core takes the happy path; wherever it stops, the Python above and below runs from
-        the start of this candidate with the syscalls the core made replayed (claim_fast.replaying),
+        the start of this candidate with the syscalls the core made replayed (bridge.replaying),
         so the outcome, report and syscall sequence are the pure path's. Between the core's two
         calls the Python reads the wall floor, the clock and the token, where claim_open does.
         """
         core = self.core
         assert core is not None
         stage, c = core.verify(dir_fd, name, shard, -1 if opened is None else opened)
-        if stage == claim_fast.STOP_PURE:  # no syscall made: the pure path
+        if stage == bridge.STOP_PURE:  # no syscall made: the pure path
             if opened is None:
                 return self._try_name_python(shard, dir_fd, rel, name)
             return self._leftover_opened(shard, dir_fd, rel, name, opened)
-        if stage == claim_fast.STOP_SYSCALL and opened is None and c.nrec == 1:
+        if stage == bridge.STOP_SYSCALL and opened is None and c.nrec == 1:
             # The open failed (another consumer won it, most often): consider's continuation, as it
             # calls it (the checks before the open passed in C: nothing of them to replay).
-            e = claim_fast.failed_open(c)
+            e = bridge.failed_open(c)
             if not isinstance(e, OSError):
                 raise e
             self.open_failed(dir_fd, rel, name, e)
             return None
-        if stage != claim_fast.VERIFIED:
+        if stage != bridge.VERIFIED:
             job = parse_name(_READY, name)  # the core opened, so the name parsed
-            with claim_fast.replaying(c, skip_open=False):
+            with bridge.replaying(c, skip_open=False):
                 return self.consider(shard, dir_fd, rel, name, job, opened)
         fd = c.fd
         try:
@@ -331,12 +332,10 @@ class _Scan:
         extension = None
         if c.extension_length:
             try:
-                extension = decode_extension(
-                    claim_fast.ffi.buffer(c.head)[HEADER_SIZE : HEADER_SIZE + c.extension_length]
-                )
+                extension = decode_extension(bridge.ffi.buffer(c.head)[HEADER_SIZE : HEADER_SIZE + c.extension_length])
             except CorruptObject:  # the Python from the start: its claim_open quarantines it
                 job = parse_name(_READY, name)
-                with claim_fast.replaying(c, skip_open=True):
+                with bridge.replaying(c, skip_open=True):
                     return self.claim_open(shard, dir_fd, rel, name, job, fd)
         wall = self.wall_floor()
         bt = linux.boottime_ns()
@@ -351,11 +350,11 @@ class _Scan:
         core = self.core
         assert core is not None
         stage = core.move(c, ctx.boot_raw, bt_deadline, wall_deadline, token, not ctx.tree.batching)
-        if stage != claim_fast.MOVED and stage != claim_fast.MOVED_PAYLOAD_LEFT:
+        if stage != bridge.MOVED and stage != bridge.MOVED_PAYLOAD_LEFT:
             job = parse_name(_READY, name)
-            with claim_fast.replaying(c, skip_open=True):
+            with bridge.replaying(c, skip_open=True):
                 return self.claim_open(shard, dir_fd, rel, name, job, fd, (wall, bt, token))
-        ffi = claim_fast.ffi
+        ffi = bridge.ffi
         target_rel = f"{rel}/{ffi.string(c.target).decode('ascii')}"
         st = c.stats[0]  # the verified file's fstat: the witness
         lease = lease_of_claimed(
@@ -374,7 +373,7 @@ class _Scan:
             token,
         )
         remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard, target)
-        if stage == claim_fast.MOVED_PAYLOAD_LEFT:
+        if stage == bridge.MOVED_PAYLOAD_LEFT:
             # Moved and synced; the payload's check is claim_open's own end, on the re-read's envelope
             # (reread_envelope's: the verified header and extension, the new first read).
             env = _core_envelope(c, st)
@@ -493,7 +492,7 @@ class _Scan:
         drawn: tuple[int, int, bytes] | None = None,
     ) -> Lease | None:
         """Verify, move and check the opened candidate; ``drawn``: the (wall floor, boottime,
-        token) the C claim core's caller read already at this point (claim_fast), else read here."""
+        token) the C claim core's caller read already at this point (bridge), else read here."""
         ctx, fmt = self.ctx, self.ctx.fmt
         try:
             st = linux.fstat(fd)
@@ -615,7 +614,7 @@ def _core_envelope(c: Any, st: Any) -> Envelope:
     """The Envelope of a file the C claim core verified, moved and re-read (reread_envelope's result):
     the header and extension of its first read, which the core compared with the re-read, and the
     re-read's bytes as ``head``."""
-    ffi = claim_fast.ffi
+    ffi = bridge.ffi
     head = ffi.buffer(c.head)[: HEADER_SIZE + c.extension_length]
     return Envelope(
         JobHeader.decode(head[:HEADER_SIZE]), head[HEADER_SIZE:], st.size, Witness(st.dev, st.ino),

@@ -26,7 +26,8 @@ from steadqd.constants import (
     modes_for_process,
 )
 from steadqd.errors import ErrorKind, MaintenanceBusy, NotCommitted, QueuePoisoned, SteadQError, kind_for_errno
-from steadqd.fs import claim_fast, clock, linux
+from steadqd.fs import clock, linux
+from steadqd.fs.compiled import bridge
 from steadqd.fs.layout import OpenOptions
 from steadqd.fs.names import boot_raw, shard_dir
 from steadqd.fs.owner import give_to_owner
@@ -80,8 +81,8 @@ class Context:
     publication: str = "direct"
     poisoned: str | None = None
     lock: threading.RLock = field(default_factory=threading.RLock)
-    # The C claim core for this queue (claim_fast), or None: claims in pure Python. Decided at open.
-    claim_core: Any = field(init=False)
+    # The C claim core for this queue (bridge), or None: claims in pure Python. Decided at open.
+    c_core: Any = field(init=False)
 
     def __post_init__(self) -> None:
         self.modes = modes_for_process(linux.fstat(self.root_fd), os.geteuid())
@@ -97,7 +98,7 @@ class Context:
         if self.fs_magic == ZFS_MAGIC:
             self.publication = "named"
         fmt = self.fmt
-        self.claim_core = claim_fast.core_for(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, fmt.max_payload_length)
+        self.c_core = bridge.core_for(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, fmt.max_payload_length)
 
     @property
     def queue_id(self) -> bytes:

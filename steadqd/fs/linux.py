@@ -474,7 +474,7 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
 
 
 def write_once(fd: int, data: bytes) -> int:
-    """One write(2) as :func:`write_all` makes each (op ``write``): the C core's enqueue (claim_fast) when hooked."""
+    """One write(2) as :func:`write_all` makes each (op ``write``): the C core's enqueue (bridge) when hooked."""
     n: int = _call("write", os.write, fd, data, detail=(fd, len(data)))
     return n
 

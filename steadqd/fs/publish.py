@@ -40,8 +40,9 @@ from steadqd.errors import (
     SteadQError,
     kind_for_errno,
 )
-from steadqd.fs import claim_fast, linux
+from steadqd.fs import linux
 from steadqd.fs.clock import checked_seconds_ns
+from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import EnqueueTicket
 from steadqd.fs.names import (
@@ -159,7 +160,7 @@ def enqueue(ctx: Context, payload: Payload, **options: Any) -> Published:
     if ctx.poisoned is not None:  # check_usable's test, without its call
         ctx.check_usable()
     opts = _Options(**options) if options else _NO_OPTIONS
-    core = ctx.claim_core
+    core = ctx.c_core
     if (
         core is not None
         and type(payload) is bytes
@@ -184,7 +185,7 @@ def _enqueue_drawn(ctx: Context, payload: Payload, opts: _Options, drawn: tuple[
 
 
 def _enqueue_fast(ctx: Context, payload: bytes, opts: _Options, core: Any) -> Published:
-    """A small bytes payload to ready/ through the C core (claim_fast.Core.enqueue).
+    """A small bytes payload to ready/ through the C core (bridge.Core.enqueue).
 
     The Python draws the id and reads the wall floor (_prepare's first steps), encodes the extension
     (a memo) and finds the shard's ready directory open in the tree; the core makes the name and
@@ -209,14 +210,14 @@ def _enqueue_fast(ctx: Context, payload: bytes, opts: _Options, core: Any) -> Pu
     stage, e = core.enqueue(
         job_id, opts.max_attempts, wall, extension, payload, dest_fd, shard, ctx.modes.file, ctx.publication == "proc"
     )
-    if stage != claim_fast.PUBLISHED:
-        if stage == claim_fast.STOP_PURE:
+    if stage != bridge.PUBLISHED:
+        if stage == bridge.STOP_PURE:
             return _enqueue_drawn(ctx, payload, opts, drawn)
-        with claim_fast.replaying(e, skip_open=False):
+        with bridge.replaying(e, skip_open=False):
             return _enqueue_drawn(ctx, payload, opts, drawn)
     linux.close_quietly(e.fd)
     ctx.last_enqueued_shard = shard
-    return Published(job_id.hex(), f"{rel}/{claim_fast.ffi.string(e.name).decode('ascii')}", "ready")
+    return Published(job_id.hex(), f"{rel}/{bridge.ffi.string(e.name).decode('ascii')}", "ready")
 
 
 def enqueue_many(ctx: Context, payloads: Iterable[Payload], **options: Any) -> list[Published]:

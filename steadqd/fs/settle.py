@@ -33,8 +33,9 @@ from steadqd.errors import (
     SteadQError,
     kind_for_errno,
 )
-from steadqd.fs import claim_fast, linux
+from steadqd.fs import linux
 from steadqd.fs.clock import checked_seconds_ns
+from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import DeadLocation, DelayedLocation, Location, ReadyLocation, ReceiptLocation
 from steadqd.fs.lease import Lease, Source, checked_path, indeterminate, validate_source
@@ -123,7 +124,7 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     bucket = terminal_bucket(wall, fmt.terminal_width_ns)
     job = lease.job_id_bytes  # once (a property): the shard and the receipt's name
     shard = shard_of(fmt.queue_id, job, fmt.shard_count)
-    core = ctx.claim_core
+    core = ctx.c_core
     if core is not None:
         g, a, m, t = lease.generation, lease.attempt, lease.max_attempts, lease.token
         # receipt_filename's fast test (and next_generation's): names that cannot fail, so the C core,
@@ -175,7 +176,7 @@ def _receipt_rel(shard: int, bucket: int) -> str:
 
 
 def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shard: int, bucket: int) -> AckResult:
-    """The ack through the C core (claim_fast.Core.ack), the Python's pure checks first.
+    """The ack through the C core (bridge.Core.ack), the Python's pure checks first.
 
     The core makes the receipt's name, opens, checks, hashes, moves and syncs; at its first
     deviation (a check fails, a syscall fails, a payload past the first read) _ack_named runs from
@@ -195,7 +196,7 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
         stage, a = core.ack(lease, job, src_fd, facts.parts[-1], dst_fd, shard, bucket, ids, not tree.batching)
     except (OverflowError, TypeError):  # a lease field no file has (before any syscall)
         return _ack_named(ctx, lease, job, wall, shard, bucket)
-    if stage == claim_fast.MOVED_BARRIER_LEFT:
+    if stage == bridge.MOVED_BARRIER_LEFT:
         # In Queue.batch(): renamed and checked; the rest of move_witnessed (the postponed barriers)
         # and its outcome are _move's, then Source.close.
         try:
@@ -205,8 +206,8 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
         finally:
             _close_source(a.fd)
         return _ACKED
-    if stage != claim_fast.ACKED:
-        with claim_fast.replaying(a, skip_open=False):
+    if stage != bridge.ACKED:
+        with bridge.replaying(a, skip_open=False):
             return _ack_named(ctx, lease, job, wall, shard, bucket)
     tree.learn_ids(src_fd, dst_fd, a.stats, ids)
     _close_source(a.fd)

@@ -204,7 +204,7 @@ def _replayed(op: str, pending: list[tuple[str, Any]]) -> Any:
 def replay(results: list[tuple[str, Any]]) -> Iterator[list[tuple[str, Any]]]:
     """Serve this thread's next syscalls from ``results`` ((op, value or exception) in order), then go live.
 
-    Why: the C claim core (steadqd.fs.claim_fast) makes the claim's syscalls itself and stops at
+    Why: the C claim core (steadqd.fs.compiled.bridge) makes the claim's syscalls itself and stops at
     the first deviation; the Python then runs its own code for that candidate from the start,
     and the syscalls C already made return what they returned to C (or raise what they raised)
     instead of being made twice. Replayed calls are neither traced nor faulted again: they were,

@@ -607,9 +607,9 @@ def test_doctor(qpath: str, tmp_path: Path) -> None:
     from steadqd.daemon.worker.run import fastspawn
 
     assert f"  job_spawn: {fastspawn.path()}" in r.err_lines  # the spawn path this installation's worker uses
-    from steadqd.fs import claim_fast
+    from steadqd.fs.compiled import bridge
 
-    assert f"  claim_path: {claim_fast.path()}" in r.err_lines  # the claim path a lease takes here
+    assert f"  claim_path: {bridge.path()}" in r.err_lines  # the claim path a lease takes here
     r = steadq("doctor", tmp_path / "nowhere")
     assert r.code == 0 and len(r.err_lines) == 7  # the path-free checks, the spawn and the claim path
     shm = Path("/dev/shm") / f"steadq-doctor-{os.getpid()}"

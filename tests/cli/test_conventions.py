@@ -39,12 +39,12 @@ def test_version_names_the_job_spawn_path() -> None:
     from importlib.metadata import version
 
     from steadqd.daemon.worker.run import fastspawn
-    from steadqd.fs import claim_fast
+    from steadqd.fs.compiled import bridge
 
     r = steadq("--version")
     assert (r.code, r.out) == (
         0,
-        f"steadq {version('steadqd')}\njob spawn: {fastspawn.path()}\nclaim: {claim_fast.path()}\n",
+        f"steadq {version('steadqd')}\njob spawn: {fastspawn.path()}\nclaim: {bridge.path()}\n",
     )
     r = steadq("--version", env={"STEADQ_SPAWN": "popen"})
     assert r.out.splitlines()[1] == "job spawn: Popen and steadq-exec (two execs per job): STEADQ_SPAWN=popen is set"
@@ -52,12 +52,12 @@ def test_version_names_the_job_spawn_path() -> None:
 
 def test_version_names_the_claim_path() -> None:
     """Which claim path runs: the C claim core where built, pure Python with the switch (issue 35)."""
-    from steadqd.fs import claim_fast
+    from steadqd.fs.compiled import bridge
 
-    r = steadq("--version", env={claim_fast.SWITCH: "1"})
-    assert r.out.splitlines()[2] == f"claim: pure Python: {claim_fast.SWITCH}=1 is set"
-    if claim_fast.lib is not None:
-        r = steadq("--version", env={claim_fast.SWITCH: ""})
+    r = steadq("--version", env={bridge.SWITCH: "1"})
+    assert r.out.splitlines()[2] == f"claim: pure Python: {bridge.SWITCH}=1 is set"
+    if bridge.lib is not None:
+        r = steadq("--version", env={bridge.SWITCH: ""})
         assert r.out.splitlines()[2].startswith("claim: C claim core (")
 
 

@@ -20,7 +20,8 @@ import pytest
 
 from steadqd import Queue
 from steadqd.constants import State
-from steadqd.fs import claim_fast, linux
+from steadqd.fs import linux
+from steadqd.fs.compiled import bridge
 from steadqd.fs.json_records import reset_cursor_json
 from tests.crash.conftest import RESULTS
 from tests.lab import bugs
@@ -77,38 +78,38 @@ def test_lab_catches_an_enqueue_many_that_links_before_the_fsync() -> None:
     assert "committed job" in msgs, msgs  # lost or corrupt after its call returned
 
 
-@pytest.mark.skipif(not claim_fast.available(), reason=claim_fast.path())
+@pytest.mark.skipif(not bridge.available(), reason=bridge.path())
 def test_the_ack_lane_records_the_c_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The ack workload's recorded run goes through the C ack (after its first, Python ack makes the
     receipt bucket), so its crash states are those of the compiled path's syscalls."""
     stages: list[int] = []
-    real = claim_fast.Core.ack
+    real = bridge.Core.ack
 
-    def ack(self: claim_fast.Core, *a: object) -> tuple[int, object]:
+    def ack(self: bridge.Core, *a: object) -> tuple[int, object]:
         stage, rec = real(self, *a)  # type: ignore[arg-type]
         stages.append(stage)
         return stage, rec
 
-    monkeypatch.setattr(claim_fast.Core, "ack", ack)
+    monkeypatch.setattr(bridge.Core, "ack", ack)
     record_workload(WORKLOADS["ack"], str(tmp_path))
-    assert stages == [claim_fast.ACKED, claim_fast.ACKED]
+    assert stages == [bridge.ACKED, bridge.ACKED]
 
 
-@pytest.mark.skipif(not claim_fast.available(), reason=claim_fast.path())
+@pytest.mark.skipif(not bridge.available(), reason=bridge.path())
 def test_the_enqueue_lane_records_the_c_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The enqueue workload's second job (same shard as the first, whose directory is then open) is the
     C enqueue's, so lane 1 cuts its syscalls too; the others (first into the shard, streamed) are the Python's."""
     stages: list[int] = []
-    real = claim_fast.Core.enqueue
+    real = bridge.Core.enqueue
 
-    def enqueue(self: claim_fast.Core, *a: object) -> tuple[int, object]:
+    def enqueue(self: bridge.Core, *a: object) -> tuple[int, object]:
         stage, rec = real(self, *a)  # type: ignore[arg-type]
         stages.append(stage)
         return stage, rec
 
-    monkeypatch.setattr(claim_fast.Core, "enqueue", enqueue)
+    monkeypatch.setattr(bridge.Core, "enqueue", enqueue)
     record_workload(WORKLOADS["enqueue"], str(tmp_path))
-    assert claim_fast.PUBLISHED in stages
+    assert bridge.PUBLISHED in stages
 
 
 def test_lab_catches_a_settle_without_its_source_barrier() -> None:

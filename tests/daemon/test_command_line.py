@@ -26,10 +26,10 @@ def steadqd(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
 
 def test_version_names_the_job_spawn_path() -> None:
     from steadqd.daemon.worker.run import fastspawn
-    from steadqd.fs import claim_fast
+    from steadqd.fs.compiled import bridge
 
     d = steadqd("--version")
-    want = f"steadqd {version('steadqd')}\njob spawn: {fastspawn.path()}\nclaim: {claim_fast.path()}\n"
+    want = f"steadqd {version('steadqd')}\njob spawn: {fastspawn.path()}\nclaim: {bridge.path()}\n"
     assert (d.returncode, d.stdout) == (0, want)
 
 

@@ -1,6 +1,6 @@
 """The C ack against the Python it mirrors, on generated and hostile lease files (issue 35).
 
-steadqd.fs.settle.ack is the specification; sq_ack (steadqd/fs/claimcore/settle.c) takes its
+steadqd.fs.settle.ack is the specification; sq_ack (steadqd/fs/compiled/settle.c) takes its
 happy path (validate_source's open, fstat and envelope checks, the header against the lease, the
 payload digest, the witnessed no-replace rename into receipts/ and the directory fsyncs) and hands
 every deviation back to it (settle._ack_fast). Each example takes one leased job of a prepared
@@ -27,12 +27,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from steadqd import Queue
-from steadqd.fs import claim_fast, linux, settle
+from steadqd.fs import linux, settle
+from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
 from steadqd.fs.lease import Lease
 from tests.integration.test_claim_core import _normal_trace, _tree
 
-pytestmark = pytest.mark.skipif(not claim_fast.available(), reason=claim_fast.path())
+pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
 
 WALL = 1_800_000_000_000_000_000
 JOBS = ("small", "ext", "large", "long_ext")
@@ -137,13 +138,13 @@ def _run(
     lease.dev, lease.ino = st_.st_dev, st_.st_ino  # the copy's inode
     with pytest.MonkeyPatch.context() as m:
         if pure:
-            m.setenv(claim_fast.SWITCH, "1")
+            m.setenv(bridge.SWITCH, "1")
         else:
-            m.delenv(claim_fast.SWITCH, raising=False)
+            m.delenv(bridge.SWITCH, raising=False)
         m.setattr(Context, "wall_floor", lambda self: WALL)
         q = Queue.open(root, allow_unsupported_fs=True)
         try:
-            assert (q._ctx.claim_core is None) == pure
+            assert (q._ctx.c_core is None) == pure
             tree = q._ctx.tree
             rel, _ = _receipt_rel(q, lease)
             # Both directories open, as after the first ack into a bucket (the core's precondition).
@@ -234,22 +235,22 @@ def test_a_valid_ack_is_the_cores(base: tuple[str, dict[str, str]], monkeypatch:
     in a batch, up to the barriers."""
     stages: list[int] = []
     made: list[str] = []
-    real = claim_fast.Core.ack
+    real = bridge.Core.ack
 
-    def ack(self: claim_fast.Core, *a: Any) -> Any:
+    def ack(self: bridge.Core, *a: Any) -> Any:
         stage, rec = real(self, *a)
         stages.append(stage)
-        made.extend(claim_fast._OP_NAMES[r.op] for r in rec.recs[0 : rec.nrec])
+        made.extend(bridge._OP_NAMES[r.op] for r in rec.recs[0 : rec.nrec])
         return stage, rec
 
-    monkeypatch.setattr(claim_fast.Core, "ack", ack)
+    monkeypatch.setattr(bridge.Core, "ack", ack)
     root, handles = base
     stages.clear()
     made.clear()
     out = _run(root, handles["ext"], "fast", "valid", pure=False, traced=False, fault=None, batch=True,
                warm_ids=False)  # fmt: skip
     assert "ACKED" in out["result"]
-    assert stages == [claim_fast.MOVED_BARRIER_LEFT]  # in a batch: the barriers are the tree's
+    assert stages == [bridge.MOVED_BARRIER_LEFT]  # in a batch: the barriers are the tree's
     assert made == ["open", "fstat", "read", "stat", "rename_noreplace", "stat"]
     for warm, fstats in ((False, ["fstat", "fstat"]), (True, [])):
         stages.clear()
@@ -257,5 +258,5 @@ def test_a_valid_ack_is_the_cores(base: tuple[str, dict[str, str]], monkeypatch:
         out = _run(root, handles["ext"], "fast", "valid", pure=False, traced=False, fault=None, batch=False,
                    warm_ids=warm)  # fmt: skip
         assert out["result"] == "<AckResult.ACKED: 'acked'>" or "ACKED" in out["result"]
-        assert stages == [claim_fast.ACKED]
+        assert stages == [bridge.ACKED]
         assert made == ["open", "fstat", "read", "stat", "rename_noreplace", "stat", "fsync", *fstats, "fsync"]

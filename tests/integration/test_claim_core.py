@@ -1,7 +1,7 @@
 """The C claim core against the Python it mirrors, on generated and hostile candidates (issue 35).
 
-steadqd.fs.claim is the specification; steadqd/fs/claimcore/claim.c takes its happy path and
-hands every deviation back to it (steadqd.fs.claim_fast). Each example plants one to four
+steadqd.fs.claim is the specification; steadqd/fs/compiled/claim.c takes its happy path and
+hands every deviation back to it (steadqd.fs.compiled.bridge). Each example plants one to four
 candidates in ``ready/0000/`` of identical copies of one queue (valid jobs, with or without an
 extension, large or small, and hostile ones: a bad tag, the wrong shard, no attempts left, a
 truncated, oversized or corrupt envelope, a payload that does not match its digest, a corrupt
@@ -31,11 +31,12 @@ from hypothesis import strategies as st
 from steadqd import Queue
 from steadqd.constants import QuarantineReason
 from steadqd.fs import claim as claim_mod
-from steadqd.fs import claim_fast, linux, names
+from steadqd.fs import linux, names
+from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
 from steadqd.fs.records import Extension, build_header, encode_extension
 
-pytestmark = pytest.mark.skipif(not claim_fast.available(), reason=claim_fast.path())
+pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
 
 SHARDS = 2
 MAX_PAYLOAD = 6000
@@ -167,9 +168,9 @@ def _run(
     """One claim scan of the copy at ``root``; everything observable about it."""
     with monkeypatch.context() as m:
         if pure:
-            m.setenv(claim_fast.SWITCH, "1")
+            m.setenv(bridge.SWITCH, "1")
         else:
-            m.delenv(claim_fast.SWITCH, raising=False)
+            m.delenv(bridge.SWITCH, raising=False)
         q = Queue.open(root, allow_unsupported_fs=True)
         q._ctx.nonce, q._ctx.scan_round = NONCE, 0  # one scan order for every run
         try:
@@ -208,7 +209,7 @@ def _run(
 
 @pytest.fixture(scope="module")
 def base() -> Iterator[tuple[str, bytes, int]]:
-    top = tempfile.mkdtemp(prefix="claimcore-")
+    top = tempfile.mkdtemp(prefix="compiled-")
     root = os.path.join(top, "base")
     q = Queue.init(root, shards=SHARDS, max_payload_length=MAX_PAYLOAD, allow_unsupported_fs=True)
     fmt = q.format
@@ -275,9 +276,9 @@ def test_each_kind_alone(base: tuple[str, bytes, int], monkeypatch: pytest.Monke
 @pytest.mark.parametrize(
     ("kind", "last_stage", "claimed"),
     [
-        ("valid_ext", claim_fast.MOVED, True),
-        ("large", claim_fast.MOVED_PAYLOAD_LEFT, True),  # the payload past the first read: claim_open's end
-        ("payload_mismatch", claim_fast.MOVED_PAYLOAD_LEFT, False),  # the same end quarantines it
+        ("valid_ext", bridge.MOVED, True),
+        ("large", bridge.MOVED_PAYLOAD_LEFT, True),  # the payload past the first read: claim_open's end
+        ("payload_mismatch", bridge.MOVED_PAYLOAD_LEFT, False),  # the same end quarantines it
     ],
 )
 def test_the_fast_path_takes_a_valid_job_in_two_calls(
@@ -288,26 +289,26 @@ def test_the_fast_path_takes_a_valid_job_in_two_calls(
     root, qid, width = base
     stages: list[int] = []
     made: list[str] = []  # the syscalls the libc table made (untraced): the pinned lease's, in order
-    real_verify, real_move = claim_fast.Core.verify, claim_fast.Core.move
+    real_verify, real_move = bridge.Core.verify, bridge.Core.move
 
-    def verify(self: claim_fast.Core, *a: Any) -> Any:
+    def verify(self: bridge.Core, *a: Any) -> Any:
         stage, c = real_verify(self, *a)
         stages.append(stage)
         return stage, c
 
-    def move(self: claim_fast.Core, c: Any, *a: Any) -> Any:
+    def move(self: bridge.Core, c: Any, *a: Any) -> Any:
         stage = real_move(self, c, *a)
         stages.append(stage)
-        made.extend(claim_fast._OP_NAMES[r.op] for r in c.recs[0 : c.nrec])
+        made.extend(bridge._OP_NAMES[r.op] for r in c.recs[0 : c.nrec])
         return stage
 
-    monkeypatch.setattr(claim_fast.Core, "verify", verify)
-    monkeypatch.setattr(claim_fast.Core, "move", move)
+    monkeypatch.setattr(bridge.Core, "verify", verify)
+    monkeypatch.setattr(bridge.Core, "move", move)
     copy = _copy(root, "fast")
     _plant(copy, qid, width, [kind])
     out = _run(copy, monkeypatch, pure=False, traced=False, fault=None)
     assert (out["result"] is not None) == claimed
-    assert stages == [claim_fast.VERIFIED, last_stage]
+    assert stages == [bridge.VERIFIED, last_stage]
     assert made == ["open", "fstat", "read", "stat", "rename_noreplace", "stat", "fstat", "read", "fsync"]
 
 

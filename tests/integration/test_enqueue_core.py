@@ -1,6 +1,6 @@
 """The C enqueue against the Python it mirrors, on generated payloads, options and faults (issue 35).
 
-steadqd.fs.publish is the specification; sq_enqueue (steadqd/fs/claimcore/publish.c) takes the
+steadqd.fs.publish is the specification; sq_enqueue (steadqd/fs/compiled/publish.c) takes the
 happy path of a small bytes payload to ready/ (the name and tag, the header and its digests, the
 O_TMPFILE, the write, the nlink check, the fsync, the link in the handle's form, the directory
 fsync) and hands every deviation back to it (publish._enqueue_fast). Each example enqueues one job
@@ -27,11 +27,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from steadqd import Queue
-from steadqd.fs import claim_fast, linux, names
+from steadqd.fs import linux, names
+from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
 from tests.integration.test_claim_core import _normal_trace, _tree
 
-pytestmark = pytest.mark.skipif(not claim_fast.available(), reason=claim_fast.path())
+pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
 
 WALL = 1_800_000_000_000_000_000
 MAX_PAYLOAD = 70_000
@@ -55,16 +56,16 @@ def _run(base: str, tag: str, case: dict[str, Any], *, pure: bool, traced: bool,
     fds_before = len(os.listdir("/proc/self/fd"))
     with pytest.MonkeyPatch.context() as m:
         if pure:
-            m.setenv(claim_fast.SWITCH, "1")
+            m.setenv(bridge.SWITCH, "1")
         else:
-            m.delenv(claim_fast.SWITCH, raising=False)
+            m.delenv(bridge.SWITCH, raising=False)
         m.setattr(Context, "wall_floor", lambda self: WALL)
         m.setattr(linux, "boottime_ns", lambda: 5_000_000_000_000)  # a named temp's name
         m.setattr(Context, "random", lambda self, n=16: next(counter).to_bytes(n, "big"))
         q = Queue.open(root, deferred=case["deferred"], allow_unsupported_fs=True)
         try:
             ctx = q._ctx
-            assert (ctx.claim_core is None) == pure
+            assert (ctx.c_core is None) == pure
             ctx.publication = case["form"]
             if case["warm"]:  # the ready directories open, as after the first enqueue into each
                 for rel in ctx.ready_rels:
@@ -183,16 +184,16 @@ def test_a_plain_enqueue_is_the_cores(base: str, monkeypatch: pytest.MonkeyPatch
     """A small job into an open ready directory is published by the core in one call, with the pinned syscalls."""
     stages: list[int] = []
     made: list[str] = []
-    real = claim_fast.Core.enqueue
+    real = bridge.Core.enqueue
 
-    def enqueue(self: claim_fast.Core, *a: Any) -> Any:
+    def enqueue(self: bridge.Core, *a: Any) -> Any:
         stage, rec = real(self, *a)
         stages.append(stage)
-        made.extend(claim_fast._OP_NAMES[r.op] for r in rec.recs[0 : rec.nrec])
+        made.extend(bridge._OP_NAMES[r.op] for r in rec.recs[0 : rec.nrec])
         return stage, rec
 
-    monkeypatch.setattr(claim_fast.Core, "enqueue", enqueue)
+    monkeypatch.setattr(bridge.Core, "enqueue", enqueue)
     out = _run(base, "fast", PLAIN, pure=False, traced=False, fault=None)
     assert isinstance(out["result"], tuple) and len(out["result"]) == 2 and out["result"][1].startswith("ready/")
-    assert stages == [claim_fast.PUBLISHED]
+    assert stages == [bridge.PUBLISHED]
     assert made == ["tmpfile", "write", "fstat", "fsync", "link", "fsync"]

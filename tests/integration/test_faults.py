@@ -69,7 +69,8 @@ from steadqd import (  # noqa: E402
 )
 from steadqd.constants import WATERMARK_ADVANCE_TMP_PREFIX  # noqa: E402
 from steadqd.errors import EnqueueIncomplete  # noqa: E402
-from steadqd.fs import claim_fast, linux  # noqa: E402
+from steadqd.fs import linux  # noqa: E402
+from steadqd.fs.compiled import bridge  # noqa: E402
 from steadqd.fs.json_records import EnqueueTicket, TransitionTicket  # noqa: E402
 from steadqd.fs.names import delayed_bucket, shard_of  # noqa: E402
 from steadqd.fs.records import Watermark  # noqa: E402
@@ -710,7 +711,7 @@ def test_fault_at_position(scenario: str, pos: int, err: int, after: bool, cases
 
 
 # The claim's cases once more with claims in pure Python: where the C claim core is built
-# (steadqd.fs.claimcore), the matrix above runs it, and its fallback must hold the same cases.
+# (steadqd.fs.compiled), the matrix above runs it, and its fallback must hold the same cases.
 LEASE_CASES = [case for case in CASES if case.values[0] == "lease"]
 
 
@@ -718,7 +719,7 @@ LEASE_CASES = [case for case in CASES if case.values[0] == "lease"]
 def test_lease_fault_on_the_pure_python_claim(
     scenario: str, pos: int, err: int, after: bool, cases_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(claim_fast.SWITCH, "1")  # read when the scenario opens its queue
+    monkeypatch.setenv(bridge.SWITCH, "1")  # read when the scenario opens its queue
     base = tempfile.mkdtemp(prefix=f"pure-{scenario}-{pos}-", dir=cases_dir)
     _run_case(BY_NAME[scenario], base, pos, err, after)
     shutil.rmtree(base)
@@ -730,10 +731,10 @@ def test_lease_sequence_is_pinned_on_both_claim_paths(
 ) -> None:
     """Both claim paths make the pinned syscalls of a lease, in order (the C core's through its hook table)."""
     if pure:
-        monkeypatch.setenv(claim_fast.SWITCH, "1")
+        monkeypatch.setenv(bridge.SWITCH, "1")
     else:
-        monkeypatch.delenv(claim_fast.SWITCH, raising=False)
-    assert claim_fast.available() == (not pure) or claim_fast.lib is None
+        monkeypatch.delenv(bridge.SWITCH, raising=False)
+    assert bridge.available() == (not pure) or bridge.lib is None
     prep = BY_NAME["lease"].prepare(str(tmp_path))
     try:
         with linux.trace() as events:

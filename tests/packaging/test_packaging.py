@@ -282,9 +282,9 @@ def test_deb_contents(deb_build: DebBuild) -> None:
     assert any(p.startswith(run_dir + "_fastspawn.") and p.endswith(".so") for p in paths), sorted(
         p for p in paths if p.startswith(run_dir)
     )
-    # The C core (cffi, steadqd/fs/claimcore/*.c, libcrypto): without it claims and acks run in pure Python.
-    core_dir = "/usr/lib/python3/dist-packages/steadqd/fs/claimcore/"
-    assert any(p.startswith(core_dir + "_claim_core.") and p.endswith(".so") for p in paths), sorted(
+    # The C core (cffi, steadqd/fs/compiled/*.c, libcrypto): without it claims and acks run in pure Python.
+    core_dir = "/usr/lib/python3/dist-packages/steadqd/fs/compiled/"
+    assert any(p.startswith(core_dir + "_core.") and p.endswith(".so") for p in paths), sorted(
         p for p in paths if p.startswith(core_dir)
     )
     # The spool is created by tmpfiles.d, never shipped: dpkg would otherwise own (and on removal
@@ -505,7 +505,7 @@ def test_bundle_name_and_manifest(bundle: Bundle) -> None:
     # The compiled job spawn (cffi): built into the bundle's steadqd like the deb's.
     spawn = list((bundle.unpacked / "venv").glob("lib/python3*/site-packages/steadqd/daemon/worker/run/_fastspawn*.so"))
     assert len(spawn) == 1, spawn
-    core = list((bundle.unpacked / "venv").glob("lib/python3*/site-packages/steadqd/fs/claimcore/_claim_core*.so"))
+    core = list((bundle.unpacked / "venv").glob("lib/python3*/site-packages/steadqd/fs/compiled/_core*.so"))
     assert len(core) == 1, core
 
 

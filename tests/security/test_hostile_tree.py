@@ -38,7 +38,8 @@ from steadqd import (
     SteadQError,
 )
 from steadqd.constants import ENVELOPE_READ_BYTES, QuarantineReason
-from steadqd.fs import claim_fast, linux, names
+from steadqd.fs import linux, names
+from steadqd.fs.compiled import bridge
 from steadqd.fs.records import build_header
 
 OLD_ATIME_NS = 1_000_000_000 * 10**9  # 2001: before any mtime we set, so relatime updates it on access
@@ -558,14 +559,14 @@ def _corrupt_copy(path: Path) -> Path:
 def test_claim_never_delivers_a_file_swapped_in_after_verification(
     one_shard: tuple[Queue, str], monkeypatch: pytest.MonkeyPatch, op: str, nth: int, claim_path: str
 ) -> None:
-    """On both claim paths. The C claim core (steadqd.fs.claim_fast) calls libc itself unless the
+    """On both claim paths. The C claim core (steadqd.fs.compiled.bridge) calls libc itself unless the
     syscall hook traces, when its syscalls go through the steadqd.fs.linux functions the swap wraps:
     traced, the swap lands between the core's own syscalls."""
     q, qpath = one_shard
     if claim_path == "pure-python":
-        q._ctx.claim_core = None
-    elif q._ctx.claim_core is None:
-        pytest.skip(claim_fast.path())
+        q._ctx.c_core = None
+    elif q._ctx.c_core is None:
+        pytest.skip(bridge.path())
     job, rel = q.enqueue_detailed(b"the verified payload")
     path = Path(qpath, rel)
     original_ino = path.stat().st_ino

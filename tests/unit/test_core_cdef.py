@@ -1,6 +1,6 @@
-"""claim_core.h is the one source of the C core's constants, structs and prototypes (issue 35).
+"""api.h is the one source of the C core's constants, structs and prototypes (issue 35).
 
-claim_core_build.py hands cffi the header's text between its cdef markers; only the ``extern
+build.py hands cffi the header's text between its cdef markers; only the ``extern
 "Python"`` callbacks are the build's own. These tests fail when the two drift apart: a declaration
 written outside the markers, a callback whose type is not the table entry it fills, a module built
 from another header, or an op the replay cannot name.
@@ -15,14 +15,14 @@ import re
 import cffi
 import pytest
 
-from steadqd.fs import claim_fast
+from steadqd.fs.compiled import bridge
 
-HERE = os.path.join(os.path.dirname(claim_fast.__file__), "claimcore")
-HEADER = os.path.join(HERE, "claim_core.h")
+HERE = os.path.dirname(bridge.__file__)
+HEADER = os.path.join(HERE, "api.h")
 
 
 def _build_module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("claim_core_build", os.path.join(HERE, "claim_core_build.py"))
+    spec = importlib.util.spec_from_file_location("claim_core_build", os.path.join(HERE, "build.py"))
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -73,13 +73,13 @@ def test_each_callback_has_its_table_entrys_type() -> None:
         assert field.type is want, (entry, field.type, want)
 
 
-@pytest.mark.skipif(claim_fast.lib is None, reason=claim_fast.path())
+@pytest.mark.skipif(bridge.lib is None, reason=bridge.path())
 def test_the_built_module_has_the_headers_constants() -> None:
     with open(HEADER, encoding="utf-8") as f:
         defines = _defines(f.read())
     assert defines, "the header defines the SQ_ constants"
     for name, value in defines.items():
-        assert getattr(claim_fast.lib, name) == value, f"{name}: the module was built from another header"
+        assert getattr(bridge.lib, name) == value, f"{name}: the module was built from another header"
     ops = {v for k, v in defines.items() if k.startswith("SQ_OP_")}
-    assert set(claim_fast._OP_NAMES) == ops, "every recorded op has its syscall_hook name"
-    assert claim_fast.MOVED == defines["SQ_MOVED"] and claim_fast.STOP_PURE == defines["SQ_STOP_PURE"]
+    assert set(bridge._OP_NAMES) == ops, "every recorded op has its syscall_hook name"
+    assert bridge.MOVED == defines["SQ_MOVED"] and bridge.STOP_PURE == defines["SQ_STOP_PURE"]

@@ -1,5 +1,5 @@
 /* The libc syscall table (struct sq_sys): every syscall of the C core goes through it, or through
- * the cffi callbacks into steadqd.fs.linux (claim_fast.py) when syscall_hook traces or injects, so
+ * the cffi callbacks into steadqd.fs.linux (bridge.py) when syscall_hook traces or injects, so
  * traces, faults and the crash lab see the same sequence on both paths. Each entry mirrors the
  * steadqd.fs.linux wrapper the Python uses and returns >= 0 on success, -errno on failure. */
 #define _GNU_SOURCE 1 /* O_TMPFILE, AT_EMPTY_PATH */

@@ -1,9 +1,9 @@
-"""cffi (API, out-of-line) build of ``steadqd.fs.claimcore._claim_core`` from SOURCES (``setup.py`` runs it).
+"""cffi (API, out-of-line) build of ``steadqd.fs.compiled._core`` from SOURCES (``setup.py`` runs it).
 
-``python steadqd/fs/claimcore/claim_core_build.py`` builds it in place by hand; ``pip install -e .``
+``python steadqd/fs/compiled/build.py`` builds it in place by hand; ``pip install -e .``
 does it through setup.py's ``cffi_modules``. SHA-256 comes from the system's OpenSSL libcrypto
 (build: libssl-dev; run: libssl3 / libcrypto, which Python's own hashlib links on Debian).
-Without the module the claim runs in pure Python (steadqd.fs.claim_fast says which path runs).
+Without the module the claim runs in pure Python (steadqd.fs.compiled.bridge says which path runs).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ SOURCES = ("claim.c", "settle.c", "publish.c", "verify.c", "names.c", "syscall_t
 
 BEGIN, END = "/* cdef-begin */", "/* cdef-end */"
 
-# The callbacks of the hooked syscall table (claim_fast.py defines them): the only declarations that
-# are not the header's, since C never names them. tests/unit/test_claim_core_cdef.py checks that each
+# The callbacks of the hooked syscall table (bridge.py defines them): the only declarations that
+# are not the header's, since C never names them. tests/unit/test_core_cdef.py checks that each
 # has the type of the struct sq_sys entry it fills.
 CALLBACKS = """
 extern "Python" int sq_py_openat(int, const char *, int);
@@ -35,7 +35,7 @@ extern "Python" int sq_py_link(int, int, const char *, int);
 """
 
 
-def header_cdef(path: str = os.path.join(HERE, "claim_core.h")) -> str:
+def header_cdef(path: str = os.path.join(HERE, "api.h")) -> str:
     """The header's text between its cdef markers: constants, structs and prototypes, written once."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -50,11 +50,11 @@ CDEF = header_cdef() + CALLBACKS
 ffibuilder = cffi.FFI()
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
-    "steadqd.fs.claimcore._claim_core",
-    '#include "claim_core.h"',
+    "steadqd.fs.compiled._core",
+    '#include "api.h"',
     sources=[os.path.relpath(os.path.join(HERE, f)) for f in SOURCES],
     include_dirs=[os.path.relpath(HERE)],
-    depends=[os.path.relpath(os.path.join(HERE, f)) for f in ("claim_core.h", "core.h")],
+    depends=[os.path.relpath(os.path.join(HERE, f)) for f in ("api.h", "core.h")],
     libraries=["crypto"],
     extra_compile_args=["-O2", "-Wall", "-Wextra"],
 )

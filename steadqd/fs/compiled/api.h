@@ -1,11 +1,11 @@
 /* The C core (issue 35): the happy paths of the claim (claim.c), ack (settle.c) and enqueue (publish.c).
- * Declarations shared by its files (core.h includes this) and the cffi build (claim_core_build.py). */
+ * Declarations shared by its files (core.h includes this) and the cffi build (build.py). */
 #ifndef STEADQ_CLAIM_CORE_H
 #define STEADQ_CLAIM_CORE_H
 
 #include <stdint.h>
 
-/* Between the cdef markers: the text claim_core_build.py hands to cffi as it is, its one source for
+/* Between the cdef markers: the text build.py hands to cffi as it is, its one source for
  * the constants, structs and prototypes (plain declarations and integer #defines only). */
 /* cdef-begin */
 #define SQ_HEAD_BYTES 4096 /* constants.ENVELOPE_READ_BYTES */
@@ -44,7 +44,7 @@ struct sq_stat {
 };
 
 /* The table every syscall of the core goes through: libc directly (sq_direct_table) or, when
- * syscall_hook is armed or tracing, cffi callbacks into steadqd.fs.linux (claim_fast.py).
+ * syscall_hook is armed or tracing, cffi callbacks into steadqd.fs.linux (bridge.py).
  * Each returns >= 0 on success and -errno on failure. */
 struct sq_sys {
     int (*openat)(int dirfd, const char *name, int flags);

@@ -1,6 +1,6 @@
 """The C claim core's Python side: the syscall tables, the calls, and the replay of a deviation.
 
-claim.py is the specification of a claim; ``claimcore/claim.c`` does its happy path for one
+claim.py is the specification of a claim; ``compiled/claim.c`` does its happy path for one
 candidate name in two calls (:meth:`Core.verify`: name, tag, shard, attempts, open, fstat,
 envelope; :meth:`Core.move`: the leased name and tag, the witnessed no-replace rename, the
 after-rename re-read, the directory fsync, the payload digest), with the clock, wall floor and
@@ -34,7 +34,7 @@ from steadqd.fs import linux
 from steadqd.fs.syscall_hook import _armed, _traces, replay
 
 try:
-    from steadqd.fs.claimcore._claim_core import ffi, lib  # type: ignore[import-not-found,unused-ignore]
+    from steadqd.fs.compiled._core import ffi, lib  # type: ignore[import-not-found,unused-ignore]
 except ImportError as e:  # not built: pure Python
     ffi = lib = None
     _MISSING = f"the C claim core is not built ({e})"
@@ -45,7 +45,7 @@ __all__ = ["Core", "available", "core_for", "path", "replaying"]
 
 SWITCH = "STEADQ_PURE_PYTHON"  # "1": the pure path even where the module is built
 
-# Stages and ops: claim_core.h's #defines, read from the module (0 without it: never compared then).
+# Stages and ops: api.h's #defines, read from the module (0 without it: never compared then).
 STOP_PURE = getattr(lib, "SQ_STOP_PURE", 0)
 STOP_SYSCALL = getattr(lib, "SQ_STOP_SYSCALL", 0)
 VERIFIED = getattr(lib, "SQ_VERIFIED", 0)
@@ -80,7 +80,7 @@ def available() -> bool:
 def path() -> str:
     """Which claim path runs and why, one line (``steadq doctor`` and ``--version``)."""
     if available():
-        return "C claim core (a claim's checks, open, reads, rename and fsync in two calls, an ack's and a small enqueue's in one: steadqd/fs/claimcore)"
+        return "C claim core (a claim's checks, open, reads, rename and fsync in two calls, an ack's and a small enqueue's in one: steadqd/fs/compiled)"
     why = f"{SWITCH}=1 is set" if lib is not None else _MISSING
     return f"pure Python: {why}"
 
@@ -388,7 +388,7 @@ _CORES: dict[tuple[bytes, int, int, int], Core] = {}
 
 
 def core_for(queue_id: bytes, shard_count: int, lease_width_ns: int, max_payload: int) -> Core | None:
-    """The queue's core when the C path runs, else None (asked once per open handle: Context.claim_core)."""
+    """The queue's core when the C path runs, else None (asked once per open handle: Context.c_core)."""
     if not available():
         return None
     key = (queue_id, shard_count, lease_width_ns, max_payload)

@@ -1,4 +1,4 @@
-/* What the C core's files share (not part of the cffi declarations: claim_core.h is).
+/* What the C core's files share (not part of the cffi declarations: api.h is).
  *
  * The files mirror the Python modules that are their specification: names.c (names.py: the tag and
  * the hash prefixes), verify.c (verify.py and records.py: the envelope), claim.c (claim.py, tree.py's
@@ -11,7 +11,7 @@
 #define STEADQ_CORE_H
 
 #define OPENSSL_SUPPRESS_DEPRECATED 1
-#include "claim_core.h"
+#include "api.h"
 
 #include <stddef.h>
 #include <stdint.h>

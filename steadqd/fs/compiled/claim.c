@@ -6,7 +6,7 @@
  * parse_name / authenticate / shard_of / make_filename (names.py) and Tree.move_witnessed
  * (tree.py); the extension's CBOR (decode_extension) stays Python's, between the two calls. At the first deviation (a check fails, a
  * syscall fails, a step it leaves to Python) it stops and says where (sq_claim.stage); every
- * syscall it made is in sq_claim.recs, so the Python (claim_fast.py) can run the one Python
+ * syscall it made is in sq_claim.recs, so the Python (bridge.py) can run the one Python
  * definition from the start with those results replayed instead of made again.
  *
  * Every syscall goes through a struct sq_sys table: libc (syscall_table.c), or cffi
