@@ -299,7 +299,9 @@ class _Scan:
         The core takes the happy path; wherever it stops, the Python above and below runs from
         the start of this candidate with the syscalls the core made replayed (bridge.replaying),
         so the outcome, report and syscall sequence are the pure path's. Between the core's two
-        calls the Python reads the wall floor, the clock and the token, where claim_open does.
+        calls the Python reads the wall floor, the clock and the token, where claim_open does. In
+        Queue.batch() the core stops after the rename, the re-read and its checks, and the tree
+        makes (postpones) the barrier as move_witnessed does (Tree.finish_move), then claim_open's end.
         """
         core = self.core
         assert core is not None
@@ -350,7 +352,7 @@ class _Scan:
         core = self.core
         assert core is not None
         stage = core.move(c, ctx.boot_raw, bt_deadline, wall_deadline, token, not ctx.tree.batching)
-        if stage != bridge.MOVED and stage != bridge.MOVED_PAYLOAD_LEFT:
+        if stage != bridge.MOVED and stage != bridge.MOVED_PAYLOAD_LEFT and stage != bridge.MOVED_BARRIER_LEFT:
             job = parse_name(_READY, name)
             with bridge.replaying(c, skip_open=True):
                 return self.claim_open(shard, dir_fd, rel, name, job, fd, (wall, bt, token))
@@ -372,10 +374,21 @@ class _Scan:
             wall_deadline,
             token,
         )
+        if stage == bridge.MOVED_BARRIER_LEFT:
+            # In Queue.batch(): renamed, re-read and checked; the rest of move_witnessed (the
+            # postponed barrier) and its outcome are claim_open's, then its end on the re-read.
+            try:
+                ctx.tree.finish_move(dir_fd, dir_fd, force=True)
+            except Indeterminate as e:
+                source_view = replace(lease, generation=g, attempt=a)
+                raise _claim_unknown(
+                    ctx, source_view, e, LeasedLocation(ctx.boot_id, bt_deadline, wall_deadline)
+                ) from e
         remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard, target)
-        if stage == bridge.MOVED_PAYLOAD_LEFT:
-            # Moved and synced; the payload's check is claim_open's own end, on the re-read's envelope
-            # (reread_envelope's: the verified header and extension, the new first read).
+        if stage != bridge.MOVED:
+            # Moved and synced (or, in a batch, its barrier postponed); the payload's check is
+            # claim_open's own end, on the re-read's envelope (reread_envelope's: the verified header
+            # and extension, the new first read).
             env = _core_envelope(c, st)
             return self.check_claimed_payload(lease, (g, a), fd, env, dir_fd, rel, target_rel.rsplit("/", 1)[1])
         if c.payload_in_head:

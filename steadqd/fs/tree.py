@@ -417,7 +417,8 @@ class Tree:
 
     def finish_move(self, src_fd: int, dst_fd: int, *, force: bool = False) -> None:
         """A witnessed move's barriers, once its rename and destination check are done (also the C
-        ack's continuation in a batch, whose barriers only this tree can postpone: settle._ack_fast)."""
+        ack's and claim's continuation in a batch, whose barriers only this tree can postpone:
+        settle._ack_fast, claim._Scan._fast_move)."""
         self._barrier_pair(src_fd, dst_fd, always_both=False, force=force)
 
     def move_unwitnessed(self, src_fd: int, src_name: str, dst_fd: int, dst_name: str) -> None:

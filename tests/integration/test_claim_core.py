@@ -312,6 +312,84 @@ def test_the_fast_path_takes_a_valid_job_in_two_calls(
     assert made == ["open", "fstat", "read", "stat", "rename_noreplace", "stat", "fstat", "read", "fsync"]
 
 
+@pytest.mark.parametrize("kind", ["valid_ext", "large", "payload_mismatch"])
+def test_a_batched_claim_is_the_cores_up_to_the_barrier(
+    base: tuple[str, bytes, int], monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """In Queue.batch() (the worker daemon's claims) the core verifies, moves and re-reads, and stops
+    before the barrier (MOVED_BARRIER_LEFT); the Python goes on from there (the tree postpones the
+    barrier: fstat, dup) with claim_open's end, and does not replay the candidate."""
+    root, qid, width = base
+    stages: list[int] = []
+    made: list[str] = []
+    replays: list[str] = []
+    real_verify, real_move = bridge.Core.verify, bridge.Core.move
+    real_claim_open, real_consider = claim_mod._Scan.claim_open, claim_mod._Scan.consider
+
+    def verify(self: bridge.Core, *a: Any) -> Any:
+        stage, c = real_verify(self, *a)
+        stages.append(stage)
+        return stage, c
+
+    def move(self: bridge.Core, c: Any, *a: Any) -> Any:
+        stage = real_move(self, c, *a)
+        stages.append(stage)
+        made.extend(bridge._OP_NAMES[r.op] for r in c.recs[0 : c.nrec])
+        return stage
+
+    def claim_open(self: Any, *a: Any, **k: Any) -> Any:
+        replays.append("claim_open")
+        return real_claim_open(self, *a, **k)
+
+    def consider(self: Any, *a: Any, **k: Any) -> Any:
+        replays.append("consider")
+        return real_consider(self, *a, **k)
+
+    monkeypatch.setattr(bridge.Core, "verify", verify)
+    monkeypatch.setattr(bridge.Core, "move", move)
+    monkeypatch.setattr(claim_mod._Scan, "claim_open", claim_open)
+    monkeypatch.setattr(claim_mod._Scan, "consider", consider)
+    runs = {}
+    for tag, pure in (("py", True), ("c", False)):
+        copy = _copy(root, "batched-" + tag)
+        _plant(copy, qid, width, [kind])
+        stages.clear()
+        made.clear()
+        replays.clear()
+        runs[tag] = _run(copy, monkeypatch, pure=pure, traced=True, fault=None, batch=True)
+    assert stages == [bridge.VERIFIED, bridge.MOVED_BARRIER_LEFT]
+    assert made == ["open", "fstat", "read", "stat", "rename_noreplace", "stat", "fstat", "read"]
+    assert replays == []  # the Python's claim of the candidate never ran
+    c, py = runs["c"], runs["py"]
+    assert (c["result"] is not None) == (kind != "payload_mismatch")
+    for key in ("result", "report", "tree", "trace"):
+        assert c[key] == py[key], key
+    ops = [e[0] for e in c["trace"]]
+    moved = ops.index("rename_noreplace")
+    assert ops[moved + 1 : moved + 6] == ["stat", "fstat", "read", "fstat", "dup"]  # the barrier postponed
+    assert "fsync" not in ops
+
+
+@pytest.mark.parametrize("batch", [False, True])
+@pytest.mark.parametrize("after", [False, True])
+@pytest.mark.parametrize("nth", range(1, 23))  # the whole traced scan, close included
+@pytest.mark.parametrize("kind", ["valid_ext", "large"])
+def test_a_fault_at_each_syscall_of_a_claim(
+    base: tuple[str, bytes, int], monkeypatch: pytest.MonkeyPatch, kind: str, nth: int, after: bool, batch: bool
+) -> None:
+    """Every position of a valid claim's syscall sequence failing (EIO, before or after its effect), in
+    Queue.batch() too (the core stops before the barrier, which the tree postpones: its fstat and dup
+    are in the sequence): the same outcome, error, report, tree and syscalls on both paths."""
+    root, qid, width = base
+    runs = {}
+    for tag, pure in (("py", True), ("c", False)):
+        copy = _copy(root, tag)
+        _plant(copy, qid, width, [kind])
+        runs[tag] = _run(copy, monkeypatch, pure=pure, traced=True, fault=(None, nth, errno.EIO, after), batch=batch)
+    for key in ("result", "report", "tree", "trace"):
+        assert runs["c"][key] == runs["py"][key], key
+
+
 def test_a_fast_claim_leaves_its_verified_bytes_to_payload_and_ack(tmp_path: Any) -> None:
     """The core's whole-file re-read verified every byte: payload() and the ack find them in verify.py's
     memo (as after the Python claim's payload check) and do not decode and hash them again; a file

@@ -23,7 +23,7 @@
                                  * read, or not matching: claim_open's end judges it) */
 #define SQ_ACKED 8 /* sq_ack: validated, payload verified, renamed into receipts, directories synced */
 #define SQ_PUBLISHED 9 /* sq_enqueue: written, synced, linked, its directory synced */
-#define SQ_MOVED_BARRIER_LEFT 10 /* sq_ack in a batch: renamed and checked; the barriers are the tree's */
+#define SQ_MOVED_BARRIER_LEFT 10 /* sq_ack, sq_claim_move in a batch: renamed and checked; the barriers are the tree's */
 
 /* Syscall ops recorded (sq_rec.op): the replay maps them to syscall_hook's op names. */
 #define SQ_OP_OPEN 1

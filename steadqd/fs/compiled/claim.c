@@ -170,7 +170,7 @@ static void make_target(const struct sq_queue *q, struct sq_claim *c) {
 
 /* The moving half of claim_open: Tree.move_witnessed (stat witness, no-replace rename, stat of
  * the destination, the after-rename reread_envelope, the directory barrier) and verify_payload
- * of a payload the re-read holds. Needs sq_claim_verify's SQ_VERIFIED and the clock/token inputs;
+ * of a payload the re-read holds (in a batch, neither: SQ_MOVED_BARRIER_LEFT). Needs sq_claim_verify's SQ_VERIFIED and the clock/token inputs;
  * the caller has checked that generation and attempt can be bumped (next_generation/next_attempt). */
 int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, const unsigned char *boot_id,
                   uint64_t bt_deadline, uint64_t wall_deadline, const unsigned char *token, int may_fsync) {
@@ -207,8 +207,9 @@ int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_
     c->head2_len = got > n ? n : got;
     uint64_t payload_offset = HEADER_SIZE + (uint64_t)c->extension_length; /* Envelope.payload_offset */
     if (c->head2_len != c->head_len || memcmp(c->head2, c->head, (size_t)payload_offset) != 0) return c->stage;
-    /* the barrier (Tree._barrier_pair: one directory, one fsync, forced) */
-    c->stage = SQ_STOP_HANDOFF;
+    /* the barrier (Tree._barrier_pair: one directory, one fsync, forced); a batch postpones it:
+     * Tree.finish_move's (fstat, dup, the batch's list), then claim_open's end, are the Python's */
+    c->stage = SQ_MOVED_BARRIER_LEFT;
     if (!c->may_fsync) return c->stage;
     c->stage = SQ_STOP_SYSCALL;
     if (rec(c, SQ_OP_FSYNC, sys->fsync(c->dir_fd), 0) < 0) return c->stage;
