@@ -31,6 +31,8 @@ enum { PREFIX_NAME = 0, PREFIX_SHARD = 1, PREFIX_ENVELOPE = 2 };
 
 /* names.c */
 void name_tag(const struct sq_queue *q, const char *ctx, size_t len, unsigned char tag[NAME_TAG_BYTES]);
+void tagged_name(const struct sq_queue *q, const char *dir, size_t dir_len, const char *base, size_t base_len,
+                 const char suffix[5], char out[SQ_NAME_MAX]);
 
 /* verify.c */
 int check_envelope_bytes(const struct sq_queue *q, const unsigned char *h, int64_t head_len, int64_t size,

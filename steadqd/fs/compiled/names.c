@@ -19,6 +19,22 @@ void name_tag(const struct sq_queue *q, const char *ctx, size_t len, unsigned ch
     memcpy(tag, d, NAME_TAG_BYTES);
 }
 
+/* A name's final form, "<base>.k<tag><suffix>", the tag over "<dir><base>" (names: the ready and receipt
+ * names both take this shape; ``dir`` is the state's context up to and with the shard's "/"). */
+void tagged_name(const struct sq_queue *q, const char *dir, size_t dir_len, const char *base, size_t base_len,
+                 const char suffix[5], char out[SQ_NAME_MAX]) {
+    char ctx[256];
+    memcpy(ctx, dir, dir_len);
+    memcpy(ctx + dir_len, base, base_len);
+    unsigned char tag[NAME_TAG_BYTES];
+    name_tag(q, ctx, dir_len + base_len, tag);
+    char *t = out;
+    memcpy(t, base, base_len), t += base_len;
+    *t++ = '.', *t++ = 'k';
+    t = put_hex(t, tag, NAME_TAG_BYTES);
+    memcpy(t, suffix, 5);
+}
+
 void sq_queue_init(struct sq_queue *q) {
     SHA256_CTX h;
     SHA256_Init(&h);

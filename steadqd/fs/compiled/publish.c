@@ -30,23 +30,16 @@ static void put_be64(unsigned char *p, uint64_t v) {
  * "ready/-/-/<shard:04x>/<base>" (names._READY_CONTEXT), then ".sqj". */
 static void ready_target(const struct sq_queue *q, const unsigned char *job_id, uint32_t max_attempts, uint32_t shard,
                          char out[SQ_NAME_MAX]) {
-    char base[96], ctx[128];
+    char base[96], dir[32];
     char *p = base;
     p = put_hex(p, job_id, 16);
     memcpy(p, ".g0000000000000000.a00000000.m", 30), p += 30;
     p = put_hex_u64(p, max_attempts, 8);
     size_t base_len = (size_t)(p - base);
-    char *x = ctx;
+    char *x = dir;
     memcpy(x, "ready/-/-/", 10), x += 10;
     x = put_hex_u64(x, shard, 4), *x++ = '/';
-    memcpy(x, base, base_len), x += base_len;
-    unsigned char tag[NAME_TAG_BYTES];
-    name_tag(q, ctx, (size_t)(x - ctx), tag);
-    char *t = out;
-    memcpy(t, base, base_len), t += base_len;
-    *t++ = '.', *t++ = 'k';
-    t = put_hex(t, tag, NAME_TAG_BYTES);
-    memcpy(t, ".sqj", 5);
+    tagged_name(q, dir, (size_t)(x - dir), base, base_len, ".sqj", out);
 }
 
 #define PUB_REC(op, call, slot) rec_in(e->recs, &e->nrec, (op), (call), (slot))

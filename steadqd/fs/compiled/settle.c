@@ -12,7 +12,7 @@
  * tagged over "receipts/-/<bucket:016x>/<shard:04x>/<base>" (names._RECEIPT_CONTEXT), then ".rct". */
 static void receipt_target(const struct sq_queue *q, const struct sq_lease *l, uint32_t shard, uint64_t bucket,
                            char out[SQ_NAME_MAX]) {
-    char base[128], ctx[192];
+    char base[128], dir[48];
     char *p = base;
     p = put_hex(p, l->job_id, 16);
     *p++ = '.', *p++ = 'g';
@@ -24,18 +24,11 @@ static void receipt_target(const struct sq_queue *q, const struct sq_lease *l, u
     *p++ = '.', *p++ = 't';
     p = put_hex(p, l->token, 16);
     size_t base_len = (size_t)(p - base);
-    char *x = ctx;
+    char *x = dir;
     memcpy(x, "receipts/-/", 11), x += 11;
     x = put_hex_u64(x, bucket, 16), *x++ = '/';
     x = put_hex_u64(x, shard, 4), *x++ = '/';
-    memcpy(x, base, base_len), x += base_len;
-    unsigned char tag[NAME_TAG_BYTES];
-    name_tag(q, ctx, (size_t)(x - ctx), tag);
-    char *t = out;
-    memcpy(t, base, base_len), t += base_len;
-    *t++ = '.', *t++ = 'k';
-    t = put_hex(t, tag, NAME_TAG_BYTES);
-    memcpy(t, ".rct", 5);
+    tagged_name(q, dir, (size_t)(x - dir), base, base_len, ".rct", out);
 }
 
 #define ACK_REC(op, call, slot) rec_in(a->recs, &a->nrec, (op), (call), (slot))
