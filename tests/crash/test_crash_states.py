@@ -24,6 +24,7 @@ from steadqd.fs import linux
 from steadqd.fs.compiled import bridge
 from steadqd.fs.json_records import reset_cursor_json
 from tests.crash.conftest import RESULTS
+from tests.integration.core_spy import spy_one_call
 from tests.lab import bugs
 from tests.lab.gates import Expectation, check_state
 from tests.lab.lab import check_recorded, format_report, format_table, record_workload, run_workload
@@ -82,15 +83,7 @@ def test_lab_catches_an_enqueue_many_that_links_before_the_fsync() -> None:
 def test_the_ack_lane_records_the_c_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The ack workload's recorded run goes through the C ack (after its first, Python ack makes the
     receipt bucket), so its crash states are those of the compiled path's syscalls."""
-    stages: list[int] = []
-    real = bridge.Core.ack
-
-    def ack(self: bridge.Core, *a: object) -> tuple[int, object]:
-        stage, rec = real(self, *a)  # type: ignore[arg-type]
-        stages.append(stage)
-        return stage, rec
-
-    monkeypatch.setattr(bridge.Core, "ack", ack)
+    stages, _made = spy_one_call(monkeypatch, "ack")
     record_workload(WORKLOADS["ack"], str(tmp_path))
     assert stages == [bridge.ACKED, bridge.ACKED]
 
@@ -99,15 +92,7 @@ def test_the_ack_lane_records_the_c_core(tmp_path: Path, monkeypatch: pytest.Mon
 def test_the_enqueue_lane_records_the_c_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The enqueue workload's second job (same shard as the first, whose directory is then open) is the
     C enqueue's, so lane 1 cuts its syscalls too; the others (first into the shard, streamed) are the Python's."""
-    stages: list[int] = []
-    real = bridge.Core.enqueue
-
-    def enqueue(self: bridge.Core, *a: object) -> tuple[int, object]:
-        stage, rec = real(self, *a)  # type: ignore[arg-type]
-        stages.append(stage)
-        return stage, rec
-
-    monkeypatch.setattr(bridge.Core, "enqueue", enqueue)
+    stages, _made = spy_one_call(monkeypatch, "enqueue")
     record_workload(WORKLOADS["enqueue"], str(tmp_path))
     assert bridge.PUBLISHED in stages
 

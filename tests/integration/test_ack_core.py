@@ -31,6 +31,7 @@ from steadqd.fs import linux, settle
 from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
 from steadqd.fs.lease import Lease
+from tests.integration.core_spy import spy_one_call
 from tests.integration.test_claim_core import _normal_trace, _tree
 
 pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
@@ -233,17 +234,7 @@ def test_each_kind_alone(base: tuple[str, dict[str, str]], job: str, kind: str) 
 def test_a_valid_ack_is_the_cores(base: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
     """A small valid job is acked by the core in one call (no replay), with the pinned ack's syscalls;
     in a batch, up to the barriers."""
-    stages: list[int] = []
-    made: list[str] = []
-    real = bridge.Core.ack
-
-    def ack(self: bridge.Core, *a: Any) -> Any:
-        stage, rec = real(self, *a)
-        stages.append(stage)
-        made.extend(bridge._OP_NAMES[r.op] for r in rec.recs[0 : rec.nrec])
-        return stage, rec
-
-    monkeypatch.setattr(bridge.Core, "ack", ack)
+    stages, made = spy_one_call(monkeypatch, "ack")
     root, handles = base
     stages.clear()
     made.clear()

@@ -35,6 +35,7 @@ from steadqd.fs import linux, names
 from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
 from steadqd.fs.records import Extension, build_header, encode_extension
+from tests.integration.core_spy import spy_claim
 
 pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
 
@@ -287,23 +288,7 @@ def test_the_fast_path_takes_a_valid_job_in_two_calls(
     """A valid job is claimed by the core (verified, then moved), not handed back to the Python, and its
     libc table makes the claim's syscalls of the pinned lease sequence (tests/integration/test_faults.py)."""
     root, qid, width = base
-    stages: list[int] = []
-    made: list[str] = []  # the syscalls the libc table made (untraced): the pinned lease's, in order
-    real_verify, real_move = bridge.Core.verify, bridge.Core.move
-
-    def verify(self: bridge.Core, *a: Any) -> Any:
-        stage, c = real_verify(self, *a)
-        stages.append(stage)
-        return stage, c
-
-    def move(self: bridge.Core, c: Any, *a: Any) -> Any:
-        stage = real_move(self, c, *a)
-        stages.append(stage)
-        made.extend(bridge._OP_NAMES[r.op] for r in c.recs[0 : c.nrec])
-        return stage
-
-    monkeypatch.setattr(bridge.Core, "verify", verify)
-    monkeypatch.setattr(bridge.Core, "move", move)
+    stages, made = spy_claim(monkeypatch)  # made: the syscalls the libc table made (untraced), in order
     copy = _copy(root, "fast")
     _plant(copy, qid, width, [kind])
     out = _run(copy, monkeypatch, pure=False, traced=False, fault=None)
@@ -320,22 +305,9 @@ def test_a_batched_claim_is_the_cores_up_to_the_barrier(
     before the barrier (MOVED_BARRIER_LEFT); the Python goes on from there (the tree postpones the
     barrier: fstat, dup) with claim_open's end, and does not replay the candidate."""
     root, qid, width = base
-    stages: list[int] = []
-    made: list[str] = []
+    stages, made = spy_claim(monkeypatch)
     replays: list[str] = []
-    real_verify, real_move = bridge.Core.verify, bridge.Core.move
     real_claim_open, real_consider = claim_mod._Scan.claim_open, claim_mod._Scan.consider
-
-    def verify(self: bridge.Core, *a: Any) -> Any:
-        stage, c = real_verify(self, *a)
-        stages.append(stage)
-        return stage, c
-
-    def move(self: bridge.Core, c: Any, *a: Any) -> Any:
-        stage = real_move(self, c, *a)
-        stages.append(stage)
-        made.extend(bridge._OP_NAMES[r.op] for r in c.recs[0 : c.nrec])
-        return stage
 
     def claim_open(self: Any, *a: Any, **k: Any) -> Any:
         replays.append("claim_open")
@@ -345,8 +317,6 @@ def test_a_batched_claim_is_the_cores_up_to_the_barrier(
         replays.append("consider")
         return real_consider(self, *a, **k)
 
-    monkeypatch.setattr(bridge.Core, "verify", verify)
-    monkeypatch.setattr(bridge.Core, "move", move)
     monkeypatch.setattr(claim_mod._Scan, "claim_open", claim_open)
     monkeypatch.setattr(claim_mod._Scan, "consider", consider)
     runs = {}

@@ -30,6 +30,7 @@ from steadqd import Queue
 from steadqd.fs import linux, names
 from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
+from tests.integration.core_spy import spy_one_call
 from tests.integration.test_claim_core import _normal_trace, _tree
 
 pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
@@ -182,17 +183,7 @@ def test_a_link_form_that_fails(base: str, form: str, errno_: int) -> None:
 
 def test_a_plain_enqueue_is_the_cores(base: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A small job into an open ready directory is published by the core in one call, with the pinned syscalls."""
-    stages: list[int] = []
-    made: list[str] = []
-    real = bridge.Core.enqueue
-
-    def enqueue(self: bridge.Core, *a: Any) -> Any:
-        stage, rec = real(self, *a)
-        stages.append(stage)
-        made.extend(bridge._OP_NAMES[r.op] for r in rec.recs[0 : rec.nrec])
-        return stage, rec
-
-    monkeypatch.setattr(bridge.Core, "enqueue", enqueue)
+    stages, made = spy_one_call(monkeypatch, "enqueue")
     out = _run(base, "fast", PLAIN, pure=False, traced=False, fault=None)
     assert isinstance(out["result"], tuple) and len(out["result"]) == 2 and out["result"][1].startswith("ready/")
     assert stages == [bridge.PUBLISHED]

@@ -1,0 +1,52 @@
+"""Spies on the C core's calls (steadqd.fs.compiled.bridge.Core), for tests that show which path ran.
+
+Each returns the lists it fills as the calls happen: the stage every call ended at, and the syscalls
+the core made itself (by syscall_hook's op names), so a test can say "the core did this whole, with
+these syscalls" or "the Python took over here".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from steadqd.fs.compiled import bridge
+
+
+def spy_one_call(monkeypatch: pytest.MonkeyPatch, method: str) -> tuple[list[int], list[str]]:
+    """Spy on ``Core.ack`` or ``Core.enqueue`` (one call, returning (stage, record))."""
+    stages: list[int] = []
+    made: list[str] = []
+    real = getattr(bridge.Core, method)
+
+    def spy(self: bridge.Core, *a: Any) -> Any:
+        stage, rec = real(self, *a)
+        stages.append(stage)
+        made.extend(bridge._OP_NAMES[r.op] for r in rec.recs[0 : rec.nrec])
+        return stage, rec
+
+    monkeypatch.setattr(bridge.Core, method, spy)
+    return stages, made
+
+
+def spy_claim(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[str]]:
+    """Spy on the claim's two calls, ``Core.verify`` and ``Core.move`` (the syscalls: the record after the move)."""
+    stages: list[int] = []
+    made: list[str] = []
+    real_verify, real_move = bridge.Core.verify, bridge.Core.move
+
+    def verify(self: bridge.Core, *a: Any) -> Any:
+        stage, c = real_verify(self, *a)
+        stages.append(stage)
+        return stage, c
+
+    def move(self: bridge.Core, c: Any, *a: Any) -> Any:
+        stage = real_move(self, c, *a)
+        stages.append(stage)
+        made.extend(bridge._OP_NAMES[r.op] for r in c.recs[0 : c.nrec])
+        return stage
+
+    monkeypatch.setattr(bridge.Core, "verify", verify)
+    monkeypatch.setattr(bridge.Core, "move", move)
+    return stages, made
