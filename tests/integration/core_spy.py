@@ -7,11 +7,14 @@ these syscalls" or "the Python took over here".
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from steadqd.fs.compiled import bridge
+from steadqd.fs.context import Context
 
 
 def spy_one_call(monkeypatch: pytest.MonkeyPatch, method: str) -> tuple[list[int], list[str]]:
@@ -50,3 +53,15 @@ def spy_claim(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[str]]:
     monkeypatch.setattr(bridge.Core, "verify", verify)
     monkeypatch.setattr(bridge.Core, "move", move)
     return stages, made
+
+
+@contextlib.contextmanager
+def on_path(pure: bool, wall: int) -> Iterator[pytest.MonkeyPatch]:
+    """A patch context on the pure or the compiled path (the switch is read at Queue.open), the wall floor fixed."""
+    with pytest.MonkeyPatch.context() as m:
+        if pure:
+            m.setenv(bridge.SWITCH, "1")
+        else:
+            m.delenv(bridge.SWITCH, raising=False)
+        m.setattr(Context, "wall_floor", lambda self: wall)
+        yield m

@@ -29,9 +29,8 @@ from hypothesis import strategies as st
 from steadqd import Queue
 from steadqd.fs import linux, settle
 from steadqd.fs.compiled import bridge
-from steadqd.fs.context import Context
 from steadqd.fs.lease import Lease
-from tests.integration.core_spy import spy_one_call
+from tests.integration.core_spy import on_path, spy_one_call
 from tests.integration.test_claim_core import _normal_trace, _tree
 
 pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
@@ -137,12 +136,7 @@ def _run(
     lease, _ = Lease.from_handle(handle)
     st_ = os.lstat(os.path.join(root, lease.path))
     lease.dev, lease.ino = st_.st_dev, st_.st_ino  # the copy's inode
-    with pytest.MonkeyPatch.context() as m:
-        if pure:
-            m.setenv(bridge.SWITCH, "1")
-        else:
-            m.delenv(bridge.SWITCH, raising=False)
-        m.setattr(Context, "wall_floor", lambda self: WALL)
+    with on_path(pure, WALL):
         q = Queue.open(root, allow_unsupported_fs=True)
         try:
             assert (q._ctx.c_core is None) == pure

@@ -30,7 +30,7 @@ from steadqd import Queue
 from steadqd.fs import linux, names
 from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
-from tests.integration.core_spy import spy_one_call
+from tests.integration.core_spy import on_path, spy_one_call
 from tests.integration.test_claim_core import _normal_trace, _tree
 
 pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
@@ -55,12 +55,7 @@ def _run(base: str, tag: str, case: dict[str, Any], *, pure: bool, traced: bool,
     shutil.copytree(base, root, symlinks=True)
     counter = itertools.count(1)
     fds_before = len(os.listdir("/proc/self/fd"))
-    with pytest.MonkeyPatch.context() as m:
-        if pure:
-            m.setenv(bridge.SWITCH, "1")
-        else:
-            m.delenv(bridge.SWITCH, raising=False)
-        m.setattr(Context, "wall_floor", lambda self: WALL)
+    with on_path(pure, WALL) as m:
         m.setattr(linux, "boottime_ns", lambda: 5_000_000_000_000)  # a named temp's name
         m.setattr(Context, "random", lambda self, n=16: next(counter).to_bytes(n, "big"))
         q = Queue.open(root, deferred=case["deferred"], allow_unsupported_fs=True)
