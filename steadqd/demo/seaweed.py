@@ -171,6 +171,7 @@ def server_command(
 ) -> list[str]:
     return [
         weed,
+        f"-logdir={root}",  # glog's files (weed.INFO, ...) in the server's directory, not the machine's /tmp
         "server",
         "-ip=127.0.0.1",
         "-ip.bind=127.0.0.1",

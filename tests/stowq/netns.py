@@ -298,7 +298,7 @@ class Cluster:
         data = self.root / role
         data.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-        process = host.start([self.weed, *args], self.root / f"{role}.log", env, cwd=data)
+        process = host.start([self.weed, f"-logdir={self.root}", *args], self.root / f"{role}.log", env, cwd=data)
         self.processes[role] = process
         return process
 

@@ -200,3 +200,9 @@ def test_the_servers_local_sockets_live_in_its_own_directory_not_in_tmp(seaweed:
         assert stat.S_ISSOCK(os.stat(seaweed.root / name).st_mode), name
     port = urlsplit(seaweed.endpoint).port
     assert not os.path.exists(f"/tmp/seaweedfs-s3-{port}.sock")
+
+
+def test_the_servers_log_files_live_in_its_own_directory_not_in_tmp(seaweed: Seaweed) -> None:
+    """weed's glog writes weed.INFO, weed.WARNING and their dated files to /tmp by default: every server the
+    suite or the demo starts would leave them in the machine's /tmp. -logdir puts them beside its data."""
+    assert list(seaweed.root.glob("weed.*INFO*")), sorted(p.name for p in seaweed.root.iterdir())
