@@ -204,22 +204,14 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
         except Indeterminate as e:
             raise indeterminate(ctx, lease, "acknowledge", e, ReceiptLocation(bucket)) from e
         finally:
-            _close_source(a.fd)
+            linux.close_quietly(a.fd)  # Source.close: a close error cannot undo the committed move
         return _ACKED
     if stage != bridge.ACKED:
         with bridge.replaying(a, skip_open=False):
             return _ack_named(ctx, lease, job, wall, shard, bucket)
     tree.learn_ids(src_fd, dst_fd, a.stats, ids)
-    _close_source(a.fd)
+    linux.close_quietly(a.fd)  # Source.close: a close error cannot undo the committed move
     return _ACKED
-
-
-def _close_source(fd: int) -> None:
-    """Source.close: a close error cannot undo the move that committed."""
-    try:
-        linux.close(fd)
-    except OSError:
-        pass
 
 
 def _ack_from_source(
