@@ -58,6 +58,9 @@ def open_queue(settings: QueueSettings, *, certify: bool = False, **options: Any
     return backend.open_queue(settings.queue, **open_options(settings, certify=certify), **options)
 
 
+TIMERS_COMPACT_MIN = 256  # timers in the loop's heap below which cancelled ones are left to expire
+
+
 class Timer:
     __slots__ = ("when", "callback", "cancelled")
 
@@ -105,6 +108,7 @@ class Loop:
     def __init__(self) -> None:
         self._sel = selectors.DefaultSelector()
         self._timers: list[tuple[float, int, Timer]] = []
+        self._compact_at = TIMERS_COMPACT_MIN  # the heap's length at which cancelled timers are swept out
         self._seq = itertools.count()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._sel.register(self._wake_r, selectors.EVENT_READ, self._drain_wakeups)
@@ -128,7 +132,19 @@ class Loop:
     def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
         t = Timer(when, callback)
         heapq.heappush(self._timers, (when, next(self._seq), t))
+        if len(self._timers) > self._compact_at:
+            self._compact()
         return t
+
+    def _compact(self) -> None:
+        """Drop cancelled timers from the heap. A cancelled timer stays in it until its time comes, and a
+        worker cancels a job's renewal (due in ``renew_interval``) and exit check at every end: at hundreds
+        of jobs a second the heap would hold thousands of them, and every push and pop would walk it.
+        Swept when it has doubled since the last sweep: amortised, a constant per timer."""
+        live = [e for e in self._timers if not e[2].cancelled]
+        heapq.heapify(live)
+        self._timers = live
+        self._compact_at = max(TIMERS_COMPACT_MIN, 2 * len(live))
 
     @property
     def wakeup_fd(self) -> int:

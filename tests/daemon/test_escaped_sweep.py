@@ -275,3 +275,24 @@ def test_a_forked_child_reads_its_own_main_threads_children() -> None:
     os.close(r)
     os.waitpid(pid, 0)
     assert seen == b"1"
+
+
+def test_postponing_the_later_look_keeps_its_timer(sweeps: _Sweeps) -> None:
+    """Every job's end postpones the later look: the pending timer re-arms itself when it fires, rather
+    than each end cancelling it and adding a new one (a cancelled timer a job left in the loop's heap)."""
+    loop = Loop()
+    try:
+        role = _Role(loop)
+        role._sweep_after_job()
+        loop.run_once(0)
+        timer = role._sweep_timer
+        assert timer is not None
+        for _ in range(20):
+            role._sweep_after_job()
+            loop.run_once(0)
+        assert role._sweep_timer is timer and not timer.cancelled
+        assert sum(1 for _, _, t in loop._timers if t.cancelled) == 0
+        _run_for(loop, 0.3)
+        assert sweeps.calls == 22, "one look a pass, and the later look once"
+    finally:
+        loop.close()

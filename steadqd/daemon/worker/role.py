@@ -152,6 +152,9 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         self._prep: claim.Preparer | None = None
         self._fill_again = False  # a fill was asked for while a claim was in flight
         self._fill_timer: Timer | None = None
+        # Loop callbacks asked for many times a job: made once for the role, not once a timer.
+        self._fill_guarded = self._guarded(self._fill)
+        self._hand_over_cb = self._guarded(self._hand_over)
         self._rescan_timer: Timer | None = None
         self._reopen_timer: Timer | None = None
         self._sweep_timer: Timer | None = None  # the next look for escaped job processes (process.kill_escaped)
@@ -418,7 +421,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
             if self._fill_timer.when <= when:
                 return
             self._fill_timer.cancel()
-        self._fill_timer = self.loop.call_at(when, self._guarded(self._fill))
+        self._fill_timer = self.loop.call_at(when, self._fill_guarded)
 
     # -- wake-ups ---------------------------------------------------------------
 

@@ -372,6 +372,8 @@ class RoleSettling:
         _hooks: Hooks | None
         progress: ProgressWatch | None
 
+        _hand_over_cb: Callable[[], None]  # _hand_over, guarded: made once by the role
+
         def _drop(self, job: _Job) -> None: ...
         def _schedule_fill(self, delay: float) -> None: ...
         def _renew(self, job: _Job) -> None: ...
@@ -400,7 +402,7 @@ class RoleSettling:
         if outcome is Verdict.ABANDON:
             if self._settler is not None:
                 if self._settler.discard(job.tmpdir):
-                    self.loop.call_later(0.0, self._guarded(self._hand_over))
+                    self.loop.call_later(0.0, self._hand_over_cb)
             else:
                 payload.remove(job.tmpdir)
             self._report_finished(job, None)
@@ -502,7 +504,7 @@ class RoleSettling:
         verdict_ = job.verdict or Verdict.RETRY
         if self._settler.submit(Settlement(job, job.lease, job.cfg, verdict_, job.child.ended, job.tmpdir)):
             assert self.loop is not None
-            self.loop.call_later(0.0, self._guarded(self._hand_over))  # after this pass's other callbacks
+            self.loop.call_later(0.0, self._hand_over_cb)  # after this pass's other callbacks
         job.tmpdir = ""  # the thread removes it
         self._schedule_fill(0.0)  # its slot is free: _slots_taken
 

@@ -33,6 +33,7 @@ class RoleSweep:
     """The worker role's sweep for escaped job processes, on the loop's thread."""
 
     _sweep_this_pass = False  # a look is due at the end of this loop pass (_sweep_after_job)
+    _sweep_due: float | None = None  # when the pending look is due: its timer's time, or later (postponed)
     _every_thread_at = float("-inf")  # loop time of the last look at every thread's children (_sweep_escaped)
 
     if TYPE_CHECKING:
@@ -93,19 +94,34 @@ class RoleSweep:
 
     def _on_sweep_timer(self) -> None:
         self._sweep_timer = None
+        assert self.loop is not None
+        due = self._sweep_due
+        if due is not None and due > self.loop.now():  # postponed since the timer was set: wait until then
+            self._sweep_timer = self.loop.call_at(due, self._guarded(self._on_sweep_timer))
+            return
+        self._sweep_due = None
         self._sweep_escaped()
 
     def _schedule_sweep(self, delay: float, *, postpone: bool = False) -> None:
         """One pending look, ``delay`` from now: a later one is moved up; an earlier one stays, or with
-        ``postpone`` is moved to then."""
+        ``postpone`` is moved to then.
+
+        A look moved later keeps its timer, which re-arms itself for the new time when it fires
+        (:meth:`_on_sweep_timer`): every job's end postpones the look, and a new timer each time would
+        leave one cancelled timer a job in the loop's heap."""
         if self.loop is None or self.closed:
             return
         when = self.loop.now() + delay
         pending = self._sweep_timer
         if pending is not None and not pending.cancelled:
-            if pending.when == when or (pending.when < when and not postpone):
+            due = pending.when if self._sweep_due is None else self._sweep_due
+            if due == when or (due < when and not postpone):
+                return
+            if when > pending.when:
+                self._sweep_due = when
                 return
             pending.cancel()
+        self._sweep_due = when
         self._sweep_timer = self.loop.call_at(when, self._guarded(self._on_sweep_timer))
 
     def _sweep_after_job(self) -> None:
