@@ -59,8 +59,18 @@ def reason_name(code: int) -> str:
         return f"reason 0x{code:04x}"
 
 
+# Field names as the journal spells them, by keyword: every line asks again for the same few names.
+_FIELD_NAMES: dict[str, str] = {}
+_FIELD_NAMES_MAX = 512  # the keywords come from our code, not from input: a bound all the same
+
+
 def _field_name(key: str) -> str:
-    return "STEADQ_" + key.upper()
+    name = _FIELD_NAMES.get(key)
+    if name is None:
+        name = "STEADQ_" + key.upper()
+        if len(_FIELD_NAMES) < _FIELD_NAMES_MAX:
+            _FIELD_NAMES[key] = name
+    return name
 
 
 def _field_value(value: object) -> str:
@@ -110,8 +120,10 @@ class Log:
     def log(self, priority: int, message: str, **fields: object) -> None:
         # An endpoint reaches a log inside error texts: its credentials never do (steadqd.text.redacted).
         message = redacted(message)
+        names = _FIELD_NAMES
         pairs = {
-            _field_name(k): str(v) if type(v) is int else redacted(_field_value(v))  # a number hides nothing
+            # a number hides nothing
+            (names.get(k) or _field_name(k)): str(v) if type(v) is int else redacted(_field_value(v))
             for k, v in fields.items()
             if v is not None
         }
@@ -123,8 +135,13 @@ class Log:
                 return
             except OSError:
                 pass  # journald restarting: fall back to stderr rather than lose the entry
+        plain = _PLAIN_ASCII.fullmatch  # _quote's ASCII rule, inline: a call less per field
         extra = " ".join(
-            f"{k}={_quote(v)}" for k, v in sorted(pairs.items()) if k not in ("STEADQ_QUEUE", "STEADQ_ROLE")
+            [
+                f"{k}={v if v.isascii() and plain(v) else _quote(v)}"
+                for k, v in sorted(pairs.items())
+                if k != "STEADQ_QUEUE" and k != "STEADQ_ROLE"
+            ]
         )
         line = f"<{priority}>{self.role}[{self.queue}]: {_message_text(message)}" + (f" {extra}" if extra else "")
         if self._timestamps:

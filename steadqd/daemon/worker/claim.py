@@ -124,9 +124,11 @@ def name_thread(name: str) -> None:
 def drain_wakeups(fd: int) -> None:
     """Empty a helper thread's wake-up pipe (non-blocking): one read, unless that read filled its buffer
     (a shorter read has taken everything; a byte written after it wakes the loop again)."""
-    with contextlib.suppress(BlockingIOError):
+    try:  # at every hand-back of the claiming and the settling thread: no context manager's calls
         while len(os.read(fd, 64)) == 64:
             pass
+    except BlockingIOError:
+        pass
 
 
 def close_owned(q: Backend | None, r: int, w: int) -> None:

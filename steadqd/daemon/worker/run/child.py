@@ -530,8 +530,10 @@ class Child:
         self.streams.pop(st.fd, None)
         pipe = self.proc.stdout if st.name == "stdout" else self.proc.stderr
         if pipe is not None:
-            with contextlib.suppress(OSError):
+            try:  # not contextlib.suppress: twice a job on the loop's thread, a context manager's three calls each
                 pipe.close()
+            except OSError:
+                pass
 
     def close_streams(self) -> None:
         self._close_report()
@@ -554,8 +556,10 @@ class Child:
         """Signal the job's process group; only while the leader is unreaped (pid reuse)."""
         if self.returncode is not None:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:  # once a job at least (the reap): no context manager's calls
             os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def reap(self) -> None:
         """Kill leftovers of the group while the zombie pins its id, then reap."""

@@ -29,7 +29,6 @@ through Popen as before; :func:`path` says which path runs and why.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import functools
 import itertools
@@ -532,11 +531,13 @@ class Pool:
     def _read(self) -> None:
         """Move the spawns whose tokens came back from pending to done."""
         raw = self._partial
-        with contextlib.suppress(BlockingIOError):
+        try:  # once a loop pass with spawns: no context manager's calls
             while chunk := os.read(self._r, 4096):
                 raw += chunk
                 if len(chunk) < 4096:
                     break
+        except BlockingIOError:
+            pass
         whole = len(raw) - len(raw) % 8
         self._partial = raw[whole:]
         for (token,) in struct.iter_unpack("=Q", raw[:whole]):
