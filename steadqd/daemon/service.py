@@ -1,6 +1,6 @@
 """The service loop every daemon role runs in.
 
-One thread, one ``selectors`` loop: file descriptors (inotify, child output
+One thread, one ``epoll`` loop: file descriptors (inotify, child output
 pipes) and timers wake it, and signals arrive through ``set_wakeup_fd`` so
 nothing polls. The loop owns the systemd contract shared by all roles:
 READY=1 once every role has opened its queue, STATUS= lines a person can
@@ -15,7 +15,7 @@ import errno
 import heapq
 import itertools
 import os
-import selectors
+import select
 import signal
 import sys
 import time
@@ -103,27 +103,41 @@ class Timers:
 
 
 class Loop:
-    """A minimal event loop: readers, timers, and a self-pipe for signals."""
+    """A minimal event loop: readers, timers, and a self-pipe for signals.
+
+    Readers are an ``epoll`` and a dict of callbacks by descriptor, not a ``selectors`` selector: a
+    worker adds and removes two readers a job (its command's pipes), and the selector's layer (a key
+    object for each, the file-object lookups, its ``select`` building a list of keys) cost some twenty
+    Python calls a job on the loop's thread for nothing this loop uses.
+    """
 
     def __init__(self) -> None:
-        self._sel = selectors.DefaultSelector()
+        self._epoll = select.epoll()  # close-on-exec
+        self._readers: dict[int, Callable[[], None]] = {}
         self._timers: list[tuple[float, int, Timer]] = []
         self._compact_at = TIMERS_COMPACT_MIN  # the heap's length at which cancelled timers are swept out
         self._seq = itertools.count()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, self._drain_wakeups)
+        self.add_reader(self._wake_r, self._drain_wakeups)
 
     @staticmethod
     def now() -> float:
         return time.monotonic()
 
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
-        self._sel.register(fd, selectors.EVENT_READ, callback)
+        """Call ``callback`` whenever ``fd`` is readable (or hung up, or in error); KeyError if it has one."""
+        if fd in self._readers:
+            raise KeyError(f"{fd!r} is already registered")
+        self._epoll.register(fd, select.EPOLLIN)
+        self._readers[fd] = callback
 
     def remove_reader(self, fd: int) -> None:
+        """Stop watching ``fd``; nothing if it is not watched. A descriptor closed already left the epoll."""
+        if self._readers.pop(fd, None) is None:
+            return
         try:
-            self._sel.unregister(fd)
-        except (KeyError, ValueError):
+            self._epoll.unregister(fd)
+        except OSError:
             pass
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
@@ -171,8 +185,14 @@ class Loop:
         if self._timers:
             until = max(0.0, self._timers[0][0] - self.now())
             timeout = until if timeout is None else min(timeout, until)
-        for key, _ in self._sel.select(timeout):
-            key.data()
+        try:  # epoll_wait's milliseconds are rounded up by CPython: a timer is never woken for early
+            events = self._epoll.poll(-1 if timeout is None else max(0.0, timeout), len(self._readers))
+        except InterruptedError:
+            events = []
+        for fd, _ in events:
+            callback = self._readers.get(fd)  # None: an earlier callback of this batch removed it
+            if callback is not None:
+                callback()
         now = self.now()
         while self._timers and self._timers[0][0] <= now:
             _, _, t = heapq.heappop(self._timers)
@@ -180,7 +200,8 @@ class Loop:
                 t.callback()
 
     def close(self) -> None:
-        self._sel.close()
+        self._epoll.close()
+        self._readers.clear()
         os.close(self._wake_r)
         os.close(self._wake_w)
 
