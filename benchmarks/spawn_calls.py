@@ -61,6 +61,7 @@ sys.exit(daemon_main())
 def drain(workdir: str, jobs: int) -> dict[str, dict[str, int]]:
     """Calls by thread and function in one worker that drained ``jobs`` jobs and was stopped (SIGTERM)."""
     true = shutil.which("true") or "/bin/true"
+    os.makedirs(workdir, exist_ok=True)
     qpath, cfg = daemons._setup(workdir, "sq", [true], 4)
     daemons._enqueue_jobs(qpath, jobs)
     out = os.path.join(workdir, "calls.json")
