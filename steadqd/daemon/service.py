@@ -95,8 +95,9 @@ class Timers:
             t.cancel()
 
     def cancel_all(self) -> None:
-        for key in list(self._timers):
-            self.cancel(key)
+        timers, self._timers = self._timers, {}
+        for t in timers.values():
+            t.cancel()
 
     def __bool__(self) -> bool:
         return bool(self._timers)

@@ -343,9 +343,10 @@ class Child:
         set_already = getattr(proc, "pipes_nonblocking", False)  # the spawn pool's thread did it
         for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             if pipe is not None:
+                fd = pipe.fileno()
                 if not set_already:
-                    os.set_blocking(pipe.fileno(), False)
-                self.streams[pipe.fileno()] = Stream(name, pipe.fileno())
+                    os.set_blocking(fd, False)
+                self.streams[fd] = Stream(name, fd)
 
     @property
     def signal_name(self) -> str | None:
