@@ -11,7 +11,9 @@ Wake-ups, never polling
     overflow we handled badly, or a lease the last scan skipped because of a
     transient error. It is the only periodic queue scan an idle worker
     makes. Only a job becoming *ready* wakes the role, so its own claims and
-    renewals never trigger a scan. The watch also keeps the ready count of
+    renewals never trigger a scan; while a claim runs the watch is not read
+    at all (its renames would wake the loop once a job), but with the claim's
+    results or :data:`READY_DEFER` later. The watch also keeps the ready count of
     STATUS= current without listing directories every few seconds; the
     count is redone at each safety rescan and after an overflow (and not at
     all beyond 256 shards: "?").
@@ -120,6 +122,7 @@ class _Spawning:
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
+READY_DEFER = 0.01  # s; the longest the ready watch goes unread while a claim runs (_defer_ready)
 PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in flight
 # s; the longest the claiming or settling thread keeps the GIL once the loop's thread wants it back (CPython's
 # default: 5 ms). The loop gives it up at every syscall, several times per job, and a late loop delays every
@@ -155,6 +158,8 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         # Loop callbacks asked for many times a job: made once for the role, not once a timer.
         self._fill_guarded = self._guarded(self._fill)
         self._hand_over_cb = self._guarded(self._hand_over)
+        self._on_ready_cb = self._guarded(self._on_ready)
+        self._ready_deferred: Timer | None = None  # the watch is not read while a claim runs: _defer_ready
         self._rescan_timer: Timer | None = None
         self._reopen_timer: Timer | None = None
         self._sweep_timer: Timer | None = None  # the next look for escaped job processes (process.kill_escaped)
@@ -218,7 +223,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         doorbell = getattr(self._ready, "doorbell_problem", None)  # a bucket's watch: why it only polls
         if doorbell:
             self.log.notice(f"{doorbell}: a new job is found by the next idle poll")
-        loop.add_reader(self._ready.fileno(), self._guarded(self._on_ready))
+        loop.add_reader(self._ready.fileno(), self._on_ready_cb)
         self._ready.recount()
         self._rescan_timer = loop.call_later(SAFETY_RESCAN, self._guarded(self._safety_rescan))
         self._hold = Hold(
@@ -309,7 +314,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
             return
         self.closed = True
         self.draining = True
-        for t in (self._fill_timer, self._rescan_timer, self._reopen_timer, self._sweep_timer):
+        for t in (self._fill_timer, self._rescan_timer, self._reopen_timer, self._sweep_timer, self._ready_deferred):
             if t is not None:
                 t.cancel()
         if self._hold is not None:
@@ -437,6 +442,27 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
             self._ready.close()
             self._ready = None
 
+    def _defer_ready(self) -> None:
+        """Stop reading the ready watch while the claiming thread claims: its own renames would wake the
+        loop once or twice a batch, each time taking the GIL from that thread in the middle of its claim.
+        The events wait in the watch and are read with the claims' results (:meth:`_resume_ready`), or
+        :data:`READY_DEFER` later at the latest (a long copy): a cancel or a pause is heard that late."""
+        if self._ready_deferred is not None or self._ready is None or self.loop is None:
+            return
+        self.loop.remove_reader(self._ready.fileno())
+        self._ready_deferred = self.loop.call_later(READY_DEFER, self._guarded(self._resume_ready))
+
+    def _resume_ready(self) -> None:
+        """Read the ready watch again, and what it gathered meanwhile now (:meth:`_defer_ready`)."""
+        if self._ready_deferred is None:
+            return
+        self._ready_deferred.cancel()
+        self._ready_deferred = None
+        if self._ready is None or self.loop is None:
+            return
+        self.loop.add_reader(self._ready.fileno(), self._on_ready_cb)
+        self._on_ready_cb()
+
     def _on_ready(self) -> None:
         assert self._ready is not None
         news = self._ready.read()
@@ -497,6 +523,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
                 return
         # A proven command's free slots are claimed together, under one barrier; an unproven one's one by one.
         free = cfg.concurrency - busy if self._proven is cfg else 1
+        self._defer_ready()
         self._prep.submit(cfg, self.settings, credentials, free)
 
     def _slots_taken(self) -> int:
@@ -510,6 +537,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         assert self._prep is not None
         for done in self._prep.collect():
             self._take(done)
+        self._resume_ready()
         if self._fill_again:
             self._schedule_fill(0.0)
 
