@@ -330,7 +330,7 @@ class _Scan:
 
     def _fast_move(self, shard: int, dir_fd: int, rel: str, name: str, c: Any, fd: int) -> Lease | None:
         """claim_open after a verified envelope: the extension's CBOR, the clocks and token here, the move in C."""
-        ctx, fmt = self.ctx, self.ctx.fmt
+        ctx = self.ctx
         extension = None
         if c.extension_length:
             try:
@@ -384,7 +384,7 @@ class _Scan:
                 raise _claim_unknown(
                     ctx, source_view, e, LeasedLocation(ctx.boot_id, bt_deadline, wall_deadline)
                 ) from e
-        remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard, target)
+        remember_own_lease_path(ctx, rel, target_rel, shard, target)
         if stage != bridge.MOVED:
             # Moved and synced (or, in a batch, its barrier postponed); the payload's check is
             # claim_open's own end, on the re-read's envelope (reread_envelope's: the verified header
@@ -569,7 +569,7 @@ class _Scan:
             return None
         except Indeterminate as e:
             raise unknown(e) from e
-        remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard, target)
+        remember_own_lease_path(ctx, rel, target_rel, shard, target)
         return self.check_claimed_payload(lease, job, fd, after_rename[-1], dir_fd, rel, target_file)
 
     def check_claimed_payload(

@@ -44,7 +44,6 @@ from steadqd.fs.names import (
     parse_job_id,
     parse_name,
     parse_shard_dir,
-    shard_dir,
     shard_of,
 )
 from steadqd.fs.records import Extension, decode_extension
@@ -308,23 +307,20 @@ def _remember_facts(key: _FactsKey, facts: _PathFacts) -> None:
     _FACTS[key] = facts
 
 
-def remember_own_lease_path(
-    queue_id: bytes, shard_count: int, lease_width_ns: int, path: str, shard: int, name: JobName | None = None
-) -> None:
+def remember_own_lease_path(ctx: Context, dir_rel: str, path: str, shard: int, name: JobName) -> None:
     """Record what a lease path built by this process proves, without authenticating it again.
 
-    A claim or renew has just made the name with ``make_filename`` (tag
-    included) in ``ready/<shard>/``, so the path authenticates by
-    construction. ``name`` is the name it was made from (untagged: only its
-    fields are compared with a lease, never its tag); without it the path's
-    name is parsed. Every filesystem check of validate_source still runs.
+    A claim or renew has just made the name ``name`` (untagged: only its fields
+    are compared with a lease, never its tag) with ``make_filename`` (tag
+    included) in ``dir_rel`` (``ready/<shard>``), giving ``path``: the path
+    authenticates by construction, and its boot is this handle's (``name``
+    carries ``ctx.boot_raw``), so the facts are assembled from what the caller
+    holds instead of parsed again. Every filesystem check of validate_source still runs.
     """
-    parts = tuple(path.split("/"))
-    if name is None:
-        name = parse_name(State.LEASED, parts[-1])
+    fmt = ctx.fmt
     _remember_facts(
-        (queue_id, shard_count, lease_width_ns, path),
-        _PathFacts(parts, shard, name, boot_dashed(name.boot_id or b""), dir_rel="/".join(parts[:-1])),
+        (fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, path),
+        _PathFacts(tuple(path.split("/")), shard, name, ctx.boot_id, dir_rel=dir_rel),
     )
 
 
@@ -516,8 +512,9 @@ def renew(ctx: Context, lease: Lease, duration_ns: int) -> Lease:
     lease.boot_id = ctx.boot_id
     lease.boottime_deadline_ns = bt_deadline
     lease.wall_deadline_ns = wall_deadline
-    lease.path = f"{READY_DIR}/{shard_dir(shard)}/{target_file}"
-    remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path, shard, target)
+    dir_rel = ctx.ready_rels[shard]
+    lease.path = f"{dir_rel}/{target_file}"
+    remember_own_lease_path(ctx, dir_rel, lease.path, shard, target)
     return lease
 
 
