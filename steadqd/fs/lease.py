@@ -353,10 +353,13 @@ def _compute_path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, 
     return _PathFacts(parts, shard, name, path_boot, late_error=late_error, dir_rel="/".join(parts[:-1]))
 
 
-def checked_path(ctx: Context, lease: Lease, poison: bool, job: bytes | None) -> tuple[_PathFacts, bytes]:
+def checked_path(
+    ctx: Context, lease: Lease, poison: bool, job: bytes | None, shard: int | None = None
+) -> tuple[_PathFacts, bytes]:
     """validate_source's checks that make no syscall, in its order: the handle's fields, the path's
     grammar, tag, boot and shard against the lease; (the path's facts, the job id). The C ack's caller
-    (settle.ack) makes them before the core's open."""
+    (settle.ack) makes them before the core's open, with the job's ``shard`` it computed already
+    (shard_of is pure and raised nothing there, so the comparison is the same)."""
     fmt = ctx.fmt
     if lease.dev == 0 or lease.ino == 0:
         raise _corrupt(ctx, poison, "lease handle has a zero device or inode (forged handle)")
@@ -367,15 +370,17 @@ def checked_path(ctx: Context, lease: Lease, poison: bool, job: bytes | None) ->
         facts = _path_facts(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path)
     if facts.early_error is not None:
         raise _corrupt(ctx, poison, facts.early_error)
-    name, shard, path_boot = facts.name, facts.shard, facts.path_boot
-    assert name is not None and shard is not None
+    name, path_boot = facts.name, facts.path_boot
+    assert name is not None and facts.shard is not None
     if path_boot != ctx.boot_id:
         raise InvalidInput(f"lease was taken in boot {path_boot}, this is boot {ctx.boot_id}; recovery will reap it")
     if path_boot != lease.boot_id:
         raise _corrupt(ctx, poison, "lease boot id differs from its path")
     if job is None:
         job = lease.job_id_bytes
-    if shard_of(fmt.queue_id, job, fmt.shard_count) != shard:
+    if shard is None:
+        shard = shard_of(fmt.queue_id, job, fmt.shard_count)
+    if shard != facts.shard:
         raise _corrupt(ctx, poison, "lease path is in the wrong shard for its job")
     if (
         name.job_id,

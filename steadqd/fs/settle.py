@@ -186,7 +186,7 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
     receipt directory must be open in the tree already (every ack after the first into a bucket
     shard): otherwise, and for a Lease made by hand with fields no file can match, the Python does it all.
     """
-    facts, _ = checked_path(ctx, lease, True, job)
+    facts, _ = checked_path(ctx, lease, True, job, shard)
     tree = ctx.tree
     src_fd, dst_fd = tree.cached_fds((facts.dir_rel, _receipt_rel(shard, bucket)))
     if src_fd is None or dst_fd is None or len(lease.envelope_digest) != 32 or len(lease.payload_digest) != 32:
