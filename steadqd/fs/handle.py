@@ -309,11 +309,13 @@ class Queue:
         # A bad duration or wait is NotCommitted(INVALID_INPUT), a clock failure NotCommitted, never a bare OSError.
         with mutation("lease", self._ctx):
             duration_ns = lease_duration_ns(duration)
-            wait_ns = checked_seconds_ns("wait", max(0.0, wait))
-            if not wait > 0:  # one scan answers wait=0 (or NaN): no deadline, no watch, one pin of the cache
+            # max(0.0, wait) compares ``wait > 0.0`` (its TypeError, if any, is this one); a wait that is
+            # not above it is 0.0, which checked_seconds_ns always accepts: checked only when it is used.
+            if not wait > 0.0:  # one scan answers wait=0 (or NaN): no deadline, no watch, one pin of the cache
                 lease, report = claim(self._ctx, duration_ns, self)
                 self.last_scan = report
                 return lease
+            wait_ns = checked_seconds_ns("wait", max(0.0, wait))
             deadline = linux.monotonic_ns() + wait_ns
         watch = self._ready_wait()
         while True:
