@@ -651,8 +651,10 @@ def _claim_unknown(ctx: Context, source_view: Lease, e: Indeterminate, destinati
 def claim(ctx: Context, duration_ns: int, reader: Any) -> tuple[Lease | None, ScanReport]:
     """One scan. Returns (lease or None, report); raises NotCommitted when the
     scan found nothing and hit errors, so "empty" is never claimed falsely."""
-    ctx.check_usable()
-    refuse_boottime(ctx.boottime_problem, "lease")
+    if ctx.poisoned is not None:  # check_usable's test, without its call (every lease)
+        ctx.check_usable()
+    if ctx.boottime_problem is not None:  # refuse_boottime's
+        refuse_boottime(ctx.boottime_problem, "lease")
     scan = _Scan(ctx, duration_ns, reader)
     try:
         lease = scan.run()
