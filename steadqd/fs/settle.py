@@ -9,6 +9,7 @@ never acknowledged on the strength of bytes that no longer verify.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -161,18 +162,11 @@ def _ack_named(ctx: Context, lease: Lease, job: bytes, wall: int, shard: int, bu
     return _ack_from_source(ctx, lease, job, wall, shard, bucket, _receipt_rel(shard, bucket), target_file)
 
 
-_RECEIPT_RELS: dict[tuple[int, int], str] = {}
-
-
+@functools.lru_cache(maxsize=4096)
 def _receipt_rel(shard: int, bucket: int) -> str:
-    """state_dir(RECEIPT, shard, bucket), memoised: every ack asks it, a bucket lasts hours."""
-    rel = _RECEIPT_RELS.get((shard, bucket))
-    if rel is None:
-        rel = state_dir(_RECEIPT, shard, bucket)
-        if len(_RECEIPT_RELS) >= 4096:
-            _RECEIPT_RELS.clear()
-        _RECEIPT_RELS[(shard, bucket)] = rel
-    return rel
+    """state_dir(RECEIPT, shard, bucket), memoised: every ack asks it, a bucket lasts hours. (A hit is
+    ~250 instructions fewer than a dict memo in a Python function: the lookup runs in C.)"""
+    return state_dir(_RECEIPT, shard, bucket)
 
 
 def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shard: int, bucket: int) -> AckResult:
