@@ -757,6 +757,26 @@ def ready_filename(
     return make_filename(queue_id, name, shard=shard, lease_width_ns=lease_width_ns)
 
 
+def receipt_fields_plain(
+    job_id: object, generation: object, attempt: object, max_attempts: object, lease_token: object
+) -> bool:
+    """The receipt name's own fields pass receipt_name's checks, in one test: receipt_filename's fast
+    case, and what settle.ack asks before it lets the C core make the receipt's name (which raises
+    nothing): one test, so the two cannot drift apart."""
+    return (
+        type(job_id) is bytes
+        and len(job_id) == ID_BYTES
+        and type(generation) is int
+        and 0 <= generation <= U64_MAX
+        and type(attempt) is int
+        and 0 <= attempt <= U32_MAX
+        and type(max_attempts) is int
+        and 0 <= max_attempts <= U32_MAX
+        and type(lease_token) is bytes
+        and len(lease_token) == ID_BYTES
+    )
+
+
 def receipt_filename(
     queue_id: bytes,
     job_id: bytes,
@@ -773,16 +793,7 @@ def receipt_filename(
     name every ack writes, formatted without building its JobName when the checks of the two pass in
     one test; anything else goes through them (the same name, the same error)."""
     if (
-        type(job_id) is bytes
-        and len(job_id) == ID_BYTES
-        and type(generation) is int
-        and 0 <= generation <= U64_MAX
-        and type(attempt) is int
-        and 0 <= attempt <= U32_MAX
-        and type(max_attempts) is int
-        and 0 <= max_attempts <= U32_MAX
-        and type(lease_token) is bytes
-        and len(lease_token) == ID_BYTES
+        receipt_fields_plain(job_id, generation, attempt, max_attempts, lease_token)
         and type(shard) is int
         and 0 <= shard < MAX_SHARDS
         and type(bucket) is int

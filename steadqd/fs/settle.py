@@ -18,7 +18,6 @@ from steadqd.backoff import RetryPolicy, retry_delay_ms
 from steadqd.constants import (
     I63_MAX,
     U16_MAX,
-    U32_MAX,
     U64_MAX,
     AckResult,
     DeadReason,
@@ -48,6 +47,7 @@ from steadqd.fs.names import (
     make_filename,
     next_generation,
     ready_name,
+    receipt_fields_plain,
     receipt_filename,
     receipt_name,
     shard_of,
@@ -127,19 +127,14 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     shard = shard_of(fmt.queue_id, job, fmt.shard_count)
     core = ctx.c_core
     if core is not None:
-        g, a, m, t = lease.generation, lease.attempt, lease.max_attempts, lease.token
-        # receipt_filename's fast test (and next_generation's): names that cannot fail, so the C core,
-        # which makes the receipt's name itself, raises nothing the Python would have raised first.
+        g = lease.generation
+        # next_generation's fast test, then receipt_filename's (receipt_fields_plain) on the receipt's
+        # generation: names that cannot fail, so the C core, which makes the receipt's name itself,
+        # raises nothing the Python would have raised first.
         if (
             type(g) is int
             and 0 <= g < U64_MAX
-            and type(a) is int
-            and 0 <= a <= U32_MAX
-            and type(m) is int
-            and 0 <= m <= U32_MAX
-            and type(t) is bytes
-            and len(t) == 16
-            and len(job) == 16
+            and receipt_fields_plain(job, g + 1, lease.attempt, lease.max_attempts, lease.token)
         ):
             return _ack_fast(ctx, lease, core, job, wall, shard, bucket)
     return _ack_named(ctx, lease, job, wall, shard, bucket)
