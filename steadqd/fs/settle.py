@@ -198,7 +198,8 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
     if stage != bridge.ACKED:
         with bridge.replaying(a, skip_open=False):
             return _ack_named(ctx, lease, job, wall, shard, bucket)
-    tree.learn_ids(src_fd, dst_fd, a.stats, ids)
+    if ids[0] is None or ids[1] is None:  # learn_ids keeps nothing when the tree knew both (most acks)
+        tree.learn_ids(src_fd, dst_fd, a.stats, ids)
     linux.close_quietly(a.fd)  # Source.close: a close error cannot undo the committed move
     return _ACKED
 
