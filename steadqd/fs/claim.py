@@ -331,10 +331,15 @@ class _Scan:
     def _fast_move(self, shard: int, dir_fd: int, rel: str, name: str, c: Any, fd: int) -> Lease | None:
         """claim_open after a verified envelope: the extension's CBOR, the clocks and token here, the move in C."""
         ctx = self.ctx
+        ffi = bridge.ffi
+        # The verified header and extension (the first read; the move leaves them): sliced once, for the
+        # extension's decoding here and the Envelope below.
+        head = ffi.buffer(c.head)[: HEADER_SIZE + c.extension_length]
+        ext = head[HEADER_SIZE:]
         extension = None
-        if c.extension_length:
+        if ext:
             try:
-                extension = decode_extension(bridge.ffi.buffer(c.head)[HEADER_SIZE : HEADER_SIZE + c.extension_length])
+                extension = decode_extension(ext)
             except CorruptObject:  # the Python from the start: its claim_open quarantines it
                 job = parse_name(_READY, name)
                 with bridge.replaying(c, skip_open=True):
@@ -356,7 +361,6 @@ class _Scan:
             job = parse_name(_READY, name)
             with bridge.replaying(c, skip_open=True):
                 return self.claim_open(shard, dir_fd, rel, name, job, fd, (wall, bt, token))
-        ffi = bridge.ffi
         target_rel = f"{rel}/{ffi.string(c.target).decode('ascii')}"
         st = c.stats[0]  # the verified file's fstat: the witness
         lease = lease_of_claimed(
@@ -389,14 +393,14 @@ class _Scan:
             # Moved and synced (or, in a batch, its barrier postponed); the payload's check is
             # claim_open's own end, on the re-read's envelope (reread_envelope's: the verified header
             # and extension, the new first read).
-            env = _core_envelope(c, st)
+            env = _core_envelope(c, st, head, ext)
             return self.check_claimed_payload(lease, (g, a), fd, env, dir_fd, rel, target_rel.rsplit("/", 1)[1])
         if c.payload_in_head:
             # The core's re-read holds the whole file and it all verified (envelope and payload
             # digests): payload() and the ack re-read these bytes, which verify.py's memo then
             # recognises instead of decoding and hashing them again, as after claim_open's check.
             try:
-                remember_verified(_core_envelope(c, st))
+                remember_verified(_core_envelope(c, st, head, ext))
             except CorruptObject:  # cannot be, the core verified it; then payload() checks it in full
                 pass
         return lease
@@ -623,15 +627,13 @@ class _Scan:
             raise NotCommitted(f"moving exhausted job {job.job_hex} to dead failed: {e}", ErrorKind.IO_FAILURE) from e
 
 
-def _core_envelope(c: Any, st: Any) -> Envelope:
+def _core_envelope(c: Any, st: Any, head: bytes, ext: bytes) -> Envelope:
     """The Envelope of a file the C claim core verified, moved and re-read (reread_envelope's result):
-    the header and extension of its first read, which the core compared with the re-read, and the
-    re-read's bytes as ``head``."""
-    ffi = bridge.ffi
-    head = ffi.buffer(c.head)[: HEADER_SIZE + c.extension_length]
+    the header and extension of its first read (``head``, its header and ``ext``), which the core
+    compared with the re-read, and the re-read's bytes as ``head``."""
     return Envelope(
-        JobHeader.decode(head[:HEADER_SIZE]), head[HEADER_SIZE:], st.size, Witness(st.dev, st.ino),
-        ffi.buffer(c.head2, c.head2_len)[:],
+        JobHeader.decode(head[:HEADER_SIZE]), ext, st.size, Witness(st.dev, st.ino),
+        bridge.ffi.buffer(c.head2, c.head2_len)[:],
     )  # fmt: skip
 
 
