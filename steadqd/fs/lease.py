@@ -10,6 +10,7 @@ queue is corrupt and the handle refuses further mutations.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import math
 import os
@@ -198,6 +199,12 @@ def lease_duration_ns(seconds: float) -> int:
     if ns is None or not MIN_LEASE_NS <= ns <= MAX_LEASE_NS:
         raise InvalidInput(f"lease duration {seconds} s is outside 1 s .. 604800 s (7 days)")
     return ns
+
+
+# lease_duration_ns memoised, for an exact float or int only (hashable; a bool is neither): every
+# lease converts its duration, nearly always the same value, and for these the conversion is pure.
+# An error is never cached; any other type goes to lease_duration_ns itself.
+plain_duration_ns = functools.lru_cache(maxsize=64)(lease_duration_ns)
 
 
 def make_ticket(
