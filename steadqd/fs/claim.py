@@ -175,7 +175,8 @@ class _Scan:
         # keeps thousands of descriptors open.
         transient = self.ctx.fmt.shard_count > self.ctx.tree.max_cached
         try:
-            dir_fd = self.ctx.ready_dir(shard) if not transient else self.ctx.tree.open_transient(rel)
+            # ctx.ready_dir(shard) is ensure_dir of this rel: called without the step that looks it up again
+            dir_fd = self.ctx.tree.ensure_dir(rel) if not transient else self.ctx.tree.open_transient(rel)
         except OSError as e:
             self.report.errors.append(f"{rel}: {e.strerror}")
             self.ctx.tree.forget(rel)
