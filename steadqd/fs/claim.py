@@ -175,7 +175,8 @@ class _Scan:
         # keeps thousands of descriptors open.
         transient = self.ctx.fmt.shard_count > self.ctx.tree.max_cached
         try:
-            dir_fd = self.ctx.ready_dir(shard) if not transient else self.ctx.tree.open_transient(rel)
+            # ctx.ready_dir(shard) is ensure_dir of this rel: called without the step that looks it up again
+            dir_fd = self.ctx.tree.ensure_dir(rel) if not transient else self.ctx.tree.open_transient(rel)
         except OSError as e:
             self.report.errors.append(f"{rel}: {e.strerror}")
             self.ctx.tree.forget(rel)
@@ -330,11 +331,16 @@ class _Scan:
 
     def _fast_move(self, shard: int, dir_fd: int, rel: str, name: str, c: Any, fd: int) -> Lease | None:
         """claim_open after a verified envelope: the extension's CBOR, the clocks and token here, the move in C."""
-        ctx, fmt = self.ctx, self.ctx.fmt
+        ctx = self.ctx
+        ffi = bridge.ffi
+        # The verified header and extension (the first read; the move leaves them): sliced once, for the
+        # extension's decoding here and the Envelope below.
+        head = ffi.buffer(c.head)[: HEADER_SIZE + c.extension_length]
+        ext = head[HEADER_SIZE:]
         extension = None
-        if c.extension_length:
+        if ext:
             try:
-                extension = decode_extension(bridge.ffi.buffer(c.head)[HEADER_SIZE : HEADER_SIZE + c.extension_length])
+                extension = decode_extension(ext)
             except CorruptObject:  # the Python from the start: its claim_open quarantines it
                 job = parse_name(_READY, name)
                 with bridge.replaying(c, skip_open=True):
@@ -356,7 +362,6 @@ class _Scan:
             job = parse_name(_READY, name)
             with bridge.replaying(c, skip_open=True):
                 return self.claim_open(shard, dir_fd, rel, name, job, fd, (wall, bt, token))
-        ffi = bridge.ffi
         target_rel = f"{rel}/{ffi.string(c.target).decode('ascii')}"
         st = c.stats[0]  # the verified file's fstat: the witness
         lease = lease_of_claimed(
@@ -384,19 +389,19 @@ class _Scan:
                 raise _claim_unknown(
                     ctx, source_view, e, LeasedLocation(ctx.boot_id, bt_deadline, wall_deadline)
                 ) from e
-        remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard, target)
+        remember_own_lease_path(ctx, rel, target_rel, shard, target)
         if stage != bridge.MOVED:
             # Moved and synced (or, in a batch, its barrier postponed); the payload's check is
             # claim_open's own end, on the re-read's envelope (reread_envelope's: the verified header
             # and extension, the new first read).
-            env = _core_envelope(c, st)
+            env = _core_envelope(c, st, head, ext)
             return self.check_claimed_payload(lease, (g, a), fd, env, dir_fd, rel, target_rel.rsplit("/", 1)[1])
         if c.payload_in_head:
             # The core's re-read holds the whole file and it all verified (envelope and payload
             # digests): payload() and the ack re-read these bytes, which verify.py's memo then
             # recognises instead of decoding and hashing them again, as after claim_open's check.
             try:
-                remember_verified(_core_envelope(c, st))
+                remember_verified(_core_envelope(c, st, head, ext))
             except CorruptObject:  # cannot be, the core verified it; then payload() checks it in full
                 pass
         return lease
@@ -569,7 +574,7 @@ class _Scan:
             return None
         except Indeterminate as e:
             raise unknown(e) from e
-        remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, target_rel, shard, target)
+        remember_own_lease_path(ctx, rel, target_rel, shard, target)
         return self.check_claimed_payload(lease, job, fd, after_rename[-1], dir_fd, rel, target_file)
 
     def check_claimed_payload(
@@ -623,15 +628,13 @@ class _Scan:
             raise NotCommitted(f"moving exhausted job {job.job_hex} to dead failed: {e}", ErrorKind.IO_FAILURE) from e
 
 
-def _core_envelope(c: Any, st: Any) -> Envelope:
+def _core_envelope(c: Any, st: Any, head: bytes, ext: bytes) -> Envelope:
     """The Envelope of a file the C claim core verified, moved and re-read (reread_envelope's result):
-    the header and extension of its first read, which the core compared with the re-read, and the
-    re-read's bytes as ``head``."""
-    ffi = bridge.ffi
-    head = ffi.buffer(c.head)[: HEADER_SIZE + c.extension_length]
+    the header and extension of its first read (``head``, its header and ``ext``), which the core
+    compared with the re-read, and the re-read's bytes as ``head``."""
     return Envelope(
-        JobHeader.decode(head[:HEADER_SIZE]), head[HEADER_SIZE:], st.size, Witness(st.dev, st.ino),
-        ffi.buffer(c.head2, c.head2_len)[:],
+        JobHeader.decode(head[:HEADER_SIZE]), ext, st.size, Witness(st.dev, st.ino),
+        bridge.ffi.buffer(c.head2, c.head2_len)[:],
     )  # fmt: skip
 
 
@@ -651,8 +654,10 @@ def _claim_unknown(ctx: Context, source_view: Lease, e: Indeterminate, destinati
 def claim(ctx: Context, duration_ns: int, reader: Any) -> tuple[Lease | None, ScanReport]:
     """One scan. Returns (lease or None, report); raises NotCommitted when the
     scan found nothing and hit errors, so "empty" is never claimed falsely."""
-    ctx.check_usable()
-    refuse_boottime(ctx.boottime_problem, "lease")
+    if ctx.poisoned is not None:  # check_usable's test, without its call (every lease)
+        ctx.check_usable()
+    if ctx.boottime_problem is not None:  # refuse_boottime's
+        refuse_boottime(ctx.boottime_problem, "lease")
     scan = _Scan(ctx, duration_ns, reader)
     try:
         lease = scan.run()

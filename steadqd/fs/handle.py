@@ -63,7 +63,7 @@ from steadqd.fs.fsck import FsckResult, fsck
 from steadqd.fs.guards import Validated, guarded, mutation, validated_source
 from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
-from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, renew
+from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, plain_duration_ns, renew
 from steadqd.fs.names import JobName, parse_job_id
 from steadqd.fs.objects import open_leased
 from steadqd.fs.publish import Payload, enqueue, enqueue_many
@@ -308,12 +308,15 @@ class Queue:
         """
         # A bad duration or wait is NotCommitted(INVALID_INPUT), a clock failure NotCommitted, never a bare OSError.
         with mutation("lease", self._ctx):
-            duration_ns = lease_duration_ns(duration)
-            wait_ns = checked_seconds_ns("wait", max(0.0, wait))
-            if not wait > 0:  # one scan answers wait=0 (or NaN): no deadline, no watch, one pin of the cache
+            exact = type(duration) is float or type(duration) is int
+            duration_ns = plain_duration_ns(duration) if exact else lease_duration_ns(duration)
+            # max(0.0, wait) compares ``wait > 0.0`` (its TypeError, if any, is this one); a wait that is
+            # not above it is 0.0, which checked_seconds_ns always accepts: checked only when it is used.
+            if not wait > 0.0:  # one scan answers wait=0 (or NaN): no deadline, no watch, one pin of the cache
                 lease, report = claim(self._ctx, duration_ns, self)
                 self.last_scan = report
                 return lease
+            wait_ns = checked_seconds_ns("wait", max(0.0, wait))
             deadline = linux.monotonic_ns() + wait_ns
         watch = self._ready_wait()
         while True:

@@ -10,6 +10,7 @@ queue is corrupt and the handle refuses further mutations.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import math
 import os
@@ -44,7 +45,6 @@ from steadqd.fs.names import (
     parse_job_id,
     parse_name,
     parse_shard_dir,
-    shard_dir,
     shard_of,
 )
 from steadqd.fs.records import Extension, decode_extension
@@ -201,6 +201,12 @@ def lease_duration_ns(seconds: float) -> int:
     return ns
 
 
+# lease_duration_ns memoised, for an exact float or int only (hashable; a bool is neither): every
+# lease converts its duration, nearly always the same value, and for these the conversion is pure.
+# An error is never cached; any other type goes to lease_duration_ns itself.
+plain_duration_ns = functools.lru_cache(maxsize=64)(lease_duration_ns)
+
+
 def make_ticket(
     ctx: Context, lease: Lease, operation: str, phase: str, destination: Location, *, source: Location | None = None
 ) -> TransitionTicket:
@@ -308,23 +314,20 @@ def _remember_facts(key: _FactsKey, facts: _PathFacts) -> None:
     _FACTS[key] = facts
 
 
-def remember_own_lease_path(
-    queue_id: bytes, shard_count: int, lease_width_ns: int, path: str, shard: int, name: JobName | None = None
-) -> None:
+def remember_own_lease_path(ctx: Context, dir_rel: str, path: str, shard: int, name: JobName) -> None:
     """Record what a lease path built by this process proves, without authenticating it again.
 
-    A claim or renew has just made the name with ``make_filename`` (tag
-    included) in ``ready/<shard>/``, so the path authenticates by
-    construction. ``name`` is the name it was made from (untagged: only its
-    fields are compared with a lease, never its tag); without it the path's
-    name is parsed. Every filesystem check of validate_source still runs.
+    A claim or renew has just made the name ``name`` (untagged: only its fields
+    are compared with a lease, never its tag) with ``make_filename`` (tag
+    included) in ``dir_rel`` (``ready/<shard>``), giving ``path``: the path
+    authenticates by construction, and its boot is this handle's (``name``
+    carries ``ctx.boot_raw``), so the facts are assembled from what the caller
+    holds instead of parsed again. Every filesystem check of validate_source still runs.
     """
-    parts = tuple(path.split("/"))
-    if name is None:
-        name = parse_name(State.LEASED, parts[-1])
+    fmt = ctx.fmt
     _remember_facts(
-        (queue_id, shard_count, lease_width_ns, path),
-        _PathFacts(parts, shard, name, boot_dashed(name.boot_id or b""), dir_rel="/".join(parts[:-1])),
+        (fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, path),
+        _PathFacts(tuple(path.split("/")), shard, name, ctx.boot_id, dir_rel=dir_rel),
     )
 
 
@@ -357,10 +360,13 @@ def _compute_path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, 
     return _PathFacts(parts, shard, name, path_boot, late_error=late_error, dir_rel="/".join(parts[:-1]))
 
 
-def checked_path(ctx: Context, lease: Lease, poison: bool, job: bytes | None) -> tuple[_PathFacts, bytes]:
+def checked_path(
+    ctx: Context, lease: Lease, poison: bool, job: bytes | None, shard: int | None = None
+) -> tuple[_PathFacts, bytes]:
     """validate_source's checks that make no syscall, in its order: the handle's fields, the path's
     grammar, tag, boot and shard against the lease; (the path's facts, the job id). The C ack's caller
-    (settle.ack) makes them before the core's open."""
+    (settle.ack) makes them before the core's open, with the job's ``shard`` it computed already
+    (shard_of is pure and raised nothing there, so the comparison is the same)."""
     fmt = ctx.fmt
     if lease.dev == 0 or lease.ino == 0:
         raise _corrupt(ctx, poison, "lease handle has a zero device or inode (forged handle)")
@@ -371,15 +377,17 @@ def checked_path(ctx: Context, lease: Lease, poison: bool, job: bytes | None) ->
         facts = _path_facts(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path)
     if facts.early_error is not None:
         raise _corrupt(ctx, poison, facts.early_error)
-    name, shard, path_boot = facts.name, facts.shard, facts.path_boot
-    assert name is not None and shard is not None
+    name, path_boot = facts.name, facts.path_boot
+    assert name is not None and facts.shard is not None
     if path_boot != ctx.boot_id:
         raise InvalidInput(f"lease was taken in boot {path_boot}, this is boot {ctx.boot_id}; recovery will reap it")
     if path_boot != lease.boot_id:
         raise _corrupt(ctx, poison, "lease boot id differs from its path")
     if job is None:
         job = lease.job_id_bytes
-    if shard_of(fmt.queue_id, job, fmt.shard_count) != shard:
+    if shard is None:
+        shard = shard_of(fmt.queue_id, job, fmt.shard_count)
+    if shard != facts.shard:
         raise _corrupt(ctx, poison, "lease path is in the wrong shard for its job")
     if (
         name.job_id,
@@ -516,8 +524,9 @@ def renew(ctx: Context, lease: Lease, duration_ns: int) -> Lease:
     lease.boot_id = ctx.boot_id
     lease.boottime_deadline_ns = bt_deadline
     lease.wall_deadline_ns = wall_deadline
-    lease.path = f"{READY_DIR}/{shard_dir(shard)}/{target_file}"
-    remember_own_lease_path(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path, shard, target)
+    dir_rel = ctx.ready_rels[shard]
+    lease.path = f"{dir_rel}/{target_file}"
+    remember_own_lease_path(ctx, dir_rel, lease.path, shard, target)
     return lease
 
 

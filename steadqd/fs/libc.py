@@ -108,7 +108,8 @@ def getdents(dirfd: int, size: int) -> list[bytes]:
         )
     else:
         raise OSError(_errno.ENOSYS, "getdents64 unavailable")
-    check(n)
+    if n < 0:  # check's test, without its call (every claim scan reads one or two chunks)
+        check(n)
     data = _ffi.buffer(buf, n)[:]
     names: list[bytes] = []
     pos = 0

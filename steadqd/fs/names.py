@@ -739,7 +739,17 @@ def ready_filename(
     """``make_filename(queue_id, ready_name(...), shard=shard, lease_width_ns=...)``: the name every
     enqueue publishes, formatted without building its JobName when the checks of the two pass in
     one test; anything else goes through them (the same name, the same error)."""
-    if (
+    if job_fields_plain(job_id, generation, attempt, max_attempts) and type(shard) is int and 0 <= shard < MAX_SHARDS:
+        base = _COMMON_FORMAT % (job_id.hex(), generation, attempt, max_attempts)
+        return f"{base}.k{compute_tag(queue_id, _READY_CONTEXT % (_SHARD_DIRS[shard], base)).hex()}{JOB_EXT}"
+    name = ready_name(job_id, generation, attempt, max_attempts)
+    return make_filename(queue_id, name, shard=shard, lease_width_ns=lease_width_ns)
+
+
+def job_fields_plain(job_id: object, generation: object, attempt: object, max_attempts: object) -> bool:
+    """The fields every job name has (``<job>.g<generation>.a<attempt>.m<maximum>``) pass the name's
+    checks, in one test: the fast case of ready_filename and of receipt_fields_plain."""
+    return (
         type(job_id) is bytes
         and len(job_id) == ID_BYTES
         and type(generation) is int
@@ -748,13 +758,20 @@ def ready_filename(
         and 0 <= attempt <= U32_MAX
         and type(max_attempts) is int
         and 0 <= max_attempts <= U32_MAX
-        and type(shard) is int
-        and 0 <= shard < MAX_SHARDS
-    ):
-        base = _COMMON_FORMAT % (job_id.hex(), generation, attempt, max_attempts)
-        return f"{base}.k{compute_tag(queue_id, _READY_CONTEXT % (_SHARD_DIRS[shard], base)).hex()}{JOB_EXT}"
-    name = ready_name(job_id, generation, attempt, max_attempts)
-    return make_filename(queue_id, name, shard=shard, lease_width_ns=lease_width_ns)
+    )
+
+
+def receipt_fields_plain(
+    job_id: object, generation: object, attempt: object, max_attempts: object, lease_token: object
+) -> bool:
+    """The receipt name's own fields pass receipt_name's checks, in one test: receipt_filename's fast
+    case, and what settle.ack asks before it lets the C core make the receipt's name (which raises
+    nothing): one test, so the two cannot drift apart."""
+    return (
+        job_fields_plain(job_id, generation, attempt, max_attempts)
+        and type(lease_token) is bytes
+        and len(lease_token) == ID_BYTES
+    )
 
 
 def receipt_filename(
@@ -773,16 +790,7 @@ def receipt_filename(
     name every ack writes, formatted without building its JobName when the checks of the two pass in
     one test; anything else goes through them (the same name, the same error)."""
     if (
-        type(job_id) is bytes
-        and len(job_id) == ID_BYTES
-        and type(generation) is int
-        and 0 <= generation <= U64_MAX
-        and type(attempt) is int
-        and 0 <= attempt <= U32_MAX
-        and type(max_attempts) is int
-        and 0 <= max_attempts <= U32_MAX
-        and type(lease_token) is bytes
-        and len(lease_token) == ID_BYTES
+        receipt_fields_plain(job_id, generation, attempt, max_attempts, lease_token)
         and type(shard) is int
         and 0 <= shard < MAX_SHARDS
         and type(bucket) is int

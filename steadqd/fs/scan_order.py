@@ -15,13 +15,17 @@ from collections.abc import Iterator
 from typing import Any
 
 from steadqd.constants import DOMAIN_SCAN, U64_MAX
-from steadqd.fs.names import _check_bytes, _check_int, _check_shard_count
+from steadqd.fs.names import _SHARD_COUNTS, _check_bytes, _check_int, _check_shard_count
 
 __all__ = ["next_scan_round", "scan_order", "scan_params"]
 
 
 def next_scan_round(scan_round: int) -> int:
     """The per-handle scan round increments with u64 wrap-around."""
+    if (
+        type(scan_round) is int and 0 <= scan_round <= U64_MAX
+    ):  # _check_int's common case, without its call (every lease)
+        return (scan_round + 1) & U64_MAX
     return (_check_int("scan_round", scan_round, U64_MAX) + 1) & U64_MAX
 
 
@@ -35,7 +39,9 @@ def scan_params(
     same queue id, boot id and nonce each time: the hash of that prefix is
     kept (checked when it was made) and only the round is hashed per call.
     """
-    mask = _check_shard_count(shard_count) - 1
+    # _check_shard_count's and _check_int's common cases without their calls (every lease with no hint)
+    exact_count = type(shard_count) is int and shard_count in _SHARD_COUNTS
+    mask = (shard_count if exact_count else _check_shard_count(shard_count)) - 1
     exact = type(queue_id) is bytes and type(boot_id_raw16) is bytes and type(worker_nonce16) is bytes
     prefix = _SCAN_HASHERS.get((queue_id, boot_id_raw16, worker_nonce16)) if exact else None
     if prefix is None:
@@ -50,7 +56,8 @@ def scan_params(
                 _SCAN_HASHERS.clear()
             _SCAN_HASHERS[(queue_id, boot_id_raw16, worker_nonce16)] = prefix
     h = prefix.copy()
-    h.update(_ROUND.pack(_check_int("scan_round", scan_round, U64_MAX)))
+    exact_round = type(scan_round) is int and 0 <= scan_round <= U64_MAX
+    h.update(_ROUND.pack(scan_round if exact_round else _check_int("scan_round", scan_round, U64_MAX)))
     start, stride = _START_STRIDE.unpack_from(h.digest())
     return start & mask, ((stride | 1) & mask) or 1
 
@@ -80,7 +87,15 @@ def scan_order(
     if start_hint is None:
         start, stride = scan_params(queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
         return _walk(start, stride, shard_count)
-    hint = _check_int("start_hint", start_hint, _check_shard_count(shard_count) - 1)
+    if (
+        type(shard_count) is int
+        and shard_count in _SHARD_COUNTS
+        and type(start_hint) is int
+        and 0 <= start_hint < shard_count
+    ):
+        hint = start_hint  # the two checks below, passed in one test (the lease after an enqueue)
+    else:
+        hint = _check_int("start_hint", start_hint, _check_shard_count(shard_count) - 1)
     return _hinted_walk(hint, queue_id, boot_id_raw16, worker_nonce16, scan_round, shard_count)
 
 

@@ -9,6 +9,7 @@ never acknowledged on the strength of bytes that no longer verify.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,6 @@ from steadqd.backoff import RetryPolicy, retry_delay_ms
 from steadqd.constants import (
     I63_MAX,
     U16_MAX,
-    U32_MAX,
     U64_MAX,
     AckResult,
     DeadReason,
@@ -47,6 +47,7 @@ from steadqd.fs.names import (
     make_filename,
     next_generation,
     ready_name,
+    receipt_fields_plain,
     receipt_filename,
     receipt_name,
     shard_of,
@@ -126,19 +127,14 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     shard = shard_of(fmt.queue_id, job, fmt.shard_count)
     core = ctx.c_core
     if core is not None:
-        g, a, m, t = lease.generation, lease.attempt, lease.max_attempts, lease.token
-        # receipt_filename's fast test (and next_generation's): names that cannot fail, so the C core,
-        # which makes the receipt's name itself, raises nothing the Python would have raised first.
+        g = lease.generation
+        # next_generation's fast test, then receipt_filename's (receipt_fields_plain) on the receipt's
+        # generation: names that cannot fail, so the C core, which makes the receipt's name itself,
+        # raises nothing the Python would have raised first.
         if (
             type(g) is int
             and 0 <= g < U64_MAX
-            and type(a) is int
-            and 0 <= a <= U32_MAX
-            and type(m) is int
-            and 0 <= m <= U32_MAX
-            and type(t) is bytes
-            and len(t) == 16
-            and len(job) == 16
+            and receipt_fields_plain(job, g + 1, lease.attempt, lease.max_attempts, lease.token)
         ):
             return _ack_fast(ctx, lease, core, job, wall, shard, bucket)
     return _ack_named(ctx, lease, job, wall, shard, bucket)
@@ -161,18 +157,11 @@ def _ack_named(ctx: Context, lease: Lease, job: bytes, wall: int, shard: int, bu
     return _ack_from_source(ctx, lease, job, wall, shard, bucket, _receipt_rel(shard, bucket), target_file)
 
 
-_RECEIPT_RELS: dict[tuple[int, int], str] = {}
-
-
+@functools.lru_cache(maxsize=4096)
 def _receipt_rel(shard: int, bucket: int) -> str:
-    """state_dir(RECEIPT, shard, bucket), memoised: every ack asks it, a bucket lasts hours."""
-    rel = _RECEIPT_RELS.get((shard, bucket))
-    if rel is None:
-        rel = state_dir(_RECEIPT, shard, bucket)
-        if len(_RECEIPT_RELS) >= 4096:
-            _RECEIPT_RELS.clear()
-        _RECEIPT_RELS[(shard, bucket)] = rel
-    return rel
+    """state_dir(RECEIPT, shard, bucket), memoised: every ack asks it, a bucket lasts hours. (A hit is
+    ~250 instructions fewer than a dict memo in a Python function: the lookup runs in C.)"""
+    return state_dir(_RECEIPT, shard, bucket)
 
 
 def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shard: int, bucket: int) -> AckResult:
@@ -186,7 +175,7 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
     receipt directory must be open in the tree already (every ack after the first into a bucket
     shard): otherwise, and for a Lease made by hand with fields no file can match, the Python does it all.
     """
-    facts, _ = checked_path(ctx, lease, True, job)
+    facts, _ = checked_path(ctx, lease, True, job, shard)
     tree = ctx.tree
     src_fd, dst_fd = tree.cached_fds((facts.dir_rel, _receipt_rel(shard, bucket)))
     if src_fd is None or dst_fd is None or len(lease.envelope_digest) != 32 or len(lease.payload_digest) != 32:
@@ -209,7 +198,8 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
     if stage != bridge.ACKED:
         with bridge.replaying(a, skip_open=False):
             return _ack_named(ctx, lease, job, wall, shard, bucket)
-    tree.learn_ids(src_fd, dst_fd, a.stats, ids)
+    if ids[0] is None or ids[1] is None:  # learn_ids keeps nothing when the tree knew both (most acks)
+        tree.learn_ids(src_fd, dst_fd, a.stats, ids)
     linux.close_quietly(a.fd)  # Source.close: a close error cannot undo the committed move
     return _ACKED
 

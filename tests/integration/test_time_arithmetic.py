@@ -48,6 +48,18 @@ def test_renew_refuses_an_unrepresentable_duration(queue: Queue, duration: float
     queue.renew(lease, 30)  # the lease is intact
 
 
+@pytest.mark.parametrize(("valid", "invalid"), [(1, True), (1.0, True), (30.0, "30")])
+def test_lease_refuses_a_duration_equal_to_one_it_took(queue: Queue, valid: float, invalid: object) -> None:
+    """Queue.lease memoises the conversion of an exact float or int (lease.plain_duration_ns): a bool or
+    a string never reaches the memo, where a bool would hit the entry of the number it equals."""
+    queue.enqueue(b"x")
+    lease = queue.lease(duration=valid)
+    assert lease is not None
+    with pytest.raises(NotCommitted) as info:
+        queue.lease(duration=invalid)  # type: ignore[arg-type]
+    assert info.value.kind is ErrorKind.INVALID_INPUT and "lease duration" in str(info.value), info.value
+
+
 def test_lease_refuses_a_wait_too_long_to_count(queue: Queue) -> None:
     with pytest.raises(NotCommitted) as info:
         queue.lease(wait=1e300)

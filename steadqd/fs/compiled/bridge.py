@@ -282,24 +282,27 @@ class Core:
             a = d["ack"] = ffi.new("struct sq_ack *")
             d["lease"] = ffi.new("struct sq_lease *")
         lc = d["lease"]
-        lc.dev, lc.ino, lc.max_attempts, lc.payload_length = (
-            lease.dev,
-            lease.ino,
-            lease.max_attempts,
-            lease.payload_length,
-        )
-        lc.job_id, lc.envelope_digest, lc.payload_digest = job, lease.envelope_digest, lease.payload_digest
-        lc.generation, lc.attempt, lc.token = lease.generation, lease.attempt, lease.token
+        # One store a field, in this order (an OverflowError or TypeError leaves the rest unset, unused):
+        # no tuple is built and unpacked for them.
+        lc.dev = lease.dev
+        lc.ino = lease.ino
+        lc.max_attempts = lease.max_attempts
+        lc.payload_length = lease.payload_length
+        lc.job_id = job
+        lc.envelope_digest = lease.envelope_digest
+        lc.payload_digest = lease.payload_digest
+        lc.generation = lease.generation
+        lc.attempt = lease.attempt
+        lc.token = lease.token
         src_id, dst_id = ids
-        args = (
-            self.q, lc, dir_fd, name.encode("ascii"), dst_fd, shard, bucket,
-            ffi.NULL if src_id is None else src_id, ffi.NULL if dst_id is None else dst_id, may_fsync,
-        )  # fmt: skip
         if not _armed and not _traces:
-            _local.log = None
-            return lib.sq_ack(args[0], _DIRECT, a, *args[1:]), a
-        _local.log = []
-        return lib.sq_ack(args[0], _HOOKED, a, *args[1:]), a
+            _local.log, table = None, _DIRECT
+        else:
+            _local.log, table = [], _HOOKED
+        return lib.sq_ack(
+            self.q, table, a, lc, dir_fd, name.encode("ascii"), dst_fd, shard, bucket,
+            ffi.NULL if src_id is None else src_id, ffi.NULL if dst_id is None else dst_id, may_fsync,
+        ), a  # fmt: skip
 
     def enqueue(
         self, job_id: bytes, max_attempts: int, created_at: int, extension: bytes, payload: bytes, dir_fd: int,
@@ -311,24 +314,14 @@ class Core:
         e = d.get("enqueue")
         if e is None:
             e = d["enqueue"] = ffi.new("struct sq_enqueue *")
-        args = (
-            job_id,
-            max_attempts,
-            created_at,
-            extension,
-            len(extension),
-            payload,
-            len(payload),
-            dir_fd,
-            shard,
-            mode,
-            proc,
-        )
         if not _armed and not _traces:
-            _local.log = None
-            return lib.sq_enqueue(self.q, _DIRECT, e, *args), e
-        _local.log = []
-        return lib.sq_enqueue(self.q, _HOOKED, e, *args), e
+            _local.log, table = None, _DIRECT
+        else:
+            _local.log, table = [], _HOOKED
+        return lib.sq_enqueue(
+            self.q, table, e, job_id, max_attempts, created_at, extension, len(extension), payload, len(payload),
+            dir_fd, shard, mode, proc,
+        ), e  # fmt: skip
 
 
 def _records(c: Any, skip: int) -> list[tuple[str, Any]]:
