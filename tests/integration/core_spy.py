@@ -18,16 +18,17 @@ from steadqd.fs.context import Context
 
 
 def spy_one_call(monkeypatch: pytest.MonkeyPatch, method: str) -> tuple[list[int], list[str]]:
-    """Spy on ``Core.ack`` or ``Core.enqueue`` (one call, returning (stage, record))."""
+    """Spy on ``Core.ack``, ``Core.read_payload`` or ``Core.enqueue`` (one call, returning (stage, record, ...))."""
     stages: list[int] = []
     made: list[str] = []
     real = getattr(bridge.Core, method)
 
     def spy(self: bridge.Core, *a: Any) -> Any:
-        stage, rec = real(self, *a)
+        out = real(self, *a)
+        stage, rec = out[0], out[1]
         stages.append(stage)
         made.extend(bridge._OP_NAMES[r.op] for r in rec.recs[0 : rec.nrec])
-        return stage, rec
+        return out
 
     monkeypatch.setattr(bridge.Core, method, spy)
     return stages, made

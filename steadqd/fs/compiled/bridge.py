@@ -8,8 +8,9 @@ token read by the Python between them, where claim_open reads them. At its first
 stops; :func:`replaying` then runs the Python's own code for that candidate from the start,
 serving the syscalls C made from their recorded results (syscall_hook.replay), so every error,
 quarantine reason, message and later syscall is the Python's. The ack (settle.py the
-specification) is one call, :meth:`Core.ack`, and so is a small enqueue (publish.py), :meth:`Core.enqueue`,
-replayed the same way (settle._ack_fast, publish._enqueue_fast).
+specification) is one call, :meth:`Core.ack`, and so are a small payload() (lease.py and verify.py),
+:meth:`Core.read_payload`, and a small enqueue (publish.py), :meth:`Core.enqueue`, replayed the same way
+(settle._ack_fast, lease.core_payload, publish._enqueue_fast).
 
 Every syscall of the core goes through a table: libc directly, or, when syscall_hook is armed or
 tracing (the test steadqd.fs.linux makes), callbacks that make each call through the wrapper of
@@ -54,6 +55,7 @@ MOVED_PAYLOAD_LEFT = getattr(lib, "SQ_MOVED_PAYLOAD_LEFT", 0)
 ACKED = getattr(lib, "SQ_ACKED", 0)
 PUBLISHED = getattr(lib, "SQ_PUBLISHED", 0)
 MOVED_BARRIER_LEFT = getattr(lib, "SQ_MOVED_BARRIER_LEFT", 0)
+PAYLOAD_READ = getattr(lib, "SQ_PAYLOAD_READ", 0)
 _OP_STAT = getattr(lib, "SQ_OP_STAT", 0)
 # Each recorded op (SQ_OP_<NAME>) as syscall_hook names it.
 _HOOK_OP = {
@@ -80,7 +82,7 @@ def available() -> bool:
 def path() -> str:
     """Which claim path runs and why, one line (``steadq doctor`` and ``--version``)."""
     if available():
-        return "C claim core (a claim's checks, open, reads, rename and fsync in two calls, an ack's and a small enqueue's in one: steadqd/fs/compiled)"
+        return "C claim core (a claim's checks, open, reads, rename and fsync in two calls, an ack's, a payload()'s and a small enqueue's in one: steadqd/fs/compiled)"
     why = f"{SWITCH}=1 is set" if lib is not None else _MISSING
     return f"pure Python: {why}"
 
@@ -280,15 +282,7 @@ class Core:
         a = d.get("ack")
         if a is None:
             a = d["ack"] = ffi.new("struct sq_ack *")
-            d["lease"] = ffi.new("struct sq_lease *")
-        lc = d["lease"]
-        lc.dev, lc.ino, lc.max_attempts, lc.payload_length = (
-            lease.dev,
-            lease.ino,
-            lease.max_attempts,
-            lease.payload_length,
-        )
-        lc.job_id, lc.envelope_digest, lc.payload_digest = job, lease.envelope_digest, lease.payload_digest
+        lc = _lease_record(lease, job)
         lc.generation, lc.attempt, lc.token = lease.generation, lease.attempt, lease.token
         src_id, dst_id = ids
         args = (
@@ -300,6 +294,28 @@ class Core:
             return lib.sq_ack(args[0], _DIRECT, a, *args[1:]), a
         _local.log = []
         return lib.sq_ack(args[0], _HOOKED, a, *args[1:]), a
+
+    def read_payload(self, lease: Any, job: bytes, dir_fd: int, name: str) -> tuple[int, Any, bytes | None]:
+        """sq_read_payload for ``lease`` (``job``: its job id) in ``dir_fd``/``name``: (stage, record, the
+        payload at PAYLOAD_READ, else None).
+
+        The record is this thread's (its ``fd``: the caller closes it). OverflowError or TypeError: a
+        lease field that cannot be the file's (a Lease made by hand); nothing was done, the Python judges it.
+        """
+        d = _local.__dict__
+        a = d.get("payload")
+        if a is None:
+            a = d["payload"] = ffi.new("struct sq_ack *")
+        lc = _lease_record(lease, job)
+        if not _armed and not _traces:
+            _local.log = None
+            stage = lib.sq_read_payload(self.q, _DIRECT, a, lc, dir_fd, name.encode("ascii"))
+        else:
+            _local.log = []
+            stage = lib.sq_read_payload(self.q, _HOOKED, a, lc, dir_fd, name.encode("ascii"))
+        if stage != PAYLOAD_READ:
+            return stage, a, None
+        return stage, a, ffi.buffer(a.head + a.payload_offset, lc.payload_length)[:]
 
     def enqueue(
         self, job_id: bytes, max_attempts: int, created_at: int, extension: bytes, payload: bytes, dir_fd: int,
@@ -329,6 +345,18 @@ class Core:
             return lib.sq_enqueue(self.q, _DIRECT, e, *args), e
         _local.log = []
         return lib.sq_enqueue(self.q, _HOOKED, e, *args), e
+
+
+def _lease_record(lease: Any, job: bytes) -> Any:
+    """This thread's struct sq_lease with what validate_source compares (the file's identity and header
+    fields); the ack adds what names the receipt. OverflowError/TypeError: a field no file has."""
+    d = _local.__dict__
+    lc = d.get("lease")
+    if lc is None:
+        lc = d["lease"] = ffi.new("struct sq_lease *")
+    lc.dev, lc.ino, lc.max_attempts, lc.payload_length = lease.dev, lease.ino, lease.max_attempts, lease.payload_length
+    lc.job_id, lc.envelope_digest, lc.payload_digest = job, lease.envelope_digest, lease.payload_digest
+    return lc
 
 
 def _records(c: Any, skip: int) -> list[tuple[str, Any]]:

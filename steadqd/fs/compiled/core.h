@@ -2,7 +2,8 @@
  *
  * The files mirror the Python modules that are their specification: names.c (names.py: the tag and
  * the hash prefixes), verify.c (verify.py and records.py: the envelope), claim.c (claim.py, tree.py's
- * witnessed move), settle.c (settle.py and lease.validate_source: the ack), publish.c (publish.py: the
+ * witnessed move), lease.c (lease.validate_source: what the ack and payload() share, and payload()),
+ * settle.c (settle.py: the ack), publish.c (publish.py: the
  * enqueue) and syscall_table.c (the
  * libc table every syscall goes through unless syscall_hook traces or injects). Input is hostile:
  * every read is bounded by the buffer it lands in, every loop by a constant or a length checked first.
@@ -37,6 +38,18 @@ void tagged_name(const struct sq_queue *q, const char *dir, size_t dir_len, cons
 /* verify.c */
 int check_envelope_bytes(const struct sq_queue *q, const unsigned char *h, int64_t head_len, int64_t size,
                          uint32_t *ext_len_out, uint64_t *payload_len_out);
+
+/* lease.c: lease.validate_source from its open, shared by sq_ack and sq_read_payload. Each returns 1 when
+ * its step passed, else 0 with a->stage saying where it stopped. */
+/* Reset ``a`` for one call on the leased file ``name``: 0 if the name cannot be one (too long). */
+int start_leased(struct sq_ack *a, const char *name);
+/* The open, fstat and identity check, read_envelope's checks on the first read and the header against the
+ * lease; a->fd (the caller closes it), a->stats[0], a->head and a->payload_offset set, the payload length out. */
+int validate_leased(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a,
+                    const struct sq_lease *lease, int dir_fd, uint64_t *payload_len_out);
+/* verify._head_payload and the digest of _check_head_payload: the payload whole in the first read
+ * (else SQ_STOP_HANDOFF: iter_payload's) and hashing to the lease's digest (else SQ_STOP_CHECK). */
+int check_head_payload(struct sq_ack *a, const struct sq_lease *lease, uint64_t payload_len);
 
 /* ------------------------------------------------------------------ small helpers */
 
