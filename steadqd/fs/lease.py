@@ -59,7 +59,7 @@ from steadqd.fs.names import (
 )
 from steadqd.fs.records import Extension, decode_extension
 from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
-from steadqd.fs.verify import Envelope, read_envelope
+from steadqd.fs.verify import Envelope, read_envelope, verified_head
 
 
 @dataclass(eq=False)
@@ -493,8 +493,9 @@ def core_payload(ctx: Context, lease: Lease, core: Any) -> tuple[bytes | None, A
     Python payload() from the start with the record's syscalls replayed (bridge.replaying), so every
     error, quarantine and later syscall is the Python's. (None, None): the core does not apply (a
     payload too long for the first read, the lease's directory not open in the tree, a Lease made by
-    hand with fields of other types): the Python runs as it is. verify.py's memo is neither read nor
-    filled here: it only ever holds bytes that verified, whatever the core read since.
+    hand with fields of other types): the Python runs as it is. verify.py's memo is read as the Python
+    reads it (a first read byte for byte the remembered one is not decoded or hashed again) but not
+    filled: it only ever holds bytes that verified, whatever the core read since.
     """
     facts, job = checked_path(ctx, lease, False, None)
     pl = lease.payload_length
@@ -514,8 +515,9 @@ def core_payload(ctx: Context, lease: Lease, core: Any) -> tuple[bytes | None, A
     (dir_fd,) = ctx.tree.cached_fds((facts.dir_rel,))
     if dir_fd is None:
         return None, None
+    known = verified_head(lease.dev, lease.ino)  # verify.py's memo, which the Python read would consult
     try:
-        stage, a, payload = core.read_payload(lease, job, dir_fd, facts.parts[-1])
+        stage, a, payload = core.read_payload(lease, job, dir_fd, facts.parts[-1], known)
     except (OverflowError, TypeError):  # a lease field no file has (before any syscall)
         return None, None
     if payload is None:

@@ -8,11 +8,13 @@ these syscalls" or "the Python took over here".
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from steadqd.fs import verify
 from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
 
@@ -66,3 +68,17 @@ def on_path(pure: bool, wall: int) -> Iterator[pytest.MonkeyPatch]:
             m.delenv(bridge.SWITCH, raising=False)
         m.setattr(Context, "wall_floor", lambda self: wall)
         yield m
+
+
+def set_memo(path: str, max_payload: int, remember: bool) -> None:
+    """verify.py's memo of verified bytes emptied, then (``remember``) holding the job file at ``path`` as
+    after a claim that verified it whole: each run of a differential test starts from the same memo, and a
+    reused inode number of an earlier run's file cannot decide which reads skip their digests."""
+    verify._VERIFIED.clear()
+    if remember:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            env = verify.read_envelope(fd, max_payload)
+            verify.verify_payload(fd, env)  # remembers a small file whose payload verified
+        finally:
+            os.close(fd)

@@ -36,7 +36,7 @@ from steadqd.fs import linux, verify
 from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
 from steadqd.fs.lease import Lease
-from tests.integration.core_spy import on_path, spy_one_call
+from tests.integration.core_spy import on_path, set_memo, spy_one_call
 from tests.integration.test_claim_core import _normal_trace, _tree
 
 pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
@@ -144,7 +144,17 @@ def _spoil(root: str, lease: Lease, kind: str) -> None:
 
 
 def _run(
-    base: str, handle: str, tag: str, kind: str, *, pure: bool, traced: bool, fault: Any, batch: bool, warm_dir: bool
+    base: str,
+    handle: str,
+    tag: str,
+    kind: str,
+    *,
+    pure: bool,
+    traced: bool,
+    fault: Any,
+    batch: bool,
+    warm_dir: bool,
+    memo: bool = False,
 ) -> dict[str, Any]:
     root = os.path.join(os.path.dirname(base), tag)
     shutil.rmtree(root, ignore_errors=True)
@@ -152,7 +162,7 @@ def _run(
     lease, _ = Lease.from_handle(handle)
     st_ = os.lstat(os.path.join(root, lease.path))
     lease.dev, lease.ino = st_.st_dev, st_.st_ino  # the copy's inode
-    verify._VERIFIED.clear()  # each run as in a fresh process (a reused inode number must not matter)
+    set_memo(os.path.join(root, lease.path), 20000, memo)  # before the spoiling, as after the claim
     counter = itertools.count(1)
     with on_path(pure, WALL) as m:
         m.setattr(Context, "random", lambda self, n=16: next(counter).to_bytes(n, "big"))  # quarantine names
@@ -196,11 +206,13 @@ faults = st.none() | st.tuples(
 )
 
 
-def _compare(base: tuple[str, dict[str, str]], job: str, kind: str, fault: Any, batch: bool, warm_dir: bool) -> None:
+def _compare(
+    base: tuple[str, dict[str, str]], job: str, kind: str, fault: Any, batch: bool, warm_dir: bool, memo: bool
+) -> None:
     root, handles = base
     runs = {
         tag: _run(root, handles[job], tag, kind, pure=pure, traced=traced, fault=fault if traced else None,
-                  batch=batch, warm_dir=warm_dir)
+                  batch=batch, warm_dir=warm_dir, memo=memo)
         for tag, pure, traced in (("py", True, True), ("c", False, True), ("py0", True, False), ("c0", False, False))
     }  # fmt: skip
     for key in ("result", "poisoned", "tree"):
@@ -211,12 +223,17 @@ def _compare(base: tuple[str, dict[str, str]], job: str, kind: str, fault: Any, 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    job=st.sampled_from(JOBS), kind=st.sampled_from(KINDS), fault=faults, batch=st.booleans(), warm_dir=st.booleans()
+    job=st.sampled_from(JOBS),
+    kind=st.sampled_from(KINDS),
+    fault=faults,
+    batch=st.booleans(),
+    warm_dir=st.booleans(),
+    memo=st.booleans(),
 )
 def test_core_and_python_agree(
-    base: tuple[str, dict[str, str]], job: str, kind: str, fault: Any, batch: bool, warm_dir: bool
+    base: tuple[str, dict[str, str]], job: str, kind: str, fault: Any, batch: bool, warm_dir: bool, memo: bool
 ) -> None:
-    _compare(base, job, kind, fault, batch, warm_dir)
+    _compare(base, job, kind, fault, batch, warm_dir, memo)
 
 
 @pytest.mark.parametrize("after", [False, True])
@@ -227,13 +244,16 @@ def test_a_fault_at_each_syscall_of_a_payload_read(
 ) -> None:
     """Every position of a valid payload()'s syscall sequence (open fstat read stat close) failing, before or
     after its effect: on the core's whole read, on one it hands off after the stat, on one it never takes."""
-    _compare(base, job, "valid", (None, nth, errno.EIO, after), False, True)
+    _compare(base, job, "valid", (None, nth, errno.EIO, after), False, True, nth % 2 == 0)
 
 
+@pytest.mark.parametrize("memo", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("job", JOBS)
-def test_each_kind_alone(base: tuple[str, dict[str, str]], job: str, kind: str) -> None:
-    _compare(base, job, kind, None, False, True)
+def test_each_kind_alone(base: tuple[str, dict[str, str]], job: str, kind: str, memo: bool) -> None:
+    """Each kind with verify.py's memo empty, and holding the file's bytes as verified before it was spoiled
+    (a spoiled read is no longer the remembered one: checked in full on both paths)."""
+    _compare(base, job, kind, None, False, True, memo)
 
 
 def _stat_swapping(leased: str) -> Any:
@@ -295,25 +315,47 @@ def test_a_valid_small_payload_is_the_cores(base: tuple[str, dict[str, str]], mo
     assert stages == []
 
 
-def test_the_core_leaves_verifys_memo_as_it_was(tmp_path: Any) -> None:
-    """The core reads neither fills verify.py's memo of verified bytes: the fast claim's entry stays the same
-    object (what a later Python ack or payload() reuses), and a file changed in place after a core read is
-    still refused, its payload quarantined, on the next payload()."""
+def test_the_core_reads_verifys_memo_as_the_python_does(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify.py's memo, as the Python reads it: after the fast claim verified the file whole, payload() and
+    the ack find their first read byte for byte the remembered one and hash nothing again (head_known); a
+    file changed in place (same inode, same size) is not the remembered read: checked in full, refused, its
+    payload quarantined. The core never fills the memo: the claim's entry stays the same object."""
     from steadqd.errors import CorruptObject
 
+    known_flags: list[int] = []
+    for method in ("read_payload", "ack"):
+        real = getattr(bridge.Core, method)
+
+        def spy(self: bridge.Core, *a: Any, _real: Any = real) -> Any:
+            out = _real(self, *a)
+            known_flags.append(out[1].head_known)
+            return out
+
+        monkeypatch.setattr(bridge.Core, method, spy)
     path = str(tmp_path / "q")
-    Queue.init(path, allow_unsupported_fs=True).close()
+    Queue.init(path, shards=1, allow_unsupported_fs=True).close()  # one receipt directory
     with Queue.open(path, allow_unsupported_fs=True) as q:
         assert q._ctx.c_core is not None
         q.enqueue(b"remembered")
         lease = q.lease(wait=0)
         assert lease is not None
         known = verify._VERIFIED.get((lease.dev, lease.ino))
-        assert known is not None
+        assert known is not None, "the fast claim remembers the file it verified"
         assert lease.payload() == b"remembered"
         assert verify._VERIFIED.get((lease.dev, lease.ino)) is known
+        assert known_flags == [1]
         _flip(os.path.join(path, lease.path), -1)  # same inode, same size, last payload byte changed
         with pytest.raises(CorruptObject, match="payload digest mismatch"):
             lease.payload()
+        assert known_flags == [1, 0]
         assert verify._VERIFIED.get((lease.dev, lease.ino)) is known  # only verified bytes are ever remembered
         assert len(os.listdir(os.path.join(path, "quarantine"))) == 1
+        q.enqueue(b"acked")
+        other = q.lease(wait=0)
+        assert other is not None
+        q.ack(other)  # the receipt directory is not open yet: the Python acks (and opens it)
+        q.enqueue(b"acked too")
+        third = q.lease(wait=0)
+        assert third is not None
+        q.ack(third)
+        assert known_flags == [1, 0, 1]

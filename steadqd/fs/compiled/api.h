@@ -122,6 +122,7 @@ struct sq_ack {
     unsigned char head[SQ_HEAD_BYTES];
     int64_t head_len;
     int64_t payload_offset; /* where the payload starts in head (set once the header checked out) */
+    int head_known; /* 1: head is byte for byte the caller's known verified read (verify.py's memo): no digest again */
     struct sq_rec recs[SQ_MAX_RECS];
     int nrec;
 };
@@ -158,12 +159,14 @@ int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_
 int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
            int dir_fd, const char *name, int dst_fd, uint32_t shard, uint64_t bucket, const uint64_t *src_dir_id,
            const uint64_t *dst_dir_id, /* the directories' {dev, ino} when the tree knows them, else NULL */
-           int may_fsync); /* 0 in a batch: stop before the barriers (SQ_MOVED_BARRIER_LEFT) */
+           int may_fsync, /* 0 in a batch: stop before the barriers (SQ_MOVED_BARRIER_LEFT) */
+           const unsigned char *known_head, int64_t known_len); /* verify.py's memo for the lease's file, or NULL */
 int sq_enqueue(const struct sq_queue *q, const struct sq_sys *sys, struct sq_enqueue *e, const unsigned char *job_id,
                uint32_t max_attempts, uint64_t created_at, const unsigned char *extension, uint32_t extension_length,
                const unsigned char *payload, uint64_t payload_length, int dir_fd, uint32_t shard, int mode, int proc);
 int sq_read_payload(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
-                    int dir_fd, const char *name); /* Lease.payload() of a payload the first read holds */
+                    int dir_fd, const char *name, /* Lease.payload() of a payload the first read holds */
+                    const unsigned char *known_head, int64_t known_len); /* verify.py's memo for the lease's file, or NULL */
 const struct sq_sys *sq_direct_table(void); /* the libc table */
 /* cdef-end */
 

@@ -270,11 +270,13 @@ class Core:
         bucket: int,
         ids: tuple[Any, Any],
         may_fsync: bool = True,
+        known: bytes | None = None,
     ) -> tuple[int, Any]:
         """sq_ack for ``lease`` (``job``: its job id) in ``dir_fd``/``name`` into ``dst_fd``, the receipt
         directory of ``shard`` and ``bucket`` (the core makes the receipt's name): (stage, record).
 
-        ``ids``: the two directories' (dev, ino) when the tree knows them, else None. The record is
+        ``ids``: the two directories' (dev, ino) when the tree knows them, else None; ``known``:
+        verify.verified_head of the lease's file (a read equal to it is not hashed again). The record is
         this thread's (its ``fd``: the caller closes it). OverflowError: a lease field that cannot be
         the file's (a Lease made by hand); nothing was done, the Python judges it.
         """
@@ -288,6 +290,7 @@ class Core:
         args = (
             self.q, lc, dir_fd, name.encode("ascii"), dst_fd, shard, bucket,
             ffi.NULL if src_id is None else src_id, ffi.NULL if dst_id is None else dst_id, may_fsync,
+            ffi.NULL if known is None else known, len(known or b""),
         )  # fmt: skip
         if not _armed and not _traces:
             _local.log = None
@@ -295,9 +298,11 @@ class Core:
         _local.log = []
         return lib.sq_ack(args[0], _HOOKED, a, *args[1:]), a
 
-    def read_payload(self, lease: Any, job: bytes, dir_fd: int, name: str) -> tuple[int, Any, bytes | None]:
+    def read_payload(
+        self, lease: Any, job: bytes, dir_fd: int, name: str, known: bytes | None
+    ) -> tuple[int, Any, bytes | None]:
         """sq_read_payload for ``lease`` (``job``: its job id) in ``dir_fd``/``name``: (stage, record, the
-        payload at PAYLOAD_READ, else None).
+        payload at PAYLOAD_READ, else None). ``known``: verify.verified_head of the lease's file.
 
         The record is this thread's (its ``fd``: the caller closes it). OverflowError or TypeError: a
         lease field that cannot be the file's (a Lease made by hand); nothing was done, the Python judges it.
@@ -307,12 +312,13 @@ class Core:
         if a is None:
             a = d["payload"] = ffi.new("struct sq_ack *")
         lc = _lease_record(lease, job)
+        args = (a, lc, dir_fd, name.encode("ascii"), ffi.NULL if known is None else known, len(known or b""))
         if not _armed and not _traces:
             _local.log = None
-            stage = lib.sq_read_payload(self.q, _DIRECT, a, lc, dir_fd, name.encode("ascii"))
+            stage = lib.sq_read_payload(self.q, _DIRECT, *args)
         else:
             _local.log = []
-            stage = lib.sq_read_payload(self.q, _HOOKED, a, lc, dir_fd, name.encode("ascii"))
+            stage = lib.sq_read_payload(self.q, _HOOKED, *args)
         if stage != PAYLOAD_READ:
             return stage, a, None
         return stage, a, ffi.buffer(a.head + a.payload_offset, lc.payload_length)[:]

@@ -15,6 +15,7 @@ int start_leased(struct sq_ack *a, const char *name) {
     a->fd = -1;
     a->head_len = 0;
     a->payload_offset = 0;
+    a->head_known = 0;
     a->stage = SQ_STOP_PURE;
     size_t len = strnlen(name, SQ_NAME_MAX);
     if (len >= SQ_NAME_MAX) return 0;
@@ -23,7 +24,8 @@ int start_leased(struct sq_ack *a, const char *name) {
 }
 
 int validate_leased(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a,
-                    const struct sq_lease *lease, int dir_fd, uint64_t *payload_len_out) {
+                    const struct sq_lease *lease, int dir_fd, const unsigned char *known_head, int64_t known_len,
+                    uint64_t *payload_len_out) {
     a->stage = SQ_STOP_SYSCALL;
     int fd = (int)LEASED_REC(SQ_OP_OPEN, sys->openat(dir_fd, a->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK), 0);
     if (fd < 0) return 0;
@@ -41,9 +43,12 @@ int validate_leased(const struct sq_queue *q, const struct sq_sys *sys, struct s
         return 0;
     }
     a->head_len = got > n ? n : got;
+    /* read_envelope's memo: exactly the bytes of a read that verified (its file: this dev/ino) */
+    a->head_known =
+        known_head != NULL && known_len == a->head_len && memcmp(a->head, known_head, (size_t)known_len) == 0;
     uint32_t ext_len;
     uint64_t payload_len;
-    int r = check_envelope_bytes(q, a->head, a->head_len, st->size, &ext_len, &payload_len);
+    int r = check_envelope_bytes(q, a->head, a->head_len, st->size, a->head_known, &ext_len, &payload_len);
     if (r != 0) {
         a->stage = r > 0 ? SQ_STOP_HANDOFF : SQ_STOP_CHECK;
         return 0;
@@ -65,6 +70,7 @@ int check_head_payload(struct sq_ack *a, const struct sq_lease *lease, uint64_t 
         a->stage = SQ_STOP_HANDOFF;
         return 0;
     }
+    if (a->head_known) return 1;
     unsigned char d[32];
     SHA256_CTX sh;
     SHA256_Init(&sh);
@@ -80,13 +86,14 @@ int check_head_payload(struct sq_ack *a, const struct sq_lease *lease, uint64_t 
 /* Queue.read_payload after checked_path's pure checks: validate_source(moving=False) from its open (the
  * open, fstat, identity, read_envelope, the header against the lease, then the stat that proves the path
  * still names the opened file), then verify.read_payload of a payload the first read holds. The payload
- * is a->head[a->payload_offset .. a->payload_offset + lease->payload_length] at SQ_PAYLOAD_READ; the caller
+ * is a->head[a->payload_offset .. a->payload_offset + lease->payload_length] at SQ_PAYLOAD_READ (``known_head``:
+ * validate_leased's); the caller
  * closes a->fd (>= 0 once the open succeeded). Any deviation stops it (a->stage); the caller replays a->recs. */
 int sq_read_payload(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
-                    int dir_fd, const char *name) {
+                    int dir_fd, const char *name, const unsigned char *known_head, int64_t known_len) {
     if (!start_leased(a, name)) return a->stage;
     uint64_t payload_len;
-    if (!validate_leased(q, sys, a, lease, dir_fd, &payload_len)) return a->stage;
+    if (!validate_leased(q, sys, a, lease, dir_fd, known_head, known_len, &payload_len)) return a->stage;
     /* validate_source's non-moving end: the path still names the lease's file (identity only) */
     a->stage = SQ_STOP_SYSCALL;
     if (LEASED_REC(SQ_OP_STAT, sys->lstatat(dir_fd, a->name, &a->stats[1]), 1) < 0) return a->stage;

@@ -39,10 +39,11 @@ static void receipt_target(const struct sq_queue *q, const struct sq_lease *l, u
  * receipt directory: stat witness, no-replace rename, stat of the destination, the destination's
  * fsync, _same_dir (an fstat of each directory whose id the tree has not learnt yet) and the
  * source's fsync (in a batch, the barriers are left to Tree.finish_move). The caller has the receipt
- * directory's fd already (Tree.ensure_dir, cached). Any deviation stops it (a.stage); the caller replays a.recs. */
+ * directory's fd already (Tree.ensure_dir, cached); ``known_head``: validate_leased's. Any deviation stops it
+ * (a.stage); the caller replays a.recs. */
 int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
            int dir_fd, const char *name, int dst_fd, uint32_t shard, uint64_t bucket, const uint64_t *src_dir_id,
-           const uint64_t *dst_dir_id, int may_fsync) {
+           const uint64_t *dst_dir_id, int may_fsync, const unsigned char *known_head, int64_t known_len) {
     /* next_generation raises at the limit; shard_dir refuses a shard past the maximum: the Python's */
     if (!start_leased(a, name) || lease->generation == U64_MAX || lease->max_attempts > U32_MAX ||
         shard >= MAX_SHARDS)
@@ -50,7 +51,8 @@ int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a,
     receipt_target(q, lease, shard, bucket, a->target);
     /* validate_source(moving=True) from its open, then verify_payload of a payload the first read holds */
     uint64_t payload_len;
-    if (!validate_leased(q, sys, a, lease, dir_fd, &payload_len) || !check_head_payload(a, lease, payload_len))
+    if (!validate_leased(q, sys, a, lease, dir_fd, known_head, known_len, &payload_len) ||
+        !check_head_payload(a, lease, payload_len))
         return a->stage;
     const struct sq_stat *st = &a->stats[0];
     /* Tree.move_witnessed */
