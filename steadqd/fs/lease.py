@@ -499,26 +499,15 @@ def core_payload(ctx: Context, lease: Lease, core: Any) -> tuple[bytes | None, A
     """
     facts, job = checked_path(ctx, lease, False, None)
     pl = lease.payload_length
-    ed, pd = lease.envelope_digest, lease.payload_digest
-    if (
-        type(pl) is not int
-        or pl > _HEAD_PAYLOAD_MAX
-        or type(lease.dev) is not int
-        or type(lease.ino) is not int
-        or type(lease.max_attempts) is not int
-        or type(ed) is not bytes
-        or len(ed) != 32
-        or type(pd) is not bytes
-        or len(pd) != 32
-    ):
+    if type(pl) is not int or pl > _HEAD_PAYLOAD_MAX:
         return None, None
-    (dir_fd,) = ctx.tree.cached_fds((facts.dir_rel,))
+    dir_fd = ctx.tree.cached_fd(facts.dir_rel)
     if dir_fd is None:
         return None, None
-    known = verified_head(lease.dev, lease.ino)  # verify.py's memo, which the Python read would consult
     try:
-        stage, a, payload = core.read_payload(lease, job, dir_fd, facts.parts[-1], known)
-    except (OverflowError, TypeError):  # a lease field no file has (before any syscall)
+        known = verified_head(lease.dev, lease.ino)  # verify.py's memo, which the Python read would consult
+        _, a, payload = core.read_payload(lease, job, dir_fd, facts.parts[-1], known)
+    except (OverflowError, TypeError):  # a lease field C does not compare as the Python (before any syscall)
         return None, None
     if payload is None:
         return None, a

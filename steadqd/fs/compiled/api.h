@@ -164,9 +164,13 @@ int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a,
 int sq_enqueue(const struct sq_queue *q, const struct sq_sys *sys, struct sq_enqueue *e, const unsigned char *job_id,
                uint32_t max_attempts, uint64_t created_at, const unsigned char *extension, uint32_t extension_length,
                const unsigned char *payload, uint64_t payload_length, int dir_fd, uint32_t shard, int mode, int proc);
-int sq_read_payload(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
-                    int dir_fd, const char *name, /* Lease.payload() of a payload the first read holds */
-                    const unsigned char *known_head, int64_t known_len); /* verify.py's memo for the lease's file, or NULL */
+/* Lease.payload() of a payload the first read holds. The lease's fields as arguments (converting them is
+ * cheaper than filling a struct sq_lease): job_id 16 bytes, the digests 32 bytes each (the caller checks). */
+int sq_read_payload(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, int dir_fd, const char *name,
+                    uint64_t dev, uint64_t ino, uint64_t max_attempts, uint64_t payload_length,
+                    const unsigned char *job_id, const unsigned char *envelope_digest,
+                    const unsigned char *payload_digest,
+                    const unsigned char *known_head, int64_t known_len); /* verify.py's memo for the file, or NULL */
 const struct sq_sys *sq_direct_table(void); /* the libc table */
 /* cdef-end */
 

@@ -284,7 +284,15 @@ class Core:
         a = d.get("ack")
         if a is None:
             a = d["ack"] = ffi.new("struct sq_ack *")
-        lc = _lease_record(lease, job)
+            d["lease"] = ffi.new("struct sq_lease *")
+        lc = d["lease"]
+        lc.dev, lc.ino, lc.max_attempts, lc.payload_length = (
+            lease.dev,
+            lease.ino,
+            lease.max_attempts,
+            lease.payload_length,
+        )
+        lc.job_id, lc.envelope_digest, lc.payload_digest = job, lease.envelope_digest, lease.payload_digest
         lc.generation, lc.attempt, lc.token = lease.generation, lease.attempt, lease.token
         src_id, dst_id = ids
         args = (
@@ -304,24 +312,42 @@ class Core:
         """sq_read_payload for ``lease`` (``job``: its job id) in ``dir_fd``/``name``: (stage, record, the
         payload at PAYLOAD_READ, else None). ``known``: verify.verified_head of the lease's file.
 
-        The record is this thread's (its ``fd``: the caller closes it). OverflowError or TypeError: a
-        lease field that cannot be the file's (a Lease made by hand); nothing was done, the Python judges it.
+        The record is this thread's (its ``fd``: the caller closes it). TypeError or OverflowError: a
+        lease field C cannot compare as the Python does (not an int, not bytes of the digest's length:
+        a Lease made by hand); nothing was done, the Python judges it. The lengths are checked here,
+        next to the call: C copies 16 and 32 bytes from the pointers it is given.
         """
-        d = _local.__dict__
-        a = d.get("payload")
+        dev, ino, m, n = lease.dev, lease.ino, lease.max_attempts, lease.payload_length
+        ed, pd = lease.envelope_digest, lease.payload_digest
+        if (
+            type(dev) is not int
+            or type(ino) is not int
+            or type(m) is not int
+            or type(n) is not int
+            or type(ed) is not bytes
+            or type(pd) is not bytes
+            or type(job) is not bytes
+            or len(ed) != 32
+            or len(pd) != 32
+            or len(job) != 16
+        ):
+            raise TypeError("a lease field of another type or length: the Python compares it")
+        a = _local.__dict__.get("payload")
         if a is None:
-            a = d["payload"] = ffi.new("struct sq_ack *")
-        lc = _lease_record(lease, job)
-        args = (a, lc, dir_fd, name.encode("ascii"), ffi.NULL if known is None else known, len(known or b""))
+            a = _local.payload = ffi.new("struct sq_ack *")
         if not _armed and not _traces:
             _local.log = None
-            stage = lib.sq_read_payload(self.q, _DIRECT, *args)
+            table = _DIRECT
         else:
             _local.log = []
-            stage = lib.sq_read_payload(self.q, _HOOKED, *args)
+            table = _HOOKED
+        k, klen = (ffi.NULL, 0) if known is None else (known, len(known))
+        stage = lib.sq_read_payload(
+            self.q, table, a, dir_fd, name.encode("ascii"), dev, ino, m, n, job, ed, pd, k, klen
+        )
         if stage != PAYLOAD_READ:
             return stage, a, None
-        return stage, a, ffi.buffer(a.head + a.payload_offset, lc.payload_length)[:]
+        return stage, a, ffi.buffer(a.head + a.payload_offset, n)[:]
 
     def enqueue(
         self, job_id: bytes, max_attempts: int, created_at: int, extension: bytes, payload: bytes, dir_fd: int,
@@ -351,18 +377,6 @@ class Core:
             return lib.sq_enqueue(self.q, _DIRECT, e, *args), e
         _local.log = []
         return lib.sq_enqueue(self.q, _HOOKED, e, *args), e
-
-
-def _lease_record(lease: Any, job: bytes) -> Any:
-    """This thread's struct sq_lease with what validate_source compares (the file's identity and header
-    fields); the ack adds what names the receipt. OverflowError/TypeError: a field no file has."""
-    d = _local.__dict__
-    lc = d.get("lease")
-    if lc is None:
-        lc = d["lease"] = ffi.new("struct sq_lease *")
-    lc.dev, lc.ino, lc.max_attempts, lc.payload_length = lease.dev, lease.ino, lease.max_attempts, lease.payload_length
-    lc.job_id, lc.envelope_digest, lc.payload_digest = job, lease.envelope_digest, lease.payload_digest
-    return lc
 
 
 def _records(c: Any, skip: int) -> list[tuple[str, Any]]:

@@ -89,9 +89,16 @@ int check_head_payload(struct sq_ack *a, const struct sq_lease *lease, uint64_t 
  * is a->head[a->payload_offset .. a->payload_offset + lease->payload_length] at SQ_PAYLOAD_READ (``known_head``:
  * validate_leased's); the caller
  * closes a->fd (>= 0 once the open succeeded). Any deviation stops it (a->stage); the caller replays a->recs. */
-int sq_read_payload(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
-                    int dir_fd, const char *name, const unsigned char *known_head, int64_t known_len) {
+int sq_read_payload(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, int dir_fd, const char *name,
+                    uint64_t dev, uint64_t ino, uint64_t max_attempts, uint64_t payload_length,
+                    const unsigned char *job_id, const unsigned char *envelope_digest,
+                    const unsigned char *payload_digest, const unsigned char *known_head, int64_t known_len) {
     if (!start_leased(a, name)) return a->stage;
+    struct sq_lease l = {.dev = dev, .ino = ino, .max_attempts = max_attempts, .payload_length = payload_length};
+    memcpy(l.job_id, job_id, sizeof l.job_id);
+    memcpy(l.envelope_digest, envelope_digest, sizeof l.envelope_digest);
+    memcpy(l.payload_digest, payload_digest, sizeof l.payload_digest);
+    const struct sq_lease *lease = &l;
     uint64_t payload_len;
     if (!validate_leased(q, sys, a, lease, dir_fd, known_head, known_len, &payload_len)) return a->stage;
     /* validate_source's non-moving end: the path still names the lease's file (identity only) */
