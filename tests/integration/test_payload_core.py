@@ -68,23 +68,25 @@ FAULT_OPS = ("open", "fstat", "read", "stat", "close", "rename_noreplace", "fsyn
 def base() -> Iterator[tuple[str, dict[str, str]]]:
     """A queue (one shard) whose jobs are leased; their handle files by job kind."""
     top = tempfile.mkdtemp(prefix="payloadcore-")
-    root = os.path.join(top, "base")
-    Queue.init(root, shards=1, max_payload_length=20000, allow_unsupported_fs=True).close()
-    handles = {}
-    with Queue.open(root, allow_unsupported_fs=True) as q:
-        by_payload = {}
-        for kind, (payload, kw) in JOB_SPECS.items():
-            q.enqueue(payload, **kw)
-            by_payload[payload] = kind
-        for _ in JOBS:  # claimed in scan order, not this one
-            lease = q.lease(wait=0, duration=3600)
-            assert lease is not None
-            handles[by_payload[lease.payload()]] = lease.to_handle(root)
-        edge = Lease.from_handle(handles["edge"])[0]
-        assert os.path.getsize(os.path.join(root, edge.path)) == ENVELOPE_READ_BYTES  # the edge is the edge
-    assert sorted(handles) == sorted(JOBS)
-    yield root, handles
-    shutil.rmtree(top)
+    try:
+        root = os.path.join(top, "base")
+        Queue.init(root, shards=1, max_payload_length=20000, allow_unsupported_fs=True).close()
+        handles = {}
+        with Queue.open(root, allow_unsupported_fs=True) as q:
+            by_payload = {}
+            for kind, (payload, kw) in JOB_SPECS.items():
+                q.enqueue(payload, **kw)
+                by_payload[payload] = kind
+            for _ in JOBS:  # claimed in scan order, not this one
+                lease = q.lease(wait=0, duration=3600)
+                assert lease is not None
+                handles[by_payload[lease.payload()]] = lease.to_handle(root)
+            edge = Lease.from_handle(handles["edge"])[0]
+            assert os.path.getsize(os.path.join(root, edge.path)) == ENVELOPE_READ_BYTES  # the edge is the edge
+        assert sorted(handles) == sorted(JOBS)
+        yield root, handles
+    finally:
+        shutil.rmtree(top)
 
 
 def _flip(path: str, offset: int) -> None:
