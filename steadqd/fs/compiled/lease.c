@@ -85,10 +85,9 @@ int check_head_payload(struct sq_ack *a, const struct sq_lease *lease, uint64_t 
 
 /* Queue.read_payload after checked_path's pure checks: validate_source(moving=False) from its open (the
  * open, fstat, identity, read_envelope, the header against the lease, then the stat that proves the path
- * still names the opened file), then verify.read_payload of a payload the first read holds. The payload
- * is a->head[a->payload_offset .. a->payload_offset + lease->payload_length] at SQ_PAYLOAD_READ (``known_head``:
- * validate_leased's); the caller
- * closes a->fd (>= 0 once the open succeeded). Any deviation stops it (a->stage); the caller replays a->recs. */
+ * still names the opened file), then verify.read_payload of a payload the first read holds. The payload is
+ * a->head[a->payload_offset .. + payload_length] at SQ_PAYLOAD_READ (``known_head``: validate_leased's); the
+ * caller closes a->fd (>= 0 once the open succeeded). Any deviation stops it (a->stage); the caller replays a->recs. */
 int sq_read_payload(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, int dir_fd, const char *name,
                     uint64_t dev, uint64_t ino, uint64_t max_attempts, uint64_t payload_length,
                     const unsigned char *job_id, const unsigned char *envelope_digest,
