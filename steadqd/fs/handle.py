@@ -56,6 +56,7 @@ from steadqd.fs.cancel import cancel, was_cancelled
 from steadqd.fs.cbor import decode_extension
 from steadqd.fs.claim import ScanReport, claim
 from steadqd.fs.clock import checked_seconds_ns, trusted_wall
+from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.control import clear_pause, read_pause, write_pause
 from steadqd.fs.delayed_watch import DelayedWatch
@@ -63,7 +64,7 @@ from steadqd.fs.fsck import FsckResult, fsck
 from steadqd.fs.guards import Validated, guarded, mutation, validated_source
 from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
-from steadqd.fs.lease import Lease, Source, extension_of, lease_duration_ns, plain_duration_ns, renew
+from steadqd.fs.lease import Lease, Source, core_payload, extension_of, lease_duration_ns, plain_duration_ns, renew
 from steadqd.fs.names import JobName, parse_job_id
 from steadqd.fs.objects import open_leased
 from steadqd.fs.publish import Payload, enqueue, enqueue_many
@@ -385,23 +386,37 @@ class Queue:
     # -- payloads ---------------------------------------------------------------
 
     def read_payload(self, lease: Lease) -> bytes:
-        # _validated and _guard_payload written out: every payload() comes here (no closure, two frames fewer)
+        """Every payload(): through the C core when it runs (lease.core_payload), at its deviation the
+        Python with the core's syscalls replayed, else the Python alone (:meth:`_read_payload`)."""
         if self._closed:
             self._check_open()
         ctx = self._ctx
         tree = ctx.tree
         tree.pin()  # Validated's steps, in its order: pin, validate; close, unpin
         try:
-            src = validated_source(ctx, lease)
-            try:
-                return read_payload(src.fd, src.envelope)
-            except (SteadQError, OSError) as e:
-                self._payload_failed(lease, src, e)
-                raise
-            finally:
-                src.close()
+            core = ctx.c_core
+            if core is not None:
+                payload, record = core_payload(ctx, lease, core)
+                if payload is not None:
+                    return payload
+                if record is not None:
+                    with bridge.replaying(record, skip_open=False):
+                        return self._read_payload(ctx, lease)
+            return self._read_payload(ctx, lease)
         finally:
             tree.unpin()
+
+    def _read_payload(self, ctx: Context, lease: Lease) -> bytes:
+        """payload() in Python: the specification the core mirrors (and replays into)."""
+        # _validated and _guard_payload written out: every pure payload() comes here (no closure, two frames fewer)
+        src = validated_source(ctx, lease)
+        try:
+            return read_payload(src.fd, src.envelope)
+        except (SteadQError, OSError) as e:
+            self._payload_failed(lease, src, e)
+            raise
+        finally:
+            src.close()
 
     def copy_payload(self, lease: Lease, out: BinaryIO) -> int:
         with self._validated(lease) as src:

@@ -17,7 +17,17 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from steadqd.constants import LEASED_DIR, MAX_LEASE_NS, MIN_LEASE_NS, NS_PER_SECOND, READY_DIR, U64_MAX, State
+from steadqd.constants import (
+    ENVELOPE_READ_BYTES,
+    HEADER_SIZE,
+    LEASED_DIR,
+    MAX_LEASE_NS,
+    MIN_LEASE_NS,
+    NS_PER_SECOND,
+    READY_DIR,
+    U64_MAX,
+    State,
+)
 from steadqd.errors import (
     ErrorKind,
     InvalidInput,
@@ -49,7 +59,7 @@ from steadqd.fs.names import (
 )
 from steadqd.fs.records import Extension, decode_extension
 from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
-from steadqd.fs.verify import Envelope, read_envelope
+from steadqd.fs.verify import Envelope, read_envelope, verified_head
 
 
 @dataclass(eq=False)
@@ -476,6 +486,41 @@ def validate_source(
     except BaseException:
         linux.close(fd)
         raise
+
+
+# The most a payload can be and still be whole in the envelope's first read (with no extension).
+_HEAD_PAYLOAD_MAX = ENVELOPE_READ_BYTES - HEADER_SIZE
+
+
+def core_payload(ctx: Context, lease: Lease, core: Any) -> tuple[bytes | None, Any]:
+    """payload()'s happy path through the C core (bridge.Core.read_payload), checked_path's pure checks first.
+
+    The core makes validate_source's syscalls from its open (open, fstat, first read, stat) and its
+    checks, and verify.read_payload's digest of a payload the first read holds. (payload, None): read
+    and verified, the file closed. (None, record): the core deviated somewhere; the caller runs the
+    Python payload() from the start with the record's syscalls replayed (bridge.replaying), so every
+    error, quarantine and later syscall is the Python's. (None, None): the core does not apply (a
+    payload too long for the first read, the lease's directory not open in the tree, a Lease made by
+    hand with fields of other types): the Python runs as it is. verify.py's memo is read as the Python
+    reads it (a first read byte for byte the remembered one is not decoded or hashed again) but not
+    filled: it only ever holds bytes that verified, whatever the core read since.
+    """
+    facts, job = checked_path(ctx, lease, False, None)
+    pl = lease.payload_length
+    if type(pl) is not int or pl > _HEAD_PAYLOAD_MAX:
+        return None, None
+    dir_fd = ctx.tree.cached_fd(facts.dir_rel)
+    if dir_fd is None:
+        return None, None
+    try:
+        known = verified_head(lease.dev, lease.ino)  # verify.py's memo, which the Python read would consult
+        _, a, payload = core.read_payload(lease, job, dir_fd, facts.parts[-1], known)
+    except (OverflowError, TypeError):  # a lease field C does not compare as the Python (before any syscall)
+        return None, None
+    if payload is None:
+        return None, a
+    linux.close_quietly(a.fd)  # Source.close: a read-only descriptor
+    return payload, None
 
 
 def renew(ctx: Context, lease: Lease, duration_ns: int) -> Lease:

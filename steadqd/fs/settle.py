@@ -56,7 +56,7 @@ from steadqd.fs.names import (
 )
 from steadqd.fs.receipt import ExpectedReceipt, verify_receipt
 from steadqd.fs.tree import Collision, DestinationGone, Indeterminate, MoveFailed, SourceChanged, SourceMissing
-from steadqd.fs.verify import verify_payload
+from steadqd.fs.verify import verified_head, verify_payload
 
 # Globals: an enum member read through its class is slow on 3.11 (names._READY).
 _RECEIPT, _ACKED = State.RECEIPT, AckResult.ACKED
@@ -167,7 +167,8 @@ def _receipt_rel(shard: int, bucket: int) -> str:
 def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shard: int, bucket: int) -> AckResult:
     """The ack through the C core (bridge.Core.ack), the Python's pure checks first.
 
-    The core makes the receipt's name, opens, checks, hashes, moves and syncs; at its first
+    The core makes the receipt's name, opens, checks, hashes (unless its first read is byte for byte
+    the one verify.py's memo holds as verified, as the Python skips it), moves and syncs; at its first
     deviation (a check fails, a syscall fails, a payload past the first read) _ack_named runs from
     the start with the core's syscalls replayed, so every outcome, error and later syscall is the
     Python's. In Queue.batch() the core stops after the rename and its checks, and the tree makes
@@ -182,7 +183,8 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
         return _ack_named(ctx, lease, job, wall, shard, bucket)
     ids = tree.known_ids(src_fd, dst_fd)
     try:
-        stage, a = core.ack(lease, job, src_fd, facts.parts[-1], dst_fd, shard, bucket, ids, not tree.batching)
+        known = verified_head(lease.dev, lease.ino)  # verify.py's memo, which the Python ack would consult
+        stage, a = core.ack(lease, job, src_fd, facts.parts[-1], dst_fd, shard, bucket, ids, not tree.batching, known)
     except (OverflowError, TypeError):  # a lease field no file has (before any syscall)
         return _ack_named(ctx, lease, job, wall, shard, bucket)
     if stage == bridge.MOVED_BARRIER_LEFT:

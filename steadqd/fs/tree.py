@@ -185,6 +185,14 @@ class Tree:
                 self._trim()
             return fd
 
+    def cached_fd(self, rel: str) -> int | None:
+        """:meth:`cached_fds` of one directory (payload(): one, without the list)."""
+        with self._lock:
+            fd = self._dirs.get(rel)
+            if fd is not None:
+                self._dirs.move_to_end(rel)
+            return fd
+
     def cached_fds(self, rels: Iterable[str | None]) -> list[int | None]:
         """The cached fd of each of ``rels`` (now the most recently used), None for one not cached; opens nothing."""
         fds: list[int | None] = []

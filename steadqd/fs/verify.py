@@ -211,6 +211,13 @@ def _check_head_payload(head: bytes, env: Envelope) -> None:
     remember_verified(env)
 
 
+def verified_head(dev: int, ino: int) -> bytes | None:
+    """The remembered first read of file (dev, ino), whole and verified, or None: what the C core compares
+    its own first read with (lease.core_payload, settle._ack_fast) to skip the digests as this module does."""
+    known = _VERIFIED.get((dev, ino))
+    return None if known is None else known.head
+
+
 def remember_verified(env: Envelope) -> None:
     """Note ``env`` (a small file whose header, extension and payload all verified, whole in
     ``env.head``) so that a read of exactly its bytes is not decoded and hashed again."""

@@ -8,26 +8,29 @@ these syscalls" or "the Python took over here".
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from steadqd.fs import verify
 from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
 
 
 def spy_one_call(monkeypatch: pytest.MonkeyPatch, method: str) -> tuple[list[int], list[str]]:
-    """Spy on ``Core.ack`` or ``Core.enqueue`` (one call, returning (stage, record))."""
+    """Spy on ``Core.ack``, ``Core.read_payload`` or ``Core.enqueue`` (one call, returning (stage, record, ...))."""
     stages: list[int] = []
     made: list[str] = []
     real = getattr(bridge.Core, method)
 
     def spy(self: bridge.Core, *a: Any) -> Any:
-        stage, rec = real(self, *a)
+        out = real(self, *a)
+        stage, rec = out[0], out[1]
         stages.append(stage)
         made.extend(bridge._OP_NAMES[r.op] for r in rec.recs[0 : rec.nrec])
-        return stage, rec
+        return out
 
     monkeypatch.setattr(bridge.Core, method, spy)
     return stages, made
@@ -65,3 +68,17 @@ def on_path(pure: bool, wall: int) -> Iterator[pytest.MonkeyPatch]:
             m.delenv(bridge.SWITCH, raising=False)
         m.setattr(Context, "wall_floor", lambda self: wall)
         yield m
+
+
+def set_memo(path: str, max_payload: int, remember: bool) -> None:
+    """verify.py's memo of verified bytes emptied, then (``remember``) holding the job file at ``path`` as
+    after a claim that verified it whole: each run of a differential test starts from the same memo, and a
+    reused inode number of an earlier run's file cannot decide which reads skip their digests."""
+    verify._VERIFIED.clear()
+    if remember:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            env = verify.read_envelope(fd, max_payload)
+            verify.verify_payload(fd, env)  # remembers a small file whose payload verified
+        finally:
+            os.close(fd)

@@ -30,7 +30,7 @@ from steadqd import Queue
 from steadqd.fs import linux, settle
 from steadqd.fs.compiled import bridge
 from steadqd.fs.lease import Lease
-from tests.integration.core_spy import on_path, spy_one_call
+from tests.integration.core_spy import on_path, set_memo, spy_one_call
 from tests.integration.test_claim_core import _normal_trace, _tree
 
 pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
@@ -128,7 +128,17 @@ def _spoil(root: str, q: Queue, lease: Lease, kind: str) -> None:
 
 
 def _run(
-    base: str, handle: str, tag: str, kind: str, *, pure: bool, traced: bool, fault: Any, batch: bool, warm_ids: bool
+    base: str,
+    handle: str,
+    tag: str,
+    kind: str,
+    *,
+    pure: bool,
+    traced: bool,
+    fault: Any,
+    batch: bool,
+    warm_ids: bool,
+    memo: bool = False,
 ) -> dict[str, Any]:
     root = os.path.join(os.path.dirname(base), tag)
     shutil.rmtree(root, ignore_errors=True)
@@ -136,6 +146,7 @@ def _run(
     lease, _ = Lease.from_handle(handle)
     st_ = os.lstat(os.path.join(root, lease.path))
     lease.dev, lease.ino = st_.st_dev, st_.st_ino  # the copy's inode
+    set_memo(os.path.join(root, lease.path), 20000, memo)  # before the spoiling, as after the claim
     with on_path(pure, WALL):
         q = Queue.open(root, allow_unsupported_fs=True)
         try:
@@ -183,11 +194,19 @@ faults = st.none() | st.tuples(
 )
 
 
-def _compare(base: tuple[str, dict[str, str]], job: str, kind: str, fault: Any, batch: bool, warm_ids: bool) -> None:
+def _compare(
+    base: tuple[str, dict[str, str]],
+    job: str,
+    kind: str,
+    fault: Any,
+    batch: bool,
+    warm_ids: bool,
+    memo: bool = False,
+) -> None:
     root, handles = base
     runs = {
         tag: _run(root, handles[job], tag, kind, pure=pure, traced=traced, fault=fault if traced else None,
-                  batch=batch, warm_ids=warm_ids)
+                  batch=batch, warm_ids=warm_ids, memo=memo)
         for tag, pure, traced in (("py", True, True), ("c", False, True), ("py0", True, False), ("c0", False, False))
     }  # fmt: skip
     for key in ("result", "poisoned", "tree"):
@@ -198,12 +217,17 @@ def _compare(base: tuple[str, dict[str, str]], job: str, kind: str, fault: Any, 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    job=st.sampled_from(JOBS), kind=st.sampled_from(KINDS), fault=faults, batch=st.booleans(), warm_ids=st.booleans()
+    job=st.sampled_from(JOBS),
+    kind=st.sampled_from(KINDS),
+    fault=faults,
+    batch=st.booleans(),
+    warm_ids=st.booleans(),
+    memo=st.booleans(),
 )
 def test_core_and_python_agree(
-    base: tuple[str, dict[str, str]], job: str, kind: str, fault: Any, batch: bool, warm_ids: bool
+    base: tuple[str, dict[str, str]], job: str, kind: str, fault: Any, batch: bool, warm_ids: bool, memo: bool
 ) -> None:
-    _compare(base, job, kind, fault, batch, warm_ids)
+    _compare(base, job, kind, fault, batch, warm_ids, memo)
 
 
 @pytest.mark.parametrize("batch", [False, True])
@@ -216,13 +240,15 @@ def test_a_fault_at_each_syscall_of_an_ack(
     """Every position of a valid ack's syscall sequence failing (EIO, before or after its effect), in
     Queue.batch() too (the core stops before the barriers, which the tree postpones and the batch's
     end makes: its fstat, dup and fsyncs are in the sequence)."""
-    _compare(base, job, "valid", (None, nth, errno.EIO, after), batch, nth % 2 == 0)
+    _compare(base, job, "valid", (None, nth, errno.EIO, after), batch, nth % 2 == 0, nth % 3 == 0)
 
 
+@pytest.mark.parametrize("memo", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("job", JOBS)
-def test_each_kind_alone(base: tuple[str, dict[str, str]], job: str, kind: str) -> None:
-    _compare(base, job, kind, None, False, False)
+def test_each_kind_alone(base: tuple[str, dict[str, str]], job: str, kind: str, memo: bool) -> None:
+    """Each kind with verify.py's memo empty, and holding the file's bytes as verified before it was spoiled."""
+    _compare(base, job, kind, None, False, False, memo)
 
 
 def test_a_valid_ack_is_the_cores(base: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:

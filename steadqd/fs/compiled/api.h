@@ -1,4 +1,4 @@
-/* The C core (issue 35): the happy paths of the claim (claim.c), ack (settle.c) and enqueue (publish.c).
+/* The C core (issue 35): the happy paths of the claim (claim.c), ack (settle.c), payload() (lease.c) and enqueue (publish.c).
  * Declarations shared by its files (core.h includes this) and the cffi build (build.py). */
 #ifndef STEADQ_CLAIM_CORE_H
 #define STEADQ_CLAIM_CORE_H
@@ -24,6 +24,7 @@
 #define SQ_ACKED 8 /* sq_ack: validated, payload verified, renamed into receipts, directories synced */
 #define SQ_PUBLISHED 9 /* sq_enqueue: written, synced, linked, its directory synced */
 #define SQ_MOVED_BARRIER_LEFT 10 /* sq_ack, sq_claim_move in a batch: renamed and checked; the barriers are the tree's */
+#define SQ_PAYLOAD_READ 11 /* sq_read_payload: validated, the path re-stat'ed, the payload (in the first read) verified */
 
 /* Syscall ops recorded (sq_rec.op): the replay maps them to syscall_hook's op names. */
 #define SQ_OP_OPEN 1
@@ -110,7 +111,8 @@ struct sq_claim {
 };
 
 /* One ack (settle.ack after the pure checks of lease.validate_source): the leased file's checks
- * and its witnessed move into receipts/. The caller closes ``fd`` (>= 0 once the open succeeded). */
+ * and its witnessed move into receipts/; or one payload() (sq_read_payload: the same checks, the
+ * path's stat, no move; ``target`` unused). The caller closes ``fd`` (>= 0 once the open succeeded). */
 struct sq_ack {
     char name[SQ_NAME_MAX];   /* the leased file, in the lease's directory */
     char target[SQ_NAME_MAX]; /* the receipt, in its bucket's shard directory */
@@ -119,6 +121,8 @@ struct sq_ack {
     struct sq_stat stats[5]; /* 0 fstat, 1 stat source, 2 stat destination, 3/4 fstat source/destination dir */
     unsigned char head[SQ_HEAD_BYTES];
     int64_t head_len;
+    int64_t payload_offset; /* where the payload starts in head (set once the header checked out) */
+    int head_known; /* 1: head is byte for byte the caller's known verified read (verify.py's memo): no digest again */
     struct sq_rec recs[SQ_MAX_RECS];
     int nrec;
 };
@@ -155,10 +159,18 @@ int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_
 int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
            int dir_fd, const char *name, int dst_fd, uint32_t shard, uint64_t bucket, const uint64_t *src_dir_id,
            const uint64_t *dst_dir_id, /* the directories' {dev, ino} when the tree knows them, else NULL */
-           int may_fsync); /* 0 in a batch: stop before the barriers (SQ_MOVED_BARRIER_LEFT) */
+           int may_fsync, /* 0 in a batch: stop before the barriers (SQ_MOVED_BARRIER_LEFT) */
+           const unsigned char *known_head, int64_t known_len); /* verify.py's memo for the lease's file, or NULL */
 int sq_enqueue(const struct sq_queue *q, const struct sq_sys *sys, struct sq_enqueue *e, const unsigned char *job_id,
                uint32_t max_attempts, uint64_t created_at, const unsigned char *extension, uint32_t extension_length,
                const unsigned char *payload, uint64_t payload_length, int dir_fd, uint32_t shard, int mode, int proc);
+/* Lease.payload() of a payload the first read holds. The lease's fields as arguments (converting them is
+ * cheaper than filling a struct sq_lease): job_id 16 bytes, the digests 32 bytes each (the caller checks). */
+int sq_read_payload(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, int dir_fd, const char *name,
+                    uint64_t dev, uint64_t ino, uint64_t max_attempts, uint64_t payload_length,
+                    const unsigned char *job_id, const unsigned char *envelope_digest,
+                    const unsigned char *payload_digest,
+                    const unsigned char *known_head, int64_t known_len); /* verify.py's memo for the file, or NULL */
 const struct sq_sys *sq_direct_table(void); /* the libc table */
 /* cdef-end */
 

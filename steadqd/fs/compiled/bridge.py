@@ -8,8 +8,9 @@ token read by the Python between them, where claim_open reads them. At its first
 stops; :func:`replaying` then runs the Python's own code for that candidate from the start,
 serving the syscalls C made from their recorded results (syscall_hook.replay), so every error,
 quarantine reason, message and later syscall is the Python's. The ack (settle.py the
-specification) is one call, :meth:`Core.ack`, and so is a small enqueue (publish.py), :meth:`Core.enqueue`,
-replayed the same way (settle._ack_fast, publish._enqueue_fast).
+specification) is one call, :meth:`Core.ack`, and so are a small payload() (lease.py and verify.py),
+:meth:`Core.read_payload`, and a small enqueue (publish.py), :meth:`Core.enqueue`, replayed the same way
+(settle._ack_fast, lease.core_payload, publish._enqueue_fast).
 
 Every syscall of the core goes through a table: libc directly, or, when syscall_hook is armed or
 tracing (the test steadqd.fs.linux makes), callbacks that make each call through the wrapper of
@@ -54,6 +55,7 @@ MOVED_PAYLOAD_LEFT = getattr(lib, "SQ_MOVED_PAYLOAD_LEFT", 0)
 ACKED = getattr(lib, "SQ_ACKED", 0)
 PUBLISHED = getattr(lib, "SQ_PUBLISHED", 0)
 MOVED_BARRIER_LEFT = getattr(lib, "SQ_MOVED_BARRIER_LEFT", 0)
+PAYLOAD_READ = getattr(lib, "SQ_PAYLOAD_READ", 0)
 _OP_STAT = getattr(lib, "SQ_OP_STAT", 0)
 # Each recorded op (SQ_OP_<NAME>) as syscall_hook names it.
 _HOOK_OP = {
@@ -80,7 +82,7 @@ def available() -> bool:
 def path() -> str:
     """Which claim path runs and why, one line (``steadq doctor`` and ``--version``)."""
     if available():
-        return "C claim core (a claim's checks, open, reads, rename and fsync in two calls, an ack's and a small enqueue's in one: steadqd/fs/compiled)"
+        return "C claim core (a claim's checks, open, reads, rename and fsync in two calls, an ack's, a payload()'s and a small enqueue's in one: steadqd/fs/compiled)"
     why = f"{SWITCH}=1 is set" if lib is not None else _MISSING
     return f"pure Python: {why}"
 
@@ -268,11 +270,13 @@ class Core:
         bucket: int,
         ids: tuple[Any, Any],
         may_fsync: bool = True,
+        known: bytes | None = None,
     ) -> tuple[int, Any]:
         """sq_ack for ``lease`` (``job``: its job id) in ``dir_fd``/``name`` into ``dst_fd``, the receipt
         directory of ``shard`` and ``bucket`` (the core makes the receipt's name): (stage, record).
 
-        ``ids``: the two directories' (dev, ino) when the tree knows them, else None. The record is
+        ``ids``: the two directories' (dev, ino) when the tree knows them, else None; ``known``:
+        verify.verified_head of the lease's file (a read equal to it is not hashed again). The record is
         this thread's (its ``fd``: the caller closes it). OverflowError: a lease field that cannot be
         the file's (a Lease made by hand); nothing was done, the Python judges it.
         """
@@ -302,7 +306,51 @@ class Core:
         return lib.sq_ack(
             self.q, table, a, lc, dir_fd, name.encode("ascii"), dst_fd, shard, bucket,
             ffi.NULL if src_id is None else src_id, ffi.NULL if dst_id is None else dst_id, may_fsync,
+            ffi.NULL if known is None else known, len(known or b""),
         ), a  # fmt: skip
+
+    def read_payload(
+        self, lease: Any, job: bytes, dir_fd: int, name: str, known: bytes | None
+    ) -> tuple[int, Any, bytes | None]:
+        """sq_read_payload for ``lease`` (``job``: its job id) in ``dir_fd``/``name``: (stage, record, the
+        payload at PAYLOAD_READ, else None). ``known``: verify.verified_head of the lease's file.
+
+        The record is this thread's (its ``fd``: the caller closes it). TypeError or OverflowError: a
+        lease field C cannot compare as the Python does (not an int, not bytes of the digest's length:
+        a Lease made by hand); nothing was done, the Python judges it. The lengths are checked here,
+        next to the call: C copies 16 and 32 bytes from the pointers it is given.
+        """
+        dev, ino, m, n = lease.dev, lease.ino, lease.max_attempts, lease.payload_length
+        ed, pd = lease.envelope_digest, lease.payload_digest
+        if (
+            type(dev) is not int
+            or type(ino) is not int
+            or type(m) is not int
+            or type(n) is not int
+            or type(ed) is not bytes
+            or type(pd) is not bytes
+            or type(job) is not bytes
+            or len(ed) != 32
+            or len(pd) != 32
+            or len(job) != 16
+        ):
+            raise TypeError("a lease field of another type or length: the Python compares it")
+        a = _local.__dict__.get("payload")
+        if a is None:
+            a = _local.payload = ffi.new("struct sq_ack *")
+        if not _armed and not _traces:
+            _local.log = None
+            table = _DIRECT
+        else:
+            _local.log = []
+            table = _HOOKED
+        k, klen = (ffi.NULL, 0) if known is None else (known, len(known))
+        stage = lib.sq_read_payload(
+            self.q, table, a, dir_fd, name.encode("ascii"), dev, ino, m, n, job, ed, pd, k, klen
+        )
+        if stage != PAYLOAD_READ:
+            return stage, a, None
+        return stage, a, ffi.buffer(a.head + a.payload_offset, n)[:]
 
     def enqueue(
         self, job_id: bytes, max_attempts: int, created_at: int, extension: bytes, payload: bytes, dir_fd: int,

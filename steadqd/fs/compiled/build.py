@@ -15,7 +15,7 @@ import cffi
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # One file per Python module it mirrors (core.h: what they share), the syscall table in its own.
-SOURCES = ("claim.c", "settle.c", "publish.c", "verify.c", "names.c", "syscall_table.c")
+SOURCES = ("claim.c", "lease.c", "settle.c", "publish.c", "verify.c", "names.c", "syscall_table.c")
 
 BEGIN, END = "/* cdef-begin */", "/* cdef-end */"
 

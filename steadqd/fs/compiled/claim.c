@@ -68,7 +68,7 @@ static int check_envelope(const struct sq_queue *q, struct sq_claim *c, int64_t 
     const unsigned char *h = c->head;
     uint32_t ext_len;
     uint64_t payload_len;
-    int r = check_envelope_bytes(q, h, c->head_len, size, &ext_len, &payload_len);
+    int r = check_envelope_bytes(q, h, c->head_len, size, 0, &ext_len, &payload_len);
     if (r != 0) return r;
     /* check_name_matches */
     if (memcmp(h + 32, c->job_id, 16) != 0 || be32(h + 48) != c->max_attempts) return -1;

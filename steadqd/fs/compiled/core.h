@@ -2,10 +2,10 @@
  *
  * The files mirror the Python modules that are their specification: names.c (names.py: the tag and
  * the hash prefixes), verify.c (verify.py and records.py: the envelope), claim.c (claim.py, tree.py's
- * witnessed move), settle.c (settle.py and lease.validate_source: the ack), publish.c (publish.py: the
- * enqueue) and syscall_table.c (the
- * libc table every syscall goes through unless syscall_hook traces or injects). Input is hostile:
- * every read is bounded by the buffer it lands in, every loop by a constant or a length checked first.
+ * witnessed move), lease.c (lease.validate_source: what the ack and payload() share, and payload()),
+ * settle.c (settle.py: the ack), publish.c (publish.py: the enqueue) and syscall_table.c (the libc table
+ * every syscall goes through unless syscall_hook traces or injects). Input is hostile: every read is
+ * bounded by the buffer it lands in, every loop by a constant or a length checked first.
  */
 #ifndef STEADQ_CORE_H
 #define STEADQ_CORE_H
@@ -36,7 +36,23 @@ void tagged_name(const struct sq_queue *q, const char *dir, size_t dir_len, cons
 
 /* verify.c */
 int check_envelope_bytes(const struct sq_queue *q, const unsigned char *h, int64_t head_len, int64_t size,
-                         uint32_t *ext_len_out, uint64_t *payload_len_out);
+                         int digest_known, uint32_t *ext_len_out, uint64_t *payload_len_out);
+
+/* lease.c: lease.validate_source from its open, shared by sq_ack and sq_read_payload. Each returns 1 when
+ * its step passed, else 0 with a->stage saying where it stopped. */
+/* Reset ``a`` for one call on the leased file ``name``: 0 if the name cannot be one (too long). */
+int start_leased(struct sq_ack *a, const char *name);
+/* The open, fstat and identity check, read_envelope's checks on the first read and the header against the
+ * lease; a->fd (the caller closes it), a->stats[0], a->head, a->payload_offset and a->head_known set, the
+ * payload length out. ``known_head`` (known_len bytes, or NULL): the first read of the lease's file that
+ * verified whole before, verify.py's memo entry; a read equal to it byte for byte is not hashed again. */
+int validate_leased(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a,
+                    const struct sq_lease *lease, int dir_fd, const unsigned char *known_head, int64_t known_len,
+                    uint64_t *payload_len_out);
+/* verify._head_payload and the digest of _check_head_payload: the payload whole in the first read
+ * (else SQ_STOP_HANDOFF: iter_payload's) and hashing to the lease's digest (else SQ_STOP_CHECK); not
+ * hashed when a->head_known (_check_head_payload's memo hit). */
+int check_head_payload(struct sq_ack *a, const struct sq_lease *lease, uint64_t payload_len);
 
 /* ------------------------------------------------------------------ small helpers */
 

@@ -1,6 +1,6 @@
-/* The ack: settle.ack's happy path in C (lease.validate_source from its open, verify_payload,
- * Tree.move_witnessed into receipts/). settle.py stays the specification: at the first deviation
- * sq_ack stops, and settle._ack_fast runs the Python ack from the start with these syscalls replayed. */
+/* The ack: settle.ack's happy path in C (lease.validate_source from its open and verify_payload, lease.c's
+ * as payload() shares them; Tree.move_witnessed into receipts/). settle.py stays the specification: at the
+ * first deviation sq_ack stops, and settle._ack_fast runs the Python ack from the start with these syscalls replayed. */
 #include "core.h"
 
 #include <fcntl.h>
@@ -39,63 +39,22 @@ static void receipt_target(const struct sq_queue *q, const struct sq_lease *l, u
  * receipt directory: stat witness, no-replace rename, stat of the destination, the destination's
  * fsync, _same_dir (an fstat of each directory whose id the tree has not learnt yet) and the
  * source's fsync (in a batch, the barriers are left to Tree.finish_move). The caller has the receipt
- * directory's fd already (Tree.ensure_dir, cached). Any deviation stops it (a.stage); the caller replays a.recs. */
+ * directory's fd already (Tree.ensure_dir, cached); ``known_head``: validate_leased's. Any deviation stops it
+ * (a.stage); the caller replays a.recs. */
 int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
            int dir_fd, const char *name, int dst_fd, uint32_t shard, uint64_t bucket, const uint64_t *src_dir_id,
-           const uint64_t *dst_dir_id, int may_fsync) {
-    a->nrec = 0;
-    a->fd = -1;
-    a->head_len = 0;
-    a->stage = SQ_STOP_PURE;
-    size_t len = strnlen(name, SQ_NAME_MAX);
+           const uint64_t *dst_dir_id, int may_fsync, const unsigned char *known_head, int64_t known_len) {
     /* next_generation raises at the limit; shard_dir refuses a shard past the maximum: the Python's */
-    if (len >= SQ_NAME_MAX || lease->generation == U64_MAX || lease->max_attempts > U32_MAX || shard >= MAX_SHARDS)
+    if (!start_leased(a, name) || lease->generation == U64_MAX || lease->max_attempts > U32_MAX ||
+        shard >= MAX_SHARDS)
         return a->stage;
-    memcpy(a->name, name, len + 1);
     receipt_target(q, lease, shard, bucket, a->target);
-    /* validate_source */
-    a->stage = SQ_STOP_SYSCALL;
-    int fd = (int)ACK_REC(SQ_OP_OPEN, sys->openat(dir_fd, a->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK), 0);
-    if (fd < 0) return a->stage;
-    a->fd = fd;
-    if (ACK_REC(SQ_OP_FSTAT, sys->fstat(fd, &a->stats[0]), 0) < 0) return a->stage;
-    const struct sq_stat *st = &a->stats[0];
-    a->stage = SQ_STOP_CHECK;
-    if (st->dev != lease->dev || st->ino != lease->ino) return a->stage;
-    /* read_envelope */
-    if (!single_regular(st) || st->size < HEADER_SIZE) return a->stage;
-    int64_t n = st->size < SQ_HEAD_BYTES ? st->size : SQ_HEAD_BYTES;
-    int64_t got = ACK_REC(SQ_OP_PREAD, sys->pread(fd, a->head, n, 0), 0);
-    if (got < 0) {
-        a->stage = SQ_STOP_SYSCALL;
-        return a->stage;
-    }
-    a->head_len = got > n ? n : got;
-    uint32_t ext_len;
+    /* validate_source(moving=True) from its open, then verify_payload of a payload the first read holds */
     uint64_t payload_len;
-    int r = check_envelope_bytes(q, a->head, a->head_len, st->size, &ext_len, &payload_len);
-    if (r != 0) {
-        a->stage = r > 0 ? SQ_STOP_HANDOFF : SQ_STOP_CHECK;
+    if (!validate_leased(q, sys, a, lease, dir_fd, known_head, known_len, &payload_len) ||
+        !check_head_payload(a, lease, payload_len))
         return a->stage;
-    }
-    /* the header against the lease */
-    const unsigned char *h = a->head;
-    if (memcmp(h + 32, lease->job_id, 16) != 0 || be32(h + 48) != lease->max_attempts ||
-        memcmp(h + ENVELOPE_DIGEST_OFFSET, lease->envelope_digest, 32) != 0 || payload_len != lease->payload_length ||
-        memcmp(h + 64, lease->payload_digest, 32) != 0)
-        return a->stage;
-    /* verify_payload, on the first read (_head_payload); a longer payload is iter_payload's */
-    uint64_t payload_offset = HEADER_SIZE + (uint64_t)ext_len;
-    if (payload_offset + payload_len > (uint64_t)a->head_len) {
-        a->stage = SQ_STOP_HANDOFF;
-        return a->stage;
-    }
-    unsigned char d[32];
-    SHA256_CTX sh;
-    SHA256_Init(&sh);
-    SHA256_Update(&sh, h + payload_offset, (size_t)payload_len);
-    SHA256_Final(d, &sh);
-    if (memcmp(d, lease->payload_digest, 32) != 0) return a->stage;
+    const struct sq_stat *st = &a->stats[0];
     /* Tree.move_witnessed */
     a->stage = SQ_STOP_SYSCALL;
     if (ACK_REC(SQ_OP_STAT, sys->lstatat(dir_fd, a->name, &a->stats[1]), 1) < 0) return a->stage;

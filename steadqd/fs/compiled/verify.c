@@ -7,9 +7,11 @@ static const unsigned char JOB_MAGIC[8] = {'S', 'D', 'Q', 'J', 'O', 'B', '1', 0}
 
 /* JobHeader.decode, the size checks of read_envelope and check_envelope on ``h`` (head_len bytes of
  * a file st_size long): 0 if all pass (the lengths filled in), -1 a check failed, 1 the extension is
- * longer than the first read holds (read_envelope's second read is Python's). */
+ * longer than the first read holds (read_envelope's second read is Python's). ``digest_known``: these
+ * bytes are byte for byte a first read that verified before (verify.py's memo), so the envelope digest,
+ * a pure function of them, is not computed again (read_envelope's memo hit; the size checks still run). */
 int check_envelope_bytes(const struct sq_queue *q, const unsigned char *h, int64_t head_len, int64_t size,
-                         uint32_t *ext_len_out, uint64_t *payload_len_out) {
+                         int digest_known, uint32_t *ext_len_out, uint64_t *payload_len_out) {
     if (head_len < HEADER_SIZE) return -1;
     if (memcmp(h, JOB_MAGIC, 8) != 0) return -1;
     if (be32(h + 8) >> 16 != 1) return -1;          /* major (u16 at 8) */
@@ -27,6 +29,9 @@ int check_envelope_bytes(const struct sq_queue *q, const unsigned char *h, int64
     if ((uint64_t)size != HEADER_SIZE + (uint64_t)ext_len + payload_len) return -1;
     /* An extension beyond the first read: read_envelope's second pread is Python's. */
     if ((int64_t)(HEADER_SIZE + ext_len) > head_len) return 1;
+    *ext_len_out = ext_len;
+    *payload_len_out = payload_len;
+    if (digest_known) return 0;
     /* check_envelope: SHA256(envelope domain || header[:96] || 32 zero bytes || extension) */
     static const unsigned char zero[32];
     SHA256_CTX s;
@@ -37,8 +42,6 @@ int check_envelope_bytes(const struct sq_queue *q, const unsigned char *h, int64
     SHA256_Update(&s, h + HEADER_SIZE, ext_len);
     SHA256_Final(d, &s);
     if (memcmp(d, h + ENVELOPE_DIGEST_OFFSET, 32) != 0) return -1;
-    *ext_len_out = ext_len;
-    *payload_len_out = payload_len;
     return 0;
 }
 
