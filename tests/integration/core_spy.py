@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 
-from steadqd.fs import verify
+from steadqd.fs import linux, verify
 from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
 
@@ -82,3 +82,40 @@ def set_memo(path: str, max_payload: int, remember: bool) -> None:
             verify.verify_payload(fd, env)  # remembers a small file whose payload verified
         finally:
             os.close(fd)
+
+
+# The four runs of a differential test: (tag, pure, traced). Untraced, the C core calls libc through its direct
+# table; traced, through the hooked callbacks: both tables are compared with the Python.
+PATHS = (("py", True, True), ("c", False, True), ("py0", True, False), ("c0", False, False))
+
+
+def paths_agree(
+    run: Callable[[str, bool, bool], dict[str, Any]], keys: Sequence[str] = ("result", "poisoned", "tree")
+) -> dict[str, dict[str, Any]]:
+    """Run one operation on the four PATHS (``run(tag, pure, traced)``, on its own copy of the queue) and require
+    the C core's ``keys`` to be the Python's, each table against the Python run the same way, and the traced
+    runs' syscalls (``"trace"``) to be the same sequence. Returns the runs for a test's own further checks."""
+    runs = {tag: run(tag, pure, traced) for tag, pure, traced in PATHS}
+    for key in keys:
+        assert runs["c"][key] == runs["py"][key], key
+        assert runs["c0"][key] == runs["py0"][key], key
+    assert runs["c"]["trace"] == runs["py"]["trace"]
+    return runs
+
+
+@contextlib.contextmanager
+def observed(
+    traced: bool, fault: tuple[Any, int, int, bool] | None, batch: Any = None
+) -> Iterator[list[linux.TraceEvent]]:
+    """The operation's surroundings in a differential run: its syscalls traced (the list yielded, empty when
+    not), inside ``batch`` (``Queue.batch()``, or None), with ``fault`` = (op, nth, errno, after) injected."""
+    events: list[linux.TraceEvent] = []
+    with contextlib.ExitStack() as stack:
+        if traced:
+            events = stack.enter_context(linux.trace())
+        if batch is not None:
+            stack.enter_context(batch)
+        if fault is not None:
+            op, nth, err, after = fault
+            stack.enter_context(linux.inject(nth=nth, errno=err, op=op, after=after))
+        yield events

@@ -27,10 +27,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from steadqd import Queue
-from steadqd.fs import linux, settle
+from steadqd.fs import settle
 from steadqd.fs.compiled import bridge
 from steadqd.fs.lease import Lease
-from tests.integration.core_spy import on_path, set_memo, spy_one_call
+from tests.integration.core_spy import observed, on_path, paths_agree, set_memo, spy_one_call
 from tests.integration.test_claim_core import _normal_trace, _tree
 
 pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
@@ -161,15 +161,7 @@ def _run(
             if kind == "acked_before":
                 q.ack(Lease.from_handle(handle)[0].__class__(**{**vars(lease)}))
             _spoil(root, q, lease, kind)
-            events: list[linux.TraceEvent] = []
-            with contextlib.ExitStack() as stack:
-                if traced:
-                    events = stack.enter_context(linux.trace())
-                if batch:
-                    stack.enter_context(q.batch())
-                if fault is not None:
-                    op, nth, err, after = fault
-                    stack.enter_context(linux.inject(nth=nth, errno=err, op=op, after=after))
+            with observed(traced, fault, q.batch() if batch else None) as events:
                 try:
                     result: Any = repr(q.ack(lease))
                 except Exception as e:
@@ -204,15 +196,20 @@ def _compare(
     memo: bool = False,
 ) -> None:
     root, handles = base
-    runs = {
-        tag: _run(root, handles[job], tag, kind, pure=pure, traced=traced, fault=fault if traced else None,
-                  batch=batch, warm_ids=warm_ids, memo=memo)
-        for tag, pure, traced in (("py", True, True), ("c", False, True), ("py0", True, False), ("c0", False, False))
-    }  # fmt: skip
-    for key in ("result", "poisoned", "tree"):
-        assert runs["c"][key] == runs["py"][key], key
-        assert runs["c0"][key] == runs["py0"][key], key
-    assert runs["c"]["trace"] == runs["py"]["trace"]
+    paths_agree(
+        lambda tag, pure, traced: _run(
+            root,
+            handles[job],
+            tag,
+            kind,
+            pure=pure,
+            traced=traced,
+            fault=fault if traced else None,
+            batch=batch,
+            warm_ids=warm_ids,
+            memo=memo,
+        )
+    )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -35,7 +35,7 @@ from steadqd.fs import linux, names
 from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
 from steadqd.fs.records import Extension, build_header, encode_extension
-from tests.integration.core_spy import spy_claim
+from tests.integration.core_spy import paths_agree, spy_claim
 
 pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
 
@@ -219,10 +219,12 @@ def base() -> Iterator[tuple[str, bytes, int]]:
     shutil.rmtree(top)
 
 
-def _copy(base: str, tag: str) -> str:
+def _planted(base: str, tag: str, qid: bytes, lease_width: int, kinds: list[str]) -> str:
+    """A copy of the queue at ``base`` named ``tag``, with the candidates of ``kinds`` planted (_plant)."""
     dst = os.path.join(os.path.dirname(base), tag)
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(base, dst, symlinks=True)
+    _plant(dst, qid, lease_width, kinds)
     return dst
 
 
@@ -240,34 +242,24 @@ def test_core_and_python_agree(
     base: tuple[str, bytes, int], monkeypatch: pytest.MonkeyPatch, kinds: list[str], fault: Any, batch: bool
 ) -> None:
     root, qid, width = base
-    runs = {}
-    for tag, pure, traced in (("py", True, True), ("c", False, True), ("py0", True, False), ("c0", False, False)):
-        copy = _copy(root, tag)
-        _plant(copy, qid, width, kinds)
-        runs[tag] = _run(copy, monkeypatch, pure=pure, traced=traced, fault=fault if traced else None, batch=batch)
-    py, c, py0, c0 = runs["py"], runs["c"], runs["py0"], runs["c0"]
-    assert c["trace"] == py["trace"]
-    assert c["result"] == py["result"]
-    assert c["report"] == py["report"]
-    assert c["tree"] == py["tree"]
-    assert c0["result"] == py0["result"]
-    assert c0["report"] == py0["report"]
-    assert c0["tree"] == py0["tree"]
+
+    def run(tag: str, pure: bool, traced: bool) -> dict[str, Any]:
+        copy = _planted(root, tag, qid, width, kinds)
+        return _run(copy, monkeypatch, pure=pure, traced=traced, fault=fault if traced else None, batch=batch)
+
+    paths_agree(run, ("result", "report", "tree"))
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_kind_alone(base: tuple[str, bytes, int], monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     """Every hostile kind on its own, untraced (the libc table) and traced, with the outcome the Python gives."""
     root, qid, width = base
-    runs = {}
-    for tag, pure, traced in (("py", True, True), ("c", False, True), ("py0", True, False), ("c0", False, False)):
-        copy = _copy(root, tag)
-        _plant(copy, qid, width, [kind])
-        runs[tag] = _run(copy, monkeypatch, pure=pure, traced=traced, fault=None)
-    for key in ("result", "report", "tree"):
-        assert runs["c"][key] == runs["py"][key], key
-        assert runs["c0"][key] == runs["py0"][key], key
-    assert runs["c"]["trace"] == runs["py"]["trace"]
+    runs = paths_agree(
+        lambda tag, pure, traced: _run(
+            _planted(root, tag, qid, width, [kind]), monkeypatch, pure=pure, traced=traced, fault=None
+        ),
+        ("result", "report", "tree"),
+    )
     claimed = runs["c0"]["result"] is not None
     assert claimed == (kind in ("valid", "valid_ext", "large", "long_extension"))
     if kind == "payload_mismatch":
@@ -289,8 +281,7 @@ def test_the_fast_path_takes_a_valid_job_in_two_calls(
     libc table makes the claim's syscalls of the pinned lease sequence (tests/integration/test_faults.py)."""
     root, qid, width = base
     stages, made = spy_claim(monkeypatch)  # made: the syscalls the libc table made (untraced), in order
-    copy = _copy(root, "fast")
-    _plant(copy, qid, width, [kind])
+    copy = _planted(root, "fast", qid, width, [kind])
     out = _run(copy, monkeypatch, pure=False, traced=False, fault=None)
     assert (out["result"] is not None) == claimed
     assert stages == [bridge.VERIFIED, last_stage]
@@ -321,8 +312,7 @@ def test_a_batched_claim_is_the_cores_up_to_the_barrier(
     monkeypatch.setattr(claim_mod._Scan, "consider", consider)
     runs = {}
     for tag, pure in (("py", True), ("c", False)):
-        copy = _copy(root, "batched-" + tag)
-        _plant(copy, qid, width, [kind])
+        copy = _planted(root, "batched-" + tag, qid, width, [kind])
         stages.clear()
         made.clear()
         replays.clear()
@@ -353,8 +343,7 @@ def test_a_fault_at_each_syscall_of_a_claim(
     root, qid, width = base
     runs = {}
     for tag, pure in (("py", True), ("c", False)):
-        copy = _copy(root, tag)
-        _plant(copy, qid, width, [kind])
+        copy = _planted(root, tag, qid, width, [kind])
         runs[tag] = _run(copy, monkeypatch, pure=pure, traced=True, fault=(None, nth, errno.EIO, after), batch=batch)
     for key in ("result", "report", "tree", "trace"):
         assert runs["c"][key] == runs["py"][key], key

@@ -30,7 +30,7 @@ from steadqd import Queue
 from steadqd.fs import linux, names
 from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
-from tests.integration.core_spy import on_path, spy_one_call
+from tests.integration.core_spy import observed, on_path, paths_agree, spy_one_call
 from tests.integration.test_claim_core import _normal_trace, _tree
 
 pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
@@ -78,15 +78,7 @@ def _run(base: str, tag: str, case: dict[str, Any], *, pure: bool, traced: bool,
             options: dict[str, Any] = {"max_attempts": case["max_attempts"], "content_type": case["content_type"]}
             if job is not None:
                 options["job_id"] = job.hex()
-            events: list[linux.TraceEvent] = []
-            with contextlib.ExitStack() as stack:
-                if traced:
-                    events = stack.enter_context(linux.trace())
-                if case["batch"]:
-                    stack.enter_context(q.batch())
-                if fault is not None:
-                    op, nth, err, after = fault
-                    stack.enter_context(linux.inject(nth=nth, errno=err, op=op, after=after))
+            with observed(traced, fault, q.batch() if case["batch"] else None) as events:
                 try:
                     result: Any = q.enqueue_detailed(b"p" * case["size"], **options)
                 except Exception as e:
@@ -118,14 +110,10 @@ def _trace(events: list[linux.TraceEvent]) -> list[tuple[Any, ...]]:
 
 
 def _compare(base: str, case: dict[str, Any], fault: Any) -> None:
-    runs = {
-        tag: _run(base, tag, case, pure=pure, traced=traced, fault=fault if traced else None)
-        for tag, pure, traced in (("py", True, True), ("c", False, True), ("py0", True, False), ("c0", False, False))
-    }
-    for key in ("result", "poisoned", "form", "tree", "fds_left"):
-        assert runs["c"][key] == runs["py"][key], key
-        assert runs["c0"][key] == runs["py0"][key], key
-    assert runs["c"]["trace"] == runs["py"]["trace"]
+    paths_agree(
+        lambda tag, pure, traced: _run(base, tag, case, pure=pure, traced=traced, fault=fault if traced else None),
+        ("result", "poisoned", "form", "tree", "fds_left"),
+    )
 
 
 cases = st.fixed_dictionaries(

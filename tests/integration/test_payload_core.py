@@ -36,7 +36,7 @@ from steadqd.fs import linux, verify
 from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
 from steadqd.fs.lease import Lease
-from tests.integration.core_spy import on_path, set_memo, spy_one_call
+from tests.integration.core_spy import observed, on_path, paths_agree, set_memo, spy_one_call
 from tests.integration.test_claim_core import _normal_trace, _tree
 
 pytestmark = pytest.mark.skipif(not bridge.available(), reason=bridge.path())
@@ -175,15 +175,7 @@ def _run(
             if warm_dir:  # the lease's directory open in the tree, as after the claim (the core's precondition)
                 q._ctx.tree.dir(lease.path.rsplit("/", 1)[0])
             _spoil(root, lease, kind)
-            events: list[linux.TraceEvent] = []
-            with contextlib.ExitStack() as stack:
-                if traced:
-                    events = stack.enter_context(linux.trace())
-                if batch:
-                    stack.enter_context(q.batch())
-                if fault is not None:
-                    op, nth, err, after = fault
-                    stack.enter_context(linux.inject(nth=nth, errno=err, op=op, after=after))
+            with observed(traced, fault, q.batch() if batch else None) as events:
                 try:
                     result: Any = lease.payload()
                 except Exception as e:
@@ -212,15 +204,20 @@ def _compare(
     base: tuple[str, dict[str, str]], job: str, kind: str, fault: Any, batch: bool, warm_dir: bool, memo: bool
 ) -> None:
     root, handles = base
-    runs = {
-        tag: _run(root, handles[job], tag, kind, pure=pure, traced=traced, fault=fault if traced else None,
-                  batch=batch, warm_dir=warm_dir, memo=memo)
-        for tag, pure, traced in (("py", True, True), ("c", False, True), ("py0", True, False), ("c0", False, False))
-    }  # fmt: skip
-    for key in ("result", "poisoned", "tree"):
-        assert runs["c"][key] == runs["py"][key], key
-        assert runs["c0"][key] == runs["py0"][key], key
-    assert runs["c"]["trace"] == runs["py"]["trace"]
+    paths_agree(
+        lambda tag, pure, traced: _run(
+            root,
+            handles[job],
+            tag,
+            kind,
+            pure=pure,
+            traced=traced,
+            fault=fault if traced else None,
+            batch=batch,
+            warm_dir=warm_dir,
+            memo=memo,
+        )
+    )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
