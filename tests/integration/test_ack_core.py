@@ -40,7 +40,8 @@ JOBS = ("small", "ext", "large", "long_ext")
 KINDS = (
     "valid", "payload_flip", "header_flip", "truncated", "replaced", "symlink", "fifo", "hardlink", "gone",
     "acked_before", "receipt_taken", "receipt_dir_removed", "lease_digest", "lease_length", "generation_max",
-    "attempt_bool",
+    "attempt_bool", "dev_float", "lease_negative", "digest_bytearray", "digest_long", "envelope_long",
+    "envelope_none",
 )  # fmt: skip
 FAULT_OPS = ("open", "fstat", "read", "stat", "rename_noreplace", "fsync", "close", "openat2", "mkdir", "dup")
 
@@ -125,6 +126,18 @@ def _spoil(root: str, q: Queue, lease: Lease, kind: str) -> None:
         lease.generation = (1 << 64) - 1
     elif kind == "attempt_bool":  # equal to 1 but not an int: the Python's name checks judge it
         lease.attempt = True
+    elif kind == "dev_float":  # equal to the file's device, not an int: the Python's comparison judges it
+        lease.dev = float(lease.dev)
+    elif kind == "lease_negative":  # no file has it; the core cannot take it (OverflowError): the Python's
+        lease.payload_length = -1
+    elif kind == "digest_bytearray":  # equal to the header's digest in Python, not bytes
+        lease.payload_digest = bytearray(lease.payload_digest)  # type: ignore[assignment]
+    elif kind == "digest_long":  # the header's digest and one byte more: C, copying 32 bytes, would match it
+        lease.payload_digest += b"\0"
+    elif kind == "envelope_long":
+        lease.envelope_digest += b"\0"
+    elif kind == "envelope_none":  # no length at all: the Python's comparison judges it
+        lease.envelope_digest = None  # type: ignore[assignment]
 
 
 def _run(

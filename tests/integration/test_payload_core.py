@@ -59,7 +59,7 @@ JOBS = tuple(JOB_SPECS)
 KINDS = (
     "valid", "payload_flip", "header_flip", "ext_flip", "truncated", "appended", "replaced", "symlink", "fifo",
     "hardlink", "gone", "lease_digest", "lease_envelope", "lease_length", "lease_ino", "lease_negative",
-    "dev_float", "digest_bytearray", "attempt_bool", "path_other_shard",
+    "dev_float", "digest_bytearray", "digest_long", "envelope_long", "attempt_bool", "path_other_shard",
 )  # fmt: skip
 FAULT_OPS = ("open", "fstat", "read", "stat", "close", "rename_noreplace", "fsync", "openat2", "mkdir", "dup")
 
@@ -139,6 +139,10 @@ def _spoil(root: str, lease: Lease, kind: str) -> None:
         lease.dev = float(lease.dev)
     elif kind == "digest_bytearray":
         lease.payload_digest = bytearray(lease.payload_digest)  # type: ignore[assignment]
+    elif kind == "digest_long":  # the header's digest and one byte more: C, copying 32 bytes, would match it
+        lease.payload_digest += b"\0"
+    elif kind == "envelope_long":
+        lease.envelope_digest += b"\0"
     elif kind == "attempt_bool":  # equal to 1 (the first attempt) but not an int; the core never reads it
         lease.attempt = True
     elif kind == "path_other_shard":  # refused by checked_path before any syscall

@@ -127,17 +127,6 @@ struct sq_ack {
     int nrec;
 };
 
-/* What a lease says about its file (the Lease fields validate_source compares) and names its receipt by. */
-struct sq_lease {
-    uint64_t dev, ino, max_attempts, payload_length;
-    unsigned char job_id[16];
-    unsigned char envelope_digest[32];
-    unsigned char payload_digest[32];
-    uint64_t generation;
-    uint32_t attempt;
-    unsigned char token[16];
-};
-
 /* One enqueue of a small bytes payload to ready/ (publish.py's _prepare after its id and wall floor,
  * and _Publication._via_tmpfile): the name and header, then O_TMPFILE, one write, the nlink check,
  * fsync, the link, the directory fsync. The caller closes ``fd`` (>= 0 once the open succeeded). */
@@ -156,16 +145,20 @@ int sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct s
                     const char *name, int shard, int opened_fd);
 int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, const unsigned char *boot_id,
                   uint64_t bt_deadline, uint64_t wall_deadline, const unsigned char *token, int may_fsync);
-int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
-           int dir_fd, const char *name, int dst_fd, uint32_t shard, uint64_t bucket, const uint64_t *src_dir_id,
+/* The ack (settle.c). The lease's fields as arguments, as sq_read_payload's (converting them is cheaper
+ * than filling a struct): job_id, token 16 bytes, the digests 32 bytes each (the caller checks). */
+int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, int dir_fd, const char *name,
+           uint64_t dev, uint64_t ino, uint64_t max_attempts, uint64_t payload_length, const unsigned char *job_id,
+           const unsigned char *envelope_digest, const unsigned char *payload_digest, uint64_t generation,
+           uint32_t attempt, const unsigned char *token, int dst_fd, uint32_t shard, uint64_t bucket,
+           const uint64_t *src_dir_id,
            const uint64_t *dst_dir_id, /* the directories' {dev, ino} when the tree knows them, else NULL */
            int may_fsync, /* 0 in a batch: stop before the barriers (SQ_MOVED_BARRIER_LEFT) */
            const unsigned char *known_head, int64_t known_len); /* verify.py's memo for the lease's file, or NULL */
 int sq_enqueue(const struct sq_queue *q, const struct sq_sys *sys, struct sq_enqueue *e, const unsigned char *job_id,
                uint32_t max_attempts, uint64_t created_at, const unsigned char *extension, uint32_t extension_length,
                const unsigned char *payload, uint64_t payload_length, int dir_fd, uint32_t shard, int mode, int proc);
-/* Lease.payload() of a payload the first read holds. The lease's fields as arguments (converting them is
- * cheaper than filling a struct sq_lease): job_id 16 bytes, the digests 32 bytes each (the caller checks). */
+/* Lease.payload() of a payload the first read holds. The lease's fields as sq_ack's (the caller checks). */
 int sq_read_payload(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, int dir_fd, const char *name,
                     uint64_t dev, uint64_t ino, uint64_t max_attempts, uint64_t payload_length,
                     const unsigned char *job_id, const unsigned char *envelope_digest,

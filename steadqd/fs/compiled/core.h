@@ -38,10 +38,26 @@ void tagged_name(const struct sq_queue *q, const char *dir, size_t dir_len, cons
 int check_envelope_bytes(const struct sq_queue *q, const unsigned char *h, int64_t head_len, int64_t size,
                          int digest_known, uint32_t *ext_len_out, uint64_t *payload_len_out);
 
+/* What a lease says about its file (the Lease fields validate_source compares) and names its receipt by:
+ * sq_ack's and sq_read_payload's arguments, gathered once in C (generation, attempt, token: the ack's only). */
+struct sq_lease {
+    uint64_t dev, ino, max_attempts, payload_length;
+    unsigned char job_id[16];
+    unsigned char envelope_digest[32];
+    unsigned char payload_digest[32];
+    uint64_t generation;
+    uint32_t attempt;
+    unsigned char token[16];
+};
+
 /* lease.c: lease.validate_source from its open, shared by sq_ack and sq_read_payload. Each returns 1 when
  * its step passed, else 0 with a->stage saying where it stopped. */
 /* Reset ``a`` for one call on the leased file ``name``: 0 if the name cannot be one (too long). */
 int start_leased(struct sq_ack *a, const char *name);
+/* The fields validate_leased compares, from the arguments (job_id 16 bytes, the digests 32: the caller's check). */
+void lease_fields(struct sq_lease *l, uint64_t dev, uint64_t ino, uint64_t max_attempts, uint64_t payload_length,
+                  const unsigned char *job_id, const unsigned char *envelope_digest,
+                  const unsigned char *payload_digest);
 /* The open, fstat and identity check, read_envelope's checks on the first read and the header against the
  * lease; a->fd (the caller closes it), a->stats[0], a->head, a->payload_offset and a->head_known set, the
  * payload length out. ``known_head`` (known_len bytes, or NULL): the first read of the lease's file that

@@ -23,6 +23,15 @@ int start_leased(struct sq_ack *a, const char *name) {
     return 1;
 }
 
+void lease_fields(struct sq_lease *l, uint64_t dev, uint64_t ino, uint64_t max_attempts, uint64_t payload_length,
+                  const unsigned char *job_id, const unsigned char *envelope_digest,
+                  const unsigned char *payload_digest) {
+    l->dev = dev, l->ino = ino, l->max_attempts = max_attempts, l->payload_length = payload_length;
+    memcpy(l->job_id, job_id, sizeof l->job_id);
+    memcpy(l->envelope_digest, envelope_digest, sizeof l->envelope_digest);
+    memcpy(l->payload_digest, payload_digest, sizeof l->payload_digest);
+}
+
 int validate_leased(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a,
                     const struct sq_lease *lease, int dir_fd, const unsigned char *known_head, int64_t known_len,
                     uint64_t *payload_len_out) {
@@ -93,10 +102,8 @@ int sq_read_payload(const struct sq_queue *q, const struct sq_sys *sys, struct s
                     const unsigned char *job_id, const unsigned char *envelope_digest,
                     const unsigned char *payload_digest, const unsigned char *known_head, int64_t known_len) {
     if (!start_leased(a, name)) return a->stage;
-    struct sq_lease l = {.dev = dev, .ino = ino, .max_attempts = max_attempts, .payload_length = payload_length};
-    memcpy(l.job_id, job_id, sizeof l.job_id);
-    memcpy(l.envelope_digest, envelope_digest, sizeof l.envelope_digest);
-    memcpy(l.payload_digest, payload_digest, sizeof l.payload_digest);
+    struct sq_lease l;
+    lease_fields(&l, dev, ino, max_attempts, payload_length, job_id, envelope_digest, payload_digest);
     const struct sq_lease *lease = &l;
     uint64_t payload_len;
     if (!validate_leased(q, sys, a, lease, dir_fd, known_head, known_len, &payload_len)) return a->stage;

@@ -41,9 +41,17 @@ static void receipt_target(const struct sq_queue *q, const struct sq_lease *l, u
  * source's fsync (in a batch, the barriers are left to Tree.finish_move). The caller has the receipt
  * directory's fd already (Tree.ensure_dir, cached); ``known_head``: validate_leased's. Any deviation stops it
  * (a.stage); the caller replays a.recs. */
-int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, const struct sq_lease *lease,
-           int dir_fd, const char *name, int dst_fd, uint32_t shard, uint64_t bucket, const uint64_t *src_dir_id,
-           const uint64_t *dst_dir_id, int may_fsync, const unsigned char *known_head, int64_t known_len) {
+int sq_ack(const struct sq_queue *q, const struct sq_sys *sys, struct sq_ack *a, int dir_fd, const char *name,
+           uint64_t dev, uint64_t ino, uint64_t max_attempts, uint64_t payload_length, const unsigned char *job_id,
+           const unsigned char *envelope_digest, const unsigned char *payload_digest, uint64_t generation,
+           uint32_t attempt, const unsigned char *token, int dst_fd, uint32_t shard, uint64_t bucket,
+           const uint64_t *src_dir_id, const uint64_t *dst_dir_id, int may_fsync, const unsigned char *known_head,
+           int64_t known_len) {
+    struct sq_lease l;
+    lease_fields(&l, dev, ino, max_attempts, payload_length, job_id, envelope_digest, payload_digest);
+    l.generation = generation, l.attempt = attempt;
+    memcpy(l.token, token, sizeof l.token);
+    const struct sq_lease *lease = &l;
     /* next_generation raises at the limit; shard_dir refuses a shard past the maximum: the Python's */
     if (!start_leased(a, name) || lease->generation == U64_MAX || lease->max_attempts > U32_MAX ||
         shard >= MAX_SHARDS)
