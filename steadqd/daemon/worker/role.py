@@ -11,9 +11,9 @@ Wake-ups, never polling
     overflow we handled badly, or a lease the last scan skipped because of a
     transient error. It is the only periodic queue scan an idle worker
     makes. Only a job becoming *ready* wakes the role, so its own claims and
-    renewals never trigger a scan; while a claim runs the watch is not read
-    at all (its renames would wake the loop once a job), but with the claim's
-    results or :data:`READY_DEFER` later. The watch also keeps the ready count of
+    renewals never trigger a scan; while a claim or a settle runs the watch
+    is not read at all (their renames would wake the loop once a job), but
+    with their results or :data:`READY_DEFER` later. The watch also keeps the ready count of
     STATUS= current without listing directories every few seconds; the
     count is redone at each safety rescan and after an overflow (and not at
     all beyond 256 shards: "?").
@@ -122,7 +122,7 @@ class _Spawning:
 SAFETY_RESCAN = 60.0  # s; the only periodic scan of an idle worker (see the module docstring)
 BUSY_RETRY = 1.0  # s; re-lease after MAINTENANCE_BUSY
 ERROR_RETRY = 5.0  # s; re-lease / reopen after other errors
-READY_DEFER = 0.01  # s; the longest the ready watch goes unread while a claim runs (_defer_ready)
+READY_DEFER = 0.01  # s; the longest the ready watch goes unread while a claim or a settle runs (_defer_ready)
 PREPARE_GRACE = 5.0  # s; how long a forced stop waits for a claim or copy in flight
 # s; the longest the claiming or settling thread keeps the GIL once the loop's thread wants it back (CPython's
 # default: 5 ms). The loop gives it up at every syscall, several times per job, and a late loop delays every
@@ -159,7 +159,9 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         self._fill_guarded = self._guarded(self._fill)
         self._hand_over_cb = self._guarded(self._hand_over)
         self._on_ready_cb = self._guarded(self._on_ready)
-        self._ready_deferred: Timer | None = None  # the watch is not read while a claim runs: _defer_ready
+        self._ready_deferred: Timer | None = None  # the watch is not read while a claim or a settle runs
+        self._ready_read_at = 0.0  # when the deferred watch was last read (or deferred): READY_DEFER counts from it
+        self._resume_ready_cb = self._guarded(self._resume_ready)
         self._rescan_timer: Timer | None = None
         self._reopen_timer: Timer | None = None
         self._sweep_timer: Timer | None = None  # the next look for escaped job processes (process.kill_escaped)
@@ -443,14 +445,35 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
             self._ready = None
 
     def _defer_ready(self) -> None:
-        """Stop reading the ready watch while the claiming thread claims: its own renames would wake the
-        loop once or twice a batch, each time taking the GIL from that thread in the middle of its claim.
-        The events wait in the watch and are read with the claims' results (:meth:`_resume_ready`), or
-        :data:`READY_DEFER` later at the latest (a long copy): a cancel or a pause is heard that late."""
+        """Stop reading the ready watch while the claiming thread claims or the settling thread settles:
+        their own renames into and out of ``ready/`` would wake the loop once or twice a batch, each time
+        taking the GIL from that thread in the middle of its work. The events wait in the watch and are
+        read with the results (:meth:`_ready_with_results`), or :data:`READY_DEFER` after the last read at
+        the latest (a long copy, a slow barrier): a cancel or a pause is heard that late."""
         if self._ready_deferred is not None or self._ready is None or self.loop is None:
             return
         self.loop.remove_reader(self._ready.fileno())
-        self._ready_deferred = self.loop.call_later(READY_DEFER, self._guarded(self._resume_ready))
+        self._ready_read_at = self.loop.now()
+        self._ready_deferred = self.loop.call_later(READY_DEFER, self._resume_ready_cb)
+
+    def _ready_with_results(self) -> None:
+        """A claim's or a settle's results are in: once neither thread works in the tree any more, the
+        watch goes back on the loop and what it gathered is read in this pass (:meth:`_defer_ready`);
+        while one still does, it is read in this pass only if its deadline is half gone."""
+        if self._ready_deferred is None:
+            return
+        if (self._prep is not None and self._prep.busy) or (self._settler is not None and self._settler.busy):
+            # Not read at each result: its syscall hands the GIL to the thread still working (futex a job).
+            # Read once half the deadline is gone, and the deadline restarted: its timer's own pass is rare.
+            assert self.loop is not None and self._ready is not None
+            now = self.loop.now()
+            if now - self._ready_read_at >= READY_DEFER / 2:
+                self._ready_read_at = now
+                self._ready_deferred.cancel()
+                self._ready_deferred = self.loop.call_later(READY_DEFER, self._resume_ready_cb)
+                self._on_ready_cb()
+            return
+        self._resume_ready()
 
     def _resume_ready(self) -> None:
         """Read the ready watch again, and what it gathered meanwhile now (:meth:`_defer_ready`)."""
@@ -537,7 +560,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         assert self._prep is not None
         for done in self._prep.collect():
             self._take(done)
-        self._resume_ready()
+        self._ready_with_results()
         if self._fill_again:
             self._schedule_fill(0.0)
 

@@ -199,6 +199,8 @@ class Settler:
         self._reopen = reopen
         self._requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self._held: list[Settlement | str] = []  # submitted this loop pass, not handed over yet (loop side)
+        self._held_runs = 0  # the Settlements among _held (loop side): runs_held
+        self._in_flight = 0  # runs handed over whose group has not been collected (loop side): busy
         self._results: list[Group] = []
         self._lock = threading.Lock()  # guards _results
         self._stopping = False
@@ -213,6 +215,7 @@ class Settler:
         """Settle ``item`` once handed over; True if it is the first since the last :meth:`hand_over`
         (the caller arranges one hand-over at the end of its pass)."""
         self._held.append(item)
+        self._held_runs += 1
         return len(self._held) == 1
 
     def discard(self, directory: str) -> bool:
@@ -226,12 +229,26 @@ class Settler:
         """Give the thread what :meth:`submit` and :meth:`discard` took since the last call, in one piece."""
         if self._held:
             held, self._held = self._held, []
+            self._in_flight += self._held_runs
+            self._held_runs = 0
             self._requests.put(held)
+
+    @property
+    def runs_held(self) -> bool:
+        """The next :meth:`hand_over` gives the thread runs to settle (not only directories to remove)."""
+        return self._held_runs > 0
+
+    @property
+    def busy(self) -> bool:
+        """Runs handed over are being settled: the thread renames in the queue tree until they are collected."""
+        return self._in_flight > 0
 
     def collect(self) -> list[Group]:
         claim.drain_wakeups(self._r)
         with self._lock:
             done, self._results = self._results, []
+        for group in done:
+            self._in_flight -= len(group.items)
         return done
 
     def close(self, wait: float) -> tuple[list[Group], list[Settlement]]:
@@ -253,7 +270,7 @@ class Settler:
                 break
             requests += request or ()
         requests += self._held  # never handed over: the caller's too
-        self._held = []
+        self._held, self._held_runs = [], 0
         for r in requests:
             if isinstance(r, Settlement):
                 unstarted.append(r)
@@ -374,6 +391,8 @@ class RoleSettling:
 
         _hand_over_cb: Callable[[], None]  # _hand_over, guarded: made once by the role
 
+        def _defer_ready(self) -> None: ...
+        def _ready_with_results(self) -> None: ...
         def _drop(self, job: _Job) -> None: ...
         def _schedule_fill(self, delay: float) -> None: ...
         def _renew(self, job: _Job) -> None: ...
@@ -511,12 +530,15 @@ class RoleSettling:
     def _hand_over(self) -> None:
         """The end of a loop pass in which runs were submitted: the settling thread gets them all at once."""
         if self._settler is not None:
+            if self._settler.runs_held:  # its renames out of ready/ are read with its results (role.py)
+                self._defer_ready()  # before: the thread, woken, would take the GIL at the epoll_ctl
             self._settler.hand_over()
 
     def _on_settled(self) -> None:
         assert self._settler is not None
         for group in self._settler.collect():
             self._settled(group)
+        self._ready_with_results()
 
     def _settled(self, group: Group) -> None:
         """Report a group in the order the journal always told it: failures, then the group, then the acks."""
