@@ -385,10 +385,7 @@ class _Scan:
             try:
                 ctx.tree.finish_move(dir_fd, dir_fd, force=True)
             except Indeterminate as e:
-                source_view = replace(lease, generation=g, attempt=a)
-                raise _claim_unknown(
-                    ctx, source_view, e, LeasedLocation(ctx.boot_id, bt_deadline, wall_deadline)
-                ) from e
+                raise _claim_unknown(ctx, lease, g, a, e) from e
         remember_own_lease_path(ctx, rel, target_rel, shard, target)
         if stage != bridge.MOVED:
             # Moved and synced (or, in a batch, its barrier postponed); the payload's check is
@@ -550,12 +547,6 @@ class _Scan:
             reader=self.reader,
         )
 
-        def unknown(e: Indeterminate) -> SteadQError:
-            # For the ticket the source identity is the ready object's.
-            source_view = replace(lease, generation=job.generation, attempt=job.attempt)
-            destination = LeasedLocation(ctx.boot_id, bt_deadline, wall_deadline)
-            return _claim_unknown(ctx, source_view, e, destination)
-
         after_rename: list[Envelope] = []
 
         def recheck_evidence() -> None:
@@ -573,7 +564,7 @@ class _Scan:
             self.report.errors.append(f"claim {rel}/{name}: {e}")
             return None
         except Indeterminate as e:
-            raise unknown(e) from e
+            raise _claim_unknown(ctx, lease, job.generation, job.attempt, e) from e
         remember_own_lease_path(ctx, rel, target_rel, shard, target)
         return self.check_claimed_payload(lease, job, fd, after_rename[-1], dir_fd, rel, target_file)
 
@@ -595,13 +586,9 @@ class _Scan:
             self.isolate(dir_fd, rel, target_file, QuarantineReason.PAYLOAD_CORRUPT, env.witness)
             return None
         except OSError as e:
-            phase = "source_directory_durable"
             generation, attempt = (job.generation, job.attempt) if isinstance(job, JobName) else job
-            # For the ticket the source identity is the ready object's.
-            source_view = replace(lease, generation=generation, attempt=attempt)
-            destination = LeasedLocation(self.ctx.boot_id, lease.boottime_deadline_ns, lease.wall_deadline_ns)
-            cause = Indeterminate(phase, f"read payload: {e.strerror}")
-            raise _claim_unknown(self.ctx, source_view, cause, destination) from e
+            cause = Indeterminate("source_directory_durable", f"read payload: {e.strerror}")
+            raise _claim_unknown(self.ctx, lease, generation, attempt, cause) from e
         return lease
 
     def exhausted_to_dead(self, shard: int, dir_fd: int, name: str, job: JobName) -> None:
@@ -645,7 +632,12 @@ def _witness_of(fd: int) -> Witness | None:
         return None
 
 
-def _claim_unknown(ctx: Context, source_view: Lease, e: Indeterminate, destination: LeasedLocation) -> SteadQError:
+def _claim_unknown(ctx: Context, lease: Lease, generation: int, attempt: int, e: Indeterminate) -> SteadQError:
+    """A claim whose outcome is unknown after its rename: the handle poisoned, and the ticket, whose
+    source identity is the ready object's (its ``generation`` and ``attempt``) and whose destination
+    is the lease's name (its deadlines)."""
+    source_view = replace(lease, generation=generation, attempt=attempt)
+    destination = LeasedLocation(ctx.boot_id, lease.boottime_deadline_ns, lease.wall_deadline_ns)
     ctx.poison(f"claim of {source_view.job_id}: {e.cause}")
     ticket = make_ticket(ctx, source_view, "claim", e.phase, destination, source=ReadyLocation())
     return OutcomeUnknown(f"claim outcome unknown: {e.cause}", ticket)
