@@ -204,7 +204,7 @@ def _enqueue_fast(ctx: Context, payload: bytes, opts: _Options, core: Any) -> Pu
     extension = _plain_extension(opts.content_type, opts.producer_id)
     shard = shard_of(fmt.queue_id, job_id, fmt.shard_count)
     rel = ctx.ready_rels[shard]
-    dest_fd = ctx.tree.cached_fds((rel,))[0]
+    dest_fd = ctx.tree.cached_fd(rel)
     if dest_fd is None:
         return _enqueue_drawn(ctx, payload, opts, drawn)
     stage, e = core.enqueue(

@@ -186,7 +186,7 @@ class Tree:
             return fd
 
     def cached_fd(self, rel: str) -> int | None:
-        """:meth:`cached_fds` of one directory (payload(): one, without the list)."""
+        """:meth:`cached_fds` of one directory, without the list (payload(), a small enqueue)."""
         with self._lock:
             fd = self._dirs.get(rel)
             if fd is not None:
