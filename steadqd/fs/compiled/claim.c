@@ -133,13 +133,7 @@ int sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct s
 static void make_target(const struct sq_queue *q, struct sq_claim *c) {
     char base[200], ctx[300];
     char *p = base;
-    p = put_hex(p, c->job_id, 16);
-    *p++ = '.', *p++ = 'g';
-    p = put_hex_u64(p, c->generation + 1, 16);
-    *p++ = '.', *p++ = 'a';
-    p = put_hex_u64(p, (uint64_t)c->attempt + 1, 8);
-    *p++ = '.', *p++ = 'm';
-    p = put_hex_u64(p, c->max_attempts, 8);
+    p = put_job_fields(p, c->job_id, c->generation + 1, (uint64_t)c->attempt + 1, c->max_attempts);
     *p++ = '.', *p++ = 'o';
     p = put_hex(p, c->boot_id, 16);
     *p++ = '.', *p++ = 'b';

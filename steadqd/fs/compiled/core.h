@@ -127,6 +127,19 @@ static inline char *put_hex_u64(char *p, uint64_t v, int width) {
     return p;
 }
 
+/* The fields every job name starts with, "<job>.g<generation:016x>.a<attempt:08x>.m<max:08x>"
+ * (names._COMMON_FORMAT): the ready, leased and receipt names' common part, made in one place. */
+static inline char *put_job_fields(char *p, const unsigned char *job_id, uint64_t generation, uint64_t attempt,
+                                   uint64_t max_attempts) {
+    p = put_hex(p, job_id, 16);
+    *p++ = '.', *p++ = 'g';
+    p = put_hex_u64(p, generation, 16);
+    *p++ = '.', *p++ = 'a';
+    p = put_hex_u64(p, attempt, 8);
+    *p++ = '.', *p++ = 'm';
+    return put_hex_u64(p, max_attempts, 8);
+}
+
 static inline uint32_t be32(const unsigned char *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }

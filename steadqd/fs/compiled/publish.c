@@ -32,9 +32,7 @@ static void ready_target(const struct sq_queue *q, const unsigned char *job_id, 
                          char out[SQ_NAME_MAX]) {
     char base[96], dir[32];
     char *p = base;
-    p = put_hex(p, job_id, 16);
-    memcpy(p, ".g0000000000000000.a00000000.m", 30), p += 30;
-    p = put_hex_u64(p, max_attempts, 8);
+    p = put_job_fields(p, job_id, 0, 0, max_attempts);
     size_t base_len = (size_t)(p - base);
     char *x = dir;
     memcpy(x, "ready/-/-/", 10), x += 10;

@@ -14,13 +14,7 @@ static void receipt_target(const struct sq_queue *q, const struct sq_lease *l, u
                            char out[SQ_NAME_MAX]) {
     char base[128], dir[48];
     char *p = base;
-    p = put_hex(p, l->job_id, 16);
-    *p++ = '.', *p++ = 'g';
-    p = put_hex_u64(p, l->generation + 1, 16);
-    *p++ = '.', *p++ = 'a';
-    p = put_hex_u64(p, l->attempt, 8);
-    *p++ = '.', *p++ = 'm';
-    p = put_hex_u64(p, l->max_attempts, 8);
+    p = put_job_fields(p, l->job_id, l->generation + 1, l->attempt, l->max_attempts);
     *p++ = '.', *p++ = 't';
     p = put_hex(p, l->token, 16);
     size_t base_len = (size_t)(p - base);
