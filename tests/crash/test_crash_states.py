@@ -253,3 +253,18 @@ def test_materialise_round_trips(tmp_path: Path) -> None:
     assert oct(os.stat(os.path.join(dest, "d")).st_mode & 0o777) == oct(0o750)
     with open(os.path.join(dest, "c"), "rb") as f:
         assert f.read() == b"22"
+
+
+def test_gates_keep_every_finding_when_a_drain_lease_fails(tmp_path: Path) -> None:
+    """A broken watermark makes the drain's lease raise. The state's other
+    findings (the watermark's own, from the invariants) must still be
+    reported: which of them a lying-fsync run shows first depends on timing,
+    and CI once lost them all behind one "checker raised"."""
+    root, job, payload = _one_job_queue(tmp_path)
+    mark = os.path.join(root, "control", "wall-watermark")
+    os.chmod(mark, 0o600)
+    os.truncate(mark, 40)
+    exp = Expectation({job: frozenset({State.READY})}, {job}, {job: payload})
+    msgs = "\n".join(check_state(root, exp))
+    assert "control/wall-watermark: does not authenticate" in msgs, msgs
+    assert "drain: lease failed: NotCommitted" in msgs, msgs
