@@ -122,8 +122,10 @@ class Log:
         message = redacted(message)
         names = _FIELD_NAMES
         pairs = {
-            # a number hides nothing
-            (names.get(k) or _field_name(k)): str(v) if type(v) is int else redacted(_field_value(v))
+            # a number hides nothing; a str is its own text (only a bool or an object needs _field_value)
+            (names.get(k) or _field_name(k)): str(v)
+            if type(v) is int
+            else redacted(v if type(v) is str else _field_value(v))
             for k, v in fields.items()
             if v is not None
         }
@@ -135,14 +137,13 @@ class Log:
                 return
             except OSError:
                 pass  # journald restarting: fall back to stderr rather than lose the entry
-        plain = _PLAIN_ASCII.fullmatch  # _quote's ASCII rule, inline: a call less per field
-        extra = " ".join(
-            [
-                f"{k}={v if v.isascii() and plain(v) else _quote(v)}"
-                for k, v in sorted(pairs.items())
-                if k != "STEADQ_QUEUE" and k != "STEADQ_ROLE"
-            ]
-        )
+        del pairs["STEADQ_QUEUE"], pairs["STEADQ_ROLE"]  # named by the line's prefix
+        bare = _PLAIN_VALUES.get(len(pairs)) or _plain_values(len(pairs))
+        if bare.fullmatch("\0".join(pairs.values())):  # every value bare (the usual line): one regex, not one a field
+            extra = " ".join([f"{k}={v}" for k, v in sorted(pairs.items())])
+        else:
+            plain = _PLAIN_ASCII.fullmatch  # _quote's ASCII rule, inline (it matches ASCII only)
+            extra = " ".join([f"{k}={v if plain(v) else _quote(v)}" for k, v in sorted(pairs.items())])
         line = f"<{priority}>{self.role}[{self.queue}]: {_message_text(message)}" + (f" {extra}" if extra else "")
         if self._timestamps:
             now = time.time()
@@ -214,6 +215,19 @@ def _isatty(stream: TextIO) -> bool:
 
 
 _PLAIN_ASCII = re.compile(r"[A-Za-z0-9\-_./:@]+")
+# By number of values: exactly that many NUL-joined values, each bare by _PLAIN_ASCII (a NUL is never bare,
+# so a value holding one cannot pass for two). Built once per count; a line has a handful of fields.
+_PLAIN_VALUES: dict[int, re.Pattern[str]] = {}
+
+
+def _plain_values(n: int) -> re.Pattern[str]:
+    pattern = _PLAIN_VALUES.get(n)
+    if pattern is None:
+        one = _PLAIN_ASCII.pattern
+        pattern = re.compile(one + f"(?:\0{one}){{{n - 1}}}" if n else "(?!)")
+        if len(_PLAIN_VALUES) < 64:
+            _PLAIN_VALUES[n] = pattern
+    return pattern
 
 
 def _quote(v: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from steadqd.daemon import journal
@@ -50,3 +50,20 @@ def _line(**fields: object) -> str:
 @given(st.integers())
 def test_an_int_field_reads_as_its_text(n: int) -> None:
     assert _line(pid=n, attempt=True) == _line(pid=str(n), attempt="true")
+
+
+_FIELD_TEXT = st.one_of(
+    st.text(), st.lists(st.sampled_from(["ab", "9.", "\x00", " ", "", "é", "\n", "=", "@"])).map("".join), st.integers()
+)
+
+
+@example({"x": "a\x00b"})
+@example({"x": "a\x00b", "pid": 1})
+@example({"x": "", "pid": 1})
+@given(st.dictionaries(st.sampled_from(["job_id", "attempt", "pid", "stream", "reason", "queue", "x"]), _FIELD_TEXT))
+def test_a_line_shows_each_field_as_the_per_field_rule_says(fields: dict[str, object]) -> None:
+    # A line whose values are all bare is checked with one regex over them all (NUL-joined, counted): a value
+    # holding a NUL, a space or nothing must still be quoted, and the queue's own field stays the prefix's.
+    shown = {f"STEADQ_{k.upper()}": _quoted_by_the_rule(redacted(str(v))) for k, v in fields.items() if k != "queue"}
+    extra = " ".join(f"{k}={v}" for k, v in sorted(shown.items()))
+    assert _line(**fields) == "<6>worker[q]: job x started" + (f" {extra}" if extra else "") + "\n"
