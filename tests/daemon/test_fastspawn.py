@@ -325,10 +325,13 @@ def test_a_worker_started_with_its_standard_descriptors_closed_still_wires_the_c
 
 def test_the_environment_reaches_the_command_exactly_entry_by_entry() -> None:
     """The environment is passed as one buffer of NUL-terminated entries: each one whole, none run together."""
-    env = {**ENV, "EMPTY": "", "A": "x", "LONG": "y" * 5000, "UTF": "é€", "EQ": "a=b=c", "Z": "last"}
+    env = {**ENV, "EMPTY": "", "A": "x", "LONG": "y" * 5000, "UTF": "é€", "EQ": "a=b=c", "RAW": "\udcff", "Z": "last"}
     code, out, _err = run(["/usr/bin/env", "-0"], env=env)
     assert code == 0
-    assert sorted(out.split(b"\0")[:-1]) == sorted(f"{k}={v}".encode() for k, v in env.items())
+    assert sorted(out.split(b"\0")[:-1]) == sorted(os.fsencode(f"{k}={v}") for k, v in env.items())
+    for one in ({"ONLY": "1"}, {"B": "", "C": ""}):  # the first and the last entry's offsets, and empty values
+        code, out, _err = run(["/usr/bin/env", "-0"], env=one)
+        assert (code, sorted(out.split(b"\0")[:-1])) == (0, sorted(f"{k}={v}".encode() for k, v in one.items()))
     code, out, _err = run(["/usr/bin/env", "-0"], env={})
     assert (code, out) == (0, b"")
 

@@ -36,6 +36,7 @@ import os
 import select
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, Protocol, cast
@@ -216,8 +217,13 @@ class Spawned:
         return code
 
 
+# os.fsencode's encoding and error handler, read once as os reads them: a str is encoded here without its
+# fspath and isinstance (a job's few environment entries not in _entry's cache: four strings a job).
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+
+
 def _cstr(text: str | bytes, what: str) -> bytes:
-    raw = os.fsencode(text)
+    raw = text.encode(_FS_ENCODING, _FS_ERRORS) if type(text) is str else os.fsencode(text)
     if b"\0" in raw:
         raise ValueError(f"embedded null byte in the {what}")
     return raw
@@ -241,10 +247,6 @@ def _entry(name: str, value: str) -> bytes:
     return key + b"=" + _cstr(value, "environment")
 
 
-def _environment(env: Mapping[str, str]) -> list[bytes]:
-    return [_entry(k, v) for k, v in env.items()]
-
-
 @functools.lru_cache(maxsize=32)
 def _command(argv: tuple[str, ...], path: str | None) -> tuple[Any, int, Any, object]:
     """The C arrays of a command's candidate paths and arguments, the candidates' count, and the strings
@@ -265,15 +267,17 @@ def _environment_block(env: Mapping[str, str]) -> tuple[Any, Any]:
     """The environment as one buffer of NUL-terminated entries and the array pointing into it (keep both)."""
     assert _fastspawn is not None
     ffi = _fastspawn.ffi
-    entries = _environment(env)
+    entries = [_entry(k, v) for k, v in env.items()]
     block = ffi.new("char[]", b"\0".join(entries))
     base = ffi.cast("char *", block)
-    pointers = []
-    offset = 0
-    for e in entries:
-        pointers.append(base + offset)
-        offset += len(e) + 1
-    return block, ffi.new("char *[]", [*pointers, ffi.NULL])
+    # Each entry's offset in the block (the lengths before it, each with its NUL), in C loops (map, accumulate)
+    # rather than a len and an append an entry; the last offset is the block's end: the array's NULL instead.
+    pointers = [base + o for o in itertools.accumulate(map(_PLUS_ONE, map(len, entries)), initial=0)]
+    pointers[-1] = ffi.NULL
+    return block, ffi.new("char *[]", pointers)
+
+
+_PLUS_ONE = (1).__add__
 
 
 _devnull: int | None = None
