@@ -8,6 +8,7 @@ second the heap held thousands of dead entries that every push and pop walked.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 
@@ -79,4 +80,68 @@ def test_a_reader_removed_by_an_earlier_callback_of_the_same_batch_is_not_called
     finally:
         for fd in (r2, w2):
             os.close(fd)
+        loop.close()
+
+
+def test_named_timers_fire_through_the_guard_once_and_replaced_or_cancelled_ones_never() -> None:
+    """A job's :class:`Timers`: the guard wraps a callback when it fires (not when it is set), a name set
+    again replaces its timer, a cancel (one name or all) keeps it from firing, and equal times fire in order."""
+    loop = Loop()
+    fired: list[str] = []
+    guarded: list[str] = []
+
+    def guard(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            guarded.append(getattr(fn, "__name__", "?"))
+            try:
+                fn()
+            except ValueError as e:
+                fired.append(f"caught {e}")
+
+        return run
+
+    def named(name: str, *, fail: bool = False) -> Callable[[], None]:
+        def fn() -> None:
+            fired.append(name)
+            if fail:
+                raise ValueError(name)
+
+        fn.__name__ = name
+        return fn
+
+    try:
+        timers = service.Timers(loop, guard)
+        timers.set("a", 0.0, named("a1"))
+        timers.set("a", 0.0, named("a2"))  # replaces a1
+        timers.set("b", 0.0, named("b", fail=True))
+        timers.set("c", 0.0, named("c"))
+        timers.set("d", 60.0, named("d"))
+        timers.cancel("c")
+        timers.cancel("missing")
+        assert guarded == [] and bool(timers)
+        loop.run_once(0)
+        assert fired == ["a2", "b", "caught b"] and guarded == ["a2", "b"]
+        timers.set("e", 0.0, named("e"))
+        timers.cancel_all()
+        assert not timers
+        loop.run_once(0)
+        assert fired == ["a2", "b", "caught b"]
+        assert all(t.cancelled for _, _, t in loop._timers) and loop._size == len(loop._timers)
+    finally:
+        loop.close()
+
+
+def test_the_heap_size_the_loop_keeps_is_the_heaps() -> None:
+    loop = Loop()
+    try:
+        timers = service.Timers(loop, lambda fn: fn)
+        for i in range(5 * service.TIMERS_COMPACT_MIN):
+            timers.set(str(i % 7), 60.0 if i % 2 else 0.0, lambda: None)
+            if i % 3 == 0:
+                loop.call_later(0.0, lambda: None)
+            if i % 11 == 0:
+                loop.run_once(0)
+            assert loop._size == len(loop._timers)
+        assert len(loop._timers) <= 2 * service.TIMERS_COMPACT_MIN
+    finally:
         loop.close()

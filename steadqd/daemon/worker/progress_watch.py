@@ -71,10 +71,10 @@ class ProgressWatch:
 
     def stop(self, job: _Job) -> None:
         """The job's command has ended (or its file was refused): no more reads, its value is removed."""
-        job.timers.cancel("progress")
         held = self._jobs.pop(job.pid, None)
-        if held is None:
+        if held is None:  # a job whose progress is not read has no timer for it (the end's second call)
             return
+        job.timers.cancel("progress")
         os.close(held[0])
         if self._last.pop(job.pid, None) is not None:
             metrics.job_progress(job.slot, None)

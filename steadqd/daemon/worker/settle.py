@@ -403,9 +403,7 @@ class RoleSettling:
     def _finish(self, job: _Job) -> None:
         """The command has ended: judge the run, then settle it with this loop pass's others."""
         assert self.loop is not None
-        job.child.timers.cancel("timeout")
-        job.child.timers.cancel("kill")
-        code = job.child.returncode
+        code = job.child.returncode  # reaped (Child.reap or kill): its timeout and kill timers went with it
         assert code is not None
         outcome = job.verdict = self._verdict(job)
         if self.progress is not None:  # its command has ended: no more progress

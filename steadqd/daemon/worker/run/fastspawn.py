@@ -158,7 +158,8 @@ class PipeEnd:
         self.close()
 
     def __del__(self) -> None:  # as a file object: a pipe end dropped unclosed does not leak its descriptor
-        self.close()
+        if self._fd >= 0:  # the worker closes both of a job's: no call then
+            self.close()
 
 
 class Spawned:
