@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import TextIO
 
 from steadqd.constants import DeadReason
-from steadqd.text import printable, redacted
+from steadqd.text import _UNPRINTABLE, printable, redacted
 
 EMERG, ALERT, CRIT, ERR, WARNING, NOTICE, INFO, DEBUG = range(8)
 IDENTIFIER = "steadqd"
@@ -46,9 +46,15 @@ def _message_text(message: str) -> str:
     """The MESSAGE as the text line shows it: one line, no control characters, and
     quoted when it contains a KEY= word, so that a job printing ``STEADQ_JOB_ID=x``
     cannot pass for a field of the entry."""
+    if _PLAIN_MESSAGE(message) is None:  # the usual message: nothing to quote or escape, one regex
+        return message
     if _LOOKS_LIKE_FIELD.search(message):
         return repr(message)
     return printable(message)
+
+
+# Either thing _message_text acts on: a KEY= word, or a character printable() escapes.
+_PLAIN_MESSAGE = re.compile(f"{_LOOKS_LIKE_FIELD.pattern}|{_UNPRINTABLE.pattern}").search
 
 
 def reason_name(code: int) -> str:
@@ -123,7 +129,7 @@ class Log:
         names = _FIELD_NAMES
         pairs = {
             # a number hides nothing; a str is its own text (only a bool or an object needs _field_value)
-            (names.get(k) or _field_name(k)): str(v)
+            (names[k] if k in names else _field_name(k)): str(v)
             if type(v) is int
             else redacted(v if type(v) is str else _field_value(v))
             for k, v in fields.items()

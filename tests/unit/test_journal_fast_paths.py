@@ -67,3 +67,20 @@ def test_a_line_shows_each_field_as_the_per_field_rule_says(fields: dict[str, ob
     shown = {f"STEADQ_{k.upper()}": _quoted_by_the_rule(redacted(str(v))) for k, v in fields.items() if k != "queue"}
     extra = " ".join(f"{k}={v}" for k, v in sorted(shown.items()))
     assert _line(**fields) == "<6>worker[q]: job x started" + (f" {extra}" if extra else "") + "\n"
+
+
+def _message_by_the_rules(message: str) -> str:
+    return repr(message) if journal._LOOKS_LIKE_FIELD.search(message) else journal.printable(message)
+
+
+@example("job 1 finished: ack (exit 0)")
+@example("a KEY=value")
+@example("tab\there")
+@example("x\u2028y")
+@given(
+    st.one_of(
+        st.text(), st.lists(st.sampled_from(["a", " ", "K", "EY", "=", "\n", "\x1b", "\udcff", "é"])).map("".join)
+    )
+)
+def test_a_message_is_shown_as_the_full_rules_say(message: str) -> None:
+    assert journal._message_text(message) == _message_by_the_rules(message)
