@@ -211,18 +211,20 @@ class Loop:
         while self._timers and self._timers[0][2].cancelled:
             heapq.heappop(self._timers)
             self._size -= 1
+        # Conditional expressions, not max() and min() (two or three calls a pass); NaN still reads as 0.
         timeout = max_wait
         if self._timers:
-            until = max(0.0, self._timers[0][0] - self.now())
-            timeout = until if timeout is None else min(timeout, until)
+            until = self._timers[0][0] - self.now()
+            until = until if until > 0.0 else 0.0
+            timeout = until if timeout is None or until < timeout else timeout
         try:  # epoll_wait's milliseconds are rounded up by CPython: a timer is never woken for early
-            events = self._epoll.poll(-1 if timeout is None else max(0.0, timeout), len(self._readers))
+            events = self._epoll.poll(-1 if timeout is None else timeout if timeout > 0.0 else 0.0, len(self._readers))
         except InterruptedError:
             events = []
+        readers = self._readers
         for fd, _ in events:
-            callback = self._readers.get(fd)  # None: an earlier callback of this batch removed it
-            if callback is not None:
-                callback()
+            if fd in readers:  # not: an earlier callback of this batch removed it
+                readers[fd]()
         now = self.now()
         while self._timers and self._timers[0][0] <= now:
             _, _, t = heapq.heappop(self._timers)
