@@ -60,7 +60,6 @@ Attempts
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import subprocess
@@ -646,7 +645,10 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
                 if isinstance(result, fastspawn.Spawned):
                     self._kill_stray(result)
                 continue
-            self._guarded(functools.partial(self._spawn_done, s, result))()
+            try:  # _guarded's rule without a wrapper made for each spawn: its line, the loop goes on
+                self._spawn_done(s, result)
+            except Exception as e:
+                self.log.error(f"internal error in callback: {e!r}")
 
     def _kill_stray(self, proc: fastspawn.Spawned) -> None:
         """A command started for no job of ours (a spawn a stop gave up on): killed, its guard line taken back

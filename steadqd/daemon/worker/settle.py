@@ -43,7 +43,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from steadqd.backend import Backend, LeaseHandle
 from steadqd.backoff import RetryPolicy
@@ -411,7 +411,7 @@ class RoleSettling:
         self._sweep_after_job()
         job.run_fields = {
             "exit_status": code if code >= 0 else None,
-            "signal": job.child.signal_name,
+            "signal": job.child.signal_name if code < 0 else None,
             "verdict": outcome,
             "duration_ms": round((self.loop.now() - job.started) * 1000),
             "timed_out": "true" if job.child.timed_out else None,
@@ -541,7 +541,7 @@ class RoleSettling:
     def _settled(self, group: Group) -> None:
         """Report a group in the order the journal always told it: failures, then the group, then the acks."""
         for it in group.items:
-            job = cast(_Job, it.owner)
+            job: _Job = it.owner  # type: ignore[assignment]  # the role's own (typing.cast: a call a job)
             job.settling = False
             self.tally.done += it.tally.done
             self.tally.failed += it.tally.failed
@@ -556,7 +556,7 @@ class RoleSettling:
                 job_ids=",".join(it.lease.job_id for it in group.items),
             )
         for it in applied:
-            job = cast(_Job, it.owner)
+            job = it.owner  # type: ignore[assignment]
             if group.unknown is not None:
                 self._report_unsettled(job, "may or may not have taken effect (recovery decides)")
             else:

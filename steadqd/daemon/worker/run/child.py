@@ -361,6 +361,9 @@ class Child:
     @property
     def ended(self) -> str:
         """How it ended, for the journal: ``exit 1``, ``killed by SIGKILL``."""
+        code = self.returncode
+        if code is not None and code >= 0:  # the usual end: no signal to name (and no call to ask)
+            return f"exit {code}"
         name = self.signal_name
         return f"killed by {name}" if name else f"exit {self.returncode}"
 
