@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
+import sys
 import time
 from dataclasses import dataclass
 
@@ -29,7 +31,7 @@ import inotify_simple
 from steadqd.constants import CONTROL_DIR, JOB_EXT, READY_DIR, State
 from steadqd.errors import SteadQError, kind_for_errno
 from steadqd.fs.control import PAUSE_FILE
-from steadqd.fs.names import looks_ready, parse_name, shard_dir
+from steadqd.fs.names import _READY_DOTS, looks_ready, parse_name, shard_dir
 
 __all__ = ["READY_COUNT_SHARDS", "ReadyNews", "ReadyWatch", "is_ready_name"]
 
@@ -37,19 +39,41 @@ READY_COUNT_SHARDS = 256  # count ready names by listing only up to this many sh
 READ_BYTES = 65536  # one read's buffer: whole events (each at most 16 + NAME_MAX + 1 bytes), as many as fit
 _F = inotify_simple.flags
 _FLAGS = _F.CREATE | _F.MOVED_TO | _F.MOVED_FROM | _F.DELETE | _F.ONLYDIR | _F.DONT_FOLLOW
-_APPEAR = _F.CREATE | _F.MOVED_TO
-_VANISH = _F.MOVED_FROM | _F.DELETE
+_APPEAR = int(_F.CREATE | _F.MOVED_TO)
+_VANISH = int(_F.MOVED_FROM | _F.DELETE)
+_Q_OVERFLOW, _IGNORED = int(_F.Q_OVERFLOW), int(_F.IGNORED)
 
 
 def is_ready_name(name: str) -> bool:
     """A ready job name (not a colocated leased name, not a stray file)."""
-    if not looks_ready(name):
-        return False
+    return looks_ready(name) and _parses_as_ready(name)
+
+
+def _parses_as_ready(name: str) -> bool:
     try:
         parse_name(State.READY, name)
     except SteadQError:
         return False
     return True
+
+
+_EVENT = struct.Struct("iIII")  # struct inotify_event's header: wd, mask, cookie, len; its name follows
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()  # os.fsdecode's
+
+
+def parse_events(data: bytes) -> list[tuple[int, int, int, str]]:
+    """``inotify_simple.parse_events``: each event's (wd, mask, cookie, name), the name decoded as
+    ``os.fsdecode`` does, as a plain tuple (not its namedtuple) and with four calls an event, not ten."""
+    events = []
+    pos, end = 0, len(data)
+    unpack = _EVENT.unpack_from
+    while pos < end:
+        wd, mask, cookie, size = unpack(data, pos)
+        pos += 16 + size
+        # The name is NUL-padded to its size (and has no NUL of its own): cut at the first NUL.
+        name = data[pos - size : pos].partition(b"\0")[0]
+        events.append((wd, mask, cookie, name.decode(_FS_ENCODING, _FS_ERRORS)))
+    return events
 
 
 @dataclass(frozen=True)
@@ -124,36 +148,40 @@ class ReadyWatch:
         """The events waiting (or arriving within ``timeout_ms``), applied to the estimate in order."""
         appeared = overflowed = False
         left: list[str] = []
-        for ev in self._events(timeout_ms):
-            if ev.mask & _F.Q_OVERFLOW:
+        for wd, mask, _cookie, name in self._events(timeout_ms):
+            if mask & _Q_OVERFLOW:
                 overflowed = True
                 if self._counting:
                     self.recount()
                 continue
-            if ev.mask & _F.IGNORED:  # the shard dir went away
-                self._watched.pop(ev.wd, None)
-                if ev.wd == self._control_wd:
+            if mask & _IGNORED:  # the shard dir went away
+                self._watched.pop(wd, None)
+                if wd == self._control_wd:
                     self._control_wd = None
                 continue
-            if ev.wd == self._control_wd:
-                if ev.name == PAUSE_FILE:  # paused or resumed: the consumer looks again (a claim may succeed)
+            if wd == self._control_wd:
+                if name == PAUSE_FILE:  # paused or resumed: the consumer looks again (a claim may succeed)
                     appeared = True
                 continue
-            if not ev.name or not is_ready_name(ev.name):
-                # Leased names (claims and renewals), temps, strays. A leased name leaving is how a
-                # holder hears of a cancel at once; matching it against its own leases is the holder's.
-                if ev.name and ev.mask & _VANISH and ev.name.endswith(JOB_EXT):
-                    left.append(ev.name)
+            # is_ready_name, its looks_ready inline (a worker reads some three events a job: the claim's
+            # rename in and out of its name, the settle's): a job name that is not a ready one is a leased
+            # one (claims and renewals), one that is no job name a temp or a stray. A leased name leaving
+            # is how a holder hears of a cancel at once; matching it against its own leases is the holder's.
+            if not name.endswith(JOB_EXT):
                 continue
-            if ev.mask & _APPEAR:
+            if name.count(".") != _READY_DOTS or not _parses_as_ready(name):
+                if mask & _VANISH:
+                    left.append(name)
+                continue
+            if mask & _APPEAR:
                 appeared = True
                 if self.ready_estimate is not None:
                     self.ready_estimate += 1
-            elif ev.mask & _VANISH and self.ready_estimate is not None:
+            elif mask & _VANISH and self.ready_estimate is not None:
                 self.ready_estimate = max(0, self.ready_estimate - 1)
         return ReadyNews(appeared, overflowed, tuple(left))
 
-    def _events(self, timeout_ms: int) -> list[inotify_simple.Event]:
+    def _events(self, timeout_ms: int) -> list[tuple[int, int, int, str]]:
         """The events waiting: without a wait, one read of the non-blocking descriptor (whole events, up to
         :data:`READ_BYTES`; the rest wakes the loop again), where inotify_simple's asks FIONREAD first: an
         ``ioctl`` fewer each time a claim or a settle of the worker's own wakes its loop."""
@@ -163,7 +191,7 @@ class ReadyWatch:
             data = os.read(self._ino.fileno(), READ_BYTES)
         except BlockingIOError:
             return []
-        return inotify_simple.parse_events(data)
+        return parse_events(data)
 
     def wait(self, seconds: float) -> bool:
         """Sleep until a ready name appears or events were lost, at most ``seconds``; True if so."""
