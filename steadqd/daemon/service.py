@@ -58,6 +58,7 @@ def open_queue(settings: QueueSettings, *, certify: bool = False, **options: Any
     return backend.open_queue(settings.queue, **open_options(settings, certify=certify), **options)
 
 
+_SOON = float("-inf")  # the time of a call_soon timer
 TIMERS_COMPACT_MIN = 256  # timers in the loop's heap below which cancelled ones are left to expire
 
 
@@ -137,6 +138,7 @@ class Loop:
         self._size = 0  # len(self._timers), kept as a number: asked at every push
         self._compact_at = TIMERS_COMPACT_MIN  # the heap's length at which cancelled timers are swept out
         self._seq = 0  # the last timer's sequence number: equal times fire in the order they were set
+        self._soon: list[Timer] = []  # call_soon's, in the order asked
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.add_reader(self._wake_r, self._drain_wakeups)
 
@@ -167,6 +169,18 @@ class Loop:
         self._size += 1
         if self._size > self._compact_at:
             self._compact()
+        return t
+
+    def call_soon(self, callback: Callable[[], None]) -> Timer:
+        """``callback`` at the end of this pass, after its readers' callbacks and due timers (asked from a
+        callback of the end itself, or between passes: in the next, which does not wait then).
+
+        What ``call_later(0.0, ...)`` was for, in the order asked, without a heap entry and its clock
+        reading: a worker asks it some three times a job (a fill, a hand-over, a sweep at the pass's end).
+        Its timer's ``when`` is -inf: due before any other.
+        """
+        t = Timer(_SOON, callback)
+        self._soon.append(t)
         return t
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
@@ -213,7 +227,9 @@ class Loop:
             self._size -= 1
         # Conditional expressions, not max() and min() (two or three calls a pass); NaN still reads as 0.
         timeout = max_wait
-        if self._timers:
+        if self._soon:
+            timeout = 0.0
+        elif self._timers:
             until = self._timers[0][0] - self.now()
             until = until if until > 0.0 else 0.0
             timeout = until if timeout is None or until < timeout else timeout
@@ -231,6 +247,11 @@ class Loop:
             self._size -= 1
             if not t.cancelled:
                 t.callback()
+        if self._soon:
+            soon, self._soon = self._soon, []
+            for t in soon:
+                if not t.cancelled:
+                    t.callback()
 
     def close(self) -> None:
         self._epoll.close()

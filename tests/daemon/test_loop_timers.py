@@ -145,3 +145,34 @@ def test_the_heap_size_the_loop_keeps_is_the_heaps() -> None:
         assert len(loop._timers) <= 2 * service.TIMERS_COMPACT_MIN
     finally:
         loop.close()
+
+
+def test_call_soon_runs_at_the_end_of_the_pass_in_order_and_one_asked_then_runs_in_the_next() -> None:
+    """``call_soon`` is ``call_later(0.0)`` without a heap entry: after the pass's readers and due timers,
+    in the order asked; cancelled, never; asked by the end itself, in the next pass, which does not wait."""
+    loop = Loop()
+    r, w = os.pipe()
+    order: list[str] = []
+    try:
+
+        def reader() -> None:
+            os.read(r, 1)
+            order.append("reader")
+            loop.call_soon(lambda: order.append("soon 1"))
+            loop.call_soon(lambda: order.append("cancelled")).cancel()
+            loop.call_soon(lambda: (order.append("soon 2"), loop.call_soon(lambda: order.append("next pass"))))
+
+        loop.add_reader(r, reader)
+        loop.call_later(0.0, lambda: order.append("timer"))
+        os.write(w, b"x")
+        loop.run_once(5.0)
+        assert order == ["reader", "timer", "soon 1", "soon 2"]
+        assert loop.call_soon(lambda: None).when == float("-inf")
+        t0 = loop.now()
+        loop.run_once(5.0)  # no event, no timer: only the pending soon ones, without waiting
+        assert order[-1] == "next pass" and loop.now() - t0 < 1.0
+    finally:
+        loop.remove_reader(r)
+        os.close(r)
+        os.close(w)
+        loop.close()

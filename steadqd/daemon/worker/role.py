@@ -422,12 +422,17 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
     def _schedule_fill(self, delay: float) -> None:
         if self.loop is None or self.draining:
             return
-        when = self.loop.now() + delay
-        if self._fill_timer is not None and not self._fill_timer.cancelled:
-            if self._fill_timer.when <= when:
+        # Now: at the end of this loop pass (a call_soon's time is -inf: before any), no clock reading.
+        when = self.loop.now() + delay if delay > 0.0 else float("-inf")
+        pending = self._fill_timer
+        if pending is not None and not pending.cancelled:
+            if pending.when <= when:
                 return
-            self._fill_timer.cancel()
-        self._fill_timer = self.loop.call_at(when, self._fill_guarded)
+            pending.cancel()
+        if delay > 0.0:
+            self._fill_timer = self.loop.call_at(when, self._fill_guarded)
+        else:
+            self._fill_timer = self.loop.call_soon(self._fill_guarded)
 
     # -- wake-ups ---------------------------------------------------------------
 
@@ -632,7 +637,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         if pids is not None:
             self._sweep_put_off = None
         if self._spawner.uncollected and self.loop is not None:  # their tokens are read: the reader stays quiet
-            self.loop.call_later(0.0, self._guarded(self._on_spawned))
+            self.loop.call_soon(self._guarded(self._on_spawned))
         return pids
 
     def _on_spawned(self) -> None:

@@ -419,7 +419,7 @@ class RoleSettling:
         if outcome is Verdict.ABANDON:
             if self._settler is not None:
                 if self._settler.discard(job.tmpdir):
-                    self.loop.call_later(0.0, self._hand_over_cb)
+                    self.loop.call_soon(self._hand_over_cb)
             else:
                 payload.remove(job.tmpdir)
             self._report_finished(job, None)
@@ -521,7 +521,7 @@ class RoleSettling:
         verdict_ = job.verdict or Verdict.RETRY
         if self._settler.submit(Settlement(job, job.lease, job.cfg, verdict_, job.child.ended, job.tmpdir)):
             assert self.loop is not None
-            self.loop.call_later(0.0, self._hand_over_cb)  # after this pass's other callbacks
+            self.loop.call_soon(self._hand_over_cb)  # after this pass's other callbacks
         job.tmpdir = ""  # the thread removes it
         self._schedule_fill(0.0)  # its slot is free: _slots_taken
 

@@ -136,7 +136,7 @@ class RoleSweep:
         self._schedule_sweep(ESCAPED_SWEEP, postpone=True)
         if not self._sweep_this_pass and self.loop is not None and not self.closed:
             self._sweep_this_pass = True
-            self.loop.call_later(0.0, self._guarded(self._sweep_at_pass_end))
+            self.loop.call_soon(self._guarded(self._sweep_at_pass_end))
 
     def _sweep_at_pass_end(self) -> None:
         self._sweep_this_pass = False
