@@ -88,7 +88,8 @@ def _field_value(value: object) -> str:
 
 def short_id(job_id: str) -> str:
     """A job id as a sentence shows it (8 hex digits, like a short git hash); fields keep all 32."""
-    return printable(job_id[:8])
+    short = job_id[:8]
+    return short if short.isalnum() else printable(short)  # letters and digits (a job id's hex): nothing to escape
 
 
 class Log:

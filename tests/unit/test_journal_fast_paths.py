@@ -84,3 +84,11 @@ def _message_by_the_rules(message: str) -> str:
 )
 def test_a_message_is_shown_as_the_full_rules_say(message: str) -> None:
     assert journal._message_text(message) == _message_by_the_rules(message)
+
+
+@example("3d1f6a0c9e")
+@example("\x1b[2Jabcdef")
+@example("\udcffabc")
+@given(st.text())
+def test_a_short_id_is_escaped_as_printable_says(job_id: str) -> None:
+    assert journal.short_id(job_id) == journal.printable(job_id[:8])

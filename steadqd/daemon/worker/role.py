@@ -74,7 +74,7 @@ from steadqd.backend import Backend, LeaseHandle, PauseState, ReadyWatch
 from steadqd.daemon import command_check, metrics, preflight, process
 from steadqd.daemon.config import QueueSettings, WorkerConfig
 from steadqd.daemon.environment import slot_environment
-from steadqd.daemon.journal import Log, short_id
+from steadqd.daemon.journal import INFO, Log, short_id
 from steadqd.daemon.service import Loop, Timer, open_queue
 from steadqd.daemon.worker import claim, payload, renew
 from steadqd.daemon.worker.control import RoleControl
@@ -527,7 +527,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         busy = self._slots_taken()
         if self.draining or self.closed or self._prep is None or busy >= cfg.concurrency:
             return
-        if self.held is not None:  # the hold's own timer looks again
+        if self._hold is not None and self._hold.reason is not None:  # held (self.held): its own timer looks again
             return
         unproven = self._proven is not cfg and (self._spawning or any(j.child.starting for j in self.jobs.values()))
         if self._prep.busy or unproven:
@@ -688,8 +688,8 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         job.child.start()
         if self.progress is not None:
             self.progress.start(job)
-        # The claim and the copy took time: count it against the first renewal.
-        job.timers.set("renew", max(0.0, cfg.renew_interval - (self.loop.now() - p.renewed)), lambda: self._renew(job))
+        # The claim and the copy took time: count it against the first renewal (less than none: now).
+        job.timers.set("renew", cfg.renew_interval - (self.loop.now() - p.renewed), lambda: self._renew(job))
         if report is None:
             self._on_report(job, b"")
         return job
@@ -697,12 +697,13 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
     def _on_report(self, job: _Job, report: bytes) -> None:
         """The helper's report: the command runs (``job started``), or its exec failed (a start failure)."""
         lease, cfg = job.lease, job.cfg
-        err = exec_helper.start_error(report, command_argv(cfg)[0])
+        err = exec_helper.start_error(report, command_argv(cfg)[0]) if report else None  # b"": it runs
         if err is None:
             self._proven = cfg
             if self._hold is not None:
                 self._hold.job_started()
-            self.log.info(
+            self.log.log(
+                INFO,
                 f"job {short_id(lease.job_id)} started (attempt {lease.attempt}/{lease.max_attempts}, pid {job.pid})",
                 **job.fields,
                 pid=job.pid,

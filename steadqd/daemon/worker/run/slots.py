@@ -6,7 +6,6 @@ values (``slot_values:``) are the environment's (steadqd.daemon.environment.slot
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -27,5 +26,9 @@ def free_slot(jobs: Iterable[_Job], starting: Iterable[int] = ()) -> int:
     concurrency; new jobs get slots below the new one. ``starting``: the
     slots of commands the spawn pool is starting (held from the hand-over).
     """
-    held = {j.slot for j in jobs if j.child.returncode is None}.union(starting)
-    return next(s for s in itertools.count() if s not in held)
+    held = {j.slot for j in jobs if j.child.returncode is None}
+    held.update(starting)
+    slot = 0
+    while slot in held:
+        slot += 1
+    return slot
