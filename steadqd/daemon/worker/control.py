@@ -44,6 +44,8 @@ class RoleControl:
 
     def _note_pause(self, paused: PauseState | None) -> None:
         """Log a pause when a claim pass first finds it, and the resume when one claims again."""
+        if paused is None and self.paused is None:  # not paused, as before (every claim): nothing changes
+            return
         was, self.paused = self.paused, paused
         if paused is not None and (was is None or was != paused):
             self.log.notice(

@@ -575,7 +575,8 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
             self._fill_again = False  # the retry waits as _lease_failed says, whatever arrived
             self._lease_failed(p.lease_error)
             return
-        claim.report_scan(self.log, p.scan)
+        if p.scan is not None:
+            claim.report_scan(self.log, p.scan)
         lease = p.lease
         if lease is not None or p.error is None:
             self._note_pause(p.paused)

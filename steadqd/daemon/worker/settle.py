@@ -438,8 +438,9 @@ class RoleSettling:
         )
         dead = bool(follow and "reason" in follow[2])
         metrics.job_finished(str(outcome), job.run_fields.get("duration_ms"), dead=dead)
-        self._log_follow_up(job.lease, follow)
-        self._notify(job, follow, dead)
+        if follow is not None:  # an ack has no follow-up line and no notification command
+            self._log_follow_up(job.lease, follow)
+            self._notify(job, follow, dead)
 
     def _notify(self, job: _Job, follow: FollowUp, dead: bool) -> None:
         """Start ``on_bury`` for a buried job, ``on_retry`` for a retried one (daemon/worker/hooks.py)."""

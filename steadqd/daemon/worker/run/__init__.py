@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +71,7 @@ class _Job:
             log=role.log,
             fields=self.fields,
             guard=guard,
-            on_exit=lambda: role._finish(self),
+            on_exit=functools.partial(role._finish, self),  # a partial: no Python frame of its own (once a job)
             report_fd=report_fd,
             on_report=lambda report: role._on_report(self, report),
         )

@@ -243,10 +243,16 @@ def _executables(program: str, env: Mapping[str, str]) -> list[bytes]:
 def _entry(name: str, value: str) -> bytes:
     """One ``NAME=value`` entry (ValueError as Popen's). Cached: most of a job's entries are its
     configuration's and the queue's, the same for every job (a job's own few push out the oldest)."""
+    return _entry_key(name) + _cstr(value, "environment")
+
+
+@functools.lru_cache(maxsize=256)
+def _entry_key(name: str) -> bytes:
+    """``NAME=`` (ValueError as Popen's). Cached apart: a job's own entries miss _entry's cache, not this one."""
     key = _cstr(name, "environment")
     if not key or b"=" in key:
         raise ValueError(f"illegal environment variable name {name!r}")
-    return key + b"=" + _cstr(value, "environment")
+    return key + b"="
 
 
 @functools.lru_cache(maxsize=32)
