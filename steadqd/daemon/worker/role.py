@@ -800,13 +800,16 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
             reason=reason,
         )
 
-    def _drop(self, job: _Job) -> None:
+    def _drop(self, job: _Job, *, refill: bool = True) -> None:
+        """Forget the job; its slot is free. ``refill=False``: a settled run's, whose slot was freed (and a fill
+        asked for) when it was handed to the settling thread (_settle; _slots_taken skips a settling job)."""
         if self.progress is not None:
             self.progress.stop(job)
         job.timers.cancel_all()
         job.child.release()
         self.jobs.pop(job.pid, None)
-        self._schedule_fill(0.0)
+        if refill:
+            self._schedule_fill(0.0)
 
     def _abandon(self, job: _Job, why: str) -> None:
         """After an internal error: make sure the job cannot hang the role forever."""
