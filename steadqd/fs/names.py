@@ -554,6 +554,12 @@ def parse_name(state: State, name: str | bytes) -> JobName:
     return _trusted_name(values)
 
 
+def is_name(state: State, name: str) -> bool:
+    """Would :func:`parse_name` accept ``name`` (a ``str``) for ``state``? Its checks, without the
+    JobName it builds: the ready watch asks it of a name in each event it reads (fs/ready_watch.py)."""
+    return name.isascii() and "\0" not in name and _GRAMMAR_RE[state].fullmatch(name) is not None
+
+
 _TAIL_LENGTH = {state: len(".k") + 2 * NAME_TAG_BYTES + len(ext) for state, (ext, _) in _GRAMMAR.items()}
 
 

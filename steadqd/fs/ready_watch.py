@@ -31,7 +31,7 @@ import inotify_simple
 from steadqd.constants import CONTROL_DIR, JOB_EXT, READY_DIR, State
 from steadqd.errors import SteadQError, kind_for_errno
 from steadqd.fs.control import PAUSE_FILE
-from steadqd.fs.names import _READY_DOTS, looks_ready, parse_name, shard_dir
+from steadqd.fs.names import _READY_DOTS, is_name, looks_ready, shard_dir
 
 __all__ = ["READY_COUNT_SHARDS", "ReadyNews", "ReadyWatch", "is_ready_name"]
 
@@ -50,11 +50,7 @@ def is_ready_name(name: str) -> bool:
 
 
 def _parses_as_ready(name: str) -> bool:
-    try:
-        parse_name(State.READY, name)
-    except SteadQError:
-        return False
-    return True
+    return is_name(State.READY, name)
 
 
 _EVENT = struct.Struct("iIII")  # struct inotify_event's header: wd, mask, cookie, len; its name follows

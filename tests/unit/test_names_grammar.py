@@ -117,6 +117,20 @@ def test_a_rejected_name_still_says_which_rule_it_broke(text: str, why: str) -> 
 
 @settings(max_examples=300, deadline=None)
 @given(candidate_names())
+def test_is_name_says_whether_parse_name_accepts(case: tuple[State, str]) -> None:
+    """The ready watch's check (names.is_name) accepts exactly what parse_name parses, for every state."""
+    _, text = case
+    for state in _FIELDS:
+        try:
+            names.parse_name(state, text)
+            parsed = True
+        except CorruptObject:
+            parsed = False
+        assert names.is_name(state, text) is parsed, (state, text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(candidate_names())
 def test_looks_ready_never_rejects_a_ready_name(case: tuple[State, str]) -> None:
     """The scans' cheap pre-filter: every name parse_name accepts as ready passes it,
     and no valid name of another state (same directory for leased ones) does."""
