@@ -159,6 +159,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         self._hand_over_cb = self._guarded(self._hand_over)
         self._on_ready_cb = self._guarded(self._on_ready)
         self._ready_deferred: Timer | None = None  # the watch is not read while a claim or a settle runs
+        self._ready_fd = -1  # the ready watch's descriptor, once it is made
         self._ready_read_at = 0.0  # when the deferred watch was last read (or deferred): READY_DEFER counts from it
         self._resume_ready_cb = self._guarded(self._resume_ready)
         self._rescan_timer: Timer | None = None
@@ -224,7 +225,8 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         doorbell = getattr(self._ready, "doorbell_problem", None)  # a bucket's watch: why it only polls
         if doorbell:
             self.log.notice(f"{doorbell}: a new job is found by the next idle poll")
-        loop.add_reader(self._ready.fileno(), self._on_ready_cb)
+        self._ready_fd = self._ready.fileno()  # the watch's, for its life: asked at every deferral and resume
+        loop.add_reader(self._ready_fd, self._on_ready_cb)
         self._ready.recount()
         self._rescan_timer = loop.call_later(SAFETY_RESCAN, self._guarded(self._safety_rescan))
         self._hold = Hold(
@@ -456,9 +458,9 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         the latest (a long copy, a slow barrier): a cancel or a pause is heard that late."""
         if self._ready_deferred is not None or self._ready is None or self.loop is None:
             return
-        self.loop.remove_reader(self._ready.fileno())
-        self._ready_read_at = self.loop.now()
-        self._ready_deferred = self.loop.call_later(READY_DEFER, self._resume_ready_cb)
+        self.loop.remove_reader(self._ready_fd)
+        self._ready_read_at = now = self.loop.now()
+        self._ready_deferred = self.loop.call_at(now + READY_DEFER, self._resume_ready_cb)
 
     def _ready_with_results(self) -> None:
         """A claim's or a settle's results are in: once neither thread works in the tree any more, the
@@ -474,7 +476,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
             if now - self._ready_read_at >= READY_DEFER / 2:
                 self._ready_read_at = now
                 self._ready_deferred.cancel()
-                self._ready_deferred = self.loop.call_later(READY_DEFER, self._resume_ready_cb)
+                self._ready_deferred = self.loop.call_at(now + READY_DEFER, self._resume_ready_cb)
                 self._on_ready_cb()
             return
         self._resume_ready()
@@ -487,7 +489,7 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         self._ready_deferred = None
         if self._ready is None or self.loop is None:
             return
-        self.loop.add_reader(self._ready.fileno(), self._on_ready_cb)
+        self.loop.add_reader(self._ready_fd, self._on_ready_cb)
         self._on_ready_cb()
 
     def _on_ready(self) -> None:
