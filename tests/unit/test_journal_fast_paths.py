@@ -53,7 +53,10 @@ def test_an_int_field_reads_as_its_text(n: int) -> None:
 
 
 _FIELD_TEXT = st.one_of(
-    st.text(), st.lists(st.sampled_from(["ab", "9.", "\x00", " ", "", "é", "\n", "=", "@"])).map("".join), st.integers()
+    st.text(),
+    _URLISH,
+    st.lists(st.sampled_from(["ab", "9.", "\x00", " ", "", "é", "\n", "=", "@"])).map("".join),
+    st.integers(),
 )
 
 
@@ -92,3 +95,11 @@ def test_a_message_is_shown_as_the_full_rules_say(message: str) -> None:
 @given(st.text())
 def test_a_short_id_is_escaped_as_printable_says(job_id: str) -> None:
     assert journal.short_id(job_id) == journal.printable(job_id[:8])
+
+
+@example("see http://u:p@h/x?token=s")
+@given(st.one_of(_URLISH, st.text()))
+def test_a_logged_message_is_redacted_then_shown_as_the_rules_say(message: str) -> None:
+    out = io.StringIO()
+    Log("worker", "q", journal=False, stream=out, timestamps=False).info(message)
+    assert out.getvalue() == f"<6>worker[q]: {_message_by_the_rules(_redacted_by_the_rules(message))}\n"
