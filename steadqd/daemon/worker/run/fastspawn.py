@@ -554,7 +554,7 @@ class Pool:
                     break
         except BlockingIOError:
             pass
-        whole = len(raw) - len(raw) % 8
+        whole = len(raw) & ~7  # whole tokens (8 bytes each)
         self._partial = raw[whole:]
         for (token,) in struct.iter_unpack("=Q", raw[:whole]):
             pending = self._pending.pop(token, None)
