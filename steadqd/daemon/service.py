@@ -103,15 +103,29 @@ class Timers:
         if loop._size > loop._compact_at:
             loop._compact()
 
+    def set_at(self, key: str, when: float, fn: Callable[[], None]) -> None:
+        """:meth:`set` by the loop's clock time (one in the past: now), for a caller that knows it."""
+        timers = self._timers
+        if key in timers:
+            timers[key].cancelled = True
+        loop = self._loop
+        t = timers[key] = Timer(when, functools.partial(_guarded_call, self._guard, fn))
+        loop._seq += 1
+        heapq.heappush(loop._timers, (when, loop._seq, t))
+        loop._size += 1
+        if loop._size > loop._compact_at:
+            loop._compact()
+
     def cancel(self, key: str) -> None:
         timers = self._timers
         if key in timers:
             timers.pop(key).cancelled = True
 
     def cancel_all(self) -> None:
-        timers, self._timers = self._timers, {}
-        for t in timers.values():
-            t.cancelled = True
+        if self._timers:  # a job's end has cancelled each already: nothing to walk
+            timers, self._timers = self._timers, {}
+            for t in timers.values():
+                t.cancelled = True
 
     def __bool__(self) -> bool:
         return bool(self._timers)

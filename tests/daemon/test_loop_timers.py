@@ -176,3 +176,20 @@ def test_call_soon_runs_at_the_end_of_the_pass_in_order_and_one_asked_then_runs_
         os.close(r)
         os.close(w)
         loop.close()
+
+
+def test_a_named_timer_set_at_a_past_time_fires_now_and_a_later_one_waits() -> None:
+    loop = Loop()
+    fired: list[str] = []
+    try:
+        timers = service.Timers(loop, lambda fn: fn)
+        timers.set_at("past", loop.now() - 5.0, lambda: fired.append("past"))
+        timers.set_at("later", loop.now() + 60.0, lambda: fired.append("later"))
+        timers.set_at("past", loop.now() - 1.0, lambda: fired.append("replaced"))  # replaces the first
+        loop.run_once(0)
+        assert fired == ["replaced"]
+        timers.cancel_all()
+        timers.cancel_all()  # nothing left: nothing to do
+        assert not timers and all(t.cancelled for _, _, t in loop._timers)
+    finally:
+        loop.close()

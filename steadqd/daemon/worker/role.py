@@ -691,8 +691,8 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
         job.child.start()
         if self.progress is not None:
             self.progress.start(job)
-        # The claim and the copy took time: count it against the first renewal (less than none: now).
-        job.timers.set("renew", cfg.renew_interval - (self.loop.now() - p.renewed), lambda: self._renew(job))
+        # The claim and the copy took time: the first renewal is due an interval after the last (if past: now).
+        job.timers.set_at("renew", p.renewed + cfg.renew_interval, lambda: self._renew(job))
         if report is None:
             self._on_report(job, b"")
         return job

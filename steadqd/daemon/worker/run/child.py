@@ -407,8 +407,10 @@ class Child:
         """Its owner is done with it: no more callbacks, no more output."""
         self.released = True
         self.timers.cancel_all()
-        self._close_pidfd()
-        self.close_streams()
+        if self._pidfd is not None:  # the usual end has none (it closed its output by exiting): no call
+            self._close_pidfd()
+        if self.streams or self._report_fd is not None:  # the usual end closed them already
+            self.close_streams()
 
     def kill(self) -> None:
         """Forced stop: SIGKILL what is left of the group, reap the leader, close the pipes."""
@@ -598,7 +600,8 @@ class Child:
             if self.released:  # its exec failed: not a run that ended
                 return
         self.timers.cancel("exit")
-        self._close_pidfd()
+        if self._pidfd is not None:
+            self._close_pidfd()
         self._exit_told = True
         self._on_exit()
 
