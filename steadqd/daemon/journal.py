@@ -111,6 +111,8 @@ class Log:
         # a service manager's log add their own.
         self._timestamps = _isatty(self._stream) if timestamps is None else timestamps
         self._lock = threading.Lock()
+        # A line-buffered stream (sys.stderr, even redirected) writes a line at its newline: no flush() then.
+        self._flush = not getattr(self._stream, "line_buffering", False)
         self._send = None
         if journal if journal is not None else journal_connected():
             try:
@@ -162,7 +164,8 @@ class Log:
         with self._lock:
             try:
                 self._stream.write(line + "\n")
-                self._stream.flush()
+                if self._flush:
+                    self._stream.flush()
             except (OSError, ValueError):
                 pass
 

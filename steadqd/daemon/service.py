@@ -148,6 +148,7 @@ class Loop:
     def __init__(self) -> None:
         self._epoll = select.epoll()  # close-on-exec
         self._readers: dict[int, Callable[[], None]] = {}
+        self._n_readers = 0  # len(self._readers), kept as a number: epoll's maxevents, asked every pass
         self._timers: list[tuple[float, int, Timer]] = []
         self._size = 0  # len(self._timers), kept as a number: asked at every push
         self._compact_at = TIMERS_COMPACT_MIN  # the heap's length at which cancelled timers are swept out
@@ -165,11 +166,13 @@ class Loop:
             raise KeyError(f"{fd!r} is already registered")
         self._epoll.register(fd, select.EPOLLIN)
         self._readers[fd] = callback
+        self._n_readers += 1
 
     def remove_reader(self, fd: int) -> None:
         """Stop watching ``fd``; nothing if it is not watched. A descriptor closed already left the epoll."""
         if self._readers.pop(fd, None) is None:
             return
+        self._n_readers -= 1
         try:
             self._epoll.unregister(fd)
         except OSError:
@@ -248,7 +251,7 @@ class Loop:
             until = until if until > 0.0 else 0.0
             timeout = until if timeout is None or until < timeout else timeout
         try:  # epoll_wait's milliseconds are rounded up by CPython: a timer is never woken for early
-            events = self._epoll.poll(-1 if timeout is None else timeout if timeout > 0.0 else 0.0, len(self._readers))
+            events = self._epoll.poll(-1 if timeout is None else timeout if timeout > 0.0 else 0.0, self._n_readers)
         except InterruptedError:
             events = []
         readers = self._readers
@@ -270,6 +273,7 @@ class Loop:
     def close(self) -> None:
         self._epoll.close()
         self._readers.clear()
+        self._n_readers = 0
         os.close(self._wake_r)
         os.close(self._wake_w)
 
