@@ -802,15 +802,16 @@ class WorkerRole(RoleSettling, RoleControl, RoleSweep):
             reason=reason,
         )
 
-    def _drop(self, job: _Job, *, refill: bool = True) -> None:
-        """Forget the job; its slot is free. ``refill=False``: a settled run's, whose slot was freed (and a fill
-        asked for) when it was handed to the settling thread (_settle; _slots_taken skips a settling job)."""
-        if self.progress is not None:
+    def _drop(self, job: _Job, *, settled: bool = False) -> None:
+        """Forget the job; its slot is free. ``settled``: a run the settling thread settled, whose progress
+        stopped at its end (_finish) and whose slot was freed, and a fill asked for, when it was handed over
+        (_settle; _slots_taken skips a settling job): neither is done again."""
+        if self.progress is not None and not settled:
             self.progress.stop(job)
         job.timers.cancel_all()
         job.child.release()
         self.jobs.pop(job.pid, None)
-        if refill:
+        if not settled:
             self._schedule_fill(0.0)
 
     def _abandon(self, job: _Job, why: str) -> None:
