@@ -116,9 +116,19 @@ class _Scan:
                 self.stay(stay, stay)
                 return lease
             hint, run = stay, 2
+        elif hint is not None and ((cand := ctx.claim_candidates.get(hint)) is None or not cand.at_end or cand.names):
+            # The hint's shard (the enqueue's) is the first of the order too; one the loop below would
+            # not probe (drained_ready_dirs: not read to its end, or names kept) is scanned the full way
+            # there, so it is scanned here the same way, before the order is made (a lease after an
+            # enqueue of this handle ends here), and the order goes on after it, as after the stay's.
+            lease = self.scan_shard(hint)
+            if lease is not None:
+                self.stay(hint, stay)
+                return lease
+            run = 2
         order = scan_order(ctx.fmt.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
         if run == 2:
-            next(order)  # the stay's shard, scanned above
+            next(order)  # the stay's or the hint's shard, scanned above
         # A shard this handle found empty last time would be rewound and read
         # once, and the scan would go on if the read listed nothing: the probe
         # (linux.first_listing) makes that same rewind and read for a run of
