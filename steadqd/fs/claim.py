@@ -54,6 +54,7 @@ from steadqd.fs.owner import unreadable_job_text
 from steadqd.fs.quarantine import quarantine, quarantine_special
 from steadqd.fs.records import JobHeader, decode_extension
 from steadqd.fs.scan_order import next_scan_round, scan_order
+from steadqd.fs.syscall_hook import _armed, _traces
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, SourceMissing, Witness
 from steadqd.fs.verify import (
     Envelope,
@@ -103,7 +104,10 @@ class _Scan:
         ctx = self.ctx
         with ctx.lock:
             round_ = ctx.scan_round
-            ctx.scan_round = next_scan_round(round_)
+            # next_scan_round's common case, without its call (every lease)
+            ctx.scan_round = (
+                (round_ + 1) & U64_MAX if type(round_) is int and 0 <= round_ <= U64_MAX else next_scan_round(round_)
+            )
             hint, ctx.last_enqueued_shard = ctx.last_enqueued_shard, None
             stay, ctx.claim_stay = ctx.claim_stay, None
         run = 1
@@ -198,7 +202,10 @@ class _Scan:
                 linux.close(dir_fd)
 
     def _scan_entries(self, shard: int, dir_fd: int, rel: str) -> Lease | None:
-        cand = self.ctx.shard_candidates(shard)
+        ctx = self.ctx
+        cand = ctx.claim_candidates.get(shard)  # ctx.shard_candidates(shard)'s found case, without its call and lock
+        if cand is None:
+            cand = ctx.shard_candidates(shard)
         # Names left from this handle's last chunk of the shard come first: a
         # name that vanished meanwhile (claimed elsewhere) fails to open with
         # ENOENT and is skipped. With several consumers on a shard most of
@@ -224,14 +231,20 @@ class _Scan:
                 if cand.at_end and not from_start:
                     # This handle's last scan of the shard ended at its end: start
                     # over at once (an empty shard costs a rewind and one read).
-                    linux.rewind_dir(dir_fd)
+                    if not _armed and not _traces:  # linux.rewind_dir's fast path, inlined (most scans)
+                        os.lseek(dir_fd, 0, os.SEEK_SET)
+                    else:
+                        linux.rewind_dir(dir_fd)
                     from_start = True
                 chunk = linux.read_dir_chunk(dir_fd, CLAIM_SCAN_CHUNK_BYTES)
                 if not chunk:
                     if from_start:
                         cand.at_end = True
                         return None
-                    linux.rewind_dir(dir_fd)
+                    if not _armed and not _traces:  # linux.rewind_dir's fast path, inlined (most scans)
+                        os.lseek(dir_fd, 0, os.SEEK_SET)
+                    else:
+                        linux.rewind_dir(dir_fd)
                     from_start = True
                     continue
             except OSError as e:
@@ -239,11 +252,16 @@ class _Scan:
                 return None
             cand.at_end = False
             names = self._ready_looking(rel, chunk)
+            core = self.core
             for i, name in enumerate(names):
                 if name in tried:
                     continue
                 tried.add(name)  # once per scan: the pass after the rewind may list it again
-                lease = self._try_name(shard, dir_fd, rel, name)
+                # _try_name, without its frame
+                if core is not None:
+                    lease = self._fast(shard, dir_fd, rel, name, None)
+                else:
+                    lease = self._try_name_python(shard, dir_fd, rel, name)
                 if lease is not None:
                     cand.names = deque(names[i + 1 :])
                     return lease
