@@ -335,10 +335,10 @@ def remember_own_lease_path(ctx: Context, dir_rel: str, path: str, shard: int, n
     holds instead of parsed again. Every filesystem check of validate_source still runs.
     """
     fmt = ctx.fmt
-    _remember_facts(
-        (fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, path),
-        _PathFacts(tuple(path.split("/")), shard, name, ctx.boot_id, dir_rel=dir_rel),
-    )
+    facts = _PathFacts(tuple(path.split("/")), shard, name, ctx.boot_id, dir_rel=dir_rel)
+    if len(_FACTS) >= _FACTS_MAX:  # _remember_facts, without its call (every claim)
+        _FACTS.clear()
+    _FACTS[(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, path)] = facts
 
 
 def _compute_path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, path: str) -> _PathFacts:
