@@ -394,7 +394,7 @@ def checked_path(
     if path_boot != lease.boot_id:
         raise _corrupt(ctx, poison, "lease boot id differs from its path")
     if job is None:
-        job = lease.job_id_bytes
+        job = bytes.fromhex(lease.job_id)  # lease.job_id_bytes, without the property's call (every payload())
     if shard is None:
         shard = shard_of(fmt.queue_id, job, fmt.shard_count)
     if shard != facts.shard:
