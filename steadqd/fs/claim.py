@@ -415,20 +415,21 @@ class _Scan:
             except Indeterminate as e:
                 raise _claim_unknown(ctx, lease, g, a, e) from e
         remember_own_lease_path(ctx, rel, target_rel, shard, target)
-        if stage != bridge.MOVED:
-            # Moved and synced (or, in a batch, its barrier postponed); the payload's check is
-            # claim_open's own end, on the re-read's envelope (reread_envelope's: the verified header
-            # and extension, the new first read).
+        if stage == bridge.MOVED_PAYLOAD_LEFT or not c.payload_in_head:
+            # Moved and synced (or, in a batch, its barrier postponed), and the payload not checked
+            # by the core (past the re-read, or not matching): the check is claim_open's own end, on
+            # the re-read's envelope (reread_envelope's: the verified header and extension, the new first read).
             env = _core_envelope(c, st, head, ext)
             return self.check_claimed_payload(lease, (g, a), fd, env, dir_fd, rel, target_rel.rsplit("/", 1)[1])
-        if c.payload_in_head:
-            # The core's re-read holds the whole file and it all verified (envelope and payload
-            # digests): payload() and the ack re-read these bytes, which verify.py's memo then
-            # recognises instead of decoding and hashing them again, as after claim_open's check.
-            try:
-                remember_verified(_core_envelope(c, st, head, ext))
-            except CorruptObject:  # cannot be, the core verified it; then payload() checks it in full
-                pass
+        # The core's re-read holds the whole file and it all verified (envelope and payload digests;
+        # in a batch too, before the barrier the tree postponed above): what check_claimed_payload would
+        # find, with no syscall. payload(), a worker's copy and the ack re-read these bytes, which
+        # verify.py's memo then recognises instead of decoding and hashing them again, as after
+        # claim_open's check.
+        try:
+            remember_verified(_core_envelope(c, st, head, ext))
+        except CorruptObject:  # cannot be, the core verified it; then payload() checks it in full
+            pass
         return lease
 
     def isolate(self, dir_fd: int, rel: str, name: str, reason: int, witness: Any = None) -> None:
