@@ -22,6 +22,7 @@ from typing import Any
 from steadqd.constants import (
     CLAIM_SCAN_CHUNK_BYTES,
     HEADER_SIZE,
+    JOB_EXT,
     U32_MAX,
     U64_MAX,
     DeadReason,
@@ -36,11 +37,11 @@ from steadqd.fs.context import Context
 from steadqd.fs.json_records import LeasedLocation, ReadyLocation
 from steadqd.fs.lease import Lease, lease_from_claim, lease_of_claimed, make_ticket, remember_own_lease_path
 from steadqd.fs.names import (
+    _READY_DOTS,
     JobName,
     authenticate,
     dead_name,
     leased_identity,
-    looks_ready,
     make_filename,
     next_attempt,
     next_generation,
@@ -274,7 +275,9 @@ class _Scan:
             except UnicodeDecodeError:
                 self.report.ignored.append(f"{rel}/{raw!r}")
                 continue
-            if looks_ready(name):  # leased names and strays are never candidates
+            # looks_ready(name), its test without its call (each entry of every chunk a scan reads):
+            # leased names and strays are never candidates
+            if name.endswith(JOB_EXT) and name.count(".") == _READY_DOTS:
                 names.append(name)
         return names
 
