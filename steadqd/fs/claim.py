@@ -121,7 +121,11 @@ class _Scan:
                 self.stay(stay, stay)
                 return lease
             hint, run = stay, 2
-        elif hint is not None and ((cand := ctx.claim_candidates.get(hint)) is None or not cand.at_end or cand.names):
+        elif (
+            type(hint) is int
+            and 0 <= hint < len(ctx.ready_rels)  # scan_order's check of the hint, passed (else it raises there)
+            and ((cand := ctx.claim_candidates.get(hint)) is None or not cand.at_end or cand.names)
+        ):
             # The hint's shard (the enqueue's) is the first of the order too; one the loop below would
             # not probe (drained_ready_dirs: not read to its end, or names kept) is scanned the full way
             # there, so it is scanned here the same way, before the order is made (a lease after an

@@ -410,3 +410,22 @@ def test_consumers_taking_turns_rarely_lose_a_race(make_queue: Callable[..., Que
                 q.close()
     lost = [e for e in events if e.op == "open" and e.failed]
     assert len(lost) <= 12, f"{len(lost)} lost races in 160 leases"
+
+
+def test_a_hint_out_of_range_is_refused_before_any_scan(
+    make_queue: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hint is the handle's own (its enqueue's shard); one that is not a shard is scan_order's
+    InvalidInput, as before the hint's shard was scanned ahead of the order, and nothing is scanned."""
+    from steadqd import ErrorKind, NotCommitted
+
+    with make_queue(shards=4) as q:
+        q.enqueue(b"x")
+        scanned = _spy_scanned_shards(monkeypatch)
+        for bad in (4, -1):
+            q._ctx.last_enqueued_shard = bad
+            with pytest.raises(NotCommitted) as ei:
+                q.lease()
+            assert ei.value.kind is ErrorKind.INVALID_INPUT and "start_hint" in str(ei.value)
+        assert scanned == []
+        assert q.lease() is not None
