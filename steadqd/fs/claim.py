@@ -123,7 +123,7 @@ class _Scan:
             hint, run = stay, 2
         elif (
             type(hint) is int
-            and 0 <= hint < len(ctx.ready_rels)  # scan_order's check of the hint, passed (else it raises there)
+            and 0 <= hint < ctx.fmt.shard_count  # scan_order's check of the hint, passed (else it raises there)
             and ((cand := ctx.claim_candidates.get(hint)) is None or not cand.at_end or cand.names)
         ):
             # The hint's shard (the enqueue's) is the first of the order too; one the loop below would
