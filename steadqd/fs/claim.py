@@ -22,6 +22,7 @@ from typing import Any
 from steadqd.constants import (
     CLAIM_SCAN_CHUNK_BYTES,
     HEADER_SIZE,
+    JOB_EXT,
     U32_MAX,
     U64_MAX,
     DeadReason,
@@ -36,11 +37,11 @@ from steadqd.fs.context import Context
 from steadqd.fs.json_records import LeasedLocation, ReadyLocation
 from steadqd.fs.lease import Lease, lease_from_claim, lease_of_claimed, make_ticket, remember_own_lease_path
 from steadqd.fs.names import (
+    _READY_DOTS,
     JobName,
     authenticate,
     dead_name,
     leased_identity,
-    looks_ready,
     make_filename,
     next_attempt,
     next_generation,
@@ -54,6 +55,7 @@ from steadqd.fs.owner import unreadable_job_text
 from steadqd.fs.quarantine import quarantine, quarantine_special
 from steadqd.fs.records import JobHeader, decode_extension
 from steadqd.fs.scan_order import next_scan_round, scan_order
+from steadqd.fs.syscall_hook import _armed, _traces
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, SourceMissing, Witness
 from steadqd.fs.verify import (
     Envelope,
@@ -103,7 +105,10 @@ class _Scan:
         ctx = self.ctx
         with ctx.lock:
             round_ = ctx.scan_round
-            ctx.scan_round = next_scan_round(round_)
+            # next_scan_round's common case, without its call (every lease)
+            ctx.scan_round = (
+                (round_ + 1) & U64_MAX if type(round_) is int and 0 <= round_ <= U64_MAX else next_scan_round(round_)
+            )
             hint, ctx.last_enqueued_shard = ctx.last_enqueued_shard, None
             stay, ctx.claim_stay = ctx.claim_stay, None
         run = 1
@@ -116,9 +121,23 @@ class _Scan:
                 self.stay(stay, stay)
                 return lease
             hint, run = stay, 2
+        elif (
+            type(hint) is int
+            and 0 <= hint < ctx.fmt.shard_count  # scan_order's check of the hint, passed (else it raises there)
+            and ((cand := ctx.claim_candidates.get(hint)) is None or not cand.at_end or cand.names)
+        ):
+            # The hint's shard (the enqueue's) is the first of the order too; one the loop below would
+            # not probe (drained_ready_dirs: not read to its end, or names kept) is scanned the full way
+            # there, so it is scanned here the same way, before the order is made (a lease after an
+            # enqueue of this handle ends here), and the order goes on after it, as after the stay's.
+            lease = self.scan_shard(hint)
+            if lease is not None:
+                self.stay(hint, stay)
+                return lease
+            run = 2
         order = scan_order(ctx.fmt.queue_id, ctx.boot_raw, ctx.nonce, round_, ctx.fmt.shard_count, start_hint=hint)
         if run == 2:
-            next(order)  # the stay's shard, scanned above
+            next(order)  # the stay's or the hint's shard, scanned above
         # A shard this handle found empty last time would be rewound and read
         # once, and the scan would go on if the read listed nothing: the probe
         # (linux.first_listing) makes that same rewind and read for a run of
@@ -188,7 +207,10 @@ class _Scan:
                 linux.close(dir_fd)
 
     def _scan_entries(self, shard: int, dir_fd: int, rel: str) -> Lease | None:
-        cand = self.ctx.shard_candidates(shard)
+        ctx = self.ctx
+        cand = ctx.claim_candidates.get(shard)  # ctx.shard_candidates(shard)'s found case, without its call and lock
+        if cand is None:
+            cand = ctx.shard_candidates(shard)
         # Names left from this handle's last chunk of the shard come first: a
         # name that vanished meanwhile (claimed elsewhere) fails to open with
         # ENOENT and is skipped. With several consumers on a shard most of
@@ -214,14 +236,20 @@ class _Scan:
                 if cand.at_end and not from_start:
                     # This handle's last scan of the shard ended at its end: start
                     # over at once (an empty shard costs a rewind and one read).
-                    linux.rewind_dir(dir_fd)
+                    if not _armed and not _traces:  # linux.rewind_dir's fast path, inlined (most scans)
+                        os.lseek(dir_fd, 0, os.SEEK_SET)
+                    else:
+                        linux.rewind_dir(dir_fd)
                     from_start = True
                 chunk = linux.read_dir_chunk(dir_fd, CLAIM_SCAN_CHUNK_BYTES)
                 if not chunk:
                     if from_start:
                         cand.at_end = True
                         return None
-                    linux.rewind_dir(dir_fd)
+                    if not _armed and not _traces:  # linux.rewind_dir's fast path, inlined (most scans)
+                        os.lseek(dir_fd, 0, os.SEEK_SET)
+                    else:
+                        linux.rewind_dir(dir_fd)
                     from_start = True
                     continue
             except OSError as e:
@@ -229,11 +257,16 @@ class _Scan:
                 return None
             cand.at_end = False
             names = self._ready_looking(rel, chunk)
+            core = self.core
             for i, name in enumerate(names):
                 if name in tried:
                     continue
                 tried.add(name)  # once per scan: the pass after the rewind may list it again
-                lease = self._try_name(shard, dir_fd, rel, name)
+                # _try_name, without its frame
+                if core is not None:
+                    lease = self._fast(shard, dir_fd, rel, name, None)
+                else:
+                    lease = self._try_name_python(shard, dir_fd, rel, name)
                 if lease is not None:
                     cand.names = deque(names[i + 1 :])
                     return lease
@@ -246,7 +279,9 @@ class _Scan:
             except UnicodeDecodeError:
                 self.report.ignored.append(f"{rel}/{raw!r}")
                 continue
-            if looks_ready(name):  # leased names and strays are never candidates
+            # looks_ready(name), its test without its call (each entry of every chunk a scan reads):
+            # leased names and strays are never candidates
+            if name.endswith(JOB_EXT) and name.count(".") == _READY_DOTS:
                 names.append(name)
         return names
 
@@ -387,20 +422,21 @@ class _Scan:
             except Indeterminate as e:
                 raise _claim_unknown(ctx, lease, g, a, e) from e
         remember_own_lease_path(ctx, rel, target_rel, shard, target)
-        if stage != bridge.MOVED:
-            # Moved and synced (or, in a batch, its barrier postponed); the payload's check is
-            # claim_open's own end, on the re-read's envelope (reread_envelope's: the verified header
-            # and extension, the new first read).
+        if stage == bridge.MOVED_PAYLOAD_LEFT or not c.payload_in_head:
+            # Moved and synced (or, in a batch, its barrier postponed), and the payload not checked
+            # by the core (past the re-read, or not matching): the check is claim_open's own end, on
+            # the re-read's envelope (reread_envelope's: the verified header and extension, the new first read).
             env = _core_envelope(c, st, head, ext)
             return self.check_claimed_payload(lease, (g, a), fd, env, dir_fd, rel, target_rel.rsplit("/", 1)[1])
-        if c.payload_in_head:
-            # The core's re-read holds the whole file and it all verified (envelope and payload
-            # digests): payload() and the ack re-read these bytes, which verify.py's memo then
-            # recognises instead of decoding and hashing them again, as after claim_open's check.
-            try:
-                remember_verified(_core_envelope(c, st, head, ext))
-            except CorruptObject:  # cannot be, the core verified it; then payload() checks it in full
-                pass
+        # The core's re-read holds the whole file and it all verified (envelope and payload digests;
+        # in a batch too, before the barrier the tree postponed above): what check_claimed_payload would
+        # find, with no syscall. payload(), a worker's copy and the ack re-read these bytes, which
+        # verify.py's memo then recognises instead of decoding and hashing them again, as after
+        # claim_open's check.
+        try:
+            remember_verified(_core_envelope(c, st, head, ext))
+        except CorruptObject:  # cannot be, the core verified it; then payload() checks it in full
+            pass
         return lease
 
     def isolate(self, dir_fd: int, rel: str, name: str, reason: int, witness: Any = None) -> None:

@@ -61,7 +61,7 @@ from steadqd.fs.context import Context, not_committed
 from steadqd.fs.control import clear_pause, read_pause, write_pause
 from steadqd.fs.delayed_watch import DelayedWatch
 from steadqd.fs.fsck import FsckResult, fsck
-from steadqd.fs.guards import Validated, guarded, mutation, validated_source
+from steadqd.fs.guards import Validated, guarded, mutation, raise_outcome, validated_source
 from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
 from steadqd.fs.lease import Lease, Source, core_payload, extension_of, lease_duration_ns, plain_duration_ns, renew
@@ -308,17 +308,31 @@ class Queue:
         polling) until a job arrives or the wait runs out.
         """
         # A bad duration or wait is NotCommitted(INVALID_INPUT), a clock failure NotCommitted, never a bare OSError.
-        with mutation("lease", self._ctx):
+        # ``with mutation("lease", ctx)`` written out as guarded does (pin; the block; unpin; the failure's
+        # outcome, raised or passed on): every lease comes here, and the context manager is an object and
+        # two method calls more.
+        ctx = self._ctx
+        tree = ctx.tree
+        tree.pin()
+        try:
             exact = type(duration) is float or type(duration) is int
             duration_ns = plain_duration_ns(duration) if exact else lease_duration_ns(duration)
             # max(0.0, wait) compares ``wait > 0.0`` (its TypeError, if any, is this one); a wait that is
             # not above it is 0.0, which checked_seconds_ns always accepts: checked only when it is used.
-            if not wait > 0.0:  # one scan answers wait=0 (or NaN): no deadline, no watch, one pin of the cache
-                lease, report = claim(self._ctx, duration_ns, self)
+            scanned = not wait > 0.0
+            if scanned:  # one scan answers wait=0 (or NaN): no deadline, no watch, one pin of the cache
+                lease, report = claim(ctx, duration_ns, self)
                 self.last_scan = report
-                return lease
-            wait_ns = checked_seconds_ns("wait", max(0.0, wait))
-            deadline = linux.monotonic_ns() + wait_ns
+            else:
+                wait_ns = checked_seconds_ns("wait", max(0.0, wait))
+                deadline = linux.monotonic_ns() + wait_ns
+        except BaseException as e:
+            tree.unpin()
+            raise_outcome("lease", e)
+            raise
+        tree.unpin()
+        if scanned:
+            return lease
         watch = self._ready_wait()
         while True:
             try:
@@ -419,8 +433,29 @@ class Queue:
             src.close()
 
     def copy_payload(self, lease: Lease, out: BinaryIO) -> int:
-        with self._validated(lease) as src:
-            return self._guard_payload(lease, src, lambda: copy_payload(src.fd, src.envelope, out))
+        # _validated, Validated and _guard_payload written out, their steps in their order (the handle open;
+        # pin, validate; the copy, a failed digest quarantined; close, unpin): the copy of every job a
+        # worker runs comes here, and they were an object, a closure and five calls more.
+        if self._closed:
+            self._check_open()
+        tree = self._ctx.tree
+        tree.pin()
+        try:
+            src = validated_source(self._ctx, lease)
+        except BaseException:
+            tree.unpin()
+            raise
+        try:
+            try:
+                return copy_payload(src.fd, src.envelope, out)
+            except (SteadQError, OSError) as e:
+                self._payload_failed(lease, src, e)
+                raise
+        finally:
+            try:
+                src.close()
+            finally:
+                tree.unpin()
 
     def read_extension(self, lease: Lease) -> Extension | None:
         with self._validated(lease) as src:

@@ -110,6 +110,8 @@ def getdents(dirfd: int, size: int) -> list[bytes]:
         raise OSError(_errno.ENOSYS, "getdents64 unavailable")
     if n < 0:  # check's test, without its call (every claim scan reads one or two chunks)
         check(n)
+    if not n:  # the end of the directory (a scan's read after its last entry): no buffer to copy
+        return []
     data = _ffi.buffer(buf, n)[:]
     names: list[bytes] = []
     pos = 0

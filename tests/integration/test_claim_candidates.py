@@ -266,6 +266,19 @@ def _spy_start_hints(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
     return hints
 
 
+def _spy_scanned_shards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every shard the claim scans the full way (not only probes) from now on, in order."""
+    shards: list[int] = []
+    real = claim._Scan.scan_shard
+
+    def spy(self: claim._Scan, shard: int) -> Lease | None:
+        shards.append(shard)
+        return real(self, shard)
+
+    monkeypatch.setattr(claim._Scan, "scan_shard", spy)
+    return shards
+
+
 def test_a_consumer_stays_on_the_shard_whose_names_it_holds_for_at_most_stay_max_claims(
     make_queue: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -336,6 +349,7 @@ def test_the_handles_own_enqueue_comes_before_its_stay(
             lease = q.lease()
             assert lease is not None and q._ctx.claim_stay == _shard_of_lease(q, lease)
             hints = _spy_start_hints(monkeypatch)
+            scanned = _spy_scanned_shards(monkeypatch)
             for _ in range(100):  # a job of our own in another shard than the stay
                 q.enqueue(b"own")
                 if q._ctx.last_enqueued_shard != q._ctx.claim_stay:
@@ -343,8 +357,24 @@ def test_the_handles_own_enqueue_comes_before_its_stay(
             own_shard = q._ctx.last_enqueued_shard
             assert own_shard is not None and own_shard != q._ctx.claim_stay
             lease = q.lease()
-            assert lease is not None and hints == [own_shard]
+            # Scanned first, and found there: no order made (like the stay's).
+            assert lease is not None and scanned == [own_shard] and hints == []
             assert _shard_of_lease(q, lease) == own_shard
+
+
+def test_an_enqueue_hint_that_finds_nothing_goes_on_to_the_other_shards_once_each(
+    make_queue: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with make_queue(shards=64) as q, Queue.open(q.path) as other:
+        q.enqueue(b"own")
+        own_shard = q._ctx.last_enqueued_shard
+        assert own_shard is not None
+        assert other.lease() is not None  # another consumer takes it first
+        hints = _spy_start_hints(monkeypatch)
+        scanned = _spy_scanned_shards(monkeypatch)
+        assert q.lease() is None
+        # The hint's shard scanned first, then the order (its stride from there) once over the others.
+        assert hints == [own_shard] and scanned[0] == own_shard and sorted(scanned) == list(range(64))
 
 
 def test_a_lost_race_ends_the_stay(qpath: str) -> None:
@@ -380,3 +410,22 @@ def test_consumers_taking_turns_rarely_lose_a_race(make_queue: Callable[..., Que
                 q.close()
     lost = [e for e in events if e.op == "open" and e.failed]
     assert len(lost) <= 12, f"{len(lost)} lost races in 160 leases"
+
+
+def test_a_hint_out_of_range_is_refused_before_any_scan(
+    make_queue: Callable[..., Queue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hint is the handle's own (its enqueue's shard); one that is not a shard is scan_order's
+    InvalidInput, as before the hint's shard was scanned ahead of the order, and nothing is scanned."""
+    from steadqd import ErrorKind, NotCommitted
+
+    with make_queue(shards=4) as q:
+        q.enqueue(b"x")
+        scanned = _spy_scanned_shards(monkeypatch)
+        for bad in (4, -1):
+            q._ctx.last_enqueued_shard = bad
+            with pytest.raises(NotCommitted) as ei:
+                q.lease()
+            assert ei.value.kind is ErrorKind.INVALID_INPUT and "start_hint" in str(ei.value)
+        assert scanned == []
+        assert q.lease() is not None

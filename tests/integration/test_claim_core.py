@@ -384,3 +384,54 @@ def test_a_fast_claim_leaves_its_verified_bytes_to_payload_and_ack(tmp_path: Any
             f.write(b"!")
         with pytest.raises(CorruptObject):
             other.payload()
+
+
+def test_a_batched_fast_claim_checks_the_payload_it_reread_and_leaves_it_to_the_copy(tmp_path: Any) -> None:
+    """In Queue.batch() (the worker's claims) the core checks the digest of a payload its re-read holds
+    before it stops at the barrier: the Python does not check it again (check_claimed_payload), and
+    verify.py's memo holds the file, so the worker's copy neither decodes nor hashes it; a payload
+    changed in place after the claim is still refused by the copy."""
+    import io
+
+    from steadqd.errors import SteadQError
+    from steadqd.fs import verify
+
+    path = str(tmp_path / "q")
+    Queue.init(path, allow_unsupported_fs=True).close()
+    with Queue.open(path, allow_unsupported_fs=True) as q:
+        q.enqueue(b"copied")
+        q.enqueue(b"changed after the claim")
+        checks: list[object] = []
+        real_check = claim_mod._Scan.check_claimed_payload
+
+        def check(self: Any, *a: Any, **k: Any) -> Any:
+            checks.append(a[0])
+            return real_check(self, *a, **k)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(claim_mod._Scan, "check_claimed_payload", check)
+            with q.batch():
+                leases = [q.lease(wait=0), q.lease(wait=0)]
+        assert None not in leases and checks == []
+        by_payload = {}
+        for lease in leases:
+            assert lease is not None and verify._VERIFIED.get((lease.dev, lease.ino)) is not None
+            by_payload[lease.payload_length] = lease
+        hashed: list[bytes] = []
+        real_sha256 = verify.hashlib.sha256
+
+        def counting(data: bytes = b"") -> Any:
+            hashed.append(data)
+            return real_sha256(data)
+
+        out = io.BytesIO()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(verify.hashlib, "sha256", counting)
+            assert by_payload[6].copy_payload_to(out) == 6 and out.getvalue() == b"copied"
+        assert hashed == []
+        changed = by_payload[len(b"changed after the claim")]
+        with open(os.path.join(path, changed.path), "r+b") as f:  # same inode, same size, last byte changed
+            f.seek(-1, os.SEEK_END)
+            f.write(b"!")
+        with pytest.raises(SteadQError):
+            changed.copy_payload_to(io.BytesIO())

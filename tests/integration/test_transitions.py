@@ -23,12 +23,14 @@ import pytest
 from steadqd import (
     AckResult,
     ErrorKind,
+    InvalidInput,
     Lease,
     LeaseLost,
     NotCommitted,
     Queue,
     RetryPolicy,
     State,
+    SteadQError,
 )
 from steadqd.fs import linux, names
 from steadqd.fs.records import JobHeader, decode_extension
@@ -680,3 +682,40 @@ def test_closed_handle_refuses_reads_and_writes(tmp_path) -> None:
         assert b.lease() is None and b.inspect(job) == []
     finally:
         b.close()
+
+
+def test_copy_payload_of_a_corrupted_payload_writes_it_then_raises_and_quarantines(
+    queue: Queue, queue_path: str
+) -> None:
+    queue.enqueue(b"0123456789")
+    lease = queue.lease()
+    assert lease is not None
+    path = os.path.join(queue_path, lease.path)
+    with open(path, "r+b") as f:
+        f.seek(-3, os.SEEK_END)
+        b = f.read(1)
+        f.seek(-3, os.SEEK_END)
+        f.write(bytes([b[0] ^ 0x01]))
+    out = io.BytesIO()
+    with pytest.raises(SteadQError) as ei:
+        lease.copy_payload_to(out)
+    assert ei.value.kind is ErrorKind.PAYLOAD_CORRUPT
+    assert out.getvalue() == b"0123456" + bytes([ord("7") ^ 0x01]) + b"89"  # written, then refused
+    assert not os.path.exists(path)
+    assert len([f for _, _, fs in os.walk(os.path.join(queue_path, "quarantine")) for f in fs]) == 1
+    assert queue.poisoned is None
+
+
+def test_copy_payload_copies_a_verified_payload_and_refuses_a_closed_handle(queue: Queue, queue_path: str) -> None:
+    with Queue.open(queue_path) as q:
+        q.enqueue(b"")
+        q.enqueue(b"payload")
+        copied = []
+        for _ in range(2):
+            lease = q.lease()
+            assert lease is not None
+            out = io.BytesIO()
+            copied.append((lease.copy_payload_to(out), out.getvalue()))
+        assert sorted(copied) == [(0, b""), (7, b"payload")]
+    with pytest.raises(InvalidInput):
+        lease.copy_payload_to(io.BytesIO())

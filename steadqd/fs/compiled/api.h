@@ -104,7 +104,7 @@ struct sq_claim {
     char target[SQ_NAME_MAX];
     unsigned char head2[SQ_HEAD_BYTES];
     int64_t head2_len;
-    int payload_in_head; /* 1: the payload digest was checked on head2 */
+    int payload_in_head; /* 1: the payload digest was checked on head2 and matched (SQ_MOVED; in a batch, SQ_MOVED_BARRIER_LEFT) */
     /* every syscall made, in order */
     struct sq_rec recs[SQ_MAX_RECS];
     int nrec;

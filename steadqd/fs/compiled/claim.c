@@ -164,7 +164,8 @@ static void make_target(const struct sq_queue *q, struct sq_claim *c) {
 
 /* The moving half of claim_open: Tree.move_witnessed (stat witness, no-replace rename, stat of
  * the destination, the after-rename reread_envelope, the directory barrier) and verify_payload
- * of a payload the re-read holds (in a batch, neither: SQ_MOVED_BARRIER_LEFT). Needs sq_claim_verify's SQ_VERIFIED and the clock/token inputs;
+ * of a payload the re-read holds (in a batch, no barrier: SQ_MOVED_BARRIER_LEFT, payload_in_head set
+ * when that payload matched its digest). Needs sq_claim_verify's SQ_VERIFIED and the clock/token inputs;
  * the caller has checked that generation and attempt can be bumped (next_generation/next_attempt). */
 int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, const unsigned char *boot_id,
                   uint64_t bt_deadline, uint64_t wall_deadline, const unsigned char *token, int may_fsync) {
@@ -201,25 +202,25 @@ int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_
     c->head2_len = got > n ? n : got;
     uint64_t payload_offset = HEADER_SIZE + (uint64_t)c->extension_length; /* Envelope.payload_offset */
     if (c->head2_len != c->head_len || memcmp(c->head2, c->head, (size_t)payload_offset) != 0) return c->stage;
+    /* verify_payload's digest on the re-read, when it holds the whole payload (_head_payload): no
+     * syscall, so computed here, before the barrier, for a batch too (payload_in_head: it matched).
+     * Where it is not set, claim_open's end (check_claimed_payload) checks the payload after the barrier. */
+    uint64_t end = payload_offset + c->payload_length;
+    if (end <= (uint64_t)c->head2_len) {
+        unsigned char d[32];
+        SHA256_CTX h; /* the low-level calls: OpenSSL 3's one-shot SHA256() fetches an EVP method each time */
+        SHA256_Init(&h);
+        SHA256_Update(&h, c->head2 + payload_offset, (size_t)c->payload_length);
+        SHA256_Final(d, &h);
+        c->payload_in_head = memcmp(d, c->payload_digest, 32) == 0;
+    }
     /* the barrier (Tree._barrier_pair: one directory, one fsync, forced); a batch postpones it:
      * Tree.finish_move's (fstat, dup, the batch's list), then claim_open's end, are the Python's */
     c->stage = SQ_MOVED_BARRIER_LEFT;
     if (!c->may_fsync) return c->stage;
     c->stage = SQ_STOP_SYSCALL;
     if (rec(c, SQ_OP_FSYNC, sys->fsync(c->dir_fd), 0) < 0) return c->stage;
-    /* verify_payload on the re-read, when it holds the whole payload (_head_payload); else, or
-     * when it does not match, claim_open's end (check_claimed_payload) takes it from here */
-    c->stage = SQ_MOVED_PAYLOAD_LEFT;
-    uint64_t end = payload_offset + c->payload_length;
-    if (end > (uint64_t)c->head2_len) return c->stage;
-    unsigned char d[32];
-    SHA256_CTX h; /* the low-level calls: OpenSSL 3's one-shot SHA256() fetches an EVP method each time */
-    SHA256_Init(&h);
-    SHA256_Update(&h, c->head2 + payload_offset, (size_t)c->payload_length);
-    SHA256_Final(d, &h);
-    if (memcmp(d, c->payload_digest, 32) != 0) return c->stage;
-    c->payload_in_head = 1;
-    c->stage = SQ_MOVED;
+    c->stage = c->payload_in_head ? SQ_MOVED : SQ_MOVED_PAYLOAD_LEFT;
     return c->stage;
 }
 
