@@ -64,4 +64,6 @@ ffibuilder.set_source(
 )
 
 if __name__ == "__main__":
-    ffibuilder.compile(tmpdir=os.path.join(HERE, "..", "..", "..", ".."), verbose=True)
+    # The name `pip install -e .` gives it (a limited-API build): a by-hand build under the interpreter's own
+    # suffix would be imported before it, and a later reinstall would leave that one, stale, in front.
+    ffibuilder.compile(tmpdir=os.path.join(HERE, "..", "..", "..", ".."), target="_fastspawn.abi3.so", verbose=True)
