@@ -91,17 +91,7 @@ class Timers:
         self._timers: dict[str, Timer] = {}
 
     def set(self, key: str, delay: float, fn: Callable[[], None]) -> None:
-        timers = self._timers
-        if key in timers:
-            timers[key].cancelled = True
-        loop = self._loop
-        when = loop.now() + (delay if delay > 0.0 else 0.0)  # NaN: now, as max()
-        t = timers[key] = Timer(when, functools.partial(_guarded_call, self._guard, fn))
-        loop._seq += 1
-        heapq.heappush(loop._timers, (when, loop._seq, t))
-        loop._size += 1
-        if loop._size > loop._compact_at:
-            loop._compact()
+        self.set_at(key, self._loop.now() + (delay if delay > 0.0 else 0.0), fn)  # NaN: now, as max()
 
     def set_at(self, key: str, when: float, fn: Callable[[], None]) -> None:
         """:meth:`set` by the loop's clock time (one in the past: now), for a caller that knows it."""
