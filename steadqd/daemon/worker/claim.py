@@ -266,9 +266,11 @@ class Preparer:
         try:
             with q.batch():
                 checked = -PAUSE_RECHECK
-                while len(jobs) < count:
+                taken = len(jobs)  # len(jobs), counted here rather than asked at every claim
+                while taken < count:
                     job = Prepared(cfg, credentials, renewed=time.monotonic())
                     jobs.append(job)
+                    taken += 1
                     try:
                         if job.renewed - checked >= PAUSE_RECHECK:
                             job.paused = q.pause_state()

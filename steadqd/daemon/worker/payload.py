@@ -168,8 +168,9 @@ class _Out:
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         view = memoryview(data).cast("B")
+        size = len(view)  # once, not at every test of the loop
         done = 0
-        while done < len(view):
+        while done < size:
             done += os.write(self._fd, view[done:])
         return done
 
