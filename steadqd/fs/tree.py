@@ -523,8 +523,12 @@ class Tree:
                 self._ids[b] = (stats[4].dev, stats[4].ino)
 
     def _same_dir(self, a: int, b: int) -> bool:
+        # _dir_id's cache hit for each, without its call (every batched ack and claim asks this): a miss is
+        # _dir_id's, a before b, as before (reading b's entry first changes nothing: a dict lookup)
+        ids = self._ids
+        ia, ib = ids.get(a), ids.get(b)
         try:
-            return self._dir_id(a) == self._dir_id(b)
+            return (ia if ia is not None else self._dir_id(a)) == (ib if ib is not None else self._dir_id(b))
         except OSError:
             return False
 
