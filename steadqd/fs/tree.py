@@ -207,6 +207,19 @@ class Tree:
                 fds.append(fd)
         return fds
 
+    def cached_fd_pair(self, a: str, b: str) -> tuple[int | None, int | None]:
+        """:meth:`cached_fds` of two directories (the C ack's lease and receipt directories), a then b,
+        as a tuple: without the list and its two appends."""
+        with self._lock:
+            dirs = self._dirs
+            fa = dirs.get(a)
+            if fa is not None:
+                dirs.move_to_end(a)
+            fb = dirs.get(b)
+            if fb is not None:
+                dirs.move_to_end(b)
+        return fa, fb
+
     def operation(self) -> _Pinned:
         """Pin the cache for one public operation (a context manager).
 
