@@ -313,7 +313,8 @@ class Queue:
         # two method calls more.
         ctx = self._ctx
         tree = ctx.tree
-        tree.pin()
+        with tree._lock:  # tree.pin() without its call
+            tree._pins += 1
         try:
             exact = type(duration) is float or type(duration) is int
             duration_ns = plain_duration_ns(duration) if exact else lease_duration_ns(duration)
@@ -330,7 +331,10 @@ class Queue:
             tree.unpin()
             raise_outcome("lease", e)
             raise
-        tree.unpin()
+        with tree._lock:  # tree.unpin() without its call (every claim comes here)
+            tree._pins -= 1
+            if not tree._pins and len(tree._dirs) > tree.max_cached:
+                tree._trim()
         if scanned:
             return lease
         watch = self._ready_wait()
@@ -439,7 +443,8 @@ class Queue:
         if self._closed:
             self._check_open()
         tree = self._ctx.tree
-        tree.pin()
+        with tree._lock:  # tree.pin() and (below) tree.unpin() without their calls: every copy comes here
+            tree._pins += 1
         try:
             src = validated_source(self._ctx, lease)
         except BaseException:
@@ -455,7 +460,10 @@ class Queue:
             try:
                 src.close()
             finally:
-                tree.unpin()
+                with tree._lock:
+                    tree._pins -= 1
+                    if not tree._pins and len(tree._dirs) > tree.max_cached:
+                        tree._trim()
 
     def read_extension(self, lease: Lease) -> Extension | None:
         with self._validated(lease) as src:

@@ -178,7 +178,7 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
     """
     facts, _ = checked_path(ctx, lease, True, job, shard)
     tree = ctx.tree
-    src_fd, dst_fd = tree.cached_fds((facts.dir_rel, _receipt_rel(shard, bucket)))
+    src_fd, dst_fd = tree.cached_fd_pair(facts.dir_rel, _receipt_rel(shard, bucket))
     if src_fd is None or dst_fd is None:
         return _ack_named(ctx, lease, job, wall, shard, bucket)
     ids = tree.known_ids(src_fd, dst_fd)

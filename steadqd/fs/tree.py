@@ -207,6 +207,19 @@ class Tree:
                 fds.append(fd)
         return fds
 
+    def cached_fd_pair(self, a: str, b: str) -> tuple[int | None, int | None]:
+        """:meth:`cached_fds` of two directories (the C ack's lease and receipt directories), a then b,
+        as a tuple: without the list and its two appends."""
+        with self._lock:
+            dirs = self._dirs
+            fa = dirs.get(a)
+            if fa is not None:
+                dirs.move_to_end(a)
+            fb = dirs.get(b)
+            if fb is not None:
+                dirs.move_to_end(b)
+        return fa, fb
+
     def operation(self) -> _Pinned:
         """Pin the cache for one public operation (a context manager).
 
@@ -216,6 +229,8 @@ class Tree:
         """
         return _Pinned(self)
 
+    # pin and unpin are also written out (the same steps) where every claim, copy and ack passes:
+    # Queue.lease, Queue.copy_payload and guards.guarded.
     def pin(self) -> None:
         with self._lock:
             self._pins += 1
@@ -523,8 +538,12 @@ class Tree:
                 self._ids[b] = (stats[4].dev, stats[4].ino)
 
     def _same_dir(self, a: int, b: int) -> bool:
+        # _dir_id's cache hit for each, without its call (every batched ack and claim asks this): a miss is
+        # _dir_id's, a before b, as before (reading b's entry first changes nothing: a dict lookup)
+        ids = self._ids
+        ia, ib = ids.get(a), ids.get(b)
         try:
-            return self._dir_id(a) == self._dir_id(b)
+            return (ia if ia is not None else self._dir_id(a)) == (ib if ib is not None else self._dir_id(b))
         except OSError:
             return False
 

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 from steadqd.backend import Backend, LeaseHandle, PauseState, ScanReport
 from steadqd.daemon import process
@@ -266,9 +266,11 @@ class Preparer:
         try:
             with q.batch():
                 checked = -PAUSE_RECHECK
-                while len(jobs) < count:
+                taken = len(jobs)  # len(jobs), counted here rather than asked at every claim
+                while taken < count:
                     job = Prepared(cfg, credentials, renewed=time.monotonic())
                     jobs.append(job)
+                    taken += 1
                     try:
                         if job.renewed - checked >= PAUSE_RECHECK:
                             job.paused = q.pause_state()
@@ -295,7 +297,8 @@ class Preparer:
             owner = (job.credentials["user"], job.credentials["group"])
 
         def copy(f: BinaryIO) -> object:
-            return q.copy_payload(lease, cast(BinaryIO, _RenewingWriter(f, q, waiting, self._stop)))
+            out: BinaryIO = _RenewingWriter(f, q, waiting, self._stop)  # type: ignore[assignment]  # (cast: a call)
+            return q.copy_payload(lease, out)
 
         other = (job.credentials["user"], job.credentials["group"]) if "user" in job.credentials else None
         made = payload.make_with_files(lease.job_id) if other is None else None  # all three in one call

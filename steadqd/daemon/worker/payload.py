@@ -24,7 +24,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import BinaryIO, cast
+from typing import BinaryIO
 
 __all__ = ["make", "make_progress", "remove", "remove_stale", "write_copy"]
 
@@ -93,7 +93,10 @@ def _candidate_paths(job_id: str) -> Iterator[str]:
     if _made is None:
         _made = (f"steadqd-{_pid_namespace()}-{os.getpid()}-", random.Random())
     prefix, rng = _made
-    base = f"{_absolute(tempfile.gettempdir())}/{prefix}{job_id[:12]}-"
+    # tempfile.gettempdir() is tempfile.tempdir once that is set (fsdecode of a str is the str): read here, not
+    # called (its _gettempdir, fsdecode, fspath and isinstance were five calls a job); unset or bytes: called.
+    tmp = tempfile.tempdir
+    base = f"{_absolute(tmp if type(tmp) is str else tempfile.gettempdir())}/{prefix}{job_id[:12]}-"
     for _ in range(tempfile.TMP_MAX):
         yield f"{base}{rng.getrandbits(32):08x}"
 
@@ -136,9 +139,11 @@ def write_copy(directory: str, copy: Callable[[BinaryIO], object], owner: tuple[
 
 def fill_copy(directory: str, fd: int, copy: Callable[[BinaryIO], object], owner: tuple[int, int] | None = None) -> str:
     """:func:`write_copy` once ``<directory>/payload`` is open as ``fd`` (which this closes); returns its path."""
-    path = os.path.join(directory, "payload")
+    # os.path.join(directory, "payload") written out (its own calls were six a job)
+    path = f"{directory}/payload" if directory and directory[-1] != "/" else directory + "payload"
+    out: BinaryIO = _Out(fd)  # type: ignore[assignment]  # the write it needs (typing.cast: a call a job)
     try:
-        copy(cast(BinaryIO, _Out(fd)))
+        copy(out)
         if _umask() & 0o400:
             os.fchmod(fd, 0o400)
         if owner is not None:
@@ -163,8 +168,9 @@ class _Out:
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         view = memoryview(data).cast("B")
+        size = len(view)  # once, not at every test of the loop
         done = 0
-        while done < len(view):
+        while done < size:
             done += os.write(self._fd, view[done:])
         return done
 

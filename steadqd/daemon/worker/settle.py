@@ -345,8 +345,12 @@ class Settler:
             group.together = True
             try:
                 with q.batch():
-                    for it in group.items:
-                        self._apply(q, it)
+                    for it in group.items:  # _apply written out: every run of a group comes here
+                        try:
+                            it.follow = apply_verdict(q, it.lease, it.cfg, it.verdict, it.tally, it.ended)
+                            it.applied = True
+                        except Exception as e:  # one run must not leave the others of its group unsettled
+                            it.error = e
             except SteadQError as e:
                 group.unknown = e
         finally:

@@ -85,7 +85,9 @@ def remove_copy() -> Callable[[str], int] | None:
     lib = _fastspawn.lib
 
     def remove(directory: str) -> int:
-        return int(lib.steadq_remove_copy(os.fsencode(directory)))
+        # os.fsencode of a str, as _cstr encodes one (its fspath and isinstance were two calls a job more)
+        raw = directory.encode(_FS_ENCODING, _FS_ERRORS) if type(directory) is str else os.fsencode(directory)
+        return int(lib.steadq_remove_copy(raw))
 
     return remove
 
@@ -98,7 +100,7 @@ def make_copy() -> Callable[[str], int] | None:
     lib = _fastspawn.lib
 
     def make(directory: str) -> int:
-        raw = os.fsencode(directory)
+        raw = directory.encode(_FS_ENCODING, _FS_ERRORS) if type(directory) is str else os.fsencode(directory)
         return int(lib.steadq_make_copy(raw, len(raw)))
 
     return make

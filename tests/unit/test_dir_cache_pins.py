@@ -1,0 +1,46 @@
+"""The directory cache is unpinned and trimmed after every lease, copy and ack.
+
+Queue.lease, Queue.copy_payload and guards.guarded write Tree.pin and Tree.unpin out (no call); the
+cache must still end each operation unpinned and trimmed to ``max_cached`` as Tree.unpin leaves it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+from steadqd import Queue
+
+
+def _settled(q: Queue) -> tuple[int, int]:
+    tree = q._ctx.tree
+    return tree._pins, len(tree._dirs)
+
+
+def test_lease_copy_and_ack_leave_the_cache_unpinned_and_trimmed(tmp_path: Path) -> None:
+    root = os.path.join(tmp_path, "q")
+    Queue.init(root, shards=4, allow_unsupported_fs=True).close()
+    with Queue.open(root, allow_unsupported_fs=True) as q:
+        for i in range(6):
+            q.enqueue(b"payload %d" % i)
+        q._ctx.tree.max_cached = 1  # this handle's cache: every operation opens more than that
+        for _ in range(3):
+            lease = q.lease(wait=0, duration=60)
+            assert lease is not None
+            assert _settled(q) == (0, 1)
+            out = io.BytesIO()
+            q.copy_payload(lease, out)
+            assert out.getvalue().startswith(b"payload ")
+            assert _settled(q) == (0, 1)
+            q.ack(lease)
+            assert _settled(q) == (0, 1)
+        with q.batch():
+            leases = [q.lease(wait=0, duration=60) for _ in range(3)]
+            assert _settled(q) == (0, 1)
+            for lease in leases:
+                assert lease is not None
+                q.ack(lease)
+                assert _settled(q) == (0, 1)
+        assert q.lease(wait=0, duration=60) is None
+        assert _settled(q) == (0, 1)
