@@ -101,16 +101,12 @@ def guarded(what: str, ctx: Context, fn: Callable[..., T], *args: Any) -> T:
     enqueue and ack of every job come here, and the context manager is an
     object and two method calls more."""
     tree = ctx.tree
-    with tree._lock:  # tree.pin() and (below) tree.unpin() without their calls
-        tree._pins += 1
+    tree.pin()
     try:
         result = fn(*args)
     except BaseException as e:
         tree.unpin()
         raise_outcome(what, e)
         raise
-    with tree._lock:
-        tree._pins -= 1
-        if not tree._pins and len(tree._dirs) > tree.max_cached:  # Tree.unpin's test and trim
-            tree._trim()
+    tree.unpin()
     return result

@@ -313,8 +313,7 @@ class Queue:
         # two method calls more.
         ctx = self._ctx
         tree = ctx.tree
-        with tree._lock:  # tree.pin() without its call
-            tree._pins += 1
+        tree.pin()
         try:
             exact = type(duration) is float or type(duration) is int
             duration_ns = plain_duration_ns(duration) if exact else lease_duration_ns(duration)
@@ -331,10 +330,7 @@ class Queue:
             tree.unpin()
             raise_outcome("lease", e)
             raise
-        with tree._lock:  # tree.unpin() without its call (every claim comes here)
-            tree._pins -= 1
-            if not tree._pins and len(tree._dirs) > tree.max_cached:
-                tree._trim()
+        tree.unpin()
         if scanned:
             return lease
         watch = self._ready_wait()
@@ -443,8 +439,7 @@ class Queue:
         if self._closed:
             self._check_open()
         tree = self._ctx.tree
-        with tree._lock:  # tree.pin() and (below) tree.unpin() without their calls: every copy comes here
-            tree._pins += 1
+        tree.pin()
         try:
             src = validated_source(self._ctx, lease)
         except BaseException:
@@ -460,10 +455,7 @@ class Queue:
             try:
                 src.close()
             finally:
-                with tree._lock:
-                    tree._pins -= 1
-                    if not tree._pins and len(tree._dirs) > tree.max_cached:
-                        tree._trim()
+                tree.unpin()
 
     def read_extension(self, lease: Lease) -> Extension | None:
         with self._validated(lease) as src:

@@ -229,8 +229,6 @@ class Tree:
         """
         return _Pinned(self)
 
-    # pin and unpin are also written out (the same steps) where every claim, copy and ack passes:
-    # Queue.lease, Queue.copy_payload and guards.guarded.
     def pin(self) -> None:
         with self._lock:
             self._pins += 1
