@@ -622,7 +622,8 @@ def lease_of_claimed(
     wall_deadline: int,
     reader: Any,
 ) -> Lease:
-    """The Lease a claim made, from its fields: claim_open's envelope, or the C claim core's record."""
+    """The Lease a claim made, from its fields: claim_open's envelope. (The C claim core's record makes
+    the same Lease in claim._Scan._fast_move, written out there without this call: keep the two alike.)"""
     return Lease(
         queue_id=ctx.fmt.queue_id,
         job_id=job_hex,
