@@ -523,7 +523,15 @@ def core_payload(ctx: Context, lease: Lease, core: Any) -> tuple[bytes | None, A
         return None, None
     if payload is None:
         return None, a
-    linux.close_quietly(a.fd)  # Source.close: a read-only descriptor
+    # Source.close: a read-only descriptor (close_quietly; its fast path, no armed fault and no trace,
+    # in this frame: every payload())
+    if _armed or _traces:
+        linux.close_quietly(a.fd)
+    else:
+        try:
+            os.close(a.fd)
+        except OSError:
+            pass
     return payload, None
 
 
