@@ -203,7 +203,9 @@ def _enqueue_fast(ctx: Context, payload: bytes, opts: _Options, core: Any) -> Pu
     fmt = ctx.fmt
     if type(job_id) is not bytes or len(job_id) != 16 or len(payload) > fmt.max_payload_length:
         return _enqueue_drawn(ctx, payload, opts, drawn)
-    extension = _plain_extension(opts.content_type, opts.producer_id)
+    # An enqueue with no option (most producers) has the default content type and no producer id: its
+    # extension's bytes, encoded once (_plain_extension's value for them), without the call
+    extension = _DEFAULT_EXTENSION if opts is _NO_OPTIONS else _plain_extension(opts.content_type, opts.producer_id)
     # shard_of's memo, without shard_of's call: its type test passes here (job_id: bytes, tested above; the
     # queue id and count: FORMAT's, which the C core was made from)
     shard = _shard_of_memo(fmt.queue_id, job_id, fmt.shard_count)
@@ -441,6 +443,10 @@ def _plain_extension(content_type: str, producer_id: str | None) -> bytes:
 @functools.lru_cache(maxsize=64)
 def _plain_extension_memo(content_type: str, producer_id: str | None) -> bytes:
     return encode_extension(Extension(content_type=content_type, producer_id=producer_id))
+
+
+# _plain_extension of _NO_OPTIONS' content type and producer id: what every enqueue given no option encodes
+_DEFAULT_EXTENSION = _plain_extension(_NO_OPTIONS.content_type, _NO_OPTIONS.producer_id)
 
 
 Writer = Callable[[int], JobHeader]
