@@ -166,7 +166,7 @@ def enqueue(ctx: Context, payload: Payload, **options: Any) -> Published:
     if (
         core is not None
         and type(payload) is bytes
-        and len(payload) <= _ONE_WRITE
+        and (n := len(payload)) <= _ONE_WRITE
         and opts.delay is None
         and opts.not_before_ns is None
         and not opts.metadata
@@ -175,7 +175,7 @@ def enqueue(ctx: Context, payload: Payload, **options: Any) -> Published:
     ):
         tree = ctx.tree
         if not tree.batching and not tree.deferred and not ctx.modes.enforce and ctx.modes.owner is None:
-            return _enqueue_fast(ctx, payload, opts, core)
+            return _enqueue_fast(ctx, payload, n, opts, core)
     return _enqueue_drawn(ctx, payload, opts, None)
 
 
@@ -186,8 +186,8 @@ def _enqueue_drawn(ctx: Context, payload: Payload, opts: _Options, drawn: tuple[
     return publication.result()
 
 
-def _enqueue_fast(ctx: Context, payload: bytes, opts: _Options, core: Any) -> Published:
-    """A small bytes payload to ready/ through the C core (bridge.Core.enqueue).
+def _enqueue_fast(ctx: Context, payload: bytes, n: int, opts: _Options, core: Any) -> Published:
+    """A small bytes payload (``n``: its length, which enqueue read) to ready/ through the C core (bridge.Core.enqueue).
 
     The Python draws the id and reads the wall floor (_prepare's first steps), encodes the extension
     (a memo) and finds the shard's ready directory open in the tree; the core makes the name and
@@ -201,7 +201,7 @@ def _enqueue_fast(ctx: Context, payload: bytes, opts: _Options, core: Any) -> Pu
     wall = ctx.wall_floor()
     drawn = (job_id, wall)
     fmt = ctx.fmt
-    if type(job_id) is not bytes or len(job_id) != 16 or len(payload) > fmt.max_payload_length:
+    if type(job_id) is not bytes or len(job_id) != 16 or n > fmt.max_payload_length:
         return _enqueue_drawn(ctx, payload, opts, drawn)
     # An enqueue with no option (most producers) has the default content type and no producer id: its
     # extension's bytes, encoded once (_plain_extension's value for them), without the call
@@ -214,7 +214,16 @@ def _enqueue_fast(ctx: Context, payload: bytes, opts: _Options, core: Any) -> Pu
     if dest_fd is None:
         return _enqueue_drawn(ctx, payload, opts, drawn)
     stage, e = core.enqueue(
-        job_id, opts.max_attempts, wall, extension, payload, dest_fd, shard, ctx.modes.file, ctx.publication == "proc"
+        job_id,
+        opts.max_attempts,
+        wall,
+        extension,
+        payload,
+        n,
+        dest_fd,
+        shard,
+        ctx.modes.file,
+        ctx.publication == "proc",
     )
     if stage != bridge.PUBLISHED:
         if stage == bridge.STOP_PURE:
