@@ -46,6 +46,7 @@ from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import EnqueueTicket
 from steadqd.fs.names import (
+    _shard_of_memo,
     delayed_bucket,
     delayed_name,
     make_filename,
@@ -56,6 +57,7 @@ from steadqd.fs.names import (
     state_dir,
 )
 from steadqd.fs.records import Extension, JobHeader, build_header, encode_extension
+from steadqd.fs.syscall_hook import _armed, _traces
 from steadqd.fs.tree import (
     Collision,
     DestinationGone,
@@ -164,7 +166,7 @@ def enqueue(ctx: Context, payload: Payload, **options: Any) -> Published:
     if (
         core is not None
         and type(payload) is bytes
-        and len(payload) <= _ONE_WRITE
+        and (n := len(payload)) <= _ONE_WRITE
         and opts.delay is None
         and opts.not_before_ns is None
         and not opts.metadata
@@ -173,7 +175,7 @@ def enqueue(ctx: Context, payload: Payload, **options: Any) -> Published:
     ):
         tree = ctx.tree
         if not tree.batching and not tree.deferred and not ctx.modes.enforce and ctx.modes.owner is None:
-            return _enqueue_fast(ctx, payload, opts, core)
+            return _enqueue_fast(ctx, payload, n, opts, core)
     return _enqueue_drawn(ctx, payload, opts, None)
 
 
@@ -184,8 +186,8 @@ def _enqueue_drawn(ctx: Context, payload: Payload, opts: _Options, drawn: tuple[
     return publication.result()
 
 
-def _enqueue_fast(ctx: Context, payload: bytes, opts: _Options, core: Any) -> Published:
-    """A small bytes payload to ready/ through the C core (bridge.Core.enqueue).
+def _enqueue_fast(ctx: Context, payload: bytes, n: int, opts: _Options, core: Any) -> Published:
+    """A small bytes payload (``n``: its length, which enqueue read) to ready/ through the C core (bridge.Core.enqueue).
 
     The Python draws the id and reads the wall floor (_prepare's first steps), encodes the extension
     (a memo) and finds the shard's ready directory open in the tree; the core makes the name and
@@ -199,23 +201,42 @@ def _enqueue_fast(ctx: Context, payload: bytes, opts: _Options, core: Any) -> Pu
     wall = ctx.wall_floor()
     drawn = (job_id, wall)
     fmt = ctx.fmt
-    if type(job_id) is not bytes or len(job_id) != 16 or len(payload) > fmt.max_payload_length:
+    if type(job_id) is not bytes or len(job_id) != 16 or n > fmt.max_payload_length:
         return _enqueue_drawn(ctx, payload, opts, drawn)
-    extension = _plain_extension(opts.content_type, opts.producer_id)
-    shard = shard_of(fmt.queue_id, job_id, fmt.shard_count)
+    # An enqueue with no option (most producers) has the default content type and no producer id: its
+    # extension's bytes, encoded once (_plain_extension's value for them), without the call
+    extension = _DEFAULT_EXTENSION if opts is _NO_OPTIONS else _plain_extension(opts.content_type, opts.producer_id)
+    # shard_of's memo, without shard_of's call: its type test passes here (job_id: bytes, tested above; the
+    # queue id and count: FORMAT's, which the C core was made from)
+    shard = _shard_of_memo(fmt.queue_id, job_id, fmt.shard_count)
     rel = ctx.ready_rels[shard]
     dest_fd = ctx.tree.cached_fd(rel)
     if dest_fd is None:
         return _enqueue_drawn(ctx, payload, opts, drawn)
     stage, e = core.enqueue(
-        job_id, opts.max_attempts, wall, extension, payload, dest_fd, shard, ctx.modes.file, ctx.publication == "proc"
+        job_id,
+        opts.max_attempts,
+        wall,
+        extension,
+        payload,
+        n,
+        dest_fd,
+        shard,
+        ctx.modes.file,
+        ctx.publication == "proc",
     )
     if stage != bridge.PUBLISHED:
         if stage == bridge.STOP_PURE:
             return _enqueue_drawn(ctx, payload, opts, drawn)
         with bridge.replaying(e, skip_open=False):
             return _enqueue_drawn(ctx, payload, opts, drawn)
-    linux.close_quietly(e.fd)
+    if _armed or _traces:
+        linux.close_quietly(e.fd)
+    else:
+        try:  # close_quietly's fast path (no armed fault, no trace), in this frame: every small enqueue
+            os.close(e.fd)
+        except OSError:
+            pass
     ctx.last_enqueued_shard = shard
     return Published(job_id.hex(), f"{rel}/{bridge.ffi.string(e.name).decode('ascii')}", "ready")
 
@@ -431,6 +452,10 @@ def _plain_extension(content_type: str, producer_id: str | None) -> bytes:
 @functools.lru_cache(maxsize=64)
 def _plain_extension_memo(content_type: str, producer_id: str | None) -> bytes:
     return encode_extension(Extension(content_type=content_type, producer_id=producer_id))
+
+
+# _plain_extension of _NO_OPTIONS' content type and producer id: what every enqueue given no option encodes
+_DEFAULT_EXTENSION = _plain_extension(_NO_OPTIONS.content_type, _NO_OPTIONS.producer_id)
 
 
 Writer = Callable[[int], JobHeader]

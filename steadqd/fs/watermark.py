@@ -190,7 +190,11 @@ class WallFloor:
             start = bucket * width
             if start > (1 << 64) - 1:
                 raise StateExhausted("watermark bucket start overflows u64")
-            floor = max(realtime, start, self._last)
+            # max(realtime, start, self._last) as two comparisons (ints: the same value), without its call
+            floor = realtime if realtime >= start else start
+            last = self._last
+            if last > floor:
+                floor = last
             wanted = floor // width
             if wanted > bucket:
                 self._advance(wanted)

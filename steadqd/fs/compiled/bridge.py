@@ -353,11 +353,11 @@ class Core:
         return stage, a, ffi.buffer(a.head + a.payload_offset, n)[:]
 
     def enqueue(
-        self, job_id: bytes, max_attempts: int, created_at: int, extension: bytes, payload: bytes, dir_fd: int,
-        shard: int, mode: int, proc: bool,
+        self, job_id: bytes, max_attempts: int, created_at: int, extension: bytes, payload: bytes,
+        payload_length: int, dir_fd: int, shard: int, mode: int, proc: bool,
     ) -> tuple[int, Any]:  # fmt: skip
-        """sq_enqueue of ``payload`` (at most publish._ONE_WRITE bytes) into ``dir_fd``, ``shard``'s ready
-        directory: (stage, record). The record is this thread's (its ``fd``: the caller closes it)."""
+        """sq_enqueue of ``payload`` (at most publish._ONE_WRITE bytes; ``payload_length``: its len(), which
+        the caller read) into ``dir_fd``, ``shard``'s ready directory: (stage, record). The record is this thread's (its ``fd``: the caller closes it)."""
         d = _local.__dict__
         e = d.get("enqueue")
         if e is None:
@@ -367,7 +367,7 @@ class Core:
         else:
             _local.log, table = [], _HOOKED
         return lib.sq_enqueue(
-            self.q, table, e, job_id, max_attempts, created_at, extension, len(extension), payload, len(payload),
+            self.q, table, e, job_id, max_attempts, created_at, extension, len(extension), payload, payload_length,
             dir_fd, shard, mode, proc,
         ), e  # fmt: skip
 
