@@ -35,7 +35,7 @@ from steadqd.fs.clock import refuse_boottime
 from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context
 from steadqd.fs.json_records import LeasedLocation, ReadyLocation
-from steadqd.fs.lease import Lease, lease_from_claim, make_ticket, remember_own_lease_path
+from steadqd.fs.lease import Lease, lease_from_claim, lease_of_claimed, make_ticket, remember_own_lease_path
 from steadqd.fs.names import (
     _READY_DOTS,
     JobName,
@@ -362,15 +362,7 @@ class _Scan:
         try:
             return self._fast_move(shard, dir_fd, rel, name, c, fd)
         finally:
-            # consider's close, on both its paths (close_quietly; its fast path, no armed fault and no
-            # trace, in this frame: every lease)
-            if _armed or _traces:
-                linux.close_quietly(fd)
-            else:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            linux.close_quietly(fd)  # consider's close, on both its paths
 
     def _fast_move(self, shard: int, dir_fd: int, rel: str, name: str, c: Any, fd: int) -> Lease | None:
         """claim_open after a verified envelope: the extension's CBOR, the clocks and token here, the move in C."""
@@ -407,27 +399,11 @@ class _Scan:
                 return self.claim_open(shard, dir_fd, rel, name, job, fd, (wall, bt, token))
         target_rel = f"{rel}/{ffi.string(c.target).decode('ascii')}"
         st = c.stats[0]  # the verified file's fstat: the witness
-        # lease_of_claimed's Lease, made here without its call (every lease): the same fields from the same values
-        lease = Lease(
-            queue_id=ctx.fmt.queue_id,
-            job_id=name[:32],
-            generation=generation,
-            attempt=attempt,
-            max_attempts=c.max_attempts,
-            token=token,
-            boot_id=ctx.boot_id,
-            boottime_deadline_ns=bt_deadline,
-            wall_deadline_ns=wall_deadline,
-            dev=st.dev,
-            ino=st.ino,
-            path=target_rel,
-            envelope_digest=ffi.buffer(c.envelope_digest)[:],
-            payload_length=c.payload_length,
-            payload_digest=ffi.buffer(c.payload_digest)[:],
-            content_type=extension.content_type if extension else "",
-            extension=extension,
-            _reader=self.reader,
-        )
+        lease = lease_of_claimed(
+            ctx, target_rel, name[:32], c.max_attempts, st.dev, st.ino, ffi.buffer(c.envelope_digest)[:],
+            c.payload_length, ffi.buffer(c.payload_digest)[:], extension, generation, attempt, token,
+            bt_deadline, wall_deadline, self.reader,
+        )  # fmt: skip
         target = leased_identity(
             bytes.fromhex(name[:32]),
             generation,

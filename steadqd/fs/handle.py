@@ -241,19 +241,8 @@ class Queue:
 
         ``payload`` is bytes or a binary file object (streamed, never held in
         memory whole)."""
-        if not options:  # enqueue_detailed's call when no option is given (most producers), in one frame:
-            # guarded("enqueue", ctx, enqueue, ctx, payload) written out, its steps in its order, without its call
-            ctx = self._ctx
-            tree = ctx.tree
-            tree.pin()
-            try:
-                published = enqueue(ctx, payload)
-            except BaseException as e:
-                tree.unpin()
-                raise_outcome("enqueue", e)
-                raise
-            tree.unpin()
-            return published.job_id
+        if not options:  # enqueue_detailed's call when no option is given (most producers), in one frame
+            return guarded("enqueue", self._ctx, enqueue, self._ctx, payload).job_id
         return self.enqueue_detailed(payload, **options)[0]
 
     def enqueue_many(self, payloads: Iterable[Payload], **options: Any) -> list[str]:
@@ -368,18 +357,7 @@ class Queue:
 
     def ack(self, lease: Lease) -> AckResult:
         """Acknowledge; idempotent for a lease that was already acknowledged."""
-        # guarded("ack", ctx, ack, ctx, lease) written out, its steps in its order, without its call (every job)
-        ctx = self._ctx
-        tree = ctx.tree
-        tree.pin()
-        try:
-            result = ack(ctx, lease)
-        except BaseException as e:
-            tree.unpin()
-            raise_outcome("ack", e)
-            raise
-        tree.unpin()
-        return result
+        return guarded("ack", self._ctx, ack, self._ctx, lease)
 
     def retry(self, lease: Lease, delay: float | None = None, *, policy: RetryPolicy | None = None) -> str:
         """Give the job back (after ``delay`` s or a backoff ``policy``); returns

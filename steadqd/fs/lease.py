@@ -523,15 +523,7 @@ def core_payload(ctx: Context, lease: Lease, core: Any) -> tuple[bytes | None, A
         return None, None
     if payload is None:
         return None, a
-    # Source.close: a read-only descriptor (close_quietly; its fast path, no armed fault and no trace,
-    # in this frame: every payload())
-    if _armed or _traces:
-        linux.close_quietly(a.fd)
-    else:
-        try:
-            os.close(a.fd)
-        except OSError:
-            pass
+    linux.close_quietly(a.fd)  # Source.close: a read-only descriptor
     return payload, None
 
 
@@ -630,8 +622,7 @@ def lease_of_claimed(
     wall_deadline: int,
     reader: Any,
 ) -> Lease:
-    """The Lease a claim made, from its fields: claim_open's envelope. (The C claim core's record makes
-    the same Lease in claim._Scan._fast_move, written out there without this call: keep the two alike.)"""
+    """The Lease a claim made, from its fields: claim_open's envelope, or the C claim core's record."""
     return Lease(
         queue_id=ctx.fmt.queue_id,
         job_id=job_hex,

@@ -57,7 +57,6 @@ from steadqd.fs.names import (
     state_dir,
 )
 from steadqd.fs.records import Extension, JobHeader, build_header, encode_extension
-from steadqd.fs.syscall_hook import _armed, _traces
 from steadqd.fs.tree import (
     Collision,
     DestinationGone,
@@ -230,13 +229,7 @@ def _enqueue_fast(ctx: Context, payload: bytes, n: int, opts: _Options, core: An
             return _enqueue_drawn(ctx, payload, opts, drawn)
         with bridge.replaying(e, skip_open=False):
             return _enqueue_drawn(ctx, payload, opts, drawn)
-    if _armed or _traces:
-        linux.close_quietly(e.fd)
-    else:
-        try:  # close_quietly's fast path (no armed fault, no trace), in this frame: every small enqueue
-            os.close(e.fd)
-        except OSError:
-            pass
+    linux.close_quietly(e.fd)
     ctx.last_enqueued_shard = shard
     return Published(job_id.hex(), f"{rel}/{bridge.ffi.string(e.name).decode('ascii')}", "ready")
 

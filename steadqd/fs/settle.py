@@ -55,7 +55,6 @@ from steadqd.fs.names import (
     terminal_bucket,
 )
 from steadqd.fs.receipt import ExpectedReceipt, verify_receipt
-from steadqd.fs.syscall_hook import _armed, _traces
 from steadqd.fs.tree import Collision, DestinationGone, Indeterminate, MoveFailed, SourceChanged, SourceMissing
 from steadqd.fs.verify import verified_head, verify_payload
 
@@ -203,15 +202,7 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
             return _ack_named(ctx, lease, job, wall, shard, bucket)
     if ids[0] is None or ids[1] is None:  # learn_ids keeps nothing when the tree knew both (most acks)
         tree.learn_ids(src_fd, dst_fd, a.stats, ids)
-    # Source.close: a close error cannot undo the committed move (close_quietly; its fast path, no armed
-    # fault and no trace, in this frame: every ack)
-    if _armed or _traces:
-        linux.close_quietly(a.fd)
-    else:
-        try:
-            os.close(a.fd)
-        except OSError:
-            pass
+    linux.close_quietly(a.fd)  # Source.close: a close error cannot undo the committed move
     return _ACKED
 
 
