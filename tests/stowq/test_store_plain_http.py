@@ -254,9 +254,11 @@ def test_threads_opening_the_first_connection_at_once_share_one_pool(monkeypatch
             t.start()
         for t in threads:
             t.join(5)
-        assert answers == [(200, b"ok")] * 2 and len(accepted) == 2
+        assert answers == [(200, b"ok")] * 2
         (pool,) = client._plain_pools.values()
-        assert len(pool._idle) == 2  # both connections kept by the one pool close() closes
+        # Every connection opened is kept by the one pool close() closes. Usually two; one when a thread ended
+        # its request before the other took a connection (CI once saw that): the second then reused it.
+        assert len(accepted) in (1, 2) and len(pool._idle) == len(accepted)
         client.close()
         assert len(pool._idle) == 0
 
