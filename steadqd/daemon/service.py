@@ -80,9 +80,8 @@ class Timers:
     Each callback runs through ``guard``, which the owner uses to turn an
     exception into a log line instead of a dead service loop. A job sets three
     or four of them and nearly all are cancelled unfired, so ``guard`` wraps a
-    callback when it fires, not when it is set, and a timer goes into the
-    loop's heap here directly (:meth:`Loop.call_at`'s work inline): setting one
-    costs a handful of calls, not a dozen.
+    callback when it fires, not when it is set (Loop._push puts it in the
+    heap): setting one costs a handful of calls, not a dozen.
     """
 
     def __init__(self, loop: Loop, guard: Callable[[Callable[[], None]], Callable[[], None]]) -> None:
@@ -98,13 +97,7 @@ class Timers:
         timers = self._timers
         if key in timers:
             timers[key].cancelled = True
-        loop = self._loop
-        t = timers[key] = Timer(when, functools.partial(_guarded_call, self._guard, fn))
-        loop._seq += 1
-        heapq.heappush(loop._timers, (when, loop._seq, t))
-        loop._size += 1
-        if loop._size > loop._compact_at:
-            loop._compact()
+        timers[key] = self._loop._push(Timer(when, functools.partial(_guarded_call, self._guard, fn)))
 
     def cancel(self, key: str) -> None:
         timers = self._timers
@@ -169,14 +162,7 @@ class Loop:
             pass
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
-        when = time.monotonic() + (delay if delay > 0.0 else 0.0)  # NaN: now, as max()
-        t = Timer(when, callback)  # call_at's work inline (Timers.set's too): several times a job
-        self._seq += 1
-        heapq.heappush(self._timers, (when, self._seq, t))
-        self._size += 1
-        if self._size > self._compact_at:
-            self._compact()
-        return t
+        return self._push(Timer(time.monotonic() + (delay if delay > 0.0 else 0.0), callback))  # NaN: now, as max()
 
     def call_soon(self, callback: Callable[[], None]) -> Timer:
         """``callback`` at the end of this pass, after its readers' callbacks and due timers (asked from a
@@ -191,9 +177,12 @@ class Loop:
         return t
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
-        t = Timer(when, callback)
+        return self._push(Timer(when, callback))
+
+    def _push(self, t: Timer) -> Timer:
+        """A new timer into the heap (call_later, call_at and Timers.set_at all come here)."""
         self._seq += 1
-        heapq.heappush(self._timers, (when, self._seq, t))
+        heapq.heappush(self._timers, (t.when, self._seq, t))
         self._size += 1
         if self._size > self._compact_at:
             self._compact()
