@@ -423,16 +423,21 @@ def test_ack_of_removed_lease_without_receipt_is_lease_lost(queue: Queue, queue_
     ]
 
 
-def test_ack_of_corrupted_payload_is_refused_and_poisons(queue: Queue, queue_path: str) -> None:
-    queue.enqueue(b"0123456789")
-    lease = queue.lease()
-    assert lease is not None
-    path = os.path.join(queue_path, lease.path)
+def _flip_payload_byte(path: str) -> None:
+    """Flip the low bit of the payload's third byte from the end: same size, wrong digest."""
     with open(path, "r+b") as f:
         f.seek(-3, os.SEEK_END)
         b = f.read(1)
         f.seek(-3, os.SEEK_END)
         f.write(bytes([b[0] ^ 0x01]))
+
+
+def test_ack_of_corrupted_payload_is_refused_and_poisons(queue: Queue, queue_path: str) -> None:
+    queue.enqueue(b"0123456789")
+    lease = queue.lease()
+    assert lease is not None
+    path = os.path.join(queue_path, lease.path)
+    _flip_payload_byte(path)
     expect_not_committed(ErrorKind.PAYLOAD_CORRUPT, queue.ack, lease)
     assert queue.poisoned is not None
     assert os.path.exists(path)  # ack does not quarantine, nor write a receipt
@@ -691,11 +696,7 @@ def test_copy_payload_of_a_corrupted_payload_writes_it_then_raises_and_quarantin
     lease = queue.lease()
     assert lease is not None
     path = os.path.join(queue_path, lease.path)
-    with open(path, "r+b") as f:
-        f.seek(-3, os.SEEK_END)
-        b = f.read(1)
-        f.seek(-3, os.SEEK_END)
-        f.write(bytes([b[0] ^ 0x01]))
+    _flip_payload_byte(path)
     out = io.BytesIO()
     with pytest.raises(SteadQError) as ei:
         lease.copy_payload_to(out)
