@@ -22,7 +22,6 @@ from typing import Any
 from steadqd.constants import (
     CLAIM_SCAN_CHUNK_BYTES,
     HEADER_SIZE,
-    JOB_EXT,
     U32_MAX,
     U64_MAX,
     DeadReason,
@@ -37,11 +36,11 @@ from steadqd.fs.context import Context
 from steadqd.fs.json_records import LeasedLocation, ReadyLocation
 from steadqd.fs.lease import Lease, lease_from_claim, lease_of_claimed, make_ticket, remember_own_lease_path
 from steadqd.fs.names import (
-    _READY_DOTS,
     JobName,
     authenticate,
     dead_name,
     leased_identity,
+    looks_ready,
     make_filename,
     next_attempt,
     next_generation,
@@ -55,7 +54,6 @@ from steadqd.fs.owner import unreadable_job_text
 from steadqd.fs.quarantine import quarantine, quarantine_special
 from steadqd.fs.records import JobHeader, decode_extension
 from steadqd.fs.scan_order import next_scan_round, scan_order
-from steadqd.fs.syscall_hook import _armed, _traces
 from steadqd.fs.tree import Collision, Indeterminate, MoveError, SourceMissing, Witness
 from steadqd.fs.verify import (
     Envelope,
@@ -105,10 +103,7 @@ class _Scan:
         ctx = self.ctx
         with ctx.lock:
             round_ = ctx.scan_round
-            # next_scan_round's common case, without its call (every lease)
-            ctx.scan_round = (
-                (round_ + 1) & U64_MAX if type(round_) is int and 0 <= round_ <= U64_MAX else next_scan_round(round_)
-            )
+            ctx.scan_round = next_scan_round(round_)
             hint, ctx.last_enqueued_shard = ctx.last_enqueued_shard, None
             stay, ctx.claim_stay = ctx.claim_stay, None
         run = 1
@@ -236,20 +231,14 @@ class _Scan:
                 if cand.at_end and not from_start:
                     # This handle's last scan of the shard ended at its end: start
                     # over at once (an empty shard costs a rewind and one read).
-                    if not _armed and not _traces:  # linux.rewind_dir's fast path, inlined (most scans)
-                        os.lseek(dir_fd, 0, os.SEEK_SET)
-                    else:
-                        linux.rewind_dir(dir_fd)
+                    linux.rewind_dir(dir_fd)
                     from_start = True
                 chunk = linux.read_dir_chunk(dir_fd, CLAIM_SCAN_CHUNK_BYTES)
                 if not chunk:
                     if from_start:
                         cand.at_end = True
                         return None
-                    if not _armed and not _traces:  # linux.rewind_dir's fast path, inlined (most scans)
-                        os.lseek(dir_fd, 0, os.SEEK_SET)
-                    else:
-                        linux.rewind_dir(dir_fd)
+                    linux.rewind_dir(dir_fd)
                     from_start = True
                     continue
             except OSError as e:
@@ -279,9 +268,7 @@ class _Scan:
             except UnicodeDecodeError:
                 self.report.ignored.append(f"{rel}/{raw!r}")
                 continue
-            # looks_ready(name), its test without its call (each entry of every chunk a scan reads):
-            # leased names and strays are never candidates
-            if name.endswith(JOB_EXT) and name.count(".") == _READY_DOTS:
+            if looks_ready(name):  # leased names and strays are never candidates
                 names.append(name)
         return names
 
