@@ -433,29 +433,8 @@ class Queue:
             src.close()
 
     def copy_payload(self, lease: Lease, out: BinaryIO) -> int:
-        # _validated, Validated and _guard_payload written out, their steps in their order (the handle open;
-        # pin, validate; the copy, a failed digest quarantined; close, unpin): the copy of every job a
-        # worker runs comes here, and they were an object, a closure and five calls more.
-        if self._closed:
-            self._check_open()
-        tree = self._ctx.tree
-        tree.pin()
-        try:
-            src = validated_source(self._ctx, lease)
-        except BaseException:
-            tree.unpin()
-            raise
-        try:
-            try:
-                return copy_payload(src.fd, src.envelope, out)
-            except (SteadQError, OSError) as e:
-                self._payload_failed(lease, src, e)
-                raise
-        finally:
-            try:
-                src.close()
-            finally:
-                tree.unpin()
+        with self._validated(lease) as src:
+            return self._guard_payload(lease, src, lambda: copy_payload(src.fd, src.envelope, out))
 
     def read_extension(self, lease: Lease) -> Extension | None:
         with self._validated(lease) as src:

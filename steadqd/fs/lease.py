@@ -58,7 +58,6 @@ from steadqd.fs.names import (
     shard_of,
 )
 from steadqd.fs.records import Extension, decode_extension
-from steadqd.fs.syscall_hook import _armed, _traces
 from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
 from steadqd.fs.verify import Envelope, read_envelope, verified_head
 
@@ -269,13 +268,7 @@ class Source:
     def close(self) -> None:
         # Read-only fd: a close error cannot undo or redo the move that may
         # just have committed, so it must not replace the real outcome.
-        if _armed or _traces:
-            linux.close_quietly(self.fd)
-            return
-        try:  # close_quietly's fast path (no armed fault, no trace), in this frame: every copy and Python payload()
-            os.close(self.fd)
-        except OSError:
-            pass
+        linux.close_quietly(self.fd)
 
 
 def _corrupt(ctx: Context, poison: bool, why: str) -> QueueCorrupt:
@@ -339,10 +332,10 @@ def remember_own_lease_path(ctx: Context, dir_rel: str, path: str, shard: int, n
     holds instead of parsed again. Every filesystem check of validate_source still runs.
     """
     fmt = ctx.fmt
-    facts = _PathFacts(tuple(path.split("/")), shard, name, ctx.boot_id, dir_rel=dir_rel)
-    if len(_FACTS) >= _FACTS_MAX:  # _remember_facts, without its call (every claim)
-        _FACTS.clear()
-    _FACTS[(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, path)] = facts
+    _remember_facts(
+        (fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, path),
+        _PathFacts(tuple(path.split("/")), shard, name, ctx.boot_id, dir_rel=dir_rel),
+    )
 
 
 def _compute_path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, path: str) -> _PathFacts:
@@ -398,7 +391,7 @@ def checked_path(
     if path_boot != lease.boot_id:
         raise _corrupt(ctx, poison, "lease boot id differs from its path")
     if job is None:
-        job = bytes.fromhex(lease.job_id)  # lease.job_id_bytes, without the property's call (every payload())
+        job = lease.job_id_bytes
     if shard is None:
         shard = shard_of(fmt.queue_id, job, fmt.shard_count)
     if shard != facts.shard:

@@ -123,7 +123,7 @@ def ack(ctx: Context, lease: Lease) -> AckResult:
     fmt = ctx.fmt
     wall = ctx.wall_floor()
     bucket = terminal_bucket(wall, fmt.terminal_width_ns)
-    job = bytes.fromhex(lease.job_id)  # lease.job_id_bytes, once and without its call: the shard and the receipt's name
+    job = lease.job_id_bytes  # once: the shard and the receipt's name
     shard = shard_of(fmt.queue_id, job, fmt.shard_count)
     core = ctx.c_core
     if core is not None:
