@@ -194,7 +194,9 @@ def _until(driver: Any, what: str, fn: Callable[[], object], timeout: float = DE
         return WebDriverWait(driver, timeout, poll_frequency=0.2).until(probe)
     except TimeoutException:
         body = driver.find_element("tag name", "body").text
-        raise AssertionError(f"timed out waiting for {what}; the page says:\n{body[:3000]}") from None
+        raise AssertionError(
+            f"timed out waiting for {what} at {driver.current_url}; the page says:\n{body[:3000]}"
+        ) from None
 
 
 def _get(driver: Any, what: str, fn: Callable[[], Any], timeout: float = DEADLINE) -> Any:
@@ -579,6 +581,11 @@ def test_administrator_sees_throughput_and_restarts_the_worker(
     driver.switch_to.default_content()
     driver.get(URL + "/steadq#/" + FAST)
     _page_frame(driver)
+    # Clicked once the view has its answers (the counts, the unit's state), as a person would. The
+    # rows no longer move while those arrive (the member's test checks the layout); before, a click
+    # at that moment could land on whatever row had moved under the pointer.
+    _until(driver, "the fast queue's counts", lambda: _text(driver, "#queue-counts").endswith("dead"))
+    _until(driver, "the worker's state on the shell's page", lambda: "active (running)" in _text(driver, row))
     _click(driver, "Logs of the worker", f'{row} button[data-action="logs"]')
     driver.switch_to.default_content()
     from urllib.parse import unquote
@@ -625,5 +632,13 @@ def test_member_without_administrative_access_sees_unit_controls_disabled(
     assert verbs == [(v, False, note) for _ in range(3) for v in ("start", "stop", "restart")], verbs
     assert logs == [True, True, True], logs
     assert not driver.find_element("id", "message").is_displayed()
+    # The note comes and goes (and changes) when Cockpit answers whether the session has administrative
+    # access, a moment after the rows appear: it sits below them, so that answer never moves a button
+    # under the pointer (a click on a row's Logs went to the row that had moved under it).
+    table, note_box = (
+        driver.execute_script("return document.querySelector(arguments[0]).getBoundingClientRect().toJSON()", css)
+        for css in ("table.units", "#units-note")
+    )
+    assert note_box["top"] >= table["bottom"], (table, note_box)
     driver.save_screenshot(str(tmp_path / "units-member.png"))
     _no_csp_refusal(driver)
