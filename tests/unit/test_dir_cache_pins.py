@@ -1,7 +1,8 @@
 """The directory cache is unpinned and trimmed after every lease, copy and ack.
 
-Queue.lease, Queue.copy_payload and guards.guarded write Tree.pin and Tree.unpin out (no call); the
-cache must still end each operation unpinned and trimmed to ``max_cached`` as Tree.unpin leaves it.
+Queue.copy_payload and guards.guarded (Queue.lease's checks and first scan run under it) write Tree.pin and
+Tree.unpin out (no call); the cache must still end each operation unpinned and trimmed to ``max_cached`` as
+Tree.unpin leaves it.
 """
 
 from __future__ import annotations
