@@ -45,6 +45,7 @@ from steadqd.daemon.command_check import LaunchCheck, command_problems
 from steadqd.daemon.config import QueueSettings, WorkerConfig, open_options
 from steadqd.daemon.metrics import directory_problem, textfile_for
 from steadqd.daemon.problem import Account, Problem, blocked_parent, owner_mode
+from steadqd.daemon.worker import payload
 from steadqd.errors import SteadQError
 from steadqd.text import printable
 
@@ -207,7 +208,7 @@ def tmpdir_problems(account: Account) -> list[Problem]:
                 )
             ]
     try:
-        base = wanted or tempfile.gettempdir()
+        base = wanted or payload.temp_dir()
     except FileNotFoundError:  # no usable directory among TMPDIR, /tmp, /var/tmp, /usr/tmp, the cwd
         return [Problem(f"no writable temporary directory for user {account.name}; set TMPDIR to one")]
     try:

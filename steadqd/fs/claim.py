@@ -246,16 +246,11 @@ class _Scan:
                 return None
             cand.at_end = False
             names = self._ready_looking(rel, chunk)
-            core = self.core
             for i, name in enumerate(names):
                 if name in tried:
                     continue
                 tried.add(name)  # once per scan: the pass after the rewind may list it again
-                # _try_name, without its frame
-                if core is not None:
-                    lease = self._fast(shard, dir_fd, rel, name, None)
-                else:
-                    lease = self._try_name_python(shard, dir_fd, rel, name)
+                lease = self._try_name(shard, dir_fd, rel, name)
                 if lease is not None:
                     cand.names = deque(names[i + 1 :])
                     return lease
@@ -273,6 +268,8 @@ class _Scan:
         return names
 
     def _try_name(self, shard: int, dir_fd: int, rel: str, name: str) -> Lease | None:
+        """One ready-looking name of the listing (or a leftover whose early open failed): through the C
+        claim core where there is one, else the Python, which is the core's specification."""
         if self.core is not None:
             return self._fast(shard, dir_fd, rel, name, None)
         return self._try_name_python(shard, dir_fd, rel, name)

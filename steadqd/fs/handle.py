@@ -61,7 +61,7 @@ from steadqd.fs.context import Context, not_committed
 from steadqd.fs.control import clear_pause, read_pause, write_pause
 from steadqd.fs.delayed_watch import DelayedWatch
 from steadqd.fs.fsck import FsckResult, fsck
-from steadqd.fs.guards import Validated, guarded, mutation, raise_outcome, validated_source
+from steadqd.fs.guards import Validated, guarded, mutation, validated_source
 from steadqd.fs.json_records import TransitionTicket
 from steadqd.fs.layout import OpenOptions, QueueConfig, init_queue, open_queue_root
 from steadqd.fs.lease import Lease, Source, core_payload, extension_of, lease_duration_ns, plain_duration_ns, renew
@@ -307,31 +307,10 @@ class Queue:
         With ``wait`` > 0, sleeps on inotify events of the ready shards (no
         polling) until a job arrives or the wait runs out.
         """
-        # A bad duration or wait is NotCommitted(INVALID_INPUT), a clock failure NotCommitted, never a bare OSError.
-        # ``with mutation("lease", ctx)`` written out as guarded does (pin; the block; unpin; the failure's
-        # outcome, raised or passed on): every lease comes here, and the context manager is an object and
-        # two method calls more.
-        ctx = self._ctx
-        tree = ctx.tree
-        tree.pin()
-        try:
-            exact = type(duration) is float or type(duration) is int
-            duration_ns = plain_duration_ns(duration) if exact else lease_duration_ns(duration)
-            # max(0.0, wait) compares ``wait > 0.0`` (its TypeError, if any, is this one); a wait that is
-            # not above it is 0.0, which checked_seconds_ns always accepts: checked only when it is used.
-            scanned = not wait > 0.0
-            if scanned:  # one scan answers wait=0 (or NaN): no deadline, no watch, one pin of the cache
-                lease, report = claim(ctx, duration_ns, self)
-                self.last_scan = report
-            else:
-                wait_ns = checked_seconds_ns("wait", max(0.0, wait))
-                deadline = linux.monotonic_ns() + wait_ns
-        except BaseException as e:
-            tree.unpin()
-            raise_outcome("lease", e)
-            raise
-        tree.unpin()
-        if scanned:
+        # A bad duration or wait is NotCommitted(INVALID_INPUT), a clock failure NotCommitted, never a bare OSError:
+        # the checks and the first scan run under guarded (``with mutation("lease", ctx)`` in one frame).
+        duration_ns, deadline, lease = guarded("lease", self._ctx, self._lease_start, duration, wait)
+        if deadline is None:
             return lease
         watch = self._ready_wait()
         while True:
@@ -349,6 +328,20 @@ class Queue:
             if remaining <= 0:
                 return None
             watch.wait(min(remaining, _WAIT_RESCAN_S))
+
+    def _lease_start(self, duration: float, wait: float) -> tuple[int, int | None, Lease | None]:
+        """:meth:`lease`'s checks and, without a wait, its one scan: (the duration in ns, the wait's
+        monotonic deadline or None where there is no wait, the lease that scan found)."""
+        exact = type(duration) is float or type(duration) is int
+        duration_ns = plain_duration_ns(duration) if exact else lease_duration_ns(duration)
+        # max(0.0, wait) compares ``wait > 0.0`` (its TypeError, if any, is this one); a wait that is
+        # not above it is 0.0, which checked_seconds_ns always accepts: checked only when it is used.
+        if not wait > 0.0:  # one scan answers wait=0 (or NaN): no deadline, no watch, one pin of the cache
+            lease, report = claim(self._ctx, duration_ns, self)
+            self.last_scan = report
+            return duration_ns, None, lease
+        wait_ns = checked_seconds_ns("wait", max(0.0, wait))
+        return duration_ns, linux.monotonic_ns() + wait_ns, None
 
     def renew(self, lease: Lease, duration: float = 30.0) -> Lease:
         """Extend the lease; updates and returns the same object."""

@@ -85,6 +85,7 @@ __all__ = [
     "receipt_name",
     "shard_dir",
     "shard_of",
+    "shard_of_ids",
     "tag_context",
     "terminal_bucket",
     "watermark_bucket",
@@ -874,7 +875,7 @@ def _check_shard_count(shard_count: int) -> int:
 def shard_of(queue_id: bytes, job_id: bytes, shard_count: int) -> int:
     """Low log2(shard_count) bits of the first big-endian u32 of SHA256(shard domain || qid || job)."""
     if type(queue_id) is bytes and type(job_id) is bytes and type(shard_count) is int:
-        return _shard_of_memo(queue_id, job_id, shard_count)
+        return shard_of_ids(queue_id, job_id, shard_count)
     return _shard_of(queue_id, job_id, shard_count)
 
 
@@ -884,9 +885,14 @@ def _shard_of(queue_id: bytes, job_id: bytes, shard_count: int) -> int:
     return int.from_bytes(h[:4], "big") & (shard_count - 1)
 
 
-def _shard_of_bytes(queue_id: bytes, job_id: bytes, shard_count: int) -> int:
-    """:func:`_shard_of` of bytes ids and an int count: its checks in one test first (every
-    enqueue computes a new job's shard), the full function for anything they would refuse."""
+# Every step of a job's life (enqueue, claim, payload(), ack) asks for its
+# shard; a pure function of hashable immutable arguments, so memoised.
+@functools.lru_cache(maxsize=4096)
+def shard_of_ids(queue_id: bytes, job_id: bytes, shard_count: int) -> int:
+    """:func:`shard_of` for a caller whose ids are ``bytes`` and count an ``int`` (its type test passed,
+    or the values are the queue format's): memoised, no Python frame on a hit (every enqueue asks).
+
+    A miss runs :func:`_shard_of`'s checks in one test first, the full function for anything they would refuse."""
     if len(queue_id) == ID_BYTES and len(job_id) == ID_BYTES and shard_count in _SHARD_COUNTS:
         h = hashlib.sha256(DOMAIN_SHARD + queue_id + job_id).digest()
         return int.from_bytes(h[:4], "big") & (shard_count - 1)
@@ -895,10 +901,6 @@ def _shard_of_bytes(queue_id: bytes, job_id: bytes, shard_count: int) -> int:
 
 # The counts _check_shard_count accepts (looked up with an int only: True == 1).
 _SHARD_COUNTS = frozenset(1 << i for i in range(MAX_SHARDS.bit_length()) if 1 << i <= MAX_SHARDS)
-
-# Every step of a job's life (enqueue, claim, payload(), ack) asks for its
-# shard; a pure function of hashable immutable arguments, so memoised.
-_shard_of_memo = functools.lru_cache(maxsize=4096)(_shard_of_bytes)
 
 
 def shard_dir(shard: int) -> str:

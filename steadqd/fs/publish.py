@@ -46,7 +46,6 @@ from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import EnqueueTicket
 from steadqd.fs.names import (
-    _shard_of_memo,
     delayed_bucket,
     delayed_name,
     make_filename,
@@ -54,6 +53,7 @@ from steadqd.fs.names import (
     ready_filename,
     shard_dir,
     shard_of,
+    shard_of_ids,
     state_dir,
 )
 from steadqd.fs.records import Extension, JobHeader, build_header, encode_extension
@@ -205,9 +205,9 @@ def _enqueue_fast(ctx: Context, payload: bytes, n: int, opts: _Options, core: An
     # An enqueue with no option (most producers) has the default content type and no producer id: its
     # extension's bytes, encoded once (_plain_extension's value for them), without the call
     extension = _DEFAULT_EXTENSION if opts is _NO_OPTIONS else _plain_extension(opts.content_type, opts.producer_id)
-    # shard_of's memo, without shard_of's call: its type test passes here (job_id: bytes, tested above; the
-    # queue id and count: FORMAT's, which the C core was made from)
-    shard = _shard_of_memo(fmt.queue_id, job_id, fmt.shard_count)
+    # shard_of_ids, not shard_of: its type test passes here (job_id: bytes, tested above; the queue id and
+    # count: FORMAT's, which the C core was made from)
+    shard = shard_of_ids(fmt.queue_id, job_id, fmt.shard_count)
     rel = ctx.ready_rels[shard]
     dest_fd = ctx.tree.cached_fd(rel)
     if dest_fd is None:

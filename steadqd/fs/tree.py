@@ -174,9 +174,8 @@ class Tree:
     def dir(self, rel: str) -> int:
         """An fd for an existing directory ``rel`` beneath the root (cached)."""
         with self._lock:
-            fd = self._dirs.get(rel)
+            fd = self._touch(rel)
             if fd is not None:
-                self._dirs.move_to_end(rel)
                 return fd
             fd = linux.open_beneath(self.root_fd, rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             self._dirs[rel] = fd
@@ -185,40 +184,32 @@ class Tree:
                 self._trim()
             return fd
 
+    def _touch(self, rel: str) -> int | None:
+        """The cache's one lookup rule (the caller holds the lock): ``rel``'s cached fd, now the most
+        recently used, or None where it is not cached; opens and evicts nothing."""
+        fd = self._dirs.get(rel)
+        if fd is not None:
+            self._dirs.move_to_end(rel)
+        return fd
+
     def cached_fd(self, rel: str) -> int | None:
         """:meth:`cached_fds` of one directory, without the list (payload(), a small enqueue)."""
         with self._lock:
-            fd = self._dirs.get(rel)
-            if fd is not None:
-                self._dirs.move_to_end(rel)
-            return fd
+            return self._touch(rel)
 
     def cached_fds(self, rels: Iterable[str | None]) -> list[int | None]:
         """The cached fd of each of ``rels`` (now the most recently used), None for one not cached; opens nothing."""
         fds: list[int | None] = []
         with self._lock:
-            dirs = self._dirs
             for rel in rels:
-                fd = None
-                if rel is not None:
-                    fd = dirs.get(rel)
-                    if fd is not None:
-                        dirs.move_to_end(rel)
-                fds.append(fd)
+                fds.append(None if rel is None else self._touch(rel))
         return fds
 
     def cached_fd_pair(self, a: str, b: str) -> tuple[int | None, int | None]:
         """:meth:`cached_fds` of two directories (the C ack's lease and receipt directories), a then b,
         as a tuple: without the list and its two appends."""
         with self._lock:
-            dirs = self._dirs
-            fa = dirs.get(a)
-            if fa is not None:
-                dirs.move_to_end(a)
-            fb = dirs.get(b)
-            if fb is not None:
-                dirs.move_to_end(b)
-        return fa, fb
+            return self._touch(a), self._touch(b)
 
     def operation(self) -> _Pinned:
         """Pin the cache for one public operation (a context manager).
@@ -292,9 +283,8 @@ class Tree:
         fd stayed cached, is made again.
         """
         with self._lock:
-            fd = self._dirs.get(rel)
+            fd = self._touch(rel)
             if fd is not None:  # what _ensure_dir would return, without its three calls (every claim scan, per shard)
-                self._dirs.move_to_end(rel)
                 return fd
             for _ in range(_ENSURE_ATTEMPTS - 1):
                 try:

@@ -159,6 +159,7 @@ def test_step9_exhausted_ready_cleanup() -> None:
 )
 def test_shard_table(count: int, shard: int, dirname: str) -> None:
     assert names.shard_of(QID, JOB, count) == shard
+    assert names.shard_of_ids(QID, JOB, count) == shard  # publish's entry, for ids known to be bytes
     assert names.shard_dir(shard) == dirname
     assert names.parse_shard_dir(dirname, count) == shard
 
@@ -668,8 +669,8 @@ def test_jobname_fast_check_on_every_field_at_its_edges(state: State) -> None:
     st.one_of(st.integers(-1, 70000), st.sampled_from([1 << i for i in range(17)])),
 )
 def test_shard_of_fast_path_matches_the_full_function(queue_id: bytes, job_id: bytes, count: int) -> None:
-    """shard_of's memoised path (one test of its checks) answers as _shard_of does, error included."""
-    assert _outcome(lambda: names._shard_of_bytes(queue_id, job_id, count)) == _outcome(
+    """shard_of_ids (shard_of's memoised path: one test of its checks) answers as _shard_of does, error included."""
+    assert _outcome(lambda: names.shard_of_ids(queue_id, job_id, count)) == _outcome(
         lambda: names._shard_of(queue_id, job_id, count)
     )
 

@@ -48,6 +48,23 @@ def test_make_names_the_creator_and_is_private(tmp: Path) -> None:
     assert oct(d.stat().st_mode & 0o777) == oct(0o700)
 
 
+def test_copies_are_made_in_the_temp_dir_absolute_and_follow_a_change_of_it(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """temp_dir is tempfile's directory made absolute, asked again when it changes (its memo is not stale)."""
+    (tmp / "a").mkdir()
+    (tmp / "b").mkdir()
+    monkeypatch.chdir(tmp)
+    monkeypatch.setattr("tempfile.tempdir", "a")
+    assert payload.temp_dir() == str(tmp / "a")
+    d = payload.make("0123456789abcdef")
+    assert os.path.dirname(d) == str(tmp / "a")
+    monkeypatch.setattr("tempfile.tempdir", "b/")
+    d = payload.make("0123456789abcdef")
+    assert os.path.dirname(d) == str(tmp / "b")
+    assert payload.remove_stale() == []  # scans b, where only this live worker's copy is
+
+
 def test_remove_stale_takes_only_dead_workers_of_this_namespace(tmp: Path) -> None:
     ns = os.stat("/proc/self/ns/pid").st_ino
     dead = tmp / f"steadqd-{ns}-{_dead_pid()}-0123456789ab-x1"

@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
-__all__ = ["make", "make_progress", "remove", "remove_stale", "write_copy"]
+__all__ = ["make", "make_progress", "remove", "remove_stale", "temp_dir", "write_copy"]
 
 _NAME = re.compile(r"steadqd-(\d+)-(\d+)-[0-9a-f]{12}-")
 
@@ -66,10 +66,33 @@ def _forget_made() -> None:
 os.register_at_fork(after_in_child=_forget_made)
 
 
-@functools.lru_cache(maxsize=4)
-def _absolute(directory: str) -> str:
-    """The temp directory as ``mkdtemp`` makes a path of it (``abspath``), once per directory."""
-    return os.path.abspath(directory).rstrip("/") or ""
+# temp_dir's last answer: (tempfile's directory as set, its absolute form).
+_temp_dir_memo: tuple[str, str] = ("", "")
+
+
+def temp_dir() -> str:
+    """The directory payload copies are made in, absolute: ``tempfile.gettempdir()`` (TMPDIR, else /tmp, ...),
+    as ``mkdtemp`` makes a path of it. The one place that asks; preflight and remove_stale ask here too.
+
+    Cheap enough for every job: ``tempfile.tempdir`` (documented: gettempdir sets it and returns it once set)
+    is read, not gettempdir called (its _gettempdir, fsdecode, fspath and isinstance were five calls a job);
+    unset (the first copy, or a test that resets it) or bytes: gettempdir is called. Its ``abspath`` is
+    remembered for the directory last seen."""
+    global _temp_dir_memo
+    tmp = tempfile.tempdir
+    if type(tmp) is not str:
+        tmp = tempfile.gettempdir()
+    seen, absolute = _temp_dir_memo
+    if tmp != seen:
+        absolute = os.path.abspath(tmp)
+        _temp_dir_memo = (tmp, absolute)
+    return absolute
+
+
+def _in_dir(directory: str, name: str) -> str:
+    """``os.path.join(directory, name)`` for a relative ``name`` (every path of a copy is one), in one
+    frame: join's own calls (fspath, _get_sep, isinstance, startswith, endswith) were six a job."""
+    return f"{directory}/{name}" if directory and directory[-1] != "/" else directory + name
 
 
 def make(job_id: str) -> str:
@@ -93,10 +116,7 @@ def _candidate_paths(job_id: str) -> Iterator[str]:
     if _made is None:
         _made = (f"steadqd-{_pid_namespace()}-{os.getpid()}-", random.Random())
     prefix, rng = _made
-    # tempfile.gettempdir() is tempfile.tempdir once that is set (fsdecode of a str is the str): read here, not
-    # called (its _gettempdir, fsdecode, fspath and isinstance were five calls a job); unset or bytes: called.
-    tmp = tempfile.tempdir
-    base = f"{_absolute(tmp if type(tmp) is str else tempfile.gettempdir())}/{prefix}{job_id[:12]}-"
+    base = _in_dir(temp_dir(), f"{prefix}{job_id[:12]}-")
     for _ in range(tempfile.TMP_MAX):
         yield f"{base}{rng.getrandbits(32):08x}"
 
@@ -116,7 +136,7 @@ def make_with_files(job_id: str) -> tuple[str, str, int] | None:
     for path in _candidate_paths(job_id):
         fd = maker(path)
         if fd >= 0:
-            return path, f"{path}/progress", fd
+            return path, _in_dir(path, "progress"), fd
         if -fd != errno.EEXIST:
             raise OSError(-fd, os.strerror(-fd), path)
     raise FileExistsError(errno.EEXIST, "no usable temporary directory name found")
@@ -132,15 +152,14 @@ def write_copy(directory: str, copy: Callable[[BinaryIO], object], owner: tuple[
     """
     # Made 0400 at its creation (the descriptor writes all the same), unless the umask would cut that.
     fd = os.open(
-        os.path.join(directory, "payload"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o400
+        _in_dir(directory, "payload"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o400
     )
     return fill_copy(directory, fd, copy, owner)
 
 
 def fill_copy(directory: str, fd: int, copy: Callable[[BinaryIO], object], owner: tuple[int, int] | None = None) -> str:
     """:func:`write_copy` once ``<directory>/payload`` is open as ``fd`` (which this closes); returns its path."""
-    # os.path.join(directory, "payload") written out (its own calls were six a job)
-    path = f"{directory}/payload" if directory and directory[-1] != "/" else directory + "payload"
+    path = _in_dir(directory, "payload")
     out: BinaryIO = _Out(fd)  # type: ignore[assignment]  # the write it needs (typing.cast: a call a job)
     try:
         copy(out)
@@ -196,7 +215,7 @@ def make_progress(directory: str, owner: tuple[int, int] | None = None, *, trave
     that user reach it through a directory it does not own (``input: stdin``:
     its payload copy stays the daemon's, 0400, unreadable to it).
     """
-    path = os.path.join(directory, "progress")
+    path = _in_dir(directory, "progress")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         if owner is not None:
@@ -279,7 +298,7 @@ def _open_up(fd: int) -> bool:
 
 def remove_stale(directory: str | None = None) -> list[str]:
     """Remove payload directories of workers in this pid namespace that no longer run."""
-    base = directory or tempfile.gettempdir()
+    base = directory or temp_dir()
     ns = _pid_namespace()
     removed: list[str] = []
     try:
