@@ -233,8 +233,8 @@ class _Scan:
                     # over at once (an empty shard costs a rewind and one read).
                     linux.rewind_dir(dir_fd)
                     from_start = True
-                chunk = linux.read_dir_chunk(dir_fd, CLAIM_SCAN_CHUNK_BYTES)
-                if not chunk:
+                names = self._read_ready(dir_fd, rel)
+                if names is None:  # the read listed nothing: the end of the shard
                     if from_start:
                         cand.at_end = True
                         return None
@@ -245,7 +245,6 @@ class _Scan:
                 self.report.errors.append(f"{rel}: {e.strerror}")
                 return None
             cand.at_end = False
-            names = self._ready_looking(rel, chunk)
             for i, name in enumerate(names):
                 if name in tried:
                     continue
@@ -255,17 +254,38 @@ class _Scan:
                     cand.names = deque(names[i + 1 :])
                     return lease
 
+    def _read_ready(self, dir_fd: int, rel: str) -> list[str] | None:
+        """The next chunk of the shard ``dir_fd`` (``rel``) from its offset: None when the read listed
+        nothing (its end), else the names in it that look ready, in directory order; names past ASCII
+        go to the report. One call of the C core where it runs (the same getdents, and its
+        sorting of the names is _ready_looking's), else the Python's read and _ready_looking."""
+        core = self.core
+        if core is None:
+            chunk = linux.read_dir_chunk(dir_fd, CLAIM_SCAN_CHUNK_BYTES)
+            return self._ready_looking(rel, chunk) if chunk else None
+        read = core.read_ready(dir_fd)
+        if read is None:
+            return None
+        names, ignored = read
+        for raw in ignored:
+            self.ignore(rel, raw)
+        return names
+
     def _ready_looking(self, rel: str, chunk: list[bytes]) -> list[str]:
         names: list[str] = []
         for raw in chunk:
             try:
                 name = raw.decode("ascii")
             except UnicodeDecodeError:
-                self.report.ignored.append(f"{rel}/{raw!r}")
+                self.ignore(rel, raw)
                 continue
             if looks_ready(name):  # leased names and strays are never candidates
                 names.append(name)
         return names
+
+    def ignore(self, rel: str, raw: bytes) -> None:
+        """An entry of ``rel`` that can never be a job (a name past ASCII): noted in the report."""
+        self.report.ignored.append(f"{rel}/{raw!r}")
 
     def _try_name(self, shard: int, dir_fd: int, rel: str, name: str) -> Lease | None:
         """One ready-looking name of the listing (or a leftover whose early open failed): through the C

@@ -640,15 +640,16 @@ def _explain_mismatch(state: State, name: object, text: str) -> CorruptObject:
 
 
 # A ready name has a dot between each of its components (job id, fields, tag) and one
-# before the extension: its fields plus two.
-_READY_DOTS = len(_GRAMMAR[State.READY][1]) + 2
+# before the extension: its fields plus two. (The C claim core's scan takes it, and JOB_EXT, from
+# here: bridge.Core.)
+READY_DOTS = len(_GRAMMAR[State.READY][1]) + 2
 
 
 def looks_ready(name: str) -> bool:
     """The shape of a ready name (extension and component count), tested without parsing:
     lets a scan of ``ready/<shard>/`` skip the leased names that share it, and strays.
     Only :func:`parse_name` decides whether it *is* one."""
-    return name.endswith(JOB_EXT) and name.count(".") == _READY_DOTS
+    return name.endswith(JOB_EXT) and name.count(".") == READY_DOTS
 
 
 def parse_ready_dir_entry(name: str | bytes) -> JobName:

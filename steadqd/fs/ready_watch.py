@@ -31,7 +31,7 @@ import inotify_simple
 from steadqd.constants import CONTROL_DIR, JOB_EXT, READY_DIR, State
 from steadqd.errors import SteadQError, kind_for_errno
 from steadqd.fs.control import PAUSE_FILE
-from steadqd.fs.names import _READY_DOTS, is_name, looks_ready, shard_dir
+from steadqd.fs.names import READY_DOTS, is_name, looks_ready, shard_dir
 
 __all__ = ["READY_COUNT_SHARDS", "ReadyNews", "ReadyWatch", "is_ready_name"]
 
@@ -165,7 +165,7 @@ class ReadyWatch:
             # is how a holder hears of a cancel at once; matching it against its own leases is the holder's.
             if not name.endswith(JOB_EXT):
                 continue
-            if name.count(".") != _READY_DOTS or not _parses_as_ready(name):
+            if name.count(".") != READY_DOTS or not _parses_as_ready(name):
                 if mask & _VANISH:
                     left.append(name)
                 continue

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from steadqd import Queue
-from steadqd.constants import QuarantineReason
+from steadqd.constants import CLAIM_SCAN_CHUNK_BYTES, QuarantineReason
 from steadqd.fs import claim as claim_mod
 from steadqd.fs import linux, names
 from steadqd.fs.compiled import bridge
@@ -45,7 +45,17 @@ KINDS = (
     "valid", "valid_ext", "large", "bad_tag", "wrong_shard", "exhausted", "truncated", "short_header",
     "oversized", "corrupt_header", "payload_mismatch", "bad_extension", "name_mismatch", "symlink",
     "fifo", "hardlink", "leased_name", "long_extension",
+    # Hostile names for the scan's read of the shard (scan.c): a byte past ASCII in a ready name, a
+    # stray extension, the shape of a ready name that does not parse, a 255-byte name of that shape.
+    "non_ascii", "stray", "ready_shaped", "long_name",
 )  # fmt: skip
+# The hostile names: a job's bytes under each (_plant), so only the name decides.
+_NAMED = {
+    "non_ascii": lambda name: name[:40].encode() + b"\xff" + name[41:].encode(),
+    "stray": lambda name: (name + ".tmp").encode(),
+    "ready_shaped": lambda name: b"a.b.c.d.e.sqj",
+    "long_name": lambda name: b"a" * (255 - len(b".b.c.d.e.sqj")) + b".b.c.d.e.sqj",
+}
 FAULT_OPS = ("open", "fstat", "read", "stat", "rename_noreplace", "fsync", "close", "unlink", "link", "mkdir")
 WALL = 1_800_000_000_000_000_000
 BOOTTIME = 5_000_000_000_000
@@ -109,7 +119,9 @@ def _plant(root: str, qid: bytes, lease_width: int, kinds: list[str]) -> None:
             data = data[:40] + bytes([data[40] ^ 1]) + data[41:]
         elif kind == "payload_mismatch":
             data = data[:-1] + bytes([data[-1] ^ 0xFF])
-        path = os.path.join(d, name)
+        path: str | bytes = os.path.join(d, name)
+        if kind in _NAMED:
+            path = os.path.join(os.fsencode(d), _NAMED[kind](name))
         if kind == "symlink":
             os.symlink("/etc/hostname", path)
         elif kind == "fifo":
@@ -119,6 +131,134 @@ def _plant(root: str, qid: bytes, lease_width: int, kinds: list[str]) -> None:
                 f.write(data)
             if kind == "hardlink":
                 os.link(path, os.path.join(root, f"tmp-hardlink-{seed}"))
+
+
+# Names as anyone who may write ready/ can make them: any bytes but "/" and NUL (and not "." or ".."),
+# up to the 255 a name may hold, and names of a ready name's shape (names.looks_ready) or nearly, of
+# ASCII (the candidates: every count of dots) or not (ignored).
+def _part(dots: bool, ascii_only: bool = False) -> st.SearchStrategy[bytes]:
+    banned = "/\0" if dots else "/\0."
+    ascii_ = st.text(st.characters(min_codepoint=1, max_codepoint=127, blacklist_characters=banned), max_size=40)
+    if ascii_only:
+        return ascii_.map(str.encode)
+    return ascii_.map(str.encode) | st.binary(max_size=40).filter(lambda b: not any(c in b for c in banned.encode()))
+
+
+_ANY_NAME = (
+    _part(True) | st.binary(min_size=41, max_size=255).filter(lambda b: b"/" not in b and b"\0" not in b)
+).filter(lambda b: b not in (b"", b".", b".."))
+_SHAPED = st.builds(
+    lambda parts, tail: b".".join(parts) + tail,
+    st.lists(_part(False, ascii_only=True), min_size=4, max_size=7) | st.lists(_part(False), min_size=1, max_size=8),
+    st.sampled_from([b".sqj", b".sqj", b".sqj", b".sqj.", b".SQJ", b".sq", b"sqj", b""]),
+).filter(lambda b: 0 < len(b) <= 255 and b not in (b".", b".."))  # fmt: skip
+
+
+def _read_shard(scan: claim_mod._Scan, dir_fd: int) -> list[list[str]]:
+    """Every chunk _Scan._read_ready reads from the start of ``dir_fd`` to its end."""
+    os.lseek(dir_fd, 0, os.SEEK_SET)
+    chunks = []
+    while (names := scan._read_ready(dir_fd, "ready/0000")) is not None:
+        chunks.append(names)
+    return chunks
+
+
+def _chunks_agree(root: str, raw_names: list[bytes], traced: bool) -> list[list[str]]:
+    """The shard's chunks and ignored names as the core reads them and as the Python does, traced or not:
+    the same chunks, report and (traced) syscall sequence. The chunks returned."""
+    d = tempfile.mkdtemp(dir=root)
+    try:
+        for raw in raw_names:
+            with open(os.path.join(os.fsencode(d), raw), "wb"):
+                pass
+        q = Queue.open(root, allow_unsupported_fs=True)
+        dir_fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            seen = {}
+            for pure in (True, False):
+                scan = claim_mod._Scan(q._ctx, 30 * 10**9, q)
+                assert scan.core is not None
+                if pure:
+                    scan.core = None
+                with linux.trace() if traced else contextlib.nullcontext() as events:
+                    chunks = _read_shard(scan, dir_fd)
+                seen[pure] = (chunks, scan.report.ignored, _normal_trace(events or []))
+            assert seen[False] == seen[True]
+            return seen[False][0]
+        finally:
+            os.close(dir_fd)
+            q.close()
+    finally:
+        shutil.rmtree(d)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw_names=st.lists(_ANY_NAME | _SHAPED, unique=True, max_size=24), traced=st.booleans())
+def test_the_cores_read_of_a_shard_is_the_pythons(
+    base: tuple[str, bytes, int], raw_names: list[bytes], traced: bool
+) -> None:
+    """sq_read_ready against linux.read_dir_chunk and _Scan._ready_looking on hostile names: the same
+    candidates in the same order, the same names past ASCII reported, the same getdents calls."""
+    _chunks_agree(base[0], raw_names, traced)
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_the_cores_read_of_a_deep_shard_is_the_pythons(base: tuple[str, bytes, int], traced: bool) -> None:
+    """Names of 255 bytes, ready-shaped, stray and past ASCII, more than one chunk holds: chunk by chunk the same."""
+    raw_names = []
+    for i in range(300):
+        stem = b"%03d" % i + (b"\xe9" if i % 7 == 0 else b"") + b"x" * 200
+        tail = b".b.c.d.e.sqk" if i % 3 == 0 else b"..b.c.d.e.sqj" if i % 5 == 0 else b".b.c.d.e.sqj"
+        raw_names.append(stem[: 255 - len(tail)] + tail)
+    chunks = _chunks_agree(base[0], raw_names, traced)
+    assert len(chunks) > 1  # more than one getdents
+    shaped = [n for n in raw_names if n.endswith(b".sqj") and n.count(b".") == 5 and b"\xe9" not in n]
+    assert sum(map(len, chunks)) == len(shaped) > 100
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_a_failed_read_of_a_shard_raises_what_the_python_raises(
+    base: tuple[str, bytes, int], tmp_path: Any, traced: bool
+) -> None:
+    """getdents on a descriptor that is no directory: the same OSError (errno, message) on both paths."""
+    q = Queue.open(base[0], allow_unsupported_fs=True)
+    fd = os.open(tmp_path / "file", os.O_RDONLY | os.O_CREAT)
+    try:
+        seen = {}
+        for pure in (True, False):
+            scan = claim_mod._Scan(q._ctx, 30 * 10**9, q)
+            if pure:
+                scan.core = None
+            with linux.trace() if traced else contextlib.nullcontext(), pytest.raises(OSError) as e:
+                scan._read_ready(fd, "ready/0000")
+            seen[pure] = (type(e.value), e.value.errno, e.value.strerror, e.value.filename, scan.report.ignored)
+        assert seen[False] == seen[True]
+        assert seen[True][1] == errno.ENOTDIR
+    finally:
+        os.close(fd)
+        q.close()
+
+
+def test_the_core_reads_a_chunk_of_the_claim_scans_size() -> None:
+    """sq_read_ready's buffer is the chunk the Python path reads (CLAIM_SCAN_CHUNK_BYTES)."""
+    assert bridge.lib.SQ_CHUNK_BYTES == CLAIM_SCAN_CHUNK_BYTES
+
+
+def test_dirent_records_are_what_the_kernel_lays_out(tmp_path: Any) -> None:
+    """The hooked table's records (bridge.dirent_records) hold the names the kernel's did, in as many bytes."""
+    names_ = [b"a", b"b" * 255, b"\xff.sqj", b"x" * 13]
+    for n in names_:
+        (tmp_path / os.fsdecode(n)).touch()
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        got = linux.read_dir_chunk(fd, 32768)
+        os.lseek(fd, 0, os.SEEK_SET)
+        raw = bridge.ffi.new("unsigned char[]", 32768)
+        n = bridge.lib.sq_direct_table().getdents(fd, raw, 32768)
+    finally:
+        os.close(fd)
+    assert sorted(got) == sorted(names_)
+    assert len(bridge.dirent_records(got)) == n - 2 * 24  # the kernel's, but "." and ".."
 
 
 def _tree(root: str) -> list[tuple[str, str, str]]:

@@ -620,9 +620,11 @@ def test_claim_of_a_twin_swapped_before_open_quarantines_it(
     path = Path(qpath, rel)
     twin = _corrupt_copy(path)
     twin_ino = twin.stat().st_ino
-    # The claim scan reads the shard in chunks: swap right after the read that found the name.
+    # The claim scan reads the shard in chunks: swap right after the read that found the name. Traced,
+    # so that the C core's read of the chunk goes through linux.read_dir_chunk too (its hooked table).
     monkeypatch.setattr(linux, "read_dir_chunk", _after_listing(linux.read_dir_chunk, lambda: os.replace(twin, path)))
-    assert q.lease() is None
+    with linux.trace():
+        assert q.lease() is None
     monkeypatch.undo()
     quarantined = list(Path(qpath, "quarantine").iterdir())
     assert [p.stat().st_ino for p in quarantined] == [twin_ino]

@@ -11,6 +11,7 @@
 #define SQ_HEAD_BYTES 4096 /* constants.ENVELOPE_READ_BYTES */
 #define SQ_MAX_RECS 16
 #define SQ_NAME_MAX 256
+#define SQ_CHUNK_BYTES 32768 /* constants.CLAIM_SCAN_CHUNK_BYTES (bridge.py checks) */
 
 /* Where a call stopped (sq_claim.stage). */
 #define SQ_STOP_PURE 1     /* a check without a syscall failed (or was not taken): nothing to replay */
@@ -57,6 +58,7 @@ struct sq_sys {
     int (*tmpfile)(int dirfd, int mode);
     int64_t (*write)(int fd, const unsigned char *buf, int64_t n);
     int (*link)(int fd, int dirfd, const char *name, int proc); /* proc: the /proc/self/fd form */
+    int64_t (*getdents)(int fd, unsigned char *buf, int64_t n); /* getdents64: the bytes of linux_dirent64 records */
 };
 
 /* One syscall made: op, its result (fd / byte count / 0) or errno, and where its data is. */
@@ -74,6 +76,9 @@ struct sq_queue {
     uint64_t lease_width_ns;
     uint64_t max_payload;
     unsigned char prefix_state[3][112]; /* opaque SHA256_CTX copies: name, shard, envelope domains */
+    /* names.looks_ready's shape of a ready name, from names.py (bridge.Core): its extension and dot count */
+    char ready_ext[8];
+    uint32_t ready_ext_len, ready_dots;
 };
 
 struct sq_claim {
@@ -140,7 +145,22 @@ struct sq_enqueue {
     int nrec;
 };
 
+/* One chunk of a ready shard read by the claim scan (sq_read_ready, scan.c): the names of its entries
+ * but "." and "..", sorted as claim._Scan._ready_looking sorts them. Names hold no "/" and no NUL,
+ * so each list is its names joined by "/" (NUL-terminated); every record holds more bytes than its
+ * name and a separator, so a list always fits. */
+struct sq_chunk {
+    unsigned char buf[SQ_CHUNK_BYTES];
+    int64_t listed;                 /* entries read but "." and ".." */
+    int64_t ready_count;            /* ASCII names of a ready name's shape (names.looks_ready) */
+    char ready[SQ_CHUNK_BYTES + 1];
+    int64_t ignored_count;          /* names with a byte past ASCII: never jobs (ScanReport.ignored) */
+    char ignored[SQ_CHUNK_BYTES + 1];
+};
+
 void sq_queue_init(struct sq_queue *q);
+/* One getdents64 of dir_fd through the table into k: k->listed (>= 0), or -errno. */
+int64_t sq_read_ready(const struct sq_queue *q, const struct sq_sys *sys, struct sq_chunk *k, int dir_fd);
 int sq_claim_verify(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, int dir_fd,
                     const char *name, int shard, int opened_fd);
 int sq_claim_move(const struct sq_queue *q, const struct sq_sys *sys, struct sq_claim *c, const unsigned char *boot_id,

@@ -10,7 +10,9 @@ serving the syscalls C made from their recorded results (syscall_hook.replay), s
 quarantine reason, message and later syscall is the Python's. The ack (settle.py the
 specification) is one call, :meth:`Core.ack`, and so are a small payload() (lease.py and verify.py),
 :meth:`Core.read_payload`, and a small enqueue (publish.py), :meth:`Core.enqueue`, replayed the same way
-(settle._ack_fast, lease.core_payload, publish._enqueue_fast).
+(settle._ack_fast, lease.core_payload, publish._enqueue_fast). The claim scan's read of a ready shard's
+chunk and its sorting of the names (claim._Scan._read_ready) is :meth:`Core.read_ready`: one call that
+completes or raises what the read raised, so there is nothing to replay.
 
 Every syscall of the core goes through a table: libc directly, or, when syscall_hook is armed or
 tracing (the test steadqd.fs.linux makes), callbacks that make each call through the wrapper of
@@ -31,7 +33,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from steadqd.constants import JOB_EXT
 from steadqd.fs import linux
+from steadqd.fs.libc import _DIRENT64  # a getdents64 record's head: d_ino, d_off, d_reclen, d_type
+from steadqd.fs.names import READY_DOTS
 from steadqd.fs.syscall_hook import _armed, _traces, replay
 
 try:
@@ -206,6 +211,18 @@ if lib is not None:
         _log().append(("link", None))
         return 0
 
+    @ffi.def_extern()
+    def sq_py_getdents(fd: int, buf: Any, n: int) -> int:
+        try:
+            data = dirent_records(linux.read_dir_chunk(fd, n))
+            if len(data) > n:  # cannot be: each record is no longer than the kernel's was
+                raise OSError(errno.EOVERFLOW, os.strerror(errno.EOVERFLOW))
+            ffi.memmove(buf, data, len(data))
+        except BaseException as e:
+            _local.dents_error = e
+            return _errno_of(e)
+        return len(data)
+
     _HOOKED = ffi.new(
         "struct sq_sys *",
         {
@@ -218,9 +235,21 @@ if lib is not None:
             "tmpfile": lib.sq_py_tmpfile,
             "write": lib.sq_py_write,
             "link": lib.sq_py_link,
+            "getdents": lib.sq_py_getdents,
         },
     )
     _DIRECT = lib.sq_direct_table()
+
+
+def dirent_records(names: list[bytes]) -> bytes:
+    """The getdents64 records of ``names`` as the kernel lays them out (each padded to 8 bytes; inode,
+    offset and type 0, which no reader of a claim chunk looks at): what the hooked table hands
+    sq_read_ready for the names linux.read_dir_chunk returned ("." and ".." it drops are left out)."""
+    out = []
+    for name in names:
+        reclen = (_DIRENT64.size + len(name) + 1 + 7) & ~7
+        out.append(_DIRENT64.pack(0, 0, reclen, 0) + name + bytes(reclen - _DIRENT64.size - len(name)))
+    return b"".join(out)
 
 
 def _stat_result(st: Any) -> os.stat_result:
@@ -257,8 +286,33 @@ class Core:
         q = ffi.new("struct sq_queue *")
         q.queue_id = queue_id
         q.shard_count, q.lease_width_ns, q.max_payload = shard_count, lease_width_ns, max_payload
+        ext = JOB_EXT.encode("ascii")
+        q.ready_ext, q.ready_ext_len, q.ready_dots = ext, len(ext), READY_DOTS  # names.looks_ready's shape
         lib.sq_queue_init(q)
         self.q = q
+
+    def read_ready(self, dir_fd: int) -> tuple[list[str], list[bytes]] | None:
+        """sq_read_ready: one chunk of the ready shard ``dir_fd`` from its offset, as claim._Scan._read_ready
+        reads it in Python (linux.read_dir_chunk, then _ready_looking): None when it listed nothing,
+        else the ready-looking names and the names past ASCII, each in directory order. Raises what the
+        read raised: the hooked table's exception itself, or the libc table's errno as libc.getdents's OSError."""
+        k = _local.__dict__.get("chunk")
+        if k is None:
+            k = _local.chunk = ffi.new("struct sq_chunk *")
+        if not _armed and not _traces:
+            n = lib.sq_read_ready(self.q, _DIRECT, k, dir_fd)
+        else:
+            _local.dents_error = None
+            n = lib.sq_read_ready(self.q, _HOOKED, k, dir_fd)
+            e, _local.dents_error = _local.dents_error, None
+            if e is not None:
+                raise e
+        if n <= 0:
+            if n:
+                raise OSError(-n, os.strerror(-n))
+            return None
+        ready = ffi.string(k.ready).decode("ascii").split("/") if k.ready_count else []
+        return ready, (ffi.string(k.ignored).split(b"/") if k.ignored_count else [])
 
     def verify(self, dir_fd: int, name: str, shard: int, opened: int) -> tuple[int, Any]:
         """sq_claim_verify for ``name`` in ready shard ``shard`` (``opened``: its fd, or -1): (stage, record).

@@ -15,7 +15,7 @@ import cffi
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # One file per Python module it mirrors (core.h: what they share), the syscall table in its own.
-SOURCES = ("claim.c", "lease.c", "settle.c", "publish.c", "verify.c", "names.c", "syscall_table.c")
+SOURCES = ("claim.c", "lease.c", "settle.c", "publish.c", "verify.c", "names.c", "scan.c", "syscall_table.c")
 
 BEGIN, END = "/* cdef-begin */", "/* cdef-end */"
 
@@ -32,6 +32,7 @@ extern "Python" int sq_py_fsync(int);
 extern "Python" int sq_py_tmpfile(int, int);
 extern "Python" int64_t sq_py_write(int, const unsigned char *, int64_t);
 extern "Python" int sq_py_link(int, int, const char *, int);
+extern "Python" int64_t sq_py_getdents(int, unsigned char *, int64_t);
 """
 
 

@@ -3,7 +3,7 @@
  * The files mirror the Python modules that are their specification: names.c (names.py: the tag and
  * the hash prefixes), verify.c (verify.py and records.py: the envelope), claim.c (claim.py, tree.py's
  * witnessed move), lease.c (lease.validate_source: what the ack and payload() share, and payload()),
- * settle.c (settle.py: the ack), publish.c (publish.py: the enqueue) and syscall_table.c (the libc table
+ * settle.c (settle.py: the ack), scan.c (claim.py: a ready shard's chunk of names), publish.c (publish.py: the enqueue) and syscall_table.c (the libc table
  * every syscall goes through unless syscall_hook traces or injects). Input is hostile: every read is
  * bounded by the buffer it lands in, every loop by a constant or a length checked first.
  */

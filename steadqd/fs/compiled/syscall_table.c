@@ -102,7 +102,12 @@ static int d_link(int fd, int dirfd, const char *name, int proc) { /* linux._lin
     return r == 0 ? 0 : -errno;
 }
 
+static int64_t d_getdents(int fd, unsigned char *buf, int64_t n) { /* libc.getdents's one call, no retry */
+    long r = syscall(SYS_getdents64, fd, buf, (unsigned long)n);
+    return r >= 0 ? (int64_t)r : -errno;
+}
+
 static const struct sq_sys direct_table = {d_openat, d_fstat,   d_pread, d_lstatat, d_rename_noreplace,
-                                           d_fsync,  d_tmpfile, d_write, d_link};
+                                           d_fsync,  d_tmpfile, d_write, d_link,    d_getdents};
 
 const struct sq_sys *sq_direct_table(void) { return &direct_table; }
