@@ -59,7 +59,7 @@ from steadqd.fs.names import (
 )
 from steadqd.fs.records import Extension, decode_extension
 from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
-from steadqd.fs.verify import Envelope, read_envelope, verified_head
+from steadqd.fs.verify import Envelope, forget_verified, read_envelope, verified_head
 
 
 @dataclass(eq=False)
@@ -356,6 +356,17 @@ def remember_own_lease_path(ctx: Context, dir_rel: str, path: str, shard: int, n
         (fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, path),
         _PathFacts(tuple(path.split("/")), shard, name, ctx.boot_id, dir_rel=dir_rel),
     )
+
+
+def forget_settled(ctx: Context, lease: Lease) -> None:
+    """Drop what the memos hold for ``lease`` once it is acknowledged (no use of it can follow but a
+    repeated ack, which finds the receipt): its path's facts (_FACTS) and its verified envelope
+    (verify.py's). Left there until a full memo starts over, each job's entries (a dozen tracked
+    objects) would keep the cyclic GC's allocation count rising, and the GC running every few
+    dozen lifecycles; dropped, they are freed and the count falls back."""
+    fmt = ctx.fmt
+    _FACTS.pop((fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path), None)
+    forget_verified(lease.dev, lease.ino)
 
 
 def _compute_path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, path: str) -> _PathFacts:
