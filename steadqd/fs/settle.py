@@ -38,7 +38,7 @@ from steadqd.fs.clock import checked_seconds_ns
 from steadqd.fs.compiled import bridge
 from steadqd.fs.context import Context, not_committed
 from steadqd.fs.json_records import DeadLocation, DelayedLocation, Location, ReadyLocation, ReceiptLocation
-from steadqd.fs.lease import Lease, Source, checked_path, indeterminate, validate_source
+from steadqd.fs.lease import Lease, Source, checked_path, forget_settled, indeterminate, validate_source
 from steadqd.fs.names import (
     JobName,
     dead_name,
@@ -196,6 +196,7 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
             raise indeterminate(ctx, lease, "acknowledge", e, ReceiptLocation(bucket)) from e
         finally:
             linux.close_quietly(a.fd)  # Source.close: a close error cannot undo the committed move
+        forget_settled(ctx, lease)
         return _ACKED
     if stage != bridge.ACKED:
         with bridge.replaying(a, skip_open=False):
@@ -203,6 +204,7 @@ def _ack_fast(ctx: Context, lease: Lease, core: Any, job: bytes, wall: int, shar
     if ids[0] is None or ids[1] is None:  # learn_ids keeps nothing when the tree knew both (most acks)
         tree.learn_ids(src_fd, dst_fd, a.stats, ids)
     linux.close_quietly(a.fd)  # Source.close: a close error cannot undo the committed move
+    forget_settled(ctx, lease)
     return _ACKED
 
 
@@ -237,6 +239,7 @@ def _ack_from_source(
             return _probe_or_lost(ctx, lease, wall, shard)
     finally:
         src.close()
+    forget_settled(ctx, lease)
     return _ACKED
 
 

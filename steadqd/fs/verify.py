@@ -226,6 +226,13 @@ def remember_verified(env: Envelope) -> None:
     _VERIFIED[(env.witness.dev, env.witness.ino)] = env
 
 
+def forget_verified(dev: int, ino: int) -> None:
+    """Drop file (dev, ino)'s entry, once no read of it can come (its lease acknowledged): a memo that
+    only grows until full keeps each job's envelope (seven tracked objects) alive, and the cyclic GC,
+    which runs by the net count of such objects, then runs every few dozen lifecycles."""
+    _VERIFIED.pop((dev, ino), None)
+
+
 def verify_payload(fd: int, env: Envelope) -> None:
     """Hash the whole payload; a small one is already in hand (no generator for it)."""
     head = _head_payload(env)

@@ -281,3 +281,42 @@ def test_a_valid_ack_is_the_cores(base: tuple[str, dict[str, str]], monkeypatch:
         assert out["result"] == "<AckResult.ACKED: 'acked'>" or "ACKED" in out["result"]
         assert stages == [bridge.ACKED]
         assert made == ["open", "fstat", "read", "stat", "rename_noreplace", "stat", "fsync", *fstats, "fsync"]
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_an_ack_forgets_its_leases_memo_entries(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, pure: bool) -> None:
+    """An acked lease's verified envelope (verify.py's memo) and path facts (lease.py's) are dropped, on the
+    core's ack and the Python's alike: no read can need them, and kept until a memo fills they are what makes
+    the cyclic GC run every few dozen lifecycles. A lease not yet acked keeps both; payload() and a repeated
+    ack still work without them."""
+    from steadqd.fs import lease as lease_mod
+    from steadqd.fs import verify
+
+    if pure:
+        monkeypatch.setenv(bridge.SWITCH, "1")
+    else:
+        monkeypatch.delenv(bridge.SWITCH, raising=False)
+    path = str(tmp_path / "q")
+    Queue.init(path, allow_unsupported_fs=True).close()
+
+    def facts_of(lease: Lease) -> list[Any]:
+        return [k for k in lease_mod._FACTS if k[3] == lease.path]
+
+    with Queue.open(path, allow_unsupported_fs=True) as q:
+        q.enqueue(b"acked")
+        q.enqueue(b"kept")
+        first, second = q.lease(wait=0), q.lease(wait=0)
+        assert first is not None and second is not None
+        for lease in (first, second):
+            assert lease.payload() in (b"acked", b"kept")
+            assert verify._VERIFIED.get((lease.dev, lease.ino)) is not None
+            assert len(facts_of(lease)) == 1
+        assert "ACKED" in repr(q.ack(first))
+        assert verify._VERIFIED.get((first.dev, first.ino)) is None
+        assert facts_of(first) == []
+        assert verify._VERIFIED.get((second.dev, second.ino)) is not None
+        assert len(facts_of(second)) == 1
+        assert "ACKED" in repr(q.ack(first))  # the repeated ack finds the receipt, without the memos
+        assert second.payload() in (b"acked", b"kept")
+        assert "ACKED" in repr(q.ack(second))
+        assert verify._VERIFIED.get((second.dev, second.ino)) is None and facts_of(second) == []

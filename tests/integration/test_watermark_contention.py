@@ -95,6 +95,27 @@ def test_wall_floor_is_not_refused_during_a_slow_replacement(control_fd: int, mo
     assert floor.for_mutation() > first
 
 
+def test_the_floor_advances_the_watermark_exactly_at_the_next_buckets_start(
+    control_fd: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """for_mutation advances the watermark to floor // width when that is past the stored bucket, and only
+    then: it tests floor >= the next bucket's start instead of dividing, so one below it keeps the bucket,
+    the start itself and anything later advance, to the bucket the floor is in."""
+    floor = watermark.WallFloor(control_fd, FAST_WIDTH_NS)
+    floor.for_mutation()  # the stored bucket read (and advanced to the clock's)
+    bucket = floor._bucket
+    assert bucket is not None
+    advanced: list[int] = []
+    monkeypatch.setattr(watermark.WallFloor, "_advance", lambda self, wanted: advanced.append(wanted))
+    clock = [(bucket + 1) * FAST_WIDTH_NS - 1]
+    monkeypatch.setattr(linux, "realtime_ns", lambda: clock[0])
+    assert floor.for_mutation() == clock[0] and advanced == []
+    clock[0] += 1
+    assert floor.for_mutation() == clock[0] and advanced == [bucket + 1]
+    clock[0] = (bucket + 3) * FAST_WIDTH_NS + 5
+    assert floor.for_mutation() == clock[0] and advanced == [bucket + 1, bucket + 3]
+
+
 def test_a_replacement_that_never_ends_is_still_maintenance_busy(
     control_fd: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
