@@ -57,7 +57,7 @@ from steadqd.fs.names import (
     parse_shard_dir,
     shard_of,
 )
-from steadqd.fs.records import Extension, decode_extension
+from steadqd.fs.records import Extension, FormatRecord, decode_extension
 from steadqd.fs.tree import Collision, Indeterminate, MoveFailed, SourceChanged, SourceMissing, Witness
 from steadqd.fs.verify import Envelope, forget_verified, read_envelope, verified_head
 
@@ -335,6 +335,11 @@ def _path_facts(queue_id: bytes, shard_count: int, lease_width_ns: int, path: st
     return facts
 
 
+def _facts_key(fmt: FormatRecord, path: str) -> _FactsKey:
+    """The memo's key of lease ``path`` in the queue of ``fmt``: the values _path_facts is a function of."""
+    return (fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, path)
+
+
 def _remember_facts(key: _FactsKey, facts: _PathFacts) -> None:
     if len(_FACTS) >= _FACTS_MAX:
         _FACTS.clear()
@@ -351,10 +356,8 @@ def remember_own_lease_path(ctx: Context, dir_rel: str, path: str, shard: int, n
     carries ``ctx.boot_raw``), so the facts are assembled from what the caller
     holds instead of parsed again. Every filesystem check of validate_source still runs.
     """
-    fmt = ctx.fmt
     _remember_facts(
-        (fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, path),
-        _PathFacts(tuple(path.split("/")), shard, name, ctx.boot_id, dir_rel=dir_rel),
+        _facts_key(ctx.fmt, path), _PathFacts(tuple(path.split("/")), shard, name, ctx.boot_id, dir_rel=dir_rel)
     )
 
 
@@ -364,8 +367,7 @@ def forget_settled(ctx: Context, lease: Lease) -> None:
     (verify.py's). Left there until a full memo starts over, each job's entries (a dozen tracked
     objects) would keep the cyclic GC's allocation count rising, and the GC running every few
     dozen lifecycles; dropped, they are freed and the count falls back."""
-    fmt = ctx.fmt
-    _FACTS.pop((fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path), None)
+    _FACTS.pop(_facts_key(ctx.fmt, lease.path), None)
     forget_verified(lease.dev, lease.ino)
 
 
@@ -410,9 +412,10 @@ def checked_path(
         raise _corrupt(ctx, poison, "lease handle has a zero device or inode (forged handle)")
     if lease.queue_id and lease.queue_id != fmt.queue_id:
         raise InvalidInput("lease belongs to another queue (queue_id differs)")
-    facts = _FACTS.get((fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path))  # _path_facts' memo
+    key = _facts_key(fmt, lease.path)
+    facts = _FACTS.get(key)  # _path_facts' memo
     if facts is None:
-        facts = _path_facts(fmt.queue_id, fmt.shard_count, fmt.lease_width_ns, lease.path)
+        facts = _path_facts(*key)
     if facts.early_error is not None:
         raise _corrupt(ctx, poison, facts.early_error)
     name, path_boot = facts.name, facts.path_boot

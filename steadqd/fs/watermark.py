@@ -176,9 +176,7 @@ class WallFloor:
         """The floor to stamp a mutation with; advances the watermark first
         when the clock has moved into a later bucket, so the value used is
         never ahead of what a crash would preserve."""
-        # acquire/release, not ``with``: entering a with block looks up and binds __enter__ and
-        # __exit__ (two method objects a call, ~1,000 instructions); every enqueue, claim and ack
-        lock = self._lock
+        lock = self._lock  # acquire/release, not ``with`` (tree.py's _LOCK_NOTE): every enqueue, claim and ack
         lock.acquire()
         try:
             # _stored_bucket's cached case inlined (same clock read first): every enqueue, claim and ack.
